@@ -1,0 +1,243 @@
+"""Model directories (artifacts): the one place that writes and reads a saved model.
+
+A directory holds everything needed to use the model — `config.json` (architecture, label names, task
+kind), `model.safetensors`, and, when a tokenizer is saved with it, `vocab.txt` + `tokenizer_config.json`.
+It is a valid Hugging Face BERT checkpoint: names are translated by `interop.huggingface` on the way out
+and on the way in, and `pytorch_model.bin` files from elsewhere load too (with `weights_only=True`).
+Saving writes a temporary directory and renames it, so a crash never leaves half a model behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from bertforge.constants import (
+    CONFIG_NAME,
+    TOKENIZER_CONFIG_NAME,
+    TORCH_WEIGHTS_NAME,
+    VOCAB_NAME,
+    WEIGHTS_NAME,
+)
+from bertforge.errors import CheckpointError, ConfigError
+from bertforge.interop import huggingface as hf
+from bertforge.model.bert import BertModel, BertPretrainedModel
+from bertforge.model.config import BertConfig
+from bertforge.tasks.classification import BertForSequenceClassification
+from bertforge.tasks.multiple_choice import BertForMultipleChoice
+from bertforge.tasks.pretraining import BertForPretraining
+from bertforge.tasks.question_answering import BertForQuestionAnswering
+from bertforge.tasks.token_classification import BertForTokenClassification
+
+log = logging.getLogger(__name__)
+
+MODEL_CLASSES: dict[str, type[BertPretrainedModel]] = {
+    cls.__name__: cls
+    for cls in (BertModel, BertForPretraining, BertForSequenceClassification, BertForTokenClassification,
+                BertForQuestionAnswering, BertForMultipleChoice)
+}
+# Parameter-name prefixes of each head: a head absent from a checkpoint starts fresh (fine-tuning from an
+# encoder); one present must match exactly.
+HEAD_PREFIXES = ("mlm.", "nsp.", "classifier.", "qa_outputs.")
+
+
+# --- writing ---------------------------------------------------------------------------------------------
+
+def replace_directory(build, path: str | os.PathLike) -> Path:
+    """Run `build(tmp_dir)` in a fresh sibling directory, then swap it into `path` atomically.
+
+    An existing directory at `path` is replaced only after the new one is complete.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        build(tmp)
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+            os.replace(path, old / "x")
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"{path}: could not write the model directory ({exc}); check free disk space "
+                              "and permissions — nothing was changed at that path") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def hf_state_dict(model: BertPretrainedModel) -> dict[str, torch.Tensor]:
+    """The model's weights under Hugging Face names, contiguous, ready for safetensors."""
+    return {hf.to_hf_key(k): v.detach().contiguous() for k, v in model.state_dict().items()}
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2, sort_keys=True, ensure_ascii=False)
+        handle.write("\n")
+
+
+def save_model(model: BertPretrainedModel, path: str | os.PathLike, tokenizer=None,
+               extra_files: dict[str, str | bytes] | None = None) -> Path:
+    """Save `model` (and its tokenizer) as a Hugging Face compatible BERT directory, atomically."""
+
+    def build(tmp: Path) -> None:
+        write_json(tmp / CONFIG_NAME, hf.config_to_hf(model.config.to_dict(), type(model).__name__))
+        save_file(hf_state_dict(model), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        for name, content in (extra_files or {}).items():
+            mode = "wb" if isinstance(content, bytes) else "w"
+            with open(tmp / name, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as handle:
+                handle.write(content)
+
+    return replace_directory(build, path)
+
+
+# --- reading ---------------------------------------------------------------------------------------------
+
+def read_config(path: str | os.PathLike) -> tuple[BertConfig, str | None]:
+    """(config, our architecture name or None) from a model directory's config.json."""
+    file = Path(path) / CONFIG_NAME
+    if not Path(path).is_dir():
+        raise CheckpointError(f"{path}: not a model directory; pass a folder holding config.json and weights "
+                              "(or a preset name where a command accepts one)")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{file}: missing; a model directory needs config.json") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{file}: cannot read it as JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: expected a JSON object")
+    fields, architecture = hf.config_from_hf(data, str(file))
+    return BertConfig.from_dict(fields, source=str(file)), architecture
+
+
+def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Tensors of a model directory under their stored names (safetensors, sharded or not, or torch .bin)."""
+    folder = Path(path)
+    single, index, legacy = folder / WEIGHTS_NAME, folder / (WEIGHTS_NAME + ".index.json"), folder / TORCH_WEIGHTS_NAME
+    try:
+        if single.exists():
+            return load_file(str(single))
+        if index.exists():
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            tensors: dict[str, torch.Tensor] = {}
+            for shard in shards:
+                tensors.update(load_file(str(folder / shard)))
+            return tensors
+        if legacy.exists():
+            # weights_only: a .bin is a pickle, and a pickle from elsewhere must not run code on load.
+            return torch.load(legacy, map_location="cpu", weights_only=True)
+    except (SafetensorError, OSError, RuntimeError, KeyError, json.JSONDecodeError, EOFError) as exc:
+        raise CheckpointError(f"{folder}: weights are unreadable or corrupt ({type(exc).__name__}: {exc}); "
+                              "re-save or re-download the checkpoint") from None
+    raise CheckpointError(f"{folder}: no weights found; expected {WEIGHTS_NAME} or {TORCH_WEIGHTS_NAME}")
+
+
+def translate_weights(tensors: dict[str, torch.Tensor], model: BertPretrainedModel,
+                      source: str) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Map stored names onto `model`'s: (our state dict, stored keys we deliberately skipped)."""
+    wants_prefix = not isinstance(model, BertModel)
+    ours: dict[str, torch.Tensor] = {}
+    skipped: list[str] = []
+    unknown: list[str] = []
+    for key, value in tensors.items():
+        if hf.is_redundant_hf_key(key):
+            continue
+        name = hf.from_hf_key(key)
+        if name is None:
+            unknown.append(key)
+            continue
+        is_head = name.startswith(HEAD_PREFIXES)
+        if is_head and not hasattr(model, name.split(".")[0]):
+            skipped.append(key)  # another task's head: fine-tuning starts from this checkpoint's encoder
+            continue
+        if wants_prefix and not name.startswith("bert.") and not is_head:
+            name = "bert." + name
+        elif not wants_prefix:
+            name = name.removeprefix("bert.")
+        ours[name] = value
+    if unknown:
+        raise CheckpointError(f"{source}: unexpected tensors {unknown[:8]}{' ...' if len(unknown) > 8 else ''} "
+                              "that a BERT checkpoint does not have; is this a BERT model?")
+    return ours, skipped
+
+
+def load_model(path: str | os.PathLike, cls: type[BertPretrainedModel] | None = None, *,
+               config_overrides: dict[str, Any] | None = None, device: str | torch.device | None = None,
+               dtype: torch.dtype | None = None, fresh_head: bool = False) -> BertPretrainedModel:
+    """Load a model directory into `cls` (default: the class its config names), in eval mode.
+
+    A head that the checkpoint lacks entirely starts freshly initialised (e.g. a classifier on top of a
+    pretrained encoder) and is listed in `model.load_report["fresh"]`; `fresh_head=True` also discards a
+    stored head of another shape (new labels). Missing encoder tensors or wrong shapes are errors.
+    """
+    config, architecture = read_config(path)
+    if config_overrides:
+        if "id2label" in config_overrides and "label2id" not in config_overrides:
+            config_overrides = {**config_overrides, "label2id": None}
+        try:
+            config = config.replace(**config_overrides)
+        except TypeError as exc:
+            raise ConfigError(f"bad config override: {exc}") from None
+    if cls is None:
+        cls = MODEL_CLASSES.get(architecture or "BertModel", BertModel)
+    model = cls(config)
+    source = str(Path(path))
+    ours, skipped = translate_weights(read_weights(path), model, source)
+    expected = model.state_dict()
+    if fresh_head:
+        ours = {k: v for k, v in ours.items() if not k.startswith(HEAD_PREFIXES)}
+    mismatched = [f"{k}: stored {tuple(v.shape)}, model {tuple(expected[k].shape)}"
+                  for k, v in ours.items() if k in expected and v.shape != expected[k].shape]
+    if mismatched:
+        hint = ("; the head has a different number of labels — pass fresh_head=True (CLI: --fresh-head) to "
+                "start a new head" if any(m.split(".")[0] in ("classifier", "qa_outputs") for m in mismatched)
+                else "; config.json does not match the weights")
+        raise CheckpointError(f"{source}: mis-shaped tensors {mismatched[:4]}{hint}")
+    unexpected = sorted(set(ours) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"{source}: tensors {unexpected[:8]} do not belong to {cls.__name__}; load it "
+                              "with the class its config.json names (or bertforge.artifacts.load_model(path))")
+    missing = sorted(set(expected) - set(ours))
+    stored_heads = {k.split(".")[0] for k in ours if k.startswith(HEAD_PREFIXES)}
+    fresh = [k for k in missing if (k.startswith(HEAD_PREFIXES) and k.split(".")[0] not in stored_heads)
+             or k.startswith("bert.pooler.") or k.startswith("pooler.")]
+    hard_missing = [k for k in missing if k not in fresh]
+    if hard_missing:
+        raise CheckpointError(f"{source}: missing tensors {hard_missing[:8]}{' ...' if len(hard_missing) > 8 else ''}"
+                              "; the checkpoint is incomplete or its config.json describes a different model")
+    model.load_state_dict(ours, strict=False)
+    model.tie_weights()
+    if fresh:
+        log.info("%s: initialised fresh (not in the checkpoint): %s", source, ", ".join(fresh))
+    model.load_report = {"fresh": fresh, "skipped": skipped}
+    if dtype is not None or device is not None:
+        model.to(device=device, dtype=dtype)
+    return model.eval()
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """The tokenizer saved in a model directory (clear error when the directory has none)."""
+    from bertforge.tokenization.tokenizer import Tokenizer
+
+    folder = Path(path)
+    if not (folder / VOCAB_NAME).exists():
+        raise CheckpointError(f"{folder}: no {VOCAB_NAME}; this model directory was saved without a tokenizer "
+                              f"(copy the vocab.txt and {TOKENIZER_CONFIG_NAME} it was trained with into it)")
+    return Tokenizer.from_pretrained(folder)

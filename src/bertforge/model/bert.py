@@ -1,0 +1,293 @@
+"""The BERT encoder (Devlin et al., 2018), readable top to bottom.
+
+Shape legend used in every comment below:
+    B batch, T tokens per sequence, H hidden size, N attention heads, D head size (H / N),
+    I intermediate (feed-forward) size, V vocabulary size, M masked positions per sequence.
+
+Data flow: ids -> embeddings (word + position + segment, LayerNorm, dropout) -> L post-LayerNorm layers
+(self-attention -> add & norm -> GELU feed-forward -> add & norm) -> last hidden state, and a pooler
+(dense + tanh over the first, [CLS], token). Parameter names are our own (`embeddings.word`,
+`encoder.layers.3.attention.query`, `...feed_forward.up`); the Hugging Face and TF names live in `interop/`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertforge.errors import InputError
+from bertforge.model.config import BertConfig
+
+
+def activation(name: str):
+    """The feed-forward nonlinearity named by `hidden_act`.
+
+    Released BERT checkpoints were trained with the exact erf GELU (`gelu`); the tanh approximation
+    (`gelu_new`, `gelu_pytorch_tanh`) differs by up to ~1e-3 and must only be used when a config asks for it.
+    """
+    if name == "gelu":
+        return F.gelu
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    raise ValueError(f"unsupported hidden_act {name!r}")
+
+
+def sinusoidal_table(positions: int, hidden: int) -> torch.Tensor:
+    """Fixed position encodings of Vaswani et al.: sin on even, cos on odd features.  Returns [T, H]."""
+    position = torch.arange(positions, dtype=torch.float64)[:, None]  # [T, 1]
+    rate = torch.exp(torch.arange(0, hidden, 2, dtype=torch.float64) * (-math.log(10000.0) / hidden))  # [H/2]
+    table = torch.zeros(positions, hidden, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * rate)
+    table[:, 1::2] = torch.cos(position * rate[: hidden // 2])
+    return table.float()
+
+
+@dataclass
+class BertOutput:
+    """What `BertModel` returns.
+
+    last_hidden_state: [B, T, H]. pooled_output: [B, H] (tanh(dense([CLS]))).
+    hidden_states: L + 1 tensors [B, T, H] (embeddings, then each layer) when requested, else None.
+    attentions: L tensors [B, N, T, T] of attention probabilities when requested, else None.
+    """
+
+    last_hidden_state: torch.Tensor
+    pooled_output: torch.Tensor | None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+class Embeddings(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.sinusoidal = config.position_embedding_type == "sinusoidal"
+        if self.sinusoidal:
+            self.position.weight.requires_grad_(False)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                position_ids: torch.Tensor) -> torch.Tensor:
+        # [B, T] ids -> [B, T, H]; the three embeddings are summed, as in the paper's Figure 2.
+        x = self.word(input_ids) + self.token_type(token_type_ids) + self.position(position_ids)
+        return self.dropout(self.norm(x))
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention followed by its output projection, residual and LayerNorm (post-LN)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.head_size = config.head_size
+        self.query = nn.Linear(hidden, hidden)
+        self.key = nn.Linear(hidden, hidden)
+        self.value = nn.Linear(hidden, hidden)
+        self.output = nn.Linear(hidden, hidden)
+        self.norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.attention_dropout = config.attention_probs_dropout_prob
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, _ = x.shape
+        # [B, T, H] -> [B, T, N, D] -> [B, N, T, D]
+        return x.view(batch, tokens, self.num_heads, self.head_size).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None,
+                return_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: [B, T, H]; mask: bool [B, 1, 1, T] (True = attend) or None.  Returns ([B, T, H], probs or None)."""
+        batch, tokens, hidden = x.shape
+        q, k, v = self.split_heads(self.query(x)), self.split_heads(self.key(x)), self.split_heads(self.value(x))
+        dropout = self.attention_dropout if self.training else 0.0
+        probs = None
+        if return_probs:
+            # The explicit path, used only when someone asks to see the attention maps.
+            scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_size)  # [B, N, T, T]
+            if mask is not None:
+                scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            probs = scores.softmax(dim=-1)
+            context = F.dropout(probs, dropout, self.training) @ v  # [B, N, T, D]
+        else:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # [B, N, T, D]
+        context = context.transpose(1, 2).reshape(batch, tokens, hidden)  # [B, N, T, D] -> [B, T, H]
+        return self.norm(x + self.dropout(self.output(context))), probs
+
+
+class FeedForward(nn.Module):
+    """H -> I (activation) -> H, then residual and LayerNorm."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.up = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.act = activation(config.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # [B, T, H] -> [B, T, I] -> [B, T, H]
+        return self.norm(x + self.dropout(self.down(self.act(self.up(x)))))
+
+
+class Layer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = SelfAttention(config)
+        self.feed_forward = FeedForward(config)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None,
+                return_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x, probs = self.attention(x, mask, return_probs)
+        return self.feed_forward(x), probs
+
+
+class Encoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
+
+
+class Pooler(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))  # [B, T, H] -> [B, H] from the [CLS] token
+
+
+class BertPretrainedModel(nn.Module):
+    """Base of every bertforge model: holds the config, initialises weights as BERT did, saves and loads.
+
+    `from_pretrained` / `save_pretrained` are conveniences that hand over to `bertforge.artifacts`, the one
+    place that reads and writes model directories (imported late, as it sits above the model in the layering).
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+
+    def init_weights(self) -> None:
+        """Truncation-free normal(0, initializer_range) weights, zero biases, unit LayerNorm (as BERT does)."""
+        std = self.config.initializer_range
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=std)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+        for module in self.modules():
+            if isinstance(module, Embeddings) and module.sinusoidal:
+                with torch.no_grad():
+                    module.position.weight.copy_(sinusoidal_table(*module.position.weight.shape))
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Point output embeddings at the input ones (task models with an MLM head override this)."""
+
+    @classmethod
+    def from_pretrained(cls, path, **kwargs):
+        from bertforge.artifacts import load_model
+
+        return load_model(path, cls, **kwargs)
+
+    def save_pretrained(self, path, tokenizer=None, **kwargs) -> None:
+        from bertforge.artifacts import save_model
+
+        save_model(self, path, tokenizer=tokenizer, **kwargs)
+
+
+class BertModel(BertPretrainedModel):
+    """The BERT encoder with its pooler.
+
+    Args:
+        config: the architecture.
+        add_pooling_layer: False drops the pooler (token-level tasks do not need it).
+    """
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = Embeddings(config)
+        self.encoder = Encoder(config)
+        self.pooler = Pooler(config) if add_pooling_layer else None
+        self.init_weights()
+
+    def check_inputs(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> None:
+        """Turn the cryptic index errors of out-of-range inputs into messages that say what to do."""
+        if input_ids.dim() != 2:
+            raise InputError(f"input_ids must be [batch, tokens], got shape {tuple(input_ids.shape)}")
+        tokens = input_ids.shape[1]
+        limit = self.config.max_position_embeddings
+        if tokens > limit:
+            raise InputError(f"sequence of {tokens} tokens is longer than max_position_embeddings={limit}; "
+                             "truncate it or split it into windows with a stride")
+        # Value checks need the data; on an accelerator they would force a sync on every step, so they run
+        # for CPU tensors only (where index errors are also the least readable).
+        if input_ids.device.type == "cpu" and input_ids.numel() and not torch.compiler.is_compiling():
+            low, high = int(input_ids.min()), int(input_ids.max())
+            if low < 0 or high >= self.config.vocab_size:
+                bad = low if low < 0 else high
+                raise InputError(f"token id {bad} is outside the vocabulary (size {self.config.vocab_size}); "
+                                 "was the text encoded with this model's vocab.txt?")
+            if token_type_ids is not None and token_type_ids.numel():
+                if int(token_type_ids.min()) < 0 or int(token_type_ids.max()) >= self.config.type_vocab_size:
+                    raise InputError(f"token_type_ids must lie in [0, {self.config.type_vocab_size}); "
+                                     "BERT uses 0 for segment A and 1 for segment B")
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> BertOutput:
+        """Encode a batch.
+
+        Args:
+            input_ids: long [B, T].
+            token_type_ids: long [B, T], 0 for segment A and 1 for B (default all 0).
+            attention_mask: [B, T], 1 for real tokens and 0 for padding (default all 1).
+            position_ids: long [B, T] or [T] (default 0..T-1).
+        """
+        self.check_inputs(input_ids, token_type_ids)
+        batch, tokens = input_ids.shape
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        if position_ids is None:
+            position_ids = torch.arange(tokens, device=input_ids.device)[None, :]  # [1, T]
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask.to(torch.bool)[:, None, None, :]  # [B, T] -> [B, 1, 1, T]
+
+        x = self.embeddings(input_ids, token_type_ids, position_ids)  # [B, T, H]
+        hidden_states = [x] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        for layer in self.encoder.layers:
+            x, probs = layer(x, mask, output_attentions)
+            if hidden_states is not None:
+                hidden_states.append(x)
+            if attentions is not None:
+                attentions.append(probs)
+        pooled = self.pooler(x) if self.pooler is not None else None
+        return BertOutput(
+            last_hidden_state=x,
+            pooled_output=pooled,
+            hidden_states=tuple(hidden_states) if hidden_states is not None else None,
+            attentions=tuple(attentions) if attentions is not None else None,
+        )

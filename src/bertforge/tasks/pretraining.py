@@ -1,0 +1,101 @@
+"""`BertForPretraining`: the encoder with the masked-LM and next-sentence heads, and their losses.
+
+The MLM head runs only at the masked positions the batch names (`mlm_positions`, about 15% of tokens), not
+over all T: the [M, V] logits are the largest tensor of pretraining and most of them would be thrown away.
+The model returns loss *sums and counts*; the training loop divides by the count across micro-batches and
+ranks, so a step's loss is the mean over every masked token it saw, however the batch was split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertforge.constants import IGNORE_INDEX
+from bertforge.model.bert import BertModel, BertPretrainedModel
+from bertforge.model.config import BertConfig
+from bertforge.model.heads import MlmHead
+
+
+@dataclass
+class PretrainingOutput:
+    """mlm_logits: [B, M, V] at the given positions ([B, T, V] when none are given); nsp_logits: [B, 2].
+
+    With labels: `loss` (this batch's mean MLM + mean NSP loss) and the float sums/counts the loop
+    aggregates: mlm_loss_sum, mlm_correct, mlm_count, nsp_loss_sum, nsp_correct, nsp_count (0-dim tensors).
+    """
+
+    mlm_logits: torch.Tensor
+    nsp_logits: torch.Tensor
+    loss: torch.Tensor | None = None
+    mlm_loss_sum: torch.Tensor | None = None
+    mlm_correct: torch.Tensor | None = None
+    mlm_count: torch.Tensor | None = None
+    nsp_loss_sum: torch.Tensor | None = None
+    nsp_correct: torch.Tensor | None = None
+    nsp_count: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+class BertForPretraining(BertPretrainedModel):
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.mlm = MlmHead(config)
+        self.nsp = nn.Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        mlm_positions: torch.Tensor | None = None,
+        mlm_labels: torch.Tensor | None = None,
+        nsp_labels: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> PretrainingOutput:
+        """Args beyond BertModel's:
+            mlm_positions: long [B, M], indices into T of the masked tokens (padding rows: any index).
+            mlm_labels: long [B, M], original token ids, IGNORE_INDEX where the row is padding.
+            nsp_labels: long [B], 0 = segment B follows A, 1 = B is random (Google's convention).
+        """
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states=output_hidden_states,
+                        output_attentions=output_attentions)
+        hidden = out.last_hidden_state  # [B, T, H]
+        if mlm_positions is not None:
+            index = mlm_positions.long()[..., None].expand(-1, -1, hidden.shape[-1])  # [B, M] -> [B, M, H]
+            hidden = hidden.gather(1, index)  # [B, T, H] -> [B, M, H]
+        mlm_logits = self.mlm(hidden, self.bert.embeddings.word.weight)  # [B, M, V]
+        nsp_logits = self.nsp(out.pooled_output)  # [B, 2]
+        result = PretrainingOutput(mlm_logits, nsp_logits, hidden_states=out.hidden_states,
+                                   attentions=out.attentions)
+        if mlm_labels is None and nsp_labels is None:
+            return result
+
+        zero = nsp_logits.new_zeros((), dtype=torch.float32)
+        if mlm_labels is not None:
+            flat_logits = mlm_logits.flatten(0, -2).float()  # [B*M, V]
+            flat_labels = mlm_labels.flatten().long()  # [B*M]
+            real = flat_labels != IGNORE_INDEX
+            result.mlm_loss_sum = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX,
+                                                  reduction="sum")
+            result.mlm_count = real.sum().float()
+            result.mlm_correct = ((flat_logits.argmax(-1) == flat_labels) & real).sum().float()
+        else:
+            result.mlm_loss_sum = result.mlm_count = result.mlm_correct = zero
+        if nsp_labels is not None:
+            # NSP labels are never ignored: both 0 and 1 are real targets (a classic bug ignores label 0).
+            result.nsp_loss_sum = F.cross_entropy(nsp_logits.float(), nsp_labels.long(), reduction="sum")
+            result.nsp_count = nsp_logits.new_tensor(float(nsp_labels.numel()), dtype=torch.float32)
+            result.nsp_correct = (nsp_logits.argmax(-1) == nsp_labels).sum().float()
+        else:
+            result.nsp_loss_sum = result.nsp_count = result.nsp_correct = zero
+        result.loss = (result.mlm_loss_sum / result.mlm_count.clamp(min=1.0)
+                       + result.nsp_loss_sum / result.nsp_count.clamp(min=1.0))
+        return result

@@ -1,0 +1,48 @@
+"""Extractive question answering: a start and an end score for every token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertforge.model.config import BertConfig
+from bertforge.model.heads import feature_size, token_features
+from bertforge.tasks.base import FineTuningModel
+
+
+@dataclass
+class QuestionAnsweringOutput:
+    """start_logits, end_logits: [B, T]; loss: mean of the start and end cross-entropies."""
+
+    start_logits: torch.Tensor
+    end_logits: torch.Tensor
+    loss: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+class BertForQuestionAnswering(FineTuningModel):
+    def __init__(self, config: BertConfig):
+        super().__init__(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(feature_size(config), 2)
+        self.init_weights()
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
+                end_positions=None, output_attentions: bool = False,
+                output_hidden_states: bool = False) -> QuestionAnsweringOutput:
+        out = self.encode(input_ids, token_type_ids, attention_mask, output_attentions, output_hidden_states)
+        logits = self.qa_outputs(token_features(self.config, out))  # [B, T, 2]
+        start_logits, end_logits = logits[..., 0], logits[..., 1]  # [B, T] each
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            # Positions outside the window (answer not in it) point at index 0, the [CLS] token, by the
+            # feature builder's convention; anything beyond T is ignored rather than crashing.
+            tokens = start_logits.shape[1]
+            start = start_positions.long().clamp(0, tokens)
+            end = end_positions.long().clamp(0, tokens)
+            loss = (F.cross_entropy(start_logits.float(), start, ignore_index=tokens)
+                    + F.cross_entropy(end_logits.float(), end, ignore_index=tokens)) / 2
+        return QuestionAnsweringOutput(start_logits, end_logits, loss, out.hidden_states, out.attentions)
