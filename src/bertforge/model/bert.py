@@ -82,14 +82,91 @@ class Embeddings(nn.Module):
         return self.dropout(self.norm(x))
 
 
+class Padded:
+    """Tokens laid out as [B, T, H]; attention masks padded keys.  The plain, reference path."""
+
+    def __init__(self, mask: torch.Tensor | None):
+        self.mask = mask  # bool [B, 1, 1, T], True = attend, or None
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, dropout: float,
+               return_probs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q, k, v: [B, T, H] -> context [B, T, H] (and probabilities [B, N, T, T] if asked)."""
+        batch, tokens, hidden = q.shape
+
+        def split(x: torch.Tensor) -> torch.Tensor:
+            return x.view(batch, tokens, heads, hidden // heads).transpose(1, 2)  # [B, T, H] -> [B, N, T, D]
+
+        q, k, v = split(q), split(k), split(v)
+        probs = None
+        if return_probs:
+            # The explicit path, used only when someone asks to see the attention maps.
+            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, N, T, T]
+            if self.mask is not None:
+                scores = scores.masked_fill(~self.mask, torch.finfo(scores.dtype).min)
+            probs = scores.softmax(dim=-1)
+            context = F.dropout(probs, dropout, dropout > 0) @ v  # [B, N, T, D]
+        else:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=dropout)  # [B, N, T, D]
+        return context.transpose(1, 2).reshape(batch, tokens, hidden), probs  # [B, N, T, D] -> [B, T, H]
+
+
+class Unpadded:
+    """Only the real tokens, laid out as [R, H] (R = real tokens in the batch): the padding-free fast path.
+
+    Projections, feed-forward and LayerNorms touch real tokens only; attention runs per sequence, through
+    the variable-length flash kernel where PyTorch has one for this device and dtype, otherwise by
+    scattering back to [B, T] for a masked SDPA call. Equal to `Padded` at every real position.
+    """
+
+    def __init__(self, attention_mask: torch.Tensor):
+        batch, tokens = attention_mask.shape
+        real = attention_mask.reshape(-1).to(torch.bool)
+        self.index = real.nonzero().squeeze(1)  # [R] positions in the flattened [B*T]
+        self.batch, self.tokens = batch, tokens
+        lengths = attention_mask.to(torch.int32).sum(1)  # [B]
+        self.cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))  # [B + 1]
+        self.max_len = int(lengths.max()) if batch else 0
+        self.padded = Padded(attention_mask.to(torch.bool)[:, None, None, :])
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(0, 1).index_select(0, self.index)  # [B, T, ...] -> [R, ...]
+
+    def scatter(self, x: torch.Tensor) -> torch.Tensor:
+        out = x.new_zeros(self.batch * self.tokens, *x.shape[1:])
+        return out.index_copy(0, self.index, x).view(self.batch, self.tokens, *x.shape[1:])  # [R, ...] -> [B, T, ...]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, dropout: float,
+               return_probs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q, k, v: [R, H] -> context [R, H]."""
+        real, hidden = q.shape
+        if varlen_attention is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) \
+                and dropout == 0.0 and not return_probs:
+            shape = (real, heads, hidden // heads)  # [R, H] -> [R, N, D]
+            context = varlen_attention(q.view(shape), k.view(shape), v.view(shape), self.cu_seqlens,
+                                       self.cu_seqlens, self.max_len, self.max_len)
+            return context.reshape(real, hidden), None
+        context, probs = self.padded.attend(self.scatter(q), self.scatter(k), self.scatter(v), heads, dropout,
+                                            return_probs)
+        return self.gather(context), probs
+
+
+try:  # PyTorch >= 2.9 on CUDA: flash attention over packed variable-length sequences.
+    from torch.nn.attention.varlen import varlen_attn as varlen_attention
+except ImportError:  # pragma: no cover - depends on the installed torch
+    varlen_attention = None
+
+
 class SelfAttention(nn.Module):
-    """Multi-head self-attention followed by its output projection, residual and LayerNorm (post-LN)."""
+    """Multi-head self-attention followed by its output projection, residual and LayerNorm (post-LN).
+
+    `fused_qkv` computes the three projections as one matmul against the concatenated weights; the
+    parameters stay separate, so checkpoints keep the usual layout.
+    """
 
     def __init__(self, config: BertConfig):
         super().__init__()
         hidden = config.hidden_size
         self.num_heads = config.num_attention_heads
-        self.head_size = config.head_size
         self.query = nn.Linear(hidden, hidden)
         self.key = nn.Linear(hidden, hidden)
         self.value = nn.Linear(hidden, hidden)
@@ -97,29 +174,19 @@ class SelfAttention(nn.Module):
         self.norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.attention_dropout = config.attention_probs_dropout_prob
+        self.fused_qkv = False
 
-    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        batch, tokens, _ = x.shape
-        # [B, T, H] -> [B, T, N, D] -> [B, N, T, D]
-        return x.view(batch, tokens, self.num_heads, self.head_size).transpose(1, 2)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None,
+    def forward(self, x: torch.Tensor, layout: Padded | Unpadded,
                 return_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: [B, T, H]; mask: bool [B, 1, 1, T] (True = attend) or None.  Returns ([B, T, H], probs or None)."""
-        batch, tokens, hidden = x.shape
-        q, k, v = self.split_heads(self.query(x)), self.split_heads(self.key(x)), self.split_heads(self.value(x))
-        dropout = self.attention_dropout if self.training else 0.0
-        probs = None
-        if return_probs:
-            # The explicit path, used only when someone asks to see the attention maps.
-            scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_size)  # [B, N, T, T]
-            if mask is not None:
-                scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-            probs = scores.softmax(dim=-1)
-            context = F.dropout(probs, dropout, self.training) @ v  # [B, N, T, D]
+        """x: [B, T, H] (or [R, H] unpadded).  Returns (same shape, probabilities [B, N, T, T] or None)."""
+        if self.fused_qkv:
+            weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # [3H, H]
+            bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # [3H]
+            q, k, v = F.linear(x, weight, bias).chunk(3, dim=-1)  # [..., 3H] -> 3 x [..., H]
         else:
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # [B, N, T, D]
-        context = context.transpose(1, 2).reshape(batch, tokens, hidden)  # [B, N, T, D] -> [B, T, H]
+            q, k, v = self.query(x), self.key(x), self.value(x)
+        dropout = self.attention_dropout if self.training else 0.0
+        context, probs = layout.attend(q, k, v, self.num_heads, dropout, return_probs)
         return self.norm(x + self.dropout(self.output(context))), probs
 
 
@@ -145,9 +212,9 @@ class Layer(nn.Module):
         self.attention = SelfAttention(config)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None,
+    def forward(self, x: torch.Tensor, layout: Padded | Unpadded,
                 return_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        x, probs = self.attention(x, mask, return_probs)
+        x, probs = self.attention(x, layout, return_probs)
         return self.feed_forward(x), probs
 
 
@@ -224,7 +291,20 @@ class BertModel(BertPretrainedModel):
         self.embeddings = Embeddings(config)
         self.encoder = Encoder(config)
         self.pooler = Pooler(config) if add_pooling_layer else None
+        self.unpad = False
         self.init_weights()
+
+    def set_fast_path(self, *, unpad: bool | None = None, fused_qkv: bool | None = None) -> None:
+        """Switch the fast paths (both off by default; each is tested equal to the plain path).
+
+        unpad: skip padding tokens in every matmul (batches with an attention_mask only).
+        fused_qkv: one [3H, H] projection instead of three [H, H] ones.
+        """
+        if unpad is not None:
+            self.unpad = unpad
+        if fused_qkv is not None:
+            for layer in self.encoder.layers:
+                layer.attention.fused_qkv = fused_qkv
 
     def check_inputs(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> None:
         """Turn the cryptic index errors of out-of-range inputs into messages that say what to do."""
@@ -271,19 +351,24 @@ class BertModel(BertPretrainedModel):
             token_type_ids = torch.zeros_like(input_ids)
         if position_ids is None:
             position_ids = torch.arange(tokens, device=input_ids.device)[None, :]  # [1, T]
-        mask = None
-        if attention_mask is not None:
-            mask = attention_mask.to(torch.bool)[:, None, None, :]  # [B, T] -> [B, 1, 1, T]
-
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # [B, T, H]
-        hidden_states = [x] if output_hidden_states else None
+        layout: Padded | Unpadded
+        if self.unpad and attention_mask is not None and not output_attentions:
+            layout = Unpadded(attention_mask)
+            x = layout.gather(x)  # [B, T, H] -> [R, H]
+        else:
+            mask = None if attention_mask is None else attention_mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, T]
+            layout = Padded(mask)
+        restore = layout.scatter if isinstance(layout, Unpadded) else (lambda h: h)
+        hidden_states = [restore(x)] if output_hidden_states else None
         attentions = [] if output_attentions else None
         for layer in self.encoder.layers:
-            x, probs = layer(x, mask, output_attentions)
+            x, probs = layer(x, layout, output_attentions)
             if hidden_states is not None:
-                hidden_states.append(x)
+                hidden_states.append(restore(x))
             if attentions is not None:
                 attentions.append(probs)
+        x = restore(x)  # [R, H] -> [B, T, H] (zeros at padding) on the unpadded path
         pooled = self.pooler(x) if self.pooler is not None else None
         return BertOutput(
             last_hidden_state=x,
