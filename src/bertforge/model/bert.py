@@ -127,6 +127,10 @@ class Unpadded:
         self.cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))  # [B + 1]
         self.max_len = int(lengths.max()) if batch else 0
         self.padded = Padded(attention_mask.to(torch.bool)[:, None, None, :])
+        # Sequence lengths on the host, for the per-sequence path; valid for left-aligned masks (1s then 0s).
+        self.lengths = lengths.tolist() if not attention_mask.is_cuda else None
+        self.left_aligned = self.lengths is not None and torch.equal(
+            attention_mask.to(torch.bool), torch.arange(tokens) < lengths[:, None])
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         return x.flatten(0, 1).index_select(0, self.index)  # [B, T, ...] -> [R, ...]
@@ -145,6 +149,17 @@ class Unpadded:
             context = varlen_attention(q.view(shape), k.view(shape), v.view(shape), self.cu_seqlens,
                                        self.cu_seqlens, self.max_len, self.max_len)
             return context.reshape(real, hidden), None
+        if self.left_aligned and not return_probs:
+            # CPU: one unmasked SDPA call per sequence over its own L tokens, which picks the fused
+            # kernel (a masked call falls back to the math path) and costs L^2 rather than T^2.
+            contexts = []
+            for qs, ks, vs in zip(q.split(self.lengths), k.split(self.lengths), v.split(self.lengths)):
+                length = qs.shape[0]
+                shape = (1, length, heads, hidden // heads)  # [L, H] -> [1, L, N, D] -> [1, N, L, D]
+                out = F.scaled_dot_product_attention(qs.view(shape).transpose(1, 2), ks.view(shape).transpose(1, 2),
+                                                     vs.view(shape).transpose(1, 2), dropout_p=dropout)
+                contexts.append(out.transpose(1, 2).reshape(length, hidden))  # [1, N, L, D] -> [L, H]
+            return torch.cat(contexts), None
         context, probs = self.padded.attend(self.scatter(q), self.scatter(k), self.scatter(v), heads, dropout,
                                             return_probs)
         return self.gather(context), probs
@@ -353,7 +368,8 @@ class BertModel(BertPretrainedModel):
             position_ids = torch.arange(tokens, device=input_ids.device)[None, :]  # [1, T]
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # [B, T, H]
         layout: Padded | Unpadded
-        if self.unpad and attention_mask is not None and not output_attentions:
+        if attention_mask is not None and not output_attentions and self.unpad and not (
+                not attention_mask.is_cuda and bool(attention_mask.all())):  # no padding: nothing to skip
             layout = Unpadded(attention_mask)
             x = layout.gather(x)  # [B, T, H] -> [R, H]
         else:

@@ -138,7 +138,12 @@ class BertConfig:
         if unknown:
             raise ConfigError(f"{source}: unknown BertConfig key(s) {unknown}; known keys are {sorted(known)}. "
                               "Remove or rename them.")
-        return cls(**data)
+        try:
+            return cls(**data)
+        except ConfigError as exc:
+            if source == "config":
+                raise
+            raise ConfigError(f"{source}: {exc}") from None
 
     def to_json_string(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
