@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import shutil
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -55,27 +56,33 @@ HEAD_PREFIXES = ("mlm.", "nsp.", "classifier.", "qa_outputs.")
 def replace_directory(build, path: str | os.PathLike) -> Path:
     """Run `build(tmp_dir)` in a fresh sibling directory, then swap it into `path` atomically.
 
-    An existing directory at `path` is replaced only after the new one is complete.
+    An existing directory at `path` is replaced only after the new one is complete; if the swap itself
+    fails, the old directory is put back.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    # A plain mkdir, not tempfile.mkdtemp: mkdtemp makes the folder private (mode 0700), and the saved
+    # model would then be unreadable to anyone else (a server running as another user).
+    unique = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    tmp, old = path.parent / f".{path.name}.tmp-{unique}", path.parent / f".{path.name}.old-{unique}"
+    moved_away = False
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
         build(tmp)
         if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-            os.replace(path, old / "x")
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    except OSError as exc:
+            os.replace(path, old)
+            moved_away = True
+        os.replace(tmp, path)
+    except BaseException as exc:
+        if moved_away and not path.exists():
+            os.replace(old, path)
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"{path}: could not write the model directory ({exc}); check free disk space "
-                              "and permissions — nothing was changed at that path") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise CheckpointError(f"{path}: could not write the model directory ({exc}); check free disk "
+                                  "space and permissions — nothing was changed at that path") from None
         raise
+    if moved_away:
+        shutil.rmtree(old, ignore_errors=True)
     return path
 
 
@@ -127,32 +134,40 @@ def read_config(path: str | os.PathLike) -> tuple[BertConfig, str | None]:
     return BertConfig.from_dict(fields, source=str(file)), architecture
 
 
+def weights_file(path: str | os.PathLike) -> Path:
+    """The weights file of a model directory: `model.safetensors`, its shard index, or `pytorch_model.bin`."""
+    folder = Path(path)
+    for candidate in (folder / WEIGHTS_NAME, folder / (WEIGHTS_NAME + ".index.json"), folder / TORCH_WEIGHTS_NAME):
+        if candidate.exists():
+            return candidate
+    raise CheckpointError(f"{folder}: no weights found; expected {WEIGHTS_NAME} or {TORCH_WEIGHTS_NAME}")
+
+
 def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Tensors of a model directory under their stored names (safetensors, sharded or not, or torch .bin)."""
-    folder = Path(path)
-    single, index, legacy = folder / WEIGHTS_NAME, folder / (WEIGHTS_NAME + ".index.json"), folder / TORCH_WEIGHTS_NAME
+    file = reading = weights_file(path)
     try:
-        if single.exists():
-            return load_file(str(single))
-        if index.exists():
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-            tensors: dict[str, torch.Tensor] = {}
-            for shard in shards:
-                tensors.update(load_file(str(folder / shard)))
-            return tensors
-        if legacy.exists():
+        if file.name == WEIGHTS_NAME:
+            return load_file(str(file))
+        if file.name == TORCH_WEIGHTS_NAME:
             # weights_only: a .bin is a pickle, and a pickle from elsewhere must not run code on load.
-            return torch.load(legacy, map_location="cpu", weights_only=True)
-    except (SafetensorError, OSError, RuntimeError, KeyError, json.JSONDecodeError, EOFError) as exc:
-        raise CheckpointError(f"{folder}: weights are unreadable or corrupt ({type(exc).__name__}: {exc}); "
+            return torch.load(file, map_location="cpu", weights_only=True)
+        shards = sorted(set(json.loads(file.read_text(encoding="utf-8"))["weight_map"].values()))
+        tensors: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            reading = file.parent / shard
+            tensors.update(load_file(str(reading)))
+        return tensors
+    except (SafetensorError, OSError, RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError) as exc:
+        raise CheckpointError(f"{reading}: weights are unreadable or corrupt ({type(exc).__name__}: {exc}); "
                               "re-save or re-download the checkpoint") from None
-    raise CheckpointError(f"{folder}: no weights found; expected {WEIGHTS_NAME} or {TORCH_WEIGHTS_NAME}")
 
 
 def translate_weights(tensors: dict[str, torch.Tensor], model: BertPretrainedModel,
                       source: str) -> tuple[dict[str, torch.Tensor], list[str]]:
     """Map stored names onto `model`'s: (our state dict, stored keys we deliberately skipped)."""
     wants_prefix = not isinstance(model, BertModel)
+    encoder = model if isinstance(model, BertModel) else model.bert
     ours: dict[str, torch.Tensor] = {}
     skipped: list[str] = []
     unknown: list[str] = []
@@ -166,6 +181,9 @@ def translate_weights(tensors: dict[str, torch.Tensor], model: BertPretrainedMod
         is_head = name.startswith(HEAD_PREFIXES)
         if is_head and not hasattr(model, name.split(".")[0]):
             skipped.append(key)  # another task's head: fine-tuning starts from this checkpoint's encoder
+            continue
+        if encoder.pooler is None and name.removeprefix("bert.").startswith("pooler."):
+            skipped.append(key)  # token-level models have no pooler; a pretrained checkpoint has one
             continue
         if wants_prefix and not name.startswith("bert.") and not is_head:
             name = "bert." + name
@@ -198,12 +216,12 @@ def load_model(path: str | os.PathLike, cls: type[BertPretrainedModel] | None = 
     if cls is None:
         cls = MODEL_CLASSES.get(architecture or "BertModel", BertModel)
     model = cls(config)
-    source = str(Path(path))
+    source = str(weights_file(path))
     ours, skipped = translate_weights(read_weights(path), model, source)
     expected = model.state_dict()
     if fresh_head:
         ours = {k: v for k, v in ours.items() if not k.startswith(HEAD_PREFIXES)}
-    mismatched = [f"{k}: stored {tuple(v.shape)}, model {tuple(expected[k].shape)}"
+    mismatched = [f"{hf.to_hf_key(k)}: stored {tuple(v.shape)}, model {tuple(expected[k].shape)}"
                   for k, v in ours.items() if k in expected and v.shape != expected[k].shape]
     if mismatched:
         hint = ("; the head has a different number of labels — pass fresh_head=True (CLI: --fresh-head) to "
@@ -220,6 +238,7 @@ def load_model(path: str | os.PathLike, cls: type[BertPretrainedModel] | None = 
              or k.startswith("bert.pooler.") or k.startswith("pooler.")]
     hard_missing = [k for k in missing if k not in fresh]
     if hard_missing:
+        hard_missing = [hf.to_hf_key(k) for k in hard_missing]
         raise CheckpointError(f"{source}: missing tensors {hard_missing[:8]}{' ...' if len(hard_missing) > 8 else ''}"
                               "; the checkpoint is incomplete or its config.json describes a different model")
     model.load_state_dict(ours, strict=False)

@@ -33,6 +33,10 @@ KEY_TABLE: tuple[tuple[str, str], ...] = (
     ("mlm.norm", "cls.predictions.transform.LayerNorm"),
     ("nsp", "cls.seq_relationship"),
     ("classifier", "classifier"),
+    # The optional deeper classifier (`classifier_hidden_sizes`) has no Hugging Face counterpart; its names
+    # pass through unchanged so the directory still saves and loads here.
+    ("classifier.hidden.{i}", "classifier.hidden.{i}"),
+    ("classifier.out", "classifier.out"),
     ("qa_outputs", "qa_outputs"),
 )
 # Parameters whose full name is not `<module>.weight|bias`.
@@ -54,6 +58,11 @@ HF_ONLY_CONFIG_KEYS = frozenset({
     "sep_token_id", "prefix", "decoder_start_token_id", "torchscript", "pruned_heads",
     "is_encoder_decoder", "cross_attention_hidden_size", "tie_encoder_decoder", "label_smoothing",
 })
+
+# Hugging Face reads our fixed sinusoidal table as an ordinary learned one ("absolute"), which computes the
+# same outputs; older transformers releases skip position embeddings for any other value, so the file says
+# "absolute" and records ours under this key.
+POSITION_EMBEDDING_KEY = "bertforge_position_embedding_type"
 
 # Our class names <-> theirs (theirs spells "PreTraining").
 ARCHITECTURES = {
@@ -119,7 +128,10 @@ def config_from_hf(data: dict[str, Any], source: str) -> tuple[dict[str, Any], s
     if model_type != "bert":
         raise ConfigError(f"{source}: model_type is {model_type!r}; bertforge loads BERT checkpoints "
                           "(model_type 'bert') only")
-    fields = {k: v for k, v in data.items() if k not in HF_ONLY_CONFIG_KEYS and k != "architectures"}
+    fields = {k: v for k, v in data.items()
+              if k not in HF_ONLY_CONFIG_KEYS and k not in ("architectures", POSITION_EMBEDDING_KEY)}
+    if POSITION_EMBEDDING_KEY in data:
+        fields["position_embedding_type"] = data[POSITION_EMBEDDING_KEY]
     if "num_labels" in data and "id2label" not in data and data.get("problem_type") != "regression":
         fields["id2label"] = {i: f"LABEL_{i}" for i in range(int(data["num_labels"]))}
     architecture = None
@@ -134,7 +146,12 @@ def config_to_hf(fields: dict[str, Any], architecture: str) -> dict[str, Any]:
     """Our config fields plus what a Hugging Face loader needs to recognise the directory."""
     data = {k: v for k, v in fields.items() if v is not None and k != "architectures"}
     data["model_type"] = "bert"
+    if data.get("position_embedding_type", "absolute") != "absolute":
+        data[POSITION_EMBEDDING_KEY] = data["position_embedding_type"]
+        data["position_embedding_type"] = "absolute"
     data["architectures"] = [ARCHITECTURES[architecture]]
     if "id2label" in data:
         data["num_labels"] = len(data["id2label"])
+    elif data.get("problem_type") == "regression":
+        data["num_labels"] = 1  # their default is 2, which would not fit a one-output regression head
     return data

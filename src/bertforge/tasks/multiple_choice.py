@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -34,3 +35,21 @@ class BertForMultipleChoice(FineTuningModel):
         logits = scores.view(batch, choices)  # [B*C, 1] -> [B, C]
         loss = F.cross_entropy(logits.float(), labels.long()) if labels is not None else None
         return TaskOutput(logits, loss, out.hidden_states, out.attentions)
+
+
+class MultipleChoiceTask:
+    """Loss and accuracy (sum, count) pairs for multiple choice: cross-entropy over the choices."""
+
+    def counts(self, batch) -> dict[str, torch.Tensor]:
+        """Questions in the batch."""
+        return {"cross_entropy": torch.tensor(float(batch.labels.shape[0]))}
+
+    def loss_terms(self, output: TaskOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        logits = output.logits.float()  # [B, C]
+        count = logits.new_tensor(float(logits.shape[0]))
+        return {"cross_entropy": (F.cross_entropy(logits, batch.labels.long(), reduction="sum"), count)}
+
+    def metrics(self, output: TaskOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        logits = output.logits.detach()
+        count = logits.new_tensor(float(logits.shape[0]))
+        return {"accuracy": ((logits.argmax(-1) == batch.labels).float().sum(), count)}

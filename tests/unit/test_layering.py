@@ -1,0 +1,238 @@
+"""Import layering of the package (DESIGN.md, "Layout and dependency direction"), checked from source.
+
+Every module under src/bertforge is parsed with `ast`; every import statement counts, including those
+inside functions. A module may import from a lower row, from its own component, or from the foundations
+(`constants`, `errors`), nothing else. Extra rules: tokenization and metrics never import torch, data never
+imports the model, and nothing imports transformers. Modules of the table that do not exist yet are simply
+absent from the walk; a module the table does not know fails the test, so the table grows with the tree.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = "bertforge"
+SOURCE_ROOT = Path(__file__).resolve().parents[2] / "src"
+
+# Importable by every module; they import nothing of bertforge but each other.
+FOUNDATIONS = {"constants", "errors"}
+# Component (module path below `bertforge`, longest prefix wins) -> row of DESIGN.md.
+ROWS = {
+    "configuration": 0,
+    "runtime": 0,
+    "tokenization": 0,
+    "model": 0,
+    "metrics": 0,
+    "data": 1,
+    "tasks": 2,
+    "interop": 2,
+    "artifacts": 3,
+    "evaluation": 3,
+    "training": 4,
+    "inference": 4,
+    "inference.pipelines": 4,
+    "inference.server": 5,
+    "cli": 6,
+    "__main__": 6,
+}
+# (importing module, imported module): the one documented exception. `BertPretrainedModel.from_pretrained`
+# and `.save_pretrained` hand over to artifacts, importing it inside the method, never at module level.
+FUNCTION_LEVEL_ALLOWANCES = {("bertforge.model.bert", "bertforge.artifacts")}
+# Components that must not import a given third-party top-level package or bertforge component.
+FORBIDDEN = {
+    "tokenization": ("torch",),
+    "metrics": ("torch",),
+    "data": ("bertforge.model",),
+}
+NEVER_IMPORTED = ("transformers",)
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module, dotted
+    target: str  # the imported module, dotted (resolved for relative and `from bertforge import x`)
+    line: int
+    in_function: bool
+
+    def where(self) -> str:
+        return f"{self.module}:{self.line} imports {self.target}"
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def lazy_exports(path: Path) -> dict[str, str]:
+    """A package's `_LAZY` table: names it resolves on attribute access, to the module they come from, so
+    `from bertforge import BertModel` counts as importing `bertforge.model.bert`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_LAZY" for t in node.targets):
+            return ast.literal_eval(node.value)
+    return {}
+
+
+def dynamic_import(node: ast.AST) -> str | None:
+    """The module named by `importlib.import_module("...")` / `__import__("...")` with a literal name."""
+    if not isinstance(node, ast.Call) or not node.args or not isinstance(node.args[0], ast.Constant):
+        return None
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+        return node.args[0].value
+    return None
+
+
+def inside_function(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return True
+    return False
+
+
+def collect_imports(root: Path) -> list[Import]:
+    """Every import statement of every module below `root / PACKAGE`."""
+    modules = {module_name(p, root): p for p in sorted((root / PACKAGE).rglob("*.py"))}
+    lazy = {name: lazy_exports(path) for name, path in modules.items() if path.name == "__init__.py"}
+    found: list[Import] = []
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if dynamic_import(node):
+                targets = [dynamic_import(node)]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = name.split(".") if is_package else name.split(".")[:-1]
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                for alias in node.names:
+                    submodule = f"{base}.{alias.name}"
+                    if submodule in modules:
+                        targets.append(submodule)
+                    elif alias.name in lazy.get(base, {}):
+                        targets.append(lazy[base][alias.name])
+                    else:
+                        targets.append(base)
+            for target in targets:
+                found.append(Import(name, target, node.lineno, inside_function(node, parents)))
+    return found
+
+
+def component(module: str) -> str | None:
+    """The `ROWS` / `FOUNDATIONS` key a bertforge module belongs to (None for the package root)."""
+    rest = module.removeprefix(PACKAGE).lstrip(".")
+    if not rest:
+        return None
+    parts = rest.split(".")
+    for size in range(len(parts), 0, -1):
+        key = ".".join(parts[:size])
+        if key in ROWS or key in FOUNDATIONS:
+            return key
+    return rest
+
+
+def violations(imports: list[Import]) -> list[str]:
+    problems: list[str] = []
+    for item in imports:
+        source = component(item.module)
+        top = item.target.split(".")[0]
+        if top in NEVER_IMPORTED:
+            problems.append(f"{item.where()} (the package never imports {top})")
+        if source is not None:
+            for banned in FORBIDDEN.get(source.split(".")[0], ()):
+                if item.target == banned or item.target.startswith(banned + "."):
+                    problems.append(f"{item.where()} ({source} must not import {banned})")
+        if top != PACKAGE or source is None:
+            continue
+        target = component(item.target)
+        if target is None or target in FOUNDATIONS or target == source:
+            continue
+        if source in FOUNDATIONS:
+            problems.append(f"{item.where()} ({source} is a foundation and imports only constants/errors)")
+        elif source not in ROWS:
+            problems.append(f"{item.module}: component {source!r} has no row in the layering table "
+                            "(tests/unit/test_layering.py ROWS); add it where DESIGN.md puts it")
+        elif target not in ROWS:
+            continue  # reported once for the unknown module itself
+        elif ROWS[target] >= ROWS[source]:
+            allowed = item.in_function and (item.module, item.target) in FUNCTION_LEVEL_ALLOWANCES
+            if not allowed:
+                problems.append(f"{item.where()} (row {ROWS[source]} {source} may import only rows below "
+                                f"{ROWS[source]}; {target} is row {ROWS[target]})")
+    return sorted(set(problems))
+
+
+def test_layering_imports_go_downward_only():
+    imports = collect_imports(SOURCE_ROOT)
+    assert imports, f"no modules found under {SOURCE_ROOT / PACKAGE}"
+    problems = violations(imports)
+    assert not problems, "import layering violations:\n" + "\n".join(problems)
+
+
+def test_layering_every_module_has_a_row():
+    modules = {module_name(p, SOURCE_ROOT) for p in (SOURCE_ROOT / PACKAGE).rglob("*.py")}
+    unknown = sorted(m for m in modules if component(m) is not None
+                     and component(m) not in ROWS and component(m) not in FOUNDATIONS)
+    assert not unknown, f"modules with no row in the layering table: {unknown}; add them to ROWS"
+
+
+def test_layering_model_reaches_artifacts_only_inside_functions():
+    imports = [i for i in collect_imports(SOURCE_ROOT)
+               if i.module.startswith("bertforge.model") and i.target == "bertforge.artifacts"]
+    assert all(i.in_function for i in imports), [i.where() for i in imports if not i.in_function]
+
+
+# --- the checker itself, on a small fake tree ------------------------------------------------------------
+
+def write_tree(root: Path, files: dict[str, str]) -> None:
+    for relative, text in files.items():
+        path = root / PACKAGE / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def test_layering_checker_flags_each_kind_of_violation(tmp_path):
+    write_tree(tmp_path, {
+        "__init__.py": "_LAZY = {'BertModel': 'bertforge.model.bert'}\n",
+        "errors.py": "",
+        "model/__init__.py": "",
+        "model/bert.py": "from bertforge.errors import InputError\n"
+                         "def save():\n    from bertforge.artifacts import save_model\n",
+        "model/heads.py": "from bertforge.artifacts import save_model\n",
+        "tokenization/vocab.py": "import torch\nfrom . import wordpiece\n",
+        "tokenization/wordpiece.py": "def f():\n    from bertforge.data import corpus\n"
+                                     "import importlib\nimportlib.import_module('torch.nn')\n",
+        "data/__init__.py": "",
+        "data/corpus.py": "from bertforge import BertModel\nimport transformers\n",
+        "artifacts.py": "from bertforge.model.bert import BertModel\nfrom .model import heads\n",
+        "inference/__init__.py": "",
+        "inference/pipelines.py": "from bertforge.inference import server\n",
+        "inference/server.py": "from bertforge.inference.pipelines import Pipeline\n",
+        "plugins.py": "from bertforge.errors import ConfigError\nfrom bertforge.model import bert\n",
+    })
+    problems = violations(collect_imports(tmp_path))
+    text = "\n".join(problems)
+    assert "bertforge.model.heads:1 imports bertforge.artifacts" in text  # module-level: not allowed
+    assert "bertforge.model.bert:3" not in text  # the documented function-level allowance
+    assert "bertforge.tokenization.vocab:1 imports torch" in text
+    assert "bertforge.tokenization.vocab:2" not in text  # same component, relative import
+    assert "bertforge.tokenization.wordpiece:2 imports bertforge.data.corpus" in text  # inside a function
+    assert "bertforge.tokenization.wordpiece:4 imports torch.nn" in text  # importlib with a literal name
+    assert "bertforge.data.corpus:1 imports bertforge.model.bert (data must not import bertforge.model)" in text
+    assert "bertforge.data.corpus:2 imports transformers" in text
+    assert "bertforge.inference.pipelines:1 imports bertforge.inference.server" in text
+    assert "bertforge.inference.server:1" not in text
+    assert "component 'plugins' has no row" in text
+    assert not any(p.startswith("bertforge.artifacts") for p in problems)  # downward, absolute and relative
