@@ -1,0 +1,37 @@
+"""Data: corpus reading, pretraining instances and shards, masking, batching, and the task readers.
+
+Imports are lazy so that preparing data (`prepare_corpus`, which runs in worker processes too) never pulls in
+torch; only batching (`collate`, `datasets`) needs it.
+"""
+
+_LAZY = {
+    "Document": "bertforge.data.corpus",
+    "CorpusStats": "bertforge.data.corpus",
+    "read_documents": "bertforge.data.corpus",
+    "split_sentences": "bertforge.data.corpus",
+    "assign_documents": "bertforge.data.corpus",
+    "create_instances": "bertforge.data.pretraining",
+    "jieba_segmenter": "bertforge.data.pretraining",
+    "prepare_corpus": "bertforge.data.shards",
+    "PrepareReport": "bertforge.data.shards",
+    "ShardIndex": "bertforge.data.shards",
+    "vocab_checksum": "bertforge.data.shards",
+    "MaskingConfig": "bertforge.data.masking",
+    "Masker": "bertforge.data.masking",
+    "PretrainingBatch": "bertforge.data.collate",
+    "PretrainingExample": "bertforge.data.collate",
+    "collate_pretraining": "bertforge.data.collate",
+    "pad_sequences": "bertforge.data.collate",
+    "PretrainingData": "bertforge.data.datasets",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'bertforge.data' has no attribute {name!r}")
+
+
+__all__ = list(_LAZY)

@@ -1,0 +1,172 @@
+"""Batching: padding variable-length sequences into tensors, and the pretraining batch.
+
+`pad_sequences` is the one padding routine (fine-tuning collators use it too). `collate_pretraining` turns
+masked instances into a `PretrainingBatch` whose `model_inputs()` are exactly the keyword arguments of
+`BertForPretraining.forward`. Sequences are padded to the longest in the batch (optionally rounded up to a
+multiple of 8 for tensor cores), never to a fixed maximum; the masked positions are padded to the most
+predictions in the batch, with `IGNORE_INDEX` labels in the padding so the loss skips them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from bertforge.constants import IGNORE_INDEX
+from bertforge.errors import ConfigError
+
+
+def padded_length(length: int, pad_to_multiple_of: int | None) -> int:
+    """`length` rounded up to a multiple of `pad_to_multiple_of` (unchanged when None)."""
+    if pad_to_multiple_of is None:
+        return length
+    if isinstance(pad_to_multiple_of, bool) or not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1:
+        raise ConfigError(f"pad_to_multiple_of must be a positive integer or None, got {pad_to_multiple_of!r}")
+    return -(-length // pad_to_multiple_of) * pad_to_multiple_of
+
+
+def pad_sequences(
+    sequences: Sequence[Sequence[int] | np.ndarray | torch.Tensor],
+    pad_value: int = 0,
+    *,
+    pad_to_multiple_of: int | None = None,
+    min_length: int = 0,
+    dtype: torch.dtype = torch.long,
+) -> torch.Tensor:
+    """Right-pad sequences into one [B, T] tensor, T = the longest (or `min_length`), rounded up if asked.
+
+    Args:
+        sequences: B sequences of numbers (lists, numpy arrays or 1-d tensors).
+        pad_value: the value of padding positions.
+        pad_to_multiple_of: round T up to a multiple of this (8 suits tensor cores).
+        min_length: T is at least this.
+        dtype: the tensor dtype.
+
+    Returns:
+        [B, T] tensor.
+    """
+    arrays = [np.asarray(item.cpu() if isinstance(item, torch.Tensor) else item) for item in sequences]
+    for index, array in enumerate(arrays):
+        if array.ndim != 1:
+            raise ConfigError(f"pad_sequences expects 1-d sequences; item {index} has shape {array.shape}")
+    longest = max((len(array) for array in arrays), default=0)
+    length = padded_length(max(longest, min_length), pad_to_multiple_of)
+    numpy_dtype = torch.empty((), dtype=dtype).numpy().dtype
+    out = np.full((len(arrays), length), pad_value, dtype=numpy_dtype)
+    for row, array in enumerate(arrays):
+        out[row, : len(array)] = array
+    return torch.from_numpy(out)
+
+
+@dataclass
+class PretrainingExample:
+    """One masked instance, ready to batch.
+
+    Attributes:
+        input_ids: int [T] token ids after masking (``[CLS] A [SEP] B [SEP]``).
+        segment_b_start: index of the first B token (token type 1 from here on).
+        mlm_positions: int [M] positions to predict, ascending.
+        mlm_labels: int [M] their original ids.
+        nsp_label: 0 = B follows A, 1 = B is random.
+    """
+
+    input_ids: np.ndarray
+    segment_b_start: int
+    mlm_positions: np.ndarray
+    mlm_labels: np.ndarray
+    nsp_label: int
+
+
+_MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "mlm_positions", "mlm_labels", "nsp_labels")
+
+
+@dataclass
+class PretrainingBatch:
+    """A batch for `BertForPretraining` (B sequences of T tokens, M prediction slots each).
+
+    Attributes:
+        input_ids: long [B, T].
+        token_type_ids: long [B, T]: 0 for ``[CLS] A [SEP]``, 1 for ``B [SEP]``, 0 in padding.
+        attention_mask: long [B, T], 1 = real token, 0 = padding.
+        mlm_positions: long [B, M], indices into T (0 in padding slots).
+        mlm_labels: long [B, M], original token ids, `IGNORE_INDEX` in padding slots.
+        nsp_labels: long [B], 0 = B follows A, 1 = random (never ignored).
+    """
+
+    input_ids: torch.Tensor
+    token_type_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    mlm_positions: torch.Tensor
+    mlm_labels: torch.Tensor
+    nsp_labels: torch.Tensor
+    # Real tokens, counted on the host when the batch is built so that reading it never syncs a device.
+    _num_tokens: int | None = field(default=None, repr=False, compare=False)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> PretrainingBatch:
+        """A copy with every tensor on `device`."""
+        moved = {name: getattr(self, name).to(device, non_blocking=non_blocking) for name in _MODEL_INPUTS}
+        return PretrainingBatch(**moved, _num_tokens=self._num_tokens)
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """The keyword arguments of `BertForPretraining.forward`."""
+        return {name: getattr(self, name) for name in _MODEL_INPUTS}
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        """Real (non-padding) tokens in the batch, as a Python int (no device sync after `collate`)."""
+        if self._num_tokens is None:
+            self._num_tokens = int(self.attention_mask.sum().item())
+        return self._num_tokens
+
+    @property
+    def num_predictions(self) -> int:
+        """Masked positions to predict in the batch (labels that are not `IGNORE_INDEX`)."""
+        return int((self.mlm_labels != IGNORE_INDEX).sum().item())
+
+
+def collate_pretraining(
+    examples: Sequence[PretrainingExample], *, pad_id: int = 0, pad_to_multiple_of: int | None = None
+) -> PretrainingBatch:
+    """Pad masked instances into a `PretrainingBatch`.
+
+    Args:
+        examples: the instances (at least one).
+        pad_id: id of ``[PAD]``.
+        pad_to_multiple_of: round T up to a multiple of this.
+
+    Returns:
+        The batch; T is the longest instance (rounded up), M the most predictions of any instance.
+    """
+    if not examples:
+        raise ConfigError("cannot collate an empty list of pretraining examples")
+    lengths = [len(example.input_ids) for example in examples]
+    batch, length = len(examples), padded_length(max(lengths), pad_to_multiple_of)
+    slots = max(len(example.mlm_positions) for example in examples)
+    input_ids = np.full((batch, length), pad_id, dtype=np.int64)
+    token_type_ids = np.zeros((batch, length), dtype=np.int64)
+    attention_mask = np.zeros((batch, length), dtype=np.int64)
+    mlm_positions = np.zeros((batch, slots), dtype=np.int64)
+    mlm_labels = np.full((batch, slots), IGNORE_INDEX, dtype=np.int64)
+    for row, example in enumerate(examples):
+        size = lengths[row]
+        input_ids[row, :size] = example.input_ids
+        token_type_ids[row, example.segment_b_start:size] = 1
+        attention_mask[row, :size] = 1
+        count = len(example.mlm_positions)
+        mlm_positions[row, :count] = example.mlm_positions
+        mlm_labels[row, :count] = example.mlm_labels
+    return PretrainingBatch(
+        input_ids=torch.from_numpy(input_ids),
+        token_type_ids=torch.from_numpy(token_type_ids),
+        attention_mask=torch.from_numpy(attention_mask),
+        mlm_positions=torch.from_numpy(mlm_positions),
+        mlm_labels=torch.from_numpy(mlm_labels),
+        nsp_labels=torch.tensor([example.nsp_label for example in examples], dtype=torch.long),
+        _num_tokens=sum(lengths),
+    )

@@ -1,0 +1,222 @@
+"""The pretraining batch stream: prepared shards -> shuffled, rank-sharded, dynamically masked batches.
+
+`PretrainingData` is an endless iterator of `PretrainingBatch` over epochs of one split of a directory
+written by `prepare_corpus`. Its contracts, which the training loop relies on:
+
+- **Order.** Each epoch visits every instance once, in a permutation drawn from ``(seed, epoch)``.
+- **Ranks.** The permutation is cut into *global batches* of ``world_size * batch_size`` instances; rank r
+  takes the r-th slice of ``batch_size`` of each. So `world_size` ranks with batch B see, step by step,
+  exactly the instances one rank with batch ``world_size * B`` sees, in the same order (rank 0's slice
+  first): DDP is equivalent to one large batch. (With ``drop_last=False`` the epoch is padded by repeating
+  its first instances to a multiple of `world_size`, so only the last, partial step can differ.)
+- **Masks.** The masks of instance i in epoch e come from a generator seeded with ``(seed, e, i)`` (i is
+  the instance's index in the split, not its place in a batch), so they do not depend on batch size, rank
+  layout or resumption. With ``static_masks = k`` they come from ``(seed, e mod k, i)`` instead.
+- **Resume.** `state_dict` is a small JSON-able dict (epoch and position in the epoch); after
+  `load_state_dict` the next batches are exactly those the uninterrupted stream would have produced, at
+  O(1) cost (nothing is replayed). The position counts instances, so a run may resume with another world
+  size or batch size.
+
+`evaluation_batches` is the fixed evaluation stream (held-out split): every instance once, in order, with
+masks from the seed alone, so held-out metrics are comparable from one evaluation to the next.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+from bertforge.data.collate import PretrainingBatch, PretrainingExample, collate_pretraining
+from bertforge.data.masking import Masker, MaskingConfig
+from bertforge.data.shards import ShardIndex, SplitReader
+from bertforge.errors import ConfigError, DataError
+
+# Stream tags mixed into every seed so that shuffling, dynamic, static and evaluation masks never share draws.
+_SHUFFLE, _DYNAMIC, _STATIC, _EVALUATION = 0, 1, 2, 3
+
+
+def _check_int(name: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+class PretrainingData:
+    """Batches of masked pretraining instances, endlessly, over epochs (module docstring for the contracts).
+
+    Args:
+        data_dir: a directory written by `prepare_corpus`.
+        split: ``"train"`` or ``"heldout"``.
+        batch_size: instances per batch on this rank.
+        masking: the MLM masking rule.
+        seed: seeds the epoch order and the masks.
+        rank, world_size: this process's place among data-parallel ranks.
+        vocab_size: the model's vocabulary size (checked against the shards).
+        special_ids: ids never masked nor used as random replacements (``tokenizer.all_special_ids``).
+        mask_id: id of ``[MASK]``.
+        pad_id: id of ``[PAD]``.
+        drop_last: skip the last partial global batch of each epoch (keeps every step the same size).
+        pad_to_multiple_of: round the padded length up to a multiple of this (8 for tensor cores).
+        vocab_checksum: when given, the shards must have been written with this vocabulary
+            (`data.shards.vocab_checksum(tokenizer)`).
+
+    Raises:
+        DataError: the directory is not a complete data directory of this format, its vocabulary does not
+            match, or the split has fewer instances than one global batch.
+        ConfigError: a setting is out of range.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike,
+        *,
+        split: str = "train",
+        batch_size: int,
+        masking: MaskingConfig,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        vocab_size: int,
+        special_ids: Iterable[int],
+        mask_id: int,
+        pad_id: int = 0,
+        drop_last: bool = True,
+        pad_to_multiple_of: int | None = None,
+        vocab_checksum: str | None = None,
+    ):
+        self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.world_size = _check_int("world_size", world_size, 1)
+        self.rank = _check_int("rank", rank, 0)
+        self.seed = _check_int("seed", seed, 0)
+        if self.rank >= self.world_size:
+            raise ConfigError(f"rank must be below world_size ({world_size}), got {rank}")
+        if not isinstance(masking, MaskingConfig):
+            raise ConfigError(f"masking must be a MaskingConfig, got {type(masking).__name__}")
+        self.split = split
+        self.masking = masking
+        self.pad_id = int(pad_id)
+        self.drop_last = bool(drop_last)
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.index = ShardIndex.load(data_dir)
+        self.index.check_vocab(vocab_size=vocab_size, checksum=vocab_checksum)
+        self.reader = SplitReader(self.index, split)
+        self.masker = Masker(masking, vocab_size=vocab_size, special_ids=special_ids, mask_id=mask_id)
+        if len(self.reader) == 0:
+            raise DataError(
+                f"the {split} split has no instances; prepare more data (or a heldout_fraction for 'heldout')",
+                data_dir,
+            )
+        if self.drop_last and len(self.reader) < self.global_batch_size:
+            raise DataError(
+                f"the {split} split has {len(self.reader)} instances, fewer than one global batch "
+                f"({self.world_size} x {self.batch_size}); lower the batch size or prepare more data",
+                data_dir,
+            )
+        self.epoch = 0
+        self.position = 0
+        self._order_epoch = -1
+        self._order = np.zeros(0, dtype=np.int64)
+
+    @property
+    def num_instances(self) -> int:
+        return len(self.reader)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Instances per step over all ranks."""
+        return self.batch_size * self.world_size
+
+    @property
+    def steps_per_epoch(self) -> int:
+        full, rest = divmod(self.num_instances, self.global_batch_size)
+        return full + (0 if self.drop_last or rest == 0 else 1)
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The instance order of `epoch` (padded to a multiple of world_size when drop_last is off)."""
+        if epoch != self._order_epoch:
+            order = np.random.default_rng([self.seed, _SHUFFLE, epoch]).permutation(self.num_instances)
+            extra = -len(order) % self.world_size
+            if not self.drop_last and extra:
+                order = np.concatenate([order, order[:extra]])
+            self._order, self._order_epoch = order, epoch
+        return self._order
+
+    def _mask_generator(self, epoch: int, instance: int) -> np.random.Generator:
+        if self.masking.static_masks:
+            return np.random.default_rng([self.seed, _STATIC, epoch % self.masking.static_masks, instance])
+        return np.random.default_rng([self.seed, _DYNAMIC, epoch, instance])
+
+    def example(self, instance: int, rng: np.random.Generator) -> PretrainingExample:
+        """Instance `instance` of the split, masked with `rng`."""
+        ids, word_starts, segment_b_start, nsp_label = self.reader.instance(instance)
+        masked = self.masker.mask(ids, word_starts, rng)
+        return PretrainingExample(masked.input_ids, segment_b_start, masked.positions, masked.labels, nsp_label)
+
+    def _collate(self, examples: list[PretrainingExample]) -> PretrainingBatch:
+        return collate_pretraining(examples, pad_id=self.pad_id, pad_to_multiple_of=self.pad_to_multiple_of)
+
+    def __iter__(self) -> Iterator[PretrainingBatch]:
+        return self
+
+    def __next__(self) -> PretrainingBatch:
+        order = self.epoch_order(self.epoch)
+        remaining = len(order) - self.position
+        if remaining <= 0 or (self.drop_last and remaining < self.global_batch_size):
+            self.epoch += 1
+            self.position = 0
+            order = self.epoch_order(self.epoch)
+        step = order[self.position:self.position + self.global_batch_size]
+        share = len(step) // self.world_size
+        mine = step[self.rank * share:(self.rank + 1) * share]
+        epoch = self.epoch
+        self.position += len(step)
+        return self._collate([self.example(int(index), self._mask_generator(epoch, int(index))) for index in mine])
+
+    def state_dict(self) -> dict:
+        """Where the stream is: ``{"epoch", "position", "seed", "num_instances"}`` (JSON-able)."""
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
+                "num_instances": self.num_instances}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue exactly where `state` was taken (same data and seed; batch and world size may differ).
+
+        Raises:
+            DataError: the state belongs to other data or another seed, or is malformed.
+        """
+        try:
+            epoch, position = int(state["epoch"]), int(state["position"])
+            seed, instances = int(state["seed"]), int(state["num_instances"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise DataError(f"malformed data-stream state {state!r} ({error}); it needs epoch and position") from None
+        if seed != self.seed or instances != self.num_instances:
+            raise DataError(
+                f"the data-stream state is for seed {seed} over {instances} instances, but this stream has seed "
+                f"{self.seed} over {self.num_instances}: resume with the same data directory and seed"
+            )
+        if epoch < 0 or position < 0:
+            raise DataError(f"data-stream state has a negative epoch or position: {state!r}")
+        self.epoch, self.position = epoch, position
+
+    def evaluation_batches(self, max_batches: int | None = None) -> Iterator[PretrainingBatch]:
+        """The fixed evaluation stream: every instance once, in order, with masks fixed by the seed.
+
+        Each call yields the same batches. Ranks split every global batch as in training; the last, partial
+        one is cut as evenly as possible (a rank whose share is empty skips it), so together the ranks cover
+        every instance exactly once.
+
+        Args:
+            max_batches: stop after this many batches on this rank (None: the whole split).
+        """
+        produced = 0
+        for start in range(0, self.num_instances, self.global_batch_size):
+            if max_batches is not None and produced >= max_batches:
+                return
+            step = np.arange(start, min(start + self.global_batch_size, self.num_instances))
+            mine = np.array_split(step, self.world_size)[self.rank]
+            if mine.size == 0:
+                continue
+            rngs = (np.random.default_rng([self.seed, _EVALUATION, int(index)]) for index in mine)
+            yield self._collate([self.example(int(index), rng) for index, rng in zip(mine, rngs)])
+            produced += 1

@@ -1,0 +1,179 @@
+"""Masked-language-model masking: which tokens the model must predict, and what it sees in their place.
+
+The rule is BERT's: choose 15% of the maskable tokens (rounded, at least 1, at most
+`max_predictions_per_seq`); of the chosen, 80% become ``[MASK]``, 10% a random token, 10% stay unchanged, so
+the model cannot learn that only ``[MASK]`` positions matter. Special tokens (``[CLS]``, ``[SEP]``,
+``[PAD]``, and whatever else is in `special_ids`) are never chosen, and random replacements never are special.
+
+Two deliberate choices, both documented where a reference differs:
+
+- The 15% is of the maskable (non-special) tokens. Google's `create_masked_lm_predictions` counts the
+  ``[CLS]``/``[SEP]`` tokens too, which adds at most half a prediction per sequence.
+- With whole-word masking every piece of a chosen word is predicted, and the 80/10/10 decision is drawn once
+  per *word* (all pieces become ``[MASK]``, or all random, or all unchanged); labels stay per piece. Google
+  draws per piece, which lets one word show a mix (UER-py#200 fixed exactly that for Chinese WWM). Words come
+  from word-start flags (`data.pretraining`), so Chinese segmenter words are masked as a whole too.
+
+Masking is applied when batches are made (dynamic masking: fresh masks each epoch), or fixed per instance
+with `static_masks` copies (Google's ``dupe_factor`` without multiplying disk use): see `data.datasets`.
+All randomness comes from the numpy `Generator` passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from bertforge.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class MaskingConfig:
+    """How MLM targets are chosen.
+
+    Attributes:
+        mlm_probability: share of maskable tokens to predict (BERT: 0.15).
+        max_predictions_per_seq: cap on predictions per sequence (Google: 20 for length 128, 80 for 512).
+        mask_token_probability: share of chosen tokens replaced by ``[MASK]`` (0.8).
+        random_token_probability: share replaced by a random non-special token (0.1); the rest are kept.
+        whole_word_masking: choose whole words (all their pieces) instead of single pieces.
+        static_masks: 0 for dynamic masking (new masks every epoch); k >= 1 for k fixed masks per instance,
+            epoch e using copy e mod k (Google's static masking with ``dupe_factor = k``).
+    """
+
+    mlm_probability: float = 0.15
+    max_predictions_per_seq: int = 20
+    mask_token_probability: float = 0.8
+    random_token_probability: float = 0.1
+    whole_word_masking: bool = False
+    static_masks: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("mlm_probability", "mask_token_probability", "random_token_probability"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+                raise ConfigError(f"masking {name} must be a probability in [0, 1], got {value!r}")
+        if self.mlm_probability == 0.0:
+            raise ConfigError("masking mlm_probability must be above 0 (BERT uses 0.15)")
+        if self.mask_token_probability + self.random_token_probability > 1.0 + 1e-9:
+            raise ConfigError(
+                "masking mask_token_probability + random_token_probability must be at most 1 (the rest keep "
+                f"their token), got {self.mask_token_probability} + {self.random_token_probability}"
+            )
+        for name, low in (("max_predictions_per_seq", 1), ("static_masks", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"masking {name} must be an integer >= {low}, got {value!r}")
+        if not isinstance(self.whole_word_masking, bool):
+            raise ConfigError(f"masking whole_word_masking must be true or false, got {self.whole_word_masking!r}")
+
+    @classmethod
+    def for_sequence_length(cls, max_seq_length: int, **overrides) -> MaskingConfig:
+        """A config whose prediction cap is 15% of the length, rounded up (20 for 128, 77 for 512; Google's
+        README uses 20 and 80)."""
+        return cls(**{"max_predictions_per_seq": max(1, -(-max_seq_length * 15 // 100)), **overrides})
+
+
+@dataclass
+class MaskedTokens:
+    """The result of masking one sequence.
+
+    Attributes:
+        input_ids: int64 [T], the tokens the model sees.
+        positions: int64 [M], ascending positions of the tokens to predict.
+        labels: int64 [M], their original ids.
+    """
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    labels: np.ndarray
+
+
+class Masker:
+    """Applies a `MaskingConfig` for one vocabulary.
+
+    Args:
+        config: the masking rule.
+        vocab_size: number of token ids.
+        special_ids: ids never masked and never used as random replacements.
+        mask_id: id of ``[MASK]``.
+
+    Raises:
+        ConfigError: an id is outside the vocabulary, or no non-special token is left for replacements.
+    """
+
+    def __init__(self, config: MaskingConfig, *, vocab_size: int, special_ids: Iterable[int], mask_id: int):
+        special = sorted({int(index) for index in special_ids})
+        if vocab_size < 1 or any(not 0 <= index < vocab_size for index in [*special, mask_id]):
+            raise ConfigError(
+                f"special ids {special} and mask id {mask_id} must lie in the vocabulary [0, {vocab_size})"
+            )
+        self.config = config
+        self.mask_id = int(mask_id)
+        self._special = np.zeros(vocab_size, dtype=bool)
+        self._special[special] = True
+        self._replacements = np.flatnonzero(~self._special)
+        if self._replacements.size == 0:
+            raise ConfigError("the vocabulary has only special tokens; nothing to use as a random replacement")
+
+    def num_to_predict(self, maskable: int) -> int:
+        """How many of `maskable` tokens to predict: round(p * n), at least 1, at most the cap."""
+        if maskable == 0:
+            return 0
+        wanted = max(1, int(round(maskable * self.config.mlm_probability)))
+        return min(self.config.max_predictions_per_seq, wanted, maskable)
+
+    def mask(self, token_ids: np.ndarray, word_starts: np.ndarray | None, rng: np.random.Generator) -> MaskedTokens:
+        """Mask one sequence.
+
+        Args:
+            token_ids: [T] token ids, special tokens included.
+            word_starts: [T] 1 where a word starts (needed for whole-word masking; ignored otherwise).
+            rng: the only source of randomness.
+
+        Returns:
+            `MaskedTokens` with positions in ascending order.
+        """
+        ids = np.array(token_ids, dtype=np.int64)
+        candidates = np.flatnonzero(~self._special[ids])
+        count = self.num_to_predict(candidates.size)
+        if count == 0:
+            empty = np.zeros(0, dtype=np.int64)
+            return MaskedTokens(ids, empty, empty.copy())
+        config = self.config
+        if config.whole_word_masking and word_starts is not None:
+            starts = np.asarray(word_starts, dtype=bool)[candidates]
+            # A word also starts after a gap (a special token): pieces never join across [SEP].
+            starts[1:] |= np.diff(candidates) != 1
+            starts[0] = True
+            group_starts = np.flatnonzero(starts)
+            group_sizes = np.diff(np.append(group_starts, candidates.size))
+            chosen = []
+            total = 0
+            for group in rng.permutation(group_starts.size):
+                if total >= count:
+                    break
+                size = int(group_sizes[group])
+                if total + size > count:
+                    continue  # Google's rule: skip a word that would overshoot, keep looking for smaller ones
+                chosen.append(group)
+                total += size
+            chosen = np.sort(np.asarray(chosen, dtype=np.int64))
+            sizes = group_sizes[chosen]
+            # One 80/10/10 draw per word, repeated for each of its pieces.
+            draws = np.repeat(rng.random(chosen.size), sizes)
+            offsets = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+            positions = candidates[np.repeat(group_starts[chosen], sizes) + offsets]
+        else:
+            positions = np.sort(candidates[rng.permutation(candidates.size)[:count]])
+            draws = rng.random(count)
+        labels = ids[positions]
+        to_mask = draws < config.mask_token_probability
+        to_random = ~to_mask & (draws < config.mask_token_probability + config.random_token_probability)
+        ids[positions[to_mask]] = self.mask_id
+        random_count = int(to_random.sum())
+        if random_count:
+            ids[positions[to_random]] = self._replacements[rng.integers(0, self._replacements.size, random_count)]
+        return MaskedTokens(ids, positions.astype(np.int64), labels)

@@ -1,0 +1,78 @@
+"""Tests of `bertforge.data.collate`: padding, the pretraining batch, and its fit to BertForPretraining."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge.constants import IGNORE_INDEX
+from bertforge.data.collate import PretrainingBatch, PretrainingExample, collate_pretraining, pad_sequences
+from bertforge.errors import ConfigError
+
+
+def examples() -> list[PretrainingExample]:
+    return [
+        PretrainingExample(np.array([2, 10, 11, 3, 12, 3]), 4, np.array([1, 4]), np.array([10, 12]), 0),
+        PretrainingExample(np.array([2, 13, 3, 14, 15, 16, 17, 3]), 3, np.array([5]), np.array([16]), 1),
+    ]
+
+
+def test_collate_pretraining_shapes_padding_and_labels():
+    batch = collate_pretraining(examples(), pad_id=0)
+    assert len(batch) == 2
+    assert batch.input_ids.shape == (2, 8) and batch.mlm_positions.shape == (2, 2)
+    assert all(tensor.dtype == torch.long for tensor in batch.model_inputs().values())
+    assert batch.input_ids[0].tolist() == [2, 10, 11, 3, 12, 3, 0, 0]
+    assert batch.token_type_ids.tolist() == [[0, 0, 0, 0, 1, 1, 0, 0], [0, 0, 0, 1, 1, 1, 1, 1]]
+    assert batch.attention_mask.tolist() == [[1] * 6 + [0] * 2, [1] * 8]
+    assert batch.mlm_positions.tolist() == [[1, 4], [5, 0]]
+    assert batch.mlm_labels.tolist() == [[10, 12], [16, IGNORE_INDEX]]
+    assert batch.nsp_labels.tolist() == [0, 1]
+    assert batch.num_tokens == 14 and isinstance(batch.num_tokens, int)
+    assert batch.num_predictions == 3
+
+
+def test_collate_pretraining_pads_to_multiple_of_eight():
+    batch = collate_pretraining(examples()[:1], pad_to_multiple_of=8)
+    assert batch.input_ids.shape == (1, 8)
+    assert batch.num_tokens == 6
+    with pytest.raises(ConfigError, match="pad_to_multiple_of"):
+        collate_pretraining(examples(), pad_to_multiple_of=0)
+    with pytest.raises(ConfigError, match="empty"):
+        collate_pretraining([])
+
+
+def test_collate_batch_to_device_keeps_values_and_token_count():
+    batch = collate_pretraining(examples())
+    moved = batch.to("cpu")
+    assert isinstance(moved, PretrainingBatch)
+    assert all(torch.equal(moved.model_inputs()[key], value) for key, value in batch.model_inputs().items())
+    assert moved.num_tokens == 14
+
+
+def test_collate_model_inputs_drive_bert_for_pretraining(tiny_config):
+    from bertforge.tasks.pretraining import BertForPretraining
+
+    parameters = inspect.signature(BertForPretraining.forward).parameters
+    batch = collate_pretraining(examples())
+    assert set(batch.model_inputs()) <= set(parameters)
+    torch.manual_seed(0)
+    model = BertForPretraining(tiny_config).eval()
+    output = model(**batch.model_inputs())
+    assert output.mlm_logits.shape == (2, 2, tiny_config.vocab_size)
+    assert output.mlm_count.item() == 3  # the padding slot is ignored
+    assert output.nsp_count.item() == 2  # both NSP labels count, 0 included
+    assert torch.isfinite(output.loss)
+
+
+def test_pad_sequences_generic():
+    padded = pad_sequences([[1, 2, 3], np.array([4]), torch.tensor([5, 6])], pad_value=-1)
+    assert padded.tolist() == [[1, 2, 3], [4, -1, -1], [5, 6, -1]]
+    assert pad_sequences([[1]], pad_to_multiple_of=8).shape == (1, 8)
+    assert pad_sequences([[1]], min_length=4).shape == (1, 4)
+    assert pad_sequences([[0.5]], dtype=torch.float32).dtype == torch.float32
+    with pytest.raises(ConfigError, match="1-d"):
+        pad_sequences([[[1]]])
