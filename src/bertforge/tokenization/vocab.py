@@ -1,0 +1,163 @@
+"""The WordPiece vocabulary: `vocab.txt` reading, writing, and token <-> id lookup.
+
+`vocab.txt` holds one token per line; a token's id is its 0-based line number. This is the format of Google's
+released checkpoints and of Hugging Face BERT directories, so a saved vocabulary is usable by either.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from bertforge.constants import UNK_TOKEN
+from bertforge.errors import DataError
+
+
+class Vocab:
+    """An ordered set of tokens; a token's id is its position.
+
+    Args:
+        tokens: the tokens in id order. No duplicates, no empty strings, and `unk_token` must be present.
+        unk_token: the token that stands for anything out of vocabulary.
+
+    Raises:
+        DataError: on a duplicate or empty token, or when `unk_token` is missing.
+    """
+
+    def __init__(self, tokens: Iterable[str], unk_token: str = UNK_TOKEN):
+        self._tokens = list(tokens)
+        self._index = _index_tokens(self._tokens, source=None)
+        if unk_token not in self._index:
+            raise DataError(f"the vocabulary has no unknown token {unk_token!r}; add it as a line of its own")
+        self.unk_token = unk_token
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, unk_token: str = UNK_TOKEN) -> Vocab:
+        """Read a `vocab.txt` (UTF-8, one token per line; a trailing newline and CRLF endings are accepted).
+
+        Raises:
+            DataError: naming the file (and line) when it is missing, unreadable, not UTF-8, empty, has an
+                empty line or a duplicate token, or lacks `unk_token`.
+        """
+        path = Path(path)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise DataError("vocabulary file not found; pass the path of a vocab.txt", path) from None
+        except IsADirectoryError:
+            raise DataError("is a directory, expected a vocab.txt file", path) from None
+        except OSError as error:
+            raise DataError(f"cannot read the vocabulary file ({error.strerror})", path) from None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            line = data.count(b"\n", 0, error.start) + 1
+            raise DataError("the vocabulary file is not valid UTF-8", path, line) from None
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        tokens = [line[:-1] if line.endswith("\r") else line for line in lines]
+        if not tokens:
+            raise DataError("the vocabulary file is empty; it needs one token per line", path)
+        _index_tokens(tokens, source=path)
+        if unk_token not in tokens:
+            raise DataError(
+                f"the vocabulary has no unknown token {unk_token!r}; add it as a line of its own "
+                "or set unk_token in tokenizer_config.json",
+                path,
+            )
+        vocab = cls.__new__(cls)
+        vocab._tokens = tokens
+        vocab._index = {token: index for index, token in enumerate(tokens)}
+        vocab.unk_token = unk_token
+        return vocab
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write `vocab.txt` atomically (temporary file in the same directory, then rename)."""
+        write_text_atomic(Path(path), "".join(token + "\n" for token in self._tokens))
+
+    @property
+    def unk_id(self) -> int:
+        """Id of the unknown token."""
+        return self._index[self.unk_token]
+
+    @property
+    def tokens(self) -> list[str]:
+        """All tokens in id order (a copy)."""
+        return list(self._tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        """Id of `token`, or None when it is not in the vocabulary."""
+        return self._index.get(token)
+
+    def id_to_token(self, index: int) -> str:
+        """Token with id `index`.
+
+        Raises:
+            IndexError: when `index` is outside ``[0, len(self))``.
+        """
+        if not 0 <= index < len(self._tokens):
+            raise IndexError(f"token id {index} is outside the vocabulary of {len(self._tokens)} tokens")
+        return self._tokens[index]
+
+    def as_dict(self) -> dict[str, int]:
+        """Token -> id mapping (a copy)."""
+        return dict(self._index)
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __contains__(self, token: object) -> bool:
+        return token in self._index
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tokens)
+
+    def __getitem__(self, token: str) -> int:
+        return self._index[token]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Vocab):
+            return NotImplemented
+        return self._tokens == other._tokens and self.unk_token == other.unk_token
+
+    def __repr__(self) -> str:
+        return f"Vocab({len(self._tokens)} tokens, unk_token={self.unk_token!r})"
+
+
+def _index_tokens(tokens: list[str], source: Path | None) -> dict[str, int]:
+    """Token -> id, refusing empty and duplicate tokens (errors give 1-based line numbers)."""
+    index: dict[str, int] = {}
+    for position, token in enumerate(tokens):
+        if token == "":
+            raise DataError(
+                "empty line in the vocabulary; every line must hold one token", source, position + 1
+            )
+        if "\n" in token:
+            raise DataError(f"token {token!r} contains a newline", source, position + 1)
+        previous = index.setdefault(token, position)
+        if previous != position:
+            raise DataError(
+                f"duplicate token {token!r} (first on line {previous + 1}); every token must appear once",
+                source,
+                position + 1,
+            )
+    return index
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write UTF-8 `text` to `path` via a temporary file in the same directory and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8", newline="") as stream:
+            stream.write(text)
+        # mkstemp creates the file private (0600); a saved model directory is meant to be shared.
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
