@@ -79,6 +79,8 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
         heldout_fraction=args.heldout_fraction, heldout_documents=args.heldout_documents,
         resume=not args.no_resume, format=args.format,
         segmenter=jieba_segmenter() if args.segmenter == "jieba" else None)
+    # The data directory carries its vocabulary, so `pretrain --data DIR` needs nothing else.
+    tokenizer.save_pretrained(args.out)
     print(report.summary())
 
 

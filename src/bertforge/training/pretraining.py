@@ -1,0 +1,170 @@
+"""Pretraining entry point: a prepared data directory + a model preset (or checkpoint) -> a trained BERT.
+
+`run_pretraining(PretrainConfig)` wires the parts together — tokenizer, `BertForPretraining`, the masked
+batch stream (`data.datasets.PretrainingData`, rank-sharded under torchrun), held-out evaluation — and hands
+them to the one training loop. A run file looks like:
+
+    data_dir = "runs/shards-en"       # written by prepare_corpus
+    tokenizer = "runs/vocab-en"       # vocab.txt + tokenizer_config.json the shards were made with
+    model = "mini"                    # a preset (tiny ... large) or a model directory to continue from
+    [masking]
+    max_predictions_per_seq = 20
+    [training]
+    steps = 10000
+    batch_size = 128
+    lr = 1e-4
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bertforge.configuration import dumps_toml
+from bertforge.constants import VOCAB_NAME
+from bertforge.data.datasets import PretrainingData
+from bertforge.data.masking import MaskingConfig
+from bertforge.data.shards import ShardIndex, vocab_checksum
+from bertforge.errors import ConfigError
+from bertforge.model.config import PRESETS, BertConfig
+from bertforge.runtime import set_seed
+from bertforge.tasks.pretraining import BertForPretraining, PretrainingTask
+from bertforge.tokenization.tokenizer import Tokenizer
+from bertforge.training import distributed
+from bertforge.training.config import TrainingConfig
+from bertforge.training.loop import TrainResult, train
+
+log = logging.getLogger("bertforge.training")
+
+RUN_CONFIG_NAME = "run.toml"
+
+
+@dataclass
+class PretrainConfig:
+    """A pretraining run.
+
+    Attributes:
+        data_dir: a directory written by `bertforge.data.shards.prepare_corpus`.
+        tokenizer: directory of the tokenizer the data was prepared with; "" = `data_dir` if it holds a
+            vocab.txt, else the model directory when continuing from one.
+        model: a preset name (tiny, mini, small, medium, base, large) or a model directory to continue
+            pretraining from (its MLM/NSP heads are created when it has none).
+        model_overrides: BertConfig fields for a preset, e.g. {hidden_dropout_prob = 0.1}.
+        eval_batches: held-out batches per evaluation on each rank (0 = the whole held-out split).
+        pad_to_multiple_of: pad batches to a multiple of this length (8 suits tensor cores).
+        masking: the MLM masking rule (`[masking]`).
+        training: the loop settings (`[training]`).
+    """
+
+    data_dir: str = ""
+    tokenizer: str = ""
+    model: str = "base"
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+    eval_batches: int = 50
+    pad_to_multiple_of: int = 8
+    fast_path: bool = True
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    training: TrainingConfig = field(default_factory=lambda: TrainingConfig(out_dir="runs/pretrain"))
+
+    def __post_init__(self) -> None:
+        if not self.data_dir:
+            raise ConfigError("pretraining needs data_dir: a directory prepared with prepare_corpus "
+                              "(bertforge prepare-data ...)")
+        if not (Path(self.model).is_dir() or self.model in PRESETS):
+            raise ConfigError(f"model={self.model!r} is neither a model directory nor a preset; use one of "
+                              f"{sorted(PRESETS)} or the path of a saved model")
+        if self.model_overrides and Path(self.model).is_dir():
+            raise ConfigError("model_overrides apply to a preset; a model directory keeps its own config.json")
+        for name, low in (("eval_batches", 0), ("pad_to_multiple_of", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"{name}={value!r} is invalid: use an integer >= {low}")
+
+
+def load_pretraining_tokenizer(config: PretrainConfig) -> Tokenizer:
+    """The tokenizer named by `config.tokenizer`, or found in the data or model directory."""
+    if config.tokenizer:
+        return Tokenizer.from_pretrained(config.tokenizer)
+    for candidate in (Path(config.data_dir), Path(config.model)):
+        if (candidate / VOCAB_NAME).is_file():
+            return Tokenizer.from_pretrained(candidate)
+    raise ConfigError(f"no tokenizer: {config.data_dir} holds no {VOCAB_NAME}; set tokenizer = the directory of "
+                      "the vocabulary the data was prepared with")
+
+
+def build_model(config: PretrainConfig, tokenizer: Tokenizer, max_seq_length: int) -> BertForPretraining:
+    """A fresh BertForPretraining from a preset, or one loaded from a model directory."""
+    if Path(config.model).is_dir():
+        model = BertForPretraining.from_pretrained(config.model)
+        if model.config.vocab_size != tokenizer.vocab_size:
+            raise ConfigError(f"{config.model} has a vocabulary of {model.config.vocab_size} but the tokenizer has "
+                              f"{tokenizer.vocab_size}; continue pretraining with the model's own vocab.txt")
+    else:
+        overrides = {"vocab_size": tokenizer.vocab_size, "pad_token_id": tokenizer.pad_token_id,
+                     **config.model_overrides}
+        model = BertForPretraining(BertConfig.preset(config.model, **overrides))
+    if model.config.max_position_embeddings < max_seq_length:
+        raise ConfigError(f"the data has sequences of up to {max_seq_length} tokens but the model has "
+                          f"max_position_embeddings={model.config.max_position_embeddings}; prepare shorter "
+                          "sequences or raise model_overrides.max_position_embeddings")
+    # Instances vary in length (short targets, document ends): skip padding in every matmul, one QKV matmul.
+    # Both are tested equal to the plain path (tests/unit/test_fast_paths.py).
+    model.bert.set_fast_path(unpad=config.fast_path, fused_qkv=config.fast_path)
+    return model.train()
+
+
+def run_pretraining(config: PretrainConfig) -> TrainResult:
+    """Pretrain (or continue pretraining) as `config` says; returns the loop's TrainResult.
+
+    Under torchrun every process calls this; each reads its rank's slice of every global batch.
+    """
+    training = config.training
+    context = distributed.setup(training.device)
+    index = ShardIndex.load(config.data_dir)
+    tokenizer = load_pretraining_tokenizer(config)
+    index.check_vocab(tokenizer)
+    max_seq_length = int(index.settings.get("max_seq_length", 0))
+    expected_predictions = math.ceil(config.masking.mlm_probability * max_seq_length)
+    if config.masking.max_predictions_per_seq < expected_predictions:
+        log.warning("masking.max_predictions_per_seq=%d caps the predictions below %.0f%% of %d tokens (%d); "
+                    "Google used 20 for length 128 and 80 for 512", config.masking.max_predictions_per_seq,
+                    100 * config.masking.mlm_probability, max_seq_length, expected_predictions)
+
+    set_seed(training.seed)  # the same initial weights on every rank
+    model = build_model(config, tokenizer, max_seq_length)
+    common = {"masking": config.masking, "seed": training.seed, "rank": context.rank,
+              "world_size": context.world_size, "vocab_size": tokenizer.vocab_size,
+              "special_ids": tokenizer.all_special_ids, "mask_id": tokenizer.mask_token_id,
+              "pad_id": tokenizer.pad_token_id, "pad_to_multiple_of": config.pad_to_multiple_of,
+              "vocab_checksum": vocab_checksum(tokenizer)}
+    batches = PretrainingData(config.data_dir, split="train", batch_size=training.batch_size, **common)
+    eval_fn = None
+    task = PretrainingTask()
+    if sum(int(record["instances"]) for record in index.shards("heldout")) > 0:
+        heldout = PretrainingData(config.data_dir, split="heldout", batch_size=training.batch_size,
+                                  drop_last=False, **common)
+        limit = config.eval_batches or None
+
+        def eval_fn(model):
+            return task.evaluate(model, heldout.evaluation_batches(limit))
+    elif context.is_main:
+        log.warning("%s has no held-out split: training without evaluation (prepare the data with "
+                    "heldout_fraction > 0 to watch held-out MLM/NSP loss)", config.data_dir)
+
+    if context.is_main:
+        log.info("pretraining data: %d training instances of up to %d tokens, %d per step, %d steps per epoch",
+                 batches.num_instances, max_seq_length, batches.global_batch_size, batches.steps_per_epoch)
+        out_dir = Path(training.out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_text(out_dir / RUN_CONFIG_NAME, dumps_toml(config))
+    return train(model, batches, task, training, eval_fn=eval_fn, tokenizer=tokenizer)
+
+
+def write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
