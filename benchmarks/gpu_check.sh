@@ -15,12 +15,12 @@ print("device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else 
 PY
 date -u +"%Y-%m-%d %H:%M UTC" >> "$OUT/env.txt"
 echo "== 1. fast paths vs plain fp32"
-timeout 110 python -m benchmarks.fast_path_check --device cuda 2>&1 | tee "$OUT/fast_paths.md"
+timeout 90 python -m benchmarks.fast_path_check --device cuda 2>&1 | tee "$OUT/fast_paths.md"
 echo "== 2. throughput vs transformers"
-timeout 270 python -m benchmarks.model_speed --device cuda --repeats 5 2>&1 | grep -v Warning | tee "$OUT/throughput.md"
+timeout 240 python -m benchmarks.model_speed --device cuda --repeats 5 2>&1 | grep -v Warning | tee "$OUT/throughput.md"
 if [ -d gpu_carry/en_data ]; then
   echo "== 3. base pretraining on pretrain_en shards"
-  timeout 130 python -m bertforge pretrain --data gpu_carry/en_data --model base --out "$OUT/pretrain_base" \
+  timeout 120 python -m bertforge pretrain --data gpu_carry/en_data --model base --out "$OUT/pretrain_base" \
     --steps 300 --batch-size 256 --lr 1e-4 --precision bf16 --training.warmup_steps=30 \
     --training.log_every=50 --training.eval_every=300 --training.fused_adamw=true --training.progress=false \
     --training.save_every=0 2>&1 | grep -v "^Warning" | tail -12 | tee "$OUT/pretrain_base.log"
