@@ -117,6 +117,15 @@ def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> None:
     print(result.summary() if hasattr(result, "summary") else result)
 
 
+# --- demo ----------------------------------------------------------------------------------------------
+
+def cmd_demo(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.demo import run_demo
+
+    run_demo(lang=args.lang, out=args.out, corpus=args.corpus, minutes=args.minutes, model=args.model,
+             seed=args.seed)
+
+
 # --- info ------------------------------------------------------------------------------------------------
 
 def cmd_info(args: argparse.Namespace, extra: list[str]) -> None:
@@ -192,6 +201,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", help="auto, never, or a checkpoint directory")
     p.add_argument("--whole-word-masking", action="store_true")
     p.set_defaults(func=cmd_pretrain)
+
+    p = sub.add_parser("demo", help="vocab -> shards -> pretrain -> fill-mask -> fine-tune, on the bundled books")
+    p.add_argument("--lang", choices=["en", "zh"], default="en")
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--corpus", help="folder of books (default: data/demo/<lang>)")
+    p.add_argument("--minutes", type=float, default=4.0, help="pretraining time budget")
+    p.add_argument("--model", default="mini", help="preset to pretrain")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("info", help="print a model's config and parameter count")
     p.add_argument("model", help="preset name or model directory")

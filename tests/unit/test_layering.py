@@ -34,6 +34,7 @@ ROWS = {
     "inference": 4,
     "inference.pipelines": 4,
     "inference.server": 5,
+    "demo": 5,
     "cli": 6,
     "__main__": 6,
 }

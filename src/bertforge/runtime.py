@@ -1,0 +1,107 @@
+"""Where and how tensors run: device choice, precision (dtype + autocast), seeding and RNG state capture.
+
+Precision names are `fp32`, `bf16` and `fp16` (and `auto`: bf16 on a GPU that supports it, else fp32).
+bf16 and fp16 run under autocast, so parameters, LayerNorm, softmax and the losses stay in fp32 while the
+matrix products run in half precision; fp16 additionally needs a loss scaler (the training loop owns it).
+
+`capture_rng_state` / `restore_rng_state` cover every generator a training step draws from (Python,
+NumPy, torch CPU, all CUDA devices), in a form `torch.load(weights_only=True)` reads back, so a resumed
+run draws the same dropout masks as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertforge.errors import ConfigError
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
+    """`auto`/None -> `cuda` when available, else `cpu`; any other name (`cpu`, `cuda:1`, `mps`) as given."""
+    if isinstance(name, torch.device):
+        return name
+    if name is None or name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:<index>") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} was requested but CUDA is not available; use device=cpu or auto")
+    return device
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """Turn `auto` into a concrete precision for `device` and check that the device supports it."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision {precision!r}; use one of {PRECISIONS}")
+    if precision == "auto":
+        return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError("precision bf16 needs a GPU with bfloat16 support (Ampere or newer); use fp16 or fp32")
+    return precision
+
+
+def precision_dtype(precision: str) -> torch.dtype:
+    """The compute dtype of a concrete precision name (`fp32`, `bf16`, `fp16`)."""
+    if precision not in DTYPES:
+        raise ConfigError(f"unknown precision {precision!r}; use one of {tuple(DTYPES)}")
+    return DTYPES[precision]
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """A context in which forward passes run at `precision` (a no-op context for fp32)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=precision_dtype(precision))
+
+
+def set_seed(seed: int, deterministic: bool = False) -> None:
+    """Seed Python, NumPy and torch (CPU and every CUDA device).
+
+    `deterministic=True` also makes cuDNN/cuBLAS pick deterministic kernels (slower; bitwise-repeatable GPU
+    runs). Data-loader workers derive their seeds from torch's, so they are covered too.
+    """
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if deterministic:
+        # cuBLAS reads this when its handle is created; it must be set before the first matmul on the GPU.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Every generator's state, made of tensors, ints and tuples only (safe for weights_only loading)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        # NumPy's key is a uint32 array; stored as int64 so no NumPy type ends up in the pickle.
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Put back what `capture_rng_state` returned."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

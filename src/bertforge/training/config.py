@@ -1,0 +1,130 @@
+"""`TrainingConfig`: how long, how fast and how carefully the one training loop trains (the `[training]` table).
+
+Batch sizes are per device: one optimizer step sees `batch_size * grad_accumulation * world_size`
+examples. Length is `steps` optimizer steps or, when `steps` is 0, `epochs` passes over the batch source;
+warmup is `warmup_steps` or, when that is 0, `warmup_ratio` of the steps (the same precedence as the
+Hugging Face Trainer, so a quick `--training.steps=20` override works on any run file).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from bertforge.errors import ConfigError
+
+OPTIMIZERS = ("adamw", "lamb")
+SCHEDULES = ("linear", "constant")
+PRECISION_NAMES = ("auto", "fp32", "bf16", "fp16")
+
+
+@dataclass
+class TrainingConfig:
+    """Settings of `bertforge.training.loop.train`.
+
+    Attributes:
+        steps: optimizer steps to train for; 0 = use `epochs`.
+        epochs: passes over the batch source (fractions allowed) when `steps` is 0.
+        batch_size: examples per micro-batch per device (used by whoever builds the batch source).
+        grad_accumulation: micro-batches per optimizer step.
+        lr: peak learning rate (reached at the end of warmup).
+        warmup_steps / warmup_ratio: linear warmup length; steps win when both are set.
+        schedule: after warmup, `linear` decay to 0 at the last step (BERT's) or `constant`.
+        weight_decay: decoupled weight decay, not applied to biases and LayerNorm weights.
+        optimizer: `adamw` (fine-tuning, pretraining up to ~1k batch) or `lamb` (large-batch pretraining).
+        betas, eps: Adam moments; eps 1e-6 as BERT used (PyTorch's default is 1e-8).
+        max_grad_norm: global gradient-norm clipping; 0 disables clipping (the norm is still logged).
+        precision: auto (bf16 on a capable GPU, else fp32), fp32, bf16 or fp16 (with dynamic loss scaling).
+        device: auto (cuda if available), cpu, cuda, cuda:N; under torchrun each rank uses cuda:LOCAL_RANK.
+        log_every: optimizer steps between training log lines (loss terms, metrics, lr, tokens/s).
+        eval_every: steps between evaluations; 0 = only at the end.
+        save_every: steps between checkpoints; 0 = only the final one.
+        keep_last: checkpoints kept (older ones are deleted); 0 keeps all.
+        seed: seeds Python, NumPy and torch (each rank adds its rank).
+        deterministic: deterministic GPU kernels (slower).
+        out_dir: checkpoints, metrics.jsonl and TensorBoard logs go here.
+        resume: `auto` (latest checkpoint in out_dir, if any), `never` (a fresh run; refused when out_dir
+            already holds checkpoints), or a checkpoint directory.
+        compile: wrap the model in torch.compile.
+        fused_adamw: the fused CUDA AdamW kernel (ignored for LAMB and on CPU).
+        max_nonfinite_steps: consecutive steps with non-finite loss/gradients tolerated (each skipped)
+            before training stops with an error; fp16 tolerates 16 more while its loss scale adapts.
+        progress: show a progress bar on the main process.
+        tensorboard: also write TensorBoard events when the `tensorboard` package is installed.
+    """
+
+    steps: int = 0
+    epochs: float = 1.0
+    batch_size: int = 32
+    grad_accumulation: int = 1
+    lr: float = 1e-4
+    warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    schedule: str = "linear"
+    weight_decay: float = 0.01
+    optimizer: str = "adamw"
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-6
+    max_grad_norm: float = 1.0
+    precision: str = "auto"
+    device: str = "auto"
+    log_every: int = 50
+    eval_every: int = 0
+    save_every: int = 0
+    keep_last: int = 3
+    seed: int = 42
+    deterministic: bool = False
+    out_dir: str = "runs/train"
+    resume: str = "never"
+    compile: bool = False
+    fused_adamw: bool = False
+    max_nonfinite_steps: int = 5
+    progress: bool = True
+    tensorboard: bool = True
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, name: str, fix: str) -> None:
+            if not cond:
+                raise ConfigError(f"training.{name}={getattr(self, name)!r} is invalid: {fix}")
+
+        def whole(name: str, minimum: int) -> None:
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool) and value >= minimum, name,
+                 f"use an integer >= {minimum}")
+
+        whole("steps", 0)
+        need(isinstance(self.epochs, int | float) and self.epochs >= 0 and math.isfinite(self.epochs), "epochs",
+             "use a number >= 0")
+        need(self.steps > 0 or self.epochs > 0, "steps", "set steps > 0 or epochs > 0 to say how long to train")
+        for name in ("batch_size", "grad_accumulation", "log_every"):
+            whole(name, 1)
+        for name in ("warmup_steps", "eval_every", "save_every", "keep_last", "max_nonfinite_steps", "seed"):
+            whole(name, 0)
+        need(self.lr > 0 and math.isfinite(self.lr), "lr", "use a positive learning rate such as 1e-4")
+        need(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio", "use a fraction in [0, 1), e.g. 0.1")
+        need(self.schedule in SCHEDULES, "schedule", f"use one of {SCHEDULES}")
+        need(self.weight_decay >= 0, "weight_decay", "use a value >= 0 (BERT used 0.01)")
+        need(self.optimizer in OPTIMIZERS, "optimizer", f"use one of {OPTIMIZERS}")
+        need(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), "betas",
+             "give two numbers in [0, 1), e.g. [0.9, 0.999]")
+        self.betas = [float(b) for b in self.betas]
+        need(self.eps > 0, "eps", "use a small positive number such as 1e-6")
+        need(self.max_grad_norm >= 0, "max_grad_norm", "use a positive norm such as 1.0, or 0 to disable clipping")
+        need(self.precision in PRECISION_NAMES, "precision", f"use one of {PRECISION_NAMES}")
+        need(bool(self.out_dir), "out_dir", "name a directory for checkpoints and logs")
+        need(bool(self.resume), "resume", "use auto, never or a checkpoint directory")
+
+    def total_steps(self, batches_per_epoch: int | None) -> int:
+        """Optimizer steps of the run: `steps`, or `epochs` worth of micro-batches (needs their number)."""
+        if self.steps > 0:
+            return self.steps
+        if batches_per_epoch is None:
+            raise ConfigError("training.epochs needs a batch source with a length (len(batches)); set "
+                              "training.steps instead for a stream without one")
+        return max(1, math.ceil(self.epochs * batches_per_epoch / self.grad_accumulation))
+
+    def resolved_warmup(self, total_steps: int) -> int:
+        """Warmup steps of a run of `total_steps`."""
+        if self.warmup_steps > 0:
+            return min(self.warmup_steps, total_steps)
+        return int(self.warmup_ratio * total_steps)

@@ -1,0 +1,551 @@
+"""The one training loop, for pretraining and every fine-tuning task.
+
+A task plugs in through three methods (no callbacks, no framework):
+
+    task.counts(batch)              -> {term: count}          denominators, from the batch alone
+    task.loss_terms(output, batch)  -> {term: (sum, count)}   loss sums of one micro-batch
+    task.metrics(output, batch)     -> {name: (sum, count)}   e.g. correct predictions / labelled tokens
+
+(`counts` may be left out by a task with a single loss term: see `WindowStep`.) The model is called as
+`model(**batch.model_inputs())`; the task computes its losses from the output and the batch.
+
+The loss of an optimizer step is  sum over terms of  (sum of the term over all micro-batches and ranks) /
+(its count over all micro-batches and ranks), i.e. the mean over every labelled item the step saw, however
+the batch was split. The counts of the whole accumulation window are known before any forward pass (the
+window is fetched first), all-reduced once, and each micro-batch backpropagates `sum / global_count`
+(times world_size, because DDP averages gradients over ranks). So 1 process with batch 2B, 2 processes
+with batch B, and batch B with 2 accumulation steps take the same step.
+
+The batch source is an object with `__iter__` (one epoch of batches; a new `iter()` starts the next one),
+optionally `__len__` (batches per epoch on this rank; needed for `epochs`), and `state_dict()` /
+`load_state_dict()` describing the position of the next batch it will yield — it must count batches it
+has *yielded*, not produced ahead. Batches have `.to(device)`, `.model_inputs()` (keyword arguments of the
+model's forward) and `num_tokens`.
+
+Around the model the loop applies: device placement, DDP, torch.compile, autocast (bf16/fp16) and fp16
+loss scaling, gradient clipping, a finite check before every optimizer step, the warmup/decay schedule,
+logging (metrics.jsonl, TensorBoard, progress bar), evaluation, checkpoints and exact resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from bertforge.artifacts import load_model
+from bertforge.errors import BertforgeError, CheckpointError, ConfigError, DataError
+from bertforge.runtime import (
+    autocast,
+    capture_rng_state,
+    resolve_precision,
+    restore_rng_state,
+    set_seed,
+)
+from bertforge.training import distributed
+from bertforge.training.checkpoint import (
+    find_latest,
+    load_training_state,
+    plain,
+    resolve_resume,
+    save_checkpoint,
+)
+from bertforge.training.config import TrainingConfig
+from bertforge.training.logging import MetricsLogger, Progress
+from bertforge.training.optim import build_optimizer, build_scheduler
+
+log = logging.getLogger("bertforge.training")
+
+# fp16 starts its loss scale at 2**16 and halves it on every overflow: up to 16 skipped steps in a row are
+# the scaler calibrating itself, not divergence.
+FP16_CALIBRATION_STEPS = 16
+
+
+class NonFiniteLossError(BertforgeError, FloatingPointError):
+    """Training diverged: the loss or gradients stayed NaN/inf for several consecutive steps."""
+
+
+class Batch(Protocol):
+    num_tokens: Any
+
+    def to(self, device: torch.device) -> Batch: ...
+
+    def model_inputs(self) -> dict[str, Any]: ...
+
+
+class Task(Protocol):
+    def counts(self, batch: Any) -> dict[str, Any]: ...
+
+    def loss_terms(self, output: Any, batch: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def metrics(self, output: Any, batch: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]: ...
+
+
+class MetricsSink(Protocol):
+    def log(self, step: int, split: str, values: dict[str, float]) -> None: ...
+
+
+@dataclass
+class TrainResult:
+    """What a finished `train` call reports.
+
+    Attributes:
+        step: optimizer steps completed (equals total_steps unless the run was already complete).
+        total_steps: the run's length in optimizer steps.
+        train: the last logged training values (loss, loss_<term>, metrics, lr, grad_norm, tokens_per_s).
+        eval: the last evaluation's values ({} without eval_fn).
+        checkpoint: the final checkpoint directory (a loadable model directory).
+        history: every event logged by this call: {"step", "split", "values"}.
+        skipped_steps: optimizer steps skipped for non-finite loss/gradients.
+        tokens: tokens seen by this call, summed over ranks.
+        seconds: wall time of this call's training steps.
+    """
+
+    step: int
+    total_steps: int
+    train: dict[str, float] = field(default_factory=dict)
+    eval: dict[str, float] = field(default_factory=dict)
+    checkpoint: Path | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    skipped_steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class LogWindow:
+    """Global sums since the last training log event; saved in checkpoints so resumed logs match exactly."""
+
+    term_sums: list[float] = field(default_factory=list)
+    term_counts: list[float] = field(default_factory=list)
+    metric_sums: list[float] = field(default_factory=list)
+    metric_counts: list[float] = field(default_factory=list)
+    tokens: float = 0.0
+    grad_norm: float = 0.0
+    steps: int = 0
+    skipped: int = 0
+
+    def add(self, terms: list[float], term_counts: list[float], metrics: list[float], metric_counts: list[float],
+            tokens: float, grad_norm: float, skipped: bool) -> None:
+        if not self.steps:
+            self.term_sums, self.term_counts = [0.0] * len(terms), [0.0] * len(terms)
+            self.metric_sums, self.metric_counts = [0.0] * len(metrics), [0.0] * len(metrics)
+        for totals, new in ((self.term_sums, terms), (self.term_counts, term_counts),
+                            (self.metric_sums, metrics), (self.metric_counts, metric_counts)):
+            for i, value in enumerate(new):
+                totals[i] += value
+        self.tokens += tokens
+        self.steps += 1
+        self.skipped += int(skipped)
+        if math.isfinite(grad_norm):
+            self.grad_norm += grad_norm
+
+    def values(self, term_names: list[str], metric_names: list[str]) -> dict[str, float]:
+        losses = {f"loss_{n}": s / max(c, 1.0) for n, s, c in zip(term_names, self.term_sums, self.term_counts)}
+        values = {"loss": sum(losses.values()), **losses}
+        for name, s, c in zip(metric_names, self.metric_sums, self.metric_counts):
+            values[name] = s / max(c, 1.0)
+        values["grad_norm"] = self.grad_norm / max(self.steps - self.skipped, 1)
+        if self.skipped:
+            values["skipped_steps"] = self.skipped
+        return values
+
+
+def batches_per_epoch(batches: Any) -> int | None:
+    """Batches per epoch on this rank: `len(batches)`, or `batches.steps_per_epoch` for an endless stream."""
+    try:
+        return len(batches)
+    except TypeError:
+        steps = getattr(batches, "steps_per_epoch", None)
+        return int(steps) if steps is not None else None
+
+
+def endless(batches: Iterable) -> Iterator:
+    """Batches of epoch after epoch; a resumed source may first finish an epoch with zero batches."""
+    empty_passes = 0
+    while True:
+        yielded = False
+        for batch in batches:
+            yielded = True
+            yield batch
+        empty_passes = 0 if yielded else empty_passes + 1
+        if empty_passes >= 2:
+            raise DataError("the batch source yielded no batches; check the data directory and the batch size "
+                            "(a final partial batch may be dropped)")
+
+
+def as_tensor(value: Any, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(value, dtype=torch.float32, device=device).detach().float()
+
+
+@contextlib.contextmanager
+def rng_preserved():
+    """Run a block (evaluation) without consuming the training run's random streams."""
+    state = capture_rng_state()
+    try:
+        yield
+    finally:
+        restore_rng_state(state)
+
+
+def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
+          eval_fn: Callable[[nn.Module], dict[str, float]] | None = None, tokenizer=None,
+          logger: MetricsSink | None = None) -> TrainResult:
+    """Train `model` on `batches` with `task`'s losses; see the module docstring for the contracts.
+
+    Args:
+        model: a single-device bertforge model (BertPretrainedModel); moved to the run's device.
+        batches: the batch source (this rank's shard under DDP).
+        task: counts / loss_terms / metrics for this model's outputs.
+        config: the `[training]` settings.
+        eval_fn: called as eval_fn(model) in eval mode under no_grad and autocast every `eval_every` steps
+            and at the end, on every rank (it must all-reduce itself if its data is sharded); its dict is
+            logged with split "eval". It never perturbs the training run's random streams.
+        tokenizer: saved into every checkpoint, so each is a self-contained model directory.
+        logger: receives log events on the main process (default: MetricsLogger on config.out_dir).
+
+    Returns:
+        TrainResult with the final step, last logged values, final checkpoint and history.
+
+    Raises:
+        NonFiniteLossError: loss/gradients non-finite for `max_nonfinite_steps` consecutive steps.
+        CheckpointError: a checkpoint could not be written or the resume checkpoint is unusable.
+    """
+    context = distributed.setup(config.device)
+    device, rank, world = context.device, context.rank, context.world_size
+    precision = resolve_precision(config.precision, device)
+    out_dir = Path(config.out_dir)
+    # Rank 0 looks at the directory; every rank then acts on the same answer (or raises the same error).
+    found = (resolve_resume(config.resume, out_dir), find_latest(out_dir)) if context.is_main else None
+    resume_from, existing = distributed.broadcast_object(found)
+    if resume_from is None and existing is not None and config.resume == "never":
+        raise ConfigError(f"{out_dir} already holds checkpoints of an earlier run (latest: {existing.name}); "
+                          "continue it with --training.resume=auto, or choose another training.out_dir "
+                          "(two runs' checkpoints in one directory would make resuming ambiguous)")
+
+    set_seed(config.seed + rank, config.deterministic)
+    model.to(device)
+    model.train()
+    total_steps = config.total_steps(batches_per_epoch(batches))
+    warmup_steps = config.resolved_warmup(total_steps)
+    optimizer = build_optimizer(model, config, device)
+    scheduler = build_scheduler(optimizer, warmup_steps, total_steps, config.schedule)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+    step, skipped_total, window, rng_state = 0, 0, LogWindow(), None
+    if resume_from is not None:
+        step, skipped_total, window, rng_state = restore_run(resume_from, model, batches, optimizer, scheduler,
+                                                             scaler, rank, world)
+        log.info("resuming from %s at step %d of %d", resume_from, step, total_steps)
+
+    if logger is None and context.is_main:
+        logger = MetricsLogger(out_dir, tensorboard=config.tensorboard)
+    if context.is_main and logger is not None and hasattr(logger, "start"):
+        logger.start(step if resume_from is not None else None)
+    describe_run(model, batches, config, total_steps, warmup_steps, precision, device, world, context.is_main)
+
+    runner = distributed.wrap_model(model, context)
+    if config.compile:
+        runner = torch.compile(runner)
+    ddp = runner if isinstance(runner, nn.parallel.DistributedDataParallel) else None
+    if ddp is None and hasattr(runner, "_orig_mod") and isinstance(runner._orig_mod, nn.parallel.DistributedDataParallel):
+        ddp = runner._orig_mod
+    params = [p for p in model.parameters() if p.requires_grad]
+    clip_norm = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
+    nonfinite_limit = config.max_nonfinite_steps + (FP16_CALIBRATION_STEPS if precision == "fp16" else 0)
+
+    result = TrainResult(step=step, total_steps=total_steps, checkpoint=resume_from, skipped_steps=skipped_total)
+    if step >= total_steps:
+        log.info("the run in %s is already complete (step %d of %d)", out_dir, step, total_steps)
+        close_logger(logger)
+        return result
+
+    def emit(split: str, values: dict[str, float]) -> None:
+        result.history.append({"step": step, "split": split, "values": dict(values)})
+        if split == "eval":
+            result.eval = dict(values)
+        else:
+            result.train = dict(values)
+        if context.is_main and logger is not None:
+            logger.log(step, split, values)
+
+    def evaluate() -> None:
+        model.eval()
+        with rng_preserved(), torch.no_grad(), autocast(device, precision):
+            values = eval_fn(model)
+        model.train()
+        emit("eval", {k: float(v) for k, v in values.items()})
+
+    window_step = WindowStep(runner, ddp, task, scaler, device, precision, world, params)
+    consecutive_nonfinite = 0
+    stream = endless(batches)
+    progress = Progress(total_steps, step, enabled=config.progress and context.is_main)
+    if rng_state is not None:
+        # Last, after everything that may draw random numbers (model and optimizer construction).
+        restore_rng_state(rng_state)
+    started = time.perf_counter()
+    window_started = started
+    try:
+        while step < total_steps:
+            micro_batches = [next(stream).to(device) for _ in range(config.grad_accumulation)]
+
+            stats = window_step(micro_batches)
+            if precision == "fp16":
+                scaler.unscale_(optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_norm)
+            # One device->host transfer per step: the logged numbers and the finite check.
+            host = torch.cat([stats, grad_norm.detach().float().view(1)]).tolist()
+            step_sums, step_counts, step_metric_sums, step_metric_counts, step_tokens = window_step.split(host[:-1])
+            step_grad_norm = host[-1]
+            step_loss = sum(s / max(c, 1.0) for s, c in zip(step_sums, step_counts))
+            finite = math.isfinite(step_loss) and math.isfinite(step_grad_norm)
+
+            lr = optimizer.param_groups[0]["lr"]
+            if finite:
+                consecutive_nonfinite = 0
+                if precision == "fp16":
+                    scaler.step(optimizer)
+                else:
+                    optimizer.step()
+            else:
+                consecutive_nonfinite += 1
+                skipped_total += 1
+                scale = f" (loss scale {scaler.get_scale():g})" if precision == "fp16" else ""
+                log.warning("step %d: non-finite loss %s / gradient norm %s%s; skipping this update",
+                            step + 1, step_loss, step_grad_norm, scale)
+                if consecutive_nonfinite >= nonfinite_limit:
+                    raise NonFiniteLossError(
+                        f"step {step + 1}: loss or gradients were NaN/inf for {consecutive_nonfinite} consecutive "
+                        f"steps ({precision}, lr {lr:.3g}); lower training.lr (e.g. --training.lr={lr / 4:.2g}), "
+                        "lengthen warmup, keep max_grad_norm > 0, use bf16 instead of fp16, and check the data "
+                        "for empty or corrupt batches; earlier checkpoints are intact")
+            if precision == "fp16":
+                scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            step += 1
+
+            window.add(step_sums, step_counts, step_metric_sums, step_metric_counts, step_tokens,
+                       step_grad_norm, skipped=not finite)
+            result.tokens += int(step_tokens)
+            result.skipped_steps = skipped_total
+            progress.update(1, loss=step_loss, tok_s=f"{result.tokens / (time.perf_counter() - started):.0f}")
+
+            if step % config.log_every == 0 or step == total_steps:
+                now = time.perf_counter()
+                values = window.values(window_step.term_names, window_step.metric_names)
+                values["lr"] = lr
+                values["tokens_per_s"] = window.tokens / max(now - window_started, 1e-9)
+                per_epoch = batches_per_epoch(batches)
+                if per_epoch:
+                    values["epoch"] = step * config.grad_accumulation / per_epoch
+                emit("train", values)
+                window, window_started = LogWindow(), now
+            if eval_fn is not None and ((config.eval_every and step % config.eval_every == 0)
+                                        or step == total_steps):
+                evaluate()
+            if (config.save_every and step % config.save_every == 0) or step == total_steps:
+                result.checkpoint = write_checkpoint(
+                    context, out_dir, step, model, batches, optimizer, scheduler, scaler, window,
+                    skipped_total, config, tokenizer)
+    finally:
+        progress.close()
+        close_logger(logger)
+    result.step = step
+    result.seconds = time.perf_counter() - started
+    if context.is_main:
+        log.info("finished %d steps in %.1f s; final checkpoint %s", step, result.seconds, result.checkpoint)
+    return result
+
+
+class WindowStep:
+    """Forward and backward of one accumulation window, with each loss term divided by its global count.
+
+    With `task.counts`, the counts of the window are all-reduced before the first forward and every
+    micro-batch backpropagates `sum / global_count * world_size`. A task without `counts` may have a single
+    loss term: its micro-batches backpropagate `sum * world_size` and the accumulated gradients are divided
+    by the global count afterwards — the same gradients, as the count is one number. Several terms need
+    `counts` (each has its own denominator).
+    """
+
+    def __init__(self, runner: nn.Module, ddp: nn.Module | None, task: Task, scaler, device: torch.device,
+                 precision: str, world: int, params: list[nn.Parameter]):
+        self.runner, self.ddp, self.task, self.scaler = runner, ddp, task, scaler
+        self.device, self.precision, self.world, self.params = device, precision, world, params
+        self.counts_first = hasattr(task, "counts")
+        self.term_names: list[str] = []
+        self.metric_names: list[str] = []
+
+    def __call__(self, micro_batches: list[Any]) -> torch.Tensor:
+        """Run the window; return the global statistics vector (see `split`); gradients are left in .grad."""
+        device = self.device
+        denominators = None
+        if self.counts_first:
+            window_counts: dict[str, torch.Tensor] = {}
+            for batch in micro_batches:
+                for name, count in self.task.counts(batch).items():
+                    window_counts[name] = window_counts.get(name, 0) + as_tensor(count, device)
+            if not self.term_names:
+                self.term_names = list(window_counts)
+            counts = distributed.all_reduce_sum(torch.stack([window_counts[n] for n in self.term_names]))
+            denominators = counts.clamp(min=1.0)
+
+        term_stats = metric_stats = None
+        tokens = torch.zeros(1, device=device)
+        for index, batch in enumerate(micro_batches):
+            last = index == len(micro_batches) - 1
+            with contextlib.nullcontext() if self.ddp is None or last else self.ddp.no_sync():
+                with autocast(device, self.precision):
+                    output = self.runner(**batch.model_inputs())
+                terms = self.task.loss_terms(output, batch)
+                if not self.term_names:
+                    self.term_names = list(terms)
+                    if len(terms) > 1:
+                        raise TypeError(f"{type(self.task).__name__} returns several loss terms {list(terms)}; "
+                                        "it must also define counts(batch) so each term is normalised first")
+                sums = torch.stack([terms[n][0].float() for n in self.term_names])
+                loss = (sums if denominators is None else sums / denominators).sum() * self.world
+                self.scaler.scale(loss).backward()
+            stats = torch.cat([sums.detach(), torch.stack([as_tensor(terms[n][1], device) for n in self.term_names])])
+            term_stats = stats if term_stats is None else term_stats + stats
+            measured = self.task.metrics(output, batch)
+            if not self.metric_names:
+                self.metric_names = list(measured)
+            stats = torch.stack([as_tensor(measured[n][i], device) for i in (0, 1) for n in self.metric_names]) \
+                if self.metric_names else torch.zeros(0, device=device)
+            metric_stats = stats if metric_stats is None else metric_stats + stats
+            tokens += as_tensor(batch.num_tokens, device)
+
+        n = len(self.term_names)
+        if denominators is not None:
+            # The loss is normalised by counts(); report those counts, not loss_terms' own.
+            term_stats = torch.cat([term_stats[:n], denominators.new_zeros(n)])
+        stats = distributed.all_reduce_sum(torch.cat([term_stats, metric_stats, tokens]))
+        if denominators is not None:
+            stats[n:2 * n] = counts
+        else:
+            scale = 1.0 / stats[n].clamp(min=1.0)  # the single term's global count
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(scale.to(p.grad.dtype))
+        return stats
+
+    def split(self, values: list[float]) -> tuple[list[float], list[float], list[float], list[float], float]:
+        """(term sums, term counts, metric sums, metric counts, tokens) of a statistics vector."""
+        n, m = len(self.term_names), len(self.metric_names)
+        return (values[:n], values[n:2 * n], values[2 * n:2 * n + m], values[2 * n + m:2 * n + 2 * m],
+                values[2 * n + 2 * m])
+
+
+def close_logger(logger: Any) -> None:
+    if logger is not None and hasattr(logger, "close"):
+        logger.close()
+
+
+def describe_run(model: nn.Module, batches: Any, config: TrainingConfig, total_steps: int, warmup_steps: int,
+                 precision: str, device: torch.device, world: int, is_main: bool) -> None:
+    """Log the arithmetic people ask about: examples per step, steps per epoch, epochs, parameters."""
+    if not is_main:
+        return
+    per_step = config.batch_size * config.grad_accumulation * world
+    per_epoch = batches_per_epoch(batches)
+    epochs = ""
+    if per_epoch:
+        steps_per_epoch = per_epoch / config.grad_accumulation
+        epochs = f"; {steps_per_epoch:g} steps per epoch, {total_steps / steps_per_epoch:.3g} epochs"
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log.info("training %d steps (warmup %d) of %d examples (batch %d x accumulation %d x %d processes)%s; "
+             "%s, %s, %s on %s; %.1fM trainable parameters", total_steps, warmup_steps, per_step,
+             config.batch_size, config.grad_accumulation, world, epochs, config.optimizer, config.schedule,
+             precision, device, trainable / 1e6)
+
+
+def restore_run(path: Path, model: nn.Module, batches: Any, optimizer, scheduler, scaler, rank: int,
+                world: int) -> tuple[int, int, LogWindow, dict | None]:
+    """Load checkpoint `path` into the run's objects; return (step, skipped steps, log window, RNG state).
+
+    The RNG state is returned, not applied: the caller restores it last, after everything that draws.
+    """
+    state = load_training_state(path)
+    restore_model_weights(model, path)
+    restore_optimizer(optimizer, scheduler, scaler, state, path)
+    data_states, saved_world = state.get("data"), int(state.get("world_size", 1))
+    rng_state = None
+    if saved_world == world:
+        rng_state = state["rng"][rank]
+        data_state = None if data_states is None else data_states[rank]
+    elif data_states is not None and any(d != data_states[0] for d in data_states):
+        raise CheckpointError(f"{path}: written by {saved_world} processes, now {world}, and the batch source "
+                              "keeps a separate position per rank; resume with the same number of processes, "
+                              "or start a new run from this model directory")
+    else:
+        # A global data position (the same on every rank) carries over; the random streams cannot.
+        log.warning("resuming a %d-process run with %d processes: same data position, but dropout draws differ "
+                    "from the uninterrupted run", saved_world, world)
+        data_state = None if data_states is None else data_states[0]
+    if data_state is not None and hasattr(batches, "load_state_dict"):
+        batches.load_state_dict(data_state)
+    return int(state["step"]), int(state.get("skipped_steps", 0)), LogWindow(**state.get("log_window", {})), rng_state
+
+
+def restore_model_weights(model: nn.Module, path: Path) -> None:
+    """Copy the checkpoint's weights into `model` in place (the optimizer keeps referring to them)."""
+    loaded = load_model(path, type(model))
+    try:
+        model.load_state_dict(loaded.state_dict())
+    except RuntimeError as exc:
+        raise CheckpointError(f"{path}: its weights do not fit this model ({exc}); resume with the same "
+                              "model settings the run started with") from None
+
+
+def restore_optimizer(optimizer, scheduler, scaler, state: dict[str, Any], path: Path) -> None:
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(f"{path}: optimizer state does not match this run ({exc}); resume with the same "
+                              "training.optimizer and frozen/trainable parameters, or start a new run from "
+                              "this model directory (--training.resume=never with it as the model)") from None
+    # The schedule follows the current config (so a run can be extended); its position comes from the step.
+    saved = {k: v for k, v in state["scheduler"].items() if k != "base_lrs"}
+    scheduler.load_state_dict({**saved, "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
+    for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
+        group["lr"] = base * scheduler.lr_lambdas[0](scheduler.last_epoch)
+    if scaler.is_enabled() and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
+
+
+def write_checkpoint(context, out_dir: Path, step: int, model: nn.Module, batches: Any, optimizer, scheduler,
+                     scaler, window: LogWindow, skipped: int, config: TrainingConfig, tokenizer) -> Path:
+    """Gather every rank's RNG state and data position; the main process writes; all ranks agree on errors."""
+    rng = distributed.all_gather_object(capture_rng_state())
+    data = distributed.all_gather_object(plain(batches.state_dict()) if hasattr(batches, "state_dict") else None)
+    path, error = None, None
+    if context.is_main:
+        state = {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict(),
+            "rng": rng,
+            "data": data,
+            "world_size": context.world_size,
+            "log_window": window.__dict__,
+            "skipped_steps": skipped,
+            "config": plain(dataclasses.asdict(config)),
+        }
+        try:
+            path = save_checkpoint(out_dir, step, model, state, tokenizer=tokenizer, keep_last=config.keep_last)
+        except CheckpointError as exc:
+            error = str(exc)
+    error = distributed.broadcast_object(error)
+    if error is not None:
+        raise CheckpointError(error)
+    return distributed.broadcast_object(path)

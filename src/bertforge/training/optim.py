@@ -1,0 +1,144 @@
+"""Optimizers and the learning-rate schedule: AdamW and LAMB with BERT's parameter groups, warmup + decay.
+
+Weight decay skips biases and LayerNorm weights (as BERT's `exclude_from_weight_decay` does); LAMB also
+skips the layer-wise trust ratio for them (Google's `exclude_from_layer_adaptation` defaults to the same
+list). Groups are formed by module type and parameter role, not by name patterns.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+
+from bertforge.training.config import TrainingConfig
+
+log = logging.getLogger(__name__)
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: decayed weights, and biases + LayerNorm parameters without decay or trust ratio.
+
+    Tied parameters appear once; frozen ones (requires_grad False) not at all.
+    """
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    seen: set[int] = set()
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if not param.requires_grad or id(param) in seen:
+                continue
+            seen.add(id(param))
+            if isinstance(module, nn.LayerNorm | nn.GroupNorm) or name.endswith("bias") or param.dim() < 2:
+                no_decay.append(param)
+            else:
+                decay.append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay, "layer_adaptation": True},
+              {"params": no_decay, "weight_decay": 0.0, "layer_adaptation": False}]
+    return [g for g in groups if g["params"]]
+
+
+class Lamb(Optimizer):
+    """LAMB (You et al., 2019, "Large Batch Optimization for Deep Learning", Algorithm 2).
+
+    Per parameter tensor w with gradient g, at step t:
+        m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  m^ = m / (1 - b1^t);  v^ = v / (1 - b2^t)
+        u = m^ / (sqrt(v^) + eps) + weight_decay * w
+        ratio = ||w|| / ||u||  (1 when either norm is 0, or when the group has layer_adaptation False)
+        w = w - lr * ratio * u
+    The trust ratio keeps each layer's step proportional to its weight norm, which is what lets BERT
+    pretrain at batch 32k. Gradient clipping is left to the training loop (global norm).
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.0, layer_adaptation: bool = True):
+        if lr <= 0:
+            raise ValueError(f"Lamb: lr must be positive, got {lr}")
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
+                    "layer_adaptation": layer_adaptation}
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("Lamb does not support sparse gradients")
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                step = state["step"].item()
+                grad = p.grad.float()
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg.lerp_(grad.to(exp_avg.dtype), 1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                m_hat = exp_avg / (1 - beta1**step)
+                v_hat = exp_avg_sq / (1 - beta2**step)
+                update = m_hat / (v_hat.sqrt() + group["eps"])
+                if group["weight_decay"]:
+                    update.add_(p.float(), alpha=group["weight_decay"])
+                if group["layer_adaptation"]:
+                    w_norm = p.float().norm()
+                    u_norm = update.norm()
+                    ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                    update.mul_(ratio)
+                p.add_(update.to(p.dtype), alpha=-group["lr"])
+        return loss
+
+
+def build_optimizer(model: nn.Module, config: TrainingConfig, device: torch.device) -> Optimizer:
+    """The optimizer `config.optimizer` names, over BERT's two parameter groups."""
+    groups = parameter_groups(model, config.weight_decay)
+    betas = (config.betas[0], config.betas[1])
+    if config.optimizer == "lamb":
+        if config.fused_adamw:
+            log.warning("training.fused_adamw applies to AdamW only; LAMB runs unfused")
+        return Lamb(groups, lr=config.lr, betas=betas, eps=config.eps, weight_decay=config.weight_decay)
+    fused = None
+    if config.fused_adamw:
+        if device.type == "cuda":
+            fused = True
+        else:
+            log.warning("training.fused_adamw needs a CUDA device; using the default AdamW on %s", device)
+    for group in groups:
+        group.pop("layer_adaptation")
+    return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=config.eps,
+                             weight_decay=config.weight_decay, fused=fused)
+
+
+class WarmupDecay:
+    """LR multiplier of optimizer step s (0-based): (s+1)/W during warmup, then linear decay or constant.
+
+    The first step already uses lr/W instead of 0 (no wasted step); linear decay reaches 0 just after
+    the last step: the final step s = T-1 uses lr/(T-W).
+    """
+
+    def __init__(self, warmup_steps: int, total_steps: int, schedule: str = "linear"):
+        self.warmup_steps = warmup_steps
+        self.total_steps = total_steps
+        self.schedule = schedule
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "constant":
+            return 1.0
+        return max(0.0, (self.total_steps - step) / max(1, self.total_steps - self.warmup_steps))
+
+
+def build_scheduler(optimizer: Optimizer, warmup_steps: int, total_steps: int, schedule: str = "linear") -> LambdaLR:
+    """Warmup then `schedule` (`linear` decay to 0 at `total_steps`, or `constant`), stepped once per step."""
+    return LambdaLR(optimizer, WarmupDecay(warmup_steps, total_steps, schedule))
