@@ -36,7 +36,7 @@ ROWS = {
     "inference.server": 5,
     "demo": 5,
     "cli": 6,
-    "__main__": 6,
+    "__main__": 7,
 }
 # (importing module, imported module): the one documented exception. `BertPretrainedModel.from_pretrained`
 # and `.save_pretrained` hand over to artifacts, importing it inside the method, never at module level.
