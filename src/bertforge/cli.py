@@ -90,7 +90,7 @@ PRETRAIN_FLAGS = {
     "data": "data_dir", "tokenizer": "tokenizer", "model": "model", "out": "training.out_dir",
     "steps": "training.steps", "batch_size": "training.batch_size", "lr": "training.lr",
     "precision": "training.precision", "resume": "training.resume", "seed": "training.seed",
-    "device": "training.device", "optimizer": "training.optimizer", "max_minutes": "training.max_minutes",
+    "device": "training.device", "optimizer": "training.optimizer",
     "whole_word_masking": "masking.whole_word_masking", "grad_accumulation": "training.grad_accumulation",
 }
 
@@ -190,7 +190,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="preset (tiny, mini, small, medium, base, large) or a checkpoint directory")
     p.add_argument("--out")
     p.add_argument("--steps", type=int)
-    p.add_argument("--max-minutes", type=float, help="stop (and save) after this much training time")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--grad-accumulation", type=int)
     p.add_argument("--lr", type=float)

@@ -57,7 +57,8 @@ def test_run_pretraining_trains_evaluates_and_checkpoints(tmp_path, data_dir):
     out = tmp_path / "out"
     assert result.step == 6
     assert [s for s, _ in list_checkpoints(out)] == [3, 6]
-    assert set(result.eval) == {"mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc", "loss"}
+    assert set(result.eval) == {"mlm_loss", "mlm_acc", "mlm_majority_acc", "nsp_loss", "nsp_acc", "loss"}
+    assert 0 < result.eval["mlm_majority_acc"] < 1
     events = read_metrics(out)
     assert [e["step"] for e in events if e["split"] == "eval"] == [3, 6]
     assert all(torch.isfinite(torch.tensor(e["values"]["loss"])) for e in events)

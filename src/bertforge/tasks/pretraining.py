@@ -137,20 +137,27 @@ class PretrainingTask:
         was_training = model.training
         model.eval()
         totals = torch.zeros(6, dtype=torch.float64, device=device)
+        # How often each token is a masked target: the share of the most frequent one is the accuracy of
+        # always guessing it, the floor that MLM accuracy must clear to show the model learned anything.
+        label_counts = torch.zeros(model.config.vocab_size, dtype=torch.float64, device=device)
         try:
             for batch in batches:
                 batch = batch.to(device)
                 out = model(**batch.model_inputs())
                 totals += torch.stack([out.mlm_loss_sum, out.mlm_correct, out.mlm_count, out.nsp_loss_sum,
                                        out.nsp_correct, out.nsp_count]).double()
+                labels = batch.mlm_labels[batch.mlm_labels != IGNORE_INDEX]
+                label_counts += torch.bincount(labels, minlength=label_counts.numel()).double()
         finally:
             model.train(was_training)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(totals)
+            torch.distributed.all_reduce(label_counts)
         if float(totals[2] + totals[5]) == 0:
             raise DataError("the held-out batches are empty; check the held-out split of the data directory")
         mlm_loss, mlm_correct, mlm_count, nsp_loss, nsp_correct, nsp_count = totals.tolist()
-        values = {"mlm_loss": mlm_loss / max(mlm_count, 1.0), "mlm_acc": mlm_correct / max(mlm_count, 1.0)}
+        values = {"mlm_loss": mlm_loss / max(mlm_count, 1.0), "mlm_acc": mlm_correct / max(mlm_count, 1.0),
+                  "mlm_majority_acc": float(label_counts.max()) / max(mlm_count, 1.0)}
         if nsp_count:
             values.update(nsp_loss=nsp_loss / nsp_count, nsp_acc=nsp_correct / nsp_count)
         values["loss"] = values["mlm_loss"] + values.get("nsp_loss", 0.0)
