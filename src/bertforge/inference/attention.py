@@ -1,0 +1,224 @@
+"""Attention maps of one text: a PNG grid (layers by heads) and a self-contained interactive HTML page.
+
+`render_attention` runs any saved model's encoder on one text with `output_attentions=True` (the explicit
+softmax path of the encoder) and writes
+
+- ``<name>.html``: the attention probabilities as inline JSON with a few lines of JavaScript; pick a layer
+  and a head (or the mean over heads) and see the token-by-token heat map; hover a cell for its weight.
+  No CDN, no network: the file works offline and can be attached to an issue.
+- ``<name>.png``: every selected (layer, head) map in one grid, rows = layers, columns = heads. Needs
+  matplotlib (the `plot` extra); without it the PNG is skipped with a warning unless `png=True` demands it.
+
+Row i of a map is where token i attends (each row sums to 1); padding never appears, as one text is
+encoded alone.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import torch
+
+from bertforge.artifacts import load_model, load_tokenizer
+from bertforge.errors import ConfigError, InputError
+from bertforge.model.bert import BertModel
+
+log = logging.getLogger(__name__)
+
+MAX_TOKENS = 128  # beyond this the maps are unreadable and the HTML grows past several MB
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file in the same directory."""
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp creates owner-only files; these are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def attention_maps(model_dir: str | os.PathLike, text: str) -> tuple[list[str], torch.Tensor]:
+    """(tokens [T], attention probabilities [L, N, T, T] in fp32) of `text` under the model in `model_dir`."""
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("text is empty; give a sentence to draw the attention of")
+    tokenizer = load_tokenizer(model_dir)
+    model = load_model(model_dir)
+    encoder = model if isinstance(model, BertModel) else model.bert
+    encoding = tokenizer.encode(text)
+    if len(encoding.ids) > min(MAX_TOKENS, model.config.max_position_embeddings):
+        raise InputError(f"the text has {len(encoding.ids)} tokens; attention maps are drawn for at most "
+                         f"{MAX_TOKENS} (use a shorter text)")
+    ids = torch.tensor([encoding.ids])
+    with torch.inference_mode():
+        out = encoder(ids, torch.tensor([encoding.type_ids]), torch.ones_like(ids), output_attentions=True)
+    maps = torch.stack([a[0] for a in out.attentions]).float()  # L x [1, N, T, T] -> [L, N, T, T]
+    return encoding.tokens, maps
+
+
+def select(count: int, chosen: int | None, what: str) -> list[int]:
+    """Indices to draw: all, or the one asked for (negative counts from the end)."""
+    if chosen is None:
+        return list(range(count))
+    if not -count <= chosen < count:
+        raise InputError(f"{what} {chosen} does not exist; the model has {count} (0 to {count - 1})")
+    return [chosen % count]
+
+
+def render_png(tokens: list[str], maps: torch.Tensor, layers: list[int], heads: list[int], title: str) -> bytes:
+    """The grid of maps as PNG bytes (matplotlib's object API, no global pyplot state)."""
+    from io import BytesIO
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    size = max(1.6, min(4.0, 0.25 * len(tokens)))
+    figure = Figure(figsize=(max(size * len(heads) + 1.2, 5.0), size * len(layers) + 1.0), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(len(layers), len(heads), squeeze=False)
+    # Token names on the outer edge of the grid only, and only while they stay legible.
+    labels = len(tokens) <= 24
+    for row, layer in enumerate(layers):
+        for column, head in enumerate(heads):
+            ax = axes[row][column]
+            ax.imshow(maps[layer, head].numpy(), cmap="Blues", vmin=0.0, vmax=1.0)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if column == 0:
+                ax.set_ylabel(f"layer {layer}", fontsize=8)
+                if labels:
+                    ax.set_yticks(range(len(tokens)), tokens, fontsize=6)
+            if row == 0:
+                ax.set_title(f"head {head}", fontsize=8)
+            if labels and row == len(layers) - 1:
+                ax.set_xticks(range(len(tokens)), tokens, fontsize=6, rotation=90)
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    buffer = BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>Attention: __TITLE__</title>
+<style>
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
+table{border-collapse:collapse;margin-top:1em}
+td{width:2.4em;height:2.4em;border:1px solid #eee;text-align:center;font-size:10px;color:transparent}
+td:hover{color:#000;outline:2px solid #e66}
+th{font-weight:normal;font-size:12px;padding:2px 6px;white-space:nowrap}
+th.col{writing-mode:vertical-rl;transform:rotate(180deg);height:6em;text-align:left}
+tr.hit th.row{background:#fde68a}
+.note{color:#666;font-size:13px;max-width:48em}
+</style></head><body>
+<h2>Attention of <code>__MODEL__</code></h2>
+<p>Text: <b>__TITLE__</b></p>
+<label>Layer <select id="layer"></select></label>
+<label>Head <select id="head"></select></label>
+<p class="note">Row = the token that attends, column = the token attended to; each row sums to 1.
+Hover a cell for its weight. "mean" averages the heads of the layer.</p>
+<table id="map"></table>
+<script id="data" type="application/json">__DATA__</script>
+<script>
+"use strict";
+const D = JSON.parse(document.getElementById("data").textContent);
+const L = document.getElementById("layer"), H = document.getElementById("head"), T = document.getElementById("map");
+D.maps.forEach((_, i) => L.add(new Option(String(i), String(i))));
+H.add(new Option("mean", "mean"));
+D.maps[0].forEach((_, i) => H.add(new Option(String(i), String(i))));
+L.value = String(D.layer); H.value = D.head === null ? "mean" : String(D.head);
+function matrix() {
+  const heads = D.maps[Number(L.value)];
+  if (H.value !== "mean") return heads[Number(H.value)];
+  return heads[0].map((r, i) => r.map((_, j) => heads.reduce((s, h) => s + h[i][j], 0) / heads.length));
+}
+function draw() {
+  const m = matrix();
+  T.textContent = "";
+  const top = T.insertRow(); top.appendChild(document.createElement("th"));
+  D.tokens.forEach(t => { const th = document.createElement("th"); th.className = "col"; th.textContent = t; top.appendChild(th); });
+  m.forEach((r, i) => {
+    const tr = T.insertRow();
+    const th = document.createElement("th"); th.className = "row"; th.textContent = D.tokens[i]; tr.appendChild(th);
+    r.forEach((w, j) => {
+      const td = tr.insertCell();
+      td.style.background = "rgba(37,99,235," + w.toFixed(3) + ")";
+      td.textContent = w.toFixed(2);
+      td.title = D.tokens[i] + " \\u2192 " + D.tokens[j] + ": " + w.toFixed(4);
+    });
+    tr.onmouseenter = () => tr.classList.add("hit"); tr.onmouseleave = () => tr.classList.remove("hit");
+  });
+}
+L.onchange = draw; H.onchange = draw; draw();
+</script></body></html>
+"""
+
+
+def render_html(tokens: list[str], maps: torch.Tensor, text: str, model_name: str, layer: int,
+                head: int | None) -> str:
+    """The interactive page; data inline (4 decimals), `</` escaped so no text can close the script."""
+    data = {"tokens": tokens, "layer": layer, "head": head,
+            "maps": [[[[round(float(w), 4) for w in row] for row in h] for h in lay] for lay in maps.tolist()]}
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+    return (PAGE.replace("__TITLE__", html.escape(text)).replace("__MODEL__", html.escape(model_name))
+            .replace("__DATA__", payload))
+
+
+def slug(text: str) -> str:
+    """A file-name stem from a text: "I have a dream" -> "attention_i_have_a_dream"."""
+    words = re.findall(r"\w+", text.lower())
+    return "attention_" + ("_".join(words)[:60].strip("_") or "text")
+
+
+def render_attention(model_dir: str | os.PathLike, text: str, out_dir: str | os.PathLike,
+                     layer: int | None = None, head: int | None = None, *, name: str | None = None,
+                     model_name: str | None = None, png: bool | None = None) -> dict[str, Path | None]:
+    """Write the attention maps of `text` under the model in `model_dir`.
+
+    Args:
+        model_dir: any saved model directory (its encoder is used).
+        text: one text (at most `MAX_TOKENS` tokens).
+        out_dir: where to write (created if needed).
+        layer, head: restrict the PNG grid to one layer and/or head (0-based; negative from the end); the
+            HTML page opens on them and still holds every map.
+        name: file stem (default: "attention_" + the text's words).
+        model_name: how the pages name the model (default: the directory's name).
+        png: True requires the PNG (matplotlib), False skips it, None writes it when matplotlib is there.
+
+    Returns:
+        {"html": path, "png": path or None}.
+    """
+    tokens, maps = attention_maps(model_dir, text)
+    layers = select(maps.shape[0], layer, "layer")
+    heads = select(maps.shape[1], head, "head")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = name or slug(text)
+    model_name = model_name or Path(model_dir).name
+    result: dict[str, Path | None] = {"html": out / f"{stem}.html", "png": None}
+    write_atomic(result["html"], render_html(tokens, maps, text, model_name, layers[0],
+                                             None if head is None else heads[0]).encode("utf-8"))
+    if png is not False:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            if png:
+                raise ConfigError("the PNG needs matplotlib: pip install 'bertforge[plot]'") from None
+            log.warning("matplotlib is not installed; wrote %s only (pip install 'bertforge[plot]')", result["html"])
+            return result
+        title = f"{model_name}: \"{text}\" — rows: layers, columns: heads"
+        result["png"] = out / f"{stem}.png"
+        write_atomic(result["png"], render_png(tokens, maps, layers, heads, title))
+    return result
+
+
+__all__ = ["MAX_TOKENS", "attention_maps", "render_attention"]

@@ -1,0 +1,216 @@
+"""ONNX export of a saved model, with an automatic ONNX Runtime parity check and a speed comparison.
+
+`export_onnx(model_dir, out_path)` traces the model (PyTorch's TorchScript-based exporter, which needs no
+`onnxscript`) with dynamic batch and sequence axes, writes the file atomically, then runs ONNX Runtime and
+PyTorch on the same inputs — two shapes different from the traced one, with padding — and reports the
+largest absolute difference of every output. Above `tolerance` (1e-4 in fp32) it raises: an exported
+model that answers differently is worse than none (huggingface/transformers#8465). Finally it times both
+runtimes on one batch and reports milliseconds per batch.
+
+Inputs are `input_ids`, `token_type_ids`, `attention_mask` (int64 [batch, sequence]; [batch, choices,
+sequence] for multiple choice); outputs are named after the model's output fields (`logits`,
+`start_logits`/`end_logits`, `last_hidden_state`/`pooled_output`, `mlm_logits`/`nsp_logits`).
+Needs the `export` extra: onnx, onnxruntime.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertforge.artifacts import load_model
+from bertforge.errors import BertforgeError, ConfigError
+from bertforge.model.bert import BertModel, BertPretrainedModel
+from bertforge.tasks.classification import BertForSequenceClassification
+from bertforge.tasks.multiple_choice import BertForMultipleChoice
+from bertforge.tasks.pretraining import BertForPretraining
+from bertforge.tasks.question_answering import BertForQuestionAnswering
+from bertforge.tasks.token_classification import BertForTokenClassification
+
+FP32_TOLERANCE = 1e-4
+DEFAULT_OPSET = 17
+INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
+
+
+@dataclass
+class ExportReport:
+    """What `export_onnx` wrote and measured.
+
+    Attributes:
+        path: the .onnx file.
+        outputs: output names in order.
+        max_abs_diff: per output, the largest |ONNX Runtime - PyTorch| over the check inputs.
+        torch_ms, onnxruntime_ms: median milliseconds per batch of `speed_shape` (None if not timed).
+        speed_shape: (batch, sequence) of the timed batch.
+    """
+
+    path: Path
+    outputs: list[str]
+    max_abs_diff: dict[str, float] = field(default_factory=dict)
+    torch_ms: float | None = None
+    onnxruntime_ms: float | None = None
+    speed_shape: tuple[int, int] = (8, 128)
+
+    def summary(self) -> str:
+        diff = ", ".join(f"{k} {v:.2e}" for k, v in self.max_abs_diff.items())
+        speed = ""
+        if self.torch_ms is not None and self.onnxruntime_ms is not None:
+            speed = (f"; batch {self.speed_shape[0]}x{self.speed_shape[1]}: PyTorch {self.torch_ms:.1f} ms, "
+                     f"ONNX Runtime {self.onnxruntime_ms:.1f} ms")
+        return f"{self.path}: max |diff| {diff}{speed}"
+
+
+def output_axes(model: BertPretrainedModel) -> dict[str, dict[int, str]]:
+    """Output names of `model` with their dynamic axes (dim -> name)."""
+    batch, tokens = {0: "batch"}, {0: "batch", 1: "sequence"}
+    if isinstance(model, BertForPretraining):
+        return {"mlm_logits": tokens, "nsp_logits": batch}
+    if isinstance(model, BertForSequenceClassification):
+        return {"logits": batch}
+    if isinstance(model, BertForTokenClassification):
+        return {"logits": tokens}
+    if isinstance(model, BertForQuestionAnswering):
+        return {"start_logits": tokens, "end_logits": tokens}
+    if isinstance(model, BertForMultipleChoice):
+        return {"logits": {0: "batch", 1: "choices"}}
+    if isinstance(model, BertModel):
+        return {"last_hidden_state": tokens, **({"pooled_output": batch} if model.pooler is not None else {})}
+    raise ConfigError(f"cannot export a {type(model).__name__}")
+
+
+class OnnxModule(nn.Module):
+    """Positional tensors in, a tuple of named output tensors out: the signature ONNX tracing wants."""
+
+    def __init__(self, model: BertPretrainedModel, names: list[str]):
+        super().__init__()
+        self.model = model
+        self.names = names
+
+    def forward(self, input_ids, token_type_ids, attention_mask):
+        out = self.model(input_ids, token_type_ids, attention_mask)
+        return tuple(getattr(out, name) for name in self.names)
+
+
+def example_inputs(model: BertPretrainedModel, batch: int, tokens: int, seed: int,
+                   pad_from: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random valid inputs; row 1 padded from `pad_from` on, segment B in the second half."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (batch, 2, tokens) if isinstance(model, BertForMultipleChoice) else (batch, tokens)
+    ids = torch.randint(1, model.config.vocab_size, shape, generator=generator)
+    types = torch.zeros(shape, dtype=torch.long)
+    types[..., tokens // 2:] = 1 if model.config.type_vocab_size > 1 else 0
+    mask = torch.ones(shape, dtype=torch.long)
+    if pad_from is not None and batch > 1:
+        mask[1, ..., pad_from:] = 0
+    return ids, types, mask
+
+
+def time_ms(run, repeats: int) -> float:
+    """Median wall time of `run()` in milliseconds, after one warm-up call."""
+    run()
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - began) * 1000)
+    return statistics.median(times)
+
+
+def export_onnx(model_dir: str | os.PathLike, out_path: str | os.PathLike, *, opset: int = DEFAULT_OPSET,
+                check: bool = True, tolerance: float = FP32_TOLERANCE, speed_shape: tuple[int, int] = (8, 128),
+                repeats: int = 10) -> ExportReport:
+    """Export `model_dir` to ONNX at `out_path`, check it against PyTorch and time both.
+
+    Args:
+        model_dir: a saved model directory (any bertforge/Hugging Face BERT class).
+        out_path: the .onnx file to write (atomically).
+        opset: ONNX opset (>= 14, for scaled dot-product attention).
+        check: run the ONNX Runtime parity check and the timing (needs onnxruntime).
+        tolerance: largest accepted |difference| of any output (fp32).
+        speed_shape: (batch, sequence) of the timed batch; repeats: timed runs per runtime.
+
+    Returns:
+        An ExportReport.
+
+    Raises:
+        BertforgeError: the outputs differ by more than `tolerance` (the file is still written, for
+            inspection). ConfigError: onnx / onnxruntime are missing.
+    """
+    try:
+        import onnx
+    except ImportError:
+        raise ConfigError("ONNX export needs the 'export' extra: pip install 'bertforge[export]'") from None
+    model = load_model(model_dir).float().eval()
+    axes = output_axes(model)
+    names = list(axes)
+    wrapper = OnnxModule(model, names).eval()
+    input_axes = ({0: "batch", 1: "choices", 2: "sequence"} if isinstance(model, BertForMultipleChoice)
+                  else {0: "batch", 1: "sequence"})
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
+    os.close(handle)
+    try:
+        with warnings.catch_warnings():
+            # The tracer warns about the encoder's Python-side input checks; they are checks, not data flow.
+            warnings.simplefilter("ignore")
+            torch.onnx.export(wrapper, example_inputs(model, 2, 16, seed=0), tmp, input_names=list(INPUT_NAMES),
+                              output_names=names, dynamic_axes={**{n: input_axes for n in INPUT_NAMES}, **axes},
+                              opset_version=opset, dynamo=False)
+        onnx.checker.check_model(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    report = ExportReport(out, names, speed_shape=speed_shape)
+    if not check:
+        return report
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ConfigError("the parity check needs onnxruntime: pip install 'bertforge[export]' "
+                          "(or pass check=False)") from None
+    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+
+    def feeds(inputs: tuple[torch.Tensor, ...]) -> dict[str, np.ndarray]:
+        return {name: tensor.numpy() for name, tensor in zip(INPUT_NAMES, inputs)}
+
+    # Shapes other than the traced (2, 16) prove the axes are dynamic; row 1 is padded.
+    for batch, tokens, seed in ((3, 37, 1), (1, 9, 2)):
+        tokens = min(tokens, model.config.max_position_embeddings)
+        inputs = example_inputs(model, batch, tokens, seed, pad_from=tokens - 5)
+        with torch.inference_mode():
+            expected = wrapper(*inputs)
+        got = session.run(names, feeds(inputs))
+        for name, ours, theirs in zip(names, expected, got):
+            diff = float(np.abs(ours.numpy() - theirs).max())
+            report.max_abs_diff[name] = max(report.max_abs_diff.get(name, 0.0), diff)
+    worst = max(report.max_abs_diff.values())
+    if worst > tolerance:
+        raise BertforgeError(f"{out}: ONNX Runtime differs from PyTorch by {worst:.2e} (> {tolerance:.0e}); per "
+                             f"output {report.max_abs_diff}. Do not deploy this file; report the model and versions")
+    batch, tokens = speed_shape
+    inputs = example_inputs(model, batch, min(tokens, model.config.max_position_embeddings), seed=3)
+    arrays = feeds(inputs)
+
+    def run_torch() -> Any:
+        with torch.inference_mode():
+            return wrapper(*inputs)
+
+    report.torch_ms = time_ms(run_torch, repeats)
+    report.onnxruntime_ms = time_ms(lambda: session.run(names, arrays), repeats)
+    return report
+
+
+__all__ = ["ExportReport", "FP32_TOLERANCE", "export_onnx"]

@@ -1,0 +1,114 @@
+"""Training curves of a run: loss and accuracy against step, one line per split, from `metrics.jsonl`.
+
+A run directory's `metrics.jsonl` holds one JSON object per line with "step", "split" (e.g. "train",
+"eval") and metric values, either at the top level or under "values" (the training logger's layout:
+``{"step": 100, "split": "train", "time": ..., "values": {"loss": ..., "mlm_acc": ...}}``). `plot_run` draws every metric whose name contains "loss" in one panel and every
+one containing "acc" (accuracy, mlm_accuracy, nsp_accuracy ...) in another, plus any metrics named
+explicitly, and writes a PNG next to the metrics. Needs matplotlib (the `plot` extra).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import defaultdict
+from io import BytesIO
+from pathlib import Path
+
+from bertforge.errors import ConfigError, DataError
+from bertforge.inference.attention import write_atomic
+
+METRICS_FILE = "metrics.jsonl"
+CURVES_FILE = "curves.png"
+
+
+def read_metrics(path: Path) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """{metric: {split: [(step, value), ...]}} from a metrics.jsonl file (non-numeric fields are ignored)."""
+    if not path.is_file():
+        raise DataError(f"no {METRICS_FILE} here; pass a run directory written by training", path)
+    series: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+    with open(path, encoding="utf-8") as handle:
+        lines = handle.readlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            if number == len(lines) and not line.endswith("\n"):
+                break  # the line a running (or crashed) job is still writing
+            raise DataError(f"not valid JSON ({error.msg})", path, number) from None
+        if not isinstance(record, dict) or "step" not in record:
+            raise DataError('expected an object with "step", "split" and metric values', path, number)
+        step = record["step"]
+        if isinstance(step, bool) or not isinstance(step, int | float):
+            raise DataError(f'"step" must be a number, got {step!r}', path, number)
+        split = str(record.get("split", "train"))
+        values = record["values"] if isinstance(record.get("values"), dict) else record
+        for name, value in values.items():
+            if name in ("step", "split", "time") or isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if math.isfinite(value):
+                series[name][split].append((float(step), float(value)))
+    return series
+
+
+def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None,
+             metrics: list[str] | None = None) -> Path:
+    """Draw the loss and accuracy curves of a run.
+
+    Args:
+        run_dir: a run directory holding metrics.jsonl (or the path of the file itself).
+        out: PNG path (default: `curves.png` in the run directory).
+        metrics: further metric names to draw in their own panels (e.g. ["f1", "lr"]).
+
+    Returns:
+        The PNG's path.
+
+    Raises:
+        DataError: the file is missing or malformed, or holds no loss/accuracy values.
+        ConfigError: matplotlib is not installed.
+    """
+    run = Path(run_dir)
+    path = run if run.is_file() else run / METRICS_FILE
+    series = read_metrics(path)
+    panels = [("loss", sorted(n for n in series if "loss" in n)),
+              ("accuracy", sorted(n for n in series if "acc" in n and "loss" not in n))]
+    for name in metrics or []:
+        if name not in series:
+            raise DataError(f"metric {name!r} is not in the file; it has {sorted(series)}", path)
+        panels.append((name, [name]))
+    panels = [(title, names) for title, names in panels if names]
+    if not panels:
+        raise DataError(f"no loss or accuracy values to draw (metrics found: {sorted(series) or 'none'})", path)
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ConfigError("plotting needs matplotlib: pip install 'bertforge[plot]'") from None
+
+    figure = Figure(figsize=(6.0 * len(panels), 4.2), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (title, names) in zip(axes, panels):
+        for name in names:
+            for split, points in sorted(series[name].items()):
+                points.sort()
+                ax.plot([s for s, _ in points], [v for _, v in points], label=f"{name} ({split})",
+                        marker="o" if len(points) < 30 else None, markersize=3)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    figure.suptitle(str(run.resolve().name if run.is_dir() else run.parent.name), fontsize=10)
+    figure.tight_layout()
+    target = Path(out) if out is not None else path.parent / CURVES_FILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    buffer = BytesIO()
+    figure.savefig(buffer, format="png")
+    write_atomic(target, buffer.getvalue())
+    return target
+
+
+__all__ = ["CURVES_FILE", "METRICS_FILE", "plot_run", "read_metrics"]

