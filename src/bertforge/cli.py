@@ -12,10 +12,11 @@ import json
 import logging
 import re
 import sys
+from pathlib import Path
 
 from bertforge.errors import BertforgeError, ConfigError
 
-OVERRIDE = re.compile(r"^--([A-Za-z_][\w]*(\.[A-Za-z_]\w*)+)=(.*)$", re.S)
+OVERRIDE = re.compile(r"^--([A-Za-z_][\w]*(\.[A-Za-z_]\w*)*)=(.*)$", re.S)
 
 
 def split_overrides(extra: list[str]) -> list[str]:
@@ -24,8 +25,8 @@ def split_overrides(extra: list[str]) -> list[str]:
     for arg in extra:
         match = OVERRIDE.match(arg)
         if not match:
-            raise ConfigError(f"unrecognised argument {arg!r}; settings from a run file are overridden as "
-                              "--section.key=value (e.g. --training.lr=5e-5)")
+            raise ConfigError(f"unrecognised argument {arg!r}; any setting of a run file can be given as "
+                              "--key=value or --section.key=value (e.g. --training.lr=5e-5)")
         overrides.append(f"{match.group(1)}={match.group(3)}")
     return overrides
 
@@ -117,6 +118,132 @@ def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> None:
     print(result.summary() if hasattr(result, "summary") else result)
 
 
+# --- finetune / evaluate -------------------------------------------------------------------------------
+
+FINETUNE_FLAGS = {
+    "task": "task", "format": "format", "train": "train", "dev": "dev", "model": "model", "out": "out_dir",
+    "text_a": "text_a_column", "text_b": "text_b_column", "label": "label_column", "epochs": "epochs",
+    "batch_size": "batch_size", "lr": "lr", "max_seq_length": "max_seq_length", "seed": "seed",
+    "device": "device", "precision": "precision", "train_limit": "train_limit", "dev_limit": "dev_limit",
+    "data_root": "data_root", "freeze_encoder": "freeze_encoder", "fresh_head": "fresh_head",
+    "warmup_ratio": "warmup_ratio", "resume": "resume",
+}
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.configuration import load_config
+    from bertforge.training.finetuning import FinetuneConfig, run_finetuning
+
+    overrides = flag_overrides(args, FINETUNE_FLAGS) + split_overrides(extra)
+    for name, key in (("seeds", "seeds"), ("feature_layers", "feature_layers"),
+                      ("classifier_hidden", "classifier_hidden_sizes")):
+        if getattr(args, name):
+            overrides.append(f"{key}={getattr(args, name)}")
+    config = load_config(FinetuneConfig, args.run_file, overrides)
+    result = run_finetuning(config)
+    if hasattr(result, "line"):
+        print(result.line())
+    else:
+        metrics = ", ".join(f"{k}={v:.4f}" for k, v in result.best_metrics.items())
+        print(f"{result.task}: best dev {metrics} (step {result.best_step}); model saved to {result.model_dir}")
+        for warning in result.warnings:
+            print(f"warning: {warning}")
+
+
+def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.configuration import parse_override
+    from bertforge.training.finetuning import evaluate
+
+    overrides = dict(parse_override(item) for item in split_overrides(extra))
+    result = evaluate(args.model, args.data, out_dir=args.out, labelled=not args.unlabelled,
+                      batch_size=args.batch_size, device=args.device, precision=args.precision,
+                      overrides=overrides or None)
+    for name, value in result.metrics.items():
+        print(f"{name}: {value:.4f}" if isinstance(value, float) else f"{name}: {value}")
+    for warning in result.warnings:
+        print(f"warning: {warning}")
+
+
+# --- inference -------------------------------------------------------------------------------------------
+
+def cmd_predict(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.inference.pipelines import load_pipeline, predict_stream
+
+    options = {}
+    if args.top_k is not None:
+        options["top_k"] = args.top_k
+    if args.pooling is not None:
+        options["pooling"] = args.pooling
+    pipeline = load_pipeline(args.model, args.task, device=args.device, precision=args.precision,
+                             batch_size=args.batch_size)
+    source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")  # noqa: SIM115
+    sink = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
+    try:
+        count = predict_stream(pipeline, source, sink, source="<stdin>" if args.input == "-" else args.input,
+                               **options)
+    finally:
+        if source is not sys.stdin:
+            source.close()
+        if sink is not sys.stdout:
+            sink.close()
+    print(f"{count} predictions written", file=sys.stderr)
+
+
+def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
+    try:
+        from bertforge.inference.server import serve
+    except ImportError as exc:
+        raise ConfigError(f"serving needs the [serve] extra ({exc}); pip install 'bertforge[serve]'") from None
+    serve(args.model, host=args.host, port=args.port, device=args.device, precision=args.precision,
+          max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
+          micro_batching=not args.no_batching)
+
+
+def cmd_attention(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.inference.attention import render_attention
+
+    written = render_attention(args.model, args.text, args.out, layer=args.layer, head=args.head)
+    for kind, path in written.items():
+        if path is not None:
+            print(f"{kind}: {path}")
+
+
+def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.inference.plots import plot_run
+
+    print(plot_run(args.run_dir, args.out))
+
+
+def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
+    try:
+        from bertforge.inference.export import export_onnx
+    except ImportError as exc:
+        raise ConfigError(f"export needs the [export] extra ({exc}); pip install 'bertforge[export]'") from None
+    out = args.out or str(Path(args.model) / "model.onnx")
+    report = export_onnx(args.model, out)
+    print(f"wrote {report.path}")
+    for name, diff in report.max_abs_diff.items():
+        print(f"max |onnxruntime - torch| {name}: {diff:.2e}")
+    if report.torch_ms is not None:
+        print(f"batch {report.speed_shape}: torch {report.torch_ms:.1f} ms, onnxruntime {report.onnxruntime_ms:.1f} ms")
+
+
+def cmd_bench(args: argparse.Namespace, extra: list[str]) -> None:
+    try:
+        from benchmarks import run as bench
+    except ImportError:
+        raise ConfigError("the benchmarks live in the repository's benchmarks/ folder; run `bertforge bench` "
+                          "from the repository root") from None
+    bench.main(([] if args.device is None else ["--device", args.device]) + (["--quick"] if args.quick else []))
+
+
 # --- demo ----------------------------------------------------------------------------------------------
 
 def cmd_demo(args: argparse.Namespace, extra: list[str]) -> None:
@@ -201,6 +328,95 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--whole-word-masking", action="store_true")
     p.set_defaults(func=cmd_pretrain)
 
+    p = sub.add_parser("finetune", help="fine-tune on a named task or your own files, evaluating every epoch")
+    p.add_argument("run_file", nargs="?", help="optional TOML run file")
+    p.add_argument("--task", help="sst2, cola, stsb, rte, wnli, conll2003, squad, chnsenticorp, afqmc, lcqmc, "
+                   "msra_ner, cmrc2018, drcd")
+    p.add_argument("--format", help="classification, pair, regression, ner, qa or choice (with --train/--dev)")
+    p.add_argument("--train")
+    p.add_argument("--dev")
+    p.add_argument("--model", help="model directory to start from (ours or a Hugging Face BERT)")
+    p.add_argument("--out")
+    p.add_argument("--text-a", help="column of the first text (header name or 0-based index)")
+    p.add_argument("--text-b", help="column of the second text")
+    p.add_argument("--label", help="column of the label")
+    p.add_argument("--epochs", type=float)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--warmup-ratio", type=float)
+    p.add_argument("--max-seq-length", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--seeds", type=int_list, help="e.g. 1,2,3: one run per seed, mean ± std reported")
+    p.add_argument("--device")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"])
+    p.add_argument("--train-limit", type=int, help="use only the first N training examples")
+    p.add_argument("--dev-limit", type=int)
+    p.add_argument("--data-root", help="folder holding the named tasks' data (default ../shared/data)")
+    p.add_argument("--freeze-encoder", action="store_true", help="feature-based: train the head only")
+    p.add_argument("--feature-layers", type=int_list, help="e.g. -1,-2,-3,-4: concatenate these layers")
+    p.add_argument("--classifier-hidden", type=int_list, help="hidden widths of the head, e.g. 128")
+    p.add_argument("--fresh-head", action="store_true", help="discard a stored head of another shape")
+    p.add_argument("--resume", help="auto, never, or a checkpoint directory")
+    p.set_defaults(func=cmd_finetune)
+
+    p = sub.add_parser("evaluate", help="score a fine-tuned model on a file; writes predictions and metrics")
+    p.add_argument("--model", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--out")
+    p.add_argument("--unlabelled", action="store_true", help="the file has no labels: predictions only")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", default="fp32")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("predict", help="run a pipeline over text or JSONL lines; writes JSONL")
+    p.add_argument("--model", required=True)
+    p.add_argument("--task", required=True, choices=["fill-mask", "classify", "tag", "answer", "embed"])
+    p.add_argument("--input", default="-", help="file of lines (default: stdin)")
+    p.add_argument("--output", default="-", help="JSONL output (default: stdout)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", default="auto")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--pooling", choices=["cls", "mean", "max"])
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("serve", help="HTTP server with micro-batching (needs the [serve] extra)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", default="auto")
+    p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--max-wait-ms", type=float, default=5.0)
+    p.add_argument("--max-queue", type=int, default=256)
+    p.add_argument("--no-batching", action="store_true")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("attention", help="attention maps of a text: PNG grid + interactive HTML")
+    p.add_argument("--model", required=True)
+    p.add_argument("text")
+    p.add_argument("--layer", type=int)
+    p.add_argument("--head", type=int)
+    p.add_argument("--out", default="attention")
+    p.set_defaults(func=cmd_attention)
+
+    p = sub.add_parser("plot", help="loss and accuracy curves of a training run (metrics.jsonl)")
+    p.add_argument("run_dir")
+    p.add_argument("--out")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("export", help="export to ONNX and check it against PyTorch")
+    p.add_argument("--model", required=True)
+    p.add_argument("--format", choices=["onnx"], default="onnx")
+    p.add_argument("--out")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("bench", help="speed side by side with transformers (from the repository root)")
+    p.add_argument("--device")
+    p.add_argument("--quick", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
     p = sub.add_parser("demo", help="vocab -> shards -> pretrain -> fill-mask -> fine-tune, on the bundled books")
     p.add_argument("--lang", choices=["en", "zh"], default="en")
     p.add_argument("--out", default="runs/demo")
@@ -221,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s")
     try:
-        if extra and args.command not in ("pretrain", "finetune"):
+        if extra and args.command not in ("pretrain", "finetune", "evaluate"):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.func(args, extra)
     except BertforgeError as exc:
