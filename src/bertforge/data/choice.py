@@ -1,0 +1,167 @@
+"""Multiple-choice data (SWAG style): reader and features, one ``[CLS] context [SEP] start + ending [SEP]`` per choice.
+
+SWAG's CSV has a header with `sent1` (the context), `sent2` (the start of the next sentence), `ending0` ...
+`ending3` and `label` (the right ending's index). Any CSV/TSV/JSONL with such columns reads the same way;
+the ending columns are every column named ``ending<N>`` unless given. Windows make no sense across the
+choices of one question, so an over-long choice is truncated longest-segment-first from the end (as
+Google's fine-tuning code does for pairs) and every truncated question is counted (`truncated_inputs`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bertforge.data.classification import ON_INVALID, detect_format, invalid, iter_rows
+from bertforge.data.finetuning import DataReport, Feature
+from bertforge.errors import ConfigError, DataError
+from bertforge.tokenization import Tokenizer
+
+_ENDING = re.compile(r"^ending(\d+)$")
+
+
+@dataclass
+class ChoiceExample:
+    """One question: the context, the shared start of every choice, the endings, the right ending's index."""
+
+    context: str
+    start: str
+    endings: list[str]
+    label: int | None
+    source: str
+
+
+def read_choice(
+    path: str | os.PathLike,
+    *,
+    context_column: str = "sent1",
+    start_column: str | None = "sent2",
+    ending_columns: Sequence[str] | None = None,
+    label_column: str | None = "label",
+    file_format: str | None = None,
+    on_invalid: str = "error",
+    report: DataReport | None = None,
+) -> list[ChoiceExample]:
+    """Read a SWAG-style multiple-choice file (a header row naming the columns; JSONL: keys).
+
+    Args:
+        path: the file (.csv default quoting; .tsv; .jsonl).
+        context_column: the context (first segment).
+        start_column: text every choice starts with (prepended to each ending), or None.
+        ending_columns: the choice columns; None: every column named ending0, ending1, ... in number order.
+        label_column: index of the right ending (None for unlabeled files).
+        file_format: "csv", "tsv" or "jsonl" (default from the name).
+        on_invalid: "error" or "skip" for malformed rows (empty text, bad label, wrong column count).
+        report: gets `rows` and `skipped_*`.
+
+    Raises:
+        DataError: missing file or column, or a malformed row with on_invalid="error".
+    """
+    if on_invalid not in ON_INVALID:
+        raise ConfigError(f"on_invalid={on_invalid!r}; use one of {ON_INVALID}")
+    report = report if report is not None else DataReport()
+    file_format = detect_format(path, file_format)
+    header: list[str] | None = None
+    endings = list(ending_columns) if ending_columns is not None else None
+    examples: list[ChoiceExample] = []
+    for line, row in iter_rows(path, file_format):
+        if isinstance(row, list) and header is None:
+            header = [name.strip() for name in row]
+            if endings is None:
+                endings = [name for _, name in sorted((int(m.group(1)), m.string) for m in map(_ENDING.match, header)
+                                                      if m)]
+            wanted = [context_column, start_column, label_column, *endings]
+            missing = [name for name in wanted if name is not None and name not in header]
+            if missing or not endings:
+                raise DataError(f"columns {missing or ['ending0', '...']} not in the header {header}", path, line)
+            continue
+        if isinstance(row, list):
+            if len(row) != len(header):
+                invalid(report, on_invalid, "column_count", f"{len(row)} columns where the header has "
+                        f"{len(header)}", path, line)
+                continue
+            record = dict(zip(header, row))
+        elif isinstance(row, dict):
+            record = row
+            if endings is None:
+                endings = [name for _, name in sorted((int(m.group(1)), m.string) for m in map(_ENDING.match, row)
+                                                      if m)]
+        else:
+            invalid(report, on_invalid, "not_an_object", "expected a JSON object per line", path, line)
+            continue
+        context = record.get(context_column)
+        start = record.get(start_column, "") if start_column is not None else ""
+        choices = [record.get(name) for name in endings or []]
+        if not isinstance(context, str) or not context.strip():
+            invalid(report, on_invalid, "empty_text", f"{context_column} is missing or empty", path, line)
+            continue
+        if len(choices) < 2 or any(not isinstance(c, str) or not c.strip() for c in choices):
+            invalid(report, on_invalid, "empty_text", "a choice is missing or empty (need at least two)", path, line)
+            continue
+        label = None
+        if label_column is not None:
+            try:
+                label = int(str(record.get(label_column)).strip())
+            except ValueError:
+                label = -1
+            if not 0 <= label < len(choices):
+                invalid(report, on_invalid, "bad_label", f"label {record.get(label_column)!r} is not a choice index "
+                        f"in [0, {len(choices)})", path, line)
+                continue
+        examples.append(ChoiceExample(context, str(start or ""), choices, label, f"{os.fspath(path)}:{line}"))
+        report.note("rows")
+    return examples
+
+
+def truncate_pair(a: list[int], b: list[int], budget: int) -> tuple[list[int], list[int], bool]:
+    """Drop tokens from the end of the longer list (the second on ties) until both fit in `budget`."""
+    a, b = list(a), list(b)
+    cut = False
+    while len(a) + len(b) > budget:
+        cut = True
+        if len(a) > len(b):
+            a.pop()
+        else:
+            b.pop()
+    return a, b, cut
+
+
+def build_choice_features(
+    examples: Sequence[ChoiceExample],
+    tokenizer: Tokenizer,
+    max_seq_length: int,
+    *,
+    report: DataReport | None = None,
+) -> list[Feature]:
+    """One feature per question with a [C][T] input (one row per choice).
+
+    Raises:
+        DataError: questions with different numbers of choices (a batch needs one C).
+    """
+    report = report if report is not None else DataReport()
+    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+    features = []
+    count = None
+    for index, example in enumerate(examples):
+        if count is None:
+            count = len(example.endings)
+        elif len(example.endings) != count:
+            path, _, line = example.source.rpartition(":")
+            raise DataError(f"{len(example.endings)} choices where earlier questions have {count}", path, int(line))
+        context = tokenizer.encode(example.context, add_special_tokens=False).ids
+        rows, types = [], []
+        truncated = False
+        for ending in example.endings:
+            second = f"{example.start} {ending}".strip()
+            b = tokenizer.encode(second, add_special_tokens=False).ids
+            a, b, cut = truncate_pair(context, b, max_seq_length - 3)
+            truncated |= cut
+            rows.append([cls_id, *a, sep_id, *b, sep_id])
+            types.append([0] * (len(a) + 2) + [1] * (len(b) + 1))
+        if truncated:
+            report.note("truncated_inputs", example.source)
+        features.append(Feature(index, rows, types, label=example.label))
+    report.note("features", amount=len(features))
+    return features

@@ -1,0 +1,298 @@
+"""Sentence and sentence-pair classification/regression data: table readers, labels, windowed features.
+
+Reads GLUE-style TSV (tab-separated, no quoting — `csv.QUOTE_NONE` semantics, with or without a header),
+CSV (standard quoting) and JSON Lines files; columns are named by header name (or JSON key) or by 0-based
+index. Every malformed row (wrong column count, empty text, empty or unparsable label) is a `DataError`
+naming file and line, or — with `on_invalid="skip"` — is dropped and counted in the `DataReport`.
+
+Features follow the paper: ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]``. An input longer than
+`max_seq_length` is never cut silently: it is split into overlapping windows over its longer segment (the
+shorter one is kept whole, or cut to half the room, counted), every window is trained on with the example's
+label, and evaluation averages the windows' logits (see `bertforge.evaluation`). The report counts inputs
+that were windowed.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertforge.data.finetuning import DataReport, Feature, default_stride, window_starts
+from bertforge.errors import ConfigError, DataError
+from bertforge.tokenization import Tokenizer
+
+ON_INVALID = ("error", "skip")
+FILE_FORMATS = ("tsv", "csv", "jsonl")
+
+
+@dataclass
+class ClassificationExample:
+    """One row: text_a, optional text_b, the raw label (str; float for regression; None when unlabeled),
+    and where it came from ("file:line")."""
+
+    text_a: str
+    text_b: str | None
+    label: str | float | None
+    source: str
+
+
+Column = int | str
+
+
+def parse_column(spec: Column | None) -> Column | None:
+    """A column given as a header name or a 0-based index; strings of digits (from a command line) are indices."""
+    if spec is None or isinstance(spec, int):
+        return spec
+    spec = str(spec).strip()
+    return int(spec) if spec.lstrip("-").isdigit() else spec
+
+
+def detect_format(path: str | os.PathLike, file_format: str | None = None) -> str:
+    """"tsv" (also .txt and anything unknown), "csv" or "jsonl" from the file name unless given."""
+    if file_format is not None:
+        if file_format not in FILE_FORMATS:
+            raise ConfigError(f"file_format={file_format!r} is not supported; use one of {FILE_FORMATS}")
+        return file_format
+    suffix = Path(path).suffix.lower()
+    if suffix == ".csv":
+        return "csv"
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    return "tsv"
+
+
+def invalid(report: DataReport, on_invalid: str, reason: str, message: str, path, line: int | None) -> None:
+    """Raise a DataError for a bad row, or count it as skipped (`on_invalid="skip"`)."""
+    if on_invalid == "error":
+        raise DataError(message + " (pass on_invalid='skip' / --on-invalid skip to drop such rows, counted)",
+                        path, line)
+    report.note(f"skipped_{reason}", f"{os.fspath(path)}:{line}")
+
+
+def iter_rows(path: str | os.PathLike, file_format: str) -> Iterator[tuple[int, list[str] | dict]]:
+    """(1-based line, row) for every non-blank record: lists for TSV/CSV, dicts (or lists) for JSON Lines."""
+    try:
+        handle = open(path, encoding="utf-8", newline="" if file_format == "csv" else None)
+    except FileNotFoundError:
+        raise DataError("file not found; check the path (or the task's data root)", path) from None
+    with handle:
+        try:
+            if file_format == "csv":
+                reader = csv.reader(handle)
+                for row in reader:
+                    if row and any(cell.strip() for cell in row):
+                        yield reader.line_num, row
+                return
+            for number, text in enumerate(handle, start=1):
+                text = text.rstrip("\r\n")
+                if not text.strip():
+                    continue
+                if file_format == "jsonl":
+                    try:
+                        yield number, json.loads(text)
+                    except json.JSONDecodeError as error:
+                        raise DataError(f"not a JSON object ({error.msg}); a .jsonl file holds one object per "
+                                        "line", path, number) from None
+                else:
+                    yield number, text.split("\t")
+        except UnicodeDecodeError as error:
+            raise DataError(f"not UTF-8 text ({error.reason} at byte {error.start}); convert the file to UTF-8",
+                            path) from None
+
+
+def _cell(row: list[str] | dict, column: Column, header: dict[str, int] | None) -> object:
+    if isinstance(row, dict):
+        return row.get(column) if isinstance(column, str) else None
+    index = header[column] if isinstance(column, str) else column
+    return row[index] if -len(row) <= index < len(row) else None
+
+
+def read_classification(
+    path: str | os.PathLike,
+    *,
+    text_a: Column,
+    text_b: Column | None = None,
+    label: Column | None = None,
+    header: bool | None = None,
+    regression: bool = False,
+    file_format: str | None = None,
+    on_invalid: str = "error",
+    report: DataReport | None = None,
+) -> list[ClassificationExample]:
+    """Read a classification/regression table.
+
+    Args:
+        path: the file (.tsv/.txt: tab-separated, no quoting; .csv; .jsonl).
+        text_a, text_b, label: columns by header name (JSON key) or 0-based index (negative counts from the
+            end, e.g. -1 for STS-B's score); `label=None` reads an unlabeled file (prediction only).
+        header: whether the first row names the columns; None: yes exactly when a column is given by name.
+        regression: parse labels as floats.
+        file_format: "tsv", "csv" or "jsonl" (default from the file name).
+        on_invalid: "error" (default) raises DataError at the first malformed row; "skip" drops it, counted
+            in the report as `skipped_<reason>`.
+        report: where counts go (a new one when None; read it from the returned examples' caller).
+
+    Returns:
+        The examples, in file order.
+
+    Raises:
+        DataError: a missing file, an unknown column name, or (with on_invalid="error") a malformed row.
+    """
+    if on_invalid not in ON_INVALID:
+        raise ConfigError(f"on_invalid={on_invalid!r}; use one of {ON_INVALID}")
+    report = report if report is not None else DataReport()
+    file_format = detect_format(path, file_format)
+    columns = {"text_a": parse_column(text_a), "text_b": parse_column(text_b), "label": parse_column(label)}
+    if columns["text_a"] is None:
+        raise ConfigError("text_a column is required (a header name or a 0-based index)")
+    named = any(isinstance(c, str) for c in columns.values())
+    if header is None:
+        header = named and file_format != "jsonl"
+    if file_format != "jsonl" and named and not header:
+        raise ConfigError(f"{path}: columns are given by name {[c for c in columns.values() if isinstance(c, str)]} "
+                          "but header=False; give 0-based indices or set header=True")
+    names: dict[str, int] | None = None
+    width: int | None = None
+    examples: list[ClassificationExample] = []
+    for line, row in iter_rows(path, file_format):
+        where = f"{os.fspath(path)}:{line}"
+        if header and names is None:
+            names = {str(name).strip(): i for i, name in enumerate(row)}
+            width = len(row)
+            for role, column in columns.items():
+                if isinstance(column, str) and column not in names:
+                    raise DataError(f"no column named {column!r} for {role}; the header has {list(names)}", path, line)
+            continue
+        if isinstance(row, list):
+            if width is None:
+                width = len(row)
+            needed = [c for c in columns.values() if isinstance(c, int)]
+            if len(row) != width or any(not -len(row) <= c < len(row) for c in needed):
+                invalid(report, on_invalid, "column_count",
+                        f"{len(row)} columns where {'the header has' if header else 'the first row has'} {width} "
+                        "(a stray tab or quote in the text?)", path, line)
+                continue
+        elif not isinstance(row, dict):
+            invalid(report, on_invalid, "not_an_object", "expected a JSON object per line", path, line)
+            continue
+        values = {role: (None if column is None else _cell(row, column, names)) for role, column in columns.items()}
+        problem = None
+        first = values["text_a"]
+        second = values["text_b"]
+        if not isinstance(first, str) or not first.strip():
+            problem = ("empty_text", "text_a is missing or empty")
+        elif columns["text_b"] is not None and (not isinstance(second, str) or not second.strip()):
+            problem = ("empty_text", "text_b is missing or empty")
+        value: str | float | None = None
+        if problem is None and columns["label"] is not None:
+            raw = values["label"]
+            if raw is None or (isinstance(raw, str) and not raw.strip()):
+                problem = ("empty_label", "the label is missing or empty")
+            elif regression:
+                try:
+                    value = float(raw)
+                    if not math.isfinite(value):
+                        raise ValueError(raw)
+                except (TypeError, ValueError):
+                    problem = ("bad_label", f"label {raw!r} is not a number (regression task)")
+            else:
+                value = json.dumps(raw) if isinstance(raw, bool) else str(raw).strip()
+        if problem is not None:
+            invalid(report, on_invalid, problem[0], problem[1], path, line)
+            continue
+        examples.append(ClassificationExample(first, second if columns["text_b"] is not None else None, value, where))
+        report.note("rows")
+    return examples
+
+
+def sorted_labels(labels: Sequence[str]) -> list[str]:
+    """Distinct labels in a stable order: numerically when every label is an integer, else by string."""
+    distinct = set(labels)
+    if all(label.lstrip("-").isdigit() for label in distinct):
+        return sorted(distinct, key=int)
+    return sorted(distinct)
+
+
+def label_list(examples: Sequence[ClassificationExample]) -> list[str]:
+    """The label names seen in (training) examples, in `sorted_labels` order."""
+    labels = [e.label for e in examples if e.label is not None]
+    if not labels:
+        raise DataError("no labelled examples; a training file needs a label column")
+    return sorted_labels(labels)
+
+
+def check_labels(examples: Sequence[ClassificationExample], label2id: dict[str, int]) -> None:
+    """Raise a DataError for the first label that the model does not know (e.g. a dev label absent in train)."""
+    for example in examples:
+        if example.label is not None and example.label not in label2id:
+            path, _, line = example.source.rpartition(":")
+            raise DataError(f"label {example.label!r} was never seen in training (known labels: "
+                            f"{sorted(label2id)}); fix the row or add training examples of it", path, int(line))
+
+
+def _assemble(a: list[int], b: list[int] | None, cls_id: int, sep_id: int) -> tuple[list[int], list[int]]:
+    ids = [cls_id, *a, sep_id]
+    types = [0] * len(ids)
+    if b is not None:
+        ids += [*b, sep_id]
+        types += [1] * (len(b) + 1)
+    return ids, types
+
+
+def build_classification_features(
+    examples: Sequence[ClassificationExample],
+    tokenizer: Tokenizer,
+    max_seq_length: int,
+    *,
+    label2id: dict[str, int] | None = None,
+    regression: bool = False,
+    stride: int | None = None,
+    report: DataReport | None = None,
+) -> list[Feature]:
+    """Tokenise examples into features, windowing every input longer than `max_seq_length`.
+
+    Args:
+        examples: the examples.
+        tokenizer: the model's tokenizer.
+        max_seq_length: tokens per feature including [CLS]/[SEP].
+        label2id: label name -> id (classification); labels must be known (`check_labels`).
+        regression: labels are float scores.
+        stride: window step over the longer segment (default half a window).
+        report: gets `features`, `windowed_inputs`, `truncated_shorter_segment`.
+
+    Returns:
+        Features with `example_index` pointing into `examples`; several per windowed example.
+    """
+    report = report if report is not None else DataReport()
+    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+    features: list[Feature] = []
+    for index, example in enumerate(examples):
+        a = tokenizer.encode(example.text_a, add_special_tokens=False).ids
+        b = None if example.text_b is None else tokenizer.encode(example.text_b, add_special_tokens=False).ids
+        budget = max_seq_length - (3 if b is not None else 2)
+        label: int | float | None = None
+        if example.label is not None:
+            label = float(example.label) if regression else label2id[example.label]
+        if len(a) + len(b or []) <= budget:
+            ids, types = _assemble(a, b, cls_id, sep_id)
+            features.append(Feature(index, ids, types, label=label))
+            continue
+        report.note("windowed_inputs", example.source)
+        long_is_a = b is None or len(a) >= len(b)
+        long, short = (a, b) if long_is_a else (b, a)
+        if short is not None and len(short) > budget // 2:
+            short = short[: budget // 2]
+            report.note("truncated_shorter_segment", example.source)
+        room = budget - len(short or [])
+        for window, (start, size) in enumerate(window_starts(len(long), room, default_stride(room, stride))):
+            piece = long[start:start + size]
+            ids, types = _assemble(piece, short, cls_id, sep_id) if long_is_a else _assemble(short, piece, cls_id,
+                                                                                             sep_id)
+            features.append(Feature(index, ids, types, label=label, window=window))
+    report.note("features", amount=len(features))
+    return features

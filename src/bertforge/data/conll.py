@@ -1,0 +1,300 @@
+"""Sequence-labelling (NER) data: CoNLL-style and character-per-line readers, label alignment, windows.
+
+Readers:
+- `read_tagged` reads one token per line with its tag in a column (CoNLL-2003: ``token POS chunk NER``,
+  space separated, ``-DOCSTART-`` lines and blank lines between sentences; MSRA NER: ``char<TAB>TAG``, one
+  character per line). Tags in IOBES are converted to BIO on reading (`metrics.sequence_labeling`), so
+  examples always hold BIO; a model may still be trained on IOBES labels (`tag_scheme="IOBES"`).
+- A BIO sequence with an I- that follows O or another type is ill-formed. Policy (`bio_errors`): "warn"
+  (default) keeps the tags as they are — the entity scorer reads them as conlleval does, an entity starting
+  at the I- — and logs each with file:line, counted as `bio_problems`; "error" raises a DataError.
+
+Alignment (the WordPiece problem of theme 3): words are joined with single spaces and tokenised once; each
+token maps to the word holding its first character. The word's label goes on its first sub-token; the other
+pieces get IGNORE_INDEX (`label_policy="first"`), or, with "all", the word's label (B- turned into I- after
+the first piece). A sentence longer than the window is split into overlapping windows; each word is
+predicted once, by its first sub-token in the window where that token has the most context. Entities map
+back to character offsets of the sentence text (words joined by `separator`: " " for CoNLL, "" for
+character-per-line Chinese).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bertforge.constants import IGNORE_INDEX
+from bertforge.data.classification import ON_INVALID, invalid, sorted_labels
+from bertforge.data.finetuning import (
+    DataReport,
+    Feature,
+    default_stride,
+    max_context_positions,
+    window_starts,
+)
+from bertforge.errors import ConfigError, DataError, InputError
+from bertforge.metrics.sequence_labeling import bio_to_iobes, check_tags, iobes_to_bio
+from bertforge.tokenization import Tokenizer
+
+log = logging.getLogger(__name__)
+
+DOCSTART = "-DOCSTART-"
+BIO_ERROR_POLICIES = ("warn", "error")
+LABEL_POLICIES = ("first", "all")
+TAG_SCHEMES = ("BIO", "IOBES")
+
+
+@dataclass
+class TaggingExample:
+    """One sentence: its words (tokens or characters), BIO tags (None if unlabeled), how the words join into
+    the sentence text, and where it starts ("file:line")."""
+
+    words: list[str]
+    tags: list[str] | None
+    separator: str
+    source: str
+
+    @property
+    def text(self) -> str:
+        return self.separator.join(self.words)
+
+    def word_spans(self) -> list[tuple[int, int]]:
+        """(start, end) character span of each word in `text`."""
+        spans = []
+        position = 0
+        for word in self.words:
+            spans.append((position, position + len(word)))
+            position += len(word) + len(self.separator)
+        return spans
+
+
+def _split_line(text: str) -> list[str]:
+    # Tab-separated files may hold a space as a token (a character-per-line file); otherwise any whitespace.
+    return text.split("\t") if "\t" in text else text.split()
+
+
+def read_tagged(
+    path: str | os.PathLike,
+    *,
+    token_column: int = 0,
+    tag_column: int | None = -1,
+    separator: str = " ",
+    bio_errors: str = "warn",
+    on_invalid: str = "error",
+    report: DataReport | None = None,
+) -> list[TaggingExample]:
+    """Read a one-token-per-line tagged file (CoNLL-2003, MSRA character-per-line BIO, and the like).
+
+    Args:
+        path: the file.
+        token_column, tag_column: 0-based columns (negative from the end); `tag_column=None` reads tokens only.
+        separator: how words join into the sentence text (" " for words, "" for characters).
+        bio_errors: "warn" or "error" for ill-formed BIO (an I- after O or another type).
+        on_invalid: "error" or "skip" for a line without the needed columns (skip drops the whole sentence).
+        report: gets `rows` (sentences), `bio_problems`, `converted_from_iobes`, `skipped_*`.
+
+    Returns:
+        The sentences (documents markers and empty sentences dropped), tags converted to BIO.
+
+    Raises:
+        DataError: missing file, malformed line (with on_invalid="error"), tags outside BIO/IOBES, or
+            ill-formed BIO with bio_errors="error".
+    """
+    if bio_errors not in BIO_ERROR_POLICIES:
+        raise ConfigError(f"bio_errors={bio_errors!r}; use one of {BIO_ERROR_POLICIES}")
+    if on_invalid not in ON_INVALID:
+        raise ConfigError(f"on_invalid={on_invalid!r}; use one of {ON_INVALID}")
+    report = report if report is not None else DataReport()
+    sentences: list[TaggingExample] = []
+    words: list[str] = []
+    tags: list[str] = []
+    lines: list[int] = []
+    broken = False
+
+    def finish() -> None:
+        nonlocal broken
+        if words and not broken:
+            sentences.append(_checked(path, words, tags if tag_column is not None else None, lines, separator,
+                                      bio_errors, report))
+        words.clear()
+        tags.clear()
+        lines.clear()
+        broken = False
+
+    try:
+        handle = open(path, encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError("file not found; check the path (or the task's data root)", path) from None
+    with handle:
+        try:
+            for number, raw in enumerate(handle, start=1):
+                text = raw.rstrip("\r\n")
+                if not text.strip():
+                    finish()
+                    continue
+                columns = _split_line(text)
+                if columns[0] == DOCSTART:
+                    finish()
+                    continue
+                needed = [token_column] + ([tag_column] if tag_column is not None else [])
+                if len(columns) < 2 and tag_column is not None or any(not -len(columns) <= c < len(columns)
+                                                                      for c in needed):
+                    invalid(report, on_invalid, "column_count", f"expected a token and a tag, got {text!r}",
+                            path, number)
+                    broken = True
+                    continue
+                token = columns[token_column]
+                if not token:
+                    invalid(report, on_invalid, "empty_text", "empty token", path, number)
+                    broken = True
+                    continue
+                words.append(token)
+                lines.append(number)
+                if tag_column is not None:
+                    tags.append(columns[tag_column].strip())
+            finish()
+        except UnicodeDecodeError as error:
+            raise DataError(f"not UTF-8 text ({error.reason}); convert the file to UTF-8", path) from None
+    return sentences
+
+
+def _checked(path, words: list[str], tags: list[str] | None, lines: list[int], separator: str, bio_errors: str,
+             report: DataReport) -> TaggingExample:
+    where = f"{os.fspath(path)}:{lines[0]}"
+    report.note("rows")
+    if tags is None:
+        return TaggingExample(list(words), None, separator, where)
+    tags = list(tags)
+    if any(tag[:2] in ("E-", "S-") for tag in tags):
+        try:
+            tags = iobes_to_bio(tags)
+        except InputError as error:
+            raise DataError(f"tags are neither BIO nor IOBES: {error}", path, lines[0]) from None
+        report.note("converted_from_iobes", where)
+    for problem in check_tags(tags, "BIO"):
+        line = lines[problem.index]
+        if problem.message.startswith("not a"):
+            raise DataError(f"tag {problem.tag!r} is {problem.message}", path, line)
+        if bio_errors == "error":
+            raise DataError(f"ill-formed BIO: {problem.message} (pass bio_errors='warn' to keep it, read as "
+                            "conlleval does)", path, line)
+        report.note("bio_problems", f"{os.fspath(path)}:{line}")
+        log.debug("%s:%d: ill-formed BIO: %s", os.fspath(path), line, problem.message)
+    return TaggingExample(list(words), tags, separator, where)
+
+
+def tag_list(examples: Sequence[TaggingExample], tag_scheme: str = "BIO") -> list[str]:
+    """The label names a model predicts: "O" first, then the tags seen (in `tag_scheme`), sorted."""
+    if tag_scheme not in TAG_SCHEMES:
+        raise ConfigError(f"tag_scheme={tag_scheme!r}; use one of {TAG_SCHEMES}")
+    seen: set[str] = set()
+    for example in examples:
+        if example.tags is not None:
+            seen.update(bio_to_iobes(example.tags) if tag_scheme == "IOBES" else example.tags)
+    if not seen:
+        raise DataError("no tagged sentences; a training file needs a tag column")
+    seen.discard("O")
+    return ["O", *sorted_labels(list(seen))]
+
+
+def check_tag_labels(examples: Sequence[TaggingExample], label2id: dict[str, int], tag_scheme: str = "BIO") -> None:
+    """DataError for the first tag the model does not know (e.g. an entity type absent from training)."""
+    for example in examples:
+        if example.tags is None:
+            continue
+        tags = bio_to_iobes(example.tags) if tag_scheme == "IOBES" else example.tags
+        for offset, tag in enumerate(tags):
+            if tag not in label2id:
+                path, _, line = example.source.rpartition(":")
+                raise DataError(f"tag {tag!r} was never seen in training (known: {sorted(label2id)}); fix the "
+                                "line or add training sentences with it", path, int(line) + offset)
+
+
+def token_words(example: TaggingExample, tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+    """Token ids of the sentence and, per token, the index of the word it belongs to.
+
+    Words are joined with single spaces (so every word starts a token, also for character-per-line data
+    where "1998" must stay four labelled characters) and tokenised once; a token belongs to the word that
+    holds its first character.
+    """
+    starts = []
+    position = 0
+    for word in example.words:
+        starts.append(position)
+        position += len(word) + 1
+    encoding = tokenizer.encode(" ".join(example.words), add_special_tokens=False)
+    owners = [bisect.bisect_right(starts, start) - 1 for start, _ in encoding.offsets]
+    return encoding.ids, owners
+
+
+def build_tagging_features(
+    examples: Sequence[TaggingExample],
+    tokenizer: Tokenizer,
+    max_seq_length: int,
+    *,
+    label2id: dict[str, int] | None = None,
+    tag_scheme: str = "BIO",
+    label_policy: str = "first",
+    stride: int | None = None,
+    report: DataReport | None = None,
+) -> list[Feature]:
+    """Tokenise sentences, align word labels to sub-tokens and window long sentences.
+
+    Args:
+        examples: the sentences.
+        tokenizer: the model's tokenizer.
+        max_seq_length: tokens per feature including [CLS]/[SEP].
+        label2id: tag -> id (in `tag_scheme`); None for unlabeled prediction.
+        tag_scheme: the scheme of the model's labels; examples' BIO tags are converted to it.
+        label_policy: "first" (label on the first sub-token, IGNORE_INDEX on the rest) or "all".
+        stride: window step (default half a window).
+        report: gets `features`, `windowed_inputs`, `words_without_tokens` (e.g. a word that is only a
+            control character: predicted "O").
+
+    Returns:
+        Features with `token_labels` (when labelled) and `word_index` (which word each token predicts).
+    """
+    if label_policy not in LABEL_POLICIES:
+        raise ConfigError(f"label_policy={label_policy!r}; use one of {LABEL_POLICIES}")
+    report = report if report is not None else DataReport()
+    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+    room = max_seq_length - 2
+    features: list[Feature] = []
+    for index, example in enumerate(examples):
+        ids, owners = token_words(example, tokenizer)
+        first_piece = [i == 0 or owners[i] != owners[i - 1] for i in range(len(ids))]
+        covered = len(set(owners))
+        if covered < len(example.words):
+            report.note("words_without_tokens", example.source, amount=len(example.words) - covered)
+        token_labels = None
+        if label2id is not None and example.tags is not None:
+            tags = bio_to_iobes(example.tags) if tag_scheme == "IOBES" else example.tags
+            token_labels = []
+            for i, owner in enumerate(owners):
+                if first_piece[i]:
+                    token_labels.append(label2id[tags[owner]])
+                elif label_policy == "all":
+                    tag = tags[owner]
+                    inner = "I-" + tag[2:] if tag[:2] in ("B-", "I-", "E-", "S-") else tag
+                    token_labels.append(label2id.get(inner, label2id[tag]))
+                else:
+                    token_labels.append(IGNORE_INDEX)
+        spans = window_starts(len(ids), room, default_stride(room, stride))
+        if len(spans) > 1:
+            report.note("windowed_inputs", example.source)
+        best = max_context_positions(spans, len(ids))
+        for window, (start, size) in enumerate(spans):
+            end = start + size
+            word_index: list[int | None] = [None]
+            word_index += [owners[i] if first_piece[i] and best[i] == window else None for i in range(start, end)]
+            word_index.append(None)
+            labels = None
+            if token_labels is not None:
+                labels = [IGNORE_INDEX, *token_labels[start:end], IGNORE_INDEX]
+            features.append(Feature(index, [cls_id, *ids[start:end], sep_id], [0] * (size + 2),
+                                    token_labels=labels, word_index=word_index, window=window))
+    report.note("features", amount=len(features))
+    return features

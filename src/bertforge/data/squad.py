@@ -1,0 +1,268 @@
+"""Extractive QA data: SQuAD v1.1/v2.0-format JSON (also CMRC 2018 and DRCD), answer repair, windowed features.
+
+Reading checks every gold answer against its context. When `context[answer_start:][:len(text)]` is not the
+answer text (CMRC 2018 has 200 such answers), the span is recovered by searching the context for the text
+and taking the occurrence nearest the given offset (`answers_repaired`); an answer whose text does not occur
+at all is counted (`answers_unfound`) and kept for scoring only. An answerable question none of whose answers
+can be located cannot be trained on: a `DataError` naming file, line and question id, or with
+`on_invalid="skip"` it is left out of training, counted. Line numbers are found by searching the raw file for
+the question id (JSON parsers do not keep positions).
+
+Features follow Google's `run_squad.py`, on character offsets rather than whitespace words: ``[CLS] question
+[SEP] context window [SEP]``; the context is cut into windows of the room left after the question, each
+starting `doc_stride` tokens after the previous one. A window that does not hold the whole answer (or an
+unanswerable question) is trained to point at [CLS] (index 0). Each window records the character span of
+every context token and whether the window is the token's max-context window, which is all the decoder in
+`bertforge.evaluation` needs to pick n-best spans across windows and map them back to the original text.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from bertforge.data.classification import ON_INVALID
+from bertforge.data.finetuning import DataReport, Feature, max_context_positions, window_starts
+from bertforge.errors import ConfigError, DataError
+from bertforge.tokenization import Tokenizer
+
+
+@dataclass
+class QAExample:
+    """One question.
+
+    Attributes:
+        qid: question id.
+        question, context: the texts.
+        answers: every gold answer text (what scoring uses); empty for an unanswerable (v2.0) question.
+        answer_start, answer_text: the training target (first locatable answer, offsets repaired), or None.
+        is_impossible: SQuAD v2.0 unanswerable question.
+        article: index of the article in its file (for article-level splits).
+        source: "file:line (question id)", the line of the question id in the file.
+    """
+
+    qid: str
+    question: str
+    context: str
+    answers: list[str]
+    answer_start: int | None
+    answer_text: str | None
+    is_impossible: bool = False
+    article: int = 0
+    source: str = ""
+    title: str = field(default="", repr=False)
+
+
+def locate_answer(context: str, text: str, start: int) -> int | None:
+    """The start of `text` in `context`: `start` if it matches there, else the occurrence nearest `start`.
+
+    Returns None when `text` does not occur in `context` (or is empty).
+    """
+    if not text:
+        return None
+    if 0 <= start and context[start:start + len(text)] == text:
+        return start
+    best = None
+    position = context.find(text)
+    while position != -1:
+        if best is None or abs(position - start) < abs(best - start):
+            best = position
+        position = context.find(text, position + 1)
+    return best
+
+
+_ID_KEY = re.compile(r'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)')
+
+
+def id_lines(raw: str) -> dict[str, int]:
+    """1-based line of the first `"id": ...` of each id in the raw JSON text (JSON parsers keep no positions)."""
+    lines: dict[str, int] = {}
+    line, last = 1, 0
+    for match in _ID_KEY.finditer(raw):
+        line += raw.count("\n", last, match.start())
+        last = match.start()
+        lines.setdefault(str(json.loads(match.group(1))), line)
+    return lines
+
+
+def read_squad(
+    path: str | os.PathLike,
+    *,
+    articles: Sequence[int] | None = None,
+    labelled: bool = True,
+    on_invalid: str = "error",
+    report: DataReport | None = None,
+) -> list[QAExample]:
+    """Read a SQuAD-format JSON file (SQuAD v1.1/v2.0, CMRC 2018, DRCD).
+
+    Args:
+        path: the JSON file (``{"data": [{"title", "paragraphs": [{"context", "qas": [...]}]}]}``).
+        articles: keep only these article indices (None: all).
+        labelled: False reads questions only (answers, if any, are ignored): for prediction.
+        on_invalid: "error" raises for an answerable question with no locatable answer; "skip" keeps it for
+            scoring but without a training target (counted as `skipped_answers_unfound`).
+        report: gets `rows` (questions), `answers_repaired`, `answers_unfound`, `skipped_*`.
+
+    Returns:
+        The questions in file order.
+
+    Raises:
+        DataError: unreadable file, not SQuAD format (naming the missing key), or an unlocatable answer.
+    """
+    if on_invalid not in ON_INVALID:
+        raise ConfigError(f"on_invalid={on_invalid!r}; use one of {ON_INVALID}")
+    report = report if report is not None else DataReport()
+    try:
+        raw = open(path, encoding="utf-8").read()
+    except FileNotFoundError:
+        raise DataError("file not found; check the path (or the task's data root)", path) from None
+    except UnicodeDecodeError as error:
+        raise DataError(f"not UTF-8 text ({error.reason})", path) from None
+    try:
+        dataset = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise DataError(f"not valid JSON ({error.msg}); pass a SQuAD-format JSON file", path, error.lineno) from None
+    lines = id_lines(raw)
+    keep = None if articles is None else set(articles)
+    examples: list[QAExample] = []
+    name = os.fspath(path)
+    try:
+        data = dataset["data"]
+        for article_index, article in enumerate(data):
+            if keep is not None and article_index not in keep:
+                continue
+            for paragraph in article["paragraphs"]:
+                context = paragraph["context"]
+                for qa in paragraph["qas"]:
+                    qid = str(qa["id"])
+                    impossible = bool(qa.get("is_impossible", False)) and labelled
+                    answers = qa["answers"] if labelled and not impossible else []
+                    texts = [str(a["text"]) for a in answers]
+                    target_start = target_text = None
+                    for answer in answers:
+                        text, given = str(answer["text"]), int(answer["answer_start"])
+                        found = locate_answer(context, text, given)
+                        if found is None:
+                            report.note("answers_unfound", f"{name}:{lines.get(qid)} ({qid})")
+                            continue
+                        if found != given:
+                            report.note("answers_repaired", f"{name}:{lines.get(qid)} ({qid})")
+                        if target_start is None:
+                            target_start, target_text = found, text
+                    if labelled and not impossible and not texts:
+                        raise DataError(f"question {qid!r} has no answers and is not marked is_impossible; "
+                                        "SQuAD v1.1 needs an answer (v2.0: set is_impossible)", path, lines.get(qid))
+                    if texts and target_start is None:
+                        if on_invalid == "error":
+                            raise DataError(f"question {qid!r}: no answer text occurs in its context "
+                                            "(pass on_invalid='skip' / --on-invalid skip to train without it, "
+                                            "counted)", path, lines.get(qid))
+                        report.note("skipped_answers_unfound", f"{name}:{lines.get(qid)} ({qid})")
+                    examples.append(QAExample(qid, qa["question"], context, texts, target_start, target_text,
+                                              impossible, article_index, f"{name}:{lines.get(qid, 0)} ({qid})",
+                                              str(article.get("title", ""))))
+                    report.note("rows")
+    except (KeyError, TypeError, ValueError) as error:
+        raise DataError(f"not SQuAD format: missing or malformed {error}; expected data[].paragraphs[] with "
+                        "'context' and qas[] with 'id', 'question', 'answers'[{'text', 'answer_start'}]",
+                        path) from None
+    return examples
+
+
+def count_articles(path: str | os.PathLike) -> int:
+    """How many articles a SQuAD-format file holds."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return len(json.load(handle)["data"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
+        raise DataError(f"cannot read the article list ({error})", path) from None
+
+
+def article_split(num_articles: int, eval_every: int = 4) -> tuple[list[int], list[int]]:
+    """Deterministic (train, eval) article indices: every `eval_every`-th article (3, 7, 11, ...) is eval.
+
+    For SQuAD v1.1 dev (48 articles) this gives 36 training and 12 evaluation articles, spread over the
+    file rather than taken from one end.
+    """
+    eval_ids = [i for i in range(num_articles) if i % eval_every == eval_every - 1]
+    train_ids = [i for i in range(num_articles) if i % eval_every != eval_every - 1]
+    return train_ids, eval_ids
+
+
+def build_qa_features(
+    examples: Sequence[QAExample],
+    tokenizer: Tokenizer,
+    max_seq_length: int = 384,
+    *,
+    doc_stride: int = 128,
+    max_query_length: int = 64,
+    training: bool = False,
+    report: DataReport | None = None,
+) -> list[Feature]:
+    """Windowed QA features (see the module docstring).
+
+    Args:
+        examples: the questions.
+        tokenizer: the model's tokenizer.
+        max_seq_length: tokens per feature including [CLS] and two [SEP].
+        doc_stride: step between window starts over the context, in tokens.
+        max_query_length: longer questions are cut to this many tokens (counted as `truncated_questions`).
+        training: set start/end positions; answerable examples without a located answer are left out
+            (their count is in the reader's report).
+        report: gets `features`, `windowed_inputs`, `truncated_questions`, `answers_unmappable`.
+
+    Returns:
+        Features with offsets and max-context flags; with `training`, start/end positions.
+    """
+    report = report if report is not None else DataReport()
+    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+    features: list[Feature] = []
+    for index, example in enumerate(examples):
+        question = tokenizer.encode(example.question, add_special_tokens=False).ids
+        if len(question) > max_query_length:
+            question = question[:max_query_length]
+            report.note("truncated_questions", example.source)
+        encoding = tokenizer.encode(example.context, add_special_tokens=False)
+        ids, offsets = encoding.ids, encoding.offsets
+        token_start = token_end = None
+        if training and not example.is_impossible:
+            if example.answer_start is None:
+                continue
+            char_start = example.answer_start
+            char_end = char_start + len(example.answer_text)
+            ends = [end for _, end in offsets]
+            starts = [start for start, _ in offsets]
+            token_start = bisect.bisect_right(ends, char_start)  # first token ending after the answer starts
+            token_end = bisect.bisect_left(starts, char_end) - 1  # last token starting before it ends
+            if token_start >= len(ids) or token_end < token_start:
+                report.note("answers_unmappable", example.source)
+                continue
+        room = max_seq_length - len(question) - 3
+        if room <= 0:
+            raise ConfigError(f"max_seq_length={max_seq_length} leaves no room for the context after a "
+                              f"{len(question)}-token question; raise max_seq_length or lower max_query_length")
+        spans = window_starts(len(ids), room, doc_stride)
+        if len(spans) > 1:
+            report.note("windowed_inputs", example.source)
+        best = max_context_positions(spans, len(ids))
+        head = [cls_id, *question, sep_id]
+        for window, (start, size) in enumerate(spans):
+            end = start + size
+            input_ids = head + ids[start:end] + [sep_id]
+            types = [0] * len(head) + [1] * (size + 1)
+            token_offsets: list[tuple[int, int] | None] = [None] * len(head) + list(offsets[start:end]) + [None]
+            max_context = [False] * len(head) + [best[i] == window for i in range(start, end)] + [False]
+            feature = Feature(index, input_ids, types, offsets=token_offsets, max_context=max_context, window=window)
+            if training:
+                if example.is_impossible or not (start <= token_start and token_end < end):
+                    feature.start_position = feature.end_position = 0
+                else:
+                    feature.start_position = len(head) + token_start - start
+                    feature.end_position = len(head) + token_end - start
+            features.append(feature)
+    report.note("features", amount=len(features))
+    return features
