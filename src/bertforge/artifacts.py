@@ -33,6 +33,7 @@ from bertforge.errors import CheckpointError, ConfigError
 from bertforge.interop import huggingface as hf
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.config import BertConfig
+from bertforge.storage import write_json
 from bertforge.tasks.classification import BertForSequenceClassification
 from bertforge.tasks.multiple_choice import BertForMultipleChoice
 from bertforge.tasks.pretraining import BertForPretraining
@@ -91,18 +92,12 @@ def hf_state_dict(model: BertPretrainedModel) -> dict[str, torch.Tensor]:
     return {hf.to_hf_key(k): v.detach().contiguous() for k, v in model.state_dict().items()}
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True, ensure_ascii=False)
-        handle.write("\n")
-
-
 def save_model(model: BertPretrainedModel, path: str | os.PathLike, tokenizer=None,
                extra_files: dict[str, str | bytes] | None = None) -> Path:
     """Save `model` (and its tokenizer) as a Hugging Face compatible BERT directory, atomically."""
 
     def build(tmp: Path) -> None:
-        write_json(tmp / CONFIG_NAME, hf.config_to_hf(model.config.to_dict(), type(model).__name__))
+        write_json(tmp / CONFIG_NAME, hf.config_to_hf(model.config.to_dict(), type(model).__name__), sort_keys=True)
         save_file(hf_state_dict(model), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)

@@ -38,7 +38,6 @@ import random
 import re
 import resource
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -58,6 +57,7 @@ from bertforge.data.pretraining import (
     validate_instance_settings,
 )
 from bertforge.errors import BertforgeError, ConfigError, DataError
+from bertforge.storage import open_atomic
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ IN_FLIGHT_PER_WORKER = 2
 UNK_WARN_RATIO = 0.01
 _SHARD_FILE = re.compile(r"(train|heldout)-\d{5,}-\d{2,}\.(tokens|word_starts|instances)\.npy")
 # Temporary files of an interrupted atomic write (see `_write_atomic`).
-_PARTIAL_FILE = re.compile(r"(index\.json|(train|heldout)-\d{5,}-\d{2,}\.\w+\.npy)\..+\.tmp")
+_PARTIAL_FILE = re.compile(r"\.?(index\.json|(train|heldout)-\d{5,}-\d{2,}\.\w+\.npy)\..+\.tmp")
 _ARRAYS = ("tokens", "word_starts", "instances")
 
 
@@ -91,14 +91,8 @@ def shard_name(split: str, group: int, dupe: int) -> str:
 
 
 def _write_atomic(path: Path, write) -> None:
-    handle = tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name + ".", suffix=".tmp", delete=False)
-    try:
-        with handle:
-            write(handle)
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
+    with open_atomic(path, "wb") as handle:
+        write(handle)
 
 
 def _write_json(path: Path, data: dict) -> None:

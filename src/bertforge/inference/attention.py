@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import torch
@@ -28,23 +27,11 @@ import torch
 from bertforge.artifacts import load_model, load_tokenizer
 from bertforge.errors import ConfigError, InputError
 from bertforge.model.bert import BertModel
+from bertforge.storage import write_bytes
 
 log = logging.getLogger(__name__)
 
 MAX_TOKENS = 128  # beyond this the maps are unreadable and the HTML grows past several MB
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same directory."""
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp creates owner-only files; these are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def attention_maps(model_dir: str | os.PathLike, text: str) -> tuple[list[str], torch.Tensor]:
@@ -205,7 +192,7 @@ def render_attention(model_dir: str | os.PathLike, text: str, out_dir: str | os.
     stem = name or slug(text)
     model_name = model_name or Path(model_dir).name
     result: dict[str, Path | None] = {"html": out / f"{stem}.html", "png": None}
-    write_atomic(result["html"], render_html(tokens, maps, text, model_name, layers[0],
+    write_bytes(result["html"], render_html(tokens, maps, text, model_name, layers[0],
                                              None if head is None else heads[0]).encode("utf-8"))
     if png is not False:
         try:
@@ -217,7 +204,7 @@ def render_attention(model_dir: str | os.PathLike, text: str, out_dir: str | os.
             return result
         title = f"{model_name}: \"{text}\" — rows: layers, columns: heads"
         result["png"] = out / f"{stem}.png"
-        write_atomic(result["png"], render_png(tokens, maps, layers, heads, title))
+        write_bytes(result["png"], render_png(tokens, maps, layers, heads, title))
     return result
 
 

@@ -17,7 +17,7 @@ from io import BytesIO
 from pathlib import Path
 
 from bertforge.errors import ConfigError, DataError
-from bertforge.inference.attention import write_atomic
+from bertforge.storage import write_bytes
 
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
@@ -107,7 +107,7 @@ def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None,
     target.parent.mkdir(parents=True, exist_ok=True)
     buffer = BytesIO()
     figure.savefig(buffer, format="png")
-    write_atomic(target, buffer.getvalue())
+    write_bytes(target, buffer.getvalue())
     return target
 
 

@@ -33,9 +33,10 @@ from bertforge.constants import (
     VOCAB_NAME,
 )
 from bertforge.errors import CheckpointError, ConfigError, DataError, InputError
+from bertforge.storage import write_text
 from bertforge.tokenization.normalizer import Normalizer
 from bertforge.tokenization.pretokenizer import ASCII_WORD, PreTokenizer, is_plain_ascii
-from bertforge.tokenization.vocab import Vocab, write_text_atomic
+from bertforge.tokenization.vocab import Vocab
 from bertforge.tokenization.wordpiece import CONTINUATION_PREFIX, WordPiece
 
 SPECIAL_TOKENS_MAP_NAME = "special_tokens_map.json"
@@ -136,7 +137,7 @@ class TokenizerConfig:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write `tokenizer_config.json` atomically."""
-        write_text_atomic(Path(path), json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n")
+        write_text(Path(path), json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n")
 
 
 @dataclass
@@ -279,7 +280,7 @@ class Tokenizer:
         self.vocab.save(directory / VOCAB_NAME)
         self.config.save(directory / TOKENIZER_CONFIG_NAME)
         special = {name: getattr(self.config, name) for name in _SPECIAL_FIELDS}
-        write_text_atomic(directory / SPECIAL_TOKENS_MAP_NAME, json.dumps(special, indent=2) + "\n")
+        write_text(directory / SPECIAL_TOKENS_MAP_NAME, json.dumps(special, indent=2) + "\n")
 
     # ------------------------------------------------------------------------------------- properties
     @property

@@ -7,12 +7,12 @@ released checkpoints and of Hugging Face BERT directories, so a saved vocabulary
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from bertforge.constants import UNK_TOKEN
 from bertforge.errors import DataError
+from bertforge.storage import write_text
 
 
 class Vocab:
@@ -76,7 +76,7 @@ class Vocab:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write `vocab.txt` atomically (temporary file in the same directory, then rename)."""
-        write_text_atomic(Path(path), "".join(token + "\n" for token in self._tokens))
+        write_text(Path(path), "".join(token + "\n" for token in self._tokens))
 
     @property
     def unk_id(self) -> int:
@@ -145,19 +145,3 @@ def _index_tokens(tokens: list[str], source: Path | None) -> dict[str, int]:
                 position + 1,
             )
     return index
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write UTF-8 `text` to `path` via a temporary file in the same directory and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="") as stream:
-            stream.write(text)
-        # mkstemp creates the file private (0600); a saved model directory is meant to be shared.
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise

@@ -66,6 +66,7 @@ from bertforge.evaluation import (
     TaggingEvaluator,
 )
 from bertforge.runtime import resolve_device, resolve_precision, set_seed
+from bertforge.storage import write_json, write_jsonl
 from bertforge.tasks.classification import BertForSequenceClassification, SequenceClassificationTask
 from bertforge.tasks.multiple_choice import BertForMultipleChoice, MultipleChoiceTask
 from bertforge.tasks.question_answering import BertForQuestionAnswering, QuestionAnsweringTask
@@ -543,22 +544,6 @@ def finetuning_record(spec: TaskSpec, config: FinetuneConfig, prepared_max_len: 
     }
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, sort_keys=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def write_jsonl_atomic(path: Path, records: Sequence[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-
-
 # --- running ----------------------------------------------------------------------------------------------
 
 @dataclass
@@ -680,9 +665,9 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
                    "test_metrics": test_metrics, "data_report": result.data_report, "warnings": warnings,
                    "seed": config.seed, "seconds": result.seconds, "train_examples": result.train_examples,
                    "dev_examples": result.dev_examples, "config": dataclasses.asdict(config)}
-        write_json_atomic(out_dir / "eval_results.json", summary)
+        write_json(out_dir / "eval_results.json", summary)
         if best["predictions"] is not None:
-            write_jsonl_atomic(out_dir / "dev_predictions.jsonl", best["predictions"])
+            write_jsonl(out_dir / "dev_predictions.jsonl", best["predictions"])
     log.info("%s: best %s %.4f at step %d of %d (%s)", spec.name, metric,
              result.best_metrics.get(metric, float("nan")), result.best_step, total_steps, best_dir)
     return result
@@ -751,7 +736,7 @@ def run_seeds(config: FinetuneConfig) -> SeedsResult:
     result = SeedsResult(runs[0].task, runs[0].metric, seeds, runs, summary, out_dir)
     collapsed = [run.seed for run in runs if any("collapsed" in w for w in run.warnings)]
     if distributed.is_main():
-        write_json_atomic(out_dir / "seeds.json", {
+        write_json(out_dir / "seeds.json", {
             "task": result.task, "metric": result.metric, "seeds": seeds, "summary": summary,
             "per_seed": {str(run.seed): run.best_metrics for run in runs}, "collapsed_seeds": collapsed})
     log.info("%s", result.line())
@@ -838,8 +823,8 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
     for warning in result.warnings:
         log.warning("%s: %s", os.fspath(data_file), warning)
     target = Path(out_dir) if out_dir is not None else model_dir / f"eval-{Path(data_file).stem}"
-    write_jsonl_atomic(target / "predictions.jsonl", result.predictions)
-    write_json_atomic(target / "metrics.json", {"model": os.fspath(model_dir), "data": os.fspath(data_file),
+    write_jsonl(target / "predictions.jsonl", result.predictions)
+    write_json(target / "metrics.json", {"model": os.fspath(model_dir), "data": os.fspath(data_file),
                                                 "metrics": result.metrics, "warnings": result.warnings,
                                                 "details": result.details, "examples": len(examples),
                                                 "data_report": report.to_dict()})

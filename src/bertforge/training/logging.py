@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bertforge.storage import write_text
+
 log = logging.getLogger("bertforge.training")
 
 METRICS_NAME = "metrics.jsonl"
@@ -58,9 +60,7 @@ class MetricsLogger:
                         kept.append(line)
                 except (json.JSONDecodeError, KeyError, TypeError):
                     continue  # a line cut short by a crash
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, self.path)
+        write_text(self.path, "".join(line + "\n" for line in kept))
         self.handle = open(self.path, "a", encoding="utf-8")
 
     def log(self, step: int, split: str, values: dict[str, float]) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from bertforge.data.shards import ShardIndex, vocab_checksum
 from bertforge.errors import ConfigError
 from bertforge.model.config import PRESETS, BertConfig
 from bertforge.runtime import set_seed
+from bertforge.storage import write_text
 from bertforge.tasks.pretraining import BertForPretraining, PretrainingTask
 from bertforge.tokenization.tokenizer import Tokenizer
 from bertforge.training import distributed
@@ -162,9 +162,3 @@ def run_pretraining(config: PretrainConfig) -> TrainResult:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_text(out_dir / RUN_CONFIG_NAME, dumps_toml(config))
     return train(model, batches, task, training, eval_fn=eval_fn, tokenizer=tokenizer)
-
-
-def write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
