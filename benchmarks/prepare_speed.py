@@ -1,3 +1,4 @@
+
 """Pretraining data preparation: throughput (MB/s of input text) and peak memory against corpus size.
 
 Runs `prepare_corpus` in a fresh interpreter on a corpus and on `--copies` copies of it (symbolic links, so
@@ -21,7 +22,9 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-DEFAULT_CORPUS = Path("/work/shared/data/pretrain_en")
+from bertforge.configuration import shared_data_root
+
+DEFAULT_CORPUS = shared_data_root() / "pretrain_en"
 
 CHILD = textwrap.dedent("""
     import json, sys

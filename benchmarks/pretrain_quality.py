@@ -14,6 +14,7 @@ import json
 import time
 from pathlib import Path
 
+from bertforge.configuration import shared_data_root
 from bertforge.data.shards import prepare_corpus
 from bertforge.demo import seconds_per_step
 from bertforge.model.config import BertConfig
@@ -22,7 +23,7 @@ from bertforge.tokenization.vocab_builder import build_vocab
 from bertforge.training.config import TrainingConfig
 from bertforge.training.pretraining import PretrainConfig, run_pretraining
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = shared_data_root()
 
 
 def main(argv: list[str] | None = None) -> dict:

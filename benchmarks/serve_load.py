@@ -1,3 +1,4 @@
+
 """Load test of `bertforge serve`: N concurrent clients for a fixed time, micro-batching on and off.
 
 Starts the server in a subprocess (so clients and server do not share a GIL), then for every
@@ -26,7 +27,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-SST2_DEV = Path("/work/shared/data/glue/SST-2/dev.tsv")
+from bertforge.configuration import shared_data_root
+
+SST2_DEV = shared_data_root() / "glue/SST-2/dev.tsv"
 
 
 @dataclass

@@ -25,9 +25,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bertforge.configuration import shared_data_root
 from bertforge.tokenization import Tokenizer, Vocab
 
-DEFAULT_DATA = Path("/work/shared/data/pretrain_en")
+DEFAULT_DATA = shared_data_root() / "pretrain_en"
 
 
 def load_lines(root: Path, megabytes: float) -> tuple[list[str], int]:

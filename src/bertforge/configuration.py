@@ -289,3 +289,16 @@ def toml_key(key: Any) -> str:
     if text and all(c.isalnum() or c in "_-" for c in text):
         return text
     return toml_value(text)
+
+
+def shared_data_root() -> Path:
+    """The project's real-data folder: $BERTFORGE_DATA, else `../shared/data` beside the working directory
+    or beside the repository this package was installed from (what named tasks and benchmarks read)."""
+    from_env = os.environ.get("BERTFORGE_DATA")
+    if from_env:
+        return Path(from_env)
+    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        candidate = base.parent / "shared" / "data"
+        if candidate.is_dir():
+            return candidate
+    return Path("../shared/data")

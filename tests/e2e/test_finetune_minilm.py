@@ -7,13 +7,13 @@ checkpoint package or the shared data directory is missing.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from bertforge.configuration import shared_data_root
 from bertforge.training.finetuning import FinetuneConfig, evaluate, run_finetuning
 
-DATA = Path("/work/shared/data")
+DATA = shared_data_root()
 
 
 @pytest.mark.skipif(not (DATA / "glue/SST-2/train.tsv").exists(), reason="shared SST-2 data not present")

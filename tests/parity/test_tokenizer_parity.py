@@ -23,13 +23,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bertforge.configuration import shared_data_root
 from bertforge.tokenization import Tokenizer, TokenizerConfig, Vocab
 from bertforge.tokenization.normalizer import Normalizer
 
 legacy_module = pytest.importorskip("transformers.models.bert.tokenization_bert_legacy")
 
 CORPUS = Path(__file__).parents[1] / "fixtures" / "tokenizer_corpus.txt"
-DATA = Path("/work/shared/data")
+DATA = shared_data_root()
 SPECIAL_STRINGS = ("[SEP]", "[CLS]", "[MASK]", "[PAD]", "[UNK]")
 # (do_lower_case, strip_accents): Google's uncased and cased settings plus both independent overrides.
 CONFIGS = [(True, None), (False, None), (True, False), (False, True)]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bertforge.configuration import shared_data_root
 from bertforge.data.corpus import (
     CorpusStats,
     assign_documents,
@@ -19,7 +20,7 @@ from bertforge.data.corpus import (
 )
 from bertforge.errors import ConfigError, DataError
 
-DATA = Path("/work/shared/data")
+DATA = shared_data_root()
 GOOGLE_STYLE = (
     "The cat sat on the mat.\nIt was a sunny day.\nThe dog ran away.\n\n"
     "A second document starts here.\nIt has two sentences.\n"

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bertforge.configuration import shared_data_root
 from bertforge.data.shards import (
     FORMAT_VERSION,
     INDEX_NAME,
@@ -25,7 +26,7 @@ from bertforge.data.shards import (
 from bertforge.errors import ConfigError, DataError
 from bertforge.tokenization import Tokenizer, Vocab
 
-DATA = Path("/work/shared/data")
+DATA = shared_data_root()
 WORDS = "the cat sat on mat and dog ran to park it was sunny day bird saw fly away big small red blue".split()
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bertforge.configuration import shared_data_root
 from bertforge.data.choice import read_choice
 from bertforge.data.classification import check_labels, label_list, read_classification, sorted_labels
 from bertforge.data.conll import check_tag_labels, read_tagged, tag_list
@@ -15,7 +16,7 @@ from bertforge.data.finetuning import DataReport
 from bertforge.data.squad import article_split, locate_answer, read_squad
 from bertforge.errors import ConfigError, DataError
 
-DATA = Path("/work/shared/data")
+DATA = shared_data_root()
 
 
 def write(path: Path, text: str) -> Path:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bertforge.configuration import shared_data_root
 from bertforge.data.finetuning import FinetuneBatch
 from bertforge.errors import ConfigError
 from bertforge.model.config import BertConfig
@@ -58,7 +59,7 @@ def test_registry_has_every_named_task_with_metrics():
     assert TASKS["cmrc2018"].language == "zh" and TASKS["squad"].max_seq_length == 384
 
 
-@pytest.mark.skipif(not Path("/work/shared/data").is_dir(), reason="shared data directory not present")
+@pytest.mark.skipif(not shared_data_root().is_dir(), reason="shared data directory not present")
 def test_registry_files_exist_under_the_data_root():
     config = FinetuneConfig(model="m")
     for name in TASKS:

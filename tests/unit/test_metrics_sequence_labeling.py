@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bertforge.configuration import shared_data_root
 from bertforge.errors import InputError
 from bertforge.metrics.sequence_labeling import (
     Entity,
@@ -21,7 +22,7 @@ from bertforge.metrics.sequence_labeling import (
     iobes_to_bio,
 )
 
-CONLL_VALID = Path("/work/shared/data/conll2003/valid.txt")
+CONLL_VALID = shared_data_root() / "conll2003/valid.txt"
 TYPES = ("PER", "LOC", "MISC")
 BIO_TAGS = ["O"] + [f"{p}-{t}" for t in TYPES for p in "BI"]
 IOBES_TAGS = ["O"] + [f"{p}-{t}" for t in TYPES for p in "BIES"]

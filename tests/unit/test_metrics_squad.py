@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bertforge.configuration import shared_data_root
 from bertforge.errors import DataError, InputError
 from bertforge.metrics.squad import (
     _CHINESE_SCRIPT_PUNCTUATION,
@@ -21,7 +22,7 @@ from bertforge.metrics.squad import (
     squad_gold_answers,
 )
 
-DATA = Path("/work/shared/data")
+DATA = shared_data_root()
 SQUAD_DEV = DATA / "squad_v1.1" / "dev-v1.1.json"
 CHINESE_DEVS = [DATA / "cmrc2018" / "cmrc2018_dev.json", DATA / "cmrc2018" / "cmrc2018_trial.json",
                 DATA / "drcd" / "DRCD_dev.json"]

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from bertforge.configuration import shared_data_root
 from bertforge.errors import ConfigError, DataError
 from bertforge.tokenization import Tokenizer, TokenizerConfig, build_vocab, unk_rate
 from bertforge.tokenization.normalizer import is_cjk
 
 pytest.importorskip("tokenizers")
 
-DATA = Path("/work/shared/data")
+DATA = shared_data_root()
 
 
 def real_lines(relative: str, count: int) -> list[str]:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from test_training_loop import single_thread  # noqa: F401  (autouse fixture)
 
-from bertforge.configuration import load_config
+from bertforge.configuration import load_config, shared_data_root
 from bertforge.data.datasets import PretrainingData
 from bertforge.data.shards import prepare_corpus
 from bertforge.errors import ConfigError
@@ -19,7 +17,7 @@ from bertforge.training.checkpoint import list_checkpoints
 from bertforge.training.logging import read_metrics
 from bertforge.training.pretraining import RUN_CONFIG_NAME, PretrainConfig, run_pretraining
 
-BOOK = Path("/work/shared/data/pretrain_en/books/pg43_jekyll_and_hyde.txt")
+BOOK = shared_data_root() / "pretrain_en/books/pg43_jekyll_and_hyde.txt"
 TINY_MODEL = ("hidden_size = 32\nnum_hidden_layers = 1\nnum_attention_heads = 2\nintermediate_size = 37\n"
               "max_position_embeddings = 64")
 

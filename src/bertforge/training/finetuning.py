@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from bertforge.artifacts import load_model, load_tokenizer, read_config, save_model
+from bertforge.configuration import shared_data_root
 from bertforge.data.choice import build_choice_features, read_choice
 from bertforge.data.classification import (
     ON_INVALID,
@@ -87,8 +88,6 @@ MODEL_CLASSES = {"classification": BertForSequenceClassification, "regression": 
 FAMILY_OF_ARCHITECTURE = {"BertForTokenClassification": "ner", "BertForQuestionAnswering": "qa",
                           "BertForMultipleChoice": "choice"}
 # Where the named tasks' files live unless `data_root` (or $BERTFORGE_DATA) says otherwise.
-DEFAULT_DATA_ROOT = "/work/shared/data"
-DATA_ROOT_ENV = "BERTFORGE_DATA"
 FINETUNING_FILE = "finetuning.json"
 # What each family reports when a generic format (or a saved model) does not say; the first picks the best.
 FAMILY_METRICS = {"classification": ("accuracy",), "regression": ("pearson", "spearman"),
@@ -179,7 +178,7 @@ class FinetuneConfig:
     """One fine-tuning run; each field is one command-line option of `bertforge finetune`.
 
     Data: `task` (a name in TASKS) or `format` with `train`/`dev` files; `data_root` overrides where named
-    tasks' files live ($BERTFORGE_DATA, else /work/shared/data). Columns (generic formats): `text_a_column`,
+    tasks' files live ($BERTFORGE_DATA, else ../shared/data). Columns (generic formats): `text_a_column`,
     `text_b_column`, `label_column` (header name or 0-based index), `header`, `file_format`; tagging:
     `token_column`, `tag_column`, `separator` (" " between words, "" for one character per line; "space" and
     "none" also accepted); choice: `context_column`, `start_column`, `ending_columns`. `labels` fixes the
@@ -297,7 +296,7 @@ class FinetuneConfig:
 # --- resolving a run's task -------------------------------------------------------------------------------
 
 def data_root(config: FinetuneConfig) -> Path:
-    return Path(config.data_root or os.environ.get(DATA_ROOT_ENV) or DEFAULT_DATA_ROOT)
+    return Path(config.data_root) if config.data_root else shared_data_root()
 
 
 def resolve_task(config: FinetuneConfig) -> TaskSpec:
