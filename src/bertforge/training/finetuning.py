@@ -466,8 +466,7 @@ def prepare_data(config: FinetuneConfig, tokenizer: Tokenizer, spec: TaskSpec | 
 
 
 def make_evaluator(spec: TaskSpec, examples: Sequence, features: Sequence[Feature], config: FinetuneConfig,
-                   label_names: list[str] | None, tokenizer: Tokenizer, version_2_with_negative: bool,
-                   tag_scheme: str | None = None) -> Evaluator:
+                   label_names: list[str] | None, tokenizer: Tokenizer, version_2_with_negative: bool) -> Evaluator:
     """The family's evaluator for these examples."""
     common = {"batch_size": config.eval_batch_size, "pad_token_id": tokenizer.pad_token_id}
     if spec.family in ("classification", "regression"):
@@ -477,7 +476,7 @@ def make_evaluator(spec: TaskSpec, examples: Sequence, features: Sequence[Featur
                                        **common)
     if spec.family == "ner":
         return TaggingEvaluator(examples, features, id2label=dict(enumerate(label_names)),
-                                tag_scheme=tag_scheme or config.tag_scheme, **common)
+                                tag_scheme=config.tag_scheme, **common)
     if spec.family == "qa":
         return QuestionAnsweringEvaluator(examples, features, language=config.language or spec.language,
                                           n_best_size=config.n_best_size, max_answer_length=config.max_answer_length,
