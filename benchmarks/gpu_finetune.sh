@@ -23,4 +23,4 @@ run() {  # task epochs limit_seconds
 }
 run sst2 1 75
 run stsb 3 40
-run conll2003 1 55
+[ "${WITH_CONLL:-0}" = 1 ] && run conll2003 1 55
