@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from bertforge.configuration import shared_data_root
+from bertforge.data.corpus import resolve_inputs
 from bertforge.data.shards import prepare_corpus
 from bertforge.demo import seconds_per_step
 from bertforge.model.config import BertConfig
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     vocab_size = args.vocab_size or (16000 if args.lang == "en" else 8000)
     started = time.perf_counter()
 
-    vocab = build_vocab([corpus], vocab_size, lang=args.lang)
+    vocab = build_vocab(resolve_inputs(corpus), vocab_size, lang=args.lang)
     tokenizer = Tokenizer(vocab, TokenizerConfig(do_lower_case=True))
     report = prepare_corpus(corpus, tokenizer, out / "data", max_seq_length=args.max_seq_length,
                             heldout_documents=40, seed=1)
