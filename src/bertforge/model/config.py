@@ -102,6 +102,11 @@ class BertConfig:
         return self.hidden_size // self.num_attention_heads
 
     @property
+    def head_dropout(self) -> float:
+        """Dropout before a task head: `classifier_dropout` when set, else `hidden_dropout_prob`."""
+        return self.classifier_dropout if self.classifier_dropout is not None else self.hidden_dropout_prob
+
+    @property
     def num_labels(self) -> int:
         if self.problem_type == "regression":
             return 1

@@ -66,8 +66,7 @@ def build_classifier(config: BertConfig, in_features: int, num_outputs: int) -> 
     """The paper's single linear layer by default (Hugging Face's `classifier`), else a `ClassifierHead`."""
     if not config.classifier_hidden_sizes:
         return nn.Linear(in_features, num_outputs)
-    dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-    return ClassifierHead(in_features, num_outputs, list(config.classifier_hidden_sizes), dropout, "relu")
+    return ClassifierHead(in_features, num_outputs, list(config.classifier_hidden_sizes), config.head_dropout, "relu")
 
 
 def feature_size(config: BertConfig) -> int:

@@ -17,8 +17,7 @@ class BertForSequenceClassification(FineTuningModel):
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(config.head_dropout)
         self.classifier = build_classifier(config, feature_size(config), config.num_labels)
         self.init_weights()
 

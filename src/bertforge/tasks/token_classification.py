@@ -18,8 +18,7 @@ class BertForTokenClassification(FineTuningModel):
 
     def __init__(self, config: BertConfig):
         super().__init__(config, add_pooling_layer=False)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(config.head_dropout)
         self.classifier = build_classifier(config, feature_size(config), config.num_labels)
         self.init_weights()
 
