@@ -20,14 +20,28 @@ OVERRIDE = re.compile(r"^--([A-Za-z_][\w]*(\.[A-Za-z_]\w*)*)=(.*)$", re.S)
 
 
 def split_overrides(extra: list[str]) -> list[str]:
-    """`--a.b=v` arguments argparse did not know, as `a.b=v` overrides; anything else is an error."""
+    """Arguments argparse did not know, as `key=value` overrides of the run's config.
+
+    Accepted spellings: `--section.key=value`, `--key=value`, `--some-key value` and a bare `--some-flag`
+    (true); hyphens in names become underscores. The config rejects keys it does not have.
+    """
     overrides = []
-    for arg in extra:
-        match = OVERRIDE.match(arg)
-        if not match:
+    items = list(extra)
+    while items:
+        arg = items.pop(0)
+        key, sep, value = arg.partition("=")
+        match = OVERRIDE.match("--" + key[2:].replace("-", "_") + sep + value) if key.startswith("--") else None
+        if match and sep:
+            overrides.append(f"{match.group(1)}={match.group(3)}")
+            continue
+        name = arg[2:].replace("-", "_") if arg.startswith("--") else ""
+        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
             raise ConfigError(f"unrecognised argument {arg!r}; any setting of a run file can be given as "
-                              "--key=value or --section.key=value (e.g. --training.lr=5e-5)")
-        overrides.append(f"{match.group(1)}={match.group(3)}")
+                              "--key value, --key=value or --section.key=value (e.g. --training.lr=5e-5)")
+        if items and not items[0].startswith("--"):
+            overrides.append(f"{name}={items.pop(0)}")
+        else:
+            overrides.append(f"{name}=true")
     return overrides
 
 
@@ -142,8 +156,9 @@ def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.training.finetuning import FinetuneConfig, run_finetuning
 
     overrides = flag_overrides(args, FINETUNE_FLAGS) + split_overrides(extra)
-    for name, key in (("seeds", "seeds"), ("feature_layers", "feature_layers"),
-                      ("classifier_hidden", "classifier_hidden_sizes")):
+    if args.seeds:
+        overrides.append(f"seeds={[seed for group in args.seeds for seed in group]}")
+    for name, key in (("feature_layers", "feature_layers"), ("classifier_hidden", "classifier_hidden_sizes")):
         if getattr(args, name):
             overrides.append(f"{key}={getattr(args, name)}")
     config = load_config(FinetuneConfig, args.run_file, overrides)
@@ -336,17 +351,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train")
     p.add_argument("--dev")
     p.add_argument("--model", help="model directory to start from (ours or a Hugging Face BERT)")
-    p.add_argument("--out")
-    p.add_argument("--text-a", help="column of the first text (header name or 0-based index)")
-    p.add_argument("--text-b", help="column of the second text")
-    p.add_argument("--label", help="column of the label")
+    p.add_argument("--out", "--out-dir", dest="out")
+    p.add_argument("--text-a", "--text-a-column", dest="text_a",
+                   help="column of the first text (header name or 0-based index)")
+    p.add_argument("--text-b", "--text-b-column", dest="text_b", help="column of the second text")
+    p.add_argument("--label", "--label-column", dest="label", help="column of the label")
     p.add_argument("--epochs", type=float)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--warmup-ratio", type=float)
     p.add_argument("--max-seq-length", type=int)
     p.add_argument("--seed", type=int)
-    p.add_argument("--seeds", type=int_list, help="e.g. 1,2,3: one run per seed, mean ± std reported")
+    p.add_argument("--seeds", type=int_list, nargs="+",
+                   help="e.g. 1,2,3 or 1 2 3: one run per seed, mean ± std reported")
     p.add_argument("--device")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"])
     p.add_argument("--train-limit", type=int, help="use only the first N training examples")

@@ -81,3 +81,11 @@ def test_cli_rejects_unknown_override(tmp_path, capsys):
 def test_cli_module_entry_point_prints_help():
     result = subprocess.run([sys.executable, "-m", "bertforge", "--help"], capture_output=True, text=True, check=False)
     assert result.returncode == 0 and "pretrain" in result.stdout and "finetune" in result.stdout
+
+
+def test_cli_overrides_accept_every_spelling():
+    from bertforge.cli import split_overrides
+
+    assert split_overrides(["--doc-stride", "64", "--tag-scheme=IOBES", "--training.lr=5e-5", "--freeze-encoder",
+                            "--feature-layers", "[-1, -2]"]) == [
+        "doc_stride=64", "tag_scheme=IOBES", "training.lr=5e-5", "freeze_encoder=true", "feature_layers=[-1, -2]"]
