@@ -438,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lang", choices=["en", "zh"], default="en")
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--corpus", help="folder of books (default: data/demo/<lang>)")
-    p.add_argument("--minutes", type=float, default=4.0, help="pretraining time budget")
+    p.add_argument("--minutes", type=float, default=3.5, help="pretraining time budget")
     p.add_argument("--model", default="mini", help="preset to pretrain")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_demo)

@@ -115,7 +115,7 @@ def seconds_per_step(config: BertConfig, batch: int, tokens: int) -> float:
 
 
 def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path | None = None,
-             minutes: float = 4.0, model: str = "mini", seed: int = 0) -> dict:
+             minutes: float = 3.5, model: str = "mini", seed: int = 0) -> dict:
     """Run the whole demo; returns the figures it printed (also in `out/report/summary.json`)."""
     if lang not in LANGUAGES:
         raise DataError(f"no demo for language {lang!r}; choose one of {sorted(LANGUAGES)}")
@@ -155,7 +155,7 @@ def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path
     steps = max(50, int(minutes * 60 * 0.85 / step_seconds))
     print(f"[4/6] pretraining {model} ({sum(p.numel() for p in initial.parameters()) / 1e6:.1f}M parameters) for "
           f"{steps} steps of {batch} (about {minutes:g} min on this machine)")
-    training = TrainingConfig(steps=steps, batch_size=batch, lr=5e-4, warmup_ratio=0.06, log_every=max(1, steps // 20),
+    training = TrainingConfig(steps=steps, batch_size=batch, lr=1e-3, warmup_ratio=0.06, log_every=max(1, steps // 20),
                               eval_every=max(1, steps // 5), save_every=0, keep_last=1, seed=seed,
                               out_dir=str(out / "pretrain"), precision="fp32", device="cpu")
     result = run_pretraining(PretrainConfig(data_dir=str(out / "data"), model=model, eval_batches=20,
@@ -173,8 +173,8 @@ def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path
     print(f"[6/6] fine-tuning: which of {len(books)} books is a sentence from? ({', '.join(books)})")
     finetune = run_finetuning(FinetuneConfig(
         model=str(pretrained), format="classification", train=str(train_file), dev=str(dev_file),
-        text_a_column="text_a", label_column="label", out_dir=str(out / "finetune"), epochs=2, batch_size=32,
-        lr=1e-4, max_seq_length=64, seed=seed, device="cpu", precision="fp32", progress=False))
+        text_a_column="text_a", label_column="label", out_dir=str(out / "finetune"), epochs=3, batch_size=32,
+        lr=3e-4, max_seq_length=64, seed=seed, device="cpu", precision="fp32", progress=False))
     accuracy = finetune.best_metrics.get("accuracy", float("nan"))
     chance = 1 / len(books)
     summary["book_classification"] = {"dev_accuracy": accuracy, "chance": chance, "books": books,
