@@ -297,8 +297,10 @@ def shared_data_root() -> Path:
     from_env = os.environ.get("BERTFORGE_DATA")
     if from_env:
         return Path(from_env)
-    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        candidate = base.parent / "shared" / "data"
+    candidates = [base.parent / "shared" / "data" for base in (Path.cwd(), Path(__file__).resolve().parents[2])]
+    # The project's workspace layout, for checkouts made elsewhere (e.g. a CI clone in a temporary folder).
+    candidates.append(Path("/work/shared/data"))
+    for candidate in candidates:
         if candidate.is_dir():
             return candidate
     return Path("../shared/data")
