@@ -43,6 +43,18 @@ class Result:
     p50_ms: float
     p99_ms: float
     mean_batch: float
+    peak_rss_mib: float
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The server process's peak resident memory so far (VmHWM), to show memory stays bounded under load."""
+    try:
+        for line in open(f"/proc/{pid}/status", encoding="ascii"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
 
 
 def load_texts(limit: int = 800) -> list[str]:
@@ -182,7 +194,7 @@ async def run_all(args: argparse.Namespace, texts: list[str]) -> list[Result]:
                 calls = after[1] - before[1]
                 result = Result(mode, clients, args.seconds, len(latencies), errors, len(latencies) / args.seconds,
                                 1000 * percentile(latencies, 0.5), 1000 * percentile(latencies, 0.99),
-                                (after[0] - before[0]) / calls if calls else 0.0)
+                                (after[0] - before[0]) / calls if calls else 0.0, peak_rss_mib(processes[mode].pid))
                 print(format_row(result), flush=True)
                 results.append(result)
     finally:
@@ -195,7 +207,7 @@ async def run_all(args: argparse.Namespace, texts: list[str]) -> list[Result]:
 
 def format_row(r: Result) -> str:
     return (f"| {r.mode:>3} | {r.clients:>3} | {r.throughput:8.1f} | {r.p50_ms:8.1f} | {r.p99_ms:8.1f} | "
-            f"{r.mean_batch:5.1f} | {r.errors} |")
+            f"{r.mean_batch:5.1f} | {r.errors} | {r.peak_rss_mib:6.0f} |")
 
 
 def serve_forever(args: argparse.Namespace) -> None:
@@ -234,8 +246,8 @@ def main() -> None:
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"cuda={torch.cuda.is_available()}, task {args.task}, {args.seconds:g} s per row, "
           f"max_batch_size {args.max_batch_size}, max_wait_ms {args.max_wait_ms:g}")
-    print("| batching | clients | req/s | p50 ms | p99 ms | mean batch | errors |")
-    print("|---|---|---|---|---|---|---|")
+    print("| batching | clients | req/s | p50 ms | p99 ms | mean batch | errors | server peak RSS MiB |")
+    print("|---|---|---|---|---|---|---|---|")
     results = asyncio.run(run_all(args, texts))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n", encoding="utf-8")
