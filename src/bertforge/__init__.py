@@ -6,6 +6,8 @@ Imports here are lazy so that `import bertforge.tokenization` never pulls in tor
 
 __version__ = "0.1.0"
 
+from bertforge.lazy import lazy_getattr
+
 _LAZY = {
     "BertConfig": "bertforge.model.config",
     "BertModel": "bertforge.model.bert",
@@ -18,12 +20,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'bertforge' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = ["__version__", *_LAZY]

@@ -17,7 +17,7 @@ PACKAGE = "bertforge"
 SOURCE_ROOT = Path(__file__).resolve().parents[2] / "src"
 
 # Importable by every module; they import nothing of bertforge but each other.
-FOUNDATIONS = {"constants", "errors", "storage"}
+FOUNDATIONS = {"constants", "errors", "storage", "lazy"}
 # Component (module path below `bertforge`, longest prefix wins) -> row of DESIGN.md.
 ROWS = {
     "configuration": 0,

@@ -4,6 +4,8 @@ Imports are lazy so that preparing data (`prepare_corpus`, which runs in worker 
 torch; only batching (`collate`, `datasets`) needs it.
 """
 
+from bertforge.lazy import lazy_getattr
+
 _LAZY = {
     "Document": "bertforge.data.corpus",
     "CorpusStats": "bertforge.data.corpus",
@@ -26,12 +28,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'bertforge.data' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = list(_LAZY)

@@ -5,6 +5,8 @@ PNG outputs of `attention` and `plots` the `plot` extra (matplotlib), `export` t
 onnxruntime). Names are imported lazily, so importing this package never requires an extra.
 """
 
+from bertforge.lazy import lazy_getattr
+
 _LAZY = {
     "load_pipeline": "bertforge.inference.pipelines",
     "load_pipelines": "bertforge.inference.pipelines",
@@ -19,12 +21,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'bertforge.inference' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = list(_LAZY)
