@@ -52,6 +52,23 @@ def time_it(fn, device: torch.device, warmup: int, repeats: int) -> float:
     return statistics.median(times)
 
 
+def time_pair(ours, theirs, device: torch.device, warmup: int, repeats: int) -> tuple[float, float]:
+    """Median seconds per call of each side, the two timed alternately (ours, theirs, theirs, ours, ...) so
+    that a load change on a shared machine hits both sides alike."""
+    for _ in range(warmup):
+        ours()
+        theirs()
+    synchronize(device)
+    times: dict = {ours: [], theirs: []}
+    for repeat in range(repeats):
+        for fn in ((ours, theirs) if repeat % 2 == 0 else (theirs, ours)):
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            times[fn].append(time.perf_counter() - start)
+    return statistics.median(times[ours]), statistics.median(times[theirs])
+
+
 def hf_config(config: BertConfig):
     import transformers
 
@@ -126,8 +143,9 @@ def bench_pretraining(preset: str, batch: int, tokens: int, device: torch.device
         opt_theirs.step()
         opt_theirs.zero_grad(set_to_none=True)
 
-    ours_s = time_it(step_ours, device, warmup + (3 if compile_model else 0), repeats)
-    theirs_s = time_it(step_theirs, device, warmup, repeats)
+    for _ in range(3 if compile_model else 0):  # compilation happens in these calls
+        step_ours()
+    ours_s, theirs_s = time_pair(step_ours, step_theirs, device, warmup, repeats)
     note = f"fused QKV, MLM head at masked positions{', torch.compile' if compile_model else ''}"
     return Row(f"pretraining step {preset} T={tokens} B={batch} {precision}", "seq/s",
                batch / ours_s, batch / theirs_s, note)
@@ -145,23 +163,27 @@ def bench_inference(preset: str, batch: int, tokens: int, device: torch.device, 
     ours.set_fast_path(unpad=True, fused_qkv=True)
     if bf16_weights:
         ours.to(torch.bfloat16)
+    # Small batches draw their lengths several times (at least 32 sequences in all), so that one unlucky draw
+    # does not stand for "uniform 16..T"; every timed call runs all the draws, on both sides.
     generator = torch.Generator().manual_seed(1)
-    ids = torch.randint(5, config.vocab_size, (batch, tokens), generator=generator)
-    lengths = (torch.randint(16, tokens + 1, (batch,), generator=generator) if variable
-               else torch.full((batch,), tokens))
-    mask = (torch.arange(tokens)[None, :] < lengths[:, None]).long()
-    ids, mask = ids.to(device), mask.to(device)
+    inputs = []
+    for _ in range(max(1, -(-32 // batch)) if variable else 1):
+        ids = torch.randint(5, config.vocab_size, (batch, tokens), generator=generator)
+        lengths = (torch.randint(16, tokens + 1, (batch,), generator=generator) if variable
+                   else torch.full((batch,), tokens))
+        mask = (torch.arange(tokens)[None, :] < lengths[:, None]).long()
+        inputs.append((ids.to(device), mask.to(device), int(lengths.sum())))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
     def run(model):
         def call():
             with torch.inference_mode(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                model(input_ids=ids, attention_mask=mask)
+                for ids, mask, _ in inputs:
+                    model(input_ids=ids, attention_mask=mask)
         return call
 
-    ours_s = time_it(run(ours), device, warmup, repeats)
-    theirs_s = time_it(run(theirs), device, warmup, repeats)
-    real_tokens = int(lengths.sum())
+    ours_s, theirs_s = time_pair(run(ours), run(theirs), device, warmup, repeats)
+    real_tokens = sum(count for _, _, count in inputs)
     kind = "variable 16..T" if variable else "fixed"
     weights = ", bf16 weights" if bf16_weights else ""
     return Row(f"inference {preset} T={tokens} B={batch} {kind} {precision}{weights}", "real tokens/s",

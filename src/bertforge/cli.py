@@ -107,6 +107,7 @@ PRETRAIN_FLAGS = {
     "precision": "training.precision", "resume": "training.resume", "seed": "training.seed",
     "device": "training.device", "optimizer": "training.optimizer",
     "whole_word_masking": "masking.whole_word_masking", "grad_accumulation": "training.grad_accumulation",
+    "pack_sequences": "pack_sequences",
 }
 
 
@@ -341,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--resume", help="auto, never, or a checkpoint directory")
     p.add_argument("--whole-word-masking", action="store_true")
+    p.add_argument("--pack-sequences", action="store_true",
+                   help="several short instances per row (block-diagonal attention): fewer rows, same losses")
     p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser("finetune", help="fine-tune on a named task or your own files, evaluating every epoch")

@@ -1,8 +1,10 @@
 """The fast paths (unpadding, fused QKV, bf16 autocast) equal the plain path within named tolerances."""
 
+import numpy as np
 import pytest
 import torch
 
+from bertforge.errors import InputError
 from bertforge.model import BertConfig, BertModel
 from bertforge.tasks.pretraining import BertForPretraining
 
@@ -106,3 +108,101 @@ def test_unpad_handles_masks_with_holes():
         fast = model(ids, types, mask).last_hidden_state
     real = mask.bool()
     assert torch.allclose(plain[real], fast[real], atol=FP32_ATOL)
+
+
+def packable_examples(vocab: int, lengths: list[int], seed: int = 7) -> list:
+    from bertforge.data.collate import PretrainingExample
+
+    rng = np.random.default_rng(seed)
+    examples = []
+    for number, length in enumerate(lengths):
+        ids = rng.integers(5, vocab, length)
+        ids[0], ids[-1] = 2, 3
+        positions = np.sort(rng.choice(np.arange(1, length - 1), size=max(1, length // 6), replace=False))
+        examples.append(PretrainingExample(ids, length // 2, positions, rng.integers(5, vocab, len(positions)),
+                                           number % 2))
+    return examples
+
+
+@pytest.mark.parametrize("unpad", [False, True])
+def test_packed_pretraining_equals_one_instance_per_row(unpad):
+    """Packing changes the layout, not the sums: losses, accuracies, NSP logits and gradients all agree."""
+    from bertforge.data.collate import collate_pretraining, pack_pretraining
+
+    config = BertConfig.preset("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    examples = packable_examples(300, [32, 9, 14, 20, 6, 11, 30, 5])
+    plain_batch = collate_pretraining(examples)
+    packed_batch = pack_pretraining(examples, capacity=32)
+    assert len(packed_batch) < len(plain_batch) and packed_batch.num_tokens == plain_batch.num_tokens
+    outputs, grads = [], []
+    for batch in (plain_batch, packed_batch):
+        torch.manual_seed(8)
+        model = BertForPretraining(config)
+        model.bert.set_fast_path(unpad=unpad, fused_qkv=unpad)
+        out = model(**batch.model_inputs())
+        out.loss.backward()
+        outputs.append(out)
+        grads.append({k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+    plain, packed = outputs
+    for name in ("mlm_loss_sum", "mlm_count", "mlm_correct", "nsp_loss_sum", "nsp_count", "nsp_correct"):
+        assert torch.allclose(getattr(plain, name), getattr(packed, name), atol=1e-4), name
+    # One NSP prediction per instance either way (packed ones come in row order, not input order).
+    assert packed.nsp_logits.shape == plain.nsp_logits.shape
+    assert sorted(packed.nsp_logits[:, 0].tolist()) == pytest.approx(sorted(plain.nsp_logits[:, 0].tolist()),
+                                                                      abs=FP32_ATOL)
+    for key in grads[0]:
+        assert torch.allclose(grads[0][key], grads[1][key], atol=FP32_ATOL), key
+
+
+def test_first_fit_decreasing_fills_rows_in_order():
+    from bertforge.data.collate import first_fit_decreasing
+    from bertforge.errors import ConfigError
+
+    assert first_fit_decreasing([5, 3, 8, 2, 4], capacity=8) == [[2], [0, 1], [3, 4]]
+    assert first_fit_decreasing([8, 8], capacity=8) == [[0], [1]]
+    with pytest.raises(ConfigError, match="does not fit"):
+        first_fit_decreasing([9], capacity=8)
+
+
+def test_packed_positions_restart_with_every_sequence():
+    from bertforge.model.bert import packed_mask, packed_positions
+
+    sequence_ids = torch.tensor([[1, 1, 1, 2, 2, 0], [1, 2, 3, 3, 0, 0]])
+    assert packed_positions(sequence_ids)[:, :5].tolist() == [[0, 1, 2, 0, 1], [0, 0, 0, 1, 0]]
+    mask = packed_mask(sequence_ids)[:, 0]
+    assert mask[0, 0].tolist() == [True, True, True, False, False, False]
+    assert mask[0, 5].tolist() == [True] * 5 + [False]  # padding queries see the row, never NaN
+
+
+def test_packed_sequence_ids_must_be_contiguous_runs():
+    model = BertModel(BertConfig.preset("tiny", vocab_size=100)).eval()
+    model.set_fast_path(unpad=True)
+    ids = torch.randint(5, 100, (1, 6))
+    with pytest.raises(InputError, match="contiguous"):
+        model(ids, sequence_ids=torch.tensor([[1, 1, 2, 1, 0, 0]]))
+
+
+@pytest.mark.parametrize("optimizer", ["foreach", "fused", "load_state_dict"])
+def test_fused_qkv_inference_cache_follows_weight_updates(optimizer):
+    """Inference reuses the concatenated QKV weight; any update of the weights must invalidate it."""
+    torch.manual_seed(9)
+    model = BertModel(BertConfig.preset("tiny", vocab_size=100))
+    model.set_fast_path(fused_qkv=True)
+    ids, types, mask = ragged_batch(100, [8, 5], 8)
+    model.eval()
+    with torch.no_grad():
+        model(ids, types, mask)  # fills the cache
+    model.train()
+    if optimizer == "load_state_dict":
+        state = {k: v + 0.01 for k, v in model.state_dict().items()}
+        model.load_state_dict(state)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1, **{optimizer: True})
+        model(ids, types, mask).last_hidden_state.sum().backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        cached = model(ids, types, mask).last_hidden_state
+        model.set_fast_path(fused_qkv=False)
+        plain = model(ids, types, mask).last_hidden_state
+    assert torch.allclose(cached, plain, atol=FP32_ATOL)

@@ -85,3 +85,25 @@ def test_vocab_builder_unk_rate_counts_unknown_tokens():
     tokenizer = Tokenizer(vocab)
     assert unk_rate(tokenizer, ["aa zz"]) == 0.5
     assert unk_rate(tokenizer, []) == 0.0
+
+
+def test_vocab_builder_ids_do_not_depend_on_trainer_order():
+    """The trainer numbers pieces in a per-process hash order; the same pieces must still get the same ids."""
+    import random
+
+    from bertforge.tokenization.vocab_builder import canonical_order
+
+    vocab = build_vocab(["\n".join(real_lines("pretrain_en/nltk_gutenberg/austen-emma.txt", 1500))], 1500)
+    learned = vocab.tokens[5:]
+    assert canonical_order(learned) == learned
+    for seed in range(3):
+        shuffled = learned[:]
+        random.Random(seed).shuffle(shuffled)
+        assert canonical_order(shuffled) == learned
+
+
+def test_vocab_builder_canonical_order_groups_pieces():
+    from bertforge.tokenization.vocab_builder import canonical_order
+
+    assert canonical_order(["##ing", "the", "t", "##s", "a", "##", "th"]) == ["a", "t", "##s", "##", "th", "the",
+                                                                           "##ing"]

@@ -5,6 +5,11 @@ masked instances into a `PretrainingBatch` whose `model_inputs()` are exactly th
 `BertForPretraining.forward`. Sequences are padded to the longest in the batch (optionally rounded up to a
 multiple of 8 for tensor cores), never to a fixed maximum; the masked positions are padded to the most
 predictions in the batch, with `IGNORE_INDEX` labels in the padding so the loss skips them.
+
+`pack_pretraining` is the packing alternative: it places several short instances side by side in one row of
+the prepared length (first-fit decreasing), marks which sequence each token belongs to (`sequence_ids`), and
+the model keeps them apart (block-diagonal attention, positions restarting at 0, one NSP prediction per
+instance). The same instances give the same losses either way; packed batches just have fewer rows.
 """
 
 from __future__ import annotations
@@ -80,7 +85,8 @@ class PretrainingExample:
     nsp_label: int
 
 
-_MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "mlm_positions", "mlm_labels", "nsp_labels")
+_MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "mlm_positions", "mlm_labels", "nsp_labels",
+                 "sequence_ids")
 
 
 @dataclass
@@ -93,7 +99,8 @@ class PretrainingBatch:
         attention_mask: long [B, T], 1 = real token, 0 = padding.
         mlm_positions: long [B, M], indices into T (0 in padding slots).
         mlm_labels: long [B, M], original token ids, `IGNORE_INDEX` in padding slots.
-        nsp_labels: long [B], 0 = B follows A, 1 = random (never ignored).
+        nsp_labels: long [B], 0 = B follows A, 1 = random (never ignored); [S] for packed rows.
+        sequence_ids: long [B, T] for packed rows (k = the row's k-th instance, 0 = padding), else None.
     """
 
     input_ids: torch.Tensor
@@ -102,19 +109,21 @@ class PretrainingBatch:
     mlm_positions: torch.Tensor
     mlm_labels: torch.Tensor
     nsp_labels: torch.Tensor
+    sequence_ids: torch.Tensor | None = None
     # Real tokens, counted on the host when the batch is built so that reading it never syncs a device.
     _num_tokens: int | None = field(default=None, repr=False, compare=False)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PretrainingBatch:
         """A copy with every tensor on `device`."""
-        moved = {name: getattr(self, name).to(device, non_blocking=non_blocking) for name in _MODEL_INPUTS}
+        moved = {name: tensor.to(device, non_blocking=non_blocking) for name, tensor in self.model_inputs().items()}
         return PretrainingBatch(**moved, _num_tokens=self._num_tokens)
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """The keyword arguments of `BertForPretraining.forward`."""
-        return {name: getattr(self, name) for name in _MODEL_INPUTS}
+        return {name: getattr(self, name) for name in _MODEL_INPUTS if getattr(self, name) is not None}
 
     def __len__(self) -> int:
+        """Rows (each holding one instance, or several when packed)."""
         return self.input_ids.shape[0]
 
     @property
@@ -168,5 +177,77 @@ def collate_pretraining(
         mlm_positions=torch.from_numpy(mlm_positions),
         mlm_labels=torch.from_numpy(mlm_labels),
         nsp_labels=torch.tensor([example.nsp_label for example in examples], dtype=torch.long),
+        _num_tokens=sum(lengths),
+    )
+
+
+def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Bins of item indices whose lengths sum to at most `capacity`: longest items first, each into the first
+    bin with room. Deterministic (ties keep input order); items keep ascending index order inside a bin."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for item in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        size = lengths[item]
+        if size > capacity:
+            raise ConfigError(f"an instance of {size} tokens does not fit a packed row of {capacity}; "
+                              "pack to at least the prepared max_seq_length")
+        target = next((b for b, free in enumerate(room) if free >= size), None)
+        if target is None:
+            bins.append([item])
+            room.append(capacity - size)
+        else:
+            bins[target].append(item)
+            room[target] -= size
+    return [sorted(items) for items in bins]
+
+
+def pack_pretraining(
+    examples: Sequence[PretrainingExample], *, capacity: int, pad_id: int = 0,
+    pad_to_multiple_of: int | None = None,
+) -> PretrainingBatch:
+    """Pack masked instances into rows of at most `capacity` tokens (module docstring).
+
+    Args:
+        examples: the instances (at least one).
+        capacity: tokens per row (the prepared max_seq_length); no instance may be longer.
+        pad_id: id of ``[PAD]``.
+        pad_to_multiple_of: round T up to a multiple of this.
+
+    Returns:
+        A batch with `sequence_ids`; `nsp_labels` has one entry per instance, in row-major order of the rows.
+    """
+    if not examples:
+        raise ConfigError("cannot collate an empty list of pretraining examples")
+    lengths = [len(example.input_ids) for example in examples]
+    rows = first_fit_decreasing(lengths, capacity)
+    length = padded_length(max(sum(lengths[i] for i in row) for row in rows), pad_to_multiple_of)
+    slots = max(sum(len(examples[i].mlm_positions) for i in row) for row in rows)
+    shape = (len(rows), length)
+    input_ids = np.full(shape, pad_id, dtype=np.int64)
+    token_type_ids = np.zeros(shape, dtype=np.int64)
+    sequence_ids = np.zeros(shape, dtype=np.int64)
+    mlm_positions = np.zeros((len(rows), slots), dtype=np.int64)
+    mlm_labels = np.full((len(rows), slots), IGNORE_INDEX, dtype=np.int64)
+    nsp_labels = []
+    for r, row in enumerate(rows):
+        start = slot = 0
+        for number, item in enumerate(row, start=1):
+            example, size = examples[item], lengths[item]
+            input_ids[r, start:start + size] = example.input_ids
+            token_type_ids[r, start + example.segment_b_start:start + size] = 1
+            sequence_ids[r, start:start + size] = number
+            count = len(example.mlm_positions)
+            mlm_positions[r, slot:slot + count] = np.asarray(example.mlm_positions) + start
+            mlm_labels[r, slot:slot + count] = example.mlm_labels
+            nsp_labels.append(example.nsp_label)
+            start, slot = start + size, slot + count
+    return PretrainingBatch(
+        input_ids=torch.from_numpy(input_ids),
+        token_type_ids=torch.from_numpy(token_type_ids),
+        attention_mask=torch.from_numpy((sequence_ids > 0).astype(np.int64)),
+        mlm_positions=torch.from_numpy(mlm_positions),
+        mlm_labels=torch.from_numpy(mlm_labels),
+        nsp_labels=torch.tensor(nsp_labels, dtype=torch.long),
+        sequence_ids=torch.from_numpy(sequence_ids),
         _num_tokens=sum(lengths),
     )

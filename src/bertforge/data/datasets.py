@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from bertforge.data.collate import PretrainingBatch, PretrainingExample, collate_pretraining
+from bertforge.data.collate import PretrainingBatch, PretrainingExample, collate_pretraining, pack_pretraining
 from bertforge.data.masking import Masker, MaskingConfig
 from bertforge.data.shards import ShardIndex, SplitReader
 from bertforge.errors import ConfigError, DataError
@@ -61,6 +61,8 @@ class PretrainingData:
         pad_to_multiple_of: round the padded length up to a multiple of this (8 for tensor cores).
         vocab_checksum: when given, the shards must have been written with this vocabulary
             (`data.shards.vocab_checksum(tokenizer)`).
+        pack_sequences: pack each batch's instances several to a row of the prepared length
+            (`data.collate.pack_pretraining`): the same instances and masks, fewer rows.
 
     Raises:
         DataError: the directory is not a complete data directory of this format, its vocabulary does not
@@ -85,6 +87,7 @@ class PretrainingData:
         drop_last: bool = True,
         pad_to_multiple_of: int | None = None,
         vocab_checksum: str | None = None,
+        pack_sequences: bool = False,
     ):
         self.batch_size = _check_int("batch_size", batch_size, 1)
         self.world_size = _check_int("world_size", world_size, 1)
@@ -101,6 +104,11 @@ class PretrainingData:
         self.pad_to_multiple_of = pad_to_multiple_of
         self.index = ShardIndex.load(data_dir)
         self.index.check_vocab(vocab_size=vocab_size, checksum=vocab_checksum)
+        self.pack_sequences = bool(pack_sequences)
+        self.capacity = int(self.index.settings.get("max_seq_length", 0))
+        if self.pack_sequences and self.capacity <= 0:
+            raise DataError("pack_sequences needs the prepared max_seq_length, which index.json lacks; "
+                            "prepare the data again", data_dir)
         self.reader = SplitReader(self.index, split)
         self.masker = Masker(masking, vocab_size=vocab_size, special_ids=special_ids, mask_id=mask_id)
         if len(self.reader) == 0:
@@ -155,6 +163,9 @@ class PretrainingData:
         return PretrainingExample(masked.input_ids, segment_b_start, masked.positions, masked.labels, nsp_label)
 
     def _collate(self, examples: list[PretrainingExample]) -> PretrainingBatch:
+        if self.pack_sequences:
+            return pack_pretraining(examples, capacity=self.capacity, pad_id=self.pad_id,
+                                    pad_to_multiple_of=self.pad_to_multiple_of)
         return collate_pretraining(examples, pad_id=self.pad_id, pad_to_multiple_of=self.pad_to_multiple_of)
 
     def __iter__(self) -> Iterator[PretrainingBatch]:

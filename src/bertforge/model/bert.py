@@ -52,7 +52,7 @@ def sinusoidal_table(positions: int, hidden: int) -> torch.Tensor:
 class BertOutput:
     """What `BertModel` returns.
 
-    last_hidden_state: [B, T, H]. pooled_output: [B, H] (tanh(dense([CLS]))).
+    last_hidden_state: [B, T, H]. pooled_output: [B, H] (tanh(dense([CLS]))), or [S, H] for S packed sequences.
     hidden_states: L + 1 tensors [B, T, H] (embeddings, then each layer) when requested, else None.
     attentions: L tensors [B, N, T, T] of attention probabilities when requested, else None.
     """
@@ -86,7 +86,7 @@ class Padded:
     """Tokens laid out as [B, T, H]; attention masks padded keys.  The plain, reference path."""
 
     def __init__(self, mask: torch.Tensor | None):
-        self.mask = mask  # bool [B, 1, 1, T], True = attend, or None
+        self.mask = mask  # bool [B, 1, 1, T] (or [B, 1, T, T] for packed rows), True = attend, or None
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, dropout: float,
                return_probs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -110,27 +110,66 @@ class Padded:
         return context.transpose(1, 2).reshape(batch, tokens, hidden), probs  # [B, N, T, D] -> [B, T, H]
 
 
+def packed_mask(sequence_ids: torch.Tensor) -> torch.Tensor:
+    """Block-diagonal attention mask of packed rows: bool [B, 1, T, T], True = query may attend to key.
+
+    sequence_ids: [B, T], k > 0 for the k-th sequence of the row, 0 for padding. A token sees only the tokens
+    of its own sequence. Padding queries see every real token of their row: their outputs are discarded,
+    but a query that sees nothing would turn into NaN inside the softmax.
+    """
+    real_key = (sequence_ids > 0)[:, None, :]  # [B, 1, T]
+    same = sequence_ids[:, :, None] == sequence_ids[:, None, :]  # [B, T, T]
+    pad_query = (sequence_ids == 0)[:, :, None]  # [B, T, 1]
+    return ((same | pad_query) & real_key)[:, None]  # [B, 1, T, T]
+
+
+def packed_positions(sequence_ids: torch.Tensor) -> torch.Tensor:
+    """Position ids that restart at 0 with every packed sequence: long [B, T] (padding gets 0..)."""
+    tokens = sequence_ids.shape[1]
+    index = torch.arange(tokens, device=sequence_ids.device).expand_as(sequence_ids)  # [B, T]
+    starts = F.pad(sequence_ids[:, 1:] != sequence_ids[:, :-1], (1, 0), value=True)  # [B, T] first token of a run
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values  # [B, T] start of my run
+    return index - first
+
+
 class Unpadded:
     """Only the real tokens, laid out as [R, H] (R = real tokens in the batch): the padding-free fast path.
 
     Projections, feed-forward and LayerNorms touch real tokens only; attention runs per sequence, through
     the variable-length flash kernel where PyTorch has one for this device and dtype, otherwise by
     scattering back to [B, T] for a masked SDPA call. Equal to `Padded` at every real position.
+
+    A row holds one sequence (`attention_mask`) or several packed ones (`sequence_ids`); either way the
+    real tokens, read row by row, are the sequences one after another, and `cu_seqlens` delimits them.
     """
 
-    def __init__(self, attention_mask: torch.Tensor):
+    def __init__(self, attention_mask: torch.Tensor, sequence_ids: torch.Tensor | None = None):
         batch, tokens = attention_mask.shape
         real = attention_mask.reshape(-1).to(torch.bool)
         self.index = real.nonzero().squeeze(1)  # [R] positions in the flattened [B*T]
         self.batch, self.tokens = batch, tokens
-        lengths = attention_mask.to(torch.int32).sum(1)  # [B]
-        self.cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))  # [B + 1]
-        self.max_len = int(lengths.max()) if batch else 0
-        self.padded = Padded(attention_mask.to(torch.bool)[:, None, None, :])
-        # Sequence lengths on the host, for the per-sequence path; valid for left-aligned masks (1s then 0s).
-        self.lengths = lengths.tolist() if not attention_mask.is_cuda else None
-        self.left_aligned = self.lengths is not None and torch.equal(
-            attention_mask.to(torch.bool), torch.arange(tokens) < lengths[:, None])
+        if sequence_ids is None:
+            lengths = attention_mask.to(torch.int32).sum(1)  # [B]
+            self.padded = Padded(attention_mask.to(torch.bool)[:, None, None, :])
+            contiguous = torch.equal(attention_mask.to(torch.bool), torch.arange(tokens) < lengths[:, None]) \
+                if not attention_mask.is_cuda else False
+        else:
+            # [R] a number for each real token's (row, sequence), so runs never merge across rows
+            rows = torch.arange(batch, device=sequence_ids.device)[:, None] * (tokens + 1)  # [B, 1]
+            flat = (sequence_ids + rows).reshape(-1)[self.index]
+            starts = F.pad(flat[1:] != flat[:-1], (1, 0), value=True) if flat.numel() else flat.bool()
+            bounds = F.pad(starts.nonzero().squeeze(1), (0, 1), value=flat.numel())  # [S + 1]
+            lengths = (bounds[1:] - bounds[:-1]).to(torch.int32)  # [S]
+            self.padded = Padded(packed_mask(sequence_ids))
+            contiguous = not sequence_ids.is_cuda
+            if contiguous and len(lengths) != int(sequence_ids.max(dim=1).values.sum()):
+                raise InputError("sequence_ids must number each row's packed sequences 1, 2, ... with every "
+                                 "sequence one contiguous run of tokens (0 = padding)")
+        self.cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))  # [S + 1]
+        self.max_len = int(lengths.max()) if lengths.numel() else 0
+        # Sequence lengths on the host, for the per-sequence CPU path; valid when each sequence is one run of
+        # real tokens (left-aligned masks; packed rows).
+        self.lengths = lengths.tolist() if contiguous else None
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         return x.flatten(0, 1).index_select(0, self.index)  # [B, T, ...] -> [R, ...]
@@ -149,7 +188,7 @@ class Unpadded:
             context = varlen_attention(q.view(shape), k.view(shape), v.view(shape), self.cu_seqlens,
                                        self.cu_seqlens, self.max_len, self.max_len)
             return context.reshape(real, hidden), None
-        if self.left_aligned and not return_probs:
+        if self.lengths is not None and not return_probs:
             # CPU: one unmasked SDPA call per sequence over its own L tokens, which picks the fused
             # kernel (a masked call falls back to the math path) and costs L^2 rather than T^2.
             contexts = []
@@ -190,13 +229,35 @@ class SelfAttention(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.attention_dropout = config.attention_probs_dropout_prob
         self.fused_qkv = False
+        self._fused_cache: tuple | None = None
+
+    def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The concatenated [3H, H] weight and [3H] bias of the fused projection.
+
+        Training concatenates on every call (gradients must reach the three parameters). Without gradients
+        (inference) the concatenation, a copy of 3H x H numbers per layer, is kept and reused until a
+        parameter is replaced or changed in place (its storage or version counter moves) or the module
+        is switched to train mode (fused optimizers update in place without moving the version counter).
+        """
+        parts = (self.query.weight, self.key.weight, self.value.weight, self.query.bias, self.key.bias,
+                 self.value.bias)
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in parts)):
+            return torch.cat(parts[:3]), torch.cat(parts[3:])
+        key = tuple((p.data_ptr(), p._version, p.dtype) for p in parts)
+        if self._fused_cache is None or self._fused_cache[0] != key:
+            with torch.inference_mode(False), torch.no_grad():
+                self._fused_cache = (key, torch.cat(parts[:3]), torch.cat(parts[3:]))
+        return self._fused_cache[1], self._fused_cache[2]
+
+    def train(self, mode: bool = True):
+        self._fused_cache = None
+        return super().train(mode)
 
     def forward(self, x: torch.Tensor, layout: Padded | Unpadded,
                 return_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: [B, T, H] (or [R, H] unpadded).  Returns (same shape, probabilities [B, N, T, T] or None)."""
         if self.fused_qkv:
-            weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # [3H, H]
-            bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # [3H]
+            weight, bias = self.fused_weights()  # [3H, H], [3H]
             q, k, v = F.linear(x, weight, bias).chunk(3, dim=-1)  # [..., 3H] -> 3 x [..., H]
         else:
             q, k, v = self.query(x), self.key(x), self.value(x)
@@ -244,8 +305,8 @@ class Pooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(hidden[:, 0]))  # [B, T, H] -> [B, H] from the [CLS] token
+    def forward(self, cls: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(cls))  # [..., H] [CLS] vectors -> [..., H]
 
 
 class BertPretrainedModel(nn.Module):
@@ -351,6 +412,7 @@ class BertModel(BertPretrainedModel):
         position_ids: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        sequence_ids: torch.Tensor | None = None,
     ) -> BertOutput:
         """Encode a batch.
 
@@ -358,17 +420,30 @@ class BertModel(BertPretrainedModel):
             input_ids: long [B, T].
             token_type_ids: long [B, T], 0 for segment A and 1 for B (default all 0).
             attention_mask: [B, T], 1 for real tokens and 0 for padding (default all 1).
-            position_ids: long [B, T] or [T] (default 0..T-1).
+            position_ids: long [B, T] or [T] (default 0..T-1, restarting with every packed sequence).
+            sequence_ids: long [B, T] for packed rows (several sequences per row, `data.collate.pack_rows`):
+                k > 0 for the k-th sequence of its row, 0 for padding. Each sequence attends only to itself
+                and the pooled output has one row per sequence, [S, H], in row-major order. It replaces
+                `attention_mask`.
         """
         self.check_inputs(input_ids, token_type_ids)
         batch, tokens = input_ids.shape
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
+        if sequence_ids is not None:
+            attention_mask = (sequence_ids > 0).long()
+            if position_ids is None:
+                position_ids = packed_positions(sequence_ids)  # [B, T]
         if position_ids is None:
             position_ids = torch.arange(tokens, device=input_ids.device)[None, :]  # [1, T]
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # [B, T, H]
         layout: Padded | Unpadded
-        if attention_mask is not None and not output_attentions and self.unpad and not (
+        if sequence_ids is not None and self.unpad and not output_attentions:
+            layout = Unpadded(attention_mask, sequence_ids)
+            x = layout.gather(x)  # [B, T, H] -> [R, H]
+        elif sequence_ids is not None:
+            layout = Padded(packed_mask(sequence_ids))
+        elif attention_mask is not None and not output_attentions and self.unpad and not (
                 not attention_mask.is_cuda and bool(attention_mask.all())):  # no padding: nothing to skip
             layout = Unpadded(attention_mask)
             x = layout.gather(x)  # [B, T, H] -> [R, H]
@@ -385,7 +460,13 @@ class BertModel(BertPretrainedModel):
             if attentions is not None:
                 attentions.append(probs)
         x = restore(x)  # [R, H] -> [B, T, H] (zeros at padding) on the unpadded path
-        pooled = self.pooler(x) if self.pooler is not None else None
+        pooled = None
+        if self.pooler is not None:
+            if sequence_ids is None:
+                pooled = self.pooler(x[:, 0])  # the [CLS] token of every row: [B, H]
+            else:
+                first = (packed_positions(sequence_ids) == 0) & (sequence_ids > 0)  # [B, T] each sequence's [CLS]
+                pooled = self.pooler(x[first])  # [S, H]
         return BertOutput(
             last_hidden_state=x,
             pooled_output=pooled,

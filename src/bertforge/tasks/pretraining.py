@@ -23,7 +23,8 @@ from bertforge.model.heads import MlmHead
 
 @dataclass
 class PretrainingOutput:
-    """mlm_logits: [B, M, V] at the given positions ([B, T, V] when none are given); nsp_logits: [B, 2].
+    """mlm_logits: [B, M, V] at the given positions ([B, T, V] when none are given); nsp_logits: [B, 2]
+    ([S, 2] for S packed sequences).
 
     With labels: `loss` (this batch's mean MLM + mean NSP loss) and the float sums/counts the loop
     aggregates: mlm_loss_sum, mlm_correct, mlm_count, nsp_loss_sum, nsp_correct, nsp_count (0-dim tensors).
@@ -60,20 +61,22 @@ class BertForPretraining(BertPretrainedModel):
         nsp_labels: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        sequence_ids: torch.Tensor | None = None,
     ) -> PretrainingOutput:
         """Args beyond BertModel's:
             mlm_positions: long [B, M], indices into T of the masked tokens (padding rows: any index).
             mlm_labels: long [B, M], original token ids, IGNORE_INDEX where the row is padding.
-            nsp_labels: long [B], 0 = segment B follows A, 1 = B is random (Google's convention).
+            nsp_labels: long [B], 0 = segment B follows A, 1 = B is random (Google's convention); with
+                packed rows (`sequence_ids`), one label per sequence, [S], in row-major order.
         """
         out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states=output_hidden_states,
-                        output_attentions=output_attentions)
+                        output_attentions=output_attentions, sequence_ids=sequence_ids)
         hidden = out.last_hidden_state  # [B, T, H]
         if mlm_positions is not None:
             index = mlm_positions.long()[..., None].expand(-1, -1, hidden.shape[-1])  # [B, M] -> [B, M, H]
             hidden = hidden.gather(1, index)  # [B, T, H] -> [B, M, H]
         mlm_logits = self.mlm(hidden, self.bert.embeddings.word.weight)  # [B, M, V]
-        nsp_logits = self.nsp(out.pooled_output)  # [B, 2]
+        nsp_logits = self.nsp(out.pooled_output)  # [B, 2] (or [S, 2] packed)
         result = PretrainingOutput(mlm_logits, nsp_logits, hidden_states=out.hidden_states,
                                    attentions=out.attentions)
         if mlm_labels is None and nsp_labels is None:

@@ -8,7 +8,8 @@ will later segment, with none of the Rust normaliser's differences (it drops eve
 shifts a CJK range).
 
 The vocabulary lists ``[PAD]``, then ``[unused0]`` .. ``[unusedN-1]`` (room for task tokens later, as in
-Google's vocabularies), then ``[UNK]``, ``[CLS]``, ``[SEP]``, ``[MASK]``, then the learned tokens.
+Google's vocabularies), then ``[UNK]``, ``[CLS]``, ``[SEP]``, ``[MASK]``, then the learned tokens in a
+canonical order (`canonical_order`), so that the same pieces always get the same ids.
 """
 
 from __future__ import annotations
@@ -104,7 +105,23 @@ def build_vocab(
         raise RuntimeError(
             f"the WordPiece trainer did not put the special tokens first: {tokens[: len(specials)]}"
         )
-    return Vocab(tokens)
+    return Vocab(specials + canonical_order(tokens[len(specials):]))
+
+
+def canonical_order(pieces: list[str]) -> list[str]:
+    """The learned pieces in an order that depends only on which pieces there are.
+
+    The trainer numbers pieces in hash-map order, which changes from one process to the next (upstream:
+    huggingface/tokenizers#1794), so the same corpus gave the same pieces under different ids. WordPiece
+    segmentation depends only on the set, so fixing the order costs nothing: single characters first, then
+    ``##`` characters, then longer word-initial pieces, then longer ``##`` pieces, each group by code point.
+    """
+    def key(piece: str) -> tuple[int, str]:
+        continuation = piece.startswith(CONTINUATION_PREFIX) and len(piece) > len(CONTINUATION_PREFIX)
+        body = piece[len(CONTINUATION_PREFIX):] if continuation else piece
+        return (0 if len(body) == 1 else 2) + int(continuation), piece
+
+    return sorted(pieces, key=key)
 
 
 def unk_rate(tokenizer: Tokenizer, texts: Iterable[str]) -> float:

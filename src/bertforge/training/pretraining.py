@@ -56,6 +56,11 @@ class PretrainConfig:
         model_overrides: BertConfig fields for a preset, e.g. {hidden_dropout_prob = 0.1}.
         eval_batches: held-out batches per evaluation on each rank (0 = the whole held-out split).
         pad_to_multiple_of: pad batches to a multiple of this length (8 suits tensor cores).
+        fast_path: skip padding tokens in every matmul and fuse the QKV projection (tested equal to the
+            plain path).
+        pack_sequences: put several short instances in one row (block-diagonal attention); the same
+            instances and losses with fewer rows. Off by default: with `fast_path` the padding is skipped
+            anyway, so packing pays mainly on the plain path.
         masking: the MLM masking rule (`[masking]`).
         training: the loop settings (`[training]`).
     """
@@ -67,6 +72,7 @@ class PretrainConfig:
     eval_batches: int = 50
     pad_to_multiple_of: int = 8
     fast_path: bool = True
+    pack_sequences: bool = False
     masking: MaskingConfig = field(default_factory=MaskingConfig)
     training: TrainingConfig = field(default_factory=lambda: TrainingConfig(out_dir="runs/pretrain"))
 
@@ -140,7 +146,7 @@ def run_pretraining(config: PretrainConfig) -> TrainResult:
               "world_size": context.world_size, "vocab_size": tokenizer.vocab_size,
               "special_ids": tokenizer.all_special_ids, "mask_id": tokenizer.mask_token_id,
               "pad_id": tokenizer.pad_token_id, "pad_to_multiple_of": config.pad_to_multiple_of,
-              "vocab_checksum": vocab_checksum(tokenizer)}
+              "vocab_checksum": vocab_checksum(tokenizer), "pack_sequences": config.pack_sequences}
     batches = PretrainingData(config.data_dir, split="train", batch_size=training.batch_size, **common)
     eval_fn = None
     task = PretrainingTask()
