@@ -152,7 +152,8 @@ def bench_pretraining(preset: str, batch: int, tokens: int, device: torch.device
 
 
 def bench_inference(preset: str, batch: int, tokens: int, device: torch.device, precision: str,
-                    variable: bool, warmup: int, repeats: int, bf16_weights: bool = False) -> Row:
+                    variable: bool, warmup: int, repeats: int, bf16_weights: bool = False,
+                    reference_bf16_weights: bool = False) -> Row:
     import transformers
 
     config = BertConfig.preset(preset)
@@ -163,6 +164,8 @@ def bench_inference(preset: str, batch: int, tokens: int, device: torch.device, 
     ours.set_fast_path(unpad=True, fused_qkv=True)
     if bf16_weights:
         ours.to(torch.bfloat16)
+    if reference_bf16_weights:
+        theirs.to(torch.bfloat16)
     # Small batches draw their lengths several times (at least 32 sequences in all), so that one unlucky draw
     # does not stand for "uniform 16..T"; every timed call runs all the draws, on both sides.
     generator = torch.Generator().manual_seed(1)
@@ -185,7 +188,7 @@ def bench_inference(preset: str, batch: int, tokens: int, device: torch.device, 
     ours_s, theirs_s = time_pair(run(ours), run(theirs), device, warmup, repeats)
     real_tokens = sum(count for _, _, count in inputs)
     kind = "variable 16..T" if variable else "fixed"
-    weights = ", bf16 weights" if bf16_weights else ""
+    weights = (", both bf16 weights" if reference_bf16_weights else ", bf16 weights") if bf16_weights else ""
     return Row(f"inference {preset} T={tokens} B={batch} {kind} {precision}{weights}", "real tokens/s",
                real_tokens / ours_s, real_tokens / theirs_s, "unpadded, fused QKV")
 
@@ -237,6 +240,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
             print(format_table([row]), flush=True)
         for variable in (False, True):
             rows.append(bench_inference("base", 512, 128, device, "bf16", variable, 3, args.repeats))
+            print(format_table(rows[-1:]), flush=True)
+        for variable in (False, True):  # the reference rows: both sides hold bf16 weights
+            rows.append(bench_inference("base", 512, 128, device, "fp32", variable, 3, args.repeats,
+                                        bf16_weights=True, reference_bf16_weights=True))
             print(format_table(rows[-1:]), flush=True)
     else:
         torch.set_num_threads(torch.get_num_threads())
