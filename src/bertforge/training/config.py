@@ -46,6 +46,8 @@ class TrainingConfig:
         resume: `auto` (latest checkpoint in out_dir, if any), `never` (a fresh run; refused when out_dir
             already holds checkpoints), or a checkpoint directory.
         compile: wrap the model in torch.compile.
+        activation_checkpointing: recompute each encoder layer in the backward pass instead of storing its
+            activations (much less memory for about a third more compute; same gradients).
         fused_adamw: the fused CUDA AdamW kernel (ignored for LAMB and on CPU).
         max_nonfinite_steps: consecutive steps with non-finite loss/gradients tolerated (each skipped)
             before training stops with an error; fp16 tolerates 16 more while its loss scale adapts.
@@ -77,6 +79,7 @@ class TrainingConfig:
     out_dir: str = "runs/train"
     resume: str = "never"
     compile: bool = False
+    activation_checkpointing: bool = False
     fused_adamw: bool = False
     max_nonfinite_steps: int = 5
     progress: bool = True

@@ -198,7 +198,8 @@ class FinetuneConfig:
     `grad_accumulation`, `lr`, `warmup_ratio`, `weight_decay`, `max_grad_norm`, `precision`, `device`, `seed`,
     `seeds` (several runs, mean ± std), `eval_every` (steps; 0 = every epoch), `metric` (picks the best
     checkpoint; default the task's first metric), `evaluate_test` (score the best model on a named task's
-    test split too), `log_every`, `progress`, `resume`, `out_dir`.
+    test split too), `log_every`, `progress`, `resume`, `out_dir`, `activation_checkpointing` (recompute
+    layers in the backward pass: far less activation memory, e.g. BERT-large on a small GPU).
     """
 
     model: str = ""
@@ -258,6 +259,7 @@ class FinetuneConfig:
     log_every: int = 50
     progress: bool = True
     resume: str = "never"
+    activation_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         def need(cond: bool, name: str, fix: str) -> None:
@@ -290,7 +292,7 @@ class FinetuneConfig:
                               precision=self.precision, device=self.device, log_every=self.log_every,
                               eval_every=eval_every, save_every=0, keep_last=1, seed=self.seed,
                               out_dir=os.fspath(out_dir), resume=self.resume, progress=self.progress,
-                              tensorboard=False)
+                              tensorboard=False, activation_checkpointing=self.activation_checkpointing)
 
 
 # --- resolving a run's task -------------------------------------------------------------------------------

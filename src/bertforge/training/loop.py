@@ -253,6 +253,12 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
         logger.start(step if resume_from is not None else None)
     describe_run(model, batches, config, total_steps, warmup_steps, precision, device, world, context.is_main)
 
+    if config.activation_checkpointing:
+        encoders = [m for m in model.modules() if hasattr(m, "set_activation_checkpointing")]
+        if not encoders:
+            raise ConfigError("training.activation_checkpointing needs a bertforge encoder in the model")
+        for encoder in encoders:
+            encoder.set_activation_checkpointing(True)
     runner = distributed.wrap_model(model, context)
     if config.compile:
         runner = torch.compile(runner)
