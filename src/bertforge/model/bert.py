@@ -488,3 +488,11 @@ class BertModel(BertPretrainedModel):
             hidden_states=tuple(hidden_states) if hidden_states is not None else None,
             attentions=tuple(attentions) if attentions is not None else None,
         )
+
+
+def set_fast_paths(model: nn.Module, *, unpad: bool = True, fused_qkv: bool = True) -> nn.Module:
+    """Switch the fast paths of every `BertModel` inside `model` (a task model holds one as `.bert`)."""
+    for module in model.modules():
+        if isinstance(module, BertModel):
+            module.set_fast_path(unpad=unpad, fused_qkv=fused_qkv)
+    return model
