@@ -35,6 +35,7 @@ from bertforge.data.finetuning import DataReport
 from bertforge.metrics.classification import compute_classification_metrics
 from bertforge.metrics.sequence_labeling import entity_scores
 from bertforge.metrics.squad import evaluate_squad
+from bertforge.storage import write_text
 from bertforge.training.finetuning import FinetuneConfig, read_examples, resolve_task, run_finetuning
 
 TASKS = ("sst2", "stsb", "conll2003", "squad")
@@ -208,18 +209,20 @@ def reference_run(task: str, train, dev, args, model_dir: str) -> dict:
     optimizer, scheduler = reference_optimizer(model, args.lr, 0.01, total, 0.1)
     history = []
     started = time.perf_counter()
+    bf16 = args.precision == "bf16"
     for epoch in range(args.epochs):
         model.train()
         for items in batches(train_items, args.batch_size, generator):
             inputs, targets = collate(items)
-            loss = model(**{k: v.to(device) for k, v in {**inputs, **targets}.items()}).loss
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                loss = model(**{k: v.to(device) for k, v in {**inputs, **targets}.items()}).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             history.append({"epoch": epoch + 1, "metrics": score(model)})
     return {"history": history, "seconds": time.perf_counter() - started, "train_features": len(train_items)}
 
@@ -236,6 +239,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-seq-length", type=int, default=None)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="bf16: autocast on both sides (the issue's GPU recipe)")
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
@@ -245,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
     config = FinetuneConfig(model=model_dir, task=args.task, data_root=args.data_root, train_limit=args.train_limit,
                             dev_limit=args.dev_limit, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                             max_seq_length=args.max_seq_length, seed=args.seed, device=args.device,
-                            precision="fp32", progress=False, evaluate_test=False, log_every=1000)
+                            precision=args.precision, progress=False, evaluate_test=False, log_every=1000)
     spec = resolve_task(config)
     report = DataReport()
     train = read_examples(spec, spec.train, config, report)[:args.train_limit]
@@ -261,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     metric = spec.metrics[0]
     device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor() or "cpu"
     print(f"task {args.task}: {len(train)} train / {len(dev)} dev examples, {args.epochs} epoch(s), batch "
-          f"{args.batch_size}, lr {args.lr}, seed {args.seed}, device {args.device} ({device_name}), "
+          f"{args.batch_size}, lr {args.lr}, seed {args.seed}, {args.precision}, device {args.device} ({device_name}), "
           f"torch {torch.__version__}")
     print(f"{'epoch':>5} | {'bertforge ' + metric:>22} | {'transformers ' + metric:>22}")
     for mine, theirs in zip(ours.history, reference["history"]):
@@ -271,8 +276,9 @@ def main(argv: list[str] | None = None) -> None:
     print("bertforge final:", {k: round(v, 4) for k, v in ours.history[-1]["metrics"].items()})
     print("transformers final:", {k: round(v, 4) for k, v in reference["history"][-1]["metrics"].items()})
     if args.json:
-        Path(args.json).write_text(json.dumps({
+        write_text(args.json, json.dumps({
             "task": args.task, "train": len(train), "dev": len(dev), "epochs": args.epochs, "seed": args.seed,
+            "precision": args.precision,
             "device": args.device, "device_name": device_name, "bertforge": ours.history,
             "bertforge_seconds": ours_seconds, "transformers": reference["history"],
             "transformers_seconds": reference["seconds"]}, indent=2))
