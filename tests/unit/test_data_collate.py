@@ -76,3 +76,21 @@ def test_pad_sequences_generic():
     assert pad_sequences([[0.5]], dtype=torch.float32).dtype == torch.float32
     with pytest.raises(ConfigError, match="1-d"):
         pad_sequences([[[1]]])
+
+
+def test_pack_pretraining_layout():
+    from bertforge.data.collate import pack_pretraining
+
+    batch = pack_pretraining(examples(), capacity=16, pad_id=0)
+    assert len(batch) == 1 and batch.input_ids.shape == (1, 14)
+    # Both fit one row; inside a row the instances keep their batch order.
+    assert batch.input_ids[0].tolist() == [2, 10, 11, 3, 12, 3, 2, 13, 3, 14, 15, 16, 17, 3]
+    assert batch.sequence_ids[0].tolist() == [1] * 6 + [2] * 8
+    assert batch.token_type_ids[0].tolist() == [0, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1]
+    assert batch.mlm_positions[0].tolist() == [1, 4, 11]  # shifted by the instance's start in the row
+    assert batch.mlm_labels[0].tolist() == [10, 12, 16]
+    assert batch.nsp_labels.tolist() == [0, 1]  # one per instance, in row order
+    assert batch.num_tokens == 14 and "sequence_ids" in batch.model_inputs()
+    assert "sequence_ids" not in collate_pretraining(examples()).model_inputs()
+    with pytest.raises(ConfigError, match="does not fit"):
+        pack_pretraining(examples(), capacity=7)
