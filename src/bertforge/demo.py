@@ -31,6 +31,7 @@ from bertforge.training.pretraining import PretrainConfig, run_pretraining
 
 log = logging.getLogger("bertforge.demo")
 SEQUENCE_LENGTH = 64
+MIN_PRETRAIN_STEPS = 300  # past the early plateau of predicting only frequent tokens (~250-300 steps here)
 
 
 @dataclass(frozen=True)
@@ -156,9 +157,15 @@ def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path
 
     batch = 32
     step_seconds = seconds_per_step(config, batch, SEQUENCE_LENGTH)
-    steps = max(50, int(minutes * 60 * 0.9 / step_seconds))
+    budget_steps = int(minutes * 60 * 0.9 / step_seconds)
+    # Fewer steps than MIN_PRETRAIN_STEPS leave the model on its plateau and the classifier after it collapses
+    # to one class, which shows nothing: on a slow or busy machine the demo takes longer instead.
+    steps = max(MIN_PRETRAIN_STEPS, budget_steps)
+    estimate = steps * step_seconds / 60 / 0.9
     print(f"[4/6] pretraining {model} ({sum(p.numel() for p in initial.parameters()) / 1e6:.1f}M parameters) for "
-          f"{steps} steps of {batch} (about {minutes:g} min on this machine)")
+          f"{steps} steps of {batch} (about {estimate:.1f} min on this machine"
+          + (f"; more than the {minutes:g} min budget, which would allow only {budget_steps} steps)"
+             if budget_steps < MIN_PRETRAIN_STEPS else ")"))
     training = TrainingConfig(steps=steps, batch_size=batch, lr=1e-3, warmup_ratio=0.06, log_every=max(1, steps // 20),
                               eval_every=max(1, steps // 5), save_every=0, keep_last=1, seed=seed,
                               out_dir=str(out / "pretrain"), precision="fp32", device="cpu")
