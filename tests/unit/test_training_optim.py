@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 from torch import nn
@@ -99,11 +97,22 @@ def test_build_optimizer_adamw_uses_config_and_groups():
     assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-6 and opt.defaults["lr"] == 2e-4
 
 
-def test_build_optimizer_fused_adamw_on_cpu_warns_and_falls_back(caplog):
-    with caplog.at_level(logging.WARNING):
-        opt = build_optimizer(tiny_pretraining_model(), TrainingConfig(fused_adamw=True), torch.device("cpu"))
-    assert "needs a CUDA device" in caplog.text
-    assert not opt.defaults.get("fused")
+def test_build_optimizer_fused_adamw_equals_default():
+    """The fused kernel is a fast path: after a few steps the weights equal the default AdamW's."""
+    models, optimizers = [], []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        models.append(tiny_pretraining_model().eval())  # no dropout: both see the same forward pass
+        optimizers.append(build_optimizer(models[-1], TrainingConfig(fused_adamw=fused, lr=1e-2), torch.device("cpu")))
+    assert optimizers[1].defaults.get("fused") and not optimizers[0].defaults.get("fused")
+    for step in range(3):
+        inputs = torch.randint(5, 50, (2, 8), generator=torch.Generator().manual_seed(step))
+        for model, optimizer in zip(models, optimizers):
+            optimizer.zero_grad()
+            model(inputs).mlm_logits.float().pow(2).mean().backward()
+            optimizer.step()
+    for (name, plain), fused in zip(models[0].named_parameters(), models[1].parameters()):
+        assert torch.allclose(plain, fused, atol=1e-6), name
 
 
 def test_build_optimizer_lamb():

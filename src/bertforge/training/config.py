@@ -48,7 +48,7 @@ class TrainingConfig:
         compile: wrap the model in torch.compile.
         activation_checkpointing: recompute each encoder layer in the backward pass instead of storing its
             activations (much less memory for about a third more compute; same gradients).
-        fused_adamw: the fused CUDA AdamW kernel (ignored for LAMB and on CPU).
+        fused_adamw: PyTorch's fused AdamW kernel, on CUDA or CPU (ignored for LAMB); the same update, tested.
         max_nonfinite_steps: consecutive steps with non-finite loss/gradients tolerated (each skipped)
             before training stops with an error; fp16 tolerates 16 more while its loss scale adapts.
         progress: show a progress bar on the main process.

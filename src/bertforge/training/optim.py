@@ -109,10 +109,10 @@ def build_optimizer(model: nn.Module, config: TrainingConfig, device: torch.devi
         return Lamb(groups, lr=config.lr, betas=betas, eps=config.eps, weight_decay=config.weight_decay)
     fused = None
     if config.fused_adamw:
-        if device.type == "cuda":
+        if device.type in ("cuda", "cpu"):  # PyTorch has a fused AdamW kernel for both
             fused = True
         else:
-            log.warning("training.fused_adamw needs a CUDA device; using the default AdamW on %s", device)
+            log.warning("training.fused_adamw needs a CUDA or CPU device; using the default AdamW on %s", device)
     for group in groups:
         group.pop("layer_adaptation")
     return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=config.eps,
