@@ -452,9 +452,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def join_unknown_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """Rewrite `--unknown-key value` as `--unknown-key=value` for the subcommands that take config overrides.
+
+    Otherwise argparse hands `value` to the optional positional run file (`--progress false` would look for a
+    run file named "false").
+    """
+    if not argv or argv[0] not in ("pretrain", "finetune", "evaluate"):
+        return argv
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    known = subparsers.choices[argv[0]]._option_string_actions
+    out, items = [argv[0]], list(argv[1:])
+    while items:
+        item = items.pop(0)
+        if (item.startswith("--") and "=" not in item and item not in known and items
+                and not items[0].startswith("--")):
+            item = f"{item}={items.pop(0)}"
+        elif item in known and known[item].nargs != 0 and items:  # a known option keeps its own value
+            out.append(item)
+            item = items.pop(0)
+        out.append(item)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(join_unknown_values(parser, argv))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s")
     try:
         if extra and args.command not in ("pretrain", "finetune", "evaluate"):

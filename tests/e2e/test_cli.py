@@ -89,3 +89,18 @@ def test_cli_overrides_accept_every_spelling():
     assert split_overrides(["--doc-stride", "64", "--tag-scheme=IOBES", "--training.lr=5e-5", "--freeze-encoder",
                             "--feature-layers", "[-1, -2]"]) == [
         "doc_stride=64", "tag_scheme=IOBES", "training.lr=5e-5", "freeze_encoder=true", "feature_layers=[-1, -2]"]
+
+
+def test_cli_unknown_key_value_is_an_override_not_a_run_file():
+    from bertforge.cli import build_parser, join_unknown_values
+
+    parser = build_parser()
+    argv = ["finetune", "--task", "sst2", "--progress", "false", "--seeds", "1", "2", "--freeze-encoder",
+            "--training.lr", "-1e-5", "--eval-every=10"]
+    joined = join_unknown_values(parser, argv)
+    assert joined == ["finetune", "--task", "sst2", "--progress=false", "--seeds", "1", "2", "--freeze-encoder",
+                      "--training.lr=-1e-5", "--eval-every=10"]
+    args, extra = parser.parse_known_args(joined)
+    assert args.run_file is None and args.task == "sst2"
+    assert extra == ["--progress=false", "--training.lr=-1e-5", "--eval-every=10"]
+    assert join_unknown_values(parser, ["predict", "--x", "y"]) == ["predict", "--x", "y"]
