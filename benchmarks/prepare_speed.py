@@ -2,8 +2,9 @@
 """Pretraining data preparation: throughput (MB/s of input text) and peak memory against corpus size.
 
 Runs `prepare_corpus` in a fresh interpreter on a corpus and on `--copies` copies of it (symbolic links, so
-the text is really read and tokenized that many times), reads each child's peak resident memory with
-``os.wait4`` (no psutil) and prints MB/s and the RSS ratio. Bounded-memory preparation keeps the ratio near 1
+the text is really read and tokenized that many times), has each child report its own peak resident memory
+(VmHWM, which unlike ``ru_maxrss`` does not include the parent it was forked from) and prints MB/s and the
+RSS ratio. Bounded-memory preparation keeps the ratio near 1
 however large the corpus; Google's `create_pretraining_data.py` keeps every instance in memory, so its peak
 grows with the corpus.
 
@@ -27,14 +28,19 @@ from bertforge.configuration import shared_data_root
 DEFAULT_CORPUS = shared_data_root() / "pretrain_en"
 
 CHILD = textwrap.dedent("""
-    import json, sys
+    import json, re, resource, sys
     from bertforge.data.shards import prepare_corpus
     from bertforge.tokenization import Tokenizer
     corpus, vocab, out, workers, length = sys.argv[1:6]
     report = prepare_corpus(corpus, Tokenizer.from_pretrained(vocab), out, workers=int(workers),
                             max_seq_length=int(length))
+    # The peak of this process's own memory (VmHWM starts afresh at exec, unlike ru_maxrss, which keeps the
+    # resident size of the parent it was forked from) and of the worker processes it started.
+    own = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1))
+    workers_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     print(json.dumps({"mb_per_s": report.mb_per_s, "seconds": report.seconds, "bytes": report.input_bytes,
-                      "instances": report.instances, "tokens": report.tokens}))
+                      "instances": report.instances, "tokens": report.tokens,
+                      "peak_kib": max(own, workers_peak if int(workers) > 1 else 0)}))
 """)
 
 
@@ -52,12 +58,12 @@ def run_child(corpus: Path, vocab: Path, out: Path, workers: int, length: int) -
             [sys.executable, "-c", CHILD, str(corpus), str(vocab), str(out), str(workers), str(length)],
             stdout=handle, stderr=subprocess.STDOUT,
         )
-        _, status, usage = os.wait4(process.pid, 0)
+        _, status, _ = os.wait4(process.pid, 0)
     text = log.read_text()
     if status != 0:
         raise SystemExit(f"preparation failed:\n{text}")
     result = json.loads(text.strip().splitlines()[-1])
-    result["peak_rss_mib"] = usage.ru_maxrss / 1024.0  # Linux: KiB (wait4 covers the child's children)
+    result["peak_rss_mib"] = result.pop("peak_kib") / 1024.0
     return result
 
 
