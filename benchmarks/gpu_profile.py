@@ -14,9 +14,7 @@ import argparse
 
 import torch
 
-from benchmarks.model_speed import copy_weights, hf_config, pretraining_batch
-from bertforge.model import BertConfig
-from bertforge.tasks.pretraining import BertForPretraining
+from benchmarks.model_speed import pretraining_steps
 
 
 def profile_steps(step, steps: int, rows: int, device: torch.device) -> str:
@@ -39,8 +37,6 @@ def profile_steps(step, steps: int, rows: int, device: torch.device) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import transformers
-
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--preset", default="base")
     parser.add_argument("--batch", type=int, default=256)
@@ -50,32 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    fused = device.type == "cuda"
-    config = BertConfig.preset(args.preset)
-    torch.manual_seed(0)
-    ours = BertForPretraining(config).to(device)
-    ours.bert.set_fast_path(fused_qkv=True)
-    theirs = transformers.BertForPreTraining(hf_config(config)).to(device)
-    copy_weights(ours, theirs)
-    data = pretraining_batch(config, args.batch, args.tokens, device)
-    opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-5, fused=fused)
-    opt_theirs = torch.optim.AdamW(theirs.parameters(), lr=1e-5, fused=fused)
-
-    def step_ours():
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            out = ours(data["ids"], data["types"], data["mask"], mlm_positions=data["positions"],
-                       mlm_labels=data["labels"], nsp_labels=data["nsp"])
-        out.loss.backward()
-        opt_ours.step()
-        opt_ours.zero_grad(set_to_none=True)
-
-    def step_theirs():
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            out = theirs(input_ids=data["ids"], token_type_ids=data["types"], attention_mask=data["mask"],
-                         labels=data["full_labels"], next_sentence_label=data["nsp"])
-        out.loss.backward()
-        opt_theirs.step()
-        opt_theirs.zero_grad(set_to_none=True)
+    # Same weights and batch on both sides; bf16 autocast, fused AdamW on CUDA (as in benchmarks.model_speed).
+    step_ours, step_theirs = pretraining_steps(args.preset, args.batch, args.tokens, device, "bf16")
 
     for name, step in (("bertforge", step_ours), ("transformers", step_theirs)):
         print(f"## {name}: {args.preset} T={args.tokens} B={args.batch}, bf16 autocast, fused AdamW\n")

@@ -107,8 +107,9 @@ def pretraining_batch(config: BertConfig, batch: int, tokens: int, device: torch
     return to
 
 
-def bench_pretraining(preset: str, batch: int, tokens: int, device: torch.device, precision: str,
-                      compile_model: bool, warmup: int, repeats: int) -> Row:
+def pretraining_steps(preset: str, batch: int, tokens: int, device: torch.device, precision: str,
+                      compile_model: bool = False):
+    """One train step of each side on the same weights and batch: (step_ours, step_theirs)."""
     import transformers
 
     config = BertConfig.preset(preset)
@@ -143,6 +144,12 @@ def bench_pretraining(preset: str, batch: int, tokens: int, device: torch.device
         opt_theirs.step()
         opt_theirs.zero_grad(set_to_none=True)
 
+    return step_ours, step_theirs
+
+
+def bench_pretraining(preset: str, batch: int, tokens: int, device: torch.device, precision: str,
+                      compile_model: bool, warmup: int, repeats: int) -> Row:
+    step_ours, step_theirs = pretraining_steps(preset, batch, tokens, device, precision, compile_model)
     for _ in range(3 if compile_model else 0):  # compilation happens in these calls
         step_ours()
     ours_s, theirs_s = time_pair(step_ours, step_theirs, device, warmup, repeats)

@@ -151,7 +151,7 @@ class Unpadded:
         self.batch, self.tokens = batch, tokens
         if sequence_ids is None:
             lengths = attention_mask.to(torch.int32).sum(1)  # [B]
-            self.padded = Padded(attention_mask.to(torch.bool)[:, None, None, :])
+            self._mask = lambda: attention_mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, T]
             contiguous = torch.equal(attention_mask.to(torch.bool), torch.arange(tokens) < lengths[:, None]) \
                 if not attention_mask.is_cuda else False
         else:
@@ -161,7 +161,7 @@ class Unpadded:
             starts = F.pad(flat[1:] != flat[:-1], (1, 0), value=True) if flat.numel() else flat.bool()
             bounds = F.pad(starts.nonzero().squeeze(1), (0, 1), value=flat.numel())  # [S + 1]
             lengths = (bounds[1:] - bounds[:-1]).to(torch.int32)  # [S]
-            self.padded = Padded(packed_mask(sequence_ids))
+            self._mask = lambda: packed_mask(sequence_ids)  # [B, 1, T, T]
             contiguous = not sequence_ids.is_cuda
             if contiguous and len(lengths) != int(sequence_ids.max(dim=1).values.sum()):
                 raise InputError("sequence_ids must number each row's packed sequences 1, 2, ... with every "
@@ -200,8 +200,11 @@ class Unpadded:
                                                      vs.view(shape).transpose(1, 2), dropout_p=dropout)
                 contexts.append(out.transpose(1, 2).reshape(length, hidden))  # [1, N, L, D] -> [L, H]
             return torch.cat(contexts), None
-        context, probs = self.padded.attend(self.scatter(q), self.scatter(k), self.scatter(v), heads, dropout,
-                                            return_probs)
+        # The masked fallback (attention maps, holes in the mask, CUDA without varlen): built only when used.
+        if not isinstance(self._mask, torch.Tensor):
+            self._mask = self._mask()  # once per forward, shared by every layer
+        context, probs = Padded(self._mask).attend(self.scatter(q), self.scatter(k), self.scatter(v), heads,
+                                                   dropout, return_probs)
         return self.gather(context), probs
 
 
@@ -441,10 +444,12 @@ class BertModel(BertPretrainedModel):
         batch, tokens = input_ids.shape
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
+        in_sequence = None
         if sequence_ids is not None:
             attention_mask = (sequence_ids > 0).long()
+            in_sequence = packed_positions(sequence_ids)  # [B, T] position within each packed sequence
             if position_ids is None:
-                position_ids = packed_positions(sequence_ids)  # [B, T]
+                position_ids = in_sequence
         if position_ids is None:
             position_ids = torch.arange(tokens, device=input_ids.device)[None, :]  # [1, T]
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # [B, T, H]
@@ -480,7 +485,7 @@ class BertModel(BertPretrainedModel):
             if sequence_ids is None:
                 pooled = self.pooler(x[:, 0])  # the [CLS] token of every row: [B, H]
             else:
-                first = (packed_positions(sequence_ids) == 0) & (sequence_ids > 0)  # [B, T] each sequence's [CLS]
+                first = (in_sequence == 0) & (sequence_ids > 0)  # [B, T] each sequence's [CLS]
                 pooled = self.pooler(x[first])  # [S, H]
         return BertOutput(
             last_hidden_state=x,
