@@ -5,8 +5,14 @@ import pytest
 import torch
 
 from bertforge.errors import InputError
+from bertforge.constants import IGNORE_INDEX
 from bertforge.model import BertConfig, BertModel
+from bertforge.model.bert import set_fast_paths
+from bertforge.tasks.classification import BertForSequenceClassification
+from bertforge.tasks.multiple_choice import BertForMultipleChoice
 from bertforge.tasks.pretraining import BertForPretraining
+from bertforge.tasks.question_answering import BertForQuestionAnswering
+from bertforge.tasks.token_classification import BertForTokenClassification
 
 FP32_ATOL = 1e-5
 BF16_ATOL = 6e-2  # bf16 keeps 8 mantissa bits; LayerNorm outputs are O(1)
@@ -70,6 +76,44 @@ def test_unpad_gradients_equal_padded_in_pretraining():
     for key in grads[0]:
         assert torch.allclose(grads[0][key], grads[1][key], atol=FP32_ATOL), key
     assert losses > 0
+
+
+def finetuning_case(family: str, vocab: int):
+    """(model class, inputs with targets) for one task family on a ragged batch."""
+    ids, types, mask = ragged_batch(vocab, [16, 7, 11], 16, seed=8)
+    inputs = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+    if family == "qa":
+        # Row 2's answer lies outside its window and targets [CLS], as the feature builder does.
+        return BertForQuestionAnswering, {**inputs, "start_positions": torch.tensor([3, 2, 0]),
+                                          "end_positions": torch.tensor([5, 4, 0])}
+    if family == "token":
+        labels = torch.randint(0, 3, ids.shape, generator=torch.Generator().manual_seed(9))
+        return BertForTokenClassification, {**inputs, "labels": labels.masked_fill(mask == 0, IGNORE_INDEX)}
+    if family == "choice":
+        return BertForMultipleChoice, {k: v.reshape(1, 3, 16) for k, v in inputs.items()} | \
+            {"labels": torch.tensor([2])}
+    return BertForSequenceClassification, {**inputs, "labels": torch.tensor([0, 1, 1])}
+
+
+@pytest.mark.parametrize("family", ["classification", "token", "qa", "choice"])
+def test_unpad_finetuning_loss_and_gradients_equal_padded(family):
+    # The training loss must not depend on the layout: padding-free hidden states are zero at padding, the
+    # padded path's are not, so any head that lets padding into its loss would train a different model.
+    config = BertConfig.preset("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                               id2label={0: "a", 1: "b", 2: "c"})
+    cls, inputs = finetuning_case(family, 300)
+    losses, grads = [], []
+    for unpad in (False, True):
+        torch.manual_seed(10)
+        model = set_fast_paths(cls(config).train(), unpad=unpad, fused_qkv=unpad)
+        loss = model(**inputs).loss
+        loss.backward()
+        losses.append(loss.item())
+        grads.append({k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+    assert losses[0] == pytest.approx(losses[1], abs=FP32_ATOL)
+    assert grads[0].keys() == grads[1].keys()
+    for key in grads[0]:
+        assert torch.allclose(grads[0][key], grads[1][key], atol=FP32_ATOL), key
 
 
 def test_bf16_autocast_close_to_fp32():
