@@ -212,19 +212,33 @@ def reference_run(task: str, train, dev, args, model_dir: str) -> dict:
     bf16 = args.precision == "bf16"
     for epoch in range(args.epochs):
         model.train()
+        losses = []
         for items in batches(train_items, args.batch_size, generator):
             inputs, targets = collate(items)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 loss = model(**{k: v.to(device) for k, v in {**inputs, **targets}.items()}).loss
             loss.backward()
+            losses.append(loss.item())
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
         model.eval()
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            history.append({"epoch": epoch + 1, "metrics": score(model)})
+            history.append({"epoch": epoch + 1, "train_loss": sum(losses) / len(losses), "metrics": score(model)})
     return {"history": history, "seconds": time.perf_counter() - started, "train_features": len(train_items)}
+
+
+def epoch_train_losses(metrics_file: Path, history: list[dict]) -> list[float]:
+    """Mean training loss of each evaluated epoch, from the loop's per-step log (log_every=1)."""
+    steps = {}
+    for line in metrics_file.read_text().splitlines():
+        record = json.loads(line)
+        if record["split"] == "train":
+            steps[record["step"]] = record["values"]["loss"]
+    bounds = [0] + [entry["step"] for entry in history]
+    return [float(np.mean([loss for step, loss in steps.items() if lo < step <= hi]))
+            for lo, hi in zip(bounds, bounds[1:])]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -250,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     config = FinetuneConfig(model=model_dir, task=args.task, data_root=args.data_root, train_limit=args.train_limit,
                             dev_limit=args.dev_limit, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                             max_seq_length=args.max_seq_length, seed=args.seed, device=args.device,
-                            precision=args.precision, progress=False, evaluate_test=False, log_every=1000)
+                            precision=args.precision, progress=False, evaluate_test=False, log_every=1)
     spec = resolve_task(config)
     report = DataReport()
     train = read_examples(spec, spec.train, config, report)[:args.train_limit]
@@ -261,6 +275,7 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         ours = run_finetuning(dataclasses.replace(config, out_dir=str(Path(tmp) / "bertforge")))
         ours_seconds = time.perf_counter() - started
+        ours_losses = epoch_train_losses(Path(tmp) / "bertforge" / "metrics.jsonl", ours.history)
     reference = reference_run(args.task, train, dev, args, model_dir)
 
     metric = spec.metrics[0]
@@ -268,9 +283,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"task {args.task}: {len(train)} train / {len(dev)} dev examples, {args.epochs} epoch(s), batch "
           f"{args.batch_size}, lr {args.lr}, seed {args.seed}, {args.precision}, device {args.device} ({device_name}), "
           f"torch {torch.__version__}")
-    print(f"{'epoch':>5} | {'bertforge ' + metric:>22} | {'transformers ' + metric:>22}")
-    for mine, theirs in zip(ours.history, reference["history"]):
-        print(f"{theirs['epoch']:>5} | {mine['metrics'][metric]:>22.4f} | {theirs['metrics'][metric]:>22.4f}")
+    print(f"{'epoch':>5} | {'bertforge ' + metric:>22} | {'transformers ' + metric:>22} | "
+          f"{'train loss (ours / theirs)':>26}")
+    for mine, loss, theirs in zip(ours.history, ours_losses, reference["history"]):
+        print(f"{theirs['epoch']:>5} | {mine['metrics'][metric]:>22.4f} | {theirs['metrics'][metric]:>22.4f} | "
+              f"{loss:>12.4f} / {theirs['train_loss']:<11.4f}")
     print(f"wall time (incl. evaluation): bertforge {ours_seconds:.1f} s, transformers loop "
           f"{reference['seconds']:.1f} s")
     print("bertforge final:", {k: round(v, 4) for k, v in ours.history[-1]["metrics"].items()})
@@ -280,6 +297,7 @@ def main(argv: list[str] | None = None) -> None:
             "task": args.task, "train": len(train), "dev": len(dev), "epochs": args.epochs, "seed": args.seed,
             "precision": args.precision,
             "device": args.device, "device_name": device_name, "bertforge": ours.history,
+            "bertforge_train_loss": ours_losses,
             "bertforge_seconds": ours_seconds, "transformers": reference["history"],
             "transformers_seconds": reference["seconds"]}, indent=2))
 
