@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from bertforge.errors import InputError
 from bertforge.constants import IGNORE_INDEX
+from bertforge.errors import InputError
 from bertforge.model import BertConfig, BertModel
 from bertforge.model.bert import set_fast_paths
 from bertforge.tasks.classification import BertForSequenceClassification
