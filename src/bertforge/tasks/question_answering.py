@@ -36,14 +36,12 @@ class BertForQuestionAnswering(FineTuningModel):
                 output_hidden_states: bool = False) -> QuestionAnsweringOutput:
         out = self.encode(input_ids, token_type_ids, attention_mask, output_attentions, output_hidden_states)
         logits = self.qa_outputs(token_features(self.config, out))  # [B, T, 2]
-        start_logits, end_logits = logits[..., 0], logits[..., 1]  # [B, T] each
         if attention_mask is not None:
             # Padding is never an answer position. Masking it keeps the loss independent of the layout: the
             # padded path gives padding whatever its hidden states score, the padding-free path a zero vector
             # (logit = bias), and with padding inside the softmax the two trained different models.
-            padding = attention_mask == 0
-            start_logits = start_logits.masked_fill(padding, torch.finfo(start_logits.dtype).min)
-            end_logits = end_logits.masked_fill(padding, torch.finfo(end_logits.dtype).min)
+            logits = logits.masked_fill((attention_mask == 0)[..., None], torch.finfo(logits.dtype).min)
+        start_logits, end_logits = logits[..., 0], logits[..., 1]  # [B, T] each
         loss = None
         if start_positions is not None and end_positions is not None:
             # Positions outside the window (answer not in it) point at index 0, the [CLS] token, by the
