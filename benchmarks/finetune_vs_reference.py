@@ -257,6 +257,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="bf16: autocast on both sides (the issue's GPU recipe)")
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    parser.add_argument("--only", choices=["bertforge", "transformers"], default=None,
+                        help="run one side only (e.g. a full-data CPU run compared with published figures)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     model_dir = args.model or default_model()
@@ -271,12 +273,17 @@ def main(argv: list[str] | None = None) -> None:
     dev = read_examples(spec, spec.dev, config, report)
     dev = dev[:args.dev_limit] if args.dev_limit else dev
 
-    with tempfile.TemporaryDirectory() as tmp:
-        started = time.perf_counter()
-        ours = run_finetuning(dataclasses.replace(config, out_dir=str(Path(tmp) / "bertforge")))
-        ours_seconds = time.perf_counter() - started
-        ours_losses = epoch_train_losses(Path(tmp) / "bertforge" / "metrics.jsonl", ours.history)
-    reference = reference_run(args.task, train, dev, args, model_dir)
+    ours_history, ours_losses, ours_seconds = [], [], float("nan")
+    if args.only != "transformers":
+        with tempfile.TemporaryDirectory() as tmp:
+            started = time.perf_counter()
+            ours = run_finetuning(dataclasses.replace(config, out_dir=str(Path(tmp) / "bertforge")))
+            ours_seconds = time.perf_counter() - started
+            ours_losses = epoch_train_losses(Path(tmp) / "bertforge" / "metrics.jsonl", ours.history)
+            ours_history = ours.history
+    reference = {"history": [], "seconds": float("nan")}
+    if args.only != "bertforge":
+        reference = reference_run(args.task, train, dev, args, model_dir)
 
     metric = spec.metrics[0]
     device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor() or "cpu"
@@ -285,18 +292,24 @@ def main(argv: list[str] | None = None) -> None:
           f"torch {torch.__version__}")
     print(f"{'epoch':>5} | {'bertforge ' + metric:>22} | {'transformers ' + metric:>22} | "
           f"{'train loss (ours / theirs)':>26}")
-    for mine, loss, theirs in zip(ours.history, ours_losses, reference["history"]):
-        print(f"{theirs['epoch']:>5} | {mine['metrics'][metric]:>22.4f} | {theirs['metrics'][metric]:>22.4f} | "
+    missing = {"metrics": {metric: float("nan")}, "train_loss": float("nan")}
+    for epoch in range(1, max(len(ours_history), len(reference["history"])) + 1):
+        mine = ours_history[epoch - 1] if epoch <= len(ours_history) else missing
+        loss = ours_losses[epoch - 1] if epoch <= len(ours_losses) else float("nan")
+        theirs = reference["history"][epoch - 1] if epoch <= len(reference["history"]) else missing
+        print(f"{epoch:>5} | {mine['metrics'][metric]:>22.4f} | {theirs['metrics'][metric]:>22.4f} | "
               f"{loss:>12.4f} / {theirs['train_loss']:<11.4f}")
     print(f"wall time (incl. evaluation): bertforge {ours_seconds:.1f} s, transformers loop "
           f"{reference['seconds']:.1f} s")
-    print("bertforge final:", {k: round(v, 4) for k, v in ours.history[-1]["metrics"].items()})
-    print("transformers final:", {k: round(v, 4) for k, v in reference["history"][-1]["metrics"].items()})
+    if ours_history:
+        print("bertforge final:", {k: round(v, 4) for k, v in ours_history[-1]["metrics"].items()})
+    if reference["history"]:
+        print("transformers final:", {k: round(v, 4) for k, v in reference["history"][-1]["metrics"].items()})
     if args.json:
         write_text(args.json, json.dumps({
             "task": args.task, "train": len(train), "dev": len(dev), "epochs": args.epochs, "seed": args.seed,
             "precision": args.precision,
-            "device": args.device, "device_name": device_name, "bertforge": ours.history,
+            "device": args.device, "device_name": device_name, "bertforge": ours_history,
             "bertforge_train_loss": ours_losses,
             "bertforge_seconds": ours_seconds, "transformers": reference["history"],
             "transformers_seconds": reference["seconds"]}, indent=2))
