@@ -3,7 +3,7 @@
 #   1. correctness of the fast paths in bf16 against fp32,
 #   2. the throughput table against transformers (pretraining step, inference fixed/variable length),
 #   3. a short `base` pretraining run on real shards (gpu_carry/en_data, carried from `bertforge prepare`),
-#   4. a kernel profile of one base pretraining step on each side (where the time goes).
+#   4. a kernel profile of one base pretraining step and of variable-length inference on each side.
 # Usage (from the repo root): OUT=/some/dir bash benchmarks/gpu_check.sh
 set -uo pipefail
 OUT=${OUT:-runs/gpu_check}
@@ -27,6 +27,6 @@ if [ -d gpu_carry/en_data ]; then
     --training.save_every=0 2>&1 | grep -v "^Warning" | tail -12 | tee "$OUT/pretrain_base.log"
   rm -rf "$OUT"/pretrain_base/checkpoint-*/model.safetensors "$OUT"/pretrain_base/checkpoint-*/training_state.pt
 fi
-echo "== 4. profile: base pretraining step, both sides"
-timeout 90 python -m benchmarks.gpu_profile --preset base --batch 256 --tokens 128 2>&1 | grep -v Warning \
+echo "== 4. profile: base pretraining step and variable-length inference, both sides"
+timeout 120 python -m benchmarks.gpu_profile --preset base --batch 256 --tokens 128 --inference 2>&1 | grep -v Warning \
   | tee "$OUT/profile_base.md"

@@ -221,9 +221,9 @@ def bench_packing(preset: str, batch: int, tokens: int, device: torch.device, re
     return rows
 
 
-def bench_inference(preset: str, batch: int, tokens: int, device: torch.device, precision: str,
-                    variable: bool, warmup: int, repeats: int, bf16_weights: bool = False,
-                    reference_bf16_weights: bool = False) -> Row:
+def inference_calls(preset: str, batch: int, tokens: int, device: torch.device, precision: str, variable: bool,
+                    bf16_weights: bool = False, reference_bf16_weights: bool = False):
+    """(ours, theirs, real tokens): two callables that run the same inference batches through each side."""
     import transformers
 
     config = BertConfig.preset(preset)
@@ -255,8 +255,15 @@ def bench_inference(preset: str, batch: int, tokens: int, device: torch.device, 
                     model(input_ids=ids, attention_mask=mask)
         return call
 
-    ours_s, theirs_s = time_pair(run(ours), run(theirs), device, warmup, repeats)
-    real_tokens = sum(count for _, _, count in inputs)
+    return run(ours), run(theirs), sum(count for _, _, count in inputs)
+
+
+def bench_inference(preset: str, batch: int, tokens: int, device: torch.device, precision: str,
+                    variable: bool, warmup: int, repeats: int, bf16_weights: bool = False,
+                    reference_bf16_weights: bool = False) -> Row:
+    call_ours, call_theirs, real_tokens = inference_calls(preset, batch, tokens, device, precision, variable,
+                                                          bf16_weights, reference_bf16_weights)
+    ours_s, theirs_s = time_pair(call_ours, call_theirs, device, warmup, repeats)
     kind = "variable 16..T" if variable else "fixed"
     weights = (", both bf16 weights" if reference_bf16_weights else ", bf16 weights") if bf16_weights else ""
     return Row(f"inference {preset} T={tokens} B={batch} {kind} {precision}{weights}", "real tokens/s",
