@@ -91,8 +91,8 @@ GPU_TARGETS = [
 ]
 MFU_TARGET = 50
 # What the committed GPU run does and does not explain (edit when new GPU results are committed).
-GPU_NOTES = """What the missed targets require, by arithmetic on the measured rows above (the kernel profile that would say
-where the remaining time goes has not been run: `benchmarks/gpu_check.sh` ends with `benchmarks/gpu_profile.py`
+GPU_NOTES = """What the missed targets require, by arithmetic on the measured rows above (the kernel profile
+that would say where the remaining time goes has not been run: `benchmarks/gpu_check.sh` ends with `benchmarks/gpu_profile.py`
 for the next session that is lent a GPU):
 
 - Base step: 2.0x the reference's 2,782 seq/s is 5,564 seq/s, which at our model-FLOP count per sequence
@@ -100,9 +100,10 @@ for the next session that is lent a GPU):
   are the same target here, and both are missed by the same 8-9%.
 - Large step: 1.8x the reference's 1,146 seq/s is 2,063 seq/s = 496 TFLOP/s = 64% of the ceiling; we run at
   51%. Our eager lead is larger on base (1.43x) than on large (1.21x), as the arithmetic of computing the
-  30,522-way MLM decoder only at the masked 15% of positions predicts: per token that decoder costs 2 x 768 x 30,522 = 47 MFLOP against about 170 MFLOP of encoder
-  matmuls in base (28%), but 2 x 1,024 x 30,522 = 63 MFLOP against about 600 MFLOP in large (10%). The large
-  target therefore needs the encoder itself at 64% of the matmul ceiling, not a smaller head.
+  30,522-way MLM decoder only at the masked 15% of positions predicts: per token that decoder costs
+  2 x 768 x 30,522 = 47 MFLOP against about 170 MFLOP of encoder matmuls in base (28%), but
+  2 x 1,024 x 30,522 = 63 MFLOP against about 600 MFLOP in large (10%). The large target therefore needs the
+  encoder itself at 64% of the matmul ceiling, not a smaller head.
 - Variable-length inference: 2.0x the reference's 1.02 M real tokens/s is 2.04 M, which is 6% more than our own
   rate on fixed-length batches with no padding at all (1.92 M, itself 1.03x the reference): skipping padding
   alone caps the ratio at 1.92 / 1.02 = 1.89x, and we reach 1.74x, so the gather/scatter of unpadding and the
