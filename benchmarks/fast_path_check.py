@@ -13,7 +13,7 @@ import sys
 import torch
 
 from bertforge.model import BertConfig, BertModel
-from bertforge.tasks.pretraining import BertForPretraining
+from bertforge.families.pretraining import BertForPretraining
 
 FP32_ATOL = 1e-4  # TF32 is off; differences are reduction-order only
 BF16_ATOL = 1.5e-1  # bf16 (8-bit mantissa) through 12 layers, hidden values O(1) after LayerNorm

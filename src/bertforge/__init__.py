@@ -12,11 +12,11 @@ _LAZY = {
     "BertConfig": "bertforge.model.config",
     "BertModel": "bertforge.model.bert",
     "Tokenizer": "bertforge.tokenization.tokenizer",
-    "BertForPretraining": "bertforge.tasks.pretraining",
-    "BertForSequenceClassification": "bertforge.tasks.classification",
-    "BertForTokenClassification": "bertforge.tasks.token_classification",
-    "BertForQuestionAnswering": "bertforge.tasks.question_answering",
-    "BertForMultipleChoice": "bertforge.tasks.multiple_choice",
+    "BertForPretraining": "bertforge.families.pretraining",
+    "BertForSequenceClassification": "bertforge.families.classification",
+    "BertForTokenClassification": "bertforge.families.tagging",
+    "BertForQuestionAnswering": "bertforge.families.question_answering",
+    "BertForMultipleChoice": "bertforge.families.multiple_choice",
 }
 
 

@@ -198,7 +198,7 @@ def cmd_predict(args: argparse.Namespace, extra: list[str]) -> None:
     if args.pooling is not None:
         options["pooling"] = args.pooling
     pipeline = load_pipeline(args.model, args.task, device=args.device, precision=args.precision,
-                             batch_size=args.batch_size)
+                             batch_size=args.batch_size, max_length=args.max_length, doc_stride=args.doc_stride)
     source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")  # noqa: SIM115
     sink = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
     try:
@@ -251,15 +251,6 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
         print(f"batch {report.speed_shape}: torch {report.torch_ms:.1f} ms, onnxruntime {report.onnxruntime_ms:.1f} ms")
 
 
-def cmd_bench(args: argparse.Namespace, extra: list[str]) -> None:
-    try:
-        from benchmarks import run as bench
-    except ImportError:
-        raise ConfigError("the benchmarks live in the repository's benchmarks/ folder; run `bertforge bench` "
-                          "from the repository root") from None
-    bench.main(([] if args.device is None else ["--device", args.device]) + (["--quick"] if args.quick else []))
-
-
 # --- demo ----------------------------------------------------------------------------------------------
 
 def cmd_demo(args: argparse.Namespace, extra: list[str]) -> None:
@@ -281,7 +272,7 @@ def cmd_info(args: argparse.Namespace, extra: list[str]) -> None:
         config = BertConfig.preset(args.model)
         architecture = "BertModel"
     else:
-        from bertforge.artifacts import read_config
+        from bertforge.checkpoint_format import read_config
 
         config, architecture = read_config(args.model)
     with torch.device("meta"):
@@ -293,6 +284,8 @@ def cmd_info(args: argparse.Namespace, extra: list[str]) -> None:
 # --- parser ----------------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
+    from bertforge.families import registry  # the pipeline routes are the registry's
+
     parser = argparse.ArgumentParser(prog="bertforge", description="BERT end to end: vocab, prepare, pretrain, "
                                      "finetune, evaluate, predict, serve.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -391,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("predict", help="run a pipeline over text or JSONL lines; writes JSONL")
     p.add_argument("--model", required=True)
-    p.add_argument("--task", required=True, choices=["fill-mask", "classify", "tag", "answer", "embed"])
+    p.add_argument("--task", required=True, choices=list(registry.TASKS))
     p.add_argument("--input", default="-", help="file of lines (default: stdin)")
     p.add_argument("--output", default="-", help="JSONL output (default: stdout)")
     p.add_argument("--device", default="auto")
@@ -399,6 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--top-k", type=int)
     p.add_argument("--pooling", choices=["cls", "mean", "max"])
+    p.add_argument("--max-length", type=int, help="tokens per window (default: as the model was fine-tuned)")
+    p.add_argument("--doc-stride", type=int, help="step between window starts of long inputs (default: as fine-tuned)")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("serve", help="HTTP server with micro-batching (needs the [serve] extra)")
@@ -431,11 +426,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["onnx"], default="onnx")
     p.add_argument("--out")
     p.set_defaults(func=cmd_export)
-
-    p = sub.add_parser("bench", help="speed side by side with transformers (from the repository root)")
-    p.add_argument("--device")
-    p.add_argument("--quick", action="store_true")
-    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("demo", help="vocab -> shards -> pretrain -> fill-mask -> fine-tune, on the bundled books")
     p.add_argument("--lang", choices=["en", "zh"], default="en")

@@ -20,6 +20,8 @@ TORCH_WEIGHTS_NAME = "pytorch_model.bin"
 VOCAB_NAME = "vocab.txt"
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 TRAINING_STATE_NAME = "training_state.pt"
+# How a fine-tuned model built its inputs (max length, windows, label scheme): read back by evaluate/predict.
+FINETUNING_NAME = "finetuning.json"
 
 # NSP labels (Google's convention): 0 = segment B really follows A, 1 = B is a random sentence.
 NSP_IS_NEXT = 0

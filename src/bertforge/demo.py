@@ -21,8 +21,9 @@ import torch
 from bertforge.data.corpus import read_documents, resolve_inputs
 from bertforge.data.shards import prepare_corpus
 from bertforge.errors import DataError
+from bertforge.families.pretraining import BertForPretraining
 from bertforge.model.config import BertConfig
-from bertforge.tasks.pretraining import BertForPretraining
+from bertforge.model.fast_paths import set_fast_paths
 from bertforge.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from bertforge.tokenization.vocab_builder import build_vocab, unk_rate
 from bertforge.training.config import TrainingConfig
@@ -100,7 +101,7 @@ def seconds_per_step(config: BertConfig, batch: int, tokens: int) -> float:
     """Time a few training steps on a synthetic batch, to fit the pretraining run into the time budget."""
     torch.manual_seed(0)
     model = BertForPretraining(config)
-    model.bert.set_fast_path(fused_qkv=True)
+    set_fast_paths(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(5, config.vocab_size, (batch, tokens))
     positions = torch.randint(1, tokens - 1, (batch, max(1, round(0.15 * tokens))))

@@ -65,3 +65,24 @@ def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def read_json(path: str | os.PathLike, *, what: str = "file") -> Any:
+    """The JSON value stored at `path`; a missing or malformed file raises one error naming it.
+
+    Args:
+        path: the file.
+        what: what the file is, for the message (e.g. "config.json of the model directory").
+
+    Raises:
+        FileNotFoundError: the file does not exist (callers decide whether that is an error).
+        ValueError: the file is unreadable, not UTF-8 or not JSON; the message names the file.
+    """
+    path = Path(path)
+    try:
+        # utf-8-sig: a byte-order mark at the start (Windows editors write one) is not part of the JSON.
+        return json.loads(path.read_text(encoding="utf-8-sig"))
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read this {what} as JSON ({exc})") from None

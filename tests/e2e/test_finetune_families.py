@@ -16,7 +16,7 @@ import torch
 from bertforge.artifacts import load_model, read_config
 from bertforge.model.bert import BertModel
 from bertforge.model.config import BertConfig
-from bertforge.tasks.classification import BertForSequenceClassification
+from bertforge.families.classification import BertForSequenceClassification
 from bertforge.tokenization import Tokenizer, TokenizerConfig, Vocab
 from bertforge.training.finetuning import FinetuneConfig, SeedsResult, evaluate, run_finetuning
 

@@ -22,8 +22,8 @@ from bertforge.artifacts import load_tokenizer  # noqa: E402
 from bertforge.inference.pipelines import load_pipeline  # noqa: E402
 from bertforge.inference.server import create_app  # noqa: E402
 from bertforge.model.config import BertConfig  # noqa: E402
-from bertforge.tasks.classification import BertForSequenceClassification  # noqa: E402
-from bertforge.tasks.pretraining import BertForPretraining  # noqa: E402
+from bertforge.families.classification import BertForSequenceClassification  # noqa: E402
+from bertforge.families.pretraining import BertForPretraining  # noqa: E402
 
 
 def tiny_model_dir(path, cls, **config):

@@ -12,15 +12,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bertforge.artifacts import hf_state_dict
+from bertforge import checkpoint_format
+from bertforge.checkpoint_format import hf_state_dict
 from bertforge.constants import IGNORE_INDEX
+from bertforge.families.classification import BertForSequenceClassification
+from bertforge.families.multiple_choice import BertForMultipleChoice
+from bertforge.families.pretraining import BertForPretraining
+from bertforge.families.question_answering import BertForQuestionAnswering
+from bertforge.families.tagging import BertForTokenClassification
 from bertforge.interop import huggingface as hf
 from bertforge.model.bert import BertModel
-from bertforge.tasks.classification import BertForSequenceClassification
-from bertforge.tasks.multiple_choice import BertForMultipleChoice
-from bertforge.tasks.pretraining import BertForPretraining
-from bertforge.tasks.question_answering import BertForQuestionAnswering
-from bertforge.tasks.token_classification import BertForTokenClassification
+from bertforge.model.fast_paths import set_fast_paths
 
 transformers = pytest.importorskip("transformers")
 
@@ -50,9 +52,10 @@ def reference_config(config, architecture: str):
 
 
 def twins(cls, config, seed: int = 0):
-    """(ours, theirs): our model with random weights and the reference model holding the same weights."""
+    """(ours, theirs): our model with random weights, on the plain path (padded, so every position can be
+    compared), and the reference model holding the same weights."""
     torch.manual_seed(seed)
-    ours = cls(config).eval()
+    ours = set_fast_paths(cls(config).eval(), unpad=False, fused_qkv=False)
     theirs = getattr(transformers, REFERENCE[cls.__name__])(reference_config(config, cls.__name__)).eval()
     missing, unexpected = theirs.load_state_dict(hf_state_dict(ours), strict=False)
     assert not unexpected, f"keys the reference does not know: {unexpected}"
@@ -279,15 +282,18 @@ def minilm_batch(path):
     return inputs
 
 
-def test_minilm_real_weights_match_reference(minilm_path):
-    # Our default (fused SDPA) path against the reference's default (SDPA) path.
-    ours = BertModel.from_pretrained(minilm_path)
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_minilm_real_weights_match_reference(minilm_path, fast_path):
+    # Our default (unpadded, fused QKV) and plain paths against the reference's default (SDPA) path, at
+    # every real token (the unpadded path leaves zeros at padding).
+    ours = BertModel.from_pretrained(minilm_path, fast_path=fast_path)
     theirs = transformers.AutoModel.from_pretrained(minilm_path, attn_implementation="sdpa").eval()
     inputs = minilm_batch(minilm_path)
+    real = inputs["attention_mask"].bool()
     with torch.no_grad():
         out = ours(**inputs, output_hidden_states=True)
         ref = theirs(**inputs, output_hidden_states=True)
-    assert_layers_close(out.hidden_states, ref.hidden_states)
+    assert_layers_close([h[real] for h in out.hidden_states], [h[real] for h in ref.hidden_states])
     assert_close(out.pooled_output, ref.pooler_output, "pooled output")
 
 
@@ -306,9 +312,9 @@ def test_minilm_real_attention_probabilities_match_reference(minilm_path):
 
 def test_minilm_loads_into_task_model_with_fresh_head(minilm_path):
     # Fine-tuning starts from an encoder-only checkpoint: the encoder is the reference's, the head is new.
-    ours = BertForTokenClassification.from_pretrained(minilm_path)
-    assert sorted(ours.load_report["fresh"]) == ["classifier.bias", "classifier.weight"]
-    assert sorted(ours.load_report["skipped"]) == ["pooler.dense.bias", "pooler.dense.weight"]
+    ours, report = checkpoint_format.load_model(minilm_path, BertForTokenClassification)
+    assert sorted(report.fresh) == ["classifier.bias", "classifier.weight"]
+    assert sorted(report.skipped) == ["pooler.dense.bias", "pooler.dense.weight"]
     theirs = transformers.AutoModel.from_pretrained(minilm_path).eval()
     input_ids = torch.tensor([[101, 7592, 2088, 102]])
     with torch.no_grad():

@@ -14,10 +14,10 @@ from bertforge import artifacts
 from bertforge.artifacts import load_model, load_tokenizer, read_config, save_model
 from bertforge.errors import CheckpointError, ConfigError
 from bertforge.model.bert import BertModel
-from bertforge.tasks.classification import BertForSequenceClassification
-from bertforge.tasks.pretraining import BertForPretraining
-from bertforge.tasks.question_answering import BertForQuestionAnswering
-from bertforge.tasks.token_classification import BertForTokenClassification
+from bertforge.families.classification import BertForSequenceClassification
+from bertforge.families.pretraining import BertForPretraining
+from bertforge.families.question_answering import BertForQuestionAnswering
+from bertforge.families.tagging import BertForTokenClassification
 
 QUERY_KEY = "encoder.layer.0.attention.self.query.weight"
 

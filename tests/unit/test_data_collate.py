@@ -54,7 +54,7 @@ def test_collate_batch_to_device_keeps_values_and_token_count():
 
 
 def test_collate_model_inputs_drive_bert_for_pretraining(tiny_config):
-    from bertforge.tasks.pretraining import BertForPretraining
+    from bertforge.families.pretraining import BertForPretraining
 
     parameters = inspect.signature(BertForPretraining.forward).parameters
     batch = collate_pretraining(examples())

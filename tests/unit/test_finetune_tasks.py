@@ -15,10 +15,10 @@ from bertforge.configuration import shared_data_root
 from bertforge.data.finetuning import FinetuneBatch
 from bertforge.errors import ConfigError
 from bertforge.model.config import BertConfig
-from bertforge.tasks.classification import BertForSequenceClassification, SequenceClassificationTask
-from bertforge.tasks.multiple_choice import BertForMultipleChoice, MultipleChoiceTask
-from bertforge.tasks.question_answering import BertForQuestionAnswering, QuestionAnsweringTask
-from bertforge.tasks.token_classification import BertForTokenClassification, TokenClassificationTask
+from bertforge.families.classification import BertForSequenceClassification, ClassificationObjective
+from bertforge.families.multiple_choice import BertForMultipleChoice, MultipleChoice
+from bertforge.families.question_answering import BertForQuestionAnswering, QuestionAnswering
+from bertforge.families.tagging import BertForTokenClassification, Tagging
 from bertforge.training.finetuning import (
     TASKS,
     FinetuneConfig,
@@ -123,7 +123,7 @@ def test_classification_adapter_matches_model_loss():
     b = batch((4, 6), labels=torch.tensor([0, 2, 1, 2]))
     output = model(**b.model_inputs())
     reference = model(**b.model_inputs(), labels=b.labels).loss
-    task = SequenceClassificationTask("single_label_classification")
+    task = ClassificationObjective("single_label_classification")
     torch.testing.assert_close(total_loss(task, output, b), reference)
     correct, count = task.metrics(output, b)["accuracy"]
     assert count.item() == 4 and 0 <= correct.item() <= 4
@@ -135,7 +135,7 @@ def test_regression_adapter_matches_model_loss():
     b = batch((3, 5), labels=torch.tensor([0.5, 4.0, 2.0]))
     output = model(**b.model_inputs())
     reference = model(**b.model_inputs(), labels=b.labels).loss
-    torch.testing.assert_close(total_loss(SequenceClassificationTask("regression"), output, b), reference)
+    torch.testing.assert_close(total_loss(ClassificationObjective("regression"), output, b), reference)
 
 
 def test_token_adapter_counts_labelled_tokens_only():
@@ -144,7 +144,7 @@ def test_token_adapter_counts_labelled_tokens_only():
     labels = torch.tensor([[-100, 1, 0, -100], [-100, 0, -100, -100]])
     b = batch((2, 4), labels=labels)
     output = model(**b.model_inputs())
-    task = TokenClassificationTask()
+    task = Tagging()
     assert task.counts(b)["cross_entropy"].item() == 3
     torch.testing.assert_close(total_loss(task, output, b), model(**b.model_inputs(), labels=labels).loss)
 
@@ -155,7 +155,7 @@ def test_qa_adapter_matches_model_loss():
     b = batch((3, 7), start_positions=torch.tensor([0, 3, 5]), end_positions=torch.tensor([0, 4, 6]))
     output = model(**b.model_inputs())
     reference = model(**b.model_inputs(), start_positions=b.start_positions, end_positions=b.end_positions).loss
-    torch.testing.assert_close(total_loss(QuestionAnsweringTask(), output, b), reference)
+    torch.testing.assert_close(total_loss(QuestionAnswering(), output, b), reference)
 
 
 def test_choice_adapter_matches_model_loss():
@@ -163,6 +163,6 @@ def test_choice_adapter_matches_model_loss():
     model = BertForMultipleChoice(tiny()).eval()
     b = batch((2, 3, 5), labels=torch.tensor([2, 0]))
     output = model(**b.model_inputs())
-    task = MultipleChoiceTask()
+    task = MultipleChoice()
     torch.testing.assert_close(total_loss(task, output, b), model(**b.model_inputs(), labels=b.labels).loss)
     assert task.metrics(output, b)["accuracy"][1].item() == 2

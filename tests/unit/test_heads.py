@@ -10,11 +10,11 @@ from torch import nn
 
 from bertforge.constants import IGNORE_INDEX
 from bertforge.model.heads import ClassifierHead, build_classifier, feature_size
-from bertforge.tasks.classification import BertForSequenceClassification
-from bertforge.tasks.multiple_choice import BertForMultipleChoice
-from bertforge.tasks.pretraining import BertForPretraining
-from bertforge.tasks.question_answering import BertForQuestionAnswering
-from bertforge.tasks.token_classification import BertForTokenClassification
+from bertforge.families.classification import BertForSequenceClassification
+from bertforge.families.multiple_choice import BertForMultipleChoice
+from bertforge.families.pretraining import BertForPretraining
+from bertforge.families.question_answering import BertForQuestionAnswering
+from bertforge.families.tagging import BertForTokenClassification
 
 FP32_ATOL = 1e-5
 FP32_RTOL = 1e-5

@@ -7,9 +7,9 @@ import torch
 
 from bertforge.errors import BertforgeError
 from bertforge.model.config import BertConfig
-from bertforge.tasks.pretraining import BertForPretraining
-from bertforge.tasks.question_answering import BertForQuestionAnswering
-from bertforge.tasks.token_classification import BertForTokenClassification
+from bertforge.families.pretraining import BertForPretraining
+from bertforge.families.question_answering import BertForQuestionAnswering
+from bertforge.families.tagging import BertForTokenClassification
 
 onnx = pytest.importorskip("onnx")
 onnxruntime = pytest.importorskip("onnxruntime")

@@ -14,10 +14,10 @@ from bertforge.errors import CheckpointError, DataError, InputError
 from bertforge.inference import pipelines as P
 from bertforge.model.bert import BertModel
 from bertforge.model.config import BertConfig
-from bertforge.tasks.classification import BertForSequenceClassification
-from bertforge.tasks.pretraining import BertForPretraining
-from bertforge.tasks.question_answering import BertForQuestionAnswering
-from bertforge.tasks.token_classification import BertForTokenClassification
+from bertforge.families.classification import BertForSequenceClassification
+from bertforge.families.pretraining import BertForPretraining
+from bertforge.families.question_answering import BertForQuestionAnswering
+from bertforge.families.tagging import BertForTokenClassification
 from bertforge.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from bertforge.tokenization.vocab import Vocab
 

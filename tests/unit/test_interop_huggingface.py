@@ -16,11 +16,11 @@ import torch
 from bertforge.artifacts import load_model
 from bertforge.interop import huggingface as hf
 from bertforge.model.bert import BertModel
-from bertforge.tasks.classification import BertForSequenceClassification
-from bertforge.tasks.multiple_choice import BertForMultipleChoice
-from bertforge.tasks.pretraining import BertForPretraining
-from bertforge.tasks.question_answering import BertForQuestionAnswering
-from bertforge.tasks.token_classification import BertForTokenClassification
+from bertforge.families.classification import BertForSequenceClassification
+from bertforge.families.multiple_choice import BertForMultipleChoice
+from bertforge.families.pretraining import BertForPretraining
+from bertforge.families.question_answering import BertForQuestionAnswering
+from bertforge.families.tagging import BertForTokenClassification
 
 transformers = pytest.importorskip("transformers")
 

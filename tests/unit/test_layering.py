@@ -1,10 +1,12 @@
 """Import layering of the package (DESIGN.md, "Layout and dependency direction"), checked from source.
 
 Every module under src/bertforge is parsed with `ast`; every import statement counts, including those
-inside functions. A module may import from a lower row, from its own component, or from the foundations
-(`constants`, `errors`), nothing else. Extra rules: tokenization and metrics never import torch, data never
-imports the model, and nothing imports transformers. Modules of the table that do not exist yet are simply
-absent from the walk; a module the table does not know fails the test, so the table grows with the tree.
+inside functions: there are no allowances. A module may import from a lower row, from its own component,
+or from the foundations (`constants`, `errors`, `storage`, `lazy`), nothing else. Extra rules: tokenization
+and metrics never import torch, data never imports the model, nothing imports transformers, and the
+package imports nothing of the repository outside itself (`benchmarks`, `tests`). Modules of the table that
+do not exist yet are simply absent from the walk; a module the table does not know fails the test, so the
+table grows with the tree.
 """
 
 from __future__ import annotations
@@ -18,29 +20,28 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2] / "src"
 
 # Importable by every module; they import nothing of bertforge but each other.
 FOUNDATIONS = {"constants", "errors", "storage", "lazy"}
-# Component (module path below `bertforge`, longest prefix wins) -> row of DESIGN.md.
+# Component (module path below `bertforge`, longest prefix wins) -> row (docs/design.md, "Layers").
+# The generic checkpoint reader/writer sits below the models, which load through it; the family registry,
+# which maps a directory's architecture to a class, sits above them.
 ROWS = {
     "configuration": 0,
     "runtime": 0,
     "tokenization": 0,
-    "model": 0,
     "metrics": 0,
-    "data": 1,
-    "tasks": 2,
-    "interop": 2,
-    "artifacts": 3,
-    "evaluation": 3,
-    "training": 4,
-    "inference": 4,
-    "inference.pipelines": 4,
-    "inference.server": 5,
-    "demo": 5,
-    "cli": 6,
-    "__main__": 7,
+    "interop": 0,
+    "model.config": 0,
+    "checkpoint_format": 1,
+    "model": 2,
+    "data": 2,
+    "families": 3,
+    "evaluation": 4,
+    "training": 5,
+    "inference": 5,
+    "inference.server": 6,
+    "demo": 6,
+    "cli": 7,
+    "__main__": 8,
 }
-# (importing module, imported module): the one documented exception. `BertPretrainedModel.from_pretrained`
-# and `.save_pretrained` hand over to artifacts, importing it inside the method, never at module level.
-FUNCTION_LEVEL_ALLOWANCES = {("bertforge.model.bert", "bertforge.artifacts")}
 # Components that must not import a given third-party top-level package or bertforge component.
 FORBIDDEN = {
     "tokenization": ("torch",),
@@ -48,6 +49,9 @@ FORBIDDEN = {
     "data": ("bertforge.model",),
 }
 NEVER_IMPORTED = ("transformers",)
+# Folders of the repository that are not part of the installed package: importing them works only from a
+# checkout, so the package must not.
+OUTSIDE_PACKAGE = ("benchmarks", "tests")
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,8 @@ def violations(imports: list[Import]) -> list[str]:
         top = item.target.split(".")[0]
         if top in NEVER_IMPORTED:
             problems.append(f"{item.where()} (the package never imports {top})")
+        if top in OUTSIDE_PACKAGE:
+            problems.append(f"{item.where()} ({top}/ is a repository folder, not part of the package)")
         if source is not None:
             for banned in FORBIDDEN.get(source.split(".")[0], ()):
                 if item.target == banned or item.target.startswith(banned + "."):
@@ -168,10 +174,9 @@ def violations(imports: list[Import]) -> list[str]:
         elif target not in ROWS:
             continue  # reported once for the unknown module itself
         elif ROWS[target] >= ROWS[source]:
-            allowed = item.in_function and (item.module, item.target) in FUNCTION_LEVEL_ALLOWANCES
-            if not allowed:
-                problems.append(f"{item.where()} (row {ROWS[source]} {source} may import only rows below "
-                                f"{ROWS[source]}; {target} is row {ROWS[target]})")
+            where = "inside a function" if item.in_function else "at module level"
+            problems.append(f"{item.where()} {where} (row {ROWS[source]} {source} may import only rows below "
+                            f"{ROWS[source]}; {target} is row {ROWS[target]})")
     return sorted(set(problems))
 
 
@@ -189,10 +194,12 @@ def test_layering_every_module_has_a_row():
     assert not unknown, f"modules with no row in the layering table: {unknown}; add them to ROWS"
 
 
-def test_layering_model_reaches_artifacts_only_inside_functions():
+def test_layering_model_classes_load_without_the_registry():
+    """`from_pretrained` uses only the generic reader below the models, never the registry above them."""
     imports = [i for i in collect_imports(SOURCE_ROOT)
-               if i.module.startswith("bertforge.model") and i.target == "bertforge.artifacts"]
-    assert all(i.in_function for i in imports), [i.where() for i in imports if not i.in_function]
+               if i.module.startswith(("bertforge.model", "bertforge.checkpoint_format"))]
+    assert imports
+    assert not [i.where() for i in imports if i.target.startswith("bertforge.families")]
 
 
 # --- the checker itself, on a small fake tree ------------------------------------------------------------
@@ -210,14 +217,15 @@ def test_layering_checker_flags_each_kind_of_violation(tmp_path):
         "errors.py": "",
         "model/__init__.py": "",
         "model/bert.py": "from bertforge.errors import InputError\n"
-                         "def save():\n    from bertforge.artifacts import save_model\n",
-        "model/heads.py": "from bertforge.artifacts import save_model\n",
+                         "def save():\n    from bertforge.families.registry import load_model\n",
+        "model/heads.py": "from bertforge.families.registry import load_model\nimport benchmarks.run\n",
         "tokenization/vocab.py": "import torch\nfrom . import wordpiece\n",
         "tokenization/wordpiece.py": "def f():\n    from bertforge.data import corpus\n"
                                      "import importlib\nimportlib.import_module('torch.nn')\n",
         "data/__init__.py": "",
         "data/corpus.py": "from bertforge import BertModel\nimport transformers\n",
-        "artifacts.py": "from bertforge.model.bert import BertModel\nfrom .model import heads\n",
+        "families/__init__.py": "",
+        "families/registry.py": "from bertforge.model.bert import BertModel\nfrom ..model import heads\n",
         "inference/__init__.py": "",
         "inference/pipelines.py": "from bertforge.inference import server\n",
         "inference/server.py": "from bertforge.inference.pipelines import Pipeline\n",
@@ -225,8 +233,9 @@ def test_layering_checker_flags_each_kind_of_violation(tmp_path):
     })
     problems = violations(collect_imports(tmp_path))
     text = "\n".join(problems)
-    assert "bertforge.model.heads:1 imports bertforge.artifacts" in text  # module-level: not allowed
-    assert "bertforge.model.bert:3" not in text  # the documented function-level allowance
+    assert "bertforge.model.heads:1 imports bertforge.families.registry at module level" in text
+    assert "bertforge.model.bert:3 imports bertforge.families.registry inside a function" in text  # no allowance
+    assert "bertforge.model.heads:2 imports benchmarks.run (benchmarks/ is a repository folder" in text
     assert "bertforge.tokenization.vocab:1 imports torch" in text
     assert "bertforge.tokenization.vocab:2" not in text  # same component, relative import
     assert "bertforge.tokenization.wordpiece:2 imports bertforge.data.corpus" in text  # inside a function
@@ -236,4 +245,4 @@ def test_layering_checker_flags_each_kind_of_violation(tmp_path):
     assert "bertforge.inference.pipelines:1 imports bertforge.inference.server" in text
     assert "bertforge.inference.server:1" not in text
     assert "component 'plugins' has no row" in text
-    assert not any(p.startswith("bertforge.artifacts") for p in problems)  # downward, absolute and relative
+    assert not any(p.startswith("bertforge.families") for p in problems)  # downward, absolute and relative

@@ -94,14 +94,41 @@ def test_bert_model_attention_rows_sum_to_one_and_padding_gets_zero(tiny_config)
         assert (probs[1, :, :, :4] > 0).all()
 
 
-def test_bert_model_attention_path_equals_fused_path(tiny_config):
-    # Asking for the probabilities switches to the explicit softmax; the result must not change.
+def test_bert_model_attention_path_equals_default_path(tiny_config):
+    # Asking for the probabilities switches to the padded explicit softmax; real tokens must not change.
     model = model_for(tiny_config)
     inputs = padded_batch(tiny_config)
-    fused = model(**inputs, output_hidden_states=True)
+    real = inputs["attention_mask"].bool()
+    default = model(**inputs, output_hidden_states=True)
     explicit = model(**inputs, output_hidden_states=True, output_attentions=True)
-    for index, (a, b) in enumerate(zip(fused.hidden_states, explicit.hidden_states)):
-        torch.testing.assert_close(a, b, atol=FP32_ATOL, rtol=FP32_RTOL, msg=f"hidden state {index}")
+    for index, (a, b) in enumerate(zip(default.hidden_states, explicit.hidden_states)):
+        torch.testing.assert_close(a[real], b[real], atol=FP32_ATOL, rtol=FP32_RTOL, msg=f"hidden state {index}")
+
+
+def test_bert_model_default_is_unpadded_with_zeros_at_padding(tiny_config):
+    model = model_for(tiny_config)
+    assert model.unpad
+    inputs = padded_batch(tiny_config)
+    out = model(**inputs, output_hidden_states=True)
+    padding = ~inputs["attention_mask"].bool()
+    assert all(torch.count_nonzero(h[padding]) == 0 for h in out.hidden_states)
+    assert out.hidden_states[-1] is out.last_hidden_state
+
+
+def test_encoder_runs_every_layer_in_order(tiny_config):
+    from bertforge.model.layouts import Padded
+
+    model = model_for(tiny_config)
+    x = torch.randn(2, 5, tiny_config.hidden_size, generator=torch.Generator().manual_seed(0))
+    last, hidden_states, attentions = model.encoder(x, Padded(None), output_hidden_states=True,
+                                                    output_attentions=True)
+    expected = x
+    for layer, state in zip(model.encoder.layers, hidden_states[1:]):
+        expected = layer(expected, Padded(None), True)[0]
+        torch.testing.assert_close(state, expected, atol=0, rtol=0)
+    assert hidden_states[0] is x and last is hidden_states[-1]
+    assert len(attentions) == tiny_config.num_hidden_layers and attentions[0].shape == (2, 4, 5, 5)
+    assert model.encoder(x, Padded(None))[1:] == (None, None)
 
 
 def test_bert_model_padding_does_not_change_real_tokens(tiny_config):

@@ -296,11 +296,12 @@ def test_tokenizer_truncation_only_first_and_only_second(tiny):
         tiny.encode("e", "a b c d", max_length=6, truncation="only_first")
 
 
-def test_tokenizer_overflow_windows_with_stride_point_into_original_text(tiny):
+def test_tokenizer_overflow_windows_with_doc_stride_point_into_original_text(tiny):
     question = "the fox?"
     context = "a b c d e a b c d e"
+    # room 4, doc_stride 2: windows start at 0, 2, 4, 6 and consecutive windows share 2 tokens.
     head = tiny.encode(
-        question, context, max_length=10, truncation="only_second", stride=2, return_overflowing=True
+        question, context, max_length=10, truncation="only_second", doc_stride=2, return_overflowing=True
     )
     windows = [head, *head.overflowing]
     room = 10 - 3 - 3
@@ -316,7 +317,7 @@ def test_tokenizer_overflow_windows_with_stride_point_into_original_text(tiny):
             start, end = window.offsets[index]
             assert context[start:end] == window.tokens[index]
     assert [len(part) for part in contexts] == [room] * 4
-    # Consecutive windows share `stride` tokens and together cover the context exactly once more.
+    # Consecutive windows share room - doc_stride tokens and together cover the context.
     for before, after in zip(contexts, contexts[1:]):
         assert before[-2:] == after[:2]
     covered = contexts[0] + [item for part in contexts[1:] for item in part[2:]]
@@ -325,7 +326,7 @@ def test_tokenizer_overflow_windows_with_stride_point_into_original_text(tiny):
 
 def test_tokenizer_overflow_single_sequence_and_errors(tiny):
     head = tiny.encode(
-        "a b c d e", max_length=4, truncation="longest_first", return_overflowing=True, stride=1
+        "a b c d e", max_length=4, truncation="longest_first", return_overflowing=True, doc_stride=1
     )
     assert [window.tokens[1:-1] for window in [head, *head.overflowing]] == [
         ["a", "b"],
@@ -333,8 +334,11 @@ def test_tokenizer_overflow_single_sequence_and_errors(tiny):
         ["c", "d"],
         ["d", "e"],
     ]
-    with pytest.raises(InputError, match="stride"):
-        tiny.encode("a b c d e", max_length=4, truncation=True, return_overflowing=True, stride=2)
+    # A doc_stride as large as the window tiles the text without overlap (Google's rule never skips).
+    head = tiny.encode("a b c d e", max_length=4, truncation=True, return_overflowing=True, doc_stride=2)
+    assert [window.tokens[1:-1] for window in [head, *head.overflowing]] == [["a", "b"], ["c", "d"], ["e"]]
+    with pytest.raises(InputError, match="doc_stride"):
+        tiny.encode("a b c d e", max_length=4, truncation=True, return_overflowing=True, doc_stride=0)
     with pytest.raises(InputError, match="only_first' or 'only_second"):
         tiny.encode("a b c", "d e", max_length=5, truncation="longest_first", return_overflowing=True)
     with pytest.raises(InputError, match="needs truncation"):

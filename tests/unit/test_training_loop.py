@@ -17,7 +17,7 @@ import torch
 from bertforge.constants import IGNORE_INDEX
 from bertforge.errors import ConfigError
 from bertforge.model.config import BertConfig
-from bertforge.tasks.pretraining import BertForPretraining, PretrainingTask
+from bertforge.families.pretraining import BertForPretraining, Pretraining
 from bertforge.training.checkpoint import find_latest, list_checkpoints, load_training_state
 from bertforge.training.config import TrainingConfig
 from bertforge.training.logging import read_metrics
@@ -137,7 +137,7 @@ def losses(history, split="train", keys=("loss", "loss_mlm", "loss_nsp", "mlm_ac
 
 def test_train_loss_decreases_on_repeated_batches(tmp_path):
     config = config_for(tmp_path, steps=30, warmup_steps=3, lr=3e-3)
-    result = train(tiny_model(), SyntheticSource(2, 8), PretrainingTask(), config)
+    result = train(tiny_model(), SyntheticSource(2, 8), Pretraining(), config)
     history = losses(result.history)
     first, last = history[0][1]["loss"], history[-1][1]["loss"]
     assert result.step == 30 and len(history) == 30
@@ -150,8 +150,8 @@ def test_train_loss_decreases_on_repeated_batches(tmp_path):
 def test_train_grad_accumulation_matches_one_large_batch(tmp_path):
     # Batch 8 in one micro-batch vs 4 + 4 accumulated: the same examples in each step (the source's
     # permutation is over global batches of 8 either way), uneven masked counts between the halves.
-    whole = train(tiny_model(), SyntheticSource(3, 8), PretrainingTask(), config_for(tmp_path / "a"))
-    split = train(tiny_model(), SyntheticSource(6, 4, seed=0), PretrainingTask(),
+    whole = train(tiny_model(), SyntheticSource(3, 8), Pretraining(), config_for(tmp_path / "a"))
+    split = train(tiny_model(), SyntheticSource(6, 4, seed=0), Pretraining(),
                   config_for(tmp_path / "b", grad_accumulation=2, batch_size=4))
     assert_same_permutation_halves()
     for (step_a, a), (step_b, b) in zip(losses(whole.history), losses(split.history), strict=True):
@@ -173,18 +173,18 @@ def test_train_resume_matches_uninterrupted_run_with_dropout(tmp_path):
     steps, save_every, fail_at = 9, 3, 7  # interrupted during step 8; the last checkpoint is step 6
     config = dict(steps=steps, save_every=save_every, keep_last=2, batch_size=4)
 
-    full = train(tiny_model(dropout=0.1), SyntheticSource(4, 4), PretrainingTask(),
+    full = train(tiny_model(dropout=0.1), SyntheticSource(4, 4), Pretraining(),
                  config_for(tmp_path / "full", **config))
 
     run = tmp_path / "interrupted"
     with pytest.raises(KeyboardInterrupt):
-        train(tiny_model(dropout=0.1), SyntheticSource(4, 4, fail_after=fail_at), PretrainingTask(),
+        train(tiny_model(dropout=0.1), SyntheticSource(4, 4, fail_after=fail_at), Pretraining(),
               config_for(run, **config))
     assert find_latest(run).name == "checkpoint-000006"
     assert max(e["step"] for e in read_metrics(run)) == 7  # step 7 was logged, then lost with the interruption
 
     # A fresh process: another model init seed, fresh source; everything must come from the checkpoint.
-    resumed = train(tiny_model(dropout=0.1, seed=123), SyntheticSource(4, 4), PretrainingTask(),
+    resumed = train(tiny_model(dropout=0.1, seed=123), SyntheticSource(4, 4), Pretraining(),
                     config_for(run, resume="auto", **config))
     assert resumed.step == steps and [e["step"] for e in resumed.history] == [7, 8, 9]
     assert losses(read_metrics(run)) == losses(read_metrics(tmp_path / "full"))
@@ -195,11 +195,11 @@ def test_train_resume_matches_uninterrupted_run_with_dropout(tmp_path):
 def test_train_resume_with_grad_accumulation_and_mid_window_log(tmp_path):
     # log_every 4 does not divide save_every 3: the partial log window is carried in the checkpoint.
     config = dict(steps=8, save_every=3, log_every=4, grad_accumulation=2, batch_size=2)
-    full = train(tiny_model(dropout=0.1), SyntheticSource(5, 2), PretrainingTask(), config_for(tmp_path / "a", **config))
+    full = train(tiny_model(dropout=0.1), SyntheticSource(5, 2), Pretraining(), config_for(tmp_path / "a", **config))
     with pytest.raises(KeyboardInterrupt):
-        train(tiny_model(dropout=0.1), SyntheticSource(5, 2, fail_after=9), PretrainingTask(),
+        train(tiny_model(dropout=0.1), SyntheticSource(5, 2, fail_after=9), Pretraining(),
               config_for(tmp_path / "b", **config))
-    resumed = train(tiny_model(dropout=0.1), SyntheticSource(5, 2), PretrainingTask(),
+    resumed = train(tiny_model(dropout=0.1), SyntheticSource(5, 2), Pretraining(),
                     config_for(tmp_path / "b", resume="auto", **config))
     assert losses(read_metrics(tmp_path / "b")) == losses(full.history)
     assert find_latest(tmp_path / "b").name == "checkpoint-000008"
@@ -208,14 +208,14 @@ def test_train_resume_with_grad_accumulation_and_mid_window_log(tmp_path):
 
 def test_train_resume_of_finished_run_returns_at_once(tmp_path):
     config = config_for(tmp_path, steps=2)
-    train(tiny_model(), SyntheticSource(2, 4), PretrainingTask(), config)
-    again = train(tiny_model(), SyntheticSource(2, 4), PretrainingTask(), config_for(tmp_path, steps=2, resume="auto"))
+    train(tiny_model(), SyntheticSource(2, 4), Pretraining(), config)
+    again = train(tiny_model(), SyntheticSource(2, 4), Pretraining(), config_for(tmp_path, steps=2, resume="auto"))
     assert again.step == 2 and again.history == [] and again.checkpoint == find_latest(tmp_path)
 
 
 def test_train_checkpoint_holds_model_and_state(tmp_path):
     config = config_for(tmp_path, steps=4, save_every=2, keep_last=1)
-    result = train(tiny_model(), SyntheticSource(3, 4), PretrainingTask(), config)
+    result = train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config)
     assert [s for s, _ in list_checkpoints(tmp_path)] == [4]
     loaded = BertForPretraining.from_pretrained(result.checkpoint)
     assert isinstance(loaded, BertForPretraining)
@@ -233,7 +233,7 @@ def test_train_metrics_jsonl_has_train_and_eval_events(tmp_path):
         return {"score": 1.5}
 
     config = config_for(tmp_path, steps=4, log_every=2, eval_every=2)
-    result = train(tiny_model(), SyntheticSource(3, 4), PretrainingTask(), config, eval_fn=eval_fn)
+    result = train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config, eval_fn=eval_fn)
     events = [(e["step"], e["split"]) for e in read_metrics(tmp_path)]
     assert events == [(2, "train"), (2, "eval"), (4, "train"), (4, "eval")]
     assert calls == [False, False]
@@ -245,8 +245,8 @@ def test_train_evaluation_does_not_change_the_training_run(tmp_path):
         # Draws from every global generator; the loop must shield the training run from it.
         return {"noise": float(torch.rand(()) + random.random() + np.random.rand())}
 
-    plain = train(tiny_model(dropout=0.1), SyntheticSource(3, 4), PretrainingTask(), config_for(tmp_path / "a"))
-    evaluated = train(tiny_model(dropout=0.1), SyntheticSource(3, 4), PretrainingTask(),
+    plain = train(tiny_model(dropout=0.1), SyntheticSource(3, 4), Pretraining(), config_for(tmp_path / "a"))
+    evaluated = train(tiny_model(dropout=0.1), SyntheticSource(3, 4), Pretraining(),
                       config_for(tmp_path / "b", eval_every=1), eval_fn=noisy_eval)
     assert losses(plain.history) == losses(evaluated.history)
 
@@ -285,7 +285,7 @@ def test_train_task_without_counts_needs_single_term(tmp_path):
         train(tiny_model(), SyntheticSource(2, 2), TwoTerms(), config_for(tmp_path, steps=1))
 
 
-class NanAfter(PretrainingTask):
+class NanAfter(Pretraining):
     def __init__(self, good_steps: int):
         self.calls = 0
         self.good_steps = good_steps
@@ -316,12 +316,12 @@ def test_train_nonfinite_loss_stops_with_clear_error(tmp_path, caplog):
 
 
 def test_train_bf16_autocast_on_cpu(tmp_path):
-    result = train(tiny_model(), SyntheticSource(2, 4), PretrainingTask(), config_for(tmp_path, steps=3, precision="bf16"))
+    result = train(tiny_model(), SyntheticSource(2, 4), Pretraining(), config_for(tmp_path, steps=3, precision="bf16"))
     assert all(np.isfinite(v["loss"]) for _, v in losses(result.history))
 
 
 def test_train_fp16_uses_loss_scaler(tmp_path):
-    result = train(tiny_model(), SyntheticSource(2, 4), PretrainingTask(),
+    result = train(tiny_model(), SyntheticSource(2, 4), Pretraining(),
                    config_for(tmp_path, steps=3, precision="fp16"))
     assert result.step == 3
     assert "scaler" in load_training_state(result.checkpoint)
@@ -329,14 +329,14 @@ def test_train_fp16_uses_loss_scaler(tmp_path):
 
 def test_train_epochs_set_the_length(tmp_path):
     config = config_for(tmp_path, steps=0, epochs=1.5, grad_accumulation=2)
-    result = train(tiny_model(), SyntheticSource(4, 2), PretrainingTask(), config)
+    result = train(tiny_model(), SyntheticSource(4, 2), Pretraining(), config)
     assert result.total_steps == 3 and result.step == 3
 
 
 def test_pretraining_task_evaluate_matches_manual_average():
     model = tiny_model()
     batches = list(SyntheticSource(2, 4))
-    values = PretrainingTask().evaluate(model, batches)
+    values = Pretraining().evaluate(model, batches)
     with torch.no_grad():
         outs = [model(**b.model_inputs()) for b in batches]
     mlm = sum(float(o.mlm_loss_sum) for o in outs) / sum(float(o.mlm_count) for o in outs)
@@ -350,21 +350,21 @@ def test_pretraining_task_evaluate_matches_manual_average():
 def test_pretraining_task_counts_equal_model_counts():
     batch = next(iter(SyntheticSource(1, 4)))
     out = tiny_model()(**batch.model_inputs())
-    counts = PretrainingTask().counts(batch)
-    terms = PretrainingTask().loss_terms(out, batch)
+    counts = Pretraining().counts(batch)
+    terms = Pretraining().loss_terms(out, batch)
     assert float(counts["mlm"]) == float(terms["mlm"][1])
     assert float(counts["nsp"]) == float(terms["nsp"][1]) == 4.0
 
 
 def test_train_refuses_to_mix_runs_in_one_directory(tmp_path):
-    train(tiny_model(), SyntheticSource(2, 4), PretrainingTask(), config_for(tmp_path, steps=2))
+    train(tiny_model(), SyntheticSource(2, 4), Pretraining(), config_for(tmp_path, steps=2))
     with pytest.raises(ConfigError, match=r"already holds checkpoints.*checkpoint-000002.*resume=auto"):
-        train(tiny_model(), SyntheticSource(2, 4), PretrainingTask(), config_for(tmp_path, steps=2))
+        train(tiny_model(), SyntheticSource(2, 4), Pretraining(), config_for(tmp_path, steps=2))
 
 
 def test_train_progress_bar_and_console_log(tmp_path, capsys, caplog):
     with caplog.at_level(logging.INFO, logger="bertforge.training"):
-        train(tiny_model(), SyntheticSource(2, 4), PretrainingTask(), config_for(tmp_path, steps=3, progress=True))
+        train(tiny_model(), SyntheticSource(2, 4), Pretraining(), config_for(tmp_path, steps=3, progress=True))
     assert "3/3" in capsys.readouterr().err
     assert "training 3 steps (warmup 2) of 4 examples (batch 4 x accumulation 1 x 1 processes)" in caplog.text
     assert "step 3 train: loss=" in caplog.text

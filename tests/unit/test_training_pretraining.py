@@ -10,7 +10,7 @@ from bertforge.configuration import load_config, shared_data_root
 from bertforge.data.datasets import PretrainingData
 from bertforge.data.shards import prepare_corpus
 from bertforge.errors import ConfigError
-from bertforge.tasks.pretraining import BertForPretraining
+from bertforge.families.pretraining import BertForPretraining
 from bertforge.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from bertforge.tokenization.vocab_builder import build_vocab
 from bertforge.training.checkpoint import list_checkpoints

@@ -15,9 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bertforge.data.classification import ON_INVALID, detect_format, invalid, iter_rows
-from bertforge.data.finetuning import DataReport, Feature
+from bertforge.data.finetuning import DataReport
 from bertforge.errors import ConfigError, DataError
-from bertforge.tokenization import Tokenizer
 
 _ENDING = re.compile(r"^ending(\d+)$")
 
@@ -113,55 +112,3 @@ def read_choice(
         examples.append(ChoiceExample(context, str(start or ""), choices, label, f"{os.fspath(path)}:{line}"))
         report.note("rows")
     return examples
-
-
-def truncate_pair(a: list[int], b: list[int], budget: int) -> tuple[list[int], list[int], bool]:
-    """Drop tokens from the end of the longer list (the second on ties) until both fit in `budget`."""
-    a, b = list(a), list(b)
-    cut = False
-    while len(a) + len(b) > budget:
-        cut = True
-        if len(a) > len(b):
-            a.pop()
-        else:
-            b.pop()
-    return a, b, cut
-
-
-def build_choice_features(
-    examples: Sequence[ChoiceExample],
-    tokenizer: Tokenizer,
-    max_seq_length: int,
-    *,
-    report: DataReport | None = None,
-) -> list[Feature]:
-    """One feature per question with a [C][T] input (one row per choice).
-
-    Raises:
-        DataError: questions with different numbers of choices (a batch needs one C).
-    """
-    report = report if report is not None else DataReport()
-    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
-    features = []
-    count = None
-    for index, example in enumerate(examples):
-        if count is None:
-            count = len(example.endings)
-        elif len(example.endings) != count:
-            path, _, line = example.source.rpartition(":")
-            raise DataError(f"{len(example.endings)} choices where earlier questions have {count}", path, int(line))
-        context = tokenizer.encode(example.context, add_special_tokens=False).ids
-        rows, types = [], []
-        truncated = False
-        for ending in example.endings:
-            second = f"{example.start} {ending}".strip()
-            b = tokenizer.encode(second, add_special_tokens=False).ids
-            a, b, cut = truncate_pair(context, b, max_seq_length - 3)
-            truncated |= cut
-            rows.append([cls_id, *a, sep_id, *b, sep_id])
-            types.append([0] * (len(a) + 2) + [1] * (len(b) + 1))
-        if truncated:
-            report.note("truncated_inputs", example.source)
-        features.append(Feature(index, rows, types, label=example.label))
-    report.note("features", amount=len(features))
-    return features

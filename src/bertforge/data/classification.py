@@ -1,15 +1,12 @@
-"""Sentence and sentence-pair classification/regression data: table readers, labels, windowed features.
+"""Sentence and sentence-pair classification/regression data: table readers, labels and their checks.
 
 Reads GLUE-style TSV (tab-separated, no quoting — `csv.QUOTE_NONE` semantics, with or without a header),
 CSV (standard quoting) and JSON Lines files; columns are named by header name (or JSON key) or by 0-based
 index. Every malformed row (wrong column count, empty text, empty or unparsable label) is a `DataError`
 naming file and line, or — with `on_invalid="skip"` — is dropped and counted in the `DataReport`.
 
-Features follow the paper: ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]``. An input longer than
-`max_seq_length` is never cut silently: it is split into overlapping windows over its longer segment (the
-shorter one is kept whole, or cut to half the room, counted), every window is trained on with the example's
-label, and evaluation averages the windows' logits (see `bertforge.evaluation`). The report counts inputs
-that were windowed.
+Features (``[CLS] A [SEP] (B [SEP])``, long inputs windowed) and decoding are the classification family's
+(`families.classification`).
 """
 
 from __future__ import annotations
@@ -22,9 +19,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertforge.data.finetuning import DataReport, Feature, default_stride, window_starts
+from bertforge.data.finetuning import DataReport
 from bertforge.errors import ConfigError, DataError
-from bertforge.tokenization import Tokenizer
 
 ON_INVALID = ("error", "skip")
 FILE_FORMATS = ("tsv", "csv", "jsonl")
@@ -233,66 +229,3 @@ def check_labels(examples: Sequence[ClassificationExample], label2id: dict[str, 
             path, _, line = example.source.rpartition(":")
             raise DataError(f"label {example.label!r} was never seen in training (known labels: "
                             f"{sorted(label2id)}); fix the row or add training examples of it", path, int(line))
-
-
-def _assemble(a: list[int], b: list[int] | None, cls_id: int, sep_id: int) -> tuple[list[int], list[int]]:
-    ids = [cls_id, *a, sep_id]
-    types = [0] * len(ids)
-    if b is not None:
-        ids += [*b, sep_id]
-        types += [1] * (len(b) + 1)
-    return ids, types
-
-
-def build_classification_features(
-    examples: Sequence[ClassificationExample],
-    tokenizer: Tokenizer,
-    max_seq_length: int,
-    *,
-    label2id: dict[str, int] | None = None,
-    regression: bool = False,
-    stride: int | None = None,
-    report: DataReport | None = None,
-) -> list[Feature]:
-    """Tokenise examples into features, windowing every input longer than `max_seq_length`.
-
-    Args:
-        examples: the examples.
-        tokenizer: the model's tokenizer.
-        max_seq_length: tokens per feature including [CLS]/[SEP].
-        label2id: label name -> id (classification); labels must be known (`check_labels`).
-        regression: labels are float scores.
-        stride: window step over the longer segment (default half a window).
-        report: gets `features`, `windowed_inputs`, `truncated_shorter_segment`.
-
-    Returns:
-        Features with `example_index` pointing into `examples`; several per windowed example.
-    """
-    report = report if report is not None else DataReport()
-    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
-    features: list[Feature] = []
-    for index, example in enumerate(examples):
-        a = tokenizer.encode(example.text_a, add_special_tokens=False).ids
-        b = None if example.text_b is None else tokenizer.encode(example.text_b, add_special_tokens=False).ids
-        budget = max_seq_length - (3 if b is not None else 2)
-        label: int | float | None = None
-        if example.label is not None:
-            label = float(example.label) if regression else label2id[example.label]
-        if len(a) + len(b or []) <= budget:
-            ids, types = _assemble(a, b, cls_id, sep_id)
-            features.append(Feature(index, ids, types, label=label))
-            continue
-        report.note("windowed_inputs", example.source)
-        long_is_a = b is None or len(a) >= len(b)
-        long, short = (a, b) if long_is_a else (b, a)
-        if short is not None and len(short) > budget // 2:
-            short = short[: budget // 2]
-            report.note("truncated_shorter_segment", example.source)
-        room = budget - len(short or [])
-        for window, (start, size) in enumerate(window_starts(len(long), room, default_stride(room, stride))):
-            piece = long[start:start + size]
-            ids, types = _assemble(piece, short, cls_id, sep_id) if long_is_a else _assemble(short, piece, cls_id,
-                                                                                             sep_id)
-            features.append(Feature(index, ids, types, label=label, window=window))
-    report.note("features", amount=len(features))
-    return features

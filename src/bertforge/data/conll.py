@@ -1,4 +1,4 @@
-"""Sequence-labelling (NER) data: CoNLL-style and character-per-line readers, label alignment, windows.
+"""Sequence-labelling (NER) data: CoNLL-style and character-per-line readers, tag lists and checks.
 
 Readers:
 - `read_tagged` reads one token per line with its tag in a column (CoNLL-2003: ``token POS chunk NER``,
@@ -9,35 +9,22 @@ Readers:
   (default) keeps the tags as they are — the entity scorer reads them as conlleval does, an entity starting
   at the I- — and logs each with file:line, counted as `bio_problems`; "error" raises a DataError.
 
-Alignment (the WordPiece problem of theme 3): words are joined with single spaces and tokenised once; each
-token maps to the word holding its first character. The word's label goes on its first sub-token; the other
-pieces get IGNORE_INDEX (`label_policy="first"`), or, with "all", the word's label (B- turned into I- after
-the first piece). A sentence longer than the window is split into overlapping windows; each word is
-predicted once, by its first sub-token in the window where that token has the most context. Entities map
-back to character offsets of the sentence text (words joined by `separator`: " " for CoNLL, "" for
-character-per-line Chinese).
+Label alignment to sub-tokens, windows and decoding are the tagging family's (`families.tagging`).
+Entities map back to character offsets of the sentence text (words joined by `separator`: " " for CoNLL,
+"" for character-per-line Chinese).
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bertforge.constants import IGNORE_INDEX
 from bertforge.data.classification import ON_INVALID, invalid, sorted_labels
-from bertforge.data.finetuning import (
-    DataReport,
-    Feature,
-    default_stride,
-    max_context_positions,
-    window_starts,
-)
+from bertforge.data.finetuning import DataReport
 from bertforge.errors import ConfigError, DataError, InputError
 from bertforge.metrics.sequence_labeling import bio_to_iobes, check_tags, iobes_to_bio
-from bertforge.tokenization import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -50,19 +37,27 @@ TAG_SCHEMES = ("BIO", "IOBES")
 @dataclass
 class TaggingExample:
     """One sentence: its words (tokens or characters), BIO tags (None if unlabeled), how the words join into
-    the sentence text, and where it starts ("file:line")."""
+    the sentence text, and where it starts ("file:line").
+
+    A sentence that came as raw text (predict, the server) keeps that text in `original` and each word's
+    character span in it in `spans`, so entities point into the text the user sent.
+    """
 
     words: list[str]
     tags: list[str] | None
     separator: str
     source: str
+    original: str | None = None
+    spans: list[tuple[int, int]] | None = None
 
     @property
     def text(self) -> str:
-        return self.separator.join(self.words)
+        return self.original if self.original is not None else self.separator.join(self.words)
 
     def word_spans(self) -> list[tuple[int, int]]:
         """(start, end) character span of each word in `text`."""
+        if self.spans is not None:
+            return list(self.spans)
         spans = []
         position = 0
         for word in self.words:
@@ -211,90 +206,3 @@ def check_tag_labels(examples: Sequence[TaggingExample], label2id: dict[str, int
                 path, _, line = example.source.rpartition(":")
                 raise DataError(f"tag {tag!r} was never seen in training (known: {sorted(label2id)}); fix the "
                                 "line or add training sentences with it", path, int(line) + offset)
-
-
-def token_words(example: TaggingExample, tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
-    """Token ids of the sentence and, per token, the index of the word it belongs to.
-
-    Words are joined with single spaces (so every word starts a token, also for character-per-line data
-    where "1998" must stay four labelled characters) and tokenised once; a token belongs to the word that
-    holds its first character.
-    """
-    starts = []
-    position = 0
-    for word in example.words:
-        starts.append(position)
-        position += len(word) + 1
-    encoding = tokenizer.encode(" ".join(example.words), add_special_tokens=False)
-    owners = [bisect.bisect_right(starts, start) - 1 for start, _ in encoding.offsets]
-    return encoding.ids, owners
-
-
-def build_tagging_features(
-    examples: Sequence[TaggingExample],
-    tokenizer: Tokenizer,
-    max_seq_length: int,
-    *,
-    label2id: dict[str, int] | None = None,
-    tag_scheme: str = "BIO",
-    label_policy: str = "first",
-    stride: int | None = None,
-    report: DataReport | None = None,
-) -> list[Feature]:
-    """Tokenise sentences, align word labels to sub-tokens and window long sentences.
-
-    Args:
-        examples: the sentences.
-        tokenizer: the model's tokenizer.
-        max_seq_length: tokens per feature including [CLS]/[SEP].
-        label2id: tag -> id (in `tag_scheme`); None for unlabeled prediction.
-        tag_scheme: the scheme of the model's labels; examples' BIO tags are converted to it.
-        label_policy: "first" (label on the first sub-token, IGNORE_INDEX on the rest) or "all".
-        stride: window step (default half a window).
-        report: gets `features`, `windowed_inputs`, `words_without_tokens` (e.g. a word that is only a
-            control character: predicted "O").
-
-    Returns:
-        Features with `token_labels` (when labelled) and `word_index` (which word each token predicts).
-    """
-    if label_policy not in LABEL_POLICIES:
-        raise ConfigError(f"label_policy={label_policy!r}; use one of {LABEL_POLICIES}")
-    report = report if report is not None else DataReport()
-    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
-    room = max_seq_length - 2
-    features: list[Feature] = []
-    for index, example in enumerate(examples):
-        ids, owners = token_words(example, tokenizer)
-        first_piece = [i == 0 or owners[i] != owners[i - 1] for i in range(len(ids))]
-        covered = len(set(owners))
-        if covered < len(example.words):
-            report.note("words_without_tokens", example.source, amount=len(example.words) - covered)
-        token_labels = None
-        if label2id is not None and example.tags is not None:
-            tags = bio_to_iobes(example.tags) if tag_scheme == "IOBES" else example.tags
-            token_labels = []
-            for i, owner in enumerate(owners):
-                if first_piece[i]:
-                    token_labels.append(label2id[tags[owner]])
-                elif label_policy == "all":
-                    tag = tags[owner]
-                    inner = "I-" + tag[2:] if tag[:2] in ("B-", "I-", "E-", "S-") else tag
-                    token_labels.append(label2id.get(inner, label2id[tag]))
-                else:
-                    token_labels.append(IGNORE_INDEX)
-        spans = window_starts(len(ids), room, default_stride(room, stride))
-        if len(spans) > 1:
-            report.note("windowed_inputs", example.source)
-        best = max_context_positions(spans, len(ids))
-        for window, (start, size) in enumerate(spans):
-            end = start + size
-            word_index: list[int | None] = [None]
-            word_index += [owners[i] if first_piece[i] and best[i] == window else None for i in range(start, end)]
-            word_index.append(None)
-            labels = None
-            if token_labels is not None:
-                labels = [IGNORE_INDEX, *token_labels[start:end], IGNORE_INDEX]
-            features.append(Feature(index, [cls_id, *ids[start:end], sep_id], [0] * (size + 2),
-                                    token_labels=labels, word_index=word_index, window=window))
-    report.note("features", amount=len(features))
-    return features

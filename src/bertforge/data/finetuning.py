@@ -1,18 +1,18 @@
-"""What every fine-tuning family shares: the feature record, the data report, windowing, batching.
+"""What every fine-tuning family shares: the feature record, the data report, batching.
 
-The task readers (`classification`, `conll`, `squad`, `choice`) turn files into examples and examples into
-`Feature`s; this module owns the pieces they have in common:
+The readers (`classification`, `conll`, `squad`, `choice`) turn files into examples and the families turn
+examples into `Feature`s; this module owns the pieces they have in common:
 
 - `Feature`: one model input (one window of one example) with its training target and the bookkeeping the
   evaluation needs to map predictions back to the example (offsets, max-context flags, word indices).
 - `DataReport`: counts of everything a reader or feature builder did besides copying rows — rows skipped,
   answers repaired, inputs windowed, questions truncated — with the first few file:line locations of each,
   so nothing is ever dropped or changed silently.
-- `window_starts` / `max_context_positions`: the sliding-window arithmetic of Google's `run_squad.py`
-  (a token is predicted from the window where it has the most context on both sides), used for QA, tagging
-  and classification alike.
-- `collate_features` and `FeatureBatches`: padding to the longest input of a batch and the in-memory batch
-  source the training loop iterates (shuffled per epoch from the seed, resumable mid-epoch).
+- `collate_features` and `FeatureBatches`: the one collator (padding to the longest input of a batch) and
+  the in-memory batch source that training, evaluation, predict, the pipelines and the server iterate
+  (shuffled per epoch from the seed and resumable mid-epoch for training; sorted by length otherwise).
+
+Windowing is the tokenizer's (`tokenization.windows`); each family's feature builder uses it.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ class Feature:
             token's max-context window); None elsewhere. Every tokenised word appears exactly once over all
             windows of its example.
         window: position of this window among its example's windows.
+        mask_positions: fill-mask: where the [MASK] tokens of the input are.
     """
 
     example_index: int
@@ -116,60 +117,11 @@ class Feature:
     max_context: list[bool] | None = None
     word_index: list[int | None] | None = None
     window: int = 0
+    mask_positions: list[int] | None = None
 
     def __len__(self) -> int:
         first = self.input_ids[0] if self.input_ids else []
         return max(len(row) for row in self.input_ids) if isinstance(first, list) else len(self.input_ids)
-
-
-# --- windows ----------------------------------------------------------------------------------------------
-
-def window_starts(length: int, room: int, stride: int) -> list[tuple[int, int]]:
-    """(start, length) of the windows covering `length` tokens, `room` at a time, moving by `stride`.
-
-    As Google's `run_squad.py`: the last window ends at the last token; consecutive windows move by
-    min(window, stride), so a stride larger than the window never skips tokens.
-
-    Args:
-        length: tokens to cover (>= 0; zero tokens still gives one empty window).
-        room: tokens per window (> 0).
-        stride: how far each window starts after the previous one (> 0).
-    """
-    if room <= 0:
-        raise ConfigError(f"no room for any token in a window (room={room}); raise max_seq_length or shorten "
-                          "the other segment (e.g. max_query_length)")
-    if stride <= 0:
-        raise ConfigError(f"doc_stride={stride} must be positive")
-    spans = []
-    start = 0
-    while True:
-        size = min(length - start, room)
-        spans.append((start, size))
-        if start + size >= length:
-            return spans
-        start += min(size, stride)
-
-
-def max_context_positions(spans: Sequence[tuple[int, int]], length: int) -> list[int]:
-    """For each of `length` tokens, the index of the span where it has the most context.
-
-    Score of token i in span (s, n): min(i - s, s + n - 1 - i) + 0.01 * n (Google's `_check_is_max_context`:
-    the smaller of its left and right context, ties to the longer window); first best span wins.
-    """
-    best = [-1] * length
-    best_score = [float("-inf")] * length
-    for index, (start, size) in enumerate(spans):
-        for i in range(start, start + size):
-            score = min(i - start, start + size - 1 - i) + 0.01 * size
-            if score > best_score[i]:
-                best_score[i] = score
-                best[i] = index
-    return best
-
-
-def default_stride(room: int, stride: int | None) -> int:
-    """`stride` or, when unset, half a window (overlapping windows so every token gets some context)."""
-    return stride if stride is not None else max(1, room // 2)
 
 
 # --- batching ---------------------------------------------------------------------------------------------
@@ -181,6 +133,7 @@ class FinetuneBatch:
     input_ids, token_type_ids, attention_mask: long [B, T] ([B, C, T] for multiple choice).
     labels: long [B] (classes, choices), float [B] (regression) or long [B, T] (tagging); None unlabeled.
     start_positions, end_positions: long [B] (QA) or None.
+    mlm_positions: long [B, M] (fill-mask), the [MASK] positions, 0-padded; or None.
     feature_index: long [B], indices into the feature list the batch was drawn from (for decoding).
     """
 
@@ -191,6 +144,7 @@ class FinetuneBatch:
     labels: torch.Tensor | None = None
     start_positions: torch.Tensor | None = None
     end_positions: torch.Tensor | None = None
+    mlm_positions: torch.Tensor | None = None
 
     def to(self, device: str | torch.device) -> FinetuneBatch:
         def move(x):
@@ -198,7 +152,7 @@ class FinetuneBatch:
 
         return FinetuneBatch(move(self.input_ids), move(self.token_type_ids), move(self.attention_mask),
                              move(self.feature_index), move(self.labels), move(self.start_positions),
-                             move(self.end_positions))
+                             move(self.end_positions), move(self.mlm_positions))
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """Keyword arguments for a task model's forward: the inputs only (the task computes the loss)."""
@@ -243,6 +197,9 @@ def collate_features(features: Sequence[Feature], indices: Sequence[int], pad_to
     elif first.label is not None:
         dtype = torch.float32 if isinstance(first.label, float) else torch.long
         batch.labels = torch.tensor([f.label for f in features], dtype=dtype)
+    if first.mask_positions is not None:
+        most = max(len(f.mask_positions) for f in features)
+        batch.mlm_positions = torch.tensor(_pad([f.mask_positions for f in features], most, 0), dtype=torch.long)
     if first.start_position is not None:
         batch.start_positions = torch.tensor([f.start_position for f in features], dtype=torch.long)
         batch.end_positions = torch.tensor([f.end_position for f in features], dtype=torch.long)

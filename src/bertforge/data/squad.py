@@ -1,4 +1,4 @@
-"""Extractive QA data: SQuAD v1.1/v2.0-format JSON (also CMRC 2018 and DRCD), answer repair, windowed features.
+"""Extractive QA data: SQuAD v1.1/v2.0-format JSON (also CMRC 2018 and DRCD), answer repair, article splits.
 
 Reading checks every gold answer against its context. When `context[answer_start:][:len(text)]` is not the
 answer text (CMRC 2018 has 200 such answers), the span is recovered by searching the context for the text
@@ -8,17 +8,11 @@ can be located cannot be trained on: a `DataError` naming file, line and questio
 `on_invalid="skip"` it is left out of training, counted. Line numbers are found by searching the raw file for
 the question id (JSON parsers do not keep positions).
 
-Features follow Google's `run_squad.py`, on character offsets rather than whitespace words: ``[CLS] question
-[SEP] context window [SEP]``; the context is cut into windows of the room left after the question, each
-starting `doc_stride` tokens after the previous one. A window that does not hold the whole answer (or an
-unanswerable question) is trained to point at [CLS] (index 0). Each window records the character span of
-every context token and whether the window is the token's max-context window, which is all the decoder in
-`bertforge.evaluation` needs to pick n-best spans across windows and map them back to the original text.
+Features, windows and answer decoding are the question-answering family's (`families.question_answering`).
 """
 
 from __future__ import annotations
 
-import bisect
 import json
 import os
 import re
@@ -26,9 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bertforge.data.classification import ON_INVALID
-from bertforge.data.finetuning import DataReport, Feature, max_context_positions, window_starts
+from bertforge.data.finetuning import DataReport
 from bertforge.errors import ConfigError, DataError
-from bertforge.tokenization import Tokenizer
 
 
 @dataclass
@@ -191,78 +184,3 @@ def article_split(num_articles: int, eval_every: int = 4) -> tuple[list[int], li
     eval_ids = [i for i in range(num_articles) if i % eval_every == eval_every - 1]
     train_ids = [i for i in range(num_articles) if i % eval_every != eval_every - 1]
     return train_ids, eval_ids
-
-
-def build_qa_features(
-    examples: Sequence[QAExample],
-    tokenizer: Tokenizer,
-    max_seq_length: int = 384,
-    *,
-    doc_stride: int = 128,
-    max_query_length: int = 64,
-    training: bool = False,
-    report: DataReport | None = None,
-) -> list[Feature]:
-    """Windowed QA features (see the module docstring).
-
-    Args:
-        examples: the questions.
-        tokenizer: the model's tokenizer.
-        max_seq_length: tokens per feature including [CLS] and two [SEP].
-        doc_stride: step between window starts over the context, in tokens.
-        max_query_length: longer questions are cut to this many tokens (counted as `truncated_questions`).
-        training: set start/end positions; answerable examples without a located answer are left out
-            (their count is in the reader's report).
-        report: gets `features`, `windowed_inputs`, `truncated_questions`, `answers_unmappable`.
-
-    Returns:
-        Features with offsets and max-context flags; with `training`, start/end positions.
-    """
-    report = report if report is not None else DataReport()
-    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
-    features: list[Feature] = []
-    for index, example in enumerate(examples):
-        question = tokenizer.encode(example.question, add_special_tokens=False).ids
-        if len(question) > max_query_length:
-            question = question[:max_query_length]
-            report.note("truncated_questions", example.source)
-        encoding = tokenizer.encode(example.context, add_special_tokens=False)
-        ids, offsets = encoding.ids, encoding.offsets
-        token_start = token_end = None
-        if training and not example.is_impossible:
-            if example.answer_start is None:
-                continue
-            char_start = example.answer_start
-            char_end = char_start + len(example.answer_text)
-            ends = [end for _, end in offsets]
-            starts = [start for start, _ in offsets]
-            token_start = bisect.bisect_right(ends, char_start)  # first token ending after the answer starts
-            token_end = bisect.bisect_left(starts, char_end) - 1  # last token starting before it ends
-            if token_start >= len(ids) or token_end < token_start:
-                report.note("answers_unmappable", example.source)
-                continue
-        room = max_seq_length - len(question) - 3
-        if room <= 0:
-            raise ConfigError(f"max_seq_length={max_seq_length} leaves no room for the context after a "
-                              f"{len(question)}-token question; raise max_seq_length or lower max_query_length")
-        spans = window_starts(len(ids), room, doc_stride)
-        if len(spans) > 1:
-            report.note("windowed_inputs", example.source)
-        best = max_context_positions(spans, len(ids))
-        head = [cls_id, *question, sep_id]
-        for window, (start, size) in enumerate(spans):
-            end = start + size
-            input_ids = head + ids[start:end] + [sep_id]
-            types = [0] * len(head) + [1] * (size + 1)
-            token_offsets: list[tuple[int, int] | None] = [None] * len(head) + list(offsets[start:end]) + [None]
-            max_context = [False] * len(head) + [best[i] == window for i in range(start, end)] + [False]
-            feature = Feature(index, input_ids, types, offsets=token_offsets, max_context=max_context, window=window)
-            if training:
-                if example.is_impossible or not (start <= token_start and token_end < end):
-                    feature.start_position = feature.end_position = 0
-                else:
-                    feature.start_position = len(head) + token_start - start
-                    feature.end_position = len(head) + token_end - start
-            features.append(feature)
-    report.note("features", amount=len(features))
-    return features

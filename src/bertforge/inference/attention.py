@@ -24,8 +24,9 @@ from pathlib import Path
 
 import torch
 
-from bertforge.artifacts import load_model, load_tokenizer
+from bertforge.checkpoint_format import load_tokenizer
 from bertforge.errors import ConfigError, InputError
+from bertforge.families import registry
 from bertforge.model.bert import BertModel
 from bertforge.storage import write_bytes
 
@@ -39,7 +40,7 @@ def attention_maps(model_dir: str | os.PathLike, text: str) -> tuple[list[str], 
     if not isinstance(text, str) or not text.strip():
         raise InputError("text is empty; give a sentence to draw the attention of")
     tokenizer = load_tokenizer(model_dir)
-    model = load_model(model_dir)
+    model, _ = registry.load_model(model_dir)
     encoder = model if isinstance(model, BertModel) else model.bert
     encoding = tokenizer.encode(text)
     if len(encoding.ids) > min(MAX_TOKENS, model.config.max_position_embeddings):

@@ -28,14 +28,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.artifacts import load_model
 from bertforge.errors import BertforgeError, ConfigError
+from bertforge.families import registry
+from bertforge.families.multiple_choice import BertForMultipleChoice
 from bertforge.model.bert import BertModel, BertPretrainedModel
-from bertforge.tasks.classification import BertForSequenceClassification
-from bertforge.tasks.multiple_choice import BertForMultipleChoice
-from bertforge.tasks.pretraining import BertForPretraining
-from bertforge.tasks.question_answering import BertForQuestionAnswering
-from bertforge.tasks.token_classification import BertForTokenClassification
 
 FP32_TOLERANCE = 1e-4
 DEFAULT_OPSET = 17
@@ -71,20 +67,13 @@ class ExportReport:
 
 
 def output_axes(model: BertPretrainedModel) -> dict[str, dict[int, str]]:
-    """Output names of `model` with their dynamic axes (dim -> name)."""
-    batch, tokens = {0: "batch"}, {0: "batch", 1: "sequence"}
-    if isinstance(model, BertForPretraining):
-        return {"mlm_logits": tokens, "nsp_logits": batch}
-    if isinstance(model, BertForSequenceClassification):
-        return {"logits": batch}
-    if isinstance(model, BertForTokenClassification):
-        return {"logits": tokens}
-    if isinstance(model, BertForQuestionAnswering):
-        return {"start_logits": tokens, "end_logits": tokens}
-    if isinstance(model, BertForMultipleChoice):
-        return {"logits": {0: "batch", 1: "choices"}}
+    """Output names of `model` with their dynamic axes (dim -> name): its family's, or the bare encoder's."""
+    family = registry.for_model(model)
+    if family is not None:
+        return {name: dict(axes) for name, axes in family.export_outputs.items()}
     if isinstance(model, BertModel):
-        return {"last_hidden_state": tokens, **({"pooled_output": batch} if model.pooler is not None else {})}
+        tokens = {0: "batch", 1: "sequence"}
+        return {"last_hidden_state": tokens, **({"pooled_output": {0: "batch"}} if model.pooler is not None else {})}
     raise ConfigError(f"cannot export a {type(model).__name__}")
 
 
@@ -150,7 +139,9 @@ def export_onnx(model_dir: str | os.PathLike, out_path: str | os.PathLike, *, op
         import onnx
     except ImportError:
         raise ConfigError("ONNX export needs the 'export' extra: pip install 'bertforge[export]'") from None
-    model = load_model(model_dir).float().eval()
+    # The plain path: tracing records one graph, and the padding-free layout's per-sequence loop is not one.
+    model, _ = registry.load_model(model_dir, fast_path=False)
+    model = model.float().eval()
     axes = output_axes(model)
     names = list(axes)
     wrapper = OnnxModule(model, names).eval()

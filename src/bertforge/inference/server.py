@@ -370,13 +370,6 @@ class InferenceService:
 
 # --- the app ---------------------------------------------------------------------------------------------
 
-EXAMPLES: dict[str, Any] = {
-    "fill-mask": {"inputs": ["The capital of France is [MASK]."], "parameters": {"top_k": 5}},
-    "classify": {"inputs": ["A delightful film.", {"text": "A man plays guitar.", "text_pair": "Music is made."}]},
-    "tag": {"inputs": ["George Washington went to Washington."]},
-    "answer": {"inputs": [{"question": "Where does Ana live?", "context": "Ana lives in Lisbon."}]},
-    "embed": {"inputs": ["A man is eating food."], "parameters": {"pooling": "mean", "normalize": True}},
-}
 REQUEST_SCHEMA = {
     "type": "object", "required": ["inputs"],
     "properties": {"inputs": {"type": "array", "minItems": 1, "items": {}},
@@ -413,12 +406,12 @@ def build_app(pipelines: dict[str, Pipeline], settings: ServerSettings | None = 
 
         endpoint.__name__ = task.replace("-", "_")
         app.add_api_route(
-            route, endpoint, methods=["POST"], summary=f"{task} ({type(pipelines[task]).__name__})",
-            description=(pipelines[task].__doc__ or "").strip(),
+            route, endpoint, methods=["POST"], summary=f"{task} ({pipelines[task].family_name})",
+            description=pipelines[task].description,
             responses={400: {"description": "malformed JSON"}, 413: {"description": "too large"},
                        422: {"description": "invalid input"}, 429: {"description": "queue full"}},
             openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-                "schema": REQUEST_SCHEMA, "example": EXAMPLES[task]}}}})
+                "schema": REQUEST_SCHEMA, "example": pipelines[task].example}}}})
 
     for task in pipelines:
         add_route(task)

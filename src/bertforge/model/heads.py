@@ -1,6 +1,6 @@
 """Heads that sit on the encoder: the masked-LM head, the classifier head and feature selection.
 
-The task models in `bertforge.tasks` combine `BertModel` with these; keeping the heads here lets inference
+The task models of `bertforge.families` combine `BertModel` with these; keeping the heads here lets inference
 and export reuse them without importing training code.
 """
 

@@ -2,7 +2,7 @@
 
 `Tokenizer` reproduces Google's original `FullTokenizer` (see `normalizer`, `pretokenizer`, `wordpiece`) and
 adds what fine-tuning and serving need: exact character offsets into the original text, word ids, the
-``[CLS] A [SEP] B [SEP]`` layout, truncation (longest-first, or one side with overflow windows and a stride),
+``[CLS] A [SEP] B [SEP]`` layout (`postprocessor`), truncation (longest-first, or one side with overflow windows `doc_stride` apart),
 padding, decoding, and `save_pretrained` / `from_pretrained` on a directory that Hugging Face `transformers`
 also loads (`vocab.txt`, `tokenizer_config.json`, `special_tokens_map.json`).
 
@@ -35,8 +35,10 @@ from bertforge.constants import (
 from bertforge.errors import CheckpointError, ConfigError, DataError, InputError
 from bertforge.storage import write_text
 from bertforge.tokenization.normalizer import Normalizer
+from bertforge.tokenization.postprocessor import PostProcessor
 from bertforge.tokenization.pretokenizer import ASCII_WORD, PreTokenizer, is_plain_ascii
 from bertforge.tokenization.vocab import Vocab
+from bertforge.tokenization.windows import window_spans
 from bertforge.tokenization.wordpiece import CONTINUATION_PREFIX, WordPiece
 
 SPECIAL_TOKENS_MAP_NAME = "special_tokens_map.json"
@@ -292,6 +294,11 @@ class Tokenizer:
         return self.config.model_max_length
 
     @property
+    def post_processor(self) -> PostProcessor:
+        """The special-token layout (`[CLS] A [SEP] B [SEP]`) of this vocabulary."""
+        return PostProcessor(self._cls_id, self._sep_id)
+
+    @property
     def pad_token_id(self) -> int:
         return self.vocab[self.config.pad_token]
 
@@ -423,7 +430,7 @@ class Tokenizer:
         add_special_tokens: bool = True,
         max_length: int | None = None,
         truncation: Truncation | bool | None = None,
-        stride: int = 0,
+        doc_stride: int | None = None,
         return_overflowing: bool = False,
         padding: Padding | bool = False,
         pad_to: int | None = None,
@@ -440,9 +447,11 @@ class Tokenizer:
             truncation: ``"longest_first"`` (or True) removes tokens one at a time from the end of the longer
                 sequence (the second on ties, as Google's fine-tuning code does); ``"only_first"`` /
                 ``"only_second"`` shorten one side only and support `return_overflowing`.
-            stride: with `return_overflowing`, how many tokens consecutive windows share (QA doc stride).
+            doc_stride: with `return_overflowing`, the step between the starts of consecutive windows over
+                the truncated side, in tokens (Google's doc_stride; default half a window). The windows are
+                those of `tokenization.windows.window_spans`, the rule every family uses.
             return_overflowing: keep the cut-off part as further windows in ``.overflowing``, each again
-                ``[CLS] A [SEP] B [SEP]`` with the truncated side advanced by ``window - stride`` tokens.
+                ``[CLS] A [SEP] B [SEP]``.
             padding: ``"max_length"`` pads to `pad_to`, else `max_length`, else `model_max_length`;
                 ``"longest"`` (or True) pads the windows of this call to the longest one.
             pad_to: explicit target length for ``padding="max_length"``.
@@ -452,7 +461,7 @@ class Tokenizer:
 
         Raises:
             InputError: the input is too long without truncation, the budget left after special tokens and
-                the untruncated side is empty, `stride` does not fit the window, or an option is invalid.
+                the untruncated side is empty, `doc_stride` is not positive, or an option is invalid.
         """
         first = self._encode_sequence(text)
         if pair is None and max_length is None and not (truncation or padding or return_overflowing):
@@ -462,7 +471,7 @@ class Tokenizer:
         padding = _check_padding(padding)
         second = self._encode_sequence(pair) if pair is not None else None
         windows = self._truncate(
-            first, second, add_special_tokens, max_length, truncation, stride, return_overflowing
+            first, second, add_special_tokens, max_length, truncation, doc_stride, return_overflowing
         )
         encodings = [self._assemble(a, b, add_special_tokens) for a, b in windows]
         if padding == "max_length":
@@ -485,7 +494,7 @@ class Tokenizer:
         add_special_tokens: bool = True,
         max_length: int | None = None,
         truncation: Truncation | bool | None = None,
-        stride: int = 0,
+        doc_stride: int | None = None,
         return_overflowing: bool = False,
         padding: Padding | bool = False,
         pad_to: int | None = None,
@@ -508,7 +517,7 @@ class Tokenizer:
                 add_special_tokens=add_special_tokens,
                 max_length=max_length,
                 truncation=truncation,
-                stride=stride,
+                doc_stride=doc_stride,
                 return_overflowing=return_overflowing,
                 padding=per_item_padding,
                 pad_to=pad_to,
@@ -529,7 +538,7 @@ class Tokenizer:
         add_special_tokens: bool,
         max_length: int | None,
         truncation: Truncation | None,
-        stride: int,
+        doc_stride: int | None,
         return_overflowing: bool,
     ) -> list[tuple[SequenceTokens | None, SequenceTokens | None]]:
         """Cut the sequences to fit; returns the (first, second) token slices of each window."""
@@ -537,8 +546,8 @@ class Tokenizer:
         length_a = len(first[0])
         length_b = len(second[0]) if second is not None else 0
         total = length_a + length_b + special
-        if stride < 0:
-            raise InputError(f"stride must be >= 0, got {stride}")
+        if doc_stride is not None and (isinstance(doc_stride, bool) or doc_stride < 1):
+            raise InputError(f"doc_stride must be a positive number of tokens, got {doc_stride!r}")
         if truncation is None:
             if return_overflowing:
                 raise InputError(
@@ -560,7 +569,7 @@ class Tokenizer:
             )
         if truncation == "longest_first":
             if second is None:
-                return _windows(first, budget, stride, return_overflowing, lambda part: (part, None))
+                return _windows(first, budget, doc_stride, return_overflowing, lambda part: (part, None))
             if return_overflowing:
                 raise InputError(
                     "return_overflowing with a text pair needs truncation='only_first' or 'only_second', "
@@ -580,7 +589,7 @@ class Tokenizer:
                     f"truncation='only_first' cannot fit: the second sequence alone has {length_b} "
                     f"tokens and max_length={max_length}; use 'longest_first' or 'only_second'"
                 )
-            return _windows(first, room, stride, return_overflowing, lambda part: (part, second))
+            return _windows(first, room, doc_stride, return_overflowing, lambda part: (part, second))
         if second is None:
             raise InputError(
                 "truncation='only_second' needs a text pair; use 'only_first' or 'longest_first'"
@@ -591,7 +600,7 @@ class Tokenizer:
                 f"truncation='only_second' cannot fit: the first sequence alone has {length_a} tokens and "
                 f"max_length={max_length}; shorten it (e.g. a max question length) or use 'longest_first'"
             )
-        return _windows(second, room, stride, return_overflowing, lambda part: (first, part))
+        return _windows(second, room, doc_stride, return_overflowing, lambda part: (first, part))
 
     def _assemble(
         self,
@@ -600,38 +609,26 @@ class Tokenizer:
         add_special_tokens: bool,
     ) -> Encoding:
         ids_a, offsets_a, words_a = first
-        length_a = len(ids_a)
+        ids_b, offsets_b, words_b = second if second is not None else ([], [], [])
         if add_special_tokens:
-            ids = [self._cls_id, *ids_a, self._sep_id]
+            # The layout comes from the post-processor; the other lists follow it position by position.
+            ids, type_ids = self.post_processor.assemble(ids_a, None if second is None else ids_b)
             offsets = [(0, 0), *offsets_a, (0, 0)]
             word_ids: list[int | None] = [None, *words_a, None]
-            sequence_ids: list[int | None] = [0] * (length_a + 2)
-            sequence_ids[0] = sequence_ids[-1] = None
-            special = [0] * (length_a + 2)
-            special[0] = special[-1] = 1
+            sequence_ids: list[int | None] = [None, *([0] * len(ids_a)), None]
+            special = [1, *([0] * len(ids_a)), 1]
+            if second is not None:
+                offsets += [*offsets_b, (0, 0)]
+                word_ids += [*words_b, None]
+                sequence_ids += [*([1] * len(ids_b)), None]
+                special += [*([0] * len(ids_b)), 1]
         else:
-            ids = list(ids_a)
-            offsets = list(offsets_a)
-            word_ids = list(words_a)
-            sequence_ids = [0] * length_a
-            special = [0] * length_a
-        type_ids = [0] * len(ids)
-        if second is not None:
-            ids_b, offsets_b, words_b = second
-            length_b = len(ids_b)
-            ids += ids_b
-            offsets += offsets_b
-            word_ids += words_b
-            sequence_ids += [1] * length_b
-            special += [0] * length_b
-            type_ids += [1] * length_b
-            if add_special_tokens:
-                ids.append(self._sep_id)
-                offsets.append((0, 0))
-                word_ids.append(None)
-                sequence_ids.append(None)
-                special.append(1)
-                type_ids.append(1)
+            ids = [*ids_a, *ids_b]
+            type_ids = [0] * len(ids_a) + [1] * len(ids_b)
+            offsets = [*offsets_a, *offsets_b]
+            word_ids = [*words_a, *words_b]
+            sequence_ids = [0] * len(ids_a) + [1] * len(ids_b)
+            special = [0] * len(ids)
         return Encoding(
             ids=ids,
             type_ids=type_ids,
@@ -717,26 +714,15 @@ def _slice(sequence: SequenceTokens, start: int, end: int) -> SequenceTokens:
 def _windows(
     sequence: SequenceTokens,
     room: int,
-    stride: int,
+    doc_stride: int | None,
     return_overflowing: bool,
     place: Callable[[SequenceTokens], tuple[SequenceTokens | None, SequenceTokens | None]],
 ) -> list[tuple[SequenceTokens | None, SequenceTokens | None]]:
-    """Windows of at most `room` tokens over `sequence`, consecutive windows sharing `stride` tokens."""
+    """Windows of at most `room` tokens over `sequence`, `doc_stride` apart (`windows.window_spans`)."""
     length = len(sequence[0])
     if not return_overflowing or length <= room:
         return [place(_slice(sequence, 0, min(length, room)))]
-    if stride >= room:
-        raise InputError(
-            f"stride={stride} must be smaller than the {room} tokens a window holds for this input"
-        )
-    windows = []
-    start = 0
-    while True:
-        end = min(start + room, length)
-        windows.append(place(_slice(sequence, start, end)))
-        if end >= length:
-            return windows
-        start = end - stride
+    return [place(_slice(sequence, start, start + size)) for start, size in window_spans(length, room, doc_stride)]
 
 
 def _check_truncation(truncation: Truncation | bool | None) -> Truncation | None:

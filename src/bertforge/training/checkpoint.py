@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 
-from bertforge.artifacts import replace_directory, save_model
+from bertforge.checkpoint_format import replace_directory, save_model
 from bertforge.constants import TRAINING_STATE_NAME
 from bertforge.errors import CheckpointError
 

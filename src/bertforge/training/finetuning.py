@@ -36,43 +36,19 @@ from typing import Any
 
 import torch
 
-from bertforge.artifacts import load_model, load_tokenizer, read_config, save_model
+from bertforge.checkpoint_format import read_directory, save_model
 from bertforge.configuration import shared_data_root
-from bertforge.data.choice import build_choice_features, read_choice
-from bertforge.data.classification import (
-    ON_INVALID,
-    build_classification_features,
-    check_labels,
-    label_list,
-    read_classification,
-)
-from bertforge.data.conll import (
-    BIO_ERROR_POLICIES,
-    LABEL_POLICIES,
-    TAG_SCHEMES,
-    build_tagging_features,
-    check_tag_labels,
-    read_tagged,
-    tag_list,
-)
+from bertforge.constants import FINETUNING_NAME
+from bertforge.data.classification import ON_INVALID
+from bertforge.data.conll import BIO_ERROR_POLICIES, LABEL_POLICIES, TAG_SCHEMES
 from bertforge.data.finetuning import DataReport, Feature, FeatureBatches
-from bertforge.data.squad import article_split, build_qa_features, count_articles, read_squad
 from bertforge.errors import ConfigError, DataError
-from bertforge.evaluation import (
-    ChoiceEvaluator,
-    ClassificationEvaluator,
-    EvalResult,
-    Evaluator,
-    QuestionAnsweringEvaluator,
-    TaggingEvaluator,
-)
-from bertforge.model.bert import set_fast_paths
+from bertforge.evaluation import EvalResult, Evaluation
+from bertforge.families import registry
+from bertforge.families.base import InputSettings
+from bertforge.model.config import BertConfig
 from bertforge.runtime import resolve_device, resolve_precision, set_seed
 from bertforge.storage import write_json, write_jsonl
-from bertforge.tasks.classification import BertForSequenceClassification, SequenceClassificationTask
-from bertforge.tasks.multiple_choice import BertForMultipleChoice, MultipleChoiceTask
-from bertforge.tasks.question_answering import BertForQuestionAnswering, QuestionAnsweringTask
-from bertforge.tasks.token_classification import BertForTokenClassification, TokenClassificationTask
 from bertforge.tokenization import Tokenizer
 from bertforge.training import distributed
 from bertforge.training.config import TrainingConfig
@@ -80,24 +56,13 @@ from bertforge.training.loop import train
 
 log = logging.getLogger("bertforge.finetuning")
 
-FAMILIES = ("classification", "regression", "ner", "qa", "choice")
-# --format value -> task family ("pair" is classification with a text_b column).
-FORMATS = {"classification": "classification", "pair": "classification", "regression": "regression",
-           "ner": "ner", "qa": "qa", "choice": "choice"}
-MODEL_CLASSES = {"classification": BertForSequenceClassification, "regression": BertForSequenceClassification,
-                 "ner": BertForTokenClassification, "qa": BertForQuestionAnswering, "choice": BertForMultipleChoice}
-FAMILY_OF_ARCHITECTURE = {"BertForTokenClassification": "ner", "BertForQuestionAnswering": "qa",
-                          "BertForMultipleChoice": "choice"}
-# Where the named tasks' files live unless `data_root` (or $BERTFORGE_DATA) says otherwise.
-FINETUNING_FILE = "finetuning.json"
-# What each family reports when a generic format (or a saved model) does not say; the first picks the best.
-FAMILY_METRICS = {"classification": ("accuracy",), "regression": ("pearson", "spearman"),
-                  "ner": ("f1", "precision", "recall"), "qa": ("f1", "exact_match"), "choice": ("accuracy",)}
+# --format value -> (task family, regression); "pair" is classification with a text_b column.
+FORMATS = {"classification": ("classification", False), "pair": ("classification", False),
+           "regression": ("classification", True), "ner": ("tagging", False), "qa": ("question_answering", False),
+           "choice": ("multiple_choice", False)}
+REGRESSION_METRICS = ("pearson", "spearman")
 # Metrics where a smaller value is better (the best checkpoint minimises them).
 LOWER_IS_BETTER = frozenset({"mse"})
-# Every `TAGGING_DEV_EVERY`-th sentence of a tagging train file forms the carved dev split (5%).
-TAGGING_DEV_EVERY = 20
-QA_EVAL_EVERY = 4
 
 
 # --- the registry -----------------------------------------------------------------------------------------
@@ -116,7 +81,7 @@ class TaskSpec:
     """A named task: files, columns, labels and metrics (the first metric picks the best checkpoint)."""
 
     name: str
-    family: str
+    family: str  # a registry name (families.registry)
     train: tuple[DataSource, ...]
     dev: tuple[DataSource, ...]
     test: tuple[DataSource, ...] = ()
@@ -130,6 +95,7 @@ class TaskSpec:
     language: str = "en"
     max_seq_length: int = 128
     note: str = ""
+    regression: bool = False
 
 
 def _glue(name: str, folder: str, **kwargs) -> TaskSpec:
@@ -138,24 +104,24 @@ def _glue(name: str, folder: str, **kwargs) -> TaskSpec:
 
 
 def _qa_split(name: str, path: str, extra_train: tuple[DataSource, ...] = (), **kwargs) -> TaskSpec:
-    return TaskSpec(name, "qa", (DataSource(path, "train"), *extra_train), (DataSource(path, "eval"),),
+    return TaskSpec(name, "question_answering", (DataSource(path, "train"), *extra_train), (DataSource(path, "eval"),),
                     metrics=("f1", "exact_match"), max_seq_length=384, **kwargs)
 
 
 TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     _glue("sst2", "SST-2", text_a="sentence", label="label", labels=("0", "1"), metrics=("accuracy",)),
     _glue("cola", "CoLA", text_a=3, label=1, header=False, labels=("0", "1"), metrics=("mcc", "accuracy")),
-    _glue("stsb", "STS-B", family="regression", text_a="sentence1", text_b="sentence2", label=-1, header=True,
-          metrics=("pearson", "spearman")),
+    _glue("stsb", "STS-B", regression=True, text_a="sentence1", text_b="sentence2", label=-1, header=True,
+          metrics=REGRESSION_METRICS),
     _glue("rte", "RTE", text_a="sentence1", text_b="sentence2", label="label",
           labels=("entailment", "not_entailment"), metrics=("accuracy",)),
     _glue("wnli", "WNLI", text_a="sentence1", text_b="sentence2", label="label", labels=("0", "1"),
           metrics=("accuracy",)),
-    TaskSpec("conll2003", "ner", (DataSource("conll2003/train.txt"),), (DataSource("conll2003/valid.txt"),),
+    TaskSpec("conll2003", "tagging", (DataSource("conll2003/train.txt"),), (DataSource("conll2003/valid.txt"),),
              metrics=("f1", "precision", "recall")),
-    TaskSpec("msra_ner", "ner", (DataSource("msra_ner/train.tsv", "train"),), (DataSource("msra_ner/train.tsv", "eval"),),
+    TaskSpec("msra_ner", "tagging", (DataSource("msra_ner/train.tsv", "train"),), (DataSource("msra_ner/train.tsv", "eval"),),
              (DataSource("msra_ner/test.tsv"),), separator="", language="zh", metrics=("f1", "precision", "recall"),
-             note=f"no official dev split: every {TAGGING_DEV_EVERY}th training sentence is held out as dev"),
+             note="no official dev split: every 20th training sentence is held out as dev"),
     _qa_split("squad", "squad_v1.1/dev-v1.1.json",
               note="only the v1.1 dev file is available: articles 3, 7, 11, ... (12 of 48) are eval, 36 train"),
     _qa_split("cmrc2018", "cmrc2018/cmrc2018_dev.json", (DataSource("cmrc2018/cmrc2018_trial.json"),),
@@ -329,54 +295,49 @@ def resolve_task(config: FinetuneConfig) -> TaskSpec:
                           f"{'|'.join(FORMATS)} with --train FILE [--dev FILE]")
     if not config.train and not config.dev:
         raise ConfigError(f"--format {config.format} needs --train FILE (and --dev FILE to evaluate)")
-    family = FORMATS[config.format]
+    family_name, regression = FORMATS[config.format]
+    family = registry.family(family_name)
     pair = config.format == "pair" or config.text_b_column is not None
-    metrics = FAMILY_METRICS[family]
     return TaskSpec(
-        name=config.format, family=family,
+        name=config.format, family=family.name,
         train=(DataSource(config.train),) if config.train else (),
         dev=(DataSource(config.dev),) if config.dev else (),
         text_a="text_a", text_b="text_b" if pair else None, label="label",
-        metrics=metrics, max_seq_length=384 if family == "qa" else 128, language="auto" if family == "qa" else "en")
+        metrics=REGRESSION_METRICS if regression else family.default_metrics,
+        max_seq_length=family.default_max_seq_length, language="auto" if family.task == "answer" else "en",
+        regression=regression)
 
 
 def _column(value: str | None, default):
     return default if value is None else value
 
 
+def reader_options(spec: TaskSpec, config: FinetuneConfig) -> dict[str, Any]:
+    """The settings every family's reader may need: the config's, falling back to the named task's."""
+    return {"text_a": _column(config.text_a_column, spec.text_a), "text_b": _column(config.text_b_column, spec.text_b),
+            "label": _column(config.label_column, spec.label),
+            "header": config.header if config.header is not None else spec.header, "regression": spec.regression,
+            "file_format": config.file_format, "on_invalid": config.on_invalid, "token_column": config.token_column,
+            "tag_column": config.tag_column, "separator": config.separator if config.separator is not None
+            else spec.separator, "bio_errors": config.bio_errors, "context_column": config.context_column,
+            "start_column": config.start_column, "ending_columns": config.ending_columns}
+
+
 def read_examples(spec: TaskSpec, sources: Sequence[DataSource], config: FinetuneConfig, report: DataReport,
                   labelled: bool = True) -> list:
     """Read and concatenate the examples of `sources` (with their deterministic parts) for `spec`'s family."""
+    family = registry.family(spec.family)
+    options = reader_options(spec, config)
     examples: list = []
     for source in sources:
-        path = source.path
-        if spec.family in ("classification", "regression"):
-            label = _column(config.label_column, spec.label) if labelled else None
-            part = read_classification(
-                path, text_a=_column(config.text_a_column, spec.text_a), text_b=_column(config.text_b_column, spec.text_b),
-                label=label, header=config.header if config.header is not None else spec.header,
-                regression=spec.family == "regression", file_format=config.file_format,
-                on_invalid=config.on_invalid, report=report)
-        elif spec.family == "ner":
-            separator = config.separator if config.separator is not None else spec.separator
-            part = read_tagged(path, token_column=config.token_column, tag_column=config.tag_column if labelled else None,
-                               separator=separator, bio_errors=config.bio_errors, on_invalid=config.on_invalid,
-                               report=report)
-            if source.part is not None:
-                held = source.part == "eval"
-                part = [e for i, e in enumerate(part) if (i % TAGGING_DEV_EVERY == TAGGING_DEV_EVERY - 1) == held]
-        elif spec.family == "qa":
-            articles = None
-            if source.part is not None:
-                train_ids, eval_ids = article_split(count_articles(path), QA_EVAL_EVERY)
-                articles = eval_ids if source.part == "eval" else train_ids
-            part = read_squad(path, articles=articles, labelled=labelled, on_invalid=config.on_invalid, report=report)
-        else:
-            part = read_choice(path, context_column=config.context_column, start_column=config.start_column,
-                               ending_columns=config.ending_columns, label_column="label" if labelled else None,
-                               file_format=config.file_format, on_invalid=config.on_invalid, report=report)
-        examples.extend(part)
+        examples.extend(family.read(source.path, part=source.part, options=options, report=report, labelled=labelled))
     return examples
+
+
+def input_settings(config: FinetuneConfig, max_seq_length: int) -> InputSettings:
+    return InputSettings(max_seq_length=max_seq_length, doc_stride=config.doc_stride,
+                         max_query_length=config.max_query_length, tag_scheme=config.tag_scheme,
+                         label_policy=config.label_policy)
 
 
 @dataclass
@@ -393,39 +354,20 @@ class PreparedData:
     dev_features: list[Feature]
     report: DataReport
     version_2_with_negative: bool = False
+    settings: InputSettings | None = None
 
     @property
     def id2label(self) -> dict[int, str] | None:
         return None if self.label_names is None else dict(enumerate(self.label_names))
 
 
-def build_features(spec: TaskSpec, examples: Sequence, tokenizer: Tokenizer, config: FinetuneConfig,
-                   max_seq_length: int, label_names: list[str] | None, report: DataReport,
-                   training: bool) -> list[Feature]:
-    """Features of `examples` for `spec`'s family (QA training features carry start/end positions)."""
-    label2id = None if label_names is None else {name: i for i, name in enumerate(label_names)}
-    if spec.family in ("classification", "regression"):
-        labelled = label2id if all(e.label is not None for e in examples) else None
-        return build_classification_features(examples, tokenizer, max_seq_length, label2id=labelled,
-                                             regression=spec.family == "regression", stride=config.doc_stride,
-                                             report=report)
-    if spec.family == "ner":
-        labelled = label2id if all(e.tags is not None for e in examples) else None
-        return build_tagging_features(examples, tokenizer, max_seq_length, label2id=labelled,
-                                      tag_scheme=config.tag_scheme, label_policy=config.label_policy,
-                                      stride=config.doc_stride, report=report)
-    if spec.family == "qa":
-        return build_qa_features(examples, tokenizer, max_seq_length, doc_stride=config.doc_stride or 128,
-                                 max_query_length=config.max_query_length, training=training, report=report)
-    return build_choice_features(examples, tokenizer, max_seq_length, report=report)
-
-
 def prepare_data(config: FinetuneConfig, tokenizer: Tokenizer, spec: TaskSpec | None = None,
-                 max_positions: int | None = None) -> PreparedData:
+                 model_config: BertConfig | None = None) -> PreparedData:
     """Read the task's train and dev files, fix the labels, build features; every count goes to the report.
 
-    The default max_seq_length (128; QA 384) is lowered to `max_positions` (the model's
-    max_position_embeddings) when that is smaller; an explicit `config.max_seq_length` is kept as given.
+    The default max_seq_length (128; QA 384) is lowered to the model's max_position_embeddings when that is
+    smaller; an explicit `config.max_seq_length` is kept as given. `model_config` is the model directory's
+    config (default: read from `config.model`); the run's head (label names, problem type) is applied to it.
 
     Raises:
         DataError: unreadable or malformed files, a dev label unseen in training.
@@ -444,64 +386,42 @@ def prepare_data(config: FinetuneConfig, tokenizer: Tokenizer, spec: TaskSpec | 
     if spec.train and not train_examples:
         raise DataError("no usable training examples", spec.train[0].path)
 
-    label_names: list[str] | None = None
-    if spec.family == "classification":
-        label_names = list(config.labels or spec.labels or label_list(train_examples))
-        label2id = {name: i for i, name in enumerate(label_names)}
-        check_labels(train_examples, label2id)
-        check_labels(dev_examples, label2id)
-    elif spec.family == "ner":
-        label_names = list(config.labels or tag_list(train_examples, config.tag_scheme))
-        label2id = {name: i for i, name in enumerate(label_names)}
-        check_tag_labels(train_examples, label2id, config.tag_scheme)
-        check_tag_labels(dev_examples, label2id, config.tag_scheme)
-
-    max_seq_length = config.max_seq_length or min(spec.max_seq_length, max_positions or spec.max_seq_length)
-    train_features = build_features(spec, train_examples, tokenizer, config, max_seq_length, label_names,
-                                    train_report, training=True)
-    dev_features = build_features(spec, dev_examples, tokenizer, config, max_seq_length, label_names, dev_report,
-                                  training=False)
+    family = registry.family(spec.family)
+    model_config = model_config or read_directory(config.model).config
+    max_positions = model_config.max_position_embeddings
+    max_seq_length = config.max_seq_length or min(spec.max_seq_length, max_positions)
+    settings = input_settings(config, max_seq_length)
+    label_names = family.label_names(train_examples, config.labels or spec.labels, settings, spec.regression)
+    if label_names is not None:
+        family.check_labels(train_examples, label_names, settings)
+        family.check_labels(dev_examples, label_names, settings)
+    head = model_config.replace(**family.head_config(label_names, spec.regression))
+    train_features = family.features(train_examples, tokenizer, settings, config=head, report=train_report,
+                                     training=True)
+    dev_features = family.features(dev_examples, tokenizer, settings, config=head, report=dev_report)
     version_2 = config.version_2_with_negative
     if version_2 is None:
-        version_2 = spec.family == "qa" and any(e.is_impossible for e in [*train_examples, *dev_examples])
+        version_2 = any(getattr(e, "is_impossible", False) for e in [*train_examples, *dev_examples])
     train_report.log_warnings(f"{spec.name} train")
     dev_report.log_warnings(f"{spec.name} dev")
     report.merge(train_report, "train.").merge(dev_report, "dev.")
     return PreparedData(spec, tokenizer, label_names, max_seq_length, train_examples, train_features, dev_examples,
-                        dev_features, report, version_2)
+                        dev_features, report, version_2, settings)
 
 
-def make_evaluator(spec: TaskSpec, examples: Sequence, features: Sequence[Feature], config: FinetuneConfig,
-                   label_names: list[str] | None, tokenizer: Tokenizer, version_2_with_negative: bool) -> Evaluator:
-    """The family's evaluator for these examples."""
-    common = {"batch_size": config.eval_batch_size, "pad_token_id": tokenizer.pad_token_id}
-    if spec.family in ("classification", "regression"):
-        return ClassificationEvaluator(examples, features, label_names=label_names,
-                                       regression=spec.family == "regression", metric_names=list(spec.metrics)
-                                       if spec.family == "regression" or spec.metrics != ("accuracy",) else None,
-                                       **common)
-    if spec.family == "ner":
-        return TaggingEvaluator(examples, features, id2label=dict(enumerate(label_names)),
-                                tag_scheme=config.tag_scheme, **common)
-    if spec.family == "qa":
-        return QuestionAnsweringEvaluator(examples, features, language=config.language or spec.language,
-                                          n_best_size=config.n_best_size, max_answer_length=config.max_answer_length,
-                                          version_2_with_negative=version_2_with_negative,
-                                          null_score_diff_threshold=config.null_score_diff_threshold, **common)
-    return ChoiceEvaluator(examples, features, **common)
-
-
-def task_adapter(spec: TaskSpec):
-    """The loss/metric adapter the training loop uses for `spec`'s family."""
-    if spec.family == "classification":
-        return SequenceClassificationTask("single_label_classification")
-    if spec.family == "regression":
-        return SequenceClassificationTask("regression")
-    if spec.family == "ner":
-        return TokenClassificationTask()
-    if spec.family == "qa":
-        return QuestionAnsweringTask()
-    return MultipleChoiceTask()
+def make_evaluation(spec: TaskSpec, examples: Sequence, features: Sequence[Feature], config: FinetuneConfig,
+                    model_config, tokenizer: Tokenizer, version_2_with_negative: bool) -> Evaluation:
+    """The one evaluation path for these examples, with the run's decoding options and scoring choices."""
+    family = registry.family(spec.family)
+    options = {}
+    if family.task == "answer":
+        options = {"n_best_size": config.n_best_size, "max_answer_tokens": config.max_answer_length,
+                   "allow_no_answer": bool(version_2_with_negative),
+                   "null_threshold": config.null_score_diff_threshold}
+    scoring = {"metric_names": list(spec.metrics) if spec.regression or spec.metrics != ("accuracy",) else None,
+               "language": config.language or spec.language, "version_2": bool(version_2_with_negative)}
+    return Evaluation(family, examples, features, config=model_config, batch_size=config.eval_batch_size,
+                      pad_token_id=tokenizer.pad_token_id, options=options, scoring=scoring, tokenizer=tokenizer)
 
 
 def load_task_model(config: FinetuneConfig, spec: TaskSpec, label_names: list[str] | None, max_seq_length: int):
@@ -509,19 +429,15 @@ def load_task_model(config: FinetuneConfig, spec: TaskSpec, label_names: list[st
     if not config.model:
         raise ConfigError("finetune.model is empty: pass --model DIR, a BERT model directory (config.json, weights, "
                           "vocab.txt)")
+    family = registry.family(spec.family)
     overrides: dict[str, Any] = {"freeze_encoder": config.freeze_encoder, "feature_layers": config.feature_layers}
     if config.classifier_hidden_sizes is not None:
         overrides["classifier_hidden_sizes"] = list(config.classifier_hidden_sizes)
     if config.classifier_dropout is not None:
         overrides["classifier_dropout"] = config.classifier_dropout
-    if spec.family == "regression":
-        overrides.update(problem_type="regression", id2label=None, label2id=None)
-    elif label_names is not None:
-        overrides.update(id2label=dict(enumerate(label_names)),
-                         problem_type="single_label_classification" if spec.family == "classification" else None)
-    model = load_model(config.model, MODEL_CLASSES[spec.family], config_overrides=overrides,
-                       fresh_head=config.fresh_head)
-    set_fast_paths(model, unpad=config.fast_path, fused_qkv=config.fast_path)
+    overrides.update(family.head_config(label_names, spec.regression))
+    model, _ = registry.load_model(config.model, family.model_class, config_overrides=overrides,
+                                   fresh_head=config.fresh_head, fast_path=config.fast_path)
     if max_seq_length > model.config.max_position_embeddings:
         raise ConfigError(f"max_seq_length={max_seq_length} exceeds the model's max_position_embeddings="
                           f"{model.config.max_position_embeddings}; lower it (long inputs are windowed anyway)")
@@ -530,9 +446,10 @@ def load_task_model(config: FinetuneConfig, spec: TaskSpec, label_names: list[st
 
 def finetuning_record(spec: TaskSpec, config: FinetuneConfig, prepared_max_len: int, label_names, version_2: bool,
                       metric: str) -> dict[str, Any]:
-    """What `finetuning.json` stores: how inputs were built, so `evaluate` rebuilds them the same way."""
+    """What `finetuning.json` stores: how inputs were built, so `evaluate`, `predict` and the server rebuild
+    them the same way (`InputSettings.from_record` reads the input settings back)."""
     return {
-        "task": config.task, "format": config.format, "family": spec.family,
+        "task": config.task, "format": config.format, "family": spec.family, "regression": spec.regression,
         "text_a_column": _column(config.text_a_column, spec.text_a),
         "text_b_column": _column(config.text_b_column, spec.text_b),
         "label_column": _column(config.label_column, spec.label),
@@ -608,9 +525,9 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
     if not config.model:
         raise ConfigError("finetune.model is empty: pass --model DIR, a BERT model directory (config.json, "
                           "weights, vocab.txt)")
-    tokenizer = load_tokenizer(config.model)
-    model_config, _ = read_config(config.model)
-    prepared = prepare_data(config, tokenizer, spec, model_config.max_position_embeddings)
+    directory = read_directory(config.model)
+    tokenizer = directory.require_tokenizer()
+    prepared = prepare_data(config, tokenizer, spec, directory.config)
     metric = config.metric or spec.metrics[0]
     log.info("%s: %d train examples -> %d features, %d dev examples -> %d features; %s", spec.name,
              len(prepared.train_examples), len(prepared.train_features), len(prepared.dev_examples),
@@ -627,19 +544,17 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
     record = finetuning_record(spec, config, prepared.max_seq_length, prepared.label_names,
                                prepared.version_2_with_negative, metric)
     best_dir = out_dir / "best"
-    extra = {FINETUNING_FILE: json.dumps(record, indent=2, ensure_ascii=False) + "\n"}
+    extra = {FINETUNING_NAME: json.dumps(record, indent=2, ensure_ascii=False) + "\n"}
     history: list[dict[str, Any]] = []
     warnings: list[str] = []
     best: dict[str, Any] = {"step": None, "metrics": {}, "predictions": None}
 
     evaluator = None
     if prepared.dev_examples:
-        evaluator = make_evaluator(spec, prepared.dev_examples, prepared.dev_features, config, prepared.label_names,
-                                   tokenizer, prepared.version_2_with_negative)
+        evaluator = make_evaluation(spec, prepared.dev_examples, prepared.dev_features, config, model.config,
+                                    tokenizer, prepared.version_2_with_negative)
 
-    def eval_fn(current: torch.nn.Module) -> dict[str, float]:
-        # The loop evaluates every `eval_every` steps and after the last one.
-        step = min((len(history) + 1) * eval_every, total_steps)
+    def eval_fn(current: torch.nn.Module, step: int) -> dict[str, float]:
         result = evaluator(current)
         if metric not in result.metrics:
             raise ConfigError(f"finetune.metric={metric!r} is not among this task's evaluation metrics "
@@ -654,7 +569,8 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
                 save_model(current, best_dir, tokenizer=tokenizer, extra_files=extra)
         return result.metrics
 
-    outcome = train(model, batches, task_adapter(spec), training, eval_fn=eval_fn if evaluator else None,
+    objective = registry.family(spec.family).objective_for(model.config)
+    outcome = train(model, batches, objective, training, eval_fn=eval_fn if evaluator else None,
                     tokenizer=tokenizer)
     if evaluator is None and distributed.is_main():
         save_model(model, best_dir, tokenizer=tokenizer, extra_files=extra)
@@ -681,19 +597,16 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
 def evaluate_split(spec: TaskSpec, sources: Sequence[DataSource], config: FinetuneConfig, prepared: PreparedData,
                    model_dir: Path) -> dict[str, float]:
     """Metrics of the saved best model on another labelled split of the task (e.g. MSRA's test file)."""
+    family = registry.family(spec.family)
     report = DataReport()
     examples = read_examples(spec, sources, config, report)
-    if spec.family == "classification":
-        check_labels(examples, {name: i for i, name in enumerate(prepared.label_names)})
-    elif spec.family == "ner":
-        check_tag_labels(examples, {name: i for i, name in enumerate(prepared.label_names)}, config.tag_scheme)
-    features = build_features(spec, examples, prepared.tokenizer, config, prepared.max_seq_length,
-                              prepared.label_names, report, training=False)
-    evaluator = make_evaluator(spec, examples, features, config, prepared.label_names, prepared.tokenizer,
-                               prepared.version_2_with_negative)
     device = resolve_device(config.device)
-    model = set_fast_paths(load_model(model_dir, MODEL_CLASSES[spec.family], device=device),
-                           unpad=config.fast_path, fused_qkv=config.fast_path)
+    model, _ = registry.load_model(model_dir, family.model_class, device=device, fast_path=config.fast_path)
+    if prepared.label_names is not None:
+        family.check_labels(examples, prepared.label_names, prepared.settings)
+    features = family.features(examples, prepared.tokenizer, prepared.settings, config=model.config, report=report)
+    evaluator = make_evaluation(spec, examples, features, config, model.config, prepared.tokenizer,
+                                prepared.version_2_with_negative)
     evaluator.device = device
     metrics = evaluator(model).metrics
     log.info("%s test (%d examples): %s", spec.name, len(examples),
@@ -779,17 +692,12 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
         CheckpointError: not a model directory.
     """
     model_dir = Path(model_dir)
-    stored: dict[str, Any] = {}
-    stored_path = model_dir / FINETUNING_FILE
-    if stored_path.exists():
-        try:
-            stored = json.loads(stored_path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as error:
-            raise DataError(f"cannot read it ({error})", stored_path) from None
-    model_config, architecture = read_config(model_dir)
-    family = stored.get("family") or FAMILY_OF_ARCHITECTURE.get(architecture or "")
-    if family is None:
-        family = "regression" if model_config.problem_type == "regression" else "classification"
+    directory = read_directory(model_dir)
+    stored = directory.finetuning or {}
+    family = registry.for_model(registry.model_class(directory.architecture))
+    if family is None or family.task in (None, "fill-mask"):
+        raise ConfigError(f"{model_dir}: config.json names {directory.architecture or 'BertModel'}, which has no "
+                          "fine-tuned head to evaluate; pass a directory saved by `bertforge finetune`")
     known = {f.name for f in dataclasses.fields(FinetuneConfig)}
     unknown = sorted(set(overrides or {}) - known)
     if unknown:
@@ -801,30 +709,29 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
             fields[name] = str(fields[name])
     config = FinetuneConfig(**{**fields, "model": os.fspath(model_dir), "task": None, "format": None,
                                "eval_batch_size": batch_size, "device": device})
-    spec = TaskSpec(stored.get("task") or family, family, (), (DataSource(os.fspath(data_file)),),
-                    text_a="text_a", label="label", metrics=tuple(stored.get("metrics") or FAMILY_METRICS[family]),
-                    separator=" ", language="auto", max_seq_length=384 if family == "qa" else 128)
-    label_names = model_config.label_names if family in ("classification", "ner") else None
-    tokenizer = load_tokenizer(model_dir)
+    regression = directory.config.problem_type == "regression"
+    spec = TaskSpec(stored.get("task") or family.name, family.name, (), (DataSource(os.fspath(data_file)),),
+                    text_a="text_a", label="label",
+                    metrics=tuple(stored.get("metrics") or (REGRESSION_METRICS if regression else family.default_metrics)),
+                    separator=" ", language="auto", max_seq_length=family.default_max_seq_length, regression=regression)
+    tokenizer = directory.require_tokenizer()
     report = DataReport()
     examples = read_examples(spec, spec.dev, config, report, labelled=labelled)
     if config.dev_limit is not None:
         examples = examples[:config.dev_limit]
     if not examples:
         raise DataError("no examples to evaluate", data_file)
-    if family == "classification":
-        check_labels(examples, {name: i for i, name in enumerate(label_names)})
-    elif family == "ner":
-        check_tag_labels(examples, {name: i for i, name in enumerate(label_names)}, config.tag_scheme)
-    max_seq_length = config.max_seq_length or spec.max_seq_length
-    features = build_features(spec, examples, tokenizer, config, max_seq_length, label_names, report, training=False)
-    report.log_warnings(os.fspath(data_file))
-    version_2 = bool(config.version_2_with_negative) or (family == "qa" and any(e.is_impossible for e in examples))
-    evaluator = make_evaluator(spec, examples, features, config, label_names, tokenizer, version_2)
+    settings = input_settings(config, config.max_seq_length or spec.max_seq_length)
+    if labelled and not regression and directory.config.id2label:
+        family.check_labels(examples, directory.config.label_names, settings)
     run_device = resolve_device(device)
+    model, _ = registry.load_model(model_dir, family.model_class, device=run_device)
+    features = family.features(examples, tokenizer, settings, config=model.config, report=report)
+    report.log_warnings(os.fspath(data_file))
+    version_2 = bool(config.version_2_with_negative) or any(getattr(e, "is_impossible", False) for e in examples)
+    evaluator = make_evaluation(spec, examples, features, config, model.config, tokenizer, version_2)
     evaluator.device = run_device
     evaluator.precision = resolve_precision(precision, run_device)
-    model = set_fast_paths(load_model(model_dir, MODEL_CLASSES[family], device=run_device))
     result = evaluator(model)
     for warning in result.warnings:
         log.warning("%s: %s", os.fspath(data_file), warning)

@@ -42,8 +42,9 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from bertforge.artifacts import load_model
+from bertforge import checkpoint_format
 from bertforge.errors import BertforgeError, CheckpointError, ConfigError, DataError
+from bertforge.model.fast_paths import fast_paths_enabled, set_activation_checkpointing
 from bertforge.runtime import (
     autocast,
     capture_rng_state,
@@ -198,7 +199,7 @@ def rng_preserved():
 
 
 def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
-          eval_fn: Callable[[nn.Module], dict[str, float]] | None = None, tokenizer=None,
+          eval_fn: Callable[[nn.Module, int], dict[str, float]] | None = None, tokenizer=None,
           logger: MetricsSink | None = None) -> TrainResult:
     """Train `model` on `batches` with `task`'s losses; see the module docstring for the contracts.
 
@@ -207,7 +208,7 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
         batches: the batch source (this rank's shard under DDP).
         task: counts / loss_terms / metrics for this model's outputs.
         config: the `[training]` settings.
-        eval_fn: called as eval_fn(model) in eval mode under no_grad and autocast every `eval_every` steps
+        eval_fn: called as eval_fn(model, step) in eval mode under no_grad and autocast every `eval_every` steps
             and at the end, on every rank (it must all-reduce itself if its data is sharded); its dict is
             logged with split "eval". It never perturbs the training run's random streams.
         tokenizer: saved into every checkpoint, so each is a self-contained model directory.
@@ -254,11 +255,8 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
     describe_run(model, batches, config, total_steps, warmup_steps, precision, device, world, context.is_main)
 
     if config.activation_checkpointing:
-        encoders = [m for m in model.modules() if hasattr(m, "set_activation_checkpointing")]
-        if not encoders:
+        if not fast_paths_enabled(set_activation_checkpointing(model))["activation_checkpointing"]:
             raise ConfigError("training.activation_checkpointing needs a bertforge encoder in the model")
-        for encoder in encoders:
-            encoder.set_activation_checkpointing(True)
     runner = distributed.wrap_model(model, context)
     if config.compile:
         runner = torch.compile(runner)
@@ -287,7 +285,7 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
     def evaluate() -> None:
         model.eval()
         with rng_preserved(), torch.no_grad(), autocast(device, precision):
-            values = eval_fn(model)
+            values = eval_fn(model, step)
         model.train()
         emit("eval", {k: float(v) for k, v in values.items()})
 
@@ -505,7 +503,7 @@ def restore_run(path: Path, model: nn.Module, batches: Any, optimizer, scheduler
 
 def restore_model_weights(model: nn.Module, path: Path) -> None:
     """Copy the checkpoint's weights into `model` in place (the optimizer keeps referring to them)."""
-    loaded = load_model(path, type(model))
+    loaded, _ = checkpoint_format.load_model(path, type(model))
     try:
         model.load_state_dict(loaded.state_dict())
     except RuntimeError as exc:

@@ -29,10 +29,12 @@ from bertforge.data.datasets import PretrainingData
 from bertforge.data.masking import MaskingConfig
 from bertforge.data.shards import ShardIndex, vocab_checksum
 from bertforge.errors import ConfigError
+from bertforge.families.pretraining import FAMILY as PRETRAINING
+from bertforge.families.pretraining import BertForPretraining
 from bertforge.model.config import PRESETS, BertConfig
+from bertforge.model.fast_paths import set_fast_paths
 from bertforge.runtime import set_seed
 from bertforge.storage import write_text
-from bertforge.tasks.pretraining import BertForPretraining, PretrainingTask
 from bertforge.tokenization.tokenizer import Tokenizer
 from bertforge.training import distributed
 from bertforge.training.config import TrainingConfig
@@ -119,7 +121,7 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, max_seq_length: in
                           "sequences or raise model_overrides.max_position_embeddings")
     # Instances vary in length (short targets, document ends): skip padding in every matmul, one QKV matmul.
     # Both are tested equal to the plain path (tests/unit/test_fast_paths.py).
-    model.bert.set_fast_path(unpad=config.fast_path, fused_qkv=config.fast_path)
+    set_fast_paths(model, unpad=config.fast_path, fused_qkv=config.fast_path)
     return model.train()
 
 
@@ -149,13 +151,13 @@ def run_pretraining(config: PretrainConfig) -> TrainResult:
               "vocab_checksum": vocab_checksum(tokenizer), "pack_sequences": config.pack_sequences}
     batches = PretrainingData(config.data_dir, split="train", batch_size=training.batch_size, **common)
     eval_fn = None
-    task = PretrainingTask()
+    task = PRETRAINING
     if sum(int(record["instances"]) for record in index.shards("heldout")) > 0:
         heldout = PretrainingData(config.data_dir, split="heldout", batch_size=training.batch_size,
                                   drop_last=False, **common)
         limit = config.eval_batches or None
 
-        def eval_fn(model):
+        def eval_fn(model, step):
             return task.evaluate(model, heldout.evaluation_batches(limit))
     elif context.is_main:
         log.warning("%s has no held-out split: training without evaluation (prepare the data with "

@@ -1,4 +1,8 @@
-"""`BertForPretraining`: the encoder with the masked-LM and next-sentence heads, and their losses.
+"""Pretraining: the encoder with the masked-LM and next-sentence heads, their objective, and fill-mask.
+
+Owns: the model (`BertForPretraining`), its objective (MLM + NSP loss sums and counts, the loop's task
+protocol), held-out evaluation, and the fill-mask pipeline's inputs and JSON (a pretrained model answers
+"[MASK]" queries). Pretraining data (corpus, instances, shards, masking, batches) is `bertforge.data`'s.
 
 The MLM head runs only at the masked positions the batch names (`mlm_positions`, about 15% of tokens), not
 over all T: the [M, V] logits are the largest tensor of pretraining and most of them would be thrown away.
@@ -9,13 +13,16 @@ ranks, so a step's loss is the mean over every masked token it saw, however the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from bertforge.constants import IGNORE_INDEX
-from bertforge.errors import DataError
+from bertforge.data.finetuning import Feature
+from bertforge.errors import DataError, InputError
+from bertforge.families.base import Family, check_number, text_of
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import MlmHead
@@ -44,6 +51,9 @@ class PretrainingOutput:
 
 
 class BertForPretraining(BertPretrainedModel):
+    encoder_prefix = "bert."
+    head_prefixes = ("mlm.", "nsp.")
+
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.bert = BertModel(config)
@@ -105,8 +115,8 @@ class BertForPretraining(BertPretrainedModel):
         return result
 
 
-class PretrainingTask:
-    """How the training loop trains and evaluates `BertForPretraining`.
+class Pretraining(Family):
+    """How the training loop trains and evaluates `BertForPretraining`, and how it fills in [MASK]s.
 
     Loss terms `mlm` (summed over labelled masked tokens) and `nsp` (summed over sequences), each divided
     by its own count over the whole step, so the loss is mean MLM + mean NSP however the batch is split;
@@ -165,3 +175,79 @@ class PretrainingTask:
             values.update(nsp_loss=nsp_loss / nsp_count, nsp_acc=nsp_correct / nsp_count)
         values["loss"] = values["mlm_loss"] + values.get("nsp_loss", 0.0)
         return values
+
+    # --- fill-mask ----------------------------------------------------------------------------------
+    # The tokenizer treats "[MASK]" in raw text as plain text (so user text can never inject control
+    # tokens); fill-mask therefore finds the markers in the string itself, tokenizes the pieces between
+    # them and puts the mask id in their place. Special tokens are never proposed.
+    name = "pretraining"
+    aliases = ("pretrain", "mlm", "fill-mask", "masked_lm")
+    model_class = BertForPretraining
+    task = "fill-mask"
+    default_max_seq_length = 512
+    options = {"top_k": 5}
+    export_outputs = {"mlm_logits": {0: "batch", 1: "sequence"}, "nsp_logits": {0: "batch"}}
+    probe_inputs = ["The capital of France is [MASK].", "I went to the [MASK] to buy some bread.",
+                    "She [MASK] the letter and smiled."]
+
+    def validate_options(self, options):
+        check_number(options, "top_k", 1, 100, integer=True)
+
+    def parse(self, item: Any) -> str:
+        text = text_of(item)
+        if "[MASK]" not in text:
+            raise InputError("no [MASK] in the text; put [MASK] where a token should be predicted")
+        return text
+
+    def features(self, examples, tokenizer, settings, *, config, report=None, training=False):
+        marker = tokenizer.config.mask_token
+        features = []
+        for index, text in enumerate(examples):
+            ids: list[int] = []
+            positions: list[int] = []
+            spans: list[tuple[int, int]] = []
+            cursor = 0
+            pieces = text.split(marker)
+            for number, piece in enumerate(pieces):
+                if piece:
+                    ids += tokenizer.encode(piece, add_special_tokens=False).ids
+                cursor += len(piece)
+                if number < len(pieces) - 1:
+                    positions.append(len(ids) + 1)  # +1: [CLS] comes first
+                    spans.append((cursor, cursor + len(marker)))
+                    ids.append(tokenizer.mask_token_id)
+                    cursor += len(marker)
+            ids, types = tokenizer.post_processor.assemble(ids)
+            if len(ids) > settings.max_seq_length:
+                raise InputError(f"input {index}: the text has {len(ids)} tokens, more than this model's limit of "
+                                 f"{settings.max_seq_length}; shorten it around the {marker}")
+            features.append(Feature(index, ids, types, mask_positions=positions, offsets=spans))
+        return features
+
+    def forward(self, model, batch):
+        out = model(**batch.model_inputs(), mlm_positions=batch.mlm_positions)
+        logits = out.mlm_logits.float().cpu()  # [B, M, V]
+        counts = (batch.mlm_positions > 0).sum(-1).tolist()  # position 0 is [CLS], never a mask
+        return [logits[row, :int(n)] for row, n in enumerate(counts)]
+
+    def decode(self, examples, features, outputs, options, config, tokenizer):
+        results = []
+        for text, feature, logits in zip(examples, features, outputs):
+            logits = torch.as_tensor(logits).clone()
+            logits[..., tokenizer.all_special_ids] = float("-inf")
+            probs = logits.softmax(-1)  # [M, V]
+            scores, ids = probs.topk(options["top_k"], dim=-1)
+            masks, filled, cursor = [], [], 0
+            for row, (start, end) in enumerate(feature.offsets):
+                tokens = tokenizer.convert_ids_to_tokens(ids[row].tolist())
+                masks.append({"start": start, "end": end, "predictions": [
+                    {"token": token, "id": int(i), "score": float(s)}
+                    for token, i, s in zip(tokens, ids[row].tolist(), scores[row].tolist())]})
+                filled += [text[cursor:start], tokens[0].removeprefix("##")]
+                cursor = end
+            filled.append(text[cursor:])
+            results.append({"masks": masks, "filled": "".join(filled)})
+        return results
+
+
+FAMILY = Pretraining()

@@ -1,20 +1,28 @@
-"""Model directories (artifacts): the one place that writes and reads a saved model.
+"""Model directories on disk: the generic reader and writer below every model class.
 
-A directory holds everything needed to use the model — `config.json` (architecture, label names, task
-kind), `model.safetensors`, and, when a tokenizer is saved with it, `vocab.txt` + `tokenizer_config.json`.
-It is a valid Hugging Face BERT checkpoint: names are translated by `interop.huggingface` on the way out
-and on the way in, and `pytorch_model.bin` files from elsewhere load too (with `weights_only=True`).
+A directory holds everything needed to use a model: `config.json` (architecture, label names, task kind),
+`model.safetensors`, and when a tokenizer is saved with it `vocab.txt` + `tokenizer_config.json`, plus the
+fine-tuning record `finetuning.json` of a fine-tuned model. It is a valid Hugging Face BERT checkpoint:
+parameter names are translated by `interop.huggingface` on the way out and on the way in, and
+`pytorch_model.bin` files from elsewhere load too (with `weights_only=True`).
+
+This module knows no model class. It is handed one (`load_model(path, cls)`) and asks the class two things:
+`encoder_prefix` (where the encoder sits: "" for `BertModel`, "bert." for models with a head) and
+`head_prefixes` (the parameter-name prefixes of its own heads). Which class a directory names is decided
+above the models, by `bertforge.families.registry`. Loading returns the model *and* a `LoadReport` (what
+started fresh, what was skipped); nothing is attached to the module.
+
 Saving writes a temporary directory and renames it, so a crash never leaves half a model behind.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import pickle
 import shutil
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +32,7 @@ from safetensors.torch import load_file, save_file
 
 from bertforge.constants import (
     CONFIG_NAME,
+    FINETUNING_NAME,
     TOKENIZER_CONFIG_NAME,
     TORCH_WEIGHTS_NAME,
     VOCAB_NAME,
@@ -31,25 +40,53 @@ from bertforge.constants import (
 )
 from bertforge.errors import CheckpointError, ConfigError
 from bertforge.interop import huggingface as hf
-from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.config import BertConfig
-from bertforge.storage import write_json
-from bertforge.tasks.classification import BertForSequenceClassification
-from bertforge.tasks.multiple_choice import BertForMultipleChoice
-from bertforge.tasks.pretraining import BertForPretraining
-from bertforge.tasks.question_answering import BertForQuestionAnswering
-from bertforge.tasks.token_classification import BertForTokenClassification
+from bertforge.storage import read_json, write_json
+from bertforge.tokenization.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-MODEL_CLASSES: dict[str, type[BertPretrainedModel]] = {
-    cls.__name__: cls
-    for cls in (BertModel, BertForPretraining, BertForSequenceClassification, BertForTokenClassification,
-                BertForQuestionAnswering, BertForMultipleChoice)
-}
-# Parameter-name prefixes of each head: a head absent from a checkpoint starts fresh (fine-tuning from an
-# encoder); one present must match exactly.
-HEAD_PREFIXES = ("mlm.", "nsp.", "classifier.", "qa_outputs.")
+# The encoder's own top-level modules; any other parameter belongs to a head.
+ENCODER_MODULES = ("embeddings.", "encoder.", "pooler.")
+
+
+@dataclass
+class LoadReport:
+    """What loading did besides copying tensors.
+
+    source: the weights file read. fresh: parameters initialised fresh (a head or pooler the checkpoint
+    lacks). skipped: stored tensors deliberately not loaded (another task's head, a pooler the model lacks).
+    """
+
+    source: str
+    fresh: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def fresh_in(self, prefixes: tuple[str, ...]) -> list[str]:
+        return [k for k in self.fresh if k.startswith(prefixes)]
+
+
+@dataclass
+class ModelDirectory:
+    """A model directory read once: everything a run needs besides the weights.
+
+    config: the architecture (and label names). architecture: our class name from config.json (None when
+    it names none). tokenizer: None when the directory has no vocab.txt. finetuning: the fine-tuning record
+    (`finetuning.json`: how inputs were built), None for a model that was not fine-tuned here.
+    """
+
+    path: Path
+    config: BertConfig
+    architecture: str | None
+    tokenizer: Tokenizer | None
+    finetuning: dict[str, Any] | None
+
+    def require_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise CheckpointError(f"{self.path}: no {VOCAB_NAME}; this model directory was saved without a "
+                                  f"tokenizer (copy the vocab.txt and {TOKENIZER_CONFIG_NAME} it was trained "
+                                  "with into it)")
+        return self.tokenizer
 
 
 # --- writing ---------------------------------------------------------------------------------------------
@@ -87,12 +124,12 @@ def replace_directory(build, path: str | os.PathLike) -> Path:
     return path
 
 
-def hf_state_dict(model: BertPretrainedModel) -> dict[str, torch.Tensor]:
+def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's weights under Hugging Face names, contiguous, ready for safetensors."""
     return {hf.to_hf_key(k): v.detach().contiguous() for k, v in model.state_dict().items()}
 
 
-def save_model(model: BertPretrainedModel, path: str | os.PathLike, tokenizer=None,
+def save_model(model: torch.nn.Module, path: str | os.PathLike, tokenizer=None,
                extra_files: dict[str, str | bytes] | None = None) -> Path:
     """Save `model` (and its tokenizer) as a Hugging Face compatible BERT directory, atomically."""
 
@@ -111,22 +148,45 @@ def save_model(model: BertPretrainedModel, path: str | os.PathLike, tokenizer=No
 
 # --- reading ---------------------------------------------------------------------------------------------
 
+def read_json_object(file: Path, what: str) -> dict[str, Any]:
+    try:
+        data = read_json(file, what=what)
+    except FileNotFoundError:
+        raise CheckpointError(f"{file}: missing; a model directory needs {file.name}") from None
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: expected a JSON object")
+    return data
+
+
 def read_config(path: str | os.PathLike) -> tuple[BertConfig, str | None]:
     """(config, our architecture name or None) from a model directory's config.json."""
-    file = Path(path) / CONFIG_NAME
     if not Path(path).is_dir():
         raise CheckpointError(f"{path}: not a model directory; pass a folder holding config.json and weights "
                               "(or a preset name where a command accepts one)")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{file}: missing; a model directory needs config.json") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{file}: cannot read it as JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{file}: expected a JSON object")
-    fields, architecture = hf.config_from_hf(data, str(file))
+    file = Path(path) / CONFIG_NAME
+    fields, architecture = hf.config_from_hf(read_json_object(file, "config.json"), str(file))
     return BertConfig.from_dict(fields, source=str(file)), architecture
+
+
+def read_directory(path: str | os.PathLike) -> ModelDirectory:
+    """Config, architecture, tokenizer and fine-tuning record of a model directory, each read once."""
+    config, architecture = read_config(path)
+    folder = Path(path)
+    tokenizer = Tokenizer.from_pretrained(folder) if (folder / VOCAB_NAME).exists() else None
+    record_file = folder / FINETUNING_NAME
+    record = read_json_object(record_file, FINETUNING_NAME) if record_file.exists() else None
+    return ModelDirectory(folder, config, architecture, tokenizer, record)
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """The tokenizer saved in a model directory (clear error when the directory has none)."""
+    folder = Path(path)
+    if not (folder / VOCAB_NAME).exists():
+        raise CheckpointError(f"{folder}: no {VOCAB_NAME}; this model directory was saved without a tokenizer "
+                              f"(copy the vocab.txt and {TOKENIZER_CONFIG_NAME} it was trained with into it)")
+    return Tokenizer.from_pretrained(folder)
 
 
 def weights_file(path: str | os.PathLike) -> Path:
@@ -147,7 +207,7 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         if file.name == TORCH_WEIGHTS_NAME:
             # weights_only: a .bin is a pickle, and a pickle from elsewhere must not run code on load.
             return torch.load(file, map_location="cpu", weights_only=True)
-        shards = sorted(set(json.loads(file.read_text(encoding="utf-8"))["weight_map"].values()))
+        shards = sorted(set(read_json_object(file, "shard index")["weight_map"].values()))
         tensors: dict[str, torch.Tensor] = {}
         for shard in shards:
             reading = file.parent / shard
@@ -158,11 +218,17 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
                               "re-save or re-download the checkpoint") from None
 
 
-def translate_weights(tensors: dict[str, torch.Tensor], model: BertPretrainedModel,
+def is_encoder_key(name: str) -> bool:
+    """Whether a (our-named) parameter belongs to the encoder rather than to a head."""
+    return name.removeprefix("bert.").startswith(ENCODER_MODULES)
+
+
+def translate_weights(tensors: dict[str, torch.Tensor], model: torch.nn.Module, expected: set[str],
                       source: str) -> tuple[dict[str, torch.Tensor], list[str]]:
     """Map stored names onto `model`'s: (our state dict, stored keys we deliberately skipped)."""
-    wants_prefix = not isinstance(model, BertModel)
-    encoder = model if isinstance(model, BertModel) else model.bert
+    prefix = type(model).encoder_prefix
+    own_heads = type(model).head_prefixes
+    has_pooler = any(k.removeprefix(prefix).startswith("pooler.") for k in expected)
     ours: dict[str, torch.Tensor] = {}
     skipped: list[str] = []
     unknown: list[str] = []
@@ -173,17 +239,16 @@ def translate_weights(tensors: dict[str, torch.Tensor], model: BertPretrainedMod
         if name is None:
             unknown.append(key)
             continue
-        is_head = name.startswith(HEAD_PREFIXES)
-        if is_head and not hasattr(model, name.split(".")[0]):
-            skipped.append(key)  # another task's head: fine-tuning starts from this checkpoint's encoder
+        if not is_encoder_key(name):
+            if not name.startswith(own_heads):
+                skipped.append(key)  # another task's head: fine-tuning starts from this checkpoint's encoder
+                continue
+            ours[name] = value
             continue
-        if encoder.pooler is None and name.removeprefix("bert.").startswith("pooler."):
+        name = prefix + name.removeprefix("bert.")
+        if not has_pooler and name.removeprefix(prefix).startswith("pooler."):
             skipped.append(key)  # token-level models have no pooler; a pretrained checkpoint has one
             continue
-        if wants_prefix and not name.startswith("bert.") and not is_head:
-            name = "bert." + name
-        elif not wants_prefix:
-            name = name.removeprefix("bert.")
         ours[name] = value
     if unknown:
         raise CheckpointError(f"{source}: unexpected tensors {unknown[:8]}{' ...' if len(unknown) > 8 else ''} "
@@ -191,16 +256,16 @@ def translate_weights(tensors: dict[str, torch.Tensor], model: BertPretrainedMod
     return ours, skipped
 
 
-def load_model(path: str | os.PathLike, cls: type[BertPretrainedModel] | None = None, *,
-               config_overrides: dict[str, Any] | None = None, device: str | torch.device | None = None,
-               dtype: torch.dtype | None = None, fresh_head: bool = False) -> BertPretrainedModel:
-    """Load a model directory into `cls` (default: the class its config names), in eval mode.
+def load_model(path: str | os.PathLike, cls: type, *, config_overrides: dict[str, Any] | None = None,
+               device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+               fresh_head: bool = False) -> tuple[Any, LoadReport]:
+    """Load a model directory into `cls`, in eval mode: (model, what loading did).
 
     A head that the checkpoint lacks entirely starts freshly initialised (e.g. a classifier on top of a
-    pretrained encoder) and is listed in `model.load_report["fresh"]`; `fresh_head=True` also discards a
-    stored head of another shape (new labels). Missing encoder tensors or wrong shapes are errors.
+    pretrained encoder) and is listed in the report's `fresh`; `fresh_head=True` also discards a stored head
+    of another shape (new labels). Missing encoder tensors or wrong shapes are errors.
     """
-    config, architecture = read_config(path)
+    config, _ = read_config(path)
     if config_overrides:
         if "id2label" in config_overrides and "label2id" not in config_overrides:
             config_overrides = {**config_overrides, "label2id": None}
@@ -208,50 +273,36 @@ def load_model(path: str | os.PathLike, cls: type[BertPretrainedModel] | None = 
             config = config.replace(**config_overrides)
         except TypeError as exc:
             raise ConfigError(f"bad config override: {exc}") from None
-    if cls is None:
-        cls = MODEL_CLASSES.get(architecture or "BertModel", BertModel)
     model = cls(config)
+    heads = cls.head_prefixes
     source = str(weights_file(path))
-    ours, skipped = translate_weights(read_weights(path), model, source)
     expected = model.state_dict()
+    ours, skipped = translate_weights(read_weights(path), model, set(expected), source)
     if fresh_head:
-        ours = {k: v for k, v in ours.items() if not k.startswith(HEAD_PREFIXES)}
+        ours = {k: v for k, v in ours.items() if not k.startswith(heads)}
     mismatched = [f"{hf.to_hf_key(k)}: stored {tuple(v.shape)}, model {tuple(expected[k].shape)}"
                   for k, v in ours.items() if k in expected and v.shape != expected[k].shape]
     if mismatched:
+        head_shapes = any(not is_encoder_key(m.split(":")[0]) for m in mismatched)
         hint = ("; the head has a different number of labels — pass fresh_head=True (CLI: --fresh-head) to "
-                "start a new head" if any(m.split(".")[0] in ("classifier", "qa_outputs") for m in mismatched)
-                else "; config.json does not match the weights")
+                "start a new head" if head_shapes else "; config.json does not match the weights")
         raise CheckpointError(f"{source}: mis-shaped tensors {mismatched[:4]}{hint}")
     unexpected = sorted(set(ours) - set(expected))
     if unexpected:
         raise CheckpointError(f"{source}: tensors {unexpected[:8]} do not belong to {cls.__name__}; load it "
-                              "with the class its config.json names (or bertforge.artifacts.load_model(path))")
+                              "with the class its config.json names (bertforge.families.registry.load_model)")
     missing = sorted(set(expected) - set(ours))
-    stored_heads = {k.split(".")[0] for k in ours if k.startswith(HEAD_PREFIXES)}
-    fresh = [k for k in missing if (k.startswith(HEAD_PREFIXES) and k.split(".")[0] not in stored_heads)
-             or k.startswith("bert.pooler.") or k.startswith("pooler.")]
-    hard_missing = [k for k in missing if k not in fresh]
+    stored_heads = {k.split(".")[0] for k in ours if k.startswith(heads)}
+    fresh = [k for k in missing if (k.startswith(heads) and k.split(".")[0] not in stored_heads)
+             or k.removeprefix(cls.encoder_prefix).startswith("pooler.")]
+    hard_missing = [hf.to_hf_key(k) for k in missing if k not in fresh]
     if hard_missing:
-        hard_missing = [hf.to_hf_key(k) for k in hard_missing]
         raise CheckpointError(f"{source}: missing tensors {hard_missing[:8]}{' ...' if len(hard_missing) > 8 else ''}"
                               "; the checkpoint is incomplete or its config.json describes a different model")
     model.load_state_dict(ours, strict=False)
     model.tie_weights()
     if fresh:
         log.info("%s: initialised fresh (not in the checkpoint): %s", source, ", ".join(fresh))
-    model.load_report = {"fresh": fresh, "skipped": skipped}
     if dtype is not None or device is not None:
         model.to(device=device, dtype=dtype)
-    return model.eval()
-
-
-def load_tokenizer(path: str | os.PathLike):
-    """The tokenizer saved in a model directory (clear error when the directory has none)."""
-    from bertforge.tokenization.tokenizer import Tokenizer
-
-    folder = Path(path)
-    if not (folder / VOCAB_NAME).exists():
-        raise CheckpointError(f"{folder}: no {VOCAB_NAME}; this model directory was saved without a tokenizer "
-                              f"(copy the vocab.txt and {TOKENIZER_CONFIG_NAME} it was trained with into it)")
-    return Tokenizer.from_pretrained(folder)
+    return model.eval(), LoadReport(source, fresh, skipped)

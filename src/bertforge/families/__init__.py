@@ -1,0 +1,1 @@
+"""Task families: one module per family, each owning its whole slice (see `families.base`), and the registry."""

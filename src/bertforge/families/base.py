@@ -1,0 +1,256 @@
+"""What every task family shares: the `Family` interface, the fine-tuning model base and input settings.
+
+A family (classification, tagging, question answering, multiple choice, pretraining) is one object that
+every consumer asks: the fine-tuning run, training-time evaluation, `bertforge evaluate`, `bertforge
+predict`, the Python pipelines, the server, export and the CLI's choices. None of them tests a family's
+name. Each family module defines its model class and a `Family` subclass; `families.registry` holds one
+instance of each under its name and aliases.
+
+The one path from input to answer, in the order a consumer calls it:
+
+    examples = family.read(path, ...)           # a data file (evaluate, fine-tuning)
+    example  = family.parse(item)               # one JSON input (predict, pipelines, server)
+    features = family.features(examples, tokenizer, settings, report)
+    outputs  = evaluation.run_features(model, features, family.forward, ...)   # length-sorted batches
+    results  = family.decode(examples, features, outputs, options, config)     # one JSON dict per example
+    metrics  = family.score(examples, results)                                  # evaluate only
+
+Training asks the same object for the loss: `counts(batch)` and `loss_terms(output, batch)` are the one
+objective, and the model's own `forward(labels=...)` computes its loss with the same function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar
+
+import torch
+
+from bertforge.data.finetuning import DataReport, Feature, FinetuneBatch
+from bertforge.errors import ConfigError, InputError
+from bertforge.model.bert import BertModel, BertOutput, BertPretrainedModel
+from bertforge.model.config import BertConfig
+from bertforge.model.heads import needs_hidden_states
+from bertforge.tokenization.tokenizer import Tokenizer
+
+
+@dataclass
+class InputSettings:
+    """How examples become model inputs; saved in `finetuning.json` so every consumer rebuilds them alike.
+
+    max_seq_length: tokens per window, special tokens included.
+    doc_stride: step between window starts over the long segment (None = half a window); see
+        `tokenization.windows`.
+    max_query_length: QA: longer questions are cut to this many tokens.
+    tag_scheme, label_policy: tagging: the label scheme of the model ("BIO"/"IOBES") and which sub-tokens
+        carry a word's label in training ("first"/"all").
+    """
+
+    max_seq_length: int = 128
+    doc_stride: int | None = None
+    max_query_length: int = 64
+    tag_scheme: str = "BIO"
+    label_policy: str = "first"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_seq_length, int) or self.max_seq_length < 8:
+            raise ConfigError(f"max_seq_length={self.max_seq_length!r}: use at least 8 tokens")
+        if self.doc_stride is not None and (not isinstance(self.doc_stride, int) or self.doc_stride < 1):
+            raise ConfigError(f"doc_stride={self.doc_stride!r}: use a positive number of tokens (or leave it unset)")
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any] | None, **defaults: Any) -> InputSettings:
+        """Settings from a fine-tuning record (unknown keys ignored), else `defaults`."""
+        known = {f.name for f in fields(cls)}
+        values = {**defaults, **{k: v for k, v in (record or {}).items() if k in known and v is not None}}
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class FineTuningModel(BertPretrainedModel):
+    """Holds `self.bert`; with `config.freeze_encoder` the encoder is fixed (no gradients, no dropout).
+
+    Freezing gives the feature-based approach of the BERT paper (section 5.3): the head learns on top of
+    fixed contextual features, optionally concatenated from several layers (`config.feature_layers`).
+    """
+
+    encoder_prefix = "bert."
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=add_pooling_layer)
+        if config.freeze_encoder:
+            self.bert.requires_grad_(False)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.config.freeze_encoder:
+            self.bert.eval()
+        return self
+
+    def encode(self, input_ids, token_type_ids=None, attention_mask=None, output_attentions=False,
+               output_hidden_states=False) -> BertOutput:
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.config.freeze_encoder):
+            return self.bert(input_ids, token_type_ids, attention_mask,
+                             output_hidden_states=output_hidden_states or needs_hidden_states(self.config),
+                             output_attentions=output_attentions)
+
+
+def mean_loss(terms: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """A model's `loss` from the family objective: each term's sum over its count, added up."""
+    return sum(total / count.clamp(min=1.0) for total, count in terms.values())
+
+
+def check_text(value: Any, name: str) -> str:
+    """`value` if it is a non-blank string, else an InputError naming the field."""
+    if not isinstance(value, str):
+        raise InputError(f"{name} must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InputError(f"{name} is empty; give some text")
+    return value
+
+
+def text_of(item: Any) -> str:
+    """A single text given as a string or as {"text": ...}."""
+    if isinstance(item, Mapping):
+        if "text" not in item:
+            raise InputError(f"missing field 'text' (got fields {sorted(item)}); send a string or {{\"text\": ...}}")
+        return check_text(item["text"], "text")
+    if isinstance(item, str):
+        return check_text(item, "text")
+    raise InputError(f"expected a string or an object {{\"text\": ...}}, got {type(item).__name__}")
+
+
+def check_number(options: Mapping[str, Any], name: str, low: float | None = None, high: float | None = None,
+                 integer: bool = False) -> None:
+    """An option that must be a number (an integer with `integer`) in [low, high]."""
+    value = options[name]
+    kinds = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or (low is not None and value < low) \
+            or (high is not None and value > high):
+        what = "an integer" if integer else "a number"
+        bounds = f" from {low} to {high}" if low is not None and high is not None else ""
+        raise InputError(f"{name} must be {what}{bounds}, got {value!r}")
+
+
+class Family:
+    """One task family: everything about it, asked by every consumer.
+
+    Class attributes:
+        name: the registry name. aliases: other names users type ("ner", "tag", "token classification").
+        model_class: the `nn.Module` with this family's head (its `head_prefixes` name the head's parameters).
+        task: the pipeline/server route name ("classify", "tag", "answer", "choose", "fill-mask").
+        default_max_seq_length: window length when a model directory has no fine-tuning record.
+        options: per-call decoding options and their defaults (pipelines, server, evaluate).
+        export_outputs: ONNX output names and their dynamic axes.
+        probe_inputs: inputs of the bf16 probe of `precision="auto"`.
+    """
+
+    name: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
+    model_class: ClassVar[type[BertPretrainedModel]]
+    task: ClassVar[str | None] = None
+    default_max_seq_length: ClassVar[int] = 128
+    options: ClassVar[dict[str, Any]] = {}
+    export_outputs: ClassVar[dict[str, dict[int, str]]] = {}
+    probe_inputs: ClassVar[list[Any]] = []
+
+    # --- configuration ------------------------------------------------------------------------------
+    def check_model(self, config: BertConfig) -> None:
+        """Raise CheckpointError when a model of this family lacks what decoding needs (label names...)."""
+
+    def check_options(self, options: Mapping[str, Any], config: BertConfig | None = None) -> dict[str, Any]:
+        """Defaults merged with `options`; unknown names or bad values raise InputError."""
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            raise InputError(f"unknown option(s) {unknown} for {self.task or self.name}; known: "
+                             f"{sorted(self.options) or 'none'}")
+        merged = {**self.options, **options}
+        self.validate_options(merged)
+        return merged
+
+    def validate_options(self, options: dict[str, Any]) -> None:
+        """Check option values (InputError naming the option)."""
+
+    # --- data files ---------------------------------------------------------------------------------
+    default_metrics: ClassVar[tuple[str, ...]] = ("accuracy",)
+
+    def read(self, path: str, *, part: str | None, options: Mapping[str, Any], report: DataReport,
+             labelled: bool = True) -> list[Any]:
+        """Examples of a data file. `part` picks a deterministic split of it ("train"/"eval", for tasks
+        that ship without a dev file); `options` are the run's reader settings (columns, separator,
+        on_invalid ...; see `training.finetuning.FinetuneConfig`)."""
+        raise ConfigError(f"the {self.name} family reads no fine-tuning files")
+
+    def label_names(self, examples: Sequence[Any], given: Sequence[str] | None,
+                    settings: InputSettings, regression: bool = False) -> list[str] | None:
+        """The label vocabulary of a run (None when the head predicts no named labels)."""
+        return None
+
+    def check_labels(self, examples: Sequence[Any], label_names: Sequence[str] | None,
+                     settings: InputSettings) -> None:
+        """DataError naming the first example whose label the model does not know."""
+
+    def head_config(self, label_names: Sequence[str] | None, regression: bool = False) -> dict[str, Any]:
+        """Config changes that shape this family's head for a run (label names, problem type)."""
+        return {}
+
+    # --- inputs -------------------------------------------------------------------------------------
+    def parse(self, item: Any) -> Any:
+        """One JSON input (string, list or object) as an example; InputError naming the problem."""
+        raise InputError(f"the {self.name} family takes no inputs from predict or the server")
+
+    def features(self, examples: Sequence[Any], tokenizer: Tokenizer, settings: InputSettings, *,
+                 config: BertConfig, report: DataReport | None = None, training: bool = False) -> list[Feature]:
+        """Model inputs of `examples`: one or more windows each (`Feature.example_index` points back)."""
+        raise NotImplementedError
+
+    # --- running ------------------------------------------------------------------------------------
+    def forward(self, model: torch.nn.Module, batch: FinetuneBatch) -> list[Any]:
+        """Run `model` on a batch; one float32 CPU value per row, trimmed to the row's real length."""
+        logits = model(**batch.model_inputs()).logits.float().cpu()
+        return list(logits)
+
+    # --- outputs ------------------------------------------------------------------------------------
+    def decode(self, examples: Sequence[Any], features: Sequence[Feature], outputs: Sequence[Any],
+               options: Mapping[str, Any], config: BertConfig, tokenizer: Tokenizer | None = None
+               ) -> list[dict[str, Any]]:
+        """One JSON-ready result per example, from the outputs of its windows."""
+        raise NotImplementedError
+
+    def score(self, examples: Sequence[Any], results: Sequence[dict[str, Any]], config: BertConfig,
+              **settings: Any) -> tuple[dict[str, float], dict, list[str]]:
+        """(metrics, details, warnings) of `results` against the examples' gold labels.
+
+        `settings` are the run's scoring choices a family may use: `metric_names` (classification),
+        `language` and `version_2` (QA); others are ignored."""
+        raise NotImplementedError
+
+    def record(self, example: Any, result: dict[str, Any]) -> dict[str, Any]:
+        """What `evaluate` writes per example: the example's own fields, its gold label, then the result."""
+        raise NotImplementedError
+
+    def labelled(self, examples: Sequence[Any]) -> bool:
+        """Whether every example carries a gold label (metrics need them)."""
+        return all(getattr(e, "label", None) is not None for e in examples)
+
+    # --- training (the loop's task protocol) --------------------------------------------------------
+    def objective_for(self, config: BertConfig) -> Any:
+        """What the training loop asks for a model of this config: `counts`, `loss_terms`, `metrics`.
+        The family itself, unless the objective depends on the config (classification's problem type)."""
+        return self
+
+    def counts(self, batch: Any) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def loss_terms(self, output: Any, batch: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        raise NotImplementedError
+
+    def metrics(self, output: Any, batch: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        return {}
+
+    def __repr__(self) -> str:
+        return f"<family {self.name}>"

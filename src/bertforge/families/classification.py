@@ -1,0 +1,291 @@
+"""Sequence classification: single sentences and pairs, single-label, multi-label or regression.
+
+Owns: the model (`BertForSequenceClassification`: pooled [CLS] -> dropout -> classifier), its objective
+(cross-entropy, BCE or MSE by `config.problem_type`, one function used by the model's `forward(labels=...)`
+and by the training loop), features (``[CLS] A [SEP] (B [SEP])``, long inputs windowed), decoding (the
+mean of an example's window logits, then softmax / sigmoid / the raw value), metrics and the pipeline's
+JSON. Examples and their file readers are in `data.classification`.
+
+Long inputs: an input longer than `max_seq_length` is split into windows over its longer segment
+(`tokenization.windows`; the shorter segment is kept whole, or cut to half the room, counted in the
+report). Training trains on every window with the example's label; every consumer (evaluation,
+predict, pipelines, server) averages the windows' *logits* and then turns the mean into probabilities.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertforge.data.classification import ClassificationExample, check_labels, label_list, read_classification
+from bertforge.data.finetuning import DataReport, Feature
+from bertforge.errors import CheckpointError, InputError
+from bertforge.families.base import (
+    Family,
+    FineTuningModel,
+    InputSettings,
+    check_number,
+    check_text,
+    mean_loss,
+    text_of,
+)
+from bertforge.metrics.classification import compute_classification_metrics, prediction_collapse
+from bertforge.model.config import BertConfig
+from bertforge.model.heads import TaskOutput, build_classifier, feature_size, sequence_features
+from bertforge.tokenization.tokenizer import Tokenizer
+from bertforge.tokenization.windows import window_spans
+
+REGRESSION = "regression"
+MULTI_LABEL = "multi_label_classification"
+SINGLE_LABEL = "single_label_classification"
+
+
+def problem_type(config: BertConfig, labels: torch.Tensor | None = None) -> str:
+    """`config.problem_type`, or when unset the one Hugging Face infers: one output means regression
+    (a checkpoint with `num_labels: 1` and no problem type must not train on a constant-zero loss),
+    float labels over several outputs mean multi-label, anything else single-label."""
+    if config.problem_type is not None:
+        return config.problem_type
+    if config.num_labels == 1:
+        return REGRESSION
+    if labels is not None and labels.is_floating_point():
+        return MULTI_LABEL
+    return SINGLE_LABEL
+
+
+def objective(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The training objective as {term: (sum, count)}: logits [B, C], labels [B] (or [B, C] multi-label).
+
+    Counts are examples (label entries for multi-label), so the mean is the usual per-example loss
+    however a step is split into micro-batches and ranks.
+    """
+    logits = logits.float()
+    if kind == REGRESSION:
+        return {"mse": (((logits.squeeze(-1) - labels.float()) ** 2).sum(), logits.new_tensor(float(labels.shape[0])))}
+    if kind == MULTI_LABEL:
+        loss = F.binary_cross_entropy_with_logits(logits, labels.float(), reduction="sum")
+        return {"bce": (loss, logits.new_tensor(float(labels.numel())))}
+    loss = F.cross_entropy(logits, labels.long(), reduction="sum")
+    return {"cross_entropy": (loss, logits.new_tensor(float(labels.shape[0])))}
+
+
+class BertForSequenceClassification(FineTuningModel):
+    """Pooled [CLS] -> dropout -> classifier; `config.problem_type` picks the objective."""
+
+    head_prefixes = ("classifier.",)
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.dropout = nn.Dropout(config.head_dropout)
+        self.classifier = build_classifier(config, feature_size(config), config.num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
+                output_attentions: bool = False, output_hidden_states: bool = False) -> TaskOutput:
+        out = self.encode(input_ids, token_type_ids, attention_mask, output_attentions, output_hidden_states)
+        logits = self.classifier(self.dropout(sequence_features(self.config, out)))  # [B, C]
+        loss = None
+        if labels is not None:
+            loss = mean_loss(objective(logits, labels, problem_type(self.config, labels)))
+        return TaskOutput(logits, loss, out.hidden_states, out.attentions)
+
+    def initial_loss_reference(self) -> torch.Tensor:
+        """log(C): the loss of a uniform guess, a sanity bound for the first steps."""
+        return torch.log(torch.tensor(float(self.config.num_labels)))
+
+
+class ClassificationObjective:
+    """The loop's view of one classifier: `objective` for its problem type, plus a running accuracy."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.term = {REGRESSION: "mse", MULTI_LABEL: "bce"}.get(kind, "cross_entropy")
+
+    def counts(self, batch) -> dict[str, torch.Tensor]:
+        """Examples in the batch (label entries for multi-label), known before the forward pass."""
+        labels = batch.labels
+        return {self.term: torch.tensor(float(labels.numel() if self.kind == MULTI_LABEL else labels.shape[0]))}
+
+    def loss_terms(self, output: TaskOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        return objective(output.logits, batch.labels, self.kind)
+
+    def metrics(self, output: TaskOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        logits = output.logits.detach().float()
+        labels = batch.labels
+        count = logits.new_tensor(float(labels.shape[0]))
+        if self.kind == REGRESSION:
+            return {"abs_error": ((logits.squeeze(-1) - labels.float()).abs().sum(), count)}
+        if self.kind == MULTI_LABEL:
+            correct = ((logits > 0) == (labels > 0.5)).float().sum()
+            return {"label_accuracy": (correct, logits.new_tensor(float(labels.numel())))}
+        return {"accuracy": ((logits.argmax(-1) == labels).float().sum(), count)}
+
+
+def build_features(examples: Sequence[ClassificationExample], tokenizer: Tokenizer, settings: InputSettings, *,
+                   label2id: Mapping[str, int] | None = None, regression: bool = False,
+                   report: DataReport | None = None) -> list[Feature]:
+    """Tokenise examples into features, windowing every input longer than `settings.max_seq_length`.
+
+    Args:
+        examples: the examples.
+        tokenizer: the model's tokenizer.
+        settings: window length and doc stride.
+        label2id: label name -> id (classification); labels must be known (`data.classification.check_labels`).
+        regression: labels are float scores.
+        report: gets `features`, `windowed_inputs`, `truncated_shorter_segment`.
+    """
+    report = report if report is not None else DataReport()
+    post = tokenizer.post_processor
+    features: list[Feature] = []
+    for index, example in enumerate(examples):
+        a = tokenizer.encode(example.text_a, add_special_tokens=False).ids
+        b = None if example.text_b is None else tokenizer.encode(example.text_b, add_special_tokens=False).ids
+        budget = settings.max_seq_length - post.added(b is not None)
+        label: int | float | None = None
+        if example.label is not None:
+            label = float(example.label) if regression else label2id[example.label]
+        if len(a) + len(b or []) <= budget:
+            ids, types = post.assemble(a, b)
+            features.append(Feature(index, ids, types, label=label))
+            continue
+        report.note("windowed_inputs", example.source)
+        long_is_a = b is None or len(a) >= len(b)
+        long, short = (a, b) if long_is_a else (b, a)
+        if short is not None and len(short) > budget // 2:
+            short = short[: budget // 2]
+            report.note("truncated_shorter_segment", example.source)
+        room = budget - len(short or [])
+        for window, (start, size) in enumerate(window_spans(len(long), room, settings.doc_stride)):
+            piece = long[start:start + size]
+            ids, types = post.assemble(piece, short) if long_is_a else post.assemble(short, piece)
+            features.append(Feature(index, ids, types, label=label, window=window))
+    report.note("features", amount=len(features))
+    return features
+
+
+def mean_window_logits(features: Sequence[Feature], logits: Sequence[np.ndarray], num_examples: int) -> np.ndarray:
+    """Mean of the window logits of each example: [num_examples, C] from per-feature [C] arrays."""
+    width = len(logits[0])
+    total = np.zeros((num_examples, width), dtype=np.float64)
+    count = np.zeros(num_examples, dtype=np.int64)
+    for feature, row in zip(features, logits):
+        total[feature.example_index] += np.asarray(row, dtype=np.float64)
+        count[feature.example_index] += 1
+    if (count == 0).any():
+        raise ValueError(f"{int((count == 0).sum())} examples have no feature; features and examples do not match")
+    return total / count[:, None]
+
+
+def softmax(rows: np.ndarray) -> np.ndarray:
+    shifted = rows - rows.max(axis=-1, keepdims=True)
+    return np.exp(shifted) / np.exp(shifted).sum(axis=-1, keepdims=True)
+
+
+class Classification(Family):
+    """Single sentences and pairs: labels (single or multi) or a regression value."""
+
+    name = "classification"
+    aliases = ("sequence_classification", "classify", "regression", "pair", "text")
+    model_class = BertForSequenceClassification
+    task = "classify"
+    options = {"threshold": 0.5}
+    export_outputs = {"logits": {0: "batch"}}
+    probe_inputs = ["This film was a delight from start to finish.",
+                    {"text": "A man is playing a guitar.", "text_pair": "Someone is making music."},
+                    "The service was slow and the food arrived cold."]
+
+    def read(self, path, *, part, options, report, labelled=True):
+        return read_classification(path, text_a=options["text_a"], text_b=options["text_b"],
+                                   label=options["label"] if labelled else None, header=options["header"],
+                                   regression=options["regression"], file_format=options["file_format"],
+                                   on_invalid=options["on_invalid"], report=report)
+
+    def label_names(self, examples, given, settings, regression=False):
+        return None if regression else list(given or label_list(examples))
+
+    def check_labels(self, examples, label_names, settings):
+        if label_names is not None:
+            check_labels(examples, {name: i for i, name in enumerate(label_names)})
+
+    def head_config(self, label_names, regression=False):
+        if regression:
+            return {"problem_type": REGRESSION, "id2label": None, "label2id": None}
+        return {"problem_type": SINGLE_LABEL, "id2label": dict(enumerate(label_names)), "label2id": None}
+
+    def check_model(self, config: BertConfig) -> None:
+        if problem_type(config) != REGRESSION and not config.id2label:
+            raise CheckpointError("the model's config.json has no id2label (label names); add them, e.g. "
+                                  "\"id2label\": {\"0\": \"negative\", \"1\": \"positive\"}")
+
+    def objective_for(self, config: BertConfig) -> ClassificationObjective:
+        return ClassificationObjective(problem_type(config))
+
+    def validate_options(self, options):
+        check_number(options, "threshold", 0, 1)
+
+    def parse(self, item: Any) -> ClassificationExample:
+        if isinstance(item, str):
+            return ClassificationExample(check_text(item, "text"), None, None, "input")
+        if isinstance(item, list | tuple):
+            if not 1 <= len(item) <= 2:
+                raise InputError(f"a list input must be [text] or [text, text_pair], got {len(item)} elements")
+            pair = check_text(item[1], "text_pair") if len(item) == 2 else None
+            return ClassificationExample(check_text(item[0], "text"), pair, None, "input")
+        if isinstance(item, Mapping):
+            pair = item.get("text_pair")
+            return ClassificationExample(text_of(item), None if pair is None else check_text(pair, "text_pair"),
+                                         None, "input")
+        raise InputError(f"expected a string, [text, text_pair] or {{\"text\": ..., \"text_pair\": ...}}, "
+                         f"got {type(item).__name__}")
+
+    def features(self, examples, tokenizer, settings, *, config, report=None, training=False):
+        kind = problem_type(config)
+        return build_features(examples, tokenizer, settings, label2id=config.label2id if kind != REGRESSION else None,
+                              regression=kind == REGRESSION, report=report)
+
+    def decode(self, examples, features, outputs, options, config, tokenizer=None):
+        logits = mean_window_logits(features, outputs, len(examples))  # [N, C]
+        windows = np.bincount([f.example_index for f in features], minlength=len(examples))
+        kind = problem_type(config)
+        results = []
+        if kind == REGRESSION:
+            return [{"value": float(row[0]), "windows": int(n)} for row, n in zip(logits, windows)]
+        names = config.label_names
+        scores = 1 / (1 + np.exp(-logits)) if kind == MULTI_LABEL else softmax(logits)
+        for row, n in zip(scores, windows):
+            by_label = {name: float(s) for name, s in zip(names, row)}
+            if kind == MULTI_LABEL:
+                results.append({"labels": [k for k, s in by_label.items() if s >= options["threshold"]],
+                                "scores": by_label, "windows": int(n)})
+            else:
+                best = int(row.argmax())
+                results.append({"label": names[best], "score": float(row[best]), "scores": by_label,
+                                "windows": int(n)})
+        return results
+
+    def record(self, example, result):
+        return {"text_a": example.text_a, "text_b": example.text_b, "gold": example.label, **result}
+
+    def score(self, examples, results, config, *, metric_names=None, **_):
+        kind = problem_type(config)
+        if kind == REGRESSION:
+            predicted = [r["value"] for r in results]
+            gold = [float(e.label) for e in examples]
+            return compute_classification_metrics(predicted, gold, "regression", metric_names), {}, []
+        if kind == MULTI_LABEL:
+            raise InputError("scoring multi-label classification from files is not supported yet; predict works")
+        index = {name: i for i, name in enumerate(config.label_names)}
+        predicted = [index[r["label"]] for r in results]
+        gold = [index[e.label] for e in examples]
+        extra = {"positive_label": 1} if len(index) == 2 else {}
+        metrics = compute_classification_metrics(predicted, gold, "classification", metric_names, **extra)
+        warnings = [w for w in [prediction_collapse(predicted)] if w]
+        return metrics, {}, warnings
+
+
+FAMILY = Classification()

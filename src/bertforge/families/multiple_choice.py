@@ -1,0 +1,169 @@
+"""Multiple choice (SWAG style): every choice is encoded with the context, one score per choice.
+
+Owns: the model (`BertForMultipleChoice`: inputs [B, C, T] scored by the pooled [CLS] of each choice,
+softmax over C), its objective (cross-entropy over the choices), features, decoding, accuracy and the
+pipeline's JSON. Questions and their file reader are in `data.choice`.
+
+Features: one ``[CLS] context [SEP] start + ending [SEP]`` row per choice. A long context is windowed like
+every other family's long segment (`tokenization.windows`), the same windows for every choice, so a window
+is one [C, T] input; the endings are kept whole (or cut to half the room, counted as `truncated_inputs`).
+Training trains on every window with the question's label; decoding averages the windows' choice logits,
+as classification does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertforge.data.choice import ChoiceExample, read_choice
+from bertforge.data.finetuning import DataReport, Feature
+from bertforge.errors import DataError, InputError
+from bertforge.families.base import Family, FineTuningModel, InputSettings, check_text, mean_loss
+from bertforge.families.classification import mean_window_logits, softmax
+from bertforge.metrics.classification import compute_classification_metrics, prediction_collapse
+from bertforge.model.config import BertConfig
+from bertforge.model.heads import TaskOutput, build_classifier, feature_size, sequence_features
+from bertforge.tokenization.tokenizer import Tokenizer
+from bertforge.tokenization.windows import window_spans
+
+
+def objective(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Cross-entropy over the C choices summed over questions, with the question count: logits [B, C]."""
+    logits = logits.float()
+    return {"cross_entropy": (F.cross_entropy(logits, labels.long(), reduction="sum"),
+                              logits.new_tensor(float(logits.shape[0])))}
+
+
+class BertForMultipleChoice(FineTuningModel):
+    """Inputs [B, C, T] are flattened to [B*C, T]; each pooled [CLS] scores one choice; softmax over C."""
+
+    head_prefixes = ("classifier.",)
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.dropout = nn.Dropout(config.head_dropout)
+        self.classifier = build_classifier(config, feature_size(config), 1)
+        self.init_weights()
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
+                output_attentions: bool = False, output_hidden_states: bool = False) -> TaskOutput:
+        batch, choices, tokens = input_ids.shape
+
+        def flat(x):
+            return None if x is None else x.reshape(batch * choices, tokens)  # [B, C, T] -> [B*C, T]
+
+        out = self.encode(flat(input_ids), flat(token_type_ids), flat(attention_mask),
+                          output_attentions, output_hidden_states)
+        scores = self.classifier(self.dropout(sequence_features(self.config, out)))  # [B*C, 1]
+        logits = scores.view(batch, choices)  # [B*C, 1] -> [B, C]
+        loss = None if labels is None else mean_loss(objective(logits, labels))
+        return TaskOutput(logits, loss, out.hidden_states, out.attentions)
+
+
+def build_features(examples: Sequence[ChoiceExample], tokenizer: Tokenizer, settings: InputSettings, *,
+                   report: DataReport | None = None) -> list[Feature]:
+    """One [C][T] feature per context window of each question (see the module docstring).
+
+    Raises:
+        DataError: questions with different numbers of choices (a batch needs one C).
+    """
+    report = report if report is not None else DataReport()
+    post = tokenizer.post_processor
+    budget = settings.max_seq_length - post.added(True)
+    features = []
+    count = None
+    for index, example in enumerate(examples):
+        if count is None:
+            count = len(example.endings)
+        elif len(example.endings) != count:
+            path, _, line = example.source.rpartition(":")
+            raise DataError(f"{len(example.endings)} choices where earlier questions have {count}", path,
+                            int(line) if line.isdigit() else None)
+        context = tokenizer.encode(example.context, add_special_tokens=False).ids
+        endings = [tokenizer.encode(f"{example.start} {ending}".strip(), add_special_tokens=False).ids
+                   for ending in example.endings]
+        if len(context) + max(map(len, endings)) > budget:
+            if max(map(len, endings)) > budget // 2:
+                endings = [e[: budget // 2] for e in endings]
+                report.note("truncated_inputs", example.source)
+            report.note("windowed_inputs", example.source)
+        room = budget - max(map(len, endings))
+        for window, (start, size) in enumerate(window_spans(len(context), room, settings.doc_stride)):
+            piece = context[start:start + size]
+            rows = [post.assemble(piece, ending) for ending in endings]
+            features.append(Feature(index, [ids for ids, _ in rows], [types for _, types in rows],
+                                    label=example.label, window=window))
+    report.note("features", amount=len(features))
+    return features
+
+
+class MultipleChoice(Family):
+    """The right ending among several."""
+
+    name = "multiple_choice"
+    aliases = ("choice", "choose", "swag")
+    model_class = BertForMultipleChoice
+    task = "choose"
+    options: dict[str, Any] = {}
+    export_outputs = {"logits": {0: "batch", 1: "choices"}}
+    probe_inputs = [{"context": "She opened the umbrella.", "endings": ["It was raining.", "It was sunny."]}]
+
+    def read(self, path, *, part, options, report, labelled=True):
+        return read_choice(path, context_column=options["context_column"], start_column=options["start_column"],
+                           ending_columns=options["ending_columns"], label_column="label" if labelled else None,
+                           file_format=options["file_format"], on_invalid=options["on_invalid"], report=report)
+
+    def counts(self, batch) -> dict[str, torch.Tensor]:
+        """Questions in the batch."""
+        return {"cross_entropy": torch.tensor(float(batch.labels.shape[0]))}
+
+    def loss_terms(self, output, batch):
+        return objective(output.logits, batch.labels)
+
+    def metrics(self, output, batch):
+        logits = output.logits.detach()
+        return {"accuracy": ((logits.argmax(-1) == batch.labels).float().sum(),
+                             logits.new_tensor(float(logits.shape[0])))}
+
+    def parse(self, item: Any) -> ChoiceExample:
+        if not isinstance(item, Mapping):
+            raise InputError(f"expected an object {{\"context\": ..., \"endings\": [...]}}, got {type(item).__name__}")
+        missing = [k for k in ("context", "endings") if k not in item]
+        if missing:
+            raise InputError(f"missing field(s) {missing}; send {{\"context\": ..., \"endings\": [...]}}")
+        endings = item["endings"]
+        if not isinstance(endings, list) or len(endings) < 2:
+            raise InputError("endings must be a list of at least two strings")
+        start = item.get("start", "")
+        if not isinstance(start, str):
+            raise InputError("start must be a string")
+        return ChoiceExample(check_text(item["context"], "context"), start,
+                             [check_text(e, f"endings[{i}]") for i, e in enumerate(endings)], None, "input")
+
+    def features(self, examples, tokenizer, settings, *, config, report=None, training=False):
+        return build_features(examples, tokenizer, settings, report=report)
+
+    def decode(self, examples, features, outputs, options, config, tokenizer=None):
+        logits = mean_window_logits(features, outputs, len(examples))  # [N, C]
+        probabilities = softmax(logits)
+        return [{"choice": int(row.argmax()), "score": float(p[int(row.argmax())]),
+                 "scores": [float(v) for v in p], "logits": [float(v) for v in row]}
+                for row, p in zip(logits, probabilities)]
+
+    def record(self, example, result):
+        return {"context": example.context, "endings": example.endings, "gold": example.label,
+                "prediction": result["choice"], **result}
+
+    def score(self, examples, results, config, **_):
+        predicted = [r["choice"] for r in results]
+        metrics = compute_classification_metrics(predicted, [e.label for e in examples], "classification",
+                                                 ["accuracy"])
+        return metrics, {}, [w for w in [prediction_collapse(predicted)] if w]
+
+
+FAMILY = MultipleChoice()

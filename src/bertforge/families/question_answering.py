@@ -1,0 +1,330 @@
+"""Extractive question answering: the answer is a span of the context.
+
+Owns: the model (`BertForQuestionAnswering`: a start and an end score per token), its objective (the mean
+of the start and end cross-entropies per window), features (Google's `run_squad.py`), n-best decoding
+across windows, SQuAD / CMRC metrics and the pipeline's JSON. Questions and their file reader are in
+`data.squad`.
+
+Features: ``[CLS] question [SEP] context window [SEP]``, on character offsets rather than whitespace words.
+The question is cut to `max_query_length` tokens (and to half a window, so the context always has room);
+the context is cut into windows of the room left after it, `doc_stride` tokens apart
+(`tokenization.windows`). A window that does not hold the whole answer (or an unanswerable question) is
+trained to point at [CLS] (index 0). Each window records the character span of every context token and
+whether it is the token's max-context window.
+
+Decoding (Google's `write_predictions`): per window the `n_best_size` best starts and ends; a span must
+start at a context token of its max-context window, end at or after its start, and be at most
+`max_answer_tokens` long; spans are ranked by start + end logit over all windows and the text is cut from
+the context by character offsets. Its score is the probability start x end within its window. With
+`allow_no_answer` (SQuAD v2.0) the answer is empty when the smallest [CLS] score over the windows beats
+the best span by `null_threshold`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertforge.data.finetuning import DataReport, Feature
+from bertforge.data.squad import QAExample, article_split, count_articles, read_squad
+from bertforge.errors import ConfigError, InputError
+from bertforge.families.base import (
+    Family,
+    FineTuningModel,
+    InputSettings,
+    check_number,
+    check_text,
+    mean_loss,
+)
+from bertforge.metrics.squad import evaluate_squad
+from bertforge.model.config import BertConfig
+from bertforge.model.heads import feature_size, token_features
+from bertforge.tokenization.tokenizer import Tokenizer
+from bertforge.tokenization.windows import max_context_windows, window_spans
+
+
+@dataclass
+class QuestionAnsweringOutput:
+    """start_logits, end_logits: [B, T] (padding at the dtype's minimum); loss: mean of the start and end
+    cross-entropies per window."""
+
+    start_logits: torch.Tensor
+    end_logits: torch.Tensor
+    loss: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+def objective(start_logits: torch.Tensor, end_logits: torch.Tensor, start_positions: torch.Tensor,
+              end_positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """(start + end cross-entropy) / 2 summed over windows, with the window count.
+
+    A window without the answer targets index 0 ([CLS]), as the feature builder sets it; a position beyond
+    the window is ignored rather than crashing.
+    """
+    tokens = start_logits.shape[1]
+    start = start_positions.long().clamp(0, tokens)
+    end = end_positions.long().clamp(0, tokens)
+    loss = (F.cross_entropy(start_logits.float(), start, ignore_index=tokens, reduction="sum")
+            + F.cross_entropy(end_logits.float(), end, ignore_index=tokens, reduction="sum")) / 2
+    return {"span_cross_entropy": (loss, start_logits.new_tensor(float(start.shape[0])))}
+
+
+class BertForQuestionAnswering(FineTuningModel):
+    head_prefixes = ("qa_outputs.",)
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(feature_size(config), 2)
+        self.init_weights()
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
+                end_positions=None, output_attentions: bool = False,
+                output_hidden_states: bool = False) -> QuestionAnsweringOutput:
+        out = self.encode(input_ids, token_type_ids, attention_mask, output_attentions, output_hidden_states)
+        logits = self.qa_outputs(token_features(self.config, out))  # [B, T, 2]
+        if attention_mask is not None:
+            # Padding is never an answer position. Masking it keeps the loss independent of the layout: the
+            # padded path gives padding whatever its hidden states score, the padding-free path a zero vector
+            # (logit = bias), and with padding inside the softmax the two trained different models.
+            logits = logits.masked_fill((attention_mask == 0)[..., None], torch.finfo(logits.dtype).min)
+        start_logits, end_logits = logits[..., 0], logits[..., 1]  # [B, T] each
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = mean_loss(objective(start_logits, end_logits, start_positions, end_positions))
+        return QuestionAnsweringOutput(start_logits, end_logits, loss, out.hidden_states, out.attentions)
+
+
+def build_features(examples: Sequence[QAExample], tokenizer: Tokenizer, settings: InputSettings, *,
+                   training: bool = False, report: DataReport | None = None) -> list[Feature]:
+    """Windowed QA features (see the module docstring).
+
+    Args:
+        examples: the questions.
+        tokenizer: the model's tokenizer.
+        settings: `max_seq_length` (tokens per feature including [CLS] and two [SEP]), `doc_stride` (step
+            between window starts over the context; None = 128 or half the room), `max_query_length`.
+        training: set start/end positions; answerable examples without a located answer are left out
+            (their count is in the reader's report).
+        report: gets `features`, `windowed_inputs`, `truncated_questions`, `answers_unmappable`.
+    """
+    report = report if report is not None else DataReport()
+    post = tokenizer.post_processor
+    query_budget = min(settings.max_query_length, (settings.max_seq_length - post.added(True)) // 2)
+    features: list[Feature] = []
+    for index, example in enumerate(examples):
+        question = tokenizer.encode(example.question, add_special_tokens=False).ids
+        if len(question) > query_budget:
+            question = question[:query_budget]
+            report.note("truncated_questions", example.source)
+        encoding = tokenizer.encode(example.context, add_special_tokens=False)
+        ids, offsets = encoding.ids, encoding.offsets
+        token_start = token_end = None
+        if training and not example.is_impossible:
+            if example.answer_start is None:
+                continue
+            char_start = example.answer_start
+            char_end = char_start + len(example.answer_text)
+            token_start = bisect.bisect_right([end for _, end in offsets], char_start)  # first token ending after
+            token_end = bisect.bisect_left([start for start, _ in offsets], char_end) - 1  # last starting before
+            if token_start >= len(ids) or token_end < token_start:
+                report.note("answers_unmappable", example.source)
+                continue
+        room = settings.max_seq_length - len(question) - post.added(True)
+        if room <= 0:
+            raise ConfigError(f"max_seq_length={settings.max_seq_length} leaves no room for the context after a "
+                              f"{len(question)}-token question; raise max_seq_length or lower max_query_length")
+        spans = window_spans(len(ids), room, settings.doc_stride or min(128, max(1, room // 2)))
+        if len(spans) > 1:
+            report.note("windowed_inputs", example.source)
+        best = max_context_windows(spans, len(ids))
+        head = len(question) + 2  # [CLS] question [SEP]
+        for window, (start, size) in enumerate(spans):
+            end = start + size
+            input_ids, types = post.assemble(question, ids[start:end])
+            token_offsets: list[tuple[int, int] | None] = [None] * head + list(offsets[start:end]) + [None]
+            max_context = [False] * head + [best[i] == window for i in range(start, end)] + [False]
+            feature = Feature(index, input_ids, types, offsets=token_offsets, max_context=max_context, window=window)
+            if training:
+                if example.is_impossible or not (start <= token_start and token_end < end):
+                    feature.start_position = feature.end_position = 0
+                else:
+                    feature.start_position = head + token_start - start
+                    feature.end_position = head + token_end - start
+            features.append(feature)
+    report.note("features", amount=len(features))
+    return features
+
+
+# Every EVAL_EVERY-th article of a QA file forms the eval split of tasks that ship only one file.
+EVAL_EVERY = 4
+
+
+def _top(values: np.ndarray, k: int) -> list[int]:
+    return np.argsort(-values, kind="stable")[:k].tolist()
+
+
+def _softmax(values: np.ndarray) -> np.ndarray:
+    shifted = np.exp(values - values.max())
+    return shifted / shifted.sum()
+
+
+def decode_answers(examples: Sequence[QAExample], features: Sequence[Feature],
+                   outputs: Sequence[tuple[np.ndarray, np.ndarray]], *, n_best_size: int = 20,
+                   max_answer_tokens: int = 30, allow_no_answer: bool = False,
+                   null_threshold: float = 0.0) -> list[dict[str, Any]]:
+    """One answer per question from its windows' (start, end) logits; see the module docstring.
+
+    Returns:
+        Per question {"answer", "start", "end" (character offsets, end exclusive; None for no answer),
+        "score" (probability), "nbest" (up to 5 candidates, best first), and with `allow_no_answer`
+        "null_margin" (null score - best span score)}.
+    """
+    by_example: dict[int, list[int]] = {}
+    for index, feature in enumerate(features):
+        by_example.setdefault(feature.example_index, []).append(index)
+    results = []
+    for example_index, example in enumerate(examples):
+        candidates: list[tuple[float, int, int, int]] = []
+        null_score, null_probability = float("inf"), 0.0
+        for index in by_example.get(example_index, []):
+            feature = features[index]
+            starts, ends = (np.asarray(x, dtype=np.float64) for x in outputs[index])
+            if float(starts[0] + ends[0]) < null_score:
+                null_score = float(starts[0] + ends[0])
+                null_probability = float(_softmax(starts)[0] * _softmax(ends)[0])
+            offsets, max_context = feature.offsets, feature.max_context
+            limit = len(offsets)
+            for s in _top(starts, n_best_size):
+                if s >= limit or offsets[s] is None or not max_context[s]:
+                    continue
+                for e in _top(ends, n_best_size):
+                    if e >= limit or offsets[e] is None or e < s or e - s + 1 > max_answer_tokens:
+                        continue
+                    candidates.append((float(starts[s] + ends[e]), index, s, e))
+        candidates.sort(key=lambda c: -c[0])
+        kept: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for score, index, s, e in candidates:
+            offsets = features[index].offsets
+            begin, end = offsets[s][0], offsets[e][1]
+            text = example.context[begin:end]
+            if text in seen:
+                continue
+            seen.add(text)
+            starts, ends = (np.asarray(x, dtype=np.float64) for x in outputs[index])
+            kept.append({"text": text, "start": begin, "end": end, "logit_score": score,
+                         "score": float(_softmax(starts)[s] * _softmax(ends)[e])})
+            if len(kept) >= n_best_size:
+                break
+        best = kept[0] if kept else None
+        result: dict[str, Any] = {"answer": "", "start": None, "end": None, "score": null_probability}
+        if best is not None:
+            result = {"answer": best["text"], "start": best["start"], "end": best["end"], "score": best["score"]}
+        if allow_no_answer:
+            margin = null_score - (best["logit_score"] if best else float("-inf"))
+            result["null_margin"] = margin
+            if margin > null_threshold:
+                result.update(answer="", start=None, end=None, score=null_probability)
+        result["nbest"] = [{"text": c["text"], "score": c["logit_score"], "start": c["start"], "end": c["end"]}
+                           for c in kept[:5]]
+        results.append(result)
+    return results
+
+
+class QuestionAnswering(Family):
+    """Extractive answers from contexts of any length."""
+
+    name = "question_answering"
+    aliases = ("qa", "squad", "answer", "extractive_qa")
+    model_class = BertForQuestionAnswering
+    task = "answer"
+    default_max_seq_length = 384
+    options = {"max_answer_tokens": 30, "allow_no_answer": False, "null_threshold": 0.0, "n_best_size": 20}
+    export_outputs = {"start_logits": {0: "batch", 1: "sequence"}, "end_logits": {0: "batch", 1: "sequence"}}
+    probe_inputs = [{"question": "Where does Ana live?", "context": "Ana lives in Lisbon and works in Porto."},
+                    {"question": "When was the bridge opened?",
+                     "context": "The bridge, designed by a local engineer, was opened in 1932 after six years."}]
+
+    default_metrics = ("f1", "exact_match")
+
+    def read(self, path, *, part, options, report, labelled=True):
+        articles = None
+        if part is not None:
+            # A task without a train file: every EVAL_EVERY-th article is eval, the others train.
+            train_ids, eval_ids = article_split(count_articles(path), EVAL_EVERY)
+            articles = eval_ids if part == "eval" else train_ids
+        return read_squad(path, articles=articles, labelled=labelled, on_invalid=options["on_invalid"], report=report)
+
+    def validate_options(self, options):
+        check_number(options, "max_answer_tokens", 1, 512, integer=True)
+        check_number(options, "n_best_size", 1, 100, integer=True)
+        if not isinstance(options["allow_no_answer"], bool):
+            raise InputError("allow_no_answer must be true or false")
+        check_number(options, "null_threshold")
+
+    def labelled(self, examples):
+        return all(e.answers or e.is_impossible for e in examples)
+
+    def counts(self, batch) -> dict[str, torch.Tensor]:
+        """Windows in the batch."""
+        return {"span_cross_entropy": torch.tensor(float(batch.start_positions.shape[0]))}
+
+    def loss_terms(self, output, batch):
+        return objective(output.start_logits, output.end_logits, batch.start_positions, batch.end_positions)
+
+    def metrics(self, output, batch):
+        start = output.start_logits.detach().argmax(-1) == batch.start_positions
+        end = output.end_logits.detach().argmax(-1) == batch.end_positions
+        return {"span_accuracy": ((start & end).sum().float(), output.start_logits.new_tensor(float(start.shape[0])))}
+
+    def parse(self, item: Any) -> QAExample:
+        if isinstance(item, list | tuple) and len(item) == 2:
+            item = {"question": item[0], "context": item[1]}
+        if not isinstance(item, Mapping):
+            raise InputError(f"expected an object {{\"question\": ..., \"context\": ...}}, got {type(item).__name__}")
+        missing = [k for k in ("question", "context") if k not in item]
+        if missing:
+            raise InputError(f"missing field(s) {missing}; send {{\"question\": ..., \"context\": ...}}")
+        return QAExample(str(item.get("id", "input")), check_text(item["question"], "question"),
+                         check_text(item["context"], "context"), [], None, None)
+
+    def features(self, examples, tokenizer, settings, *, config, report=None, training=False):
+        return build_features(examples, tokenizer, settings, training=training, report=report)
+
+    def forward(self, model, batch):
+        out = model(**batch.model_inputs())
+        start, end = out.start_logits.float().cpu(), out.end_logits.float().cpu()  # [B, T] each
+        lengths = batch.attention_mask.sum(-1).tolist()
+        return [(start[row, :int(n)], end[row, :int(n)]) for row, n in enumerate(lengths)]
+
+    def decode(self, examples, features, outputs, options, config, tokenizer=None):
+        return decode_answers(examples, features, [(s.numpy(), e.numpy()) if hasattr(s, "numpy") else (s, e)
+                                                   for s, e in outputs],
+                              n_best_size=options["n_best_size"], max_answer_tokens=options["max_answer_tokens"],
+                              allow_no_answer=options["allow_no_answer"], null_threshold=options["null_threshold"])
+
+    def record(self, example, result):
+        return {"id": example.qid, "question": example.question, "answers": example.answers,
+                "prediction": result["answer"], **result}
+
+    def score(self, examples, results, config, *, language="auto", version_2=False, **_):
+        predictions = {e.qid: r["answer"] for e, r in zip(examples, results)}
+        gold = {e.qid: e.answers for e in examples}
+        scores = evaluate_squad(predictions, gold, language=language, version="2.0" if version_2 else "1.1")
+        metrics = {k: float(v) for k, v in scores.items() if k not in ("total", "missing")}
+        warnings = []
+        if predictions and len(set(predictions.values())) == 1:
+            warnings.append(f"every one of {len(predictions)} questions got the same answer "
+                            f"{next(iter(predictions.values()))!r}: training has not taken hold")
+        return metrics, {}, warnings
+
+
+FAMILY = QuestionAnswering()

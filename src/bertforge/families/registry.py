@@ -1,0 +1,95 @@
+"""The family registry: name or alias -> family, architecture -> model class, and loading by architecture.
+
+Every consumer that needs "which family is this?" asks here, once, and then talks to the family object:
+the fine-tuning run (`--task`/`family`), `evaluate` and `predict` (the architecture in config.json), the
+pipelines and the server (a route name such as "tag"), export (output axes) and the CLI's choices.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from bertforge import checkpoint_format
+from bertforge.checkpoint_format import LoadReport
+from bertforge.errors import CheckpointError, ConfigError
+from bertforge.families.base import Family
+from bertforge.families.classification import FAMILY as CLASSIFICATION
+from bertforge.families.multiple_choice import FAMILY as MULTIPLE_CHOICE
+from bertforge.families.pretraining import FAMILY as PRETRAINING
+from bertforge.families.question_answering import FAMILY as QUESTION_ANSWERING
+from bertforge.families.tagging import FAMILY as TAGGING
+from bertforge.model.bert import BertModel, BertPretrainedModel
+from bertforge.model.fast_paths import set_fast_paths
+
+FAMILIES: tuple[Family, ...] = (CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE, PRETRAINING)
+FINETUNING_FAMILIES: tuple[Family, ...] = (CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE)
+
+
+def _key(name: str) -> str:
+    return name.strip().lower().replace("-", "_").replace(" ", "_")
+
+
+_BY_NAME: dict[str, Family] = {}
+for _family in FAMILIES:
+    for _name in (_family.name, *_family.aliases):
+        if _key(_name) in _BY_NAME:
+            raise RuntimeError(f"family name {_name!r} is declared twice")  # a programming error, at import
+        _BY_NAME[_key(_name)] = _family
+_BY_TASK: dict[str, Family] = {f.task: f for f in FAMILIES if f.task}
+MODEL_CLASSES: dict[str, type[BertPretrainedModel]] = {
+    "BertModel": BertModel, **{f.model_class.__name__: f.model_class for f in FAMILIES}}
+# The pipeline routes, in a fixed order: one per family, then `embed`, which any model's encoder serves.
+TASKS: tuple[str, ...] = (*(f.task for f in FAMILIES if f.task), "embed")
+
+
+def family(name: str) -> Family:
+    """The family called `name` or one of its aliases ("ner", "tag", "token classification" ...)."""
+    found = _BY_NAME.get(_key(name)) if isinstance(name, str) else None
+    if found is None:
+        raise ConfigError(f"unknown task family {name!r}; choose one of {names()} (aliases: "
+                          f"{sorted(a for f in FAMILIES for a in f.aliases)})")
+    return found
+
+
+def names() -> list[str]:
+    return [f.name for f in FAMILIES]
+
+
+def for_task(task: str) -> Family | None:
+    """The family behind a pipeline route ("classify", "tag", "answer", "choose", "fill-mask"); None for embed."""
+    return _BY_TASK.get(task)
+
+
+def for_model(model: Any) -> Family | None:
+    """The family of a model instance or class (None for a bare `BertModel`)."""
+    cls = model if isinstance(model, type) else type(model)
+    for candidate in FAMILIES:
+        if issubclass(cls, candidate.model_class):
+            return candidate
+    return None
+
+
+def model_class(architecture: str | None) -> type[BertPretrainedModel]:
+    """The class a config.json's architecture names (our spelling; None = BertModel)."""
+    if architecture is None:
+        return BertModel
+    try:
+        return MODEL_CLASSES[architecture]
+    except KeyError:
+        raise CheckpointError(f"unknown architecture {architecture!r}; bertforge has {sorted(MODEL_CLASSES)}") from None
+
+
+def load_model(path: str | os.PathLike, cls: type[BertPretrainedModel] | None = None, *, fast_path: bool = True,
+               **kwargs: Any) -> tuple[BertPretrainedModel, LoadReport]:
+    """Load a model directory into `cls` (default: the class its config.json names), fast paths on.
+
+    Returns (model, report); see `checkpoint_format.load_model` for the keyword arguments.
+    """
+    if cls is None:
+        _, architecture = checkpoint_format.read_config(path)
+        cls = model_class(architecture)
+    model, report = checkpoint_format.load_model(path, cls, **kwargs)
+    if fast_path:
+        set_fast_paths(model)
+    return model, report

@@ -1,0 +1,153 @@
+"""Fast paths, applied to a built model from outside (as torchtitan applies parallelism and compile).
+
+Each function transforms a model instance in place and returns it; none changes what the model computes
+beyond rounding (tests/unit/test_fast_paths.py holds every one to the plain path, outputs and gradients),
+and none changes `state_dict()` keys, so checkpoints and the Hugging Face key tables are unaffected.
+
+- unpadding: `BertModel.unpad`, read by `layouts.choose_layout` (padding tokens skip every matmul).
+- fused QKV: each `SelfAttention` becomes a `FusedSelfAttention`, whose three [H, H] query/key/value
+  projections are one [3H, H] weight and [3H] bias (one matmul instead of three). `state_dict()` still
+  holds `query.weight`, `key.weight`, ... and `load_state_dict` accepts them.
+- activation checkpointing: each `Layer` becomes a `CheckpointedLayer`, which in training (with
+  gradients) keeps only its input and recomputes itself in the backward pass.
+
+`BertPretrainedModel.from_pretrained` applies unpadding + fused QKV; `BertModel(config)` starts unpadded,
+unfused. The plain reference path is one call away: `set_fast_paths(model, unpad=False, fused_qkv=False)`.
+Fusing and un-fusing replace parameters: apply them before building an optimizer. AdamW and LAMB's
+elementwise update treat one [3H, H] tensor exactly as three [H, H] ones; LAMB's trust ratio is per
+tensor, so it differs for the fused tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.utils.checkpoint
+from torch import nn
+
+from bertforge.model.bert import BertModel, Layer, SelfAttention
+
+PROJECTIONS = ("query", "key", "value")
+
+
+class FusedSelfAttention(SelfAttention):
+    """`SelfAttention` whose query, key and value projections are one [3H, H] matmul.
+
+    Holds `qkv_weight` [3H, H] (query rows, then key, then value) and `qkv_bias` [3H] in place of the
+    three `nn.Linear`s; saves and loads them under the separate names.
+    """
+
+    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = nn.functional.linear(x, self.qkv_weight, self.qkv_bias).chunk(3, dim=-1)  # [..., 3H] -> 3 x [..., H]
+        return q, k, v
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # The separate tensors, in the plain module's order; copies, as safetensors refuses shared storage.
+        for name, weight, bias in zip(PROJECTIONS, self.qkv_weight.chunk(3), self.qkv_bias.chunk(3)):
+            for role, part in (("weight", weight), ("bias", bias)):
+                destination[f"{prefix}{name}.{role}"] = part if keep_vars else part.detach().clone()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        for role in ("weight", "bias"):
+            keys = [f"{prefix}{name}.{role}" for name in PROJECTIONS]
+            fused = getattr(self, f"qkv_{role}")
+            if all(key in state_dict for key in keys):
+                state_dict[f"{prefix}qkv_{role}"] = torch.cat([state_dict.pop(key) for key in keys])
+                continue
+            # A partial state dict (strict=False): copy the parts it has, report the others by their names.
+            for key, part in zip(keys, fused.detach().chunk(3)):
+                if key not in state_dict:
+                    missing_keys.append(key)
+                elif state_dict[key].shape != part.shape:
+                    error_msgs.append(f"size mismatch for {key}: copying a param with shape "
+                                      f"{tuple(state_dict.pop(key).shape)}, the model has {tuple(part.shape)}")
+                else:
+                    with torch.no_grad():
+                        part.copy_(state_dict.pop(key))
+            state_dict[f"{prefix}qkv_{role}"] = fused.detach()  # already in place: copied onto itself
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+
+def fuse_qkv(attention: SelfAttention) -> None:
+    """Turn one `SelfAttention` into a `FusedSelfAttention` holding the same numbers."""
+    if isinstance(attention, FusedSelfAttention):
+        return
+    parts = [getattr(attention, name) for name in PROJECTIONS]
+    with torch.no_grad():
+        weight = torch.cat([p.weight for p in parts])  # 3 x [H, H] -> [3H, H]
+        bias = torch.cat([p.bias for p in parts])  # 3 x [H] -> [3H]
+    requires_grad = parts[0].weight.requires_grad
+    for name in PROJECTIONS:
+        delattr(attention, name)
+    attention.__class__ = FusedSelfAttention
+    attention.qkv_weight = nn.Parameter(weight, requires_grad=requires_grad)
+    attention.qkv_bias = nn.Parameter(bias, requires_grad=requires_grad)
+
+
+def unfuse_qkv(attention: SelfAttention) -> None:
+    """Turn a `FusedSelfAttention` back into a plain `SelfAttention` (three `nn.Linear`s, same numbers)."""
+    if not isinstance(attention, FusedSelfAttention):
+        return
+    weight, bias = attention.qkv_weight, attention.qkv_bias
+    requires_grad = weight.requires_grad
+    del attention.qkv_weight, attention.qkv_bias
+    attention.__class__ = SelfAttention
+    others = dict(attention._modules)
+    attention._modules.clear()  # query, key, value first again: the plain module's parameter order
+    hidden = weight.shape[1]
+    for name, w, b in zip(PROJECTIONS, weight.detach().chunk(3), bias.detach().chunk(3)):
+        linear = nn.utils.skip_init(nn.Linear, hidden, hidden, device=weight.device, dtype=weight.dtype)
+        linear.weight = nn.Parameter(w.clone(), requires_grad=requires_grad)  # [H, H]
+        linear.bias = nn.Parameter(b.clone(), requires_grad=requires_grad)  # [H]
+        setattr(attention, name, linear.train(attention.training))
+    attention._modules.update(others)
+
+
+class CheckpointedLayer(Layer):
+    """`Layer` that, in training with gradients, recomputes itself in the backward pass.
+
+    Activation memory drops from every layer's intermediates to its input, for about a third more compute.
+    Dropout masks are replayed exactly (the RNG state is saved with each checkpoint), so gradients equal
+    those of the plain path.
+    """
+
+    def forward(self, x, layout, return_probs=False):
+        if self.training and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(super().forward, x, layout, return_probs, use_reentrant=False)
+        return super().forward(x, layout, return_probs)
+
+
+def set_fast_paths(model: nn.Module, *, unpad: bool = True, fused_qkv: bool = True) -> nn.Module:
+    """Switch unpadding and fused QKV for every encoder inside `model` (a task model holds one as `.bert`).
+
+    Idempotent; `unpad=False, fused_qkv=False` restores the plain reference path (weights un-fused).
+    """
+    for module in model.modules():
+        if isinstance(module, BertModel):
+            module.unpad = bool(unpad)
+    for module in list(model.modules()):
+        if isinstance(module, SelfAttention):
+            (fuse_qkv if fused_qkv else unfuse_qkv)(module)
+    return model
+
+
+def set_activation_checkpointing(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Recompute every encoder layer inside `model` in the backward pass (or stop, with `enabled=False`)."""
+    for module in model.modules():
+        if isinstance(module, Layer):
+            module.__class__ = CheckpointedLayer if enabled else Layer
+    return model
+
+
+def fast_paths_enabled(model: nn.Module) -> dict[str, bool]:
+    """Which fast paths every encoder inside `model` runs: {"unpad", "fused_qkv", "activation_checkpointing"}."""
+    modules = list(model.modules())
+
+    def every(kind: type, test) -> bool:
+        found = [m for m in modules if isinstance(m, kind)]
+        return bool(found) and all(test(m) for m in found)
+
+    return {"unpad": every(BertModel, lambda m: m.unpad),
+            "fused_qkv": every(SelfAttention, lambda m: isinstance(m, FusedSelfAttention)),
+            "activation_checkpointing": every(Layer, lambda m: isinstance(m, CheckpointedLayer))}

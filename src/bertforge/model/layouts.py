@@ -1,0 +1,182 @@
+"""How the encoder lays out a batch's tokens, and how attention respects that layout.
+
+Shape legend: B batch, T tokens per row, H hidden size, N heads, D head size (H / N), R real (non-padding)
+tokens in the batch, S sequences in the batch (one per row, or several per packed row), L one sequence's
+length.
+
+`BertModel.forward` asks `choose_layout` for a layout, then runs
+
+    x = layout.enter(embeddings)   # [B, T, H] -> the layout's shape
+    ... every layer: layout.attend(q, k, v, ...) ...
+    layout.leave(x)                # -> [B, T, H]
+
+- `Padded`: [B, T, H], padded keys masked out of the softmax. The reference path of the paper.
+- `Unpadded`: only the real tokens, [R, H]; projections, feed-forward and LayerNorms never touch padding,
+  and attention runs per sequence (the variable-length flash kernel on CUDA, one SDPA call per sequence on
+  CPU). Equal to `Padded` at every real position; padding positions come back as zeros.
+
+Rows may hold several packed sequences (`sequence_ids`: k > 0 for the k-th sequence of its row, 0 for
+padding, as `data.collate.pack_rows` builds them); each sequence then attends only to itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from bertforge.errors import InputError
+
+try:  # PyTorch >= 2.9 on CUDA: flash attention over packed variable-length sequences.
+    from torch.nn.attention.varlen import varlen_attn as varlen_attention
+except ImportError:  # pragma: no cover - depends on the installed torch
+    varlen_attention = None
+
+
+def packed_mask(sequence_ids: torch.Tensor) -> torch.Tensor:
+    """Block-diagonal attention mask of packed rows: bool [B, 1, T, T], True = query may attend to key.
+
+    sequence_ids: [B, T]. A token sees only the tokens of its own sequence. Padding queries see every real
+    token of their row: their outputs are discarded, but a query that sees nothing would turn into NaN
+    inside the softmax.
+    """
+    real_key = (sequence_ids > 0)[:, None, :]  # [B, 1, T]
+    same = sequence_ids[:, :, None] == sequence_ids[:, None, :]  # [B, T, T]
+    pad_query = (sequence_ids == 0)[:, :, None]  # [B, T, 1]
+    return ((same | pad_query) & real_key)[:, None]  # [B, 1, T, T]
+
+
+def packed_positions(sequence_ids: torch.Tensor) -> torch.Tensor:
+    """Position ids that restart at 0 with every packed sequence: long [B, T] (padding gets 0..)."""
+    tokens = sequence_ids.shape[1]
+    index = torch.arange(tokens, device=sequence_ids.device).expand_as(sequence_ids)  # [B, T]
+    starts = F.pad(sequence_ids[:, 1:] != sequence_ids[:, :-1], (1, 0), value=True)  # [B, T] first of a run
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values  # [B, T] start of my run
+    return index - first
+
+
+class Padded:
+    """Tokens laid out as [B, T, H]; attention masks padded keys.  The plain, reference path."""
+
+    def __init__(self, mask: torch.Tensor | None):
+        self.mask = mask  # bool [B, 1, 1, T] (or [B, 1, T, T] for packed rows), True = attend, or None
+
+    def enter(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def leave(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, dropout: float,
+               return_probs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q, k, v: [B, T, H] -> context [B, T, H] (and probabilities [B, N, T, T] if asked)."""
+        batch, tokens, hidden = q.shape
+
+        def split(x: torch.Tensor) -> torch.Tensor:
+            return x.view(batch, tokens, heads, hidden // heads).transpose(1, 2)  # [B, T, H] -> [B, N, T, D]
+
+        q, k, v = split(q), split(k), split(v)
+        probs = None
+        if return_probs:
+            # The explicit softmax, used only when someone asks to see the attention maps.
+            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, N, T, T]
+            if self.mask is not None:
+                scores = scores.masked_fill(~self.mask, torch.finfo(scores.dtype).min)
+            probs = scores.softmax(dim=-1)
+            context = F.dropout(probs, dropout, dropout > 0) @ v  # [B, N, T, D]
+        else:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=dropout)  # [B, N, T, D]
+        return context.transpose(1, 2).reshape(batch, tokens, hidden), probs  # [B, N, T, D] -> [B, T, H]
+
+
+class Unpadded:
+    """Only the real tokens, laid out as [R, H]: the padding-free fast path.
+
+    Attention runs per sequence, through the variable-length flash kernel where PyTorch has one for this
+    device and dtype, or one unmasked SDPA call per sequence on CPU, otherwise by scattering back to [B, T]
+    for a masked SDPA call. Either way the real tokens, read row by row, are the sequences one after
+    another, and `cu_seqlens` delimits them.
+    """
+
+    def __init__(self, attention_mask: torch.Tensor, sequence_ids: torch.Tensor | None = None):
+        batch, tokens = attention_mask.shape
+        self.index = attention_mask.reshape(-1).to(torch.bool).nonzero().squeeze(1)  # [R] positions in [B*T]
+        self.batch, self.tokens = batch, tokens
+        if sequence_ids is None:
+            lengths = attention_mask.to(torch.int32).sum(1)  # [B]
+            self._mask = lambda: attention_mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, T]
+            contiguous = not attention_mask.is_cuda and torch.equal(
+                attention_mask.to(torch.bool), torch.arange(tokens) < lengths[:, None])
+        else:
+            # [R] a number for each real token's (row, sequence), so runs never merge across rows
+            rows = torch.arange(batch, device=sequence_ids.device)[:, None] * (tokens + 1)  # [B, 1]
+            flat = (sequence_ids + rows).reshape(-1)[self.index]
+            starts = F.pad(flat[1:] != flat[:-1], (1, 0), value=True) if flat.numel() else flat.bool()
+            bounds = F.pad(starts.nonzero().squeeze(1), (0, 1), value=flat.numel())  # [S + 1]
+            lengths = (bounds[1:] - bounds[:-1]).to(torch.int32)  # [S]
+            self._mask = lambda: packed_mask(sequence_ids)  # [B, 1, T, T]
+            contiguous = not sequence_ids.is_cuda
+            if contiguous and len(lengths) != int(sequence_ids.max(dim=1).values.sum()):
+                raise InputError("sequence_ids must number each row's packed sequences 1, 2, ... with every "
+                                 "sequence one contiguous run of tokens (0 = padding)")
+        self.cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))  # [S + 1]
+        self.max_len = int(lengths.max()) if lengths.numel() else 0
+        # Sequence lengths on the host, for the per-sequence CPU path; valid when each sequence is one run of
+        # real tokens (left-aligned masks; packed rows).
+        self.lengths = lengths.tolist() if contiguous else None
+
+    def enter(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(0, 1).index_select(0, self.index)  # [B, T, ...] -> [B*T, ...] -> [R, ...]
+
+    def leave(self, x: torch.Tensor) -> torch.Tensor:
+        out = x.new_zeros(self.batch * self.tokens, *x.shape[1:])  # [B*T, ...], zeros at padding
+        return out.index_copy(0, self.index, x).view(self.batch, self.tokens, *x.shape[1:])  # -> [B, T, ...]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, dropout: float,
+               return_probs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q, k, v: [R, H] -> context [R, H]."""
+        real, hidden = q.shape
+        if varlen_attention is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) \
+                and dropout == 0.0 and not return_probs:
+            shape = (real, heads, hidden // heads)  # [R, H] -> [R, N, D]
+            context = varlen_attention(q.view(shape), k.view(shape), v.view(shape), self.cu_seqlens,
+                                       self.cu_seqlens, self.max_len, self.max_len)
+            return context.reshape(real, hidden), None  # [R, N, D] -> [R, H]
+        if self.lengths is not None and not return_probs:
+            # CPU: one unmasked SDPA call per sequence over its own L tokens, which picks the fused
+            # kernel (a masked call falls back to the math path) and costs L^2 rather than T^2.
+            contexts = []
+            for qs, ks, vs in zip(q.split(self.lengths), k.split(self.lengths), v.split(self.lengths)):
+                length = qs.shape[0]
+                shape = (1, length, heads, hidden // heads)  # [L, H] -> [1, L, N, D] -> [1, N, L, D]
+                out = F.scaled_dot_product_attention(qs.view(shape).transpose(1, 2), ks.view(shape).transpose(1, 2),
+                                                     vs.view(shape).transpose(1, 2), dropout_p=dropout)
+                contexts.append(out.transpose(1, 2).reshape(length, hidden))  # [1, N, L, D] -> [L, H]
+            return torch.cat(contexts), None
+        # The masked fallback (holes in the mask, CUDA without varlen): built only when used.
+        if not isinstance(self._mask, torch.Tensor):
+            self._mask = self._mask()  # once per forward, shared by every layer
+        context, probs = Padded(self._mask).attend(self.leave(q), self.leave(k), self.leave(v), heads,
+                                                   dropout, return_probs)
+        return self.enter(context), probs
+
+
+def choose_layout(attention_mask: torch.Tensor | None, sequence_ids: torch.Tensor | None, *, unpad: bool,
+                  output_attentions: bool) -> Padded | Unpadded:
+    """The layout of one forward pass.
+
+    Attention maps ([B, N, T, T]) exist only in the padded layout, so `output_attentions` forces it; packed
+    rows get their block-diagonal mask there. Unpadding needs a mask with padding to skip: a CPU batch
+    without any padding runs padded and unmasked (on CUDA the check would cost a device sync).
+    """
+    fast = unpad and not output_attentions
+    if sequence_ids is not None:
+        return Unpadded(sequence_ids > 0, sequence_ids) if fast else Padded(packed_mask(sequence_ids))
+    if attention_mask is None:
+        return Padded(None)
+    if fast and not attention_mask.is_cuda and bool(attention_mask.all()):
+        return Padded(None)  # no padding: nothing to skip, and no mask to apply
+    if fast:
+        return Unpadded(attention_mask)
+    return Padded(attention_mask.to(torch.bool)[:, None, None, :])  # [B, T] -> [B, 1, 1, T]

@@ -1,1 +1,0 @@
-"""Task models (encoder + head + loss) and, per task, how its batches are evaluated (row 2)."""
