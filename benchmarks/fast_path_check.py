@@ -12,8 +12,9 @@ import sys
 
 import torch
 
-from bertforge.model import BertConfig, BertModel
 from bertforge.families.pretraining import BertForPretraining
+from bertforge.model import BertConfig, BertModel
+from bertforge.model.fast_paths import set_fast_paths
 
 FP32_ATOL = 1e-4  # TF32 is off; differences are reduction-order only
 BF16_ATOL = 1.5e-1  # bf16 (8-bit mantissa) through 12 layers, hidden values O(1) after LayerNorm
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     failures = []
 
     def run(unpad: bool, fused: bool, dtype, compiled: bool = False) -> torch.Tensor:
-        model.set_fast_path(unpad=unpad, fused_qkv=fused)
+        set_fast_paths(model, unpad=unpad, fused_qkv=fused)
         fn = torch.compile(model) if compiled else model
         with torch.inference_mode(), torch.autocast(device.type, dtype=dtype or torch.float32,
                                                     enabled=dtype is not None):
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for name, fast, dtype in (("plain fp32", False, None), ("unpad+fused bf16", True, torch.bfloat16)):
         pretraining.zero_grad(set_to_none=True)
-        pretraining.bert.set_fast_path(unpad=fast, fused_qkv=fast)
+        set_fast_paths(pretraining, unpad=fast, fused_qkv=fast)
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             out = pretraining(ids, None, mask, mlm_positions=positions, mlm_labels=labels, nsp_labels=nsp)
         out.loss.backward()

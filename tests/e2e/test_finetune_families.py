@@ -13,10 +13,10 @@ import random
 import pytest
 import torch
 
-from bertforge.artifacts import load_model, read_config
+from bertforge.checkpoint_format import load_model, read_config
+from bertforge.families.classification import BertForSequenceClassification
 from bertforge.model.bert import BertModel
 from bertforge.model.config import BertConfig
-from bertforge.families.classification import BertForSequenceClassification
 from bertforge.tokenization import Tokenizer, TokenizerConfig, Vocab
 from bertforge.training.finetuning import FinetuneConfig, SeedsResult, evaluate, run_finetuning
 
@@ -75,7 +75,9 @@ def test_finetune_classification_learns_and_evaluates(tiny_model, tmp_path):
     scored = evaluate(result.model_dir, tmp_path / "dev.tsv", out_dir=tmp_path / "eval")
     assert scored.metrics["accuracy"] == pytest.approx(result.best_metrics["accuracy"])
     lines = (tmp_path / "eval" / "predictions.jsonl").read_text().splitlines()
-    assert len(lines) == 32 and json.loads(lines[0])["prediction"] in ("neg", "pos")
+    record = json.loads(lines[0])
+    assert len(lines) == 32 and record["label"] in ("neg", "pos") and record["gold"] in ("neg", "pos")
+    assert set(record["scores"]) == {"neg", "pos"} and record["score"] == pytest.approx(record["scores"][record["label"]])
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["metrics"]["accuracy"] >= 0.9
 
 
@@ -104,7 +106,8 @@ def test_finetune_regression_stores_problem_type(tiny_model, tmp_path):
     assert config["problem_type"] == "regression" and config["num_labels"] == 1
     assert set(result.best_metrics) == {"pearson", "spearman"}
     scored = evaluate(result.model_dir, tmp_path / "train.tsv", out_dir=tmp_path / "eval")
-    assert isinstance(scored.predictions[0]["prediction"], float)
+    record = scored.predictions[0]
+    assert isinstance(record["value"], float) and isinstance(record["gold"], float) and record["windows"] == 1
 
 
 def ner_sentences(count: int, seed: int) -> str:
@@ -213,8 +216,9 @@ def test_finetune_feature_based_keeps_encoder_fixed(tiny_model, tmp_path):
     result = run(tiny_model, tmp_path, format="classification", train=str(tmp_path / "train.tsv"),
                  dev=str(tmp_path / "train.tsv"), freeze_encoder=True, feature_layers=[-1, -2],
                  classifier_hidden_sizes=[16], steps=3)
-    before = load_model(tiny_model, BertModel).state_dict()
-    after = load_model(result.model_dir, BertForSequenceClassification)
+    before = load_model(tiny_model, BertModel)[0].state_dict()
+    after, report = load_model(result.model_dir, BertForSequenceClassification)
+    assert not report.fresh  # the fine-tuned head is in the artifact, nothing re-initialised
     assert after.config.feature_layers == [-1, -2] and after.config.classifier_hidden_sizes == [16]
     for name, tensor in after.bert.state_dict().items():
         if not name.startswith("pooler."):

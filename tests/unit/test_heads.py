@@ -9,12 +9,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertforge.constants import IGNORE_INDEX
-from bertforge.model.heads import ClassifierHead, build_classifier, feature_size
 from bertforge.families.classification import BertForSequenceClassification
 from bertforge.families.multiple_choice import BertForMultipleChoice
 from bertforge.families.pretraining import BertForPretraining
 from bertforge.families.question_answering import BertForQuestionAnswering
 from bertforge.families.tagging import BertForTokenClassification
+from bertforge.model.heads import ClassifierHead, build_classifier, feature_size
 
 FP32_ATOL = 1e-5
 FP32_RTOL = 1e-5

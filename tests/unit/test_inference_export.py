@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from bertforge.errors import BertforgeError
-from bertforge.model.config import BertConfig
 from bertforge.families.pretraining import BertForPretraining
 from bertforge.families.question_answering import BertForQuestionAnswering
 from bertforge.families.tagging import BertForTokenClassification
+from bertforge.model.config import BertConfig
 
 onnx = pytest.importorskip("onnx")
 onnxruntime = pytest.importorskip("onnxruntime")

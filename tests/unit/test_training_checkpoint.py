@@ -10,8 +10,8 @@ import torch
 
 from bertforge.constants import CONFIG_NAME, TRAINING_STATE_NAME, WEIGHTS_NAME
 from bertforge.errors import CheckpointError
-from bertforge.model.config import BertConfig
 from bertforge.families.pretraining import BertForPretraining
+from bertforge.model.config import BertConfig
 from bertforge.training.checkpoint import (
     find_latest,
     list_checkpoints,

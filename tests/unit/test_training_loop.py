@@ -16,8 +16,8 @@ import torch
 
 from bertforge.constants import IGNORE_INDEX
 from bertforge.errors import ConfigError
-from bertforge.model.config import BertConfig
 from bertforge.families.pretraining import BertForPretraining, Pretraining
+from bertforge.model.config import BertConfig
 from bertforge.training.checkpoint import find_latest, list_checkpoints, load_training_state
 from bertforge.training.config import TrainingConfig
 from bertforge.training.logging import read_metrics
@@ -228,20 +228,20 @@ def test_train_checkpoint_holds_model_and_state(tmp_path):
 def test_train_metrics_jsonl_has_train_and_eval_events(tmp_path):
     calls = []
 
-    def eval_fn(model):
-        calls.append(model.training)
+    def eval_fn(model, step):
+        calls.append((model.training, step))
         return {"score": 1.5}
 
     config = config_for(tmp_path, steps=4, log_every=2, eval_every=2)
     result = train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config, eval_fn=eval_fn)
     events = [(e["step"], e["split"]) for e in read_metrics(tmp_path)]
     assert events == [(2, "train"), (2, "eval"), (4, "train"), (4, "eval")]
-    assert calls == [False, False]
+    assert calls == [(False, 2), (False, 4)]
     assert result.eval == {"score": 1.5}
 
 
 def test_train_evaluation_does_not_change_the_training_run(tmp_path):
-    def noisy_eval(model):
+    def noisy_eval(model, step):
         # Draws from every global generator; the loop must shield the training run from it.
         return {"noise": float(torch.rand(()) + random.random() + np.random.rand())}
 

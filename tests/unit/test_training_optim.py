@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from bertforge.model.config import BertConfig
 from bertforge.families.pretraining import BertForPretraining
+from bertforge.model.config import BertConfig
 from bertforge.training.config import TrainingConfig
 from bertforge.training.optim import Lamb, WarmupDecay, build_optimizer, build_scheduler, parameter_groups
 

@@ -1,10 +1,10 @@
-"""Multiple-choice data (SWAG style): reader and features, one ``[CLS] context [SEP] start + ending [SEP]`` per choice.
+"""Multiple-choice data (SWAG style): the reader and its examples.
 
 SWAG's CSV has a header with `sent1` (the context), `sent2` (the start of the next sentence), `ending0` ...
 `ending3` and `label` (the right ending's index). Any CSV/TSV/JSONL with such columns reads the same way;
-the ending columns are every column named ``ending<N>`` unless given. Windows make no sense across the
-choices of one question, so an over-long choice is truncated longest-segment-first from the end (as
-Google's fine-tuning code does for pairs) and every truncated question is counted (`truncated_inputs`).
+the ending columns are every column named ``ending<N>`` unless given. The features (one ``[CLS] context
+[SEP] start + ending [SEP]`` row per choice, a long context windowed the same for every choice) are built
+by `families.multiple_choice`.
 """
 
 from __future__ import annotations

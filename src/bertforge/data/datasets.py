@@ -72,7 +72,7 @@ class PretrainingData:
 
     def __init__(
         self,
-        data_dir: str | os.PathLike,
+        data_dir: str | os.PathLike | ShardIndex,
         *,
         split: str = "train",
         batch_size: int,
@@ -102,7 +102,8 @@ class PretrainingData:
         self.pad_id = int(pad_id)
         self.drop_last = bool(drop_last)
         self.pad_to_multiple_of = pad_to_multiple_of
-        self.index = ShardIndex.load(data_dir)
+        # A run that reads several splits opens the index once and hands it to each of them.
+        self.index = data_dir if isinstance(data_dir, ShardIndex) else ShardIndex.load(data_dir)
         self.index.check_vocab(vocab_size=vocab_size, checksum=vocab_checksum)
         self.pack_sequences = bool(pack_sequences)
         self.capacity = int(self.index.settings.get("max_seq_length", 0))

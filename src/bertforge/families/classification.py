@@ -153,14 +153,16 @@ def build_features(examples: Sequence[ClassificationExample], tokenizer: Tokeniz
             ids, types = post.assemble(a, b)
             features.append(Feature(index, ids, types, label=label))
             continue
-        report.note("windowed_inputs", example.source)
         long_is_a = b is None or len(a) >= len(b)
         long, short = (a, b) if long_is_a else (b, a)
         if short is not None and len(short) > budget // 2:
             short = short[: budget // 2]
             report.note("truncated_shorter_segment", example.source)
         room = budget - len(short or [])
-        for window, (start, size) in enumerate(window_spans(len(long), room, settings.doc_stride)):
+        spans = window_spans(len(long), room, settings.doc_stride)
+        if len(spans) > 1:
+            report.note("windowed_inputs", example.source)
+        for window, (start, size) in enumerate(spans):
             piece = long[start:start + size]
             ids, types = post.assemble(piece, short) if long_is_a else post.assemble(short, piece)
             features.append(Feature(index, ids, types, label=label, window=window))

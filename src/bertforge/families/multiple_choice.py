@@ -87,13 +87,14 @@ def build_features(examples: Sequence[ChoiceExample], tokenizer: Tokenizer, sett
         context = tokenizer.encode(example.context, add_special_tokens=False).ids
         endings = [tokenizer.encode(f"{example.start} {ending}".strip(), add_special_tokens=False).ids
                    for ending in example.endings]
-        if len(context) + max(map(len, endings)) > budget:
-            if max(map(len, endings)) > budget // 2:
-                endings = [e[: budget // 2] for e in endings]
-                report.note("truncated_inputs", example.source)
-            report.note("windowed_inputs", example.source)
+        if len(context) + max(map(len, endings)) > budget and max(map(len, endings)) > budget // 2:
+            endings = [e[: budget // 2] for e in endings]
+            report.note("truncated_inputs", example.source)
         room = budget - max(map(len, endings))
-        for window, (start, size) in enumerate(window_spans(len(context), room, settings.doc_stride)):
+        spans = window_spans(len(context), room, settings.doc_stride)
+        if len(spans) > 1:
+            report.note("windowed_inputs", example.source)
+        for window, (start, size) in enumerate(spans):
             piece = context[start:start + size]
             rows = [post.assemble(piece, ending) for ending in endings]
             features.append(Feature(index, [ids for ids, _ in rows], [types for _, types in rows],

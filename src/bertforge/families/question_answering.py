@@ -64,17 +64,18 @@ class QuestionAnsweringOutput:
 
 def objective(start_logits: torch.Tensor, end_logits: torch.Tensor, start_positions: torch.Tensor,
               end_positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """(start + end cross-entropy) / 2 summed over windows, with the window count.
+    """(start + end cross-entropy) / 2 summed over windows, with the count of windows that have a target.
 
     A window without the answer targets index 0 ([CLS]), as the feature builder sets it; a position beyond
-    the window is ignored rather than crashing.
+    the window is ignored rather than crashing, and the window does not count (as Hugging Face's mean over
+    the positions it keeps).
     """
     tokens = start_logits.shape[1]
     start = start_positions.long().clamp(0, tokens)
     end = end_positions.long().clamp(0, tokens)
     loss = (F.cross_entropy(start_logits.float(), start, ignore_index=tokens, reduction="sum")
             + F.cross_entropy(end_logits.float(), end, ignore_index=tokens, reduction="sum")) / 2
-    return {"span_cross_entropy": (loss, start_logits.new_tensor(float(start.shape[0])))}
+    return {"span_cross_entropy": (loss, (start < tokens).sum().float())}
 
 
 class BertForQuestionAnswering(FineTuningModel):
@@ -274,8 +275,8 @@ class QuestionAnswering(Family):
         return all(e.answers or e.is_impossible for e in examples)
 
     def counts(self, batch) -> dict[str, torch.Tensor]:
-        """Windows in the batch."""
-        return {"span_cross_entropy": torch.tensor(float(batch.start_positions.shape[0]))}
+        """Windows in the batch whose target lies inside the window (the feature builder's always do)."""
+        return {"span_cross_entropy": (batch.start_positions < batch.input_ids.shape[-1]).sum().float()}
 
     def loss_terms(self, output, batch):
         return objective(output.start_logits, output.end_logits, batch.start_positions, batch.end_positions)

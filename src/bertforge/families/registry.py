@@ -84,12 +84,13 @@ def load_model(path: str | os.PathLike, cls: type[BertPretrainedModel] | None = 
                **kwargs: Any) -> tuple[BertPretrainedModel, LoadReport]:
     """Load a model directory into `cls` (default: the class its config.json names), fast paths on.
 
-    Returns (model, report); see `checkpoint_format.load_model` for the keyword arguments.
+    Returns (model, report); see `checkpoint_format.load_model` for the keyword arguments. `fast_path=False`
+    gives the plain reference path (padded, unfused), as `from_pretrained(..., fast_path=False)` does (a
+    freshly built `BertModel` starts unpadded, so "leave it alone" would not be the plain path).
     """
     if cls is None:
         _, architecture = checkpoint_format.read_config(path)
         cls = model_class(architecture)
     model, report = checkpoint_format.load_model(path, cls, **kwargs)
-    if fast_path:
-        set_fast_paths(model)
+    set_fast_paths(model, unpad=fast_path, fused_qkv=fast_path)
     return model, report

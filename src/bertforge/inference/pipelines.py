@@ -219,14 +219,16 @@ class Pipeline:
         return self.family.decode(list(parsed), features, outputs, options, self.config, self.tokenizer)
 
     def probe_deviation(self, reference: list[dict], candidate: list[dict]) -> float:
-        """How far bf16 results are from fp32 ones: the largest change of any score in them."""
+        """How far bf16 results are from fp32 ones: the largest change of any score in them (also those of
+        tagged entities and fill-mask predictions; a different number of scores counts as infinitely far)."""
         def numbers(value: Any) -> list[float]:
             if isinstance(value, bool) or value is None:
                 return []
             if isinstance(value, int | float):
                 return [float(value)]
             if isinstance(value, Mapping):
-                return [n for k, v in value.items() if k in ("score", "scores", "value", "predictions")
+                return [n for k, v in value.items()
+                        if k in ("score", "scores", "value", "predictions", "entities", "masks")
                         for n in numbers(v)]
             if isinstance(value, list):
                 return [n for v in value for n in numbers(v)]

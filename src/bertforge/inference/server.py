@@ -1,8 +1,8 @@
 """HTTP serving of a model directory: FastAPI routes, a micro-batching worker, Prometheus metrics.
 
 One route per task the model supports (`POST /v1/fill-mask`, `/v1/classify`, `/v1/tag`, `/v1/answer`,
-`/v1/embed`), each taking ``{"inputs": [...], "parameters": {...}}`` and answering ``{"outputs": [...]}`` in
-input order; `GET /health`, `GET /metrics` (Prometheus text) and the OpenAPI pages (`/docs`, `/openapi.json`).
+`/v1/choose` for a multiple-choice model, `/v1/embed`), each taking ``{"inputs": [...], "parameters": {...}}``
+and answering ``{"outputs": [...]}`` in input order; `GET /health`, `GET /metrics` (Prometheus text) and the OpenAPI pages (`/docs`, `/openapi.json`).
 
 Requests are validated in the event loop (JSON, fields, sizes) and, if valid, queued. A single worker task
 takes the first waiting request, gathers more for up to `max_wait_ms` (only while other requests are on their

@@ -200,7 +200,8 @@ def rng_preserved():
 
 def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
           eval_fn: Callable[[nn.Module, int], dict[str, float]] | None = None, tokenizer=None,
-          logger: MetricsSink | None = None) -> TrainResult:
+          logger: MetricsSink | None = None,
+          context: distributed.DistributedContext | None = None) -> TrainResult:
     """Train `model` on `batches` with `task`'s losses; see the module docstring for the contracts.
 
     Args:
@@ -213,6 +214,8 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
             logged with split "eval". It never perturbs the training run's random streams.
         tokenizer: saved into every checkpoint, so each is a self-contained model directory.
         logger: receives log events on the main process (default: MetricsLogger on config.out_dir).
+        context: the distributed context when the caller has already joined the process group (a run
+            that needed its rank before building the data); default: joined here.
 
     Returns:
         TrainResult with the final step, last logged values, final checkpoint and history.
@@ -221,7 +224,7 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
         NonFiniteLossError: loss/gradients non-finite for `max_nonfinite_steps` consecutive steps.
         CheckpointError: a checkpoint could not be written or the resume checkpoint is unusable.
     """
-    context = distributed.setup(config.device)
+    context = context or distributed.setup(config.device)
     device, rank, world = context.device, context.rank, context.world_size
     precision = resolve_precision(config.precision, device)
     out_dir = Path(config.out_dir)

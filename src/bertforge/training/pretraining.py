@@ -149,11 +149,11 @@ def run_pretraining(config: PretrainConfig) -> TrainResult:
               "special_ids": tokenizer.all_special_ids, "mask_id": tokenizer.mask_token_id,
               "pad_id": tokenizer.pad_token_id, "pad_to_multiple_of": config.pad_to_multiple_of,
               "vocab_checksum": vocab_checksum(tokenizer), "pack_sequences": config.pack_sequences}
-    batches = PretrainingData(config.data_dir, split="train", batch_size=training.batch_size, **common)
+    batches = PretrainingData(index, split="train", batch_size=training.batch_size, **common)
     eval_fn = None
     task = PRETRAINING
     if sum(int(record["instances"]) for record in index.shards("heldout")) > 0:
-        heldout = PretrainingData(config.data_dir, split="heldout", batch_size=training.batch_size,
+        heldout = PretrainingData(index, split="heldout", batch_size=training.batch_size,
                                   drop_last=False, **common)
         limit = config.eval_batches or None
 
@@ -169,4 +169,4 @@ def run_pretraining(config: PretrainConfig) -> TrainResult:
         out_dir = Path(training.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         write_text(out_dir / RUN_CONFIG_NAME, dumps_toml(config))
-    return train(model, batches, task, training, eval_fn=eval_fn, tokenizer=tokenizer)
+    return train(model, batches, task, training, eval_fn=eval_fn, tokenizer=tokenizer, context=context)
