@@ -120,8 +120,10 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, max_seq_length: in
                           f"max_position_embeddings={model.config.max_position_embeddings}; prepare shorter "
                           "sequences or raise model_overrides.max_position_embeddings")
     # Instances vary in length (short targets, document ends): skip padding in every matmul, one QKV matmul.
-    # Both are tested equal to the plain path (tests/unit/test_fast_paths.py).
-    set_fast_paths(model, unpad=config.fast_path, fused_qkv=config.fast_path)
+    # Both are tested equal to the plain path (tests/unit/test_fast_paths.py). Not fused under LAMB: its
+    # trust ratio is per parameter tensor, so one [3H, H] tensor would train differently from three [H, H].
+    fused = config.fast_path and config.training.optimizer != "lamb"
+    set_fast_paths(model, unpad=config.fast_path, fused_qkv=fused)
     return model.train()
 
 
