@@ -144,6 +144,8 @@ class Family:
         model_class: the `nn.Module` with this family's head (its `head_prefixes` name the head's parameters).
         task: the pipeline/server route name ("classify", "tag", "answer", "choose", "fill-mask").
         default_max_seq_length: window length when a model directory has no fine-tuning record.
+        default_language: the scoring language of a file-format run ("auto" detects it from the data).
+        input_axes: the model inputs' dimensions (ONNX dynamic axes): [B, T], or [B, C, T] for choices.
         options: per-call decoding options and their defaults (pipelines, server, evaluate).
         export_outputs: ONNX output names and their dynamic axes.
         probe_inputs: inputs of the bf16 probe of `precision="auto"`.
@@ -154,6 +156,8 @@ class Family:
     model_class: ClassVar[type[BertPretrainedModel]]
     task: ClassVar[str | None] = None
     default_max_seq_length: ClassVar[int] = 128
+    default_language: ClassVar[str] = "en"
+    input_axes: ClassVar[dict[int, str]] = {0: "batch", 1: "sequence"}
     options: ClassVar[dict[str, Any]] = {}
     export_outputs: ClassVar[dict[str, dict[int, str]]] = {}
     probe_inputs: ClassVar[list[Any]] = []
@@ -174,6 +178,11 @@ class Family:
 
     def validate_options(self, options: dict[str, Any]) -> None:
         """Check option values (InputError naming the option)."""
+
+    def run_options(self, run: Mapping[str, Any]) -> dict[str, Any]:
+        """Decoding options from a fine-tuning run's settings (`FinetuneConfig` field names), for the
+        evaluation during and after training; the pipelines take the same options per call."""
+        return {}
 
     # --- data files ---------------------------------------------------------------------------------
     default_metrics: ClassVar[tuple[str, ...]] = ("accuracy",)

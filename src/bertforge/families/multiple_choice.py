@@ -112,6 +112,7 @@ class MultipleChoice(Family):
     task = "choose"
     options: dict[str, Any] = {}
     export_outputs = {"logits": {0: "batch", 1: "choices"}}
+    input_axes = {0: "batch", 1: "choices", 2: "sequence"}
     probe_inputs = [{"context": "She opened the umbrella.", "endings": ["It was raining.", "It was sunny."]}]
 
     def read(self, path, *, part, options, report, labelled=True):

@@ -248,6 +248,7 @@ class QuestionAnswering(Family):
     model_class = BertForQuestionAnswering
     task = "answer"
     default_max_seq_length = 384
+    default_language = "auto"
     options = {"max_answer_tokens": 30, "allow_no_answer": False, "null_threshold": 0.0, "n_best_size": 20}
     export_outputs = {"start_logits": {0: "batch", 1: "sequence"}, "end_logits": {0: "batch", 1: "sequence"}}
     probe_inputs = [{"question": "Where does Ana live?", "context": "Ana lives in Lisbon and works in Porto."},
@@ -270,6 +271,11 @@ class QuestionAnswering(Family):
         if not isinstance(options["allow_no_answer"], bool):
             raise InputError("allow_no_answer must be true or false")
         check_number(options, "null_threshold")
+
+    def run_options(self, run):
+        return {"n_best_size": run["n_best_size"], "max_answer_tokens": run["max_answer_length"],
+                "allow_no_answer": bool(run["version_2_with_negative"]),
+                "null_threshold": run["null_score_diff_threshold"]}
 
     def labelled(self, examples):
         return all(e.answers or e.is_impossible for e in examples)

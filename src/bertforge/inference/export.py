@@ -30,7 +30,6 @@ from torch import nn
 
 from bertforge.errors import BertforgeError, ConfigError
 from bertforge.families import registry
-from bertforge.families.multiple_choice import BertForMultipleChoice
 from bertforge.model.bert import BertModel, BertPretrainedModel
 
 FP32_TOLERANCE = 1e-4
@@ -94,7 +93,9 @@ def example_inputs(model: BertPretrainedModel, batch: int, tokens: int, seed: in
                    pad_from: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Random valid inputs; row 1 padded from `pad_from` on, segment B in the second half."""
     generator = torch.Generator().manual_seed(seed)
-    shape = (batch, 2, tokens) if isinstance(model, BertForMultipleChoice) else (batch, tokens)
+    family = registry.for_model(model)
+    rank = len(family.input_axes) if family is not None else 2
+    shape = (batch, 2, tokens) if rank == 3 else (batch, tokens)  # two choices when the inputs are [B, C, T]
     ids = torch.randint(1, model.config.vocab_size, shape, generator=generator)
     types = torch.zeros(shape, dtype=torch.long)
     types[..., tokens // 2:] = 1 if model.config.type_vocab_size > 1 else 0
@@ -145,8 +146,8 @@ def export_onnx(model_dir: str | os.PathLike, out_path: str | os.PathLike, *, op
     axes = output_axes(model)
     names = list(axes)
     wrapper = OnnxModule(model, names).eval()
-    input_axes = ({0: "batch", 1: "choices", 2: "sequence"} if isinstance(model, BertForMultipleChoice)
-                  else {0: "batch", 1: "sequence"})
+    family = registry.for_model(model)
+    input_axes = dict(family.input_axes) if family is not None else {0: "batch", 1: "sequence"}
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)

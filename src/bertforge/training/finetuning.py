@@ -304,7 +304,7 @@ def resolve_task(config: FinetuneConfig) -> TaskSpec:
         dev=(DataSource(config.dev),) if config.dev else (),
         text_a="text_a", text_b="text_b" if pair else None, label="label",
         metrics=REGRESSION_METRICS if regression else family.default_metrics,
-        max_seq_length=family.default_max_seq_length, language="auto" if family.task == "answer" else "en",
+        max_seq_length=family.default_max_seq_length, language=family.default_language,
         regression=regression)
 
 
@@ -413,11 +413,7 @@ def make_evaluation(spec: TaskSpec, examples: Sequence, features: Sequence[Featu
                     model_config, tokenizer: Tokenizer, version_2_with_negative: bool) -> Evaluation:
     """The one evaluation path for these examples, with the run's decoding options and scoring choices."""
     family = registry.family(spec.family)
-    options = {}
-    if family.task == "answer":
-        options = {"n_best_size": config.n_best_size, "max_answer_tokens": config.max_answer_length,
-                   "allow_no_answer": bool(version_2_with_negative),
-                   "null_threshold": config.null_score_diff_threshold}
+    options = family.run_options({**dataclasses.asdict(config), "version_2_with_negative": version_2_with_negative})
     scoring = {"metric_names": list(spec.metrics) if spec.regression or spec.metrics != ("accuracy",) else None,
                "language": config.language or spec.language, "version_2": bool(version_2_with_negative)}
     return Evaluation(family, examples, features, config=model_config, batch_size=config.eval_batch_size,
@@ -695,7 +691,7 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
     directory = read_directory(model_dir)
     stored = directory.finetuning or {}
     family = registry.for_model(registry.model_class(directory.architecture))
-    if family is None or family.task in (None, "fill-mask"):
+    if family not in registry.FINETUNING_FAMILIES:
         raise ConfigError(f"{model_dir}: config.json names {directory.architecture or 'BertModel'}, which has no "
                           "fine-tuned head to evaluate; pass a directory saved by `bertforge finetune`")
     known = {f.name for f in dataclasses.fields(FinetuneConfig)}
