@@ -23,6 +23,7 @@ from torch import nn
 from bertforge import checkpoint_format
 from bertforge.errors import InputError
 from bertforge.model.config import BertConfig
+from bertforge.model.fast_paths import set_fast_paths
 from bertforge.model.layouts import Padded, Unpadded, choose_layout, packed_positions
 
 
@@ -205,8 +206,6 @@ class BertPretrainedModel(nn.Module):
         """Load a model directory (keywords of `checkpoint_format.load_model`), in eval mode, on the fastest
         path tested equal to the plain one (unpadding + fused QKV). `fast_path=False`, or later
         `set_fast_paths(model, unpad=False, fused_qkv=False)`, gives the plain reference path."""
-        from bertforge.model.fast_paths import set_fast_paths  # fast_paths imports this module
-
         model, _ = checkpoint_format.load_model(path, cls, **kwargs)
         return set_fast_paths(model, unpad=fast_path, fused_qkv=fast_path)
 

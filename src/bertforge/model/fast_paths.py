@@ -12,7 +12,12 @@ and none changes `state_dict()` keys, so checkpoints and the Hugging Face key ta
   gradients) keeps only its input and recomputes itself in the backward pass.
 
 `BertPretrainedModel.from_pretrained` applies unpadding + fused QKV; `BertModel(config)` starts unpadded,
-unfused. The plain reference path is one call away: `set_fast_paths(model, unpad=False, fused_qkv=False)`.
+unfused.
+
+This module imports nothing of the model: it finds what it transforms by the encoder's conventions (an
+encoder has an `unpad` switch; an attention module has `projections()` and `query`/`key`/`value`
+projections; a layer has `attention` and `feed_forward`) and makes each fast variant as a subclass of the
+module's own class, so `model/bert.py` can offer `from_pretrained` on the fast path without a cycle. The plain reference path is one call away: `set_fast_paths(model, unpad=False, fused_qkv=False)`.
 Fusing and un-fusing replace parameters: apply them before building an optimizer. AdamW and LAMB's
 elementwise update treat one [3H, H] tensor exactly as three [H, H] ones; LAMB's trust ratio is per
 tensor, so it differs for the fused tensor.
@@ -24,17 +29,60 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from bertforge.model.bert import BertModel, Layer, SelfAttention
-
 PROJECTIONS = ("query", "key", "value")
 
 
-class FusedSelfAttention(SelfAttention):
-    """`SelfAttention` whose query, key and value projections are one [3H, H] matmul.
+class Variant:
+    """Base of the fast variants: a variant of class C is a subclass of (the variant's mixin, C).
+
+    Variants are made on demand (`variant`), one per plain class, and pickle as "the plain class's variant"
+    so a pickled model loads in a process that has not made the variant yet.
+    """
+
+    plain: type[nn.Module]
+
+    def __reduce_ex__(self, protocol):
+        return rebuild, (type(self).__mro__[1], type(self).plain, self.__getstate__())
+
+
+_VARIANTS: dict[tuple[type, type], type] = {}
+
+
+def variant(mixin: type, plain: type[nn.Module]) -> type[nn.Module]:
+    """The class `mixin` + `plain` (made once), named e.g. FusedSelfAttention."""
+    key = (mixin, plain)
+    if key not in _VARIANTS:
+        _VARIANTS[key] = type(f"{mixin.prefix}{plain.__name__}", (mixin, plain), {"plain": plain, "__module__": __name__})
+    return _VARIANTS[key]
+
+
+def rebuild(mixin: type, plain: type[nn.Module], state: dict) -> nn.Module:
+    module = nn.Module.__new__(variant(mixin, plain))
+    module.__setstate__(state)
+    return module
+
+
+def is_encoder(module: nn.Module) -> bool:
+    return hasattr(module, "unpad") and hasattr(module, "encoder")
+
+
+def is_attention(module: nn.Module) -> bool:
+    return callable(getattr(type(module), "projections", None))
+
+
+def is_layer(module: nn.Module) -> bool:
+    return hasattr(module, "attention") and hasattr(module, "feed_forward")
+
+
+class FusedSelfAttention(Variant):
+    """Makes a self-attention's query, key and value projections one [3H, H] matmul.
 
     Holds `qkv_weight` [3H, H] (query rows, then key, then value) and `qkv_bias` [3H] in place of the
-    three `nn.Linear`s; saves and loads them under the separate names.
+    three `nn.Linear`s; saves and loads them under the separate names. (`isinstance(m, FusedSelfAttention)`
+    tells a fused module.)
     """
+
+    prefix = "Fused"
 
     def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = nn.functional.linear(x, self.qkv_weight, self.qkv_bias).chunk(3, dim=-1)  # [..., 3H] -> 3 x [..., H]
@@ -69,8 +117,8 @@ class FusedSelfAttention(SelfAttention):
                                       error_msgs)
 
 
-def fuse_qkv(attention: SelfAttention) -> None:
-    """Turn one `SelfAttention` into a `FusedSelfAttention` holding the same numbers."""
+def fuse_qkv(attention: nn.Module) -> None:
+    """Turn one self-attention module into its fused variant, holding the same numbers."""
     if isinstance(attention, FusedSelfAttention):
         return
     parts = [getattr(attention, name) for name in PROJECTIONS]
@@ -80,19 +128,19 @@ def fuse_qkv(attention: SelfAttention) -> None:
     requires_grad = parts[0].weight.requires_grad
     for name in PROJECTIONS:
         delattr(attention, name)
-    attention.__class__ = FusedSelfAttention
+    attention.__class__ = variant(FusedSelfAttention, type(attention))
     attention.qkv_weight = nn.Parameter(weight, requires_grad=requires_grad)
     attention.qkv_bias = nn.Parameter(bias, requires_grad=requires_grad)
 
 
-def unfuse_qkv(attention: SelfAttention) -> None:
-    """Turn a `FusedSelfAttention` back into a plain `SelfAttention` (three `nn.Linear`s, same numbers)."""
+def unfuse_qkv(attention: nn.Module) -> None:
+    """Turn a fused self-attention back into its plain class (three `nn.Linear`s, same numbers)."""
     if not isinstance(attention, FusedSelfAttention):
         return
     weight, bias = attention.qkv_weight, attention.qkv_bias
     requires_grad = weight.requires_grad
     del attention.qkv_weight, attention.qkv_bias
-    attention.__class__ = SelfAttention
+    attention.__class__ = type(attention).plain
     others = dict(attention._modules)
     attention._modules.clear()  # query, key, value first again: the plain module's parameter order
     hidden = weight.shape[1]
@@ -104,13 +152,15 @@ def unfuse_qkv(attention: SelfAttention) -> None:
     attention._modules.update(others)
 
 
-class CheckpointedLayer(Layer):
-    """`Layer` that, in training with gradients, recomputes itself in the backward pass.
+class CheckpointedLayer(Variant):
+    """Makes a layer, in training with gradients, recompute itself in the backward pass.
 
     Activation memory drops from every layer's intermediates to its input, for about a third more compute.
     Dropout masks are replayed exactly (the RNG state is saved with each checkpoint), so gradients equal
     those of the plain path.
     """
+
+    prefix = "Checkpointed"
 
     def forward(self, x, layout, return_probs=False):
         if self.training and torch.is_grad_enabled():
@@ -124,10 +174,10 @@ def set_fast_paths(model: nn.Module, *, unpad: bool = True, fused_qkv: bool = Tr
     Idempotent; `unpad=False, fused_qkv=False` restores the plain reference path (weights un-fused).
     """
     for module in model.modules():
-        if isinstance(module, BertModel):
+        if is_encoder(module):
             module.unpad = bool(unpad)
     for module in list(model.modules()):
-        if isinstance(module, SelfAttention):
+        if is_attention(module):
             (fuse_qkv if fused_qkv else unfuse_qkv)(module)
     return model
 
@@ -135,8 +185,9 @@ def set_fast_paths(model: nn.Module, *, unpad: bool = True, fused_qkv: bool = Tr
 def set_activation_checkpointing(model: nn.Module, enabled: bool = True) -> nn.Module:
     """Recompute every encoder layer inside `model` in the backward pass (or stop, with `enabled=False`)."""
     for module in model.modules():
-        if isinstance(module, Layer):
-            module.__class__ = CheckpointedLayer if enabled else Layer
+        if is_layer(module):
+            plain = type(module).plain if isinstance(module, CheckpointedLayer) else type(module)
+            module.__class__ = variant(CheckpointedLayer, plain) if enabled else plain
     return model
 
 
@@ -144,10 +195,10 @@ def fast_paths_enabled(model: nn.Module) -> dict[str, bool]:
     """Which fast paths every encoder inside `model` runs: {"unpad", "fused_qkv", "activation_checkpointing"}."""
     modules = list(model.modules())
 
-    def every(kind: type, test) -> bool:
-        found = [m for m in modules if isinstance(m, kind)]
+    def every(kind, test) -> bool:
+        found = [m for m in modules if kind(m)]
         return bool(found) and all(test(m) for m in found)
 
-    return {"unpad": every(BertModel, lambda m: m.unpad),
-            "fused_qkv": every(SelfAttention, lambda m: isinstance(m, FusedSelfAttention)),
-            "activation_checkpointing": every(Layer, lambda m: isinstance(m, CheckpointedLayer))}
+    return {"unpad": every(is_encoder, lambda m: m.unpad),
+            "fused_qkv": every(is_attention, lambda m: isinstance(m, FusedSelfAttention)),
+            "activation_checkpointing": every(is_layer, lambda m: isinstance(m, CheckpointedLayer))}

@@ -25,6 +25,12 @@ model's forward) and `num_tokens`.
 Around the model the loop applies: device placement, DDP, torch.compile, autocast (bf16/fp16) and fp16
 loss scaling, gradient clipping, a finite check before every optimizer step, the warmup/decay schedule,
 logging (metrics.jsonl, TensorBoard, progress bar), evaluation, checkpoints and exact resume.
+
+With `best=BestCheckpoint(metric, lower_is_better, directory)` the loop also keeps the model of the best
+evaluation: after each evaluation it compares `values[metric]` with the best so far and, when it is better,
+saves the model (with the tokenizer and the extra files) to `directory`, replacing it atomically. The best
+step and value are part of every training checkpoint, so a resumed run never replaces a better best with a
+worse one.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -95,6 +101,42 @@ class MetricsSink(Protocol):
     def log(self, step: int, split: str, values: dict[str, float]) -> None: ...
 
 
+@dataclass(frozen=True)
+class BestCheckpoint:
+    """Which evaluation's model the loop keeps, and where (`train(..., best=...)`).
+
+    Attributes:
+        metric: the evaluation value that ranks evaluations (a key of eval_fn's dict).
+        lower_is_better: True for losses and errors (mse), False for accuracy, F1, correlations.
+        directory: where the best model is saved (a complete model directory, replaced atomically).
+        extra_files: more files for that directory, {file name: text or bytes} (e.g. finetuning.json).
+        on_best: called as on_best(step, values) on every rank after a new best was saved (e.g. to keep
+            that evaluation's predictions); None for nothing.
+    """
+
+    metric: str
+    lower_is_better: bool
+    directory: Path | str
+    extra_files: Mapping[str, str | bytes] = field(default_factory=dict)
+    on_best: Callable[[int, dict[str, float]], None] | None = None
+
+    def improves(self, value: float, than: float | None) -> bool:
+        """Whether `value` beats the best so far `than` (None: nothing yet); NaN never beats a number."""
+        if than is None:
+            return True
+        if math.isnan(value) or math.isnan(than):
+            return not math.isnan(value)
+        return value < than if self.lower_is_better else value > than
+
+    def value_of(self, values: Mapping[str, float]) -> float:
+        """`values[metric]`, or a ConfigError listing the evaluation's values."""
+        if self.metric not in values:
+            raise ConfigError(f"the best checkpoint is chosen by {self.metric!r}, which is not among the "
+                              f"evaluation's values {sorted(values)}; choose one of those (fine-tuning: "
+                              "--metric NAME)")
+        return float(values[self.metric])
+
+
 @dataclass
 class TrainResult:
     """What a finished `train` call reports.
@@ -105,6 +147,10 @@ class TrainResult:
         train: the last logged training values (loss, loss_<term>, metrics, lr, grad_norm, tokens_per_s).
         eval: the last evaluation's values ({} without eval_fn).
         checkpoint: the final checkpoint directory (a loadable model directory).
+        best_step: with `best`, the step of the best evaluation so far (None before any evaluation),
+            counting evaluations before a resume.
+        best_eval: that evaluation's values ({} without one).
+        best_dir: with `best`, the directory holding the best evaluation's model.
         history: every event logged by this call: {"step", "split", "values"}.
         skipped_steps: optimizer steps skipped for non-finite loss/gradients.
         tokens: tokens seen by this call, summed over ranks.
@@ -116,6 +162,9 @@ class TrainResult:
     train: dict[str, float] = field(default_factory=dict)
     eval: dict[str, float] = field(default_factory=dict)
     checkpoint: Path | None = None
+    best_step: int | None = None
+    best_eval: dict[str, float] = field(default_factory=dict)
+    best_dir: Path | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     skipped_steps: int = 0
     tokens: int = 0
@@ -200,7 +249,7 @@ def rng_preserved():
 
 def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
           eval_fn: Callable[[nn.Module, int], dict[str, float]] | None = None, tokenizer=None,
-          logger: MetricsSink | None = None,
+          best: BestCheckpoint | None = None, logger: MetricsSink | None = None,
           context: distributed.DistributedContext | None = None) -> TrainResult:
     """Train `model` on `batches` with `task`'s losses; see the module docstring for the contracts.
 
@@ -213,6 +262,7 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
             and at the end, on every rank (it must all-reduce itself if its data is sharded); its dict is
             logged with split "eval". It never perturbs the training run's random streams.
         tokenizer: saved into every checkpoint, so each is a self-contained model directory.
+        best: keep the best evaluation's model (see `BestCheckpoint`); None (pretraining) keeps none.
         logger: receives log events on the main process (default: MetricsLogger on config.out_dir).
         context: the distributed context when the caller has already joined the process group (a run
             that needed its rank before building the data); default: joined here.
@@ -222,7 +272,9 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
 
     Raises:
         NonFiniteLossError: loss/gradients non-finite for `max_nonfinite_steps` consecutive steps.
-        CheckpointError: a checkpoint could not be written or the resume checkpoint is unusable.
+        CheckpointError: a checkpoint (or the best model) could not be written or the resume checkpoint is
+            unusable.
+        ConfigError: `best.metric` is not among the evaluation's values.
     """
     context = context or distributed.setup(config.device)
     device, rank, world = context.device, context.rank, context.world_size
@@ -245,10 +297,10 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
     scheduler = build_scheduler(optimizer, warmup_steps, total_steps, config.schedule)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
-    step, skipped_total, window, rng_state = 0, 0, LogWindow(), None
+    step, skipped_total, window, rng_state, kept = 0, 0, LogWindow(), None, BestSoFar()
     if resume_from is not None:
-        step, skipped_total, window, rng_state = restore_run(resume_from, model, batches, optimizer, scheduler,
-                                                             scaler, rank, world)
+        step, skipped_total, window, rng_state, kept = restore_run(resume_from, model, batches, optimizer,
+                                                                   scheduler, scaler, rank, world)
         log.info("resuming from %s at step %d of %d", resume_from, step, total_steps)
 
     if logger is None and context.is_main:
@@ -271,6 +323,8 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
     nonfinite_limit = config.max_nonfinite_steps + (FP16_CALIBRATION_STEPS if precision == "fp16" else 0)
 
     result = TrainResult(step=step, total_steps=total_steps, checkpoint=resume_from, skipped_steps=skipped_total)
+    if best is not None:
+        result.best_step, result.best_eval, result.best_dir = kept.step, dict(kept.values), Path(best.directory)
     if step >= total_steps:
         log.info("the run in %s is already complete (step %d of %d)", out_dir, step, total_steps)
         close_logger(logger)
@@ -290,7 +344,31 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
         with rng_preserved(), torch.no_grad(), autocast(device, precision):
             values = eval_fn(model, step)
         model.train()
-        emit("eval", {k: float(v) for k, v in values.items()})
+        values = {k: float(v) for k, v in values.items()}
+        emit("eval", values)
+        if best is not None:
+            keep_if_best(values)
+
+    def keep_if_best(values: dict[str, float]) -> None:
+        value = best.value_of(values)
+        if not best.improves(value, kept.value):
+            return
+        error = None
+        if context.is_main:
+            try:
+                checkpoint_format.save_model(model, best.directory, tokenizer=tokenizer,
+                                             extra_files=dict(best.extra_files))
+            except (CheckpointError, OSError) as exc:
+                error = f"{best.directory}: the best model (step {step}) could not be saved ({exc})"
+        error = distributed.broadcast_object(error)
+        if error is not None:
+            raise CheckpointError(error)
+        kept.step, kept.value, kept.values = step, value, dict(values)
+        result.best_step, result.best_eval = step, dict(values)
+        if context.is_main:
+            log.info("step %d: best %s so far (%.6g); saved to %s", step, best.metric, value, best.directory)
+        if best.on_best is not None:
+            best.on_best(step, dict(values))
 
     window_step = WindowStep(runner, ddp, task, scaler, device, precision, world, params)
     consecutive_nonfinite = 0
@@ -363,7 +441,7 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
             if (config.save_every and step % config.save_every == 0) or step == total_steps:
                 result.checkpoint = write_checkpoint(
                     context, out_dir, step, model, batches, optimizer, scheduler, scaler, window,
-                    skipped_total, config, tokenizer)
+                    skipped_total, config, tokenizer, kept)
     finally:
         progress.close()
         close_logger(logger)
@@ -476,9 +554,19 @@ def describe_run(model: nn.Module, batches: Any, config: TrainingConfig, total_s
              precision, device, trainable / 1e6)
 
 
+@dataclass
+class BestSoFar:
+    """The best evaluation of a run so far (saved in every checkpoint as `best`, restored on resume)."""
+
+    step: int | None = None
+    value: float | None = None
+    values: dict[str, float] = field(default_factory=dict)
+
+
 def restore_run(path: Path, model: nn.Module, batches: Any, optimizer, scheduler, scaler, rank: int,
-                world: int) -> tuple[int, int, LogWindow, dict | None]:
-    """Load checkpoint `path` into the run's objects; return (step, skipped steps, log window, RNG state).
+                world: int) -> tuple[int, int, LogWindow, dict | None, BestSoFar]:
+    """Load checkpoint `path` into the run's objects; return (step, skipped steps, log window, RNG state,
+    best evaluation so far).
 
     The RNG state is returned, not applied: the caller restores it last, after everything that draws.
     """
@@ -501,7 +589,9 @@ def restore_run(path: Path, model: nn.Module, batches: Any, optimizer, scheduler
         data_state = None if data_states is None else data_states[0]
     if data_state is not None and hasattr(batches, "load_state_dict"):
         batches.load_state_dict(data_state)
-    return int(state["step"]), int(state.get("skipped_steps", 0)), LogWindow(**state.get("log_window", {})), rng_state
+    kept = BestSoFar(**state["best"]) if state.get("best") else BestSoFar()
+    return (int(state["step"]), int(state.get("skipped_steps", 0)), LogWindow(**state.get("log_window", {})),
+            rng_state, kept)
 
 
 def restore_model_weights(model: nn.Module, path: Path) -> None:
@@ -531,7 +621,8 @@ def restore_optimizer(optimizer, scheduler, scaler, state: dict[str, Any], path:
 
 
 def write_checkpoint(context, out_dir: Path, step: int, model: nn.Module, batches: Any, optimizer, scheduler,
-                     scaler, window: LogWindow, skipped: int, config: TrainingConfig, tokenizer) -> Path:
+                     scaler, window: LogWindow, skipped: int, config: TrainingConfig, tokenizer,
+                     kept: BestSoFar | None = None) -> Path:
     """Gather every rank's RNG state and data position; the main process writes; all ranks agree on errors."""
     rng = distributed.all_gather_object(capture_rng_state())
     data = distributed.all_gather_object(plain(batches.state_dict()) if hasattr(batches, "state_dict") else None)
@@ -546,6 +637,7 @@ def write_checkpoint(context, out_dir: Path, step: int, model: nn.Module, batche
             "world_size": context.world_size,
             "log_window": window.__dict__,
             "skipped_steps": skipped,
+            "best": dataclasses.asdict(kept) if kept is not None else None,
             "config": plain(dataclasses.asdict(config)),
         }
         try:
