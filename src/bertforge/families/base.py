@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from bertforge.data.finetuning import DataReport, Feature, FinetuneBatch
@@ -97,6 +98,12 @@ class FineTuningModel(BertPretrainedModel):
             return self.bert(input_ids, token_type_ids, attention_mask,
                              output_hidden_states=output_hidden_states or needs_hidden_states(self.config),
                              output_attentions=output_attentions)
+
+
+def softmax(scores: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, in the precision given (decoders run it on float64 logits)."""
+    shifted = scores - scores.max(axis=-1, keepdims=True)
+    return np.exp(shifted) / np.exp(shifted).sum(axis=-1, keepdims=True)
 
 
 def mean_loss(terms: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

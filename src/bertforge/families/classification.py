@@ -32,6 +32,7 @@ from bertforge.families.base import (
     check_number,
     check_text,
     mean_loss,
+    softmax,
     text_of,
 )
 from bertforge.metrics.classification import compute_classification_metrics, prediction_collapse
@@ -181,11 +182,6 @@ def mean_window_logits(features: Sequence[Feature], logits: Sequence[np.ndarray]
     if (count == 0).any():
         raise ValueError(f"{int((count == 0).sum())} examples have no feature; features and examples do not match")
     return total / count[:, None]
-
-
-def softmax(rows: np.ndarray) -> np.ndarray:
-    shifted = rows - rows.max(axis=-1, keepdims=True)
-    return np.exp(shifted) / np.exp(shifted).sum(axis=-1, keepdims=True)
 
 
 class Classification(Family):

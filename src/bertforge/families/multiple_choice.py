@@ -23,8 +23,8 @@ from torch import nn
 from bertforge.data.choice import ChoiceExample, read_choice
 from bertforge.data.finetuning import DataReport, Feature
 from bertforge.errors import DataError, InputError
-from bertforge.families.base import Family, FineTuningModel, InputSettings, check_text, mean_loss
-from bertforge.families.classification import mean_window_logits, softmax
+from bertforge.families.base import Family, FineTuningModel, InputSettings, check_text, mean_loss, softmax
+from bertforge.families.classification import mean_window_logits
 from bertforge.metrics.classification import compute_classification_metrics, prediction_collapse
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import TaskOutput, build_classifier, feature_size, sequence_features

@@ -42,6 +42,7 @@ from bertforge.families.base import (
     check_number,
     check_text,
     mean_loss,
+    softmax,
 )
 from bertforge.metrics.squad import evaluate_squad
 from bertforge.model.config import BertConfig
@@ -172,11 +173,6 @@ def _top(values: np.ndarray, k: int) -> list[int]:
     return np.argsort(-values, kind="stable")[:k].tolist()
 
 
-def _softmax(values: np.ndarray) -> np.ndarray:
-    shifted = np.exp(values - values.max())
-    return shifted / shifted.sum()
-
-
 def decode_answers(examples: Sequence[QAExample], features: Sequence[Feature],
                    outputs: Sequence[tuple[np.ndarray, np.ndarray]], *, n_best_size: int = 20,
                    max_answer_tokens: int = 30, allow_no_answer: bool = False,
@@ -200,7 +196,7 @@ def decode_answers(examples: Sequence[QAExample], features: Sequence[Feature],
             starts, ends = (np.asarray(x, dtype=np.float64) for x in outputs[index])
             if float(starts[0] + ends[0]) < null_score:
                 null_score = float(starts[0] + ends[0])
-                null_probability = float(_softmax(starts)[0] * _softmax(ends)[0])
+                null_probability = float(softmax(starts)[0] * softmax(ends)[0])
             offsets, max_context = feature.offsets, feature.max_context
             limit = len(offsets)
             for s in _top(starts, n_best_size):
@@ -222,7 +218,7 @@ def decode_answers(examples: Sequence[QAExample], features: Sequence[Feature],
             seen.add(text)
             starts, ends = (np.asarray(x, dtype=np.float64) for x in outputs[index])
             kept.append({"text": text, "start": begin, "end": end, "logit_score": score,
-                         "score": float(_softmax(starts)[s] * _softmax(ends)[e])})
+                         "score": float(softmax(starts)[s] * softmax(ends)[e])})
             if len(kept) >= n_best_size:
                 break
         best = kept[0] if kept else None

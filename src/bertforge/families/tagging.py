@@ -33,7 +33,7 @@ from bertforge.constants import IGNORE_INDEX
 from bertforge.data.conll import LABEL_POLICIES, TaggingExample, check_tag_labels, read_tagged, tag_list
 from bertforge.data.finetuning import DataReport, Feature
 from bertforge.errors import CheckpointError, ConfigError, InputError
-from bertforge.families.base import Family, FineTuningModel, InputSettings, check_text, mean_loss
+from bertforge.families.base import Family, FineTuningModel, InputSettings, check_text, mean_loss, softmax
 from bertforge.metrics.sequence_labeling import bio_to_iobes, entity_scores, get_entities, iobes_to_bio
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import TaskOutput, build_classifier, feature_size, token_features
@@ -153,11 +153,6 @@ def readable_tags(names: Sequence[str]) -> tuple[list[str], bool]:
     I- tags, which start an entity after O or a type change."""
     tags = [n if n == "O" or (len(n) > 2 and n[1] == "-" and n[0] in "BIES") else f"I-{n}" for n in names]
     return tags, any(t[:2] in ("E-", "S-") for t in tags)
-
-
-def softmax(rows: np.ndarray) -> np.ndarray:
-    shifted = rows - rows.max(axis=-1, keepdims=True)
-    return np.exp(shifted) / np.exp(shifted).sum(axis=-1, keepdims=True)
 
 
 class Tagging(Family):

@@ -156,6 +156,8 @@ class Pipeline:
 
     def check_model(self, model: BertPretrainedModel, report: LoadReport | None) -> None:
         family = self.family
+        if family is None:  # embed: every model has an encoder
+            return
         if not isinstance(model, family.model_class):
             raise CheckpointError(f"{self.task} needs a {family.model_class.__name__} (the {family.name} family); "
                                   f"this is a {type(model).__name__}")
@@ -284,24 +286,10 @@ class EmbedPipeline(Pipeline):
     probe_inputs = ["A man is eating food.", "A cat sits on the mat.", "The stock market fell sharply today."]
 
     def __init__(self, model: BertPretrainedModel, tokenizer, **kwargs: Any):
-        self.family = None
-        self.task = "embed"
+        # Any model's encoder serves embed: no head to check, and one window (no fine-tuning record).
         kwargs.pop("record", None)
         kwargs.pop("report", None)
-        if tokenizer.vocab_size > model.config.vocab_size:
-            raise CheckpointError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
-                                  f"holds {model.config.vocab_size}; the vocab.txt does not belong to this model")
-        batch_size = kwargs.get("batch_size", DEFAULT_BATCH_SIZE)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
-        self.device = runtime.resolve_device(kwargs.get("device", "auto"))
-        self.model = set_fast_paths(model.to(self.device).eval())
-        self.config = model.config
-        self.tokenizer = tokenizer
-        self.batch_size = batch_size
-        self.settings = input_settings(model, tokenizer, None, None, kwargs.get("max_length"), None)
-        self.max_length = self.settings.max_seq_length
-        self.precision, self.precision_report = self.choose_precision(kwargs.get("precision", "auto"))
+        super().__init__("embed", model, tokenizer, **kwargs)
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -366,18 +354,6 @@ class EmbedPipeline(Pipeline):
     def probe_deviation(self, reference, candidate):
         return max(1.0 - float(F.cosine_similarity(torch.tensor(a["embedding"]), torch.tensor(b["embedding"]), dim=0))
                    for a, b in zip(reference, candidate))
-
-    def choose_precision(self, requested: str) -> tuple[str, str]:
-        if requested != "auto":
-            return runtime.resolve_precision(requested, self.device), "requested"
-        if not native_bf16(self.device):
-            return "fp32", f"auto: no native bf16 on {self.device.type}"
-        options = self.check_options({})
-        reference = self.run_parsed(self.probe_inputs, options, "fp32")
-        candidate = self.run_parsed(self.probe_inputs, options, "bf16")
-        deviation = self.probe_deviation(reference, candidate)
-        verdict = "bf16" if deviation <= self.probe_tolerance else "fp32"
-        return verdict, f"auto: bf16 probe deviation {deviation:.2e} (tolerance {self.probe_tolerance:.0e})"
 
     def encode(self, texts: Sequence[str], **options: Any) -> np.ndarray:
         """Vectors of `texts` as one float32 array [N, H] (no JSON lists in between)."""

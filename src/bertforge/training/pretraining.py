@@ -81,7 +81,7 @@ class PretrainConfig:
     def __post_init__(self) -> None:
         if not self.data_dir:
             raise ConfigError("pretraining needs data_dir: a directory prepared with prepare_corpus "
-                              "(bertforge prepare-data ...)")
+                              "(bertforge prepare --corpus ... --tokenizer ... --out ...)")
         if not (Path(self.model).is_dir() or self.model in PRESETS):
             raise ConfigError(f"model={self.model!r} is neither a model directory nor a preset; use one of "
                               f"{sorted(PRESETS)} or the path of a saved model")
