@@ -20,6 +20,7 @@ from bertforge.data.pretraining import (
 )
 from bertforge.errors import ConfigError
 from bertforge.tokenization import Tokenizer, Vocab
+from bertforge.tokenization.postprocessor import PostProcessor
 
 CLS, SEP = 2, 3
 WORDS = "the cat sat on mat and dog ran to park it was sunny day . , ! ? un ##aff ##able 我 们 喜 欢 北 京".split()
@@ -51,7 +52,7 @@ def split_instance(instance):
 
 def all_instances(documents, seed=0, **settings):
     rng = random.Random(seed)
-    settings = {"max_seq_length": 32, "short_seq_prob": 0.1, "cls_id": CLS, "sep_id": SEP, **settings}
+    settings = {"max_seq_length": 32, "short_seq_prob": 0.1, "special": PostProcessor(CLS, SEP), **settings}
     return [instance for index in range(len(documents))
             for instance in create_instances(documents, index, rng=rng, **settings)]
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from bertforge.constants import IGNORE_INDEX
+from bertforge.data.collate import pad_sequences
 from bertforge.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -167,12 +168,9 @@ class FinetuneBatch:
         return self.input_ids.shape[0]
 
 
-def _pad(rows: Sequence[Sequence[int]], width: int, value: int) -> list[list[int]]:
-    return [list(row) + [value] * (width - len(row)) for row in rows]
-
-
 def collate_features(features: Sequence[Feature], indices: Sequence[int], pad_token_id: int) -> FinetuneBatch:
-    """Pad `features` to the longest one and stack them into a `FinetuneBatch`.
+    """Pad `features` to the longest one and stack them into a `FinetuneBatch` (padding by `pad_sequences`,
+    the one padding routine, which pretraining batches use too).
 
     Args:
         features: the batch's features (all of one family).
@@ -181,25 +179,24 @@ def collate_features(features: Sequence[Feature], indices: Sequence[int], pad_to
     """
     width = max(len(f) for f in features)
     choice = isinstance(features[0].input_ids[0], list) if features[0].input_ids else False
-    if choice:
-        ids = [_pad(f.input_ids, width, pad_token_id) for f in features]
-        types = [_pad(f.token_type_ids, width, 0) for f in features]
-        mask = [_pad([[1] * len(r) for r in f.input_ids], width, 0) for f in features]
-    else:
-        ids = _pad([f.input_ids for f in features], width, pad_token_id)
-        types = _pad([f.token_type_ids for f in features], width, 0)
-        mask = _pad([[1] * len(f.input_ids) for f in features], width, 0)
-    batch = FinetuneBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(types, dtype=torch.long),
-                          torch.tensor(mask, dtype=torch.long), torch.tensor(list(indices), dtype=torch.long))
+
+    def pad(rows, value: int) -> torch.Tensor:
+        if choice:  # [B][C][T_c] -> [B, C, T]: every choice row padded to the batch's longest
+            return torch.stack([pad_sequences(row, value, min_length=width) for row in rows])
+        return pad_sequences(rows, value, min_length=width)
+
+    ones = [[[1] * len(r) for r in f.input_ids] if choice else [1] * len(f.input_ids) for f in features]
+    batch = FinetuneBatch(pad([f.input_ids for f in features], pad_token_id),
+                          pad([f.token_type_ids for f in features], 0), pad(ones, 0),
+                          torch.tensor(list(indices), dtype=torch.long))
     first = features[0]
     if first.token_labels is not None:
-        batch.labels = torch.tensor(_pad([f.token_labels for f in features], width, IGNORE_INDEX), dtype=torch.long)
+        batch.labels = pad_sequences([f.token_labels for f in features], IGNORE_INDEX, min_length=width)
     elif first.label is not None:
         dtype = torch.float32 if isinstance(first.label, float) else torch.long
         batch.labels = torch.tensor([f.label for f in features], dtype=dtype)
     if first.mask_positions is not None:
-        most = max(len(f.mask_positions) for f in features)
-        batch.mlm_positions = torch.tensor(_pad([f.mask_positions for f in features], most, 0), dtype=torch.long)
+        batch.mlm_positions = pad_sequences([f.mask_positions for f in features], 0)
     if first.start_position is not None:
         batch.start_positions = torch.tensor([f.start_position for f in features], dtype=torch.long)
         batch.end_positions = torch.tensor([f.end_position for f in features], dtype=torch.long)

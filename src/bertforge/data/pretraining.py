@@ -33,6 +33,7 @@ from typing import Any
 from bertforge.constants import NSP_IS_NEXT, NSP_IS_RANDOM
 from bertforge.errors import ConfigError
 from bertforge.tokenization.normalizer import is_cjk
+from bertforge.tokenization.postprocessor import PostProcessor
 
 Segmenter = Callable[[str], Sequence[str]]
 # Tries Google makes to find a random document other than the current one before it accepts any.
@@ -190,8 +191,7 @@ def create_instances(
     *,
     max_seq_length: int,
     short_seq_prob: float,
-    cls_id: int,
-    sep_id: int,
+    special: PostProcessor,
     rng: random.Random,
 ) -> list[Instance]:
     """All instances of one document (Google's `create_instances_from_document`).
@@ -201,7 +201,7 @@ def create_instances(
         document_index: which of them to turn into instances.
         max_seq_length: the longest instance, special tokens included (>= 5).
         short_seq_prob: the chance that this document uses a random shorter target length.
-        cls_id, sep_id: ids of ``[CLS]`` and ``[SEP]``.
+        special: the tokenizer's post-processor, which lays out ``[CLS] A [SEP] B [SEP]``.
         rng: the only source of randomness.
 
     Returns:
@@ -247,12 +247,8 @@ def create_instances(
             a_front, a_back, b_front, b_back = _truncate_pair(len(ids_a), len(ids_b), max_tokens, rng)
             ids_a, starts_a = _trim(ids_a, starts_a, a_front, a_back)
             ids_b, starts_b = _trim(ids_b, starts_b, b_front, b_back)
-            ids = array("i", [cls_id])
-            ids.extend(ids_a)
-            ids.append(sep_id)
-            segment_b_start = len(ids)
-            ids.extend(ids_b)
-            ids.append(sep_id)
+            ids = array("i", special.assemble(ids_a, ids_b)[0])
+            segment_b_start = len(ids_a) + special.added(False)  # after [CLS] A [SEP]
             word_starts = b"\x01" + bytes(starts_a) + b"\x01" + bytes(starts_b) + b"\x01"
             instances.append(Instance(ids, word_starts, segment_b_start, nsp_label))
             chunk = []

@@ -58,6 +58,7 @@ from bertforge.data.pretraining import (
 )
 from bertforge.errors import BertforgeError, ConfigError, DataError
 from bertforge.storage import open_atomic
+from bertforge.tokenization.postprocessor import PostProcessor
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +165,7 @@ class _GroupBuilder:
         self.seed = seed
         self.max_seq_length = max_seq_length
         self.short_seq_prob = short_seq_prob
-        self.cls_id = tokenizer.cls_token_id
-        self.sep_id = tokenizer.sep_token_id
+        self.special = PostProcessor(tokenizer.cls_token_id, tokenizer.sep_token_id)
         self.unk_id = getattr(tokenizer, "unk_token_id", None)
         self.dtype = token_dtype(tokenizer.vocab_size)
 
@@ -186,8 +186,8 @@ class _GroupBuilder:
             count = 0
             for index in range(len(kept)):
                 for instance in create_instances(kept, index, max_seq_length=self.max_seq_length,
-                                                 short_seq_prob=self.short_seq_prob, cls_id=self.cls_id,
-                                                 sep_id=self.sep_id, rng=rng):
+                                                 short_seq_prob=self.short_seq_prob, special=self.special,
+                                                 rng=rng):
                     ids += instance.ids.tobytes()
                     starts += instance.word_starts
                     rows.append((count, count + instance.segment_b_start, count + len(instance.ids),
