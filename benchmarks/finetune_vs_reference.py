@@ -36,7 +36,15 @@ from bertforge.metrics.classification import compute_classification_metrics
 from bertforge.metrics.sequence_labeling import entity_scores
 from bertforge.metrics.squad import evaluate_squad
 from bertforge.storage import write_text
-from bertforge.training.finetuning import FinetuneConfig, read_examples, resolve_task, run_finetuning
+from bertforge.training.finetuning import (
+    DataConfig,
+    FeatureConfig,
+    FinetuneConfig,
+    FinetuneTrainingConfig,
+    read_examples,
+    resolve_task,
+    run_finetuning,
+)
 
 TASKS = ("sst2", "stsb", "conll2003", "squad")
 
@@ -263,10 +271,13 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     model_dir = args.model or default_model()
 
-    config = FinetuneConfig(model=model_dir, task=args.task, data_root=args.data_root, train_limit=args.train_limit,
-                            dev_limit=args.dev_limit, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                            max_seq_length=args.max_seq_length, seed=args.seed, device=args.device,
-                            precision=args.precision, progress=False, evaluate_test=False, log_every=1)
+    config = FinetuneConfig(
+        model=model_dir, evaluate_test=False,
+        data=DataConfig(task=args.task, data_root=args.data_root, train_limit=args.train_limit,
+                        dev_limit=args.dev_limit),
+        features=FeatureConfig(max_seq_length=args.max_seq_length),
+        training=FinetuneTrainingConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                                        device=args.device, precision=args.precision, progress=False, log_every=1))
     spec = resolve_task(config)
     report = DataReport()
     train = read_examples(spec, spec.train, config, report)[:args.train_limit]
@@ -277,7 +288,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.only != "transformers":
         with tempfile.TemporaryDirectory() as tmp:
             started = time.perf_counter()
-            ours = run_finetuning(dataclasses.replace(config, out_dir=str(Path(tmp) / "bertforge")))
+            training = dataclasses.replace(config.training, out_dir=str(Path(tmp) / "bertforge"))
+            ours = run_finetuning(dataclasses.replace(config, training=training))
             ours_seconds = time.perf_counter() - started
             ours_losses = epoch_train_losses(Path(tmp) / "bertforge" / "metrics.jsonl", ours.history)
             ours_history = ours.history

@@ -6,6 +6,12 @@ fine-tuning record `finetuning.json` of a fine-tuned model. It is a valid Huggin
 parameter names are translated by `interop.huggingface` on the way out and on the way in, and
 `pytorch_model.bin` files from elsewhere load too (with `weights_only=True`).
 
+Google's TensorFlow 1 directories load as they are shipped or left (read by `interop.google_tf`, with numpy,
+no TensorFlow): a release (`bert_config.json`, `vocab.txt`, `bert_model.ckpt.*`) and a run_pretraining.py
+output directory (`model.ckpt-NNNN.*` and the `checkpoint` file naming the latest; `step=` picks another;
+the run's `bert_config.json` must be copied in). Kernels are transposed and optimizer state is skipped
+(listed in the report's `skipped`).
+
 This module knows no model class. It is handed one (`load_model(path, cls)`) and asks the class two things:
 `encoder_prefix` (where the encoder sits: "" for `BertModel`, "bert." for models with a head) and
 `head_prefixes` (the parameter-name prefixes of its own heads). Which class a directory names is decided
@@ -26,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
@@ -39,6 +46,7 @@ from bertforge.constants import (
     WEIGHTS_NAME,
 )
 from bertforge.errors import CheckpointError, ConfigError
+from bertforge.interop import google_tf
 from bertforge.interop import huggingface as hf
 from bertforge.model.config import BertConfig
 from bertforge.storage import read_json, write_json
@@ -160,59 +168,115 @@ def read_json_object(file: Path, what: str) -> dict[str, Any]:
     return data
 
 
-def read_config(path: str | os.PathLike) -> tuple[BertConfig, str | None]:
-    """(config, our architecture name or None) from a model directory's config.json."""
+def is_google_directory(path: str | os.PathLike) -> bool:
+    """A Google TF 1 directory: a TF checkpoint and no config.json of ours or Hugging Face's."""
+    return not (Path(path) / CONFIG_NAME).exists() and google_tf.is_google_directory(path)
+
+
+# Google's heads -> the class that holds them (run_squad.py's, run_classifier.py's, run_pretraining.py's).
+_GOOGLE_ARCHITECTURES = (("cls/squad/", "BertForQuestionAnswering"), ("output_weights", "BertForSequenceClassification"),
+                         ("cls/predictions/", "BertForPretraining"), ("cls/seq_relationship/", "BertForPretraining"))
+
+
+def _read_google_config(path: Path, step: int | None) -> tuple[BertConfig, str | None]:
+    file = path / google_tf.GOOGLE_CONFIG_NAME
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing; a Google TF checkpoint directory needs the bert_config.json it "
+                              "was trained with (run_pretraining.py's --bert_config_file): copy it in")
+    fields, _ = hf.config_from_hf(read_json_object(file, google_tf.GOOGLE_CONFIG_NAME), str(file))
+    shapes = google_tf.tensor_shapes(google_tf.checkpoint_prefix(path, step))
+    architecture = next((arch for head, arch in _GOOGLE_ARCHITECTURES
+                         if any(name == head or name.startswith(head) for name in shapes)), None)
+    labels = shapes.get("output_weights")
+    if labels and "id2label" not in fields:
+        fields["id2label"] = {i: f"LABEL_{i}" for i in range(labels[0])}  # run_classifier.py saves no names
+    return BertConfig.from_dict(fields, source=str(file)), architecture
+
+
+def read_config(path: str | os.PathLike, *, step: int | None = None) -> tuple[BertConfig, str | None]:
+    """(config, our architecture name or None) from a model directory's config.json, or a Google
+    directory's bert_config.json (the architecture then from the heads its checkpoint holds)."""
     if not Path(path).is_dir():
         raise CheckpointError(f"{path}: not a model directory; pass a folder holding config.json and weights "
                               "(or a preset name where a command accepts one)")
+    if is_google_directory(path):
+        return _read_google_config(Path(path), step)
     file = Path(path) / CONFIG_NAME
     fields, architecture = hf.config_from_hf(read_json_object(file, "config.json"), str(file))
     return BertConfig.from_dict(fields, source=str(file)), architecture
 
 
-def read_directory(path: str | os.PathLike) -> ModelDirectory:
-    """Config, architecture, tokenizer and fine-tuning record of a model directory, each read once."""
+def read_directory(path: str | os.PathLike, *, do_lower_case: bool | None = None) -> ModelDirectory:
+    """Config, architecture, tokenizer and fine-tuning record of a model directory, each read once.
+
+    `do_lower_case` overrides the tokenizer's casing (a Google directory records none; see
+    `Tokenizer.from_pretrained`)."""
     config, architecture = read_config(path)
     folder = Path(path)
-    tokenizer = Tokenizer.from_pretrained(folder) if (folder / VOCAB_NAME).exists() else None
+    tokenizer = Tokenizer.from_pretrained(folder, do_lower_case=do_lower_case) \
+        if (folder / VOCAB_NAME).exists() else None
     record_file = folder / FINETUNING_NAME
     record = read_json_object(record_file, FINETUNING_NAME) if record_file.exists() else None
     return ModelDirectory(folder, config, architecture, tokenizer, record)
 
 
-def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+def load_tokenizer(path: str | os.PathLike, *, do_lower_case: bool | None = None) -> Tokenizer:
     """The tokenizer saved in a model directory (clear error when the directory has none)."""
     folder = Path(path)
     if not (folder / VOCAB_NAME).exists():
         raise CheckpointError(f"{folder}: no {VOCAB_NAME}; this model directory was saved without a tokenizer "
                               f"(copy the vocab.txt and {TOKENIZER_CONFIG_NAME} it was trained with into it)")
-    return Tokenizer.from_pretrained(folder)
+    return Tokenizer.from_pretrained(folder, do_lower_case=do_lower_case)
 
 
-def weights_file(path: str | os.PathLike) -> Path:
-    """The weights file of a model directory: `model.safetensors`, its shard index, or `pytorch_model.bin`."""
+def weights_file(path: str | os.PathLike, *, step: int | None = None) -> Path:
+    """The weights file of a model directory: `model.safetensors`, its shard index, or `pytorch_model.bin`;
+    for a Google directory the `.index` of its checkpoint (`step` picks a run_pretraining.py step)."""
     folder = Path(path)
+    if is_google_directory(folder):
+        return Path(f"{google_tf.checkpoint_prefix(folder, step)}{google_tf.INDEX_SUFFIX}")
     for candidate in (folder / WEIGHTS_NAME, folder / (WEIGHTS_NAME + ".index.json"), folder / TORCH_WEIGHTS_NAME):
         if candidate.exists():
             return candidate
     raise CheckpointError(f"{folder}: no weights found; expected {WEIGHTS_NAME} or {TORCH_WEIGHTS_NAME}")
 
 
-def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Tensors of a model directory under their stored names (safetensors, sharded or not, or torch .bin)."""
-    file = reading = weights_file(path)
+def _read_google(index: Path) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """A Google checkpoint's tensors under Hugging Face names (as every other weights file is read), and
+    the stored names skipped (optimizer state, string tensors)."""
+    stored = google_tf.read_google_weights(Path(str(index).removesuffix(google_tf.INDEX_SUFFIX)))
+    tensors = {}
+    for name, value in stored.tensors.items():
+        if value.dtype.kind not in "fiub":
+            raise CheckpointError(f"{index}: tensor {name!r} has dtype {value.dtype}, not a model parameter")
+        key = name if name in stored.unknown else hf.to_hf_key(name)  # unknown names are reported by the caller
+        tensors[key] = torch.from_numpy(np.ascontiguousarray(value))
+    return tensors, stored.optimizer + stored.strings  # interop.google_tf logs how many
+
+
+def read_weights(path: str | os.PathLike, *, step: int | None = None) -> dict[str, torch.Tensor]:
+    """Tensors of a model directory under their stored names (safetensors, sharded or not, or torch .bin);
+    a Google TF directory's under Hugging Face names, kernels transposed, optimizer state left out."""
+    return _read_stored(path, step)[0]
+
+
+def _read_stored(path: str | os.PathLike, step: int | None = None) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """(tensors, stored names skipped before translation: a Google checkpoint's optimizer state)."""
+    file = reading = weights_file(path, step=step)
+    if file.name.endswith(google_tf.INDEX_SUFFIX):
+        return _read_google(file)
     try:
         if file.name == WEIGHTS_NAME:
-            return load_file(str(file))
+            return load_file(str(file)), []
         if file.name == TORCH_WEIGHTS_NAME:
             # weights_only: a .bin is a pickle, and a pickle from elsewhere must not run code on load.
-            return torch.load(file, map_location="cpu", weights_only=True)
+            return torch.load(file, map_location="cpu", weights_only=True), []
         shards = sorted(set(read_json_object(file, "shard index")["weight_map"].values()))
         tensors: dict[str, torch.Tensor] = {}
         for shard in shards:
             reading = file.parent / shard
             tensors.update(load_file(str(reading)))
-        return tensors
+        return tensors, []
     except (SafetensorError, OSError, RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError) as exc:
         raise CheckpointError(f"{reading}: weights are unreadable or corrupt ({type(exc).__name__}: {exc}); "
                               "re-save or re-download the checkpoint") from None
@@ -258,14 +322,17 @@ def translate_weights(tensors: dict[str, torch.Tensor], model: torch.nn.Module, 
 
 def load_model(path: str | os.PathLike, cls: type, *, config_overrides: dict[str, Any] | None = None,
                device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-               fresh_head: bool = False) -> tuple[Any, LoadReport]:
+               fresh_head: bool = False, step: int | None = None) -> tuple[Any, LoadReport]:
     """Load a model directory into `cls`, in eval mode: (model, what loading did).
+
+    `step` picks a checkpoint of a run_pretraining.py output directory (default: the one its `checkpoint`
+    file names).
 
     A head that the checkpoint lacks entirely starts freshly initialised (e.g. a classifier on top of a
     pretrained encoder) and is listed in the report's `fresh`; `fresh_head=True` also discards a stored head
     of another shape (new labels). Missing encoder tensors or wrong shapes are errors.
     """
-    config, _ = read_config(path)
+    config, _ = read_config(path, step=step)
     if config_overrides:
         if "id2label" in config_overrides and "label2id" not in config_overrides:
             config_overrides = {**config_overrides, "label2id": None}
@@ -275,9 +342,11 @@ def load_model(path: str | os.PathLike, cls: type, *, config_overrides: dict[str
             raise ConfigError(f"bad config override: {exc}") from None
     model = cls(config)
     heads = cls.head_prefixes
-    source = str(weights_file(path))
+    source = str(weights_file(path, step=step))
     expected = model.state_dict()
-    ours, skipped = translate_weights(read_weights(path), model, set(expected), source)
+    stored, not_weights = _read_stored(path, step)
+    ours, skipped = translate_weights(stored, model, set(expected), source)
+    skipped = not_weights + skipped
     if fresh_head:
         ours = {k: v for k, v in ours.items() if not k.startswith(heads)}
     mismatched = [f"{hf.to_hf_key(k)}: stored {tuple(v.shape)}, model {tuple(expected[k].shape)}"

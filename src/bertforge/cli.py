@@ -116,7 +116,7 @@ def flag_overrides(args: argparse.Namespace, table: dict[str, str]) -> list[str]
     overrides = []
     for flag, key in table.items():
         value = getattr(args, flag, None)
-        if value is None or value is False:
+        if value is None or value is False or value == []:
             continue
         literal = json.dumps(value) if isinstance(value, (str, bool)) else repr(value)
         overrides.append(f"{key}={literal.lower() if isinstance(value, bool) else literal}")
@@ -135,13 +135,16 @@ def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> None:
 
 # --- finetune / evaluate -------------------------------------------------------------------------------
 
+# Each convenience flag of `bertforge finetune` and the FinetuneConfig key it sets (see its tables).
 FINETUNE_FLAGS = {
-    "task": "task", "format": "format", "train": "train", "dev": "dev", "model": "model", "out": "out_dir",
-    "text_a": "text_a_column", "text_b": "text_b_column", "label": "label_column", "epochs": "epochs",
-    "batch_size": "batch_size", "lr": "lr", "max_seq_length": "max_seq_length", "seed": "seed",
-    "device": "device", "precision": "precision", "train_limit": "train_limit", "dev_limit": "dev_limit",
-    "data_root": "data_root", "freeze_encoder": "freeze_encoder", "fresh_head": "fresh_head",
-    "warmup_ratio": "warmup_ratio", "resume": "resume",
+    "task": "data.task", "format": "data.format", "train": "data.train", "dev": "data.dev", "model": "model",
+    "out": "training.out_dir", "text_a": "data.text_a_column", "text_b": "data.text_b_column",
+    "label": "data.label_column", "epochs": "training.epochs", "batch_size": "training.batch_size",
+    "lr": "training.lr", "max_seq_length": "features.max_seq_length", "seed": "training.seed",
+    "device": "training.device", "precision": "training.precision", "train_limit": "data.train_limit",
+    "dev_limit": "data.dev_limit", "data_root": "data.data_root", "freeze_encoder": "head.freeze_encoder",
+    "fresh_head": "head.fresh_head", "warmup_ratio": "training.warmup_ratio", "resume": "training.resume",
+    "feature_layers": "head.feature_layers", "classifier_hidden": "head.classifier_hidden_sizes",
 }
 
 
@@ -153,16 +156,14 @@ def int_list(text: str) -> list[int]:
 
 
 def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> None:
-    from bertforge.configuration import load_config
-    from bertforge.training.finetuning import FinetuneConfig, run_finetuning
+    from bertforge.training.finetuning import load_finetune_config, run_finetuning
 
+    # Flags first, then --key=value overrides, flat (--lr=2e-5) or dotted (--training.lr=2e-5); the run
+    # file may use either spelling too (load_finetune_config places flat keys with finetune_key).
     overrides = flag_overrides(args, FINETUNE_FLAGS) + split_overrides(extra)
     if args.seeds:
         overrides.append(f"seeds={[seed for group in args.seeds for seed in group]}")
-    for name, key in (("feature_layers", "feature_layers"), ("classifier_hidden", "classifier_hidden_sizes")):
-        if getattr(args, name):
-            overrides.append(f"{key}={getattr(args, name)}")
-    config = load_config(FinetuneConfig, args.run_file, overrides)
+    config = load_finetune_config(args.run_file, overrides)
     result = run_finetuning(config)
     if hasattr(result, "line"):
         print(result.line())
@@ -199,7 +200,7 @@ def cmd_predict(args: argparse.Namespace, extra: list[str]) -> None:
         options["pooling"] = args.pooling
     pipeline = load_pipeline(args.model, args.task, device=args.device, precision=args.precision,
                              batch_size=args.batch_size, max_length=args.max_length, doc_stride=args.doc_stride)
-    source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")  # noqa: SIM115
+    source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8-sig")  # noqa: SIM115
     sink = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
     try:
         count = predict_stream(pipeline, source, sink, source="<stdin>" if args.input == "-" else args.input,
@@ -235,6 +236,13 @@ def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.inference.plots import plot_run
 
     print(plot_run(args.run_dir, args.out))
+
+
+def cmd_convert(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.conversion import convert
+
+    casing = {None: None, "lower": True, "cased": False}[args.casing]
+    print(convert(args.source, args.out, step=args.step, do_lower_case=casing, tokenizer=args.tokenizer).summary())
 
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
@@ -388,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", default="-", help="file of lines (default: stdin)")
     p.add_argument("--output", default="-", help="JSONL output (default: stdout)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--precision", default="auto")
+    p.add_argument("--precision", default="fp32", help="fp32 (as evaluate), bf16, or auto (bf16 where native and within tolerance)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--top-k", type=int)
     p.add_argument("--pooling", choices=["cls", "mean", "max"])
@@ -401,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", default="auto")
-    p.add_argument("--precision", default="auto")
+    p.add_argument("--precision", default="fp32", help="fp32 (as evaluate), bf16, or auto (bf16 where native and within tolerance)")
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--max-queue", type=int, default=256)
@@ -420,6 +428,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("--out")
     p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("convert", help="a Google TF or Hugging Face BERT checkpoint -> our model directory")
+    p.add_argument("source", help="Google release or run_pretraining.py output directory, or a Hugging Face one")
+    p.add_argument("--out", required=True, help="the model directory to write")
+    p.add_argument("--step", type=int, help="run_pretraining.py step (default: the one its `checkpoint` file names)")
+    p.add_argument("--casing", choices=["lower", "cased"],
+                   help="override the tokenizer's casing (default: Google's rule on the directory name)")
+    p.add_argument("--tokenizer", help="take vocab.txt from this directory (a run_pretraining.py output has none)")
+    p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("export", help="export to ONNX and check it against PyTorch")
     p.add_argument("--model", required=True)

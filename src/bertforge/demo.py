@@ -27,7 +27,13 @@ from bertforge.model.fast_paths import set_fast_paths
 from bertforge.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from bertforge.tokenization.vocab_builder import build_vocab, unk_rate
 from bertforge.training.config import TrainingConfig
-from bertforge.training.finetuning import FinetuneConfig, run_finetuning
+from bertforge.training.finetuning import (
+    DataConfig,
+    FeatureConfig,
+    FinetuneConfig,
+    FinetuneTrainingConfig,
+    run_finetuning,
+)
 from bertforge.training.pretraining import PretrainConfig, run_pretraining
 
 log = logging.getLogger("bertforge.demo")
@@ -184,9 +190,12 @@ def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path
     train_file, dev_file, books = write_book_task(files, out / "books", spec.min_sentence_chars, 600, 150, rng)
     print(f"[6/6] fine-tuning: which of {len(books)} books is a sentence from? ({', '.join(books)})")
     finetune = run_finetuning(FinetuneConfig(
-        model=str(pretrained), format="classification", train=str(train_file), dev=str(dev_file),
-        text_a_column="text_a", label_column="label", out_dir=str(out / "finetune"), epochs=3, batch_size=32,
-        lr=3e-4, max_seq_length=64, seed=seed, device="cpu", precision="fp32", progress=False))
+        model=str(pretrained),
+        data=DataConfig(format="classification", train=str(train_file), dev=str(dev_file), text_a_column="text_a",
+                        label_column="label"),
+        features=FeatureConfig(max_seq_length=64),
+        training=FinetuneTrainingConfig(out_dir=str(out / "finetune"), epochs=3, batch_size=32, lr=3e-4, seed=seed,
+                                        device="cpu", precision="fp32", progress=False)))
     accuracy = finetune.best_metrics.get("accuracy", float("nan"))
     chance = 1 / len(books)
     summary["book_classification"] = {"dev_accuracy": accuracy, "chance": chance, "books": books,

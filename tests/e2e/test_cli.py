@@ -58,11 +58,24 @@ def test_cli_finetune_own_files(workspace, tmp_path):
     code = main(["finetune", "--format", "classification", "--train", str(tmp_path / "train.tsv"), "--dev",
                  str(tmp_path / "dev.tsv"), "--text-a", "text_a", "--label", "label", "--model",
                  str(workspace / "run" / "checkpoint-000004"), "--out", str(tmp_path / "ft"), "--epochs", "1",
-                 "--batch-size", "8", "--device", "cpu", "--max-seq-length", "16", "--progress=false"])
+                 "--batch-size", "8", "--device", "cpu", "--max-seq-length", "16", "--progress=false",
+                 "--training.log_every=2", "--doc-stride", "8", "--features.tag_scheme=BIO"])
     assert code == 0
     config = json.loads(next((tmp_path / "ft").rglob("config.json")).read_text())
     assert config["architectures"] == ["BertForSequenceClassification"]
     assert set(config["id2label"].values()) == {"neg", "pos"}
+    # Flags, flat keys (--progress, --doc-stride) and dotted keys (--training.log_every) all reached the run.
+    record = json.loads((tmp_path / "ft" / "best" / "finetuning.json").read_text())
+    assert (record["max_seq_length"], record["doc_stride"], record["text_a_column"]) == (16, 8, "text_a")
+    run = json.loads((tmp_path / "ft" / "eval_results.json").read_text())["config"]
+    assert (run["training"]["epochs"], run["training"]["batch_size"], run["training"]["log_every"]) == (1.0, 8, 2)
+    assert run["training"]["progress"] is False and run["data"]["format"] == "classification"
+
+
+def test_cli_finetune_rejects_unknown_flat_key(tmp_path, capsys):
+    code = main(["finetune", "--format", "classification", "--train", str(tmp_path / "t.tsv"), "--lrr=1e-5"])
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown key 'lrr'" in err and "did you mean 'lr'" in err
 
 
 def test_cli_user_error_is_one_line(tmp_path, capsys):

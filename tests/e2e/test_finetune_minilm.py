@@ -11,16 +11,24 @@ import json
 import pytest
 
 from bertforge.configuration import shared_data_root
-from bertforge.training.finetuning import FinetuneConfig, evaluate, run_finetuning
+from bertforge.training.finetuning import (
+    DataConfig,
+    FinetuneConfig,
+    FinetuneTrainingConfig,
+    evaluate,
+    run_finetuning,
+)
 
 DATA = shared_data_root()
 
 
 @pytest.mark.skipif(not (DATA / "glue/SST-2/train.tsv").exists(), reason="shared SST-2 data not present")
 def test_finetune_minilm_sst2_beats_chance(minilm_path, tmp_path):
-    config = FinetuneConfig(model=str(minilm_path), task="sst2", data_root=str(DATA), train_limit=480,
-                            dev_limit=200, epochs=2, batch_size=16, lr=1e-4, device="cpu", precision="fp32",
-                            out_dir=str(tmp_path / "run"), progress=False, log_every=100)
+    config = FinetuneConfig(model=str(minilm_path),
+                            data=DataConfig(task="sst2", data_root=str(DATA), train_limit=480, dev_limit=200),
+                            training=FinetuneTrainingConfig(epochs=2, batch_size=16, lr=1e-4, device="cpu",
+                                                            precision="fp32", out_dir=str(tmp_path / "run"),
+                                                            progress=False, log_every=100))
     result = run_finetuning(config)
     assert len(result.history) == 2
     # 200 dev sentences (101 negative, 99 positive): chance is 0.5 with a standard error of 0.035, so 0.65

@@ -81,6 +81,23 @@ def test_server_health_docs_and_routes(client):
     assert client.post("/v1/choose", json={"inputs": [{"context": "a", "endings": ["b", "c"]}]}).status_code == 404
 
 
+def test_server_unknown_route_404_names_the_routes_this_model_serves(client):
+    for method, path in (("POST", "/v1/fill-mask"), ("POST", "/v1/answer"), ("GET", "/nothing/here")):
+        response = client.request(method, path, json={"inputs": ["a [MASK]"]})
+        assert response.status_code == 404
+        error = response.json()["error"]
+        assert f"no route {method} {path}" in error
+        assert "POST /v1/classify" in error and "POST /v1/embed" in error and "GET /health" in error
+        assert "/v1/fill-mask" not in error.split("serves:")[1]  # a classifier does not serve fill-mask
+    wrong = client.get("/v1/classify")
+    assert wrong.status_code == 405 and "use POST /v1/classify" in wrong.json()["error"]
+
+
+def test_server_precision_defaults_to_fp32_as_evaluate(classifier_dir):
+    app = create_app(classifier_dir)  # no precision given: the same fp32 as `bertforge evaluate`
+    assert {p.precision for p in app.state.service.pipelines.values()} == {"fp32"}
+
+
 def test_server_openapi_examples_are_the_pipelines_and_they_run(client, classifier_dir):
     paths = client.get("/openapi.json").json()["paths"]
     for task in ("classify", "embed"):
@@ -134,6 +151,8 @@ def test_server_answers_in_input_order_like_the_pipeline(client, classifier_dir)
     (b'{"inputs": "a"}', 422, "must be a list"),
     (b'{"inputs": []}', 422, "is empty"),
     (b'{"inputs": [""]}', 422, r"inputs\[0\]: text is empty"),
+    (b'{"inputs": ["\\u200b\\u200b"]}', 422, r"inputs\[0\]: text is empty; give some text"),
+    (b'{"inputs": ["ok", "\\u0000\\u0001"]}', 422, r"inputs\[1\]: text is empty; give some text"),
     (b'{"inputs": ["ok", 5]}', 422, r"inputs\[1\]: expected a string"),
     (b'{"inputs": [{"txt": "a"}]}', 422, "missing field 'text'"),
     (b'{"inputs": ["a"], "parameters": {"top_k": 3}}', 422, "unknown option"),

@@ -260,3 +260,39 @@ def test_corpus_real_chinese_slice():
     assert not any("\r" in sentence for sentence in sentences)
     ending = sum(sentence.rstrip("”’」』\"").endswith(tuple("。！？；．…")) for sentence in sentences)
     assert ending / len(sentences) > 0.8
+
+
+# --- the files people have: a byte-order mark at the start of the file only ---------------------------------
+
+BOM = b"\xef\xbb\xbf"
+
+
+def test_corpus_bom_and_crlf_as_shipped_give_the_same_documents_and_format(tmp_path):
+    path = write(tmp_path / "c.txt", BOM + GOOGLE_STYLE.replace("\n", "\r\n").encode())
+    assert detect_format(path) == "sentences"
+    documents = list(read_documents(path))
+    assert [d.sentences for d in documents] == sentences_of(write(tmp_path / "ref.txt", GOOGLE_STYLE))
+    assert [d.line for d in documents] == [1, 5]
+    assert not any("\ufeff" in s or "\r" in s for d in documents for s in d.sentences)
+
+
+def test_corpus_bom_of_every_file_skipped_but_one_in_the_middle_is_text(tmp_path):
+    first = write(tmp_path / "a.txt", BOM + b"First file line one.\r\nLine two.\r\n")
+    second = write(tmp_path / "b.txt", BOM + b"Second file.\r\n\r\n" + BOM + b"Joined after a BOM.\r\n")
+    assert sentences_of([first, second], format="sentences") == [
+        ["First file line one.", "Line two."], ["Second file."], ["\ufeffJoined after a BOM."]]
+
+
+def test_corpus_file_of_only_a_bom_is_empty(tmp_path):
+    empty = write(tmp_path / "a_bom.txt", BOM + b"\r\n")
+    full = write(tmp_path / "b.txt", GOOGLE_STYLE)
+    stats = CorpusStats()
+    assert len(list(read_documents([empty, full], stats=stats))) == 2
+    assert stats.empty_files == [str(empty)] and detect_format(empty) == "empty"
+
+
+def test_corpus_latin1_file_names_line_and_fix(tmp_path):
+    path = write(tmp_path / "latin1.txt", BOM + b"Plain line.\r\nCaf\xe9 cr\xe8me.\r\n")
+    with pytest.raises(DataError, match="not valid UTF-8.*iconv -f latin1 -t UTF-8") as error:
+        list(read_documents(path))
+    assert error.value.line == 2 and error.value.path == str(path)

@@ -210,3 +210,82 @@ def test_decode_answers_version_2_null_threshold(tokenizer):
     result = answer(example, features, starts, ends, allow_no_answer=True, null_threshold=5.0)
     assert result["answer"] == "paris"
     assert answer(example, features, starts, ends)["answer"] == "paris"  # v1.1 never answers ""
+
+
+def span_logits(features, context: str, first: tuple[int, str], last: tuple[int, str], score: float = 5.0):
+    """Start logits on the token at character `first[0]` spelling `first[1]`, end logits on `last`'s."""
+    starts, ends = [], []
+    for feature in features:
+        start = np.zeros(len(feature.input_ids))
+        end = np.zeros(len(feature.input_ids))
+        for position, offset in enumerate(feature.offsets):
+            if offset is None:
+                continue
+            if (offset[0], context[offset[0]:offset[1]]) == first:
+                start[position] = score
+            if (offset[0], context[offset[0]:offset[1]]) == last:
+                end[position] = score
+        starts.append(start)
+        ends.append(end)
+    return starts, ends
+
+
+def qa_example(tokenizer, context: str, question: str = "where does john live ?"):
+    example = QAExample("q", question, context, [], None, None)
+    return example, question_answering.build_features([example], tokenizer, InputSettings(max_seq_length=64))
+
+
+def test_decode_answers_widens_a_span_ending_inside_a_word(tokenizer):
+    context = "john sat on the mats, the cats sat on a mat."
+    example, features = qa_example(tokenizer, context)
+    cats = context.index("cats")
+    pieces = [context[o[0]:o[1]] for o in features[0].offsets if o is not None and o[0] >= cats]
+    assert pieces[:2] == ["cat", "s"]  # "cats" is "cat ##s"
+    starts, ends = span_logits(features, context, (cats, "cat"), (cats, "cat"))
+    assert answer(example, features, starts, ends, whole_words=False)["answer"] == "cat"  # the old cut
+    result = answer(example, features, starts, ends)
+    assert (result["answer"], result["start"], result["end"]) == ("cats", cats, cats + 4)
+    assert all(c["text"] == context[c["start"]:c["end"]] for c in result["nbest"])
+    assert "cat" not in [c["text"] for c in result["nbest"]]
+
+
+def test_decode_answers_widens_a_span_starting_inside_a_word(tokenizer):
+    context = "john sat on the mats, the cats sat on a mat."
+    example, features = qa_example(tokenizer, context)
+    mats = context.index("mats")
+    starts, ends = span_logits(features, context, (mats + 3, "s"), (mats + 3, "s"))
+    assert answer(example, features, starts, ends, whole_words=False)["answer"] == "s"
+    assert answer(example, features, starts, ends)["answer"] == "mats"
+
+
+def test_decode_answers_keeps_attached_punctuation_out_of_the_word(tokenizer):
+    # "mats," is one whitespace word; its punctuation-split words are "mats" and ",": the comma stays out.
+    context = "john sat on the mats, the cats sat on a mat."
+    example, features = qa_example(tokenizer, context)
+    mats = context.index("mats")
+    starts, ends = span_logits(features, context, (mats, "mat"), (mats, "mat"))
+    assert answer(example, features, starts, ends)["answer"] == "mats"
+    final = context.index("mat.")
+    starts, ends = span_logits(features, context, (final, "mat"), (final, "mat"))
+    assert answer(example, features, starts, ends)["answer"] == "mat"
+
+
+def test_decode_answers_leaves_chinese_characters_as_they_are(tokenizer):
+    context = "张三住在北京"
+    example, features = qa_example(tokenizer, context, "张三住在")
+    starts, ends = span_logits(features, context, (4, "北"), (5, "京"))
+    assert answer(example, features, starts, ends)["answer"] == "北京"
+    starts, ends = span_logits(features, context, (4, "北"), (4, "北"))
+    assert answer(example, features, starts, ends)["answer"] == "北"  # one character is one word
+
+
+def test_decode_answers_whole_words_through_the_family_decode(tokenizer):
+    # evaluate, predict and the server call family.decode with the model's tokenizer: the same widening.
+    context = "john sat on the mats, the cats sat on a mat."
+    example, features = qa_example(tokenizer, context)
+    cats = context.index("cats")
+    starts, ends = span_logits(features, context, (cats, "cat"), (cats, "cat"))
+    family = question_answering.FAMILY
+    (result,) = family.decode([example], features, list(zip(starts, ends)), family.check_options({}),
+                              BertConfig(), tokenizer)
+    assert result["answer"] == "cats"

@@ -13,7 +13,7 @@ from bertforge.data.choice import read_choice
 from bertforge.data.classification import check_labels, label_list, read_classification, sorted_labels
 from bertforge.data.conll import check_tag_labels, read_tagged, tag_list
 from bertforge.data.finetuning import DataReport
-from bertforge.data.squad import article_split, locate_answer, read_squad
+from bertforge.data.squad import article_split, count_articles, locate_answer, read_squad
 from bertforge.errors import ConfigError, DataError
 
 DATA = shared_data_root()
@@ -259,3 +259,169 @@ def test_real_files_read_with_known_counts():
     report = DataReport()
     assert len(read_squad(DATA / "cmrc2018/cmrc2018_dev.json", report=report)) == 3219
     assert report["answers_repaired"] == 7 and report["answers_unfound"] == 193
+
+
+# --- the files people have: byte-order marks, CRLF, quoting, other encodings, empty files ------------------
+
+BOM = b"\xef\xbb\xbf"
+
+
+def shipped(path: Path, text: str, *, bom: bool = True, crlf: bool = True) -> Path:
+    """Write `text` the way Windows tools and GLUE ship it: a UTF-8 byte-order mark and CRLF line ends."""
+    body = text.replace("\n", "\r\n") if crlf else text
+    path.write_bytes((BOM if bom else b"") + body.encode("utf-8"))
+    return path
+
+
+MRPC = ("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+        "1\t702876\t702977\tAmrozi accused his brother , whom he called \" the witness \" .\tReferring to him as "
+        "only \" the witness \" , Amrozi accused his brother .\n"
+        "0\t2108705\t2108831\tYucaipa owned Dominick 's before selling .\tYucaipa bought Dominick 's in 1995 .\n")
+
+
+def test_mrpc_as_shipped_bom_and_crlf_read_by_header_names(tmp_path):
+    path = shipped(tmp_path / "msr_paraphrase_train.txt", MRPC)
+    report = DataReport()
+    examples = read_classification(path, text_a="#1 String", text_b="#2 String", label="Quality", report=report)
+    assert [e.label for e in examples] == ["1", "0"]
+    assert examples[0].text_a.startswith("Amrozi accused") and examples[0].text_b.endswith("his brother .")
+    assert not any("\r" in e.text_b or "\ufeff" in e.text_a for e in examples)
+    assert [e.source for e in examples] == [f"{path}:2", f"{path}:3"] and report["rows"] == 2
+    # By index, the first column of the first row carries no BOM either.
+    (first, *_) = read_classification(shipped(tmp_path / "noheader.tsv", MRPC.split("\n", 1)[1]), text_a=3, label=0)
+    assert first.label == "1"
+
+
+def test_bom_in_the_middle_of_a_table_is_data(tmp_path):
+    path = shipped(tmp_path / "joined.tsv", "text\tlabel\na\t1\n\ufeffb\t0\n")
+    assert [e.text_a for e in read_classification(path, text_a="text", label="label")] == ["a", "\ufeffb"]
+    jsonl = shipped(tmp_path / "joined.jsonl", '{"t": "a", "y": 1}\n\ufeff{"t": "b", "y": 0}\n')
+    with pytest.raises(DataError, match=r"joined\.jsonl:2: a byte-order mark \(U\+FEFF\) in the middle"):
+        read_classification(jsonl, text_a="t", label="y")
+
+
+def test_stray_tab_in_shipped_tsv_names_line_and_skip_counts(tmp_path):
+    path = shipped(tmp_path / "train.tsv", "sentence\tlabel\ngood\t1\nstray\ttab\t0\nfine\t0\n")
+    with pytest.raises(DataError, match=r"train\.tsv:3: 3 columns where the header has 2 \(a stray tab"):
+        read_classification(path, text_a="sentence", label="label")
+    report = DataReport()
+    examples = read_classification(path, text_a="sentence", label="label", on_invalid="skip", report=report)
+    assert [(e.text_a, e.label) for e in examples] == [("good", "1"), ("fine", "0")]
+    assert report["skipped_column_count"] == 1 and report.samples["skipped_column_count"] == [f"{path}:3"]
+
+
+def test_csv_as_shipped_quoted_commas_tabs_and_newlines(tmp_path):
+    path = shipped(tmp_path / "d.csv", 'text,note,label\n"one, two\tthree",x,pos\n'
+                                       '"said ""hi""\nthen left",y,neg\nplain,z,pos\n')
+    examples = read_classification(path, text_a="text", label="label")
+    assert [e.text_a for e in examples] == ["one, two\tthree", 'said "hi"\r\nthen left', "plain"]
+    assert [e.label for e in examples] == ["pos", "neg", "pos"]
+    assert examples[2].source == f"{path}:5"  # the quoted field spans lines 3-4
+
+
+def test_jsonl_as_shipped(tmp_path):
+    path = shipped(tmp_path / "d.jsonl", '{"q": "first", "y": 1}\n\n{"q": "second", "y": 0}\n')
+    assert [(e.text_a, e.label) for e in read_classification(path, text_a="q", label="y")] == [("first", "1"),
+                                                                                              ("second", "0")]
+
+
+def test_conll_as_shipped_docstart_after_bom_is_not_a_word(tmp_path):
+    path = shipped(tmp_path / "train.txt", CONLL)
+    sentences = read_tagged(path)
+    assert [s.words for s in sentences] == [["EU", "rejects", "German"], ["Peter", "Blackburn"]]
+    assert sentences[0].tags == ["B-ORG", "O", "B-MISC"] and sentences[1].source == f"{path}:7"
+    msra = shipped(tmp_path / "msra.tsv", "张\tB-PER\n三\tI-PER\n\n北\tB-LOC\n")
+    assert [s.text for s in read_tagged(msra, separator="")] == ["张三", "北"]
+    assert read_tagged(msra, separator="")[0].tags == ["B-PER", "I-PER"]
+
+
+def test_squad_as_shipped_bom_and_crlf(tmp_path):
+    qas = [{"id": "ok", "question": "?", "answers": [{"text": "Paris", "answer_start": 0}]},
+           {"id": "q-bad", "question": "?", "answers": [{"text": "Rome", "answer_start": 3}]}]
+    data = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": "Paris is big.", "qas": qas}]}]}
+    path = shipped(tmp_path / "dev.json", json.dumps(data, indent=1))
+    line = next(i for i, text in enumerate(json.dumps(data, indent=1).splitlines(), 1) if '"q-bad"' in text)
+    with pytest.raises(DataError, match=rf"dev\.json:{line}: question 'q-bad'"):
+        read_squad(path)
+    examples = read_squad(path, on_invalid="skip")
+    assert [e.answer_start for e in examples] == [0, None]
+    assert count_articles(path) == 1
+
+
+def test_swag_as_shipped(tmp_path):
+    path = shipped(tmp_path / "val.csv", 'sent1,sent2,ending0,ending1,label\n"He waits, then",he,"sits, down.",'
+                                         '"runs\taway.",1\n')
+    (example,) = read_choice(path)
+    assert example.context == "He waits, then" and example.endings == ["sits, down.", "runs\taway."]
+    assert example.label == 1
+
+
+LATIN1_TEXT = "text\tlabel\nfine\t1\ncaf\u00e9 cr\u00e8me\t0\n"
+
+
+@pytest.mark.parametrize("name, read, text", [
+    ("t.tsv", lambda p: read_classification(p, text_a="text", label="label"), LATIN1_TEXT),
+    ("t.csv", lambda p: read_classification(p, text_a="text", label="label"), LATIN1_TEXT.replace("\t", ",")),
+    ("t.jsonl", lambda p: read_classification(p, text_a="t", label="y"),
+     '{"t": "fine", "y": 1}\n{"t": "caf\u00e9", "y": 0}\n'),
+    ("t.txt", read_tagged, "fine O\n\ncaf\u00e9 B-LOC\n"),
+    ("s.json", read_squad, '{"data": [\n{"title": "caf\u00e9"}]}'),
+    ("c.csv", read_choice, "sent1,sent2,ending0,ending1,label\ncaf\u00e9,a,b,c,0\n"),
+], ids=["tsv", "csv", "jsonl", "conll", "squad", "swag"])
+def test_latin1_file_is_one_clear_error_naming_file_line_and_fix(tmp_path, name, read, text):
+    path = tmp_path / name
+    path.write_bytes(text.replace("\n", "\r\n").encode("latin-1"))
+    with pytest.raises(DataError, match="not UTF-8 text") as error:
+        read(path)
+    line = next(i for i, row in enumerate(text.splitlines(), 1) if not row.isascii())
+    assert error.value.path == str(path) and error.value.line == line
+    assert f"iconv -f latin1 -t UTF-8 {path}" in str(error.value)
+
+
+def test_utf16_table_says_utf16(tmp_path):
+    path = tmp_path / "excel.txt"
+    path.write_bytes("text\tlabel\r\nfine\t1\r\n".encode("utf-16"))
+    with pytest.raises(DataError, match="UTF-16 text.*iconv -f UTF-16 -t UTF-8"):
+        read_classification(path, text_a="text", label="label")
+
+
+@pytest.mark.parametrize("name, read, header", [
+    ("t.tsv", lambda p: read_classification(p, text_a="text", label="label"), "text\tlabel\n"),
+    ("t.csv", lambda p: read_classification(p, text_a="text", label="label"), "text,label\n"),
+    ("i.tsv", lambda p: read_classification(p, text_a=0, label=1), None),
+    ("t.jsonl", lambda p: read_classification(p, text_a="t", label="y"), None),
+    ("t.txt", read_tagged, "-DOCSTART- -X- -X- O\n\n"),
+    ("s.json", read_squad, None),
+    ("c.csv", read_choice, "sent1,sent2,ending0,ending1,label\n"),
+], ids=["tsv", "csv", "tsv-by-index", "jsonl", "conll", "squad", "swag"])
+@pytest.mark.parametrize("bom", [False, True], ids=["plain", "bom"])
+def test_empty_and_header_only_files_are_clear_errors(tmp_path, name, read, header, bom):
+    path = shipped(tmp_path / name, "", bom=bom)
+    with pytest.raises(DataError, match="is empty") as error:
+        read(path)
+    assert error.value.path == str(path)
+    shipped(path, "\n  \n", bom=bom)
+    with pytest.raises(DataError, match="is empty"):
+        read(path)
+    if header is not None:
+        shipped(path, header, bom=bom)
+        expected = "is empty" if name == "t.txt" else "only the header row"
+        with pytest.raises(DataError, match=expected) as error:
+            read(path)
+        assert error.value.line == (None if name == "t.txt" else 1)
+
+
+def test_squad_without_questions_is_an_error(tmp_path):
+    with pytest.raises(DataError, match="holds no questions"):
+        read_squad(shipped(tmp_path / "s.json", '{"version": "1.1", "data": []}'))
+    path = shipped(tmp_path / "one.json", json.dumps({"data": [{"title": "t", "paragraphs": [
+        {"context": "Paris.", "qas": [{"id": "a", "question": "?", "answers": [{"text": "Paris", "answer_start": 0}]}]}
+    ]}]}))
+    assert read_squad(path, articles=[5]) == []  # an article filter may select nothing
+
+
+def test_every_row_skipped_is_not_an_empty_file(tmp_path):
+    path = shipped(tmp_path / "t.tsv", "text\tlabel\n \t1\n")
+    report = DataReport()
+    assert read_classification(path, text_a="text", label="label", on_invalid="skip", report=report) == []
+    assert report["skipped_empty_text"] == 1

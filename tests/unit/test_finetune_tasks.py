@@ -1,5 +1,5 @@
-"""Fine-tuning runs: the task registry, `FinetuneConfig` validation, and the task adapters' loss sums and
-counts agreeing with each task model's own loss."""
+"""Fine-tuning runs: the task registry, `FinetuneConfig` (its tables, validation and flat keys), and the task
+adapters' loss sums and counts agreeing with each task model's own loss."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertforge.configuration import shared_data_root
+from bertforge.configuration import load_config, shared_data_root
 from bertforge.data.finetuning import FinetuneBatch
 from bertforge.errors import ConfigError
 from bertforge.families.classification import BertForSequenceClassification, ClassificationObjective
@@ -19,14 +19,24 @@ from bertforge.families.multiple_choice import BertForMultipleChoice, MultipleCh
 from bertforge.families.question_answering import BertForQuestionAnswering, QuestionAnswering
 from bertforge.families.tagging import BertForTokenClassification, Tagging
 from bertforge.model.config import BertConfig
+from bertforge.training.config import TrainingConfig
 from bertforge.training.finetuning import (
+    FLAT_KEYS,
+    TABLES,
     TASKS,
+    TOP_LEVEL_KEYS,
+    DataConfig,
+    FeatureConfig,
     FinetuneConfig,
-    better,
-    data_root,
+    FinetuneTrainingConfig,
+    HeadConfig,
+    finetune_key,
+    load_finetune_config,
+    nest_flat_keys,
     resolve_task,
     summarize,
 )
+from bertforge.training.finetuning import data_root as task_data_root
 
 REQUIRED_TASKS = {"sst2", "cola", "stsb", "rte", "wnli", "conll2003", "squad", "chnsenticorp", "afqmc", "lcqmc",
                   "msra_ner", "cmrc2018", "drcd"}
@@ -61,58 +71,123 @@ def test_registry_has_every_named_task_with_metrics():
 
 @pytest.mark.skipif(not shared_data_root().is_dir(), reason="shared data directory not present")
 def test_registry_files_exist_under_the_data_root():
-    config = FinetuneConfig(model="m")
     for name in TASKS:
-        spec = resolve_task(dataclasses.replace(config, task=name))
+        spec = resolve_task(FinetuneConfig(model="m", data=DataConfig(task=name)))
         for source in (*spec.train, *spec.dev, *spec.test):
             assert Path(source.path).is_file(), (name, source.path)
 
 
+def data(**fields) -> FinetuneConfig:
+    return FinetuneConfig(data=DataConfig(**fields))
+
+
 def test_resolve_task_overrides_and_generic_formats(tmp_path, monkeypatch):
-    spec = resolve_task(FinetuneConfig(task="sst2", data_root=str(tmp_path)))
+    spec = resolve_task(data(task="sst2", data_root=str(tmp_path)))
     assert spec.train[0].path == str(tmp_path / "glue/SST-2/train.tsv")
     monkeypatch.setenv("BERTFORGE_DATA", "/elsewhere")
-    assert data_root(FinetuneConfig()) == Path("/elsewhere")
-    spec = resolve_task(FinetuneConfig(task="rte", dev="my_dev.tsv"))
+    assert task_data_root(FinetuneConfig()) == Path("/elsewhere")
+    spec = resolve_task(data(task="rte", dev="my_dev.tsv"))
     assert spec.dev[0].path == "my_dev.tsv" and spec.labels == ("entailment", "not_entailment")
-    pair = resolve_task(FinetuneConfig(format="pair", train="t.tsv"))
+    pair = resolve_task(data(format="pair", train="t.tsv"))
     assert (pair.family, pair.text_a, pair.text_b, pair.label) == ("classification", "text_a", "text_b", "label")
-    assert resolve_task(FinetuneConfig(format="qa", train="t.json")).max_seq_length == 384
+    assert resolve_task(data(format="qa", train="t.json")).max_seq_length == 384
     with pytest.raises(ConfigError, match="--task NAME"):
         resolve_task(FinetuneConfig())
     with pytest.raises(ConfigError, match="needs --train FILE"):
-        resolve_task(FinetuneConfig(format="ner"))
+        resolve_task(data(format="ner"))
 
 
-def test_config_rejects_bad_values_naming_the_field():
-    with pytest.raises(ConfigError, match=r"finetune\.task='sst3'.*choose one of"):
-        FinetuneConfig(task="sst3")
-    with pytest.raises(ConfigError, match=r"finetune\.format="):
-        FinetuneConfig(format="tagging")
-    with pytest.raises(ConfigError, match="label_policy"):
-        FinetuneConfig(label_policy="last")
-    assert FinetuneConfig(separator="none").separator == ""
+def test_config_rejects_bad_values_naming_the_table_key_and_fix():
+    with pytest.raises(ConfigError, match=r"finetune\.data\.task='sst3'.*choose one of"):
+        DataConfig(task="sst3")
+    with pytest.raises(ConfigError, match=r"finetune\.data\.format="):
+        DataConfig(format="tagging")
+    with pytest.raises(ConfigError, match=r"finetune\.features\.label_policy='last'.*use one of"):
+        FeatureConfig(label_policy="last")
+    with pytest.raises(ConfigError, match=r"finetune\.features\.max_seq_length=4.*at least 8"):
+        FeatureConfig(max_seq_length=4)
+    with pytest.raises(ConfigError, match=r"finetune\.head\.classifier_dropout=1\.5"):
+        HeadConfig(classifier_dropout=1.5)
+    with pytest.raises(ConfigError, match=r"finetune\.training\.lr=-1\.0.*positive learning rate"):
+        FinetuneTrainingConfig(lr=-1.0)
+    with pytest.raises(ConfigError, match=r"finetune\.seeds=\[\].*at least one seed"):
+        FinetuneConfig(seeds=[])
+    with pytest.raises(ConfigError, match=r"finetune\.data=.*DataConfig"):
+        FinetuneConfig(data={"task": "sst2"})
+    assert DataConfig(separator="none").separator == ""
 
 
-def test_config_defaults_are_the_papers_and_fields_are_cli_friendly():
+def test_config_defaults_are_the_papers_and_tables_hold_plain_values():
     config = FinetuneConfig()
-    assert (config.epochs, config.batch_size, config.lr, config.warmup_ratio) == (3.0, 32, 5e-5, 0.1)
-    training = config.training_config("out", eval_every=10)
-    assert training.schedule == "linear" and training.eval_every == 10 and training.lr == 5e-5
-    # Every field is a plain value or a list of them: one command-line option each.
+    training = config.training
+    assert isinstance(training, TrainingConfig)
+    assert (training.epochs, training.batch_size, training.lr, training.warmup_ratio, training.weight_decay) == (
+        3.0, 32, 5e-5, 0.1, 0.01)
+    assert (training.schedule, training.out_dir, training.eval_every) == ("linear", "runs/finetune", 0)
+    assert (config.features.max_query_length, config.features.doc_stride, config.eval_batch_size) == (64, None, 64)
+    # Every key of every table is a plain value or a list of them: one command-line option each.
     plain = {str, int, float, bool, type(None)}
-    for name, hint in typing.get_type_hints(FinetuneConfig).items():
+    hints = {name: hint for cls in (FinetuneConfig, *TABLES.values())
+             for name, hint in typing.get_type_hints(cls).items() if name not in TABLES}
+    for name, hint in hints.items():
         parts = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
         for part in parts:
             inner = typing.get_args(part) if typing.get_origin(part) is list else (part,)
             assert all(t in plain for t in inner), name
+    # Each flat name belongs to exactly one table and shadows no top-level key, so the translation is unique.
+    assert len(FLAT_KEYS) == sum(len(dataclasses.fields(cls)) for cls in TABLES.values())
+    assert not set(FLAT_KEYS) & {*TOP_LEVEL_KEYS, *TABLES}
 
 
-def test_summarize_and_better():
+def test_config_partial_training_table_keeps_the_finetuning_defaults(tmp_path):
+    # A run file's [training] table with one key: the other keys keep fine-tuning's defaults, not the loop's.
+    config = load_config(FinetuneConfig, values={"training": {"lr": 2e-5}, "data": {"task": "sst2"}})
+    assert (config.training.lr, config.training.epochs, config.training.out_dir) == (2e-5, 3.0, "runs/finetune")
+    assert config.data.task == "sst2" and config.features == FeatureConfig()
+
+
+def test_finetune_key_places_flat_keys_in_their_tables():
+    assert finetune_key("lr") == "training.lr" and finetune_key("out_dir") == "training.out_dir"
+    assert finetune_key("max_seq_length") == "features.max_seq_length"
+    assert finetune_key("text_a_column") == "data.text_a_column" and finetune_key("train") == "data.train"
+    assert finetune_key("freeze_encoder") == "head.freeze_encoder"
+    assert finetune_key("seeds") == "seeds" and finetune_key("training.lr") == "training.lr"
+    assert finetune_key("data") == "data"
+    with pytest.raises(ConfigError, match=r"unknown key 'lrr' \(did you mean 'lr'\?\).*\[training\]"):
+        finetune_key("lrr")
+    assert nest_flat_keys({"lr": 1e-5, "training": {"steps": 3}, "features.doc_stride": 32, "model": "m"}) == {
+        "training": {"lr": 1e-5, "steps": 3}, "features": {"doc_stride": 32}, "model": "m"}
+    with pytest.raises(ConfigError, match=r"training\.lr is set twice"):
+        nest_flat_keys({"lr": 1e-5, "training": {"lr": 2e-5}})
+
+
+def test_load_finetune_config_reads_nested_and_flat_run_files_and_overrides(tmp_path):
+    nested = tmp_path / "nested.toml"
+    nested.write_text('model = "m"\n[data]\ntask = "rte"\n[features]\nmax_seq_length = 64\n'
+                      '[head]\nfeature_layers = [-1, -2]\n[training]\nlr = 2e-5\nepochs = 2\n')
+    flat = tmp_path / "flat.toml"
+    flat.write_text('model = "m"\ntask = "rte"\nmax_seq_length = 64\nfeature_layers = [-1, -2]\nlr = 2e-5\n'
+                    'epochs = 2\n')
+    from_nested = load_finetune_config(nested)
+    assert from_nested == load_finetune_config(flat) == load_config(FinetuneConfig, nested)
+    assert (from_nested.data.task, from_nested.features.max_seq_length, from_nested.head.feature_layers) == (
+        "rte", 64, [-1, -2])
+    assert (from_nested.training.lr, from_nested.training.epochs, from_nested.training.batch_size) == (2e-5, 2.0, 32)
+    # Overrides, flat or dotted, apply after the file.
+    changed = load_finetune_config(flat, ["--lr=1e-5", "training.seed=7", "text_a_column=sentence1"])
+    assert (changed.training.lr, changed.training.seed, changed.data.text_a_column) == (1e-5, 7, "sentence1")
+    with pytest.raises(ConfigError, match=r"flat\.toml: finetune: unknown key 'no_such_key'"):
+        load_finetune_config(flat, ["no_such_key=1"])
+    with pytest.raises(ConfigError, match=r"unknown key 'training\.no_such_key'"):
+        load_finetune_config(flat, ["training.no_such_key=1"])
+    with pytest.raises(ConfigError, match=r"finetune\.training\.lr=-1\.0"):
+        load_finetune_config(None, ["lr=-1.0"])
+
+
+def test_summarize():
     stats = summarize([0.8, 0.9, 1.0])
     assert stats["mean"] == pytest.approx(0.9) and stats["std"] == pytest.approx(0.1) and stats["n"] == 3
     assert summarize([0.5])["std"] == 0.0
-    assert better("accuracy", 0.9, 0.8) and not better("accuracy", 0.7, 0.8) and better("mse", 0.1, 0.2)
 
 
 # --- task adapters agree with the models' own losses ------------------------------------------------------

@@ -209,6 +209,33 @@ def test_classify_rejects_bad_inputs_and_unlabelled_models(tokenizer, config):
                    tokenizer)
 
 
+def test_classify_rejects_zero_width_and_control_only_text_as_empty(tokenizer, config):
+    pipe = P.Pipeline("classify", build(BertForSequenceClassification, config.with_labels(["x", "y"])), tokenizer)
+    for bad in ["\u200b\u200b", "\x00\x01", " \u200b\t\ufeff ", {"text": "\u200c"}, ("ok", "\u2060")]:
+        with pytest.raises(InputError, match="is empty; give some text"):
+            pipe([bad])
+    assert pipe("\u200bcat")["label"] in ("x", "y")  # a zero-width character beside text is fine
+    qa = P.Pipeline("answer", build(BertForQuestionAnswering, config), tokenizer)
+    with pytest.raises(InputError, match="context is empty"):
+        qa({"question": "where?", "context": "\x00\u200b"})
+
+
+def test_pipeline_precision_defaults_to_evaluates_fp32(tokenizer, config):
+    # One rule for every path: evaluate runs fp32 unless asked, and so does every pipeline (and the server).
+    import inspect
+
+    from bertforge.training.finetuning import evaluate
+
+    assert P.DEFAULT_PRECISION == inspect.signature(evaluate).parameters["precision"].default == "fp32"
+    pipe = P.Pipeline("classify", build(BertForSequenceClassification, config.with_labels(["x", "y"])), tokenizer)
+    assert (pipe.precision, pipe.describe()["precision"]) == ("fp32", "fp32")
+    assert inspect.signature(P.Pipeline).parameters["precision"].default == "fp32"
+    # "auto" stays available as an explicit choice, with its probe.
+    auto = P.Pipeline("classify", build(BertForSequenceClassification, config.with_labels(["x", "y"])), tokenizer,
+                      precision="auto")
+    assert auto.precision in ("fp32", "bf16") and auto.precision_report.startswith("auto")
+
+
 # --- tag -------------------------------------------------------------------------------------------------
 
 def tagging_forward(tokenizer, labels, labels_by_token):

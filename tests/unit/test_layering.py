@@ -35,6 +35,7 @@ ROWS = {
     "data": 2,
     "families": 3,
     "evaluation": 4,
+    "conversion": 4,
     "training": 5,
     "inference": 5,
     "inference.server": 6,

@@ -17,6 +17,7 @@ from bertforge.metrics.classification import (
     pearson,
     precision_recall_f1,
     prediction_collapse,
+    regression_collapse,
     spearman,
 )
 
@@ -179,6 +180,34 @@ def test_prediction_collapse_warns_only_for_one_class():
     assert prediction_collapse([1, 0, 1]) is None
     assert prediction_collapse([1]) is None
     assert prediction_collapse([]) is None
+
+
+def test_regression_collapse_warns_for_a_constant_prediction():
+    rng = random.Random(0)
+    gold = [rng.uniform(0, 5) for _ in range(200)]  # STS-B-like scores, std about 1.4
+    collapsed = [2.5 + rng.gauss(0, 0.005) for _ in gold]
+    message = regression_collapse(collapsed, gold)
+    assert message is not None and "all 200 predictions are close to 2.5" in message
+    assert "collapsed to a constant" in message
+    assert regression_collapse([g + rng.gauss(0, 0.5) for g in gold], gold) is None
+    assert regression_collapse([1.0, 1.0, 1.0]) is not None  # no gold: only exactly equal values
+    assert regression_collapse([1.0, 1.1, 0.9]) is None
+    assert regression_collapse([3.0]) is None and regression_collapse([]) is None
+
+
+def test_regression_collapse_reported_by_the_classification_family_score():
+    from bertforge.data.classification import ClassificationExample
+    from bertforge.families.classification import FAMILY
+    from bertforge.model.config import BertConfig
+
+    config = BertConfig(problem_type="regression")
+    rng = random.Random(1)
+    examples = [ClassificationExample(f"s{i}", None, rng.uniform(0, 5), f"dev:{i}") for i in range(50)]
+    results = [{"value": 3.1 + rng.gauss(0, 0.005), "windows": 1} for _ in examples]
+    metrics, _, warnings = FAMILY.score(examples, results, config)
+    assert "pearson" in metrics and len(warnings) == 1 and "collapsed to a constant" in warnings[0]
+    spread = [{"value": float(e.label) + rng.gauss(0, 0.3), "windows": 1} for e in examples]
+    assert FAMILY.score(examples, spread, config)[2] == []
 
 
 def test_metrics_do_not_import_torch():

@@ -74,12 +74,12 @@ def test_score_answer_empty_normalisation_differs_between_v1_and_v2():
         score_answer("", [], version="1.1")
 
 
-def test_evaluate_squad_v1_percentages_and_missing_predictions():
+def test_evaluate_squad_v1_fractions_and_missing_predictions():
     dataset = _dataset([("q1", ["Denver Broncos", "Broncos"]), ("q2", ["Santa Clara"]), ("q3", ["1"])])
     predictions = {"q1": "the broncos", "q2": "Santa Clara, California", "extra": "ignored"}
     results = evaluate_squad(predictions, dataset)
     # q1: EM 1, F1 1; q2: EM 0, F1 2*(2/3*1)/(2/3+1) = 0.8; q3 missing: 0 and counted.
-    assert results == {"exact_match": pytest.approx(100 / 3), "f1": pytest.approx(180 / 3), "total": 3,
+    assert results == {"exact_match": pytest.approx(1 / 3), "f1": pytest.approx(1.8 / 3), "total": 3,
                        "missing": 1}
 
 
@@ -87,7 +87,7 @@ def test_evaluate_squad_accepts_answer_mapping_data_list_and_path(tmp_path):
     dataset = _dataset([("q1", ["Denver Broncos"]), ("q2", ["Santa Clara"])])
     predictions = {"q1": "Denver Broncos", "q2": "Clara"}
     expected = evaluate_squad(predictions, dataset)
-    assert expected["f1"] == pytest.approx(100 * (1 + 2 / 3) / 2)
+    assert expected["f1"] == pytest.approx((1 + 2 / 3) / 2)
     assert evaluate_squad(predictions, dataset["data"]) == expected
     assert evaluate_squad(predictions, {"q1": ["Denver Broncos"], "q2": ["Santa Clara"]}) == expected
     path = tmp_path / "dev.json"
@@ -101,11 +101,11 @@ def test_evaluate_squad_v2_breakdown():
     predictions = {"a1": "Denver", "a2": "", "n1": "", "n2": "Clara"}
     results = evaluate_squad(predictions, dataset)
     assert results["total"] == 4
-    assert results["exact_match"] == pytest.approx(50.0)
-    assert results["HasAns_exact"] == pytest.approx(50.0)
+    assert results["exact_match"] == pytest.approx(0.5)
+    assert results["HasAns_exact"] == pytest.approx(0.5)
     assert results["HasAns_total"] == 2
-    assert results["NoAns_exact"] == pytest.approx(50.0)
-    assert results["NoAns_f1"] == pytest.approx(50.0)
+    assert results["NoAns_exact"] == pytest.approx(0.5)
+    assert results["NoAns_f1"] == pytest.approx(0.5)
     assert results["NoAns_total"] == 2
 
 
@@ -115,7 +115,7 @@ def test_evaluate_squad_infers_version():
     assert "NoAns_total" not in evaluate_squad({"a1": "Denver"}, answerable_only)
     assert "HasAns_exact" not in evaluate_squad({"a1": "Denver"}, _dataset([("a1", ["Denver"])]))
     # An unanswerable question implies v2.0 even without a declared version.
-    assert evaluate_squad({"n1": ""}, {"n1": []})["NoAns_exact"] == 100.0
+    assert evaluate_squad({"n1": ""}, {"n1": []})["NoAns_exact"] == 1.0
 
 
 def test_evaluate_squad_reports_user_mistakes():
@@ -162,8 +162,8 @@ def test_evaluate_squad_chinese_mode_and_auto_detection():
     gold = {"q1": ["北京大学"], "q2": ["红楼梦"]}
     predictions = {"q1": "北京", "q2": "《红楼梦》"}
     results = evaluate_squad(predictions, gold, language="zh")
-    assert results["exact_match"] == pytest.approx(50.0)
-    assert results["f1"] == pytest.approx(100 * (2 / 3 + 1) / 2)
+    assert results["exact_match"] == pytest.approx(0.5)
+    assert results["f1"] == pytest.approx((2 / 3 + 1) / 2)
     assert evaluate_squad(predictions, gold, language="auto") == results
     assert detect_language(["Denver Broncos", "1998"]) == "en"
     assert detect_language(["北京大学", "1998年"]) == "zh"
@@ -185,7 +185,7 @@ def test_evaluate_squad_dev_v11_gold_as_predictions():
     dots = sum(p == "." for p in predictions.values())
     assert dots == 3
     results = evaluate_squad(predictions, dataset, language="auto")
-    assert results == {"exact_match": 100.0, "f1": pytest.approx(100 * (10570 - dots) / 10570),
+    assert results == {"exact_match": 1.0, "f1": pytest.approx((10570 - dots) / 10570),
                        "total": 10570, "missing": 0}
     assert detect_language([a for answers in gold.values() for a in answers]) == "en"
 
@@ -210,3 +210,13 @@ def test_word_tokenizer_matches_nltk_treebank_on_real_answers():
                  "'bends' cannot", "gonna gotta"])
     mismatches = [run for run in sorted(runs) if _word_tokenize(run) != reference.tokenize(run)]
     assert mismatches == []
+
+
+def test_evaluate_squad_scale_is_a_fraction_like_every_other_metric():
+    # One scale everywhere: QA exact match and F1 are in [0, 1], as accuracy and entity F1 are.
+    dataset = _dataset([("a1", ["Denver"]), ("a2", ["Santa Clara"]), ("n1", [])], version="v2.0")
+    results = evaluate_squad({"a1": "Denver", "a2": "Santa Clara", "n1": ""}, dataset)
+    scores = {k: v for k, v in results.items() if not k.endswith("total") and k != "missing"}
+    assert scores and all(v == 1.0 for v in scores.values())
+    zh = evaluate_squad({"q1": "北京大学"}, {"q1": ["北京大学"]}, language="zh")
+    assert (zh["exact_match"], zh["f1"]) == (1.0, 1.0)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from bertforge.checkpoint_format import load_model
 from bertforge.constants import IGNORE_INDEX
 from bertforge.errors import ConfigError
 from bertforge.families.pretraining import BertForPretraining, Pretraining
@@ -21,7 +22,7 @@ from bertforge.model.config import BertConfig
 from bertforge.training.checkpoint import find_latest, list_checkpoints, load_training_state
 from bertforge.training.config import TrainingConfig
 from bertforge.training.logging import read_metrics
-from bertforge.training.loop import NonFiniteLossError, train
+from bertforge.training.loop import BestCheckpoint, NonFiniteLossError, train
 
 SEQ_LEN = 16
 MASK_SLOTS = 4
@@ -368,3 +369,81 @@ def test_train_progress_bar_and_console_log(tmp_path, capsys, caplog):
     assert "3/3" in capsys.readouterr().err
     assert "training 3 steps (warmup 2) of 4 examples (batch 4 x accumulation 1 x 1 processes)" in caplog.text
     assert "step 3 train: loss=" in caplog.text
+
+
+# --- the best checkpoint ---------------------------------------------------------------------------------
+
+class ScriptedEval:
+    """An evaluation whose score at each step is scripted; it records a copy of the weights it saw."""
+
+    def __init__(self, scores: dict[int, float]):
+        self.scores, self.weights = scores, {}
+
+    def __call__(self, model, step):
+        self.weights[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return {"score": self.scores[step], "loss": 1.0 - self.scores[step]}
+
+
+def assert_weights(directory, expected) -> None:
+    loaded, report = load_model(directory, BertForPretraining)
+    assert not report.fresh
+    state = loaded.state_dict()
+    assert set(state) == set(expected)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(state[name], tensor, rtol=0, atol=0)
+
+
+def test_loop_keeps_best_checkpoint(tmp_path):
+    scores = {1: 0.2, 2: 0.6, 3: 0.9, 4: 0.7, 5: 0.4, 6: 0.3}  # up, then down: step 3 is the best
+    evaluation, seen = ScriptedEval(scores), []
+    best = BestCheckpoint("score", False, tmp_path / "best", {"note.json": "{}\n"},
+                          on_best=lambda step, values: seen.append(step))
+    result = train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config_for(tmp_path / "run", eval_every=1),
+                   eval_fn=evaluation, best=best)
+    assert (result.best_step, result.best_eval, result.best_dir) == (3, {"score": 0.9, "loss": pytest.approx(0.1)},
+                                                                     tmp_path / "best")
+    assert seen == [1, 2, 3] and result.eval["score"] == 0.3  # the last evaluation is not the best one
+    assert_weights(tmp_path / "best", evaluation.weights[3])
+    assert (tmp_path / "best" / "note.json").read_text() == "{}\n"
+    with pytest.raises(AssertionError):  # the weights did change after step 3: the check can fail
+        assert_weights(tmp_path / "best", evaluation.weights[6])
+
+    # A metric where lower is better picks the step with the smallest value; a missing one is a clear error.
+    lowest = train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config_for(tmp_path / "low", eval_every=1),
+                   eval_fn=ScriptedEval(scores), best=BestCheckpoint("loss", True, tmp_path / "best-low"))
+    assert lowest.best_step == 3
+    with pytest.raises(ConfigError, match=r"'f1', which is not among the evaluation's values \['loss', 'score'\]"):
+        train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config_for(tmp_path / "bad", eval_every=1),
+              eval_fn=ScriptedEval(scores), best=BestCheckpoint("f1", False, tmp_path / "best-bad"))
+
+
+def test_loop_best_checkpoint_improves_ignores_nan():
+    best = BestCheckpoint("score", False, "unused")
+    assert best.improves(0.5, None) and best.improves(0.6, 0.5) and not best.improves(0.4, 0.5)
+    assert best.improves(0.1, float("nan")) and not best.improves(float("nan"), 0.1)
+    assert BestCheckpoint("mse", True, "unused").improves(0.1, 0.2)
+
+
+def test_loop_best_checkpoint_survives_resume(tmp_path):
+    scores = {1: 0.2, 2: 0.9, 3: 0.5, 4: 0.4, 5: 0.3, 6: 0.2}  # the best (step 2) comes before the checkpoint
+    config = dict(steps=6, save_every=2, eval_every=1)
+    run, best_dir = tmp_path / "run", tmp_path / "best"
+    first = ScriptedEval(scores)
+    with pytest.raises(KeyboardInterrupt):  # interrupted while fetching step 5's batch: checkpoint 4 is the last
+        train(tiny_model(), SyntheticSource(3, 4, fail_after=4), Pretraining(), config_for(run, **config),
+              eval_fn=first, best=BestCheckpoint("score", False, best_dir))
+    assert find_latest(run).name == "checkpoint-000004"
+    assert load_training_state(find_latest(run))["best"]["step"] == 2
+    assert_weights(best_dir, first.weights[2])
+
+    # A fresh process resumes: steps 5 and 6 score worse than step 2, so the best directory must stay as it is.
+    resumed = train(tiny_model(seed=123), SyntheticSource(3, 4), Pretraining(),
+                    config_for(run, resume="auto", **config), eval_fn=ScriptedEval(scores),
+                    best=BestCheckpoint("score", False, best_dir))
+    assert [e["step"] for e in resumed.history if e["split"] == "eval"] == [5, 6]
+    assert (resumed.best_step, resumed.best_eval["score"]) == (2, 0.9)
+    assert_weights(best_dir, first.weights[2])
+    # A finished run resumed again reports the same best without training.
+    again = train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config_for(run, resume="auto", **config),
+                  eval_fn=ScriptedEval(scores), best=BestCheckpoint("score", False, best_dir))
+    assert again.history == [] and (again.best_step, again.best_eval["score"]) == (2, 0.9)

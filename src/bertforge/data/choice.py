@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bertforge.data.classification import ON_INVALID, detect_format, invalid, iter_rows
+from bertforge.data.classification import ON_INVALID, detect_format, invalid, iter_rows, no_rows
 from bertforge.data.finetuning import DataReport
 from bertforge.errors import ConfigError, DataError
 
@@ -56,17 +56,21 @@ def read_choice(
         report: gets `rows` and `skipped_*`.
 
     Raises:
-        DataError: missing file or column, or a malformed row with on_invalid="error".
+        DataError: missing file or column, a file that is not UTF-8, an empty or header-only file, or a
+            malformed row with on_invalid="error".
     """
     if on_invalid not in ON_INVALID:
         raise ConfigError(f"on_invalid={on_invalid!r}; use one of {ON_INVALID}")
     report = report if report is not None else DataReport()
     file_format = detect_format(path, file_format)
     header: list[str] | None = None
+    header_line: int | None = None
+    records = 0
     endings = list(ending_columns) if ending_columns is not None else None
     examples: list[ChoiceExample] = []
-    for line, row in iter_rows(path, file_format):
+    for line, row in iter_rows(path, file_format):  # a leading byte-order mark is skipped there
         if isinstance(row, list) and header is None:
+            header_line = line
             header = [name.strip() for name in row]
             if endings is None:
                 endings = [name for _, name in sorted((int(m.group(1)), m.string) for m in map(_ENDING.match, header)
@@ -76,6 +80,7 @@ def read_choice(
             if missing or not endings:
                 raise DataError(f"columns {missing or ['ending0', '...']} not in the header {header}", path, line)
             continue
+        records += 1
         if isinstance(row, list):
             if len(row) != len(header):
                 invalid(report, on_invalid, "column_count", f"{len(row)} columns where the header has "
@@ -111,4 +116,6 @@ def read_choice(
                 continue
         examples.append(ChoiceExample(context, str(start or ""), choices, label, f"{os.fspath(path)}:{line}"))
         report.note("rows")
+    if not records:
+        raise no_rows(path, header_line)
     return examples

@@ -5,12 +5,19 @@ CSV (standard quoting) and JSON Lines files; columns are named by header name (o
 index. Every malformed row (wrong column count, empty text, empty or unparsable label) is a `DataError`
 naming file and line, or — with `on_invalid="skip"` — is dropped and counted in the `DataReport`.
 
+The files people have, as every fine-tuning reader (`classification`, `conll`, `squad`, `choice`) takes them:
+a UTF-8 byte-order mark at the start of the file is skipped (GLUE's MRPC files begin with one; one in the
+middle of a file is data); any line ending (``\n``, ``\r\n``); a file that is not UTF-8 (Latin-1, cp1252,
+UTF-16) is one `DataError` naming the file, the line and the conversion (`open_text`, `not_utf8`); an empty
+or header-only file is a `DataError`, not an empty training set.
+
 Features (``[CLS] A [SEP] (B [SEP])``, long inputs windowed) and decoding are the classification family's
 (`families.classification`).
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
 import math
@@ -24,6 +31,7 @@ from bertforge.errors import ConfigError, DataError
 
 ON_INVALID = ("error", "skip")
 FILE_FORMATS = ("tsv", "csv", "jsonl")
+BOM = "\ufeff"
 
 
 @dataclass
@@ -70,12 +78,63 @@ def invalid(report: DataReport, on_invalid: str, reason: str, message: str, path
     report.note(f"skipped_{reason}", f"{os.fspath(path)}:{line}")
 
 
-def iter_rows(path: str | os.PathLike, file_format: str) -> Iterator[tuple[int, list[str] | dict]]:
-    """(1-based line, row) for every non-blank record: lists for TSV/CSV, dicts (or lists) for JSON Lines."""
+def open_text(path: str | os.PathLike, newline: str | None = None):
+    """Open a fine-tuning data file as UTF-8 text, skipping a byte-order mark at its very start.
+
+    "utf-8-sig" drops U+FEFF only as the first character of the stream, so a BOM in the middle of a file
+    (two files concatenated) stays data. `newline=None` (universal newlines) reads ``\r\n`` as ``\n``;
+    the CSV reader passes ``""`` and lets `csv` handle line ends inside quoted fields.
+
+    Raises:
+        DataError: the file does not exist or cannot be read.
+    """
     try:
-        handle = open(path, encoding="utf-8", newline="" if file_format == "csv" else None)
+        return open(path, encoding="utf-8-sig", newline=newline)
     except FileNotFoundError:
         raise DataError("file not found; check the path (or the task's data root)", path) from None
+    except OSError as error:
+        raise DataError(f"cannot read the file ({error.strerror})", path) from None
+
+
+def _undecodable_line(path: str | os.PathLike) -> int | None:
+    """The 1-based line of the first byte sequence that is not UTF-8 (read again in chunks; error path only)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    line = 1
+    try:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                try:
+                    decoder.decode(chunk)
+                except UnicodeDecodeError as error:
+                    return line + chunk[: error.start].count(b"\n")
+                line += chunk.count(b"\n")
+    except OSError:
+        return None
+    return None
+
+
+def not_utf8(path: str | os.PathLike, error: UnicodeDecodeError) -> DataError:
+    """The one error for a data file that is not UTF-8 text: the file, the line, what it probably is, the fix."""
+    name = os.fspath(path)
+    try:
+        with open(path, "rb") as handle:
+            start = handle.read(2)
+    except OSError:
+        start = b""
+    if start in (b"\xff\xfe", b"\xfe\xff"):
+        return DataError(f"UTF-16 text (e.g. Excel's 'Unicode Text'), not UTF-8; convert it: "
+                         f"iconv -f UTF-16 -t UTF-8 {name} > {name}.utf8 (or save as 'CSV UTF-8')", path)
+    return DataError(f"not UTF-8 text ({error.reason}); a Latin-1 or Windows-1252 file? convert it: "
+                     f"iconv -f latin1 -t UTF-8 {name} > {name}.utf8 (for GBK: -f GBK)", path,
+                     _undecodable_line(path))
+
+
+def iter_rows(path: str | os.PathLike, file_format: str) -> Iterator[tuple[int, list[str] | dict]]:
+    """(1-based line, row) for every non-blank record: lists for TSV/CSV, dicts (or lists) for JSON Lines.
+
+    A byte-order mark at the start of the file is skipped (`open_text`); line ends may be ``\r\n``.
+    """
+    handle = open_text(path, newline="" if file_format == "csv" else None)
     with handle:
         try:
             if file_format == "csv":
@@ -89,6 +148,9 @@ def iter_rows(path: str | os.PathLike, file_format: str) -> Iterator[tuple[int, 
                 if not text.strip():
                     continue
                 if file_format == "jsonl":
+                    if text.startswith(BOM):
+                        raise DataError("a byte-order mark (U+FEFF) in the middle of the file (files joined "
+                                        "together?); remove it", path, number)
                     try:
                         yield number, json.loads(text)
                     except json.JSONDecodeError as error:
@@ -97,8 +159,14 @@ def iter_rows(path: str | os.PathLike, file_format: str) -> Iterator[tuple[int, 
                 else:
                     yield number, text.split("\t")
         except UnicodeDecodeError as error:
-            raise DataError(f"not UTF-8 text ({error.reason} at byte {error.start}); convert the file to UTF-8",
-                            path) from None
+            raise not_utf8(path, error) from None
+
+
+def no_rows(path: str | os.PathLike, header_line: int | None = None) -> DataError:
+    """The error for a file without a single data row: empty, or a header and nothing else."""
+    if header_line is not None:
+        return DataError("holds only the header row, no examples; is this the right file?", path, header_line)
+    return DataError("the file is empty (no rows); is this the right file?", path)
 
 
 def _cell(row: list[str] | dict, column: Column, header: dict[str, int] | None) -> object:
@@ -137,7 +205,8 @@ def read_classification(
         The examples, in file order.
 
     Raises:
-        DataError: a missing file, an unknown column name, or (with on_invalid="error") a malformed row.
+        DataError: a missing file, a file that is not UTF-8, an empty or header-only file, an unknown column
+            name, or (with on_invalid="error") a malformed row.
     """
     if on_invalid not in ON_INVALID:
         raise ConfigError(f"on_invalid={on_invalid!r}; use one of {ON_INVALID}")
@@ -153,17 +222,21 @@ def read_classification(
         raise ConfigError(f"{path}: columns are given by name {[c for c in columns.values() if isinstance(c, str)]} "
                           "but header=False; give 0-based indices or set header=True")
     names: dict[str, int] | None = None
+    header_line: int | None = None
     width: int | None = None
+    records = 0
     examples: list[ClassificationExample] = []
     for line, row in iter_rows(path, file_format):
         where = f"{os.fspath(path)}:{line}"
         if header and names is None:
+            header_line = line
             names = {str(name).strip(): i for i, name in enumerate(row)}
             width = len(row)
             for role, column in columns.items():
                 if isinstance(column, str) and column not in names:
                     raise DataError(f"no column named {column!r} for {role}; the header has {list(names)}", path, line)
             continue
+        records += 1
         if isinstance(row, list):
             if width is None:
                 width = len(row)
@@ -203,6 +276,8 @@ def read_classification(
             continue
         examples.append(ClassificationExample(first, second if columns["text_b"] is not None else None, value, where))
         report.note("rows")
+    if not records:
+        raise no_rows(path, header_line)
     return examples
 
 

@@ -21,7 +21,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bertforge.data.classification import ON_INVALID, invalid, sorted_labels
+from bertforge.data.classification import ON_INVALID, invalid, no_rows, not_utf8, open_text, sorted_labels
 from bertforge.data.finetuning import DataReport
 from bertforge.errors import ConfigError, DataError, InputError
 from bertforge.metrics.sequence_labeling import bio_to_iobes, check_tags, iobes_to_bio
@@ -95,7 +95,7 @@ def read_tagged(
         The sentences (documents markers and empty sentences dropped), tags converted to BIO.
 
     Raises:
-        DataError: missing file, malformed line (with on_invalid="error"), tags outside BIO/IOBES, or
+        DataError: missing file, a file that is not UTF-8 or holds no token line, malformed line (with on_invalid="error"), tags outside BIO/IOBES, or
             ill-formed BIO with bio_errors="error".
     """
     if bio_errors not in BIO_ERROR_POLICIES:
@@ -119,10 +119,9 @@ def read_tagged(
         lines.clear()
         broken = False
 
-    try:
-        handle = open(path, encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError("file not found; check the path (or the task's data root)", path) from None
+    # A byte-order mark at the start is skipped (else "\ufeff-DOCSTART-" would be a word); CRLF reads as LF.
+    handle = open_text(path)
+    token_lines = 0
     with handle:
         try:
             for number, raw in enumerate(handle, start=1):
@@ -134,6 +133,7 @@ def read_tagged(
                 if columns[0] == DOCSTART:
                     finish()
                     continue
+                token_lines += 1
                 needed = [token_column] + ([tag_column] if tag_column is not None else [])
                 if len(columns) < 2 and tag_column is not None or any(not -len(columns) <= c < len(columns)
                                                                       for c in needed):
@@ -152,7 +152,9 @@ def read_tagged(
                     tags.append(columns[tag_column].strip())
             finish()
         except UnicodeDecodeError as error:
-            raise DataError(f"not UTF-8 text ({error.reason}); convert the file to UTF-8", path) from None
+            raise not_utf8(path, error) from None
+    if not token_lines:
+        raise no_rows(path)
     return sentences
 
 

@@ -247,6 +247,9 @@ def _folder_files(folder: Path) -> list[Path]:
 def iter_lines(path: str | os.PathLike) -> Iterator[str]:
     """The lines of a UTF-8 text file without their line endings (``\\n``, ``\\r\\n`` or ``\\r``).
 
+    A byte-order mark is skipped at the start of the file only (the "utf-8-sig" decoder drops U+FEFF as the
+    first character of the stream): a BOM further on, e.g. where two files were concatenated, is text.
+
     Raises:
         DataError: the file cannot be read, holds a NUL byte (binary or UTF-16), or is not valid UTF-8; the
             message names the line and how to convert the file.
@@ -270,8 +273,8 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
                 yield line.rstrip("\n")
         except UnicodeDecodeError:
             raise DataError(
-                "is not valid UTF-8; convert the file to UTF-8 (e.g. iconv -f GBK -t UTF-8 for Chinese text "
-                "saved as GBK)",
+                "is not valid UTF-8; convert the file to UTF-8 (e.g. iconv -f latin1 -t UTF-8 for a Latin-1 or "
+                "Windows-1252 file, iconv -f GBK -t UTF-8 for Chinese text saved as GBK)",
                 path,
                 _decode_error_line(path),
             ) from None

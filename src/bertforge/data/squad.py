@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bertforge.data.classification import ON_INVALID
+from bertforge.data.classification import ON_INVALID, no_rows, not_utf8, open_text
 from bertforge.data.finetuning import DataReport
 from bertforge.errors import ConfigError, DataError
 
@@ -104,17 +104,13 @@ def read_squad(
         The questions in file order.
 
     Raises:
-        DataError: unreadable file, not SQuAD format (naming the missing key), or an unlocatable answer.
+        DataError: unreadable, not UTF-8 or empty file, no questions at all, not SQuAD format (naming the
+            missing key), or an unlocatable answer.
     """
     if on_invalid not in ON_INVALID:
         raise ConfigError(f"on_invalid={on_invalid!r}; use one of {ON_INVALID}")
     report = report if report is not None else DataReport()
-    try:
-        raw = open(path, encoding="utf-8").read()
-    except FileNotFoundError:
-        raise DataError("file not found; check the path (or the task's data root)", path) from None
-    except UnicodeDecodeError as error:
-        raise DataError(f"not UTF-8 text ({error.reason})", path) from None
+    raw = _read_text(path)
     try:
         dataset = json.loads(raw)
     except json.JSONDecodeError as error:
@@ -163,15 +159,31 @@ def read_squad(
         raise DataError(f"not SQuAD format: missing or malformed {error}; expected data[].paragraphs[] with "
                         "'context' and qas[] with 'id', 'question', 'answers'[{'text', 'answer_start'}]",
                         path) from None
+    if not examples and keep is None:
+        raise DataError("holds no questions (data[].paragraphs[].qas[] are all empty); is this the right file?",
+                        path)
     return examples
+
+
+def _read_text(path: str | os.PathLike) -> str:
+    """The whole file as text: a byte-order mark at the start skipped, not-UTF-8 and empty files refused."""
+    handle = open_text(path)
+    with handle:
+        try:
+            raw = handle.read()
+        except UnicodeDecodeError as error:
+            raise not_utf8(path, error) from None
+    if not raw.strip():
+        raise no_rows(path)
+    return raw
 
 
 def count_articles(path: str | os.PathLike) -> int:
     """How many articles a SQuAD-format file holds."""
+    raw = _read_text(path)
     try:
-        with open(path, encoding="utf-8") as handle:
-            return len(json.load(handle)["data"])
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
+        return len(json.loads(raw)["data"])
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
         raise DataError(f"cannot read the article list ({error})", path) from None
 
 

@@ -33,6 +33,7 @@ from bertforge.errors import ConfigError, InputError
 from bertforge.model.bert import BertModel, BertOutput, BertPretrainedModel
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import needs_hidden_states
+from bertforge.tokenization.normalizer import is_removed, is_whitespace
 from bertforge.tokenization.tokenizer import Tokenizer
 
 
@@ -112,10 +113,15 @@ def mean_loss(terms: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.T
 
 
 def check_text(value: Any, name: str) -> str:
-    """`value` if it is a non-blank string, else an InputError naming the field."""
+    """`value` if it is a string with some text, else an InputError naming the field.
+
+    Blank means nothing the tokenizer would read: only whitespace, or characters its cleaning deletes
+    (zero-width and other control/format characters such as "\u200b" or "\x00"); such text is refused
+    with the same message as an empty string, rather than classified from [CLS] [SEP] alone.
+    """
     if not isinstance(value, str):
         raise InputError(f"{name} must be a string, got {type(value).__name__}")
-    if not value.strip():
+    if all(char.isspace() or is_whitespace(char) or is_removed(char) for char in value):
         raise InputError(f"{name} is empty; give some text")
     return value
 

@@ -35,7 +35,11 @@ from bertforge.families.base import (
     softmax,
     text_of,
 )
-from bertforge.metrics.classification import compute_classification_metrics, prediction_collapse
+from bertforge.metrics.classification import (
+    compute_classification_metrics,
+    prediction_collapse,
+    regression_collapse,
+)
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import TaskOutput, build_classifier, feature_size, sequence_features
 from bertforge.tokenization.tokenizer import Tokenizer
@@ -274,7 +278,8 @@ class Classification(Family):
         if kind == REGRESSION:
             predicted = [r["value"] for r in results]
             gold = [float(e.label) for e in examples]
-            return compute_classification_metrics(predicted, gold, "regression", metric_names), {}, []
+            warnings = [w for w in [regression_collapse(predicted, gold)] if w]
+            return compute_classification_metrics(predicted, gold, "regression", metric_names), {}, warnings
         if kind == MULTI_LABEL:
             raise InputError("scoring multi-label classification from files is not supported yet; predict works")
         index = {name: i for i, name in enumerate(config.label_names)}

@@ -15,7 +15,16 @@ whether it is the token's max-context window.
 Decoding (Google's `write_predictions`): per window the `n_best_size` best starts and ends; a span must
 start at a context token of its max-context window, end at or after its start, and be at most
 `max_answer_tokens` long; spans are ranked by start + end logit over all windows and the text is cut from
-the context by character offsets. Its score is the probability start x end within its window. With
+the context by character offsets, widened to whole words: a span that starts or ends inside a word (the
+sub-tokens "clast ##s" of "clasts", answer "clast") covers that whole word. A word here is the tokenizer's
+pre-tokenized word (whitespace split, then punctuation split, each CJK character a word of its own), so
+punctuation attached to a word is not pulled in ("clasts," answers "clasts") and Chinese answers are
+unchanged. Google's run_squad maps its spans to whitespace tokens of the context and projects the
+tokenized prediction back onto them with `get_final_text`; the pieces it keeps are whole WordPiece tokens,
+and it strips punctuation the prediction did not cover, as here; unlike here, a prediction that ends inside
+a word ("clast") stays cut there, because `get_final_text` finds "clast" inside "clasts". Answers that are
+identical after widening count once in the n-best list. Its score is the probability start x end within
+its window. With
 `allow_no_answer` (SQuAD v2.0) the answer is empty when the smallest [CLS] score over the windows beats
 the best span by `null_threshold`.
 """
@@ -47,6 +56,8 @@ from bertforge.families.base import (
 from bertforge.metrics.squad import evaluate_squad
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import feature_size, token_features
+from bertforge.tokenization.normalizer import Normalizer
+from bertforge.tokenization.pretokenizer import PreTokenizer
 from bertforge.tokenization.tokenizer import Tokenizer
 from bertforge.tokenization.windows import max_context_windows, window_spans
 
@@ -173,11 +184,41 @@ def _top(values: np.ndarray, k: int) -> list[int]:
     return np.argsort(-values, kind="stable")[:k].tolist()
 
 
+# Word boundaries when the decoder is given no tokenizer: Google's defaults (CJK characters are words).
+_DEFAULT_WORDS = PreTokenizer(Normalizer(), tokenize_chinese_chars=True)
+
+
+class WordBounds:
+    """The pre-tokenized words of one context, to widen a character span to whole words."""
+
+    def __init__(self, context: str, tokenizer: Tokenizer | None = None):
+        words = tokenizer.pre_tokenize(context) if tokenizer is not None else _DEFAULT_WORDS.pre_tokenize(context)
+        self.starts = [start for _, start, _ in words]
+        self.ends = [end for _, _, end in words]
+
+    def widen(self, begin: int, end: int) -> tuple[int, int]:
+        """(begin, end) moved out to the start and end of the words they fall inside (end exclusive)."""
+        first = bisect.bisect_right(self.starts, begin) - 1
+        if first >= 0 and self.ends[first] > begin:
+            begin = self.starts[first]
+        last = bisect.bisect_right(self.starts, end - 1) - 1
+        if last >= 0 and self.ends[last] >= end:
+            end = self.ends[last]
+        return begin, end
+
+
 def decode_answers(examples: Sequence[QAExample], features: Sequence[Feature],
                    outputs: Sequence[tuple[np.ndarray, np.ndarray]], *, n_best_size: int = 20,
                    max_answer_tokens: int = 30, allow_no_answer: bool = False,
-                   null_threshold: float = 0.0) -> list[dict[str, Any]]:
+                   null_threshold: float = 0.0, whole_words: bool = True,
+                   tokenizer: Tokenizer | None = None) -> list[dict[str, Any]]:
     """One answer per question from its windows' (start, end) logits; see the module docstring.
+
+    Args:
+        whole_words: widen every span to the whole words it touches (False: the sub-tokens' characters,
+            which can cut a word, kept for comparison in `benchmarks/qa_word_boundaries.py`).
+        tokenizer: the model's tokenizer, whose pre-tokenized words are the words (None: Google's default
+            pre-tokenization, CJK characters as words).
 
     Returns:
         Per question {"answer", "start", "end" (character offsets, end exclusive; None for no answer),
@@ -188,7 +229,13 @@ def decode_answers(examples: Sequence[QAExample], features: Sequence[Feature],
     for index, feature in enumerate(features):
         by_example.setdefault(feature.example_index, []).append(index)
     results = []
+    bounds: dict[str, WordBounds] = {}  # several questions share one context
     for example_index, example in enumerate(examples):
+        words = None
+        if whole_words:
+            words = bounds.get(example.context)
+            if words is None:
+                words = bounds[example.context] = WordBounds(example.context, tokenizer)
         candidates: list[tuple[float, int, int, int]] = []
         null_score, null_probability = float("inf"), 0.0
         for index in by_example.get(example_index, []):
@@ -212,6 +259,8 @@ def decode_answers(examples: Sequence[QAExample], features: Sequence[Feature],
         for score, index, s, e in candidates:
             offsets = features[index].offsets
             begin, end = offsets[s][0], offsets[e][1]
+            if words is not None:
+                begin, end = words.widen(begin, end)
             text = example.context[begin:end]
             if text in seen:
                 continue
@@ -312,7 +361,8 @@ class QuestionAnswering(Family):
         return decode_answers(examples, features, [(s.numpy(), e.numpy()) if hasattr(s, "numpy") else (s, e)
                                                    for s, e in outputs],
                               n_best_size=options["n_best_size"], max_answer_tokens=options["max_answer_tokens"],
-                              allow_no_answer=options["allow_no_answer"], null_threshold=options["null_threshold"])
+                              allow_no_answer=options["allow_no_answer"], null_threshold=options["null_threshold"],
+                              tokenizer=tokenizer)
 
     def record(self, example, result):
         return {"id": example.qid, "question": example.question, "answers": example.answers,

@@ -89,7 +89,7 @@ def load_model(path: str | os.PathLike, cls: type[BertPretrainedModel] | None = 
     freshly built `BertModel` starts unpadded, so "leave it alone" would not be the plain path).
     """
     if cls is None:
-        _, architecture = checkpoint_format.read_config(path)
+        _, architecture = checkpoint_format.read_config(path, step=kwargs.get("step"))
         cls = model_class(architecture)
     model, report = checkpoint_format.load_model(path, cls, **kwargs)
     set_fast_paths(model, unpad=fast_path, fused_qkv=fast_path)

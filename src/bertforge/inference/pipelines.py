@@ -14,10 +14,14 @@ one path from input to answer, the same that `bertforge evaluate` takes:
 Long inputs are windowed by every family (see `tokenization.windows` and each family's docstring for how
 windows are combined); `embed` truncates to one window.
 
-Precision `auto` uses bf16 only where the hardware computes it natively (CUDA with bf16, or a CPU with
-native bf16 instructions) *and* a probe batch at load time shows the results stay within the stated
-tolerance of fp32: probabilities within `BF16_PROBABILITY_TOLERANCE`, embeddings within
-`BF16_COSINE_TOLERANCE` of cosine 1. Otherwise fp32. `precision="fp32"|"bf16"` overrides the probe.
+Precision: one rule for every path. The default is fp32, the same as `bertforge evaluate` and
+training-time evaluation, so that by default `predict`, the pipelines and the server return exactly the
+answers evaluate scored (same labels, spans and scores within 1e-5 on any machine; bf16 would move scores by
+up to 1e-2 and can flip near-ties). bf16 is opt-in: `precision="bf16"` forces it, and `precision="auto"`
+uses bf16 only where the hardware computes it natively (CUDA with bf16, or a CPU with native bf16
+instructions) *and* a probe batch at load time shows the results stay within the stated tolerance of fp32:
+probabilities within `BF16_PROBABILITY_TOLERANCE`, embeddings within `BF16_COSINE_TOLERANCE` of cosine 1;
+otherwise fp32. `describe()` (the server's /health) reports the precision chosen and why.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ BF16_PROBABILITY_TOLERANCE = 1e-2
 BF16_COSINE_TOLERANCE = 1e-3
 
 DEFAULT_BATCH_SIZE = 32
+# The precision of every path unless asked otherwise: evaluate's, so predict answers what evaluate scored.
+DEFAULT_PRECISION = "fp32"
 TASKS = registry.TASKS
 
 
@@ -97,7 +103,8 @@ class Pipeline:
         model: a bertforge model whose class suits the task; it is moved to `device` (fast paths on).
         tokenizer: the model directory's tokenizer.
         device: "auto" (CUDA when available), "cpu", "cuda:0" ...
-        precision: "auto" (bf16 where native and within tolerance on a probe batch), "fp32" or "bf16".
+        precision: "fp32" (the default, as evaluate), "bf16", or "auto" (bf16 where native and within
+            tolerance on a probe batch).
         batch_size: windows per model call.
         max_length: tokens per window, special tokens included (default: the fine-tuning record's, else
             the family's default capped by the model's limit).
@@ -107,7 +114,7 @@ class Pipeline:
     """
 
     def __init__(self, task: str, model: BertPretrainedModel, tokenizer, *, device: str | torch.device = "auto",
-                 precision: str = "auto", batch_size: int = DEFAULT_BATCH_SIZE, max_length: int | None = None,
+                 precision: str = DEFAULT_PRECISION, batch_size: int = DEFAULT_BATCH_SIZE, max_length: int | None = None,
                  doc_stride: int | None = None, record: Mapping[str, Any] | None = None,
                  report: LoadReport | None = None):
         check_task(task)
@@ -498,6 +505,6 @@ def predict_stream(pipeline: Pipeline, lines: Iterable[str], out: IO[str], *, so
 
 
 __all__ = [
-    "BF16_COSINE_TOLERANCE", "BF16_PROBABILITY_TOLERANCE", "EmbedPipeline", "Pipeline", "TASKS", "load_pipeline",
+    "BF16_COSINE_TOLERANCE", "BF16_PROBABILITY_TOLERANCE", "DEFAULT_PRECISION", "EmbedPipeline", "Pipeline", "TASKS", "load_pipeline",
     "load_pipelines", "make_pipeline", "predict_stream", "supported_tasks",
 ]

@@ -3,6 +3,9 @@
 One route per task the model supports (`POST /v1/fill-mask`, `/v1/classify`, `/v1/tag`, `/v1/answer`,
 `/v1/choose` for a multiple-choice model, `/v1/embed`), each taking ``{"inputs": [...], "parameters": {...}}``
 and answering ``{"outputs": [...]}`` in input order; `GET /health`, `GET /metrics` (Prometheus text) and the OpenAPI pages (`/docs`, `/openapi.json`).
+Any other path answers 404 with ``{"error": ...}`` naming the routes this model serves (a route of a task the
+model cannot do, e.g. `/v1/answer` on a classifier, is simply not there); a known path with the wrong method
+answers 405 naming the method it takes.
 
 Requests are validated in the event loop (JSON, fields, sizes) and, if valid, queued. A single worker task
 takes the first waiting request, gathers more for up to `max_wait_ms` (only while other requests are on their
@@ -32,12 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError, ConfigError, InputError
-from bertforge.inference.pipelines import Pipeline, load_pipelines
+from bertforge.inference.pipelines import DEFAULT_PRECISION, Pipeline, load_pipelines
 
 try:
     import uvicorn
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, PlainTextResponse
+    from starlette.exceptions import HTTPException
 except ImportError as missing:  # the serve extra is optional; say how to get it when it is needed
     raise ConfigError(f"serving needs the 'serve' extra ({missing.name} is not installed): "
                       "pip install 'bertforge[serve]'") from None
@@ -416,6 +420,22 @@ def build_app(pipelines: dict[str, Pipeline], settings: ServerSettings | None = 
     for task in pipelines:
         add_route(task)
 
+    served = [f"POST /v1/{task}" for task in pipelines] + ["GET /health", "GET /metrics", "GET /docs",
+                                                           "GET /openapi.json"]
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        # FastAPI's own 404/405 say only "Not Found": say what this model serves instead.
+        path = request.url.path
+        if error.status_code == 404:
+            message = f"no route {request.method} {path}; this model serves: {', '.join(served)}"
+        elif error.status_code == 405:
+            allowed = [route for route in served if route.split(" ", 1)[1] == path]
+            message = f"{request.method} is not allowed on {path}; use {' or '.join(allowed) or 'another route'}"
+        else:
+            message = str(error.detail)
+        return JSONResponse({"error": message}, status_code=error.status_code, headers=error.headers)
+
     @app.get("/health", summary="model, tasks, device, precision, queue depth")
     async def health() -> dict[str, Any]:
         return service.health()
@@ -429,14 +449,15 @@ def build_app(pipelines: dict[str, Pipeline], settings: ServerSettings | None = 
 
 
 def create_app(model_dir: str | Path, *, tasks: list[str] | None = None, device: str = "auto",
-               precision: str = "auto", batch_size: int = 32, max_length: int | None = None,
+               precision: str = DEFAULT_PRECISION, batch_size: int = 32, max_length: int | None = None,
                **settings: Any) -> FastAPI:
     """Load `model_dir` once and build the app serving every task it supports (or `tasks`).
 
     Args:
         model_dir: a saved model directory.
         tasks: restrict the routes to these tasks.
-        device, precision, batch_size, max_length: pipeline options (see `Pipeline`).
+        device, precision, batch_size, max_length: pipeline options (see `Pipeline`; precision fp32 unless
+            asked, as `bertforge evaluate`).
         **settings: `ServerSettings` fields (max_batch_size, max_wait_ms, max_queue, ...).
     """
     try:

@@ -3,8 +3,8 @@
 Owns accuracy, precision/recall/F1 (binary for one positive label, and macro over classes), Matthews
 correlation (the multi-class form, which reduces to the textbook binary MCC), Pearson and Spearman
 correlation (Spearman with average ranks for ties), the named-metric entry point
-`compute_classification_metrics` used by evaluation, and `prediction_collapse`, which spots a model that
-predicts one class for everything.
+`compute_classification_metrics` used by evaluation, and `prediction_collapse` / `regression_collapse`,
+which spot a model that predicts one class (or, for regression, one value) for everything.
 
 Inputs are any sequences (lists, tuples, numpy arrays) of hashable labels or of numbers; nothing here
 imports torch. Undefined ratios (a class never predicted, a constant input to a correlation) are 0.0,
@@ -310,4 +310,50 @@ def prediction_collapse(predictions: Sequence[Hashable]) -> str | None:
     return (
         f"all {len(predictions)} predictions are class {only!r}: the model has collapsed to one class "
         "(usual causes: learning rate too high, too few training steps, or very imbalanced labels)"
+    )
+
+
+# A regression model has collapsed when its predictions spread less than this fraction of the gold scores'
+# spread (STS-B gold: std 1.5 on 0-5; a collapsed model: std 0.005).
+REGRESSION_COLLAPSE_RATIO = 0.05
+
+
+def regression_collapse(predictions: Sequence[float], labels: Sequence[float] | None = None,
+                        ratio: float = REGRESSION_COLLAPSE_RATIO) -> str | None:
+    """Warn when a regression model predicts (nearly) the same value for every example.
+
+    Its Pearson and Spearman correlations may still be computed from the tiny variations left, and its MSE
+    is the gold variance; this message says in words what happened.
+
+    Args:
+        predictions: [n] predicted values.
+        labels: [n] gold values; the spread of the predictions is compared with theirs.
+        ratio: collapsed when std(predictions) < ratio * std(labels). Without labels (or constant labels)
+            only predictions that are all equal count as collapsed.
+
+    Returns:
+        A one-line warning, or None (also for fewer than two predictions).
+    """
+    values = [float(v) for v in predictions]
+    if len(values) < 2:
+        return None
+    mean = sum(values) / len(values)
+    spread = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    gold = [float(v) for v in labels] if labels is not None else []
+    gold_spread = 0.0
+    if len(gold) >= 2:
+        gold_mean = sum(gold) / len(gold)
+        gold_spread = math.sqrt(sum((v - gold_mean) ** 2 for v in gold) / len(gold))
+    if gold_spread > 0:
+        if spread >= ratio * gold_spread:
+            return None
+        against = f" against the gold scores' std {gold_spread:.3g}"
+    elif spread > 0:
+        return None
+    else:
+        against = ""
+    return (
+        f"all {len(values)} predictions are close to {mean:.4g} (std {spread:.3g}{against}): the model has "
+        "collapsed to a constant (usual causes: learning rate too high, too few training steps, or unscaled "
+        "targets)"
     )

@@ -21,8 +21,9 @@ such as "1,000.5" kept whole, a final period split off, clitics such as "'s" spl
 It agrees with nltk's `NLTKWordTokenizer` on every answer run of the CMRC 2018, DRCD and SQuAD dev sets
 (a test checks this when nltk is installed); nltk's sentence splitting before that step is not reproduced.
 
-Scores from the per-question functions are in [0, 1]; `evaluate_squad` reports percentages, like the
-official scripts. Nothing here imports torch.
+Every score here is a fraction in [0, 1], as every other bertforge metric (accuracy, entity F1, Pearson):
+`evaluate_squad` reports exact match 0.8 where the official scripts print 80.0 (multiply by 100 to compare
+with published tables). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -260,8 +261,8 @@ def detect_language(texts: Sequence[str]) -> str:
     return "zh" if total and cjk * 2 >= total else "en"
 
 
-def _percent(values: list[float]) -> float:
-    return 100.0 * sum(values) / len(values) if values else 0.0
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 def evaluate_squad(
@@ -282,7 +283,7 @@ def evaluate_squad(
             "v2"/"2" or any question has no gold answer, else "1.1".
 
     Returns:
-        {"exact_match": %, "f1": %, "total": questions, "missing": questions without a prediction}, plus
+        {"exact_match": fraction in [0, 1], "f1": fraction in [0, 1], "total": questions, "missing": questions without a prediction}, plus
         for v2.0 "HasAns_exact", "HasAns_f1", "HasAns_total" and "NoAns_exact", "NoAns_f1", "NoAns_total"
         for whichever of the two groups is non-empty (as evaluate-v2.0.py reports them).
 
@@ -338,8 +339,8 @@ def evaluate_squad(
         exact_scores[qid], f1_scores[qid] = score_answer(prediction, answers, language, version)
 
     results: dict[str, float | int] = {
-        "exact_match": _percent(list(exact_scores.values())),
-        "f1": _percent(list(f1_scores.values())),
+        "exact_match": _mean(list(exact_scores.values())),
+        "f1": _mean(list(f1_scores.values())),
         "total": len(gold),
         "missing": missing,
     }
@@ -348,7 +349,7 @@ def evaluate_squad(
         groups = {"HasAns": [q for q, a in gold.items() if a], "NoAns": [q for q, a in gold.items() if not a]}
         for name, qids in groups.items():
             if qids:
-                results[f"{name}_exact"] = _percent([exact_scores[q] for q in qids])
-                results[f"{name}_f1"] = _percent([f1_scores[q] for q in qids])
+                results[f"{name}_exact"] = _mean([exact_scores[q] for q in qids])
+                results[f"{name}_f1"] = _mean([f1_scores[q] for q in qids])
                 results[f"{name}_total"] = len(qids)
     return results

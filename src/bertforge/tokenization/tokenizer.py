@@ -15,9 +15,10 @@ inside raw text are ordinary text (Google's behaviour): raw input never injects 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from itertools import accumulate, chain
 from operator import itemgetter
 from pathlib import Path
@@ -41,7 +42,15 @@ from bertforge.tokenization.vocab import Vocab
 from bertforge.tokenization.windows import window_spans
 from bertforge.tokenization.wordpiece import CONTINUATION_PREFIX, WordPiece
 
+log = logging.getLogger(__name__)
+
 SPECIAL_TOKENS_MAP_NAME = "special_tokens_map.json"
+# Google's own config file; a directory with it and vocab.txt but no tokenizer config is a Google release.
+GOOGLE_CONFIG_NAME = "bert_config.json"
+# Google's casing by model name (`validate_case_matches_checkpoint` in google-research/bert tokenization.py,
+# generalised from its list of names to their prefixes): lower-cased models, then cased ones.
+GOOGLE_LOWER_CASED = ("uncased_", "chinese_", "multilingual_L", "multi_uncased")
+GOOGLE_CASED = ("cased_", "multi_cased_")
 # The class name `transformers.AutoTokenizer` looks up to load a directory we saved.
 HF_TOKENIZER_CLASS = "BertTokenizer"
 # Memoised chunks / words before the caches are emptied (bounded memory on endless corpora).
@@ -197,6 +206,40 @@ class _Memo(dict):
 # Per chunk: token ids, 1 where a token starts a word, token starts and ends relative to the chunk, and the
 # chunk's length when it is a single token covering all of it (else 0).
 ChunkAnalysis = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], int]
+def google_do_lower_case(name: str) -> bool | None:
+    """Whether Google's model called `name` (its directory, e.g. "uncased_L-12_H-768_A-12") lower-cases
+    text: True / False by Google's rule, None when the name says nothing. The whole-word-masking releases'
+    `wwm_` prefix is looked through."""
+    name = name.removeprefix("wwm_")
+    if name.startswith(GOOGLE_CASED):
+        return False
+    if name.startswith(GOOGLE_LOWER_CASED):
+        return True
+    return None
+
+
+def _google_config(directory: Path, do_lower_case: bool | None) -> TokenizerConfig:
+    """The tokenizer settings of a Google directory, which records none: casing from its name."""
+    source = "given"
+    if do_lower_case is None:
+        do_lower_case = google_do_lower_case(directory.resolve().name)
+        source = f"Google's rule for the name {directory.resolve().name!r}"
+        if do_lower_case is None:
+            do_lower_case = TokenizerConfig.do_lower_case
+            source = f"the default: the name {directory.resolve().name!r} does not say (Google's rule)"
+    values: dict[str, Any] = {"do_lower_case": do_lower_case}
+    try:
+        positions = json.loads((directory / GOOGLE_CONFIG_NAME).read_text(encoding="utf-8")).get(
+            "max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        positions = None
+    if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0:
+        values["model_max_length"] = positions
+    log.info("%s: Google directory without %s; do_lower_case=%s (%s); pass do_lower_case= to override",
+             directory, TOKENIZER_CONFIG_NAME, do_lower_case, source)
+    return TokenizerConfig(**values)
+
+
 # Per sequence: token ids, absolute (start, end) offsets, word ids.
 SequenceTokens = tuple[list[int], list[tuple[int, int]], list[int]]
 
@@ -250,8 +293,13 @@ class Tokenizer:
 
     # ----------------------------------------------------------------------------------------- loading
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike) -> Tokenizer:
+    def from_pretrained(cls, directory: str | os.PathLike, *, do_lower_case: bool | None = None) -> Tokenizer:
         """Load from a directory holding `vocab.txt` and `tokenizer_config.json` (ours or Hugging Face's).
+
+        A Google release directory (`vocab.txt` and `bert_config.json`, no tokenizer config) records no
+        casing: it follows Google's rule on the directory name (`google_do_lower_case`: `uncased_...`,
+        `chinese_...`, `multilingual_L...` lower-case, `cased_...`, `multi_cased_...` do not, otherwise the
+        default, lower-case) and logs the choice. `do_lower_case` overrides the casing of any directory.
 
         Raises:
             CheckpointError: the directory or one of the files is missing. DataError / ConfigError: a file is
@@ -262,13 +310,19 @@ class Tokenizer:
             raise CheckpointError(f"{directory}: tokenizer directory not found")
         config_path = directory / TOKENIZER_CONFIG_NAME
         vocab_path = directory / VOCAB_NAME
-        for path in (vocab_path, config_path):
+        google = not config_path.is_file() and (directory / GOOGLE_CONFIG_NAME).is_file()
+        for path in (vocab_path,) if google else (vocab_path, config_path):
             if not path.is_file():
                 raise CheckpointError(
                     f"{path}: missing; a tokenizer directory needs {VOCAB_NAME} and {TOKENIZER_CONFIG_NAME} "
                     "(write the config with TokenizerConfig(do_lower_case=...).save(path))"
                 )
-        config = TokenizerConfig.load(config_path)
+        if google:
+            config = _google_config(directory, do_lower_case)
+        else:
+            config = TokenizerConfig.load(config_path)
+            if do_lower_case is not None:
+                config = replace(config, do_lower_case=do_lower_case)
         vocab = Vocab.load(vocab_path, unk_token=config.unk_token)
         try:
             return cls(vocab, config)

@@ -161,6 +161,7 @@ def _file_lines(path: Path) -> Iterator[str]:
         # Decoding line by line (not through a text stream's read-ahead) pins an error to its line.
         for number, raw in enumerate(stream, start=1):
             try:
-                yield raw.decode("utf-8")
+                # A byte-order mark opening the file (Windows editors write one) is not text.
+                yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError:
                 raise DataError("not valid UTF-8", path, number) from None

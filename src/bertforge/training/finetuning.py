@@ -6,30 +6,35 @@ labels and metrics; `format=classification|pair|regression|ner|qa|choice` reads 
 columns), builds windowed features (nothing is cut silently: the data report counts windowed inputs,
 repaired answers and skipped rows), loads any BERT model directory with a fresh task head (its label names
 and problem type go into the model config), and trains it with the one training loop
-(`bertforge.training.loop.train`), evaluating on the dev set every epoch. The best evaluation's model is
-saved to `out_dir/best` as a self-contained artifact — config.json with `id2label`, `problem_type` and
-`architectures`, the weights, the tokenizer, and `finetuning.json` (how inputs were built) — which
-`evaluate(model_dir, data_file)` uses to score any file and write predictions (JSONL) and metrics (JSON).
+(`bertforge.training.loop.train`), evaluating on the dev set every epoch. The loop saves the best
+evaluation's model to `training.out_dir/best` as a self-contained artifact — config.json with `id2label`,
+`problem_type` and `architectures`, the weights, the tokenizer, and `finetuning.json` (how inputs were
+built) — which `evaluate(model_dir, data_file)` uses to score any file and write predictions (JSONL) and
+metrics (JSON).
 
 The BERT paper's two ways are both here: full fine-tuning (default) and feature-based
-(`freeze_encoder=True`, with `feature_layers` such as [-1, -2, -3, -4] concatenated); the head is one linear
-layer unless `classifier_hidden_sizes` asks for more. `run_seeds` repeats a run over several seeds and
-reports mean ± std, because fine-tuning BERT on small data varies a lot between seeds.
+(`head.freeze_encoder`, with `head.feature_layers` such as [-1, -2, -3, -4] concatenated); the head is one
+linear layer unless `head.classifier_hidden_sizes` asks for more. `run_seeds` repeats a run over several
+seeds and reports mean ± std, because fine-tuning BERT on small data varies a lot between seeds.
 
-Every `FinetuneConfig` field is one command-line option (`--lr 2e-5` -> `lr`), so the CLI maps argparse
-arguments onto it one to one; defaults are the paper's (3 epochs, batch 32, lr 5e-5, 10% warmup, linear
-decay, max_seq_length 128; 384 with doc stride 128 for QA).
+`FinetuneConfig` nests its settings in tables as `PretrainConfig` does — `[data]`, `[features]`, `[head]` and
+`[training]` (the loop's `TrainingConfig`) — so run files and `--training.lr=2e-5` overrides load through
+`bertforge.configuration`; every setting also keeps its flat name (`--lr=2e-5`, `lr = 2e-5` in a run file),
+placed by `finetune_key`. Defaults are the paper's (3 epochs, batch 32, lr 5e-5, 10% warmup, linear decay,
+max_seq_length 128; 384 with doc stride 128 for QA). The training loop keeps the best evaluation's model
+(`BestCheckpoint`), also across a resume.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import logging
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +42,7 @@ from typing import Any
 import torch
 
 from bertforge.checkpoint_format import read_directory, save_model
-from bertforge.configuration import shared_data_root
+from bertforge.configuration import build, merge, parse_override, read_toml, set_dotted, shared_data_root
 from bertforge.constants import FINETUNING_NAME
 from bertforge.data.classification import ON_INVALID
 from bertforge.data.conll import BIO_ERROR_POLICIES, LABEL_POLICIES, TAG_SCHEMES
@@ -52,7 +57,7 @@ from bertforge.storage import write_json, write_jsonl
 from bertforge.tokenization import Tokenizer
 from bertforge.training import distributed
 from bertforge.training.config import TrainingConfig
-from bertforge.training.loop import train
+from bertforge.training.loop import BestCheckpoint, train
 
 log = logging.getLogger("bertforge.finetuning")
 
@@ -139,45 +144,55 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
 
 
 # --- the configuration ------------------------------------------------------------------------------------
+#
+# A run file nests its settings in tables, as pretraining's does; every setting also keeps the flat name it
+# had before the tables (`lr`, `max_seq_length`, `text_a_column`), which `finetune_key` places:
+#
+#     model = "runs/pretrain/checkpoint-010000"
+#     metric = "accuracy"
+#     [data]
+#     task = "sst2"
+#     [features]
+#     max_seq_length = 128
+#     [head]
+#     freeze_encoder = false
+#     [training]                 # TrainingConfig, with fine-tuning's defaults
+#     lr = 2e-5
+
+
+def _checker(table: str, config: Any):
+    def need(cond: bool, name: str, fix: str) -> None:
+        if not cond:
+            raise ConfigError(f"finetune.{table}.{name}={getattr(config, name)!r} is invalid: {fix}")
+    return need
+
 
 @dataclass
-class FinetuneConfig:
-    """One fine-tuning run; each field is one command-line option of `bertforge finetune`.
+class DataConfig:
+    """`[data]`: what to read and how.
 
-    Data: `task` (a name in TASKS) or `format` with `train`/`dev` files; `data_root` overrides where named
-    tasks' files live ($BERTFORGE_DATA, else ../shared/data). Columns (generic formats): `text_a_column`,
-    `text_b_column`, `label_column` (header name or 0-based index), `header`, `file_format`; tagging:
-    `token_column`, `tag_column`, `separator` (" " between words, "" for one character per line; "space" and
-    "none" also accepted); choice: `context_column`, `start_column`, `ending_columns`. `labels` fixes the
-    label order (default: the named task's, else the sorted training labels).
-
-    Features: `max_seq_length` (default 128; QA 384), `doc_stride` (QA: step between context windows,
-    default 128; others: default half a window), `max_query_length`, `max_answer_length`, `n_best_size`,
-    `version_2_with_negative` (None: on when the data has unanswerable questions),
-    `null_score_diff_threshold`, `label_policy` ("first"/"all" sub-tokens labelled), `tag_scheme` ("BIO" or
-    "IOBES" labels for the model), `bio_errors` ("warn"/"error"), `on_invalid` ("error"/"skip" malformed
-    rows), `train_limit`/`dev_limit` (first N examples).
-
-    Model: `model` (a model directory), `freeze_encoder` + `feature_layers` (feature-based),
-    `classifier_hidden_sizes`, `classifier_dropout`, `fresh_head` (discard a stored head).
-
-    Training: `epochs`, `steps` (overrides epochs when > 0), `batch_size`, `eval_batch_size`,
-    `grad_accumulation`, `lr`, `warmup_ratio`, `weight_decay`, `max_grad_norm`, `precision`, `device`, `seed`,
-    `seeds` (several runs, mean ± std), `eval_every` (steps; 0 = every epoch), `metric` (picks the best
-    checkpoint; default the task's first metric), `evaluate_test` (score the best model on a named task's
-    test split too), `log_every`, `progress`, `resume`, `out_dir`, `activation_checkpointing` (recompute
-    layers in the backward pass: far less activation memory, e.g. BERT-large on a small GPU), `fast_path`
-    (skip padding tokens and fuse the QKV projection, in training and evaluation; tested equal to the plain
-    path).
+    Attributes:
+        task: a name in TASKS (knows its files under the data root, columns, labels, metrics), or None with
+            `format`.
+        format: classification, pair, regression, ner, qa or choice: read `train`/`dev` with these columns.
+        train, dev: files (with `task`: replace the named task's).
+        data_root: where named tasks' files live (default $BERTFORGE_DATA, else ../shared/data).
+        text_a_column, text_b_column, label_column: header name or 0-based index (generic formats).
+        header: whether the table has a header row (None: detect). file_format: tsv, csv or jsonl (None:
+            from the extension).
+        token_column, tag_column, separator: CoNLL files; the separator between words is " " or "" (one
+            character per line); "space" and "none" are accepted.
+        context_column, start_column, ending_columns: SWAG-style choice files.
+        labels: the label order (default: the named task's, else the sorted training labels).
+        on_invalid: "error" or "skip" malformed rows. bio_errors: "warn" or "error" on broken BIO tags.
+        train_limit, dev_limit: use only the first N examples.
     """
 
-    model: str = ""
     task: str | None = None
     format: str | None = None
     train: str | None = None
     dev: str | None = None
     data_root: str | None = None
-    out_dir: str = "runs/finetune"
     text_a_column: str | None = None
     text_b_column: str | None = None
     label_column: str | None = None
@@ -192,6 +207,36 @@ class FinetuneConfig:
     labels: list[str] | None = None
     on_invalid: str = "error"
     bio_errors: str = "warn"
+    train_limit: int | None = None
+    dev_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        need = _checker("data", self)
+        need(self.task is None or self.task in TASKS, "task",
+             f"unknown task; choose one of {sorted(TASKS)} or give --format with --train/--dev files")
+        need(self.format is None or self.format in FORMATS, "format", f"use one of {sorted(FORMATS)}")
+        need(self.on_invalid in ON_INVALID, "on_invalid", f"use one of {ON_INVALID}")
+        need(self.bio_errors in BIO_ERROR_POLICIES, "bio_errors", f"use one of {BIO_ERROR_POLICIES}")
+        need(self.train_limit is None or self.train_limit > 0, "train_limit", "use a positive count or leave unset")
+        need(self.dev_limit is None or self.dev_limit > 0, "dev_limit", "use a positive count or leave unset")
+        if self.separator in ("space", "none"):
+            self.separator = " " if self.separator == "space" else ""
+
+
+@dataclass
+class FeatureConfig:
+    """`[features]`: how examples become model inputs (what `finetuning.json` records for evaluate/predict).
+
+    Attributes:
+        max_seq_length: tokens per window (None: 128, QA 384, at most the model's positions).
+        doc_stride: step between window starts of a long input (None: QA 128, others half a window).
+        max_query_length: QA question tokens. max_answer_length: longest QA answer in tokens.
+        n_best_size: QA candidate spans kept. version_2_with_negative: unanswerable questions (None: on
+            when the data has them). null_score_diff_threshold: QA no-answer margin.
+        label_policy: "first" or "all" sub-tokens of a word labelled. tag_scheme: "BIO" or "IOBES" labels
+            for the model. language: "en", "zh" (scoring; None: the task's).
+    """
+
     max_seq_length: int | None = None
     doc_stride: int | None = None
     max_query_length: int = 64
@@ -202,73 +247,189 @@ class FinetuneConfig:
     label_policy: str = "first"
     tag_scheme: str = "BIO"
     language: str | None = None
-    train_limit: int | None = None
-    dev_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        need = _checker("features", self)
+        need(self.max_seq_length is None or self.max_seq_length >= 8, "max_seq_length", "use at least 8 tokens")
+        need(self.doc_stride is None or self.doc_stride > 0, "doc_stride", "use a positive number of tokens")
+        for name in ("max_query_length", "max_answer_length", "n_best_size"):
+            need(getattr(self, name) > 0, name, "use a positive integer")
+        need(self.label_policy in LABEL_POLICIES, "label_policy", f"use one of {LABEL_POLICIES}")
+        need(self.tag_scheme in TAG_SCHEMES, "tag_scheme", f"use one of {TAG_SCHEMES}")
+
+
+@dataclass
+class HeadConfig:
+    """`[head]`: the task head and how much of the model trains.
+
+    Attributes:
+        freeze_encoder: feature-based (the paper's section 5.3): train the head only.
+        feature_layers: layers concatenated as features, e.g. [-1, -2, -3, -4] (None: the last).
+        classifier_hidden_sizes: hidden widths of the head (None: one linear layer).
+        classifier_dropout: dropout before the head (None: the model's hidden dropout).
+        fresh_head: discard a head stored in the model directory.
+    """
+
     freeze_encoder: bool = False
     feature_layers: list[int] | None = None
     classifier_hidden_sizes: list[int] | None = None
     classifier_dropout: float | None = None
     fresh_head: bool = False
+
+    def __post_init__(self) -> None:
+        need = _checker("head", self)
+        need(self.feature_layers is None or len(self.feature_layers) > 0, "feature_layers",
+             "give at least one layer, e.g. [-1, -2, -3, -4], or leave unset")
+        need(self.classifier_hidden_sizes is None or all(w > 0 for w in self.classifier_hidden_sizes),
+             "classifier_hidden_sizes", "use positive widths, e.g. [128]")
+        need(self.classifier_dropout is None or 0.0 <= self.classifier_dropout < 1.0, "classifier_dropout",
+             "use a probability in [0, 1)")
+
+
+@dataclass
+class FinetuneTrainingConfig(TrainingConfig):
+    """`[training]`: the loop's `TrainingConfig` with the BERT paper's fine-tuning defaults (3 epochs, batch 32,
+    lr 5e-5, 10% warmup, linear decay, weight decay 0.01), checkpoints in runs/finetune (only the final one
+    kept) and no TensorBoard. `eval_every` = 0 evaluates every epoch (the dev set picks the best model).
+
+    A subclass rather than a `TrainingConfig(...)` default, so that a run file's partial `[training]` table
+    (e.g. only `lr`) keeps these defaults for the keys it does not set.
+    """
+
     epochs: float = 3.0
-    steps: int = 0
     batch_size: int = 32
-    eval_batch_size: int = 64
-    grad_accumulation: int = 1
     lr: float = 5e-5
     warmup_ratio: float = 0.1
     weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    precision: str = "auto"
-    device: str = "auto"
-    seed: int = 42
+    keep_last: int = 1
+    out_dir: str = "runs/finetune"
+    tensorboard: bool = False
+
+    def __post_init__(self) -> None:
+        try:
+            super().__post_init__()
+        except ConfigError as exc:
+            raise ConfigError(f"finetune.{exc}") from None
+
+
+@dataclass
+class FinetuneConfig:
+    """One fine-tuning run (`bertforge finetune`): top-level keys and the tables `[data]` (`DataConfig`),
+    `[features]` (`FeatureConfig`), `[head]` (`HeadConfig`) and `[training]` (`FinetuneTrainingConfig`).
+
+    Attributes:
+        model: the model directory to start from (ours or a Hugging Face BERT).
+        seeds: several runs, one per seed, reported as mean ± std (None: one run with training.seed).
+        metric: picks the best checkpoint (default: the task's first metric).
+        evaluate_test: score the best model on a named task's test split too.
+        fast_path: skip padding tokens and fuse the QKV projection, in training and evaluation (tested equal
+            to the plain path).
+        eval_batch_size: examples per evaluation batch.
+    """
+
+    model: str = ""
     seeds: list[int] | None = None
-    eval_every: int = 0
     metric: str | None = None
     evaluate_test: bool = True
-    log_every: int = 50
-    progress: bool = True
-    resume: str = "never"
-    activation_checkpointing: bool = False
     fast_path: bool = True
+    eval_batch_size: int = 64
+    data: DataConfig = field(default_factory=DataConfig)
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    head: HeadConfig = field(default_factory=HeadConfig)
+    training: FinetuneTrainingConfig = field(default_factory=FinetuneTrainingConfig)
 
     def __post_init__(self) -> None:
         def need(cond: bool, name: str, fix: str) -> None:
             if not cond:
                 raise ConfigError(f"finetune.{name}={getattr(self, name)!r} is invalid: {fix}")
 
-        need(self.task is None or self.task in TASKS, "task",
-             f"unknown task; choose one of {sorted(TASKS)} or give --format with --train/--dev files")
-        need(self.format is None or self.format in FORMATS, "format", f"use one of {sorted(FORMATS)}")
-        need(self.on_invalid in ON_INVALID, "on_invalid", f"use one of {ON_INVALID}")
-        need(self.bio_errors in BIO_ERROR_POLICIES, "bio_errors", f"use one of {BIO_ERROR_POLICIES}")
-        need(self.label_policy in LABEL_POLICIES, "label_policy", f"use one of {LABEL_POLICIES}")
-        need(self.tag_scheme in TAG_SCHEMES, "tag_scheme", f"use one of {TAG_SCHEMES}")
-        need(self.max_seq_length is None or self.max_seq_length >= 8, "max_seq_length", "use at least 8 tokens")
-        need(self.doc_stride is None or self.doc_stride > 0, "doc_stride", "use a positive number of tokens")
-        for name in ("max_query_length", "max_answer_length", "n_best_size", "batch_size", "eval_batch_size",
-                     "grad_accumulation", "log_every"):
-            need(getattr(self, name) > 0, name, "use a positive integer")
-        need(self.train_limit is None or self.train_limit > 0, "train_limit", "use a positive count or leave unset")
-        need(self.dev_limit is None or self.dev_limit > 0, "dev_limit", "use a positive count or leave unset")
         need(self.seeds is None or len(self.seeds) > 0, "seeds", "give at least one seed, e.g. [1, 2, 3]")
-        if self.separator in ("space", "none"):
-            self.separator = " " if self.separator == "space" else ""
+        need(self.eval_batch_size > 0, "eval_batch_size", "use a positive integer")
+        for name, cls in TABLES.items():
+            expected = TrainingConfig if cls is FinetuneTrainingConfig else cls
+            need(isinstance(getattr(self, name), expected), name, f"give a {cls.__name__} (the [{name}] table)")
 
-    def training_config(self, out_dir: str | os.PathLike, eval_every: int) -> TrainingConfig:
-        """The loop's settings for this run (evaluation every `eval_every` steps, one final checkpoint)."""
-        return TrainingConfig(steps=self.steps, epochs=self.epochs, batch_size=self.batch_size,
-                              grad_accumulation=self.grad_accumulation, lr=self.lr, warmup_ratio=self.warmup_ratio,
-                              weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
-                              precision=self.precision, device=self.device, log_every=self.log_every,
-                              eval_every=eval_every, save_every=0, keep_last=1, seed=self.seed,
-                              out_dir=os.fspath(out_dir), resume=self.resume, progress=self.progress,
-                              tensorboard=False, activation_checkpointing=self.activation_checkpointing)
+
+TABLES: dict[str, type] = {"data": DataConfig, "features": FeatureConfig, "head": HeadConfig,
+                           "training": FinetuneTrainingConfig}
+TOP_LEVEL_KEYS = tuple(f.name for f in dataclasses.fields(FinetuneConfig) if f.name not in TABLES)
+# Each table's key under its flat name, as FinetuneConfig had them before the tables ("lr" -> "training.lr").
+FLAT_KEYS: dict[str, str] = {f.name: f"{table}.{f.name}" for table, cls in TABLES.items()
+                             for f in dataclasses.fields(cls)}
+
+
+def finetune_key(name: str) -> str:
+    """Where a setting lives: a flat key (`lr`, `max_seq_length`, `text_a_column`: the names of the config
+    before it had tables) -> its dotted place (`training.lr`, `features.max_seq_length`,
+    `data.text_a_column`); a top-level key (`model`), a table name or a dotted key comes back unchanged.
+
+    Raises:
+        ConfigError: a flat key that is none of these, with the closest valid key and the valid ones.
+    """
+    if "." in name or name in TOP_LEVEL_KEYS or name in TABLES:
+        return name
+    if name in FLAT_KEYS:
+        return FLAT_KEYS[name]
+    close = difflib.get_close_matches(name, [*TOP_LEVEL_KEYS, *FLAT_KEYS], n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    tables = "; ".join(f"[{table}] {', '.join(f.name for f in dataclasses.fields(cls))}"
+                       for table, cls in TABLES.items())
+    raise ConfigError(f"finetune: unknown key {name!r}{hint}; use a top-level key ({', '.join(TOP_LEVEL_KEYS)}), "
+                      f"a table's key by its name (lr) or dotted (training.lr): {tables}")
+
+
+def nest_flat_keys(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A settings tree with its flat keys moved into their tables (`finetune_key`):
+    {"lr": 2e-5, "training": {"steps": 3}} -> {"training": {"steps": 3, "lr": 2e-5}}.
+
+    Raises:
+        ConfigError: an unknown key, or one setting given twice (flat and in its table).
+    """
+    tree: dict[str, Any] = {}
+    placed: dict[str, str] = {}
+
+    def place(dotted: str, spelled: str, value: Any) -> None:
+        if dotted in placed:
+            raise ConfigError(f"finetune: {dotted} is set twice (as {placed[dotted]!r} and {spelled!r}); keep one")
+        placed[dotted] = spelled
+        set_dotted(tree, dotted, value)
+
+    for key, value in values.items():
+        dotted = finetune_key(key)
+        if dotted in TABLES and isinstance(value, Mapping):
+            for inner, item in value.items():
+                place(f"{dotted}.{inner}", f"{dotted}.{inner}", item)
+        else:
+            place(dotted, key, value)
+    return tree
+
+
+def load_finetune_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = (),
+                         values: Mapping[str, Any] | None = None) -> FinetuneConfig:
+    """`configuration.load_config(FinetuneConfig, ...)` that also takes the flat keys (`finetune_key`) in the
+    run file, in `values` and in the `key=value` overrides (`--lr=2e-5` as well as `--training.lr=2e-5`).
+
+    Raises:
+        ConfigError: unreadable file, unknown key, value of the wrong kind, or a table's own validation.
+    """
+    source = os.fspath(path) if path is not None else "defaults"
+    try:
+        tree = nest_flat_keys(read_toml(path)) if path is not None else {}
+        if values:
+            merge(tree, nest_flat_keys(values))
+        for text in overrides:
+            dotted, value = parse_override(text)
+            set_dotted(tree, finetune_key(dotted), value)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}" if path is not None and not str(exc).startswith(source)
+                          else str(exc)) from None
+    return build(FinetuneConfig, tree, source=source, prefix="")
 
 
 # --- resolving a run's task -------------------------------------------------------------------------------
 
 def data_root(config: FinetuneConfig) -> Path:
-    return Path(config.data_root) if config.data_root else shared_data_root()
+    return Path(config.data.data_root) if config.data.data_root else shared_data_root()
 
 
 def resolve_task(config: FinetuneConfig) -> TaskSpec:
@@ -277,31 +438,32 @@ def resolve_task(config: FinetuneConfig) -> TaskSpec:
     Raises:
         ConfigError: neither (or both inconsistently) given, or a generic format without its files.
     """
-    if config.task is not None:
-        spec = TASKS[config.task]
+    data = config.data
+    if data.task is not None:
+        spec = TASKS[data.task]
         root = data_root(config)
 
         def rooted(sources: tuple[DataSource, ...]) -> tuple[DataSource, ...]:
             return tuple(DataSource(os.fspath(root / s.path), s.part) for s in sources)
 
         changes: dict[str, Any] = {"train": rooted(spec.train), "dev": rooted(spec.dev), "test": rooted(spec.test)}
-        if config.train:
-            changes["train"] = (DataSource(config.train),)
-        if config.dev:
-            changes["dev"] = (DataSource(config.dev),)
+        if data.train:
+            changes["train"] = (DataSource(data.train),)
+        if data.dev:
+            changes["dev"] = (DataSource(data.dev),)
         return dataclasses.replace(spec, **changes)
-    if config.format is None:
+    if data.format is None:
         raise ConfigError(f"say what to train: --task NAME (one of {sorted(TASKS)}) or --format "
                           f"{'|'.join(FORMATS)} with --train FILE [--dev FILE]")
-    if not config.train and not config.dev:
-        raise ConfigError(f"--format {config.format} needs --train FILE (and --dev FILE to evaluate)")
-    family_name, regression = FORMATS[config.format]
+    if not data.train and not data.dev:
+        raise ConfigError(f"--format {data.format} needs --train FILE (and --dev FILE to evaluate)")
+    family_name, regression = FORMATS[data.format]
     family = registry.family(family_name)
-    pair = config.format == "pair" or config.text_b_column is not None
+    pair = data.format == "pair" or data.text_b_column is not None
     return TaskSpec(
-        name=config.format, family=family.name,
-        train=(DataSource(config.train),) if config.train else (),
-        dev=(DataSource(config.dev),) if config.dev else (),
+        name=data.format, family=family.name,
+        train=(DataSource(data.train),) if data.train else (),
+        dev=(DataSource(data.dev),) if data.dev else (),
         text_a="text_a", text_b="text_b" if pair else None, label="label",
         metrics=REGRESSION_METRICS if regression else family.default_metrics,
         max_seq_length=family.default_max_seq_length, language=family.default_language,
@@ -313,14 +475,15 @@ def _column(value: str | None, default):
 
 
 def reader_options(spec: TaskSpec, config: FinetuneConfig) -> dict[str, Any]:
-    """The settings every family's reader may need: the config's, falling back to the named task's."""
-    return {"text_a": _column(config.text_a_column, spec.text_a), "text_b": _column(config.text_b_column, spec.text_b),
-            "label": _column(config.label_column, spec.label),
-            "header": config.header if config.header is not None else spec.header, "regression": spec.regression,
-            "file_format": config.file_format, "on_invalid": config.on_invalid, "token_column": config.token_column,
-            "tag_column": config.tag_column, "separator": config.separator if config.separator is not None
-            else spec.separator, "bio_errors": config.bio_errors, "context_column": config.context_column,
-            "start_column": config.start_column, "ending_columns": config.ending_columns}
+    """The settings every family's reader may need: the config's `[data]`, falling back to the named task's."""
+    data = config.data
+    return {"text_a": _column(data.text_a_column, spec.text_a), "text_b": _column(data.text_b_column, spec.text_b),
+            "label": _column(data.label_column, spec.label),
+            "header": data.header if data.header is not None else spec.header, "regression": spec.regression,
+            "file_format": data.file_format, "on_invalid": data.on_invalid, "token_column": data.token_column,
+            "tag_column": data.tag_column, "separator": data.separator if data.separator is not None
+            else spec.separator, "bio_errors": data.bio_errors, "context_column": data.context_column,
+            "start_column": data.start_column, "ending_columns": data.ending_columns}
 
 
 def read_examples(spec: TaskSpec, sources: Sequence[DataSource], config: FinetuneConfig, report: DataReport,
@@ -335,9 +498,10 @@ def read_examples(spec: TaskSpec, sources: Sequence[DataSource], config: Finetun
 
 
 def input_settings(config: FinetuneConfig, max_seq_length: int) -> InputSettings:
-    return InputSettings(max_seq_length=max_seq_length, doc_stride=config.doc_stride,
-                         max_query_length=config.max_query_length, tag_scheme=config.tag_scheme,
-                         label_policy=config.label_policy)
+    features = config.features
+    return InputSettings(max_seq_length=max_seq_length, doc_stride=features.doc_stride,
+                         max_query_length=features.max_query_length, tag_scheme=features.tag_scheme,
+                         label_policy=features.label_policy)
 
 
 @dataclass
@@ -366,7 +530,7 @@ def prepare_data(config: FinetuneConfig, tokenizer: Tokenizer, spec: TaskSpec | 
     """Read the task's train and dev files, fix the labels, build features; every count goes to the report.
 
     The default max_seq_length (128; QA 384) is lowered to the model's max_position_embeddings when that is
-    smaller; an explicit `config.max_seq_length` is kept as given. `model_config` is the model directory's
+    smaller; an explicit `config.features.max_seq_length` is kept as given. `model_config` is the model directory's
     config (default: read from `config.model`); the run's head (label names, problem type) is applied to it.
 
     Raises:
@@ -377,21 +541,22 @@ def prepare_data(config: FinetuneConfig, tokenizer: Tokenizer, spec: TaskSpec | 
     report, train_report, dev_report = DataReport(), DataReport(), DataReport()
     train_examples = read_examples(spec, spec.train, config, train_report)
     dev_examples = read_examples(spec, spec.dev, config, dev_report)
-    if config.train_limit is not None and len(train_examples) > config.train_limit:
+    limits = config.data
+    if limits.train_limit is not None and len(train_examples) > limits.train_limit:
         train_report.note("limited_from", amount=len(train_examples))
-        train_examples = train_examples[:config.train_limit]
-    if config.dev_limit is not None and len(dev_examples) > config.dev_limit:
+        train_examples = train_examples[:limits.train_limit]
+    if limits.dev_limit is not None and len(dev_examples) > limits.dev_limit:
         dev_report.note("limited_from", amount=len(dev_examples))
-        dev_examples = dev_examples[:config.dev_limit]
+        dev_examples = dev_examples[:limits.dev_limit]
     if spec.train and not train_examples:
         raise DataError("no usable training examples", spec.train[0].path)
 
     family = registry.family(spec.family)
     model_config = model_config or read_directory(config.model).config
     max_positions = model_config.max_position_embeddings
-    max_seq_length = config.max_seq_length or min(spec.max_seq_length, max_positions)
+    max_seq_length = config.features.max_seq_length or min(spec.max_seq_length, max_positions)
     settings = input_settings(config, max_seq_length)
-    label_names = family.label_names(train_examples, config.labels or spec.labels, settings, spec.regression)
+    label_names = family.label_names(train_examples, config.data.labels or spec.labels, settings, spec.regression)
     if label_names is not None:
         family.check_labels(train_examples, label_names, settings)
         family.check_labels(dev_examples, label_names, settings)
@@ -399,7 +564,7 @@ def prepare_data(config: FinetuneConfig, tokenizer: Tokenizer, spec: TaskSpec | 
     train_features = family.features(train_examples, tokenizer, settings, config=head, report=train_report,
                                      training=True)
     dev_features = family.features(dev_examples, tokenizer, settings, config=head, report=dev_report)
-    version_2 = config.version_2_with_negative
+    version_2 = config.features.version_2_with_negative
     if version_2 is None:
         version_2 = any(getattr(e, "is_impossible", False) for e in [*train_examples, *dev_examples])
     train_report.log_warnings(f"{spec.name} train")
@@ -413,9 +578,11 @@ def make_evaluation(spec: TaskSpec, examples: Sequence, features: Sequence[Featu
                     model_config, tokenizer: Tokenizer, version_2_with_negative: bool) -> Evaluation:
     """The one evaluation path for these examples, with the run's decoding options and scoring choices."""
     family = registry.family(spec.family)
-    options = family.run_options({**dataclasses.asdict(config), "version_2_with_negative": version_2_with_negative})
+    # run_options reads flat setting names (n_best_size, max_answer_length, ...): the [features] table's.
+    options = family.run_options({**dataclasses.asdict(config.features),
+                                  "version_2_with_negative": version_2_with_negative})
     scoring = {"metric_names": list(spec.metrics) if spec.regression or spec.metrics != ("accuracy",) else None,
-               "language": config.language or spec.language, "version_2": bool(version_2_with_negative)}
+               "language": config.features.language or spec.language, "version_2": bool(version_2_with_negative)}
     return Evaluation(family, examples, features, config=model_config, batch_size=config.eval_batch_size,
                       pad_token_id=tokenizer.pad_token_id, options=options, scoring=scoring, tokenizer=tokenizer)
 
@@ -426,14 +593,15 @@ def load_task_model(config: FinetuneConfig, spec: TaskSpec, label_names: list[st
         raise ConfigError("finetune.model is empty: pass --model DIR, a BERT model directory (config.json, weights, "
                           "vocab.txt)")
     family = registry.family(spec.family)
-    overrides: dict[str, Any] = {"freeze_encoder": config.freeze_encoder, "feature_layers": config.feature_layers}
-    if config.classifier_hidden_sizes is not None:
-        overrides["classifier_hidden_sizes"] = list(config.classifier_hidden_sizes)
-    if config.classifier_dropout is not None:
-        overrides["classifier_dropout"] = config.classifier_dropout
+    head = config.head
+    overrides: dict[str, Any] = {"freeze_encoder": head.freeze_encoder, "feature_layers": head.feature_layers}
+    if head.classifier_hidden_sizes is not None:
+        overrides["classifier_hidden_sizes"] = list(head.classifier_hidden_sizes)
+    if head.classifier_dropout is not None:
+        overrides["classifier_dropout"] = head.classifier_dropout
     overrides.update(family.head_config(label_names, spec.regression))
     model, _ = registry.load_model(config.model, family.model_class, config_overrides=overrides,
-                                   fresh_head=config.fresh_head, fast_path=config.fast_path)
+                                   fresh_head=head.fresh_head, fast_path=config.fast_path)
     if max_seq_length > model.config.max_position_embeddings:
         raise ConfigError(f"max_seq_length={max_seq_length} exceeds the model's max_position_embeddings="
                           f"{model.config.max_position_embeddings}; lower it (long inputs are windowed anyway)")
@@ -443,22 +611,28 @@ def load_task_model(config: FinetuneConfig, spec: TaskSpec, label_names: list[st
 def finetuning_record(spec: TaskSpec, config: FinetuneConfig, prepared_max_len: int, label_names, version_2: bool,
                       metric: str) -> dict[str, Any]:
     """What `finetuning.json` stores: how inputs were built, so `evaluate`, `predict` and the server rebuild
-    them the same way (`InputSettings.from_record` reads the input settings back)."""
+    them the same way (`InputSettings.from_record` reads the input settings back).
+
+    The record is flat: the `[data]` and `[features]` settings under their flat names (`finetune_key` places
+    them back; `evaluate` reads records written before the tables the same way), the input settings
+    (max_seq_length, doc_stride, max_query_length, tag_scheme, label_policy) at the top level where the
+    pipelines read them, plus the family, labels and metrics."""
+    data, features = config.data, config.features
     return {
-        "task": config.task, "format": config.format, "family": spec.family, "regression": spec.regression,
-        "text_a_column": _column(config.text_a_column, spec.text_a),
-        "text_b_column": _column(config.text_b_column, spec.text_b),
-        "label_column": _column(config.label_column, spec.label),
-        "header": config.header if config.header is not None else spec.header,
-        "file_format": config.file_format, "token_column": config.token_column, "tag_column": config.tag_column,
-        "separator": config.separator if config.separator is not None else spec.separator,
-        "context_column": config.context_column, "start_column": config.start_column,
-        "ending_columns": config.ending_columns, "labels": label_names, "max_seq_length": prepared_max_len,
-        "doc_stride": config.doc_stride, "max_query_length": config.max_query_length,
-        "max_answer_length": config.max_answer_length, "n_best_size": config.n_best_size,
-        "version_2_with_negative": version_2, "null_score_diff_threshold": config.null_score_diff_threshold,
-        "label_policy": config.label_policy, "tag_scheme": config.tag_scheme,
-        "language": config.language or spec.language, "metrics": list(spec.metrics), "metric": metric,
+        "task": data.task, "format": data.format, "family": spec.family, "regression": spec.regression,
+        "text_a_column": _column(data.text_a_column, spec.text_a),
+        "text_b_column": _column(data.text_b_column, spec.text_b),
+        "label_column": _column(data.label_column, spec.label),
+        "header": data.header if data.header is not None else spec.header,
+        "file_format": data.file_format, "token_column": data.token_column, "tag_column": data.tag_column,
+        "separator": data.separator if data.separator is not None else spec.separator,
+        "context_column": data.context_column, "start_column": data.start_column,
+        "ending_columns": data.ending_columns, "labels": label_names, "max_seq_length": prepared_max_len,
+        "doc_stride": features.doc_stride, "max_query_length": features.max_query_length,
+        "max_answer_length": features.max_answer_length, "n_best_size": features.n_best_size,
+        "version_2_with_negative": version_2, "null_score_diff_threshold": features.null_score_diff_threshold,
+        "label_policy": features.label_policy, "tag_scheme": features.tag_scheme,
+        "language": features.language or spec.language, "metrics": list(spec.metrics), "metric": metric,
     }
 
 
@@ -498,13 +672,6 @@ class FinetuneResult:
     test_metrics: dict[str, float] = field(default_factory=dict)
 
 
-def better(metric: str, value: float, than: float | None) -> bool:
-    """Whether `value` of `metric` beats `than` (None: anything does)."""
-    if than is None:
-        return True
-    return value < than if metric in LOWER_IS_BETTER else value > than
-
-
 def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
     """Fine-tune `config.model` on the task and keep the best checkpoint (see the module docstring).
 
@@ -516,7 +683,8 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
     if config.seeds:
         return run_seeds(config)
     started = time.perf_counter()
-    out_dir = Path(config.out_dir)
+    settings = config.training
+    out_dir = Path(settings.out_dir)
     spec = resolve_task(config)
     if not config.model:
         raise ConfigError("finetune.model is empty: pass --model DIR, a BERT model directory (config.json, "
@@ -528,14 +696,13 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
     log.info("%s: %d train examples -> %d features, %d dev examples -> %d features; %s", spec.name,
              len(prepared.train_examples), len(prepared.train_features), len(prepared.dev_examples),
              len(prepared.dev_features), "; ".join(prepared.report.lines()))
-    set_seed(config.seed)  # the fresh head's initialisation depends on the seed, as the paper's restarts do
+    set_seed(settings.seed)  # the fresh head's initialisation depends on the seed, as the paper's restarts do
     model = load_task_model(config, spec, prepared.label_names, prepared.max_seq_length)
-    batches = FeatureBatches(prepared.train_features, config.batch_size, tokenizer.pad_token_id, shuffle=True,
-                             seed=config.seed, rank=distributed.env_int("RANK", 0),
+    batches = FeatureBatches(prepared.train_features, settings.batch_size, tokenizer.pad_token_id, shuffle=True,
+                             seed=settings.seed, rank=distributed.env_int("RANK", 0),
                              world_size=distributed.env_int("WORLD_SIZE", 1))
-    steps_per_epoch = max(1, math.ceil(len(batches) / config.grad_accumulation))
-    eval_every = config.eval_every or steps_per_epoch
-    training = config.training_config(out_dir, eval_every)
+    steps_per_epoch = max(1, math.ceil(len(batches) / settings.grad_accumulation))
+    training = dataclasses.replace(settings, eval_every=settings.eval_every or steps_per_epoch)
     total_steps = training.total_steps(len(batches))
     record = finetuning_record(spec, config, prepared.max_seq_length, prepared.label_names,
                                prepared.version_2_with_negative, metric)
@@ -543,7 +710,8 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
     extra = {FINETUNING_NAME: json.dumps(record, indent=2, ensure_ascii=False) + "\n"}
     history: list[dict[str, Any]] = []
     warnings: list[str] = []
-    best: dict[str, Any] = {"step": None, "metrics": {}, "predictions": None}
+    # Prediction records of the latest evaluation and of the best one (the loop says which is best).
+    records: dict[int, list[dict[str, Any]]] = {}
 
     evaluator = None
     if prepared.dev_examples:
@@ -552,39 +720,45 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
 
     def eval_fn(current: torch.nn.Module, step: int) -> dict[str, float]:
         result = evaluator(current)
-        if metric not in result.metrics:
-            raise ConfigError(f"finetune.metric={metric!r} is not among this task's evaluation metrics "
-                              f"{sorted(result.metrics)}")
         history.append({"step": step, "epoch": round(step / steps_per_epoch, 4), "metrics": result.metrics})
         for warning in result.warnings:
             log.warning("%s eval at step %d: %s", spec.name, step, warning)
             warnings.append(f"step {step}: {warning}")
-        if better(metric, result.metrics[metric], best["metrics"].get(metric)):
-            best.update(step=step, metrics=dict(result.metrics), predictions=result.predictions)
-            if distributed.is_main():
-                save_model(current, best_dir, tokenizer=tokenizer, extra_files=extra)
+        records[step] = result.predictions
         return result.metrics
 
+    def on_best(step: int, values: dict[str, float]) -> None:
+        for earlier in [s for s in records if s != step]:
+            del records[earlier]
+
+    keep = BestCheckpoint(metric, metric in LOWER_IS_BETTER, best_dir, extra, on_best)
     objective = registry.family(spec.family).objective_for(model.config)
     outcome = train(model, batches, objective, training, eval_fn=eval_fn if evaluator else None,
-                    tokenizer=tokenizer)
+                    tokenizer=tokenizer, best=keep if evaluator else None)
     if evaluator is None and distributed.is_main():
         save_model(model, best_dir, tokenizer=tokenizer, extra_files=extra)
+    best_metrics, best_step = dict(outcome.best_eval), outcome.best_step
+    predictions = records.get(best_step) if best_step is not None else None
+    if evaluator is not None and best_step is not None and predictions is None and best_dir.is_dir():
+        # The best evaluation happened before a resume: score the saved best model again for its records.
+        best_model, _ = registry.load_model(best_dir, registry.family(spec.family).model_class,
+                                            device=resolve_device(settings.device), fast_path=config.fast_path)
+        predictions = evaluator(best_model).predictions
     test_metrics: dict[str, float] = {}
     if spec.test and config.evaluate_test and evaluator is not None:
         test_metrics = evaluate_split(spec, spec.test, config, prepared, best_dir)
-    result = FinetuneResult(spec.name, metric, best["metrics"], best["step"] or outcome.step, history, best_dir,
-                            out_dir, prepared.report.to_dict(), warnings, time.perf_counter() - started, config.seed,
-                            len(prepared.train_examples), len(prepared.dev_examples), test_metrics)
+    result = FinetuneResult(spec.name, metric, best_metrics, best_step or outcome.step, history, best_dir,
+                            out_dir, prepared.report.to_dict(), warnings, time.perf_counter() - started,
+                            settings.seed, len(prepared.train_examples), len(prepared.dev_examples), test_metrics)
     if distributed.is_main():
         summary = {"task": spec.name, "metric": metric, "best_metrics": result.best_metrics,
                    "best_step": result.best_step, "total_steps": total_steps, "history": history,
                    "test_metrics": test_metrics, "data_report": result.data_report, "warnings": warnings,
-                   "seed": config.seed, "seconds": result.seconds, "train_examples": result.train_examples,
+                   "seed": settings.seed, "seconds": result.seconds, "train_examples": result.train_examples,
                    "dev_examples": result.dev_examples, "config": dataclasses.asdict(config)}
         write_json(out_dir / "eval_results.json", summary)
-        if best["predictions"] is not None:
-            write_jsonl(out_dir / "dev_predictions.jsonl", best["predictions"])
+        if predictions is not None:
+            write_jsonl(out_dir / "dev_predictions.jsonl", predictions)
     log.info("%s: best %s %.4f at step %d of %d (%s)", spec.name, metric,
              result.best_metrics.get(metric, float("nan")), result.best_step, total_steps, best_dir)
     return result
@@ -596,7 +770,7 @@ def evaluate_split(spec: TaskSpec, sources: Sequence[DataSource], config: Finetu
     family = registry.family(spec.family)
     report = DataReport()
     examples = read_examples(spec, sources, config, report)
-    device = resolve_device(config.device)
+    device = resolve_device(config.training.device)
     model, _ = registry.load_model(model_dir, family.model_class, device=device, fast_path=config.fast_path)
     if prepared.label_names is not None:
         family.check_labels(examples, prepared.label_names, prepared.settings)
@@ -639,13 +813,13 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
 
 def run_seeds(config: FinetuneConfig) -> SeedsResult:
     """Run `config` once per seed in `config.seeds` (each in out_dir/seed-<s>) and summarise the best metrics."""
-    seeds = list(config.seeds or [config.seed])
-    out_dir = Path(config.out_dir)
+    seeds = list(config.seeds or [config.training.seed])
+    out_dir = Path(config.training.out_dir)
     runs: list[FinetuneResult] = []
     for seed in seeds:
         log.info("seed %d (%d of %d)", seed, len(runs) + 1, len(seeds))
-        single = dataclasses.replace(config, seed=seed, seeds=None, out_dir=os.fspath(out_dir / f"seed-{seed}"))
-        runs.append(run_finetuning(single))
+        training = dataclasses.replace(config.training, seed=seed, out_dir=os.fspath(out_dir / f"seed-{seed}"))
+        runs.append(run_finetuning(dataclasses.replace(config, seeds=None, training=training)))
     names = sorted({name for run in runs for name in run.best_metrics})
     summary = {name: summarize([run.best_metrics[name] for run in runs if name in run.best_metrics]) for name in names}
     result = SeedsResult(runs[0].task, runs[0].metric, seeds, runs, summary, out_dir)
@@ -668,7 +842,9 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
     """Score a fine-tuned model directory on a data file; write `predictions.jsonl` and `metrics.json`.
 
     How inputs are built (columns, max_seq_length, doc stride, tag scheme...) comes from the directory's
-    `finetuning.json`; `overrides` (FinetuneConfig field names, e.g. {"text_a_column": "review"}) change it.
+    `finetuning.json`; `overrides` (FinetuneConfig keys, flat or dotted: {"text_a_column": "review"} or
+    {"data.text_a_column": "review"}) change it. Records are flat (`finetuning_record`), written before the
+    config had tables or after; `finetune_key` places their keys.
     The task kind and label names come from its config.json (`architectures`, `problem_type`, `id2label`).
 
     Args:
@@ -678,7 +854,7 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
         out_dir: where to write (default: model_dir/eval-<file stem>).
         labelled: False for a file without labels/answers: predictions only, no metrics.
         batch_size, device, precision: how to run the model.
-        overrides: FinetuneConfig fields that replace the stored settings.
+        overrides: FinetuneConfig keys (flat or dotted) that replace the stored settings.
 
     Returns:
         The EvalResult (metrics, predictions, warnings, details).
@@ -694,17 +870,20 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
     if family not in registry.FINETUNING_FAMILIES:
         raise ConfigError(f"{model_dir}: config.json names {directory.architecture or 'BertModel'}, which has no "
                           "fine-tuned head to evaluate; pass a directory saved by `bertforge finetune`")
-    known = {f.name for f in dataclasses.fields(FinetuneConfig)}
-    unknown = sorted(set(overrides or {}) - known)
-    if unknown:
-        raise ConfigError(f"evaluate: unknown option(s) {unknown}; use FinetuneConfig field names")
-    fields = {k: v for k, v in stored.items() if k in known and k not in ("task", "format", "labels", "metric")}
-    fields.update(overrides or {})
+    # The record's settings (not the run's task, format, labels and metric: the model directory has those).
+    tree = nest_flat_keys({k: v for k, v in stored.items() if k in FLAT_KEYS and k not in ("task", "format", "labels")})
+    try:
+        merge(tree, nest_flat_keys(overrides or {}))
+    except ConfigError as exc:
+        raise ConfigError(f"evaluate: {exc}") from None
+    data = tree.setdefault("data", {})
     for name in ("text_a_column", "text_b_column", "label_column"):
-        if isinstance(fields.get(name), int):
-            fields[name] = str(fields[name])
-    config = FinetuneConfig(**{**fields, "model": os.fspath(model_dir), "task": None, "format": None,
-                               "eval_batch_size": batch_size, "device": device})
+        if isinstance(data.get(name), int):
+            data[name] = str(data[name])
+    data.update(task=None, format=None)
+    tree.update(model=os.fspath(model_dir), eval_batch_size=batch_size)
+    tree.setdefault("training", {})["device"] = device
+    config = build(FinetuneConfig, tree, source=f"evaluate {model_dir}", prefix="")
     regression = directory.config.problem_type == "regression"
     spec = TaskSpec(stored.get("task") or family.name, family.name, (), (DataSource(os.fspath(data_file)),),
                     text_a="text_a", label="label",
@@ -713,18 +892,18 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
     tokenizer = directory.require_tokenizer()
     report = DataReport()
     examples = read_examples(spec, spec.dev, config, report, labelled=labelled)
-    if config.dev_limit is not None:
-        examples = examples[:config.dev_limit]
+    if config.data.dev_limit is not None:
+        examples = examples[:config.data.dev_limit]
     if not examples:
         raise DataError("no examples to evaluate", data_file)
-    settings = input_settings(config, config.max_seq_length or spec.max_seq_length)
+    settings = input_settings(config, config.features.max_seq_length or spec.max_seq_length)
     if labelled and not regression and directory.config.id2label:
         family.check_labels(examples, directory.config.label_names, settings)
     run_device = resolve_device(device)
     model, _ = registry.load_model(model_dir, family.model_class, device=run_device)
     features = family.features(examples, tokenizer, settings, config=model.config, report=report)
     report.log_warnings(os.fspath(data_file))
-    version_2 = bool(config.version_2_with_negative) or any(getattr(e, "is_impossible", False) for e in examples)
+    version_2 = bool(config.features.version_2_with_negative) or any(getattr(e, "is_impossible", False) for e in examples)
     evaluator = make_evaluation(spec, examples, features, config, model.config, tokenizer, version_2)
     evaluator.device = run_device
     evaluator.precision = resolve_precision(precision, run_device)

@@ -351,7 +351,9 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
 
     def keep_if_best(values: dict[str, float]) -> None:
         value = best.value_of(values)
-        if not best.improves(value, kept.value):
+        # Rank 0 decides, so every rank takes the same branch (and joins the same broadcasts).
+        improved, value, values = distributed.broadcast_object((best.improves(value, kept.value), value, values))
+        if not improved:
             return
         error = None
         if context.is_main:
