@@ -8,11 +8,15 @@ overrides (unknown keys are rejected with the list of valid ones).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import json
 import logging
 import re
 import sys
+import typing
 from pathlib import Path
+from typing import Any
 
 from bertforge.errors import BertforgeError, ConfigError
 
@@ -120,7 +124,115 @@ def flag_overrides(args: argparse.Namespace, table: dict[str, str]) -> list[str]
             continue
         literal = json.dumps(value) if isinstance(value, (str, bool)) else repr(value)
         overrides.append(f"{key}={literal.lower() if isinstance(value, bool) else literal}")
-    return overrides
+    return overrides + list(getattr(args, "config_overrides", None) or [])
+
+
+TRUE_WORDS, FALSE_WORDS = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+class ConfigFlag(argparse.Action):
+    """A flag generated from a config field (`add_config_flags`): appends `key=<TOML literal>` to
+    `args.config_overrides`, which `flag_overrides` hands on with the other overrides.
+
+    A bool field takes an optional value (`--progress`, `--progress false`, `--progress=true`); a list takes
+    one argument, comma-separated (`--labels neg,pos`) or a TOML list (`--feature-layers "[-1, -2]"`).
+    `literal` makes a flag without a value that always sets that literal (`--no-dev` -> data.dev = "").
+    """
+
+    def __init__(self, option_strings, dest, key: str = "", kind: Any = str, literal: str | None = None,
+                 **kwargs):
+        if literal is not None:
+            kwargs["nargs"] = 0
+        elif kind is bool:
+            kwargs.setdefault("nargs", "?")
+            kwargs.setdefault("metavar", "BOOL")
+        super().__init__(option_strings, "config_overrides", **kwargs)
+        self.key, self.kind, self.literal = key, kind, literal
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        text = self.literal if self.literal is not None else self.toml(values)
+        namespace.config_overrides = [*(getattr(namespace, "config_overrides", None) or []), f"{self.key}={text}"]
+
+    def toml(self, value: str | None) -> str:
+        kind, origin = self.kind, typing.get_origin(self.kind)
+        if kind is bool:
+            word = "true" if value is None else value.strip().lower()
+            if word not in TRUE_WORDS + FALSE_WORDS:
+                raise argparse.ArgumentError(self, f"expected true or false, got {value!r}")
+            return "true" if word in TRUE_WORDS else "false"
+        if origin is list:
+            if value.lstrip().startswith("["):
+                return value
+            (item,) = typing.get_args(kind) or (str,)
+            try:
+                items = [item(part.strip()) if item in (int, float) else part.strip()
+                         for part in value.split(",") if part.strip()]
+            except ValueError:
+                raise argparse.ArgumentError(self, f"expected comma-separated {item.__name__}s, got {value!r}") \
+                    from None
+            return json.dumps(items, ensure_ascii=False)
+        if kind is str:
+            return json.dumps(value, ensure_ascii=False)
+        return value  # numbers: the config checks the value and names the key
+
+
+def field_helps(cls: type) -> dict[str, str]:
+    """Each attribute's first sentence in the `Attributes:` docstring section of a config dataclass (or of the
+    class it extends, e.g. FinetuneTrainingConfig's TrainingConfig)."""
+    helps: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            helps.update(attribute_helps(inspect.getdoc(klass) or ""))
+    return helps
+
+
+def attribute_helps(doc: str) -> dict[str, str]:
+    section = doc.partition("Attributes:\n")[2]
+    entries: list[str] = []
+    for line in section.splitlines():
+        if line.startswith("    ") and not line.startswith("     ") and entries is not None:
+            entries.append(line.strip())
+        elif line.startswith("        ") and entries:
+            entries[-1] += " " + line.strip()
+        elif line.strip():
+            break
+    helps: dict[str, str] = {}
+    for entry in entries:
+        # Several attributes may share a line: "max_query_length: QA question tokens. max_answer_length: ..."
+        for piece in re.split(r"(?<=[.)])\s+(?=[a-z_0-9]+(?:(?:, | / )[a-z_0-9]+)*: )", entry):
+            names, sep, text = piece.partition(": ")
+            if not sep:
+                continue
+            first = re.split(r"(?<=[a-z)])\. (?=[A-Z(`])", text)[0].rstrip(".")
+            for name in re.split(r", | / ", names):
+                helps[name.strip()] = first
+    return helps
+
+
+def add_config_flags(parser: argparse.ArgumentParser, tables: dict[str, type], prefix: str = "") -> None:
+    """One flag per field of each config class in `tables` ({title: class}), grouped by table, for the
+    fields no flag of `parser` covers yet: `--eval-every N` sets `training.eval_every`. Dataclass and dict
+    fields (tables, model_overrides) are left to `--section.key=value`."""
+    for title, cls in tables.items():
+        group = parser.add_argument_group(f"[{title}] settings" if title else "run settings")
+        hints, helps = typing.get_type_hints(cls), field_helps(cls)
+        for item in dataclasses.fields(cls):
+            flag = "--" + item.name.replace("_", "-")
+            if flag in parser._option_string_actions:
+                continue
+            kind = hints[item.name]
+            args = [a for a in typing.get_args(kind) if a is not type(None)]
+            if args and typing.get_origin(kind) is not list and len(args) == 1:
+                kind = args[0]  # X | None -> X
+            if dataclasses.is_dataclass(kind) or kind is dict or typing.get_origin(kind) is dict or kind is Any:
+                continue
+            default = item.default if item.default is not dataclasses.MISSING else None
+            shown = "" if default is None else f" (default {json.dumps(default, ensure_ascii=False)})"
+            metavar = {int: "N", float: "X", str: "TEXT"}.get(kind, "A,B" if typing.get_origin(kind) is list else None)
+            dotted = f"{prefix}{title}.{item.name}" if title else f"{prefix}{item.name}"
+            group.add_argument(flag, action=ConfigFlag, key=dotted, kind=kind,
+                               help=(helps.get(item.name, f"{dotted}") + shown).replace("%", "%%"),
+                               **({"metavar": metavar} if metavar else {}))
 
 
 def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> None:
@@ -168,10 +280,24 @@ def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> None:
     if hasattr(result, "line"):
         print(result.line())
     else:
-        metrics = ", ".join(f"{k}={v:.4f}" for k, v in result.best_metrics.items())
-        print(f"{result.task}: best dev {metrics} (step {result.best_step}); model saved to {result.model_dir}")
+        print(finetune_summary(result))
         for warning in result.warnings:
             print(f"warning: {warning}")
+
+
+def finetune_summary(result) -> str:
+    """What a fine-tuning run did, for the console: how it resumed, the best dev metrics, where the model is."""
+    lines = [result.resumed] if result.resumed else []
+    if result.best_metrics:
+        metrics = ", ".join(f"{k}={v:.4f}" for k, v in result.best_metrics.items())
+        lines.append(f"{result.task}: best dev {metrics} (step {result.best_step}); model saved to "
+                     f"{result.model_dir}")
+    else:
+        lines.append(f"{result.task}: trained {result.total_steps or result.best_step} steps without evaluation "
+                     f"(no dev set); final model saved to {result.model_dir}")
+    if result.test_metrics:
+        lines.append(f"{result.task}: test " + ", ".join(f"{k}={v:.4f}" for k, v in result.test_metrics.items()))
+    return "\n".join(lines)
 
 
 def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> None:
@@ -179,6 +305,9 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.training.finetuning import evaluate
 
     overrides = dict(parse_override(item) for item in split_overrides(extra))
+    for flag, key in (("text_a", "text_a_column"), ("text_b", "text_b_column"), ("label", "label_column")):
+        if getattr(args, flag) is not None:
+            overrides[key] = getattr(args, flag)
     result = evaluate(args.model, args.data, out_dir=args.out, labelled=not args.unlabelled,
                       batch_size=args.batch_size, device=args.device, precision=args.precision,
                       overrides=overrides or None)
@@ -186,6 +315,18 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> None:
         print(f"{name}: {value:.4f}" if isinstance(value, float) else f"{name}: {value}")
     for warning in result.warnings:
         print(f"warning: {warning}")
+
+
+def cmd_glue(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.training.glue import TRAINING_KEYS, run_glue
+
+    settings = {key: getattr(args, key, None) for key in TRAINING_KEYS}
+    tasks = [name for name in (args.tasks or "").split(",") if name.strip()]
+    result = run_glue(args.model, data_root=args.data_root, out_dir=args.out, tasks=tasks, settings=settings)
+    print(result.table())
+    for row in result.rows:
+        for note in row.notes:
+            print(f"note: {row.row.name}: {note}")
 
 
 # --- inference -------------------------------------------------------------------------------------------
@@ -293,6 +434,9 @@ def cmd_info(args: argparse.Namespace, extra: list[str]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from bertforge.families import registry  # the pipeline routes are the registry's
+    from bertforge.training.config import TrainingConfig  # the flags generated from the config fields
+    from bertforge.training.finetuning import TABLES as FINETUNE_TABLES
+    from bertforge.training.finetuning import FinetuneConfig
 
     parser = argparse.ArgumentParser(prog="bertforge", description="BERT end to end: vocab, prepare, pretrain, "
                                      "finetune, evaluate, predict, serve.")
@@ -345,6 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--whole-word-masking", action="store_true")
     p.add_argument("--pack-sequences", action="store_true",
                    help="several short instances per row (block-diagonal attention): fewer rows, same losses")
+    add_config_flags(p, {"training": TrainingConfig})
     p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser("finetune", help="fine-tune on a named task or your own files, evaluating every epoch")
@@ -352,32 +497,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", help="sst2, cola, stsb, rte, wnli, conll2003, squad, chnsenticorp, afqmc, lcqmc, "
                    "msra_ner, cmrc2018, drcd")
     p.add_argument("--format", help="classification, pair, regression, ner, qa or choice (with --train/--dev)")
-    p.add_argument("--train")
-    p.add_argument("--dev")
+    p.add_argument("--train", help="training file (with --task: replaces the named task's)")
+    p.add_argument("--dev", help="dev file, evaluated every epoch to pick best/ (see --no-dev)")
     p.add_argument("--model", help="model directory to start from (ours or a Hugging Face BERT)")
-    p.add_argument("--out", "--out-dir", dest="out")
+    p.add_argument("--out", "--out-dir", dest="out", help="run directory (default runs/finetune)")
     p.add_argument("--text-a", "--text-a-column", dest="text_a",
                    help="column of the first text (header name or 0-based index)")
     p.add_argument("--text-b", "--text-b-column", dest="text_b", help="column of the second text")
     p.add_argument("--label", "--label-column", dest="label", help="column of the label")
-    p.add_argument("--epochs", type=float)
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--warmup-ratio", type=float)
-    p.add_argument("--max-seq-length", type=int)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--epochs", type=float, help="passes over the training data (default 3; see --steps)")
+    p.add_argument("--batch-size", type=int, help="examples per micro-batch (default 32)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default 5e-5)")
+    p.add_argument("--warmup-ratio", type=float, help="linear warmup, a fraction of the steps (default 0.1)")
+    p.add_argument("--max-seq-length", type=int, help="tokens per window (default 128, QA 384)")
+    p.add_argument("--seed", type=int, help="seed of the head, shuffling and dropout (default 42)")
     p.add_argument("--seeds", type=int_list, nargs="+",
                    help="e.g. 1,2,3 or 1 2 3: one run per seed, mean ± std reported")
-    p.add_argument("--device")
+    p.add_argument("--device", help="auto (cuda if available), cpu, cuda or cuda:N")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"])
     p.add_argument("--train-limit", type=int, help="use only the first N training examples")
-    p.add_argument("--dev-limit", type=int)
+    p.add_argument("--dev-limit", type=int, help="use only the first N dev examples")
     p.add_argument("--data-root", help="folder holding the named tasks' data (default ../shared/data)")
     p.add_argument("--freeze-encoder", action="store_true", help="feature-based: train the head only")
     p.add_argument("--feature-layers", type=int_list, help="e.g. -1,-2,-3,-4: concatenate these layers")
-    p.add_argument("--classifier-hidden", type=int_list, help="hidden widths of the head, e.g. 128")
+    p.add_argument("--classifier-hidden", "--classifier-hidden-sizes", dest="classifier_hidden", type=int_list,
+                   help="hidden widths of the head, e.g. 128")
     p.add_argument("--fresh-head", action="store_true", help="discard a stored head of another shape")
-    p.add_argument("--resume", help="auto, never, or a checkpoint directory")
+    p.add_argument("--resume", help="auto (continue from the newest checkpoint in --out, if any), never, or a "
+                   "checkpoint directory")
+    p.add_argument("--no-dev", action=ConfigFlag, key="data.dev", literal='""',
+                   help="train without evaluation (no dev set): best/ is then the final model")
+    add_config_flags(p, {"": FinetuneConfig, **FINETUNE_TABLES})
     p.set_defaults(func=cmd_finetune)
 
     p = sub.add_parser("evaluate", help="score a fine-tuned model on a file; writes predictions and metrics")
@@ -385,10 +535,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True)
     p.add_argument("--out")
     p.add_argument("--unlabelled", action="store_true", help="the file has no labels: predictions only")
+    p.add_argument("--text-a", "--text-a-column", dest="text_a",
+                   help="column of the first text (header name or 0-based index; default: as fine-tuned)")
+    p.add_argument("--text-b", "--text-b-column", dest="text_b", help="column of the second text")
+    p.add_argument("--label", "--label-column", dest="label", help="column of the label")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--precision", default="fp32")
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("glue", help="fine-tune and evaluate every GLUE task present; the paper's table and the "
+                       "leaderboard's submission files")
+    p.add_argument("--model", required=True, help="model directory every task starts from")
+    p.add_argument("--data-root", help="folder holding glue/<TASK>/ (default ../shared/data)")
+    p.add_argument("--out", "--out-dir", dest="out", default="runs/glue",
+                   help="one run per task, submission/<TASK>.tsv, glue_table.txt, glue_results.json")
+    p.add_argument("--tasks", help="comma-separated, e.g. cola,sst2,mnli,ax (default: all; absent ones skipped)")
+    p.add_argument("--epochs", type=float)
+    p.add_argument("--steps", type=int, help="optimizer steps per task instead of epochs")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--warmup-ratio", type=float)
+    p.add_argument("--max-seq-length", type=int)
+    p.add_argument("--train-limit", type=int, help="use only the first N training examples of each task")
+    p.add_argument("--dev-limit", type=int, help="score only the first N dev examples (test files: all rows)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--device")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"])
+    p.add_argument("--on-invalid", choices=["error", "skip"], help="malformed rows (default: error; QQP skip)")
+    p.add_argument("--eval-batch-size", type=int)
+    p.set_defaults(func=cmd_glue)
 
     p = sub.add_parser("predict", help="run a pipeline over text or JSONL lines; writes JSONL")
     p.add_argument("--model", required=True)
@@ -475,7 +651,8 @@ def join_unknown_values(parser: argparse.ArgumentParser, argv: list[str]) -> lis
         if (item.startswith("--") and "=" not in item and item not in known and items
                 and not items[0].startswith("--")):
             item = f"{item}={items.pop(0)}"
-        elif item in known and known[item].nargs != 0 and items:  # a known option keeps its own value
+        elif item in known and known[item].nargs != 0 and items and not items[0].startswith("--"):
+            # a known option keeps its own value (an optional one, e.g. `--progress`, may have none)
             out.append(item)
             item = items.pop(0)
         out.append(item)

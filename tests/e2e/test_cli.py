@@ -108,12 +108,120 @@ def test_cli_unknown_key_value_is_an_override_not_a_run_file():
     from bertforge.cli import build_parser, join_unknown_values
 
     parser = build_parser()
-    argv = ["finetune", "--task", "sst2", "--progress", "false", "--seeds", "1", "2", "--freeze-encoder",
-            "--training.lr", "-1e-5", "--eval-every=10"]
+    argv = ["finetune", "--task", "sst2", "--training.progress", "false", "--seeds", "1", "2", "--freeze-encoder",
+            "--training.lr", "-1e-5", "--data.header=true", "--progress", "--eval-every", "10"]
     joined = join_unknown_values(parser, argv)
-    assert joined == ["finetune", "--task", "sst2", "--progress=false", "--seeds", "1", "2", "--freeze-encoder",
-                      "--training.lr=-1e-5", "--eval-every=10"]
+    assert joined == ["finetune", "--task", "sst2", "--training.progress=false", "--seeds", "1", "2",
+                      "--freeze-encoder", "--training.lr=-1e-5", "--data.header=true", "--progress", "--eval-every",
+                      "10"]
     args, extra = parser.parse_known_args(joined)
     assert args.run_file is None and args.task == "sst2"
-    assert extra == ["--progress=false", "--training.lr=-1e-5", "--eval-every=10"]
+    assert extra == ["--training.progress=false", "--training.lr=-1e-5", "--data.header=true"]
+    assert args.config_overrides == ["training.progress=true", "training.eval_every=10"]
     assert join_unknown_values(parser, ["predict", "--x", "y"]) == ["predict", "--x", "y"]
+
+
+def test_cli_finetune_help_lists_every_common_option():
+    from bertforge.cli import build_parser
+    from bertforge.training.finetuning import FLAT_KEYS, TOP_LEVEL_KEYS
+
+    parser = build_parser()
+    finetune = next(a for a in parser._actions if a.dest == "command").choices["finetune"]
+    text = finetune.format_help()
+    documented = ["--steps", "--grad-accumulation", "--metric", "--labels", "--header", "--file-format", "--device",
+                  "--doc-stride", "--tag-scheme", "--label-policy", "--activation-checkpointing", "--eval-every",
+                  "--save-every", "--keep-last", "--no-dev", "--progress", "--on-invalid", "--max-answer-length"]
+    assert all(f"  {flag} " in text or f", {flag} " in text for flag in documented), text
+    assert "cuda:N" in text and "every epoch" in text
+    # Every setting of a FinetuneConfig (flat name) has a flag of its own name.
+    flags = set(finetune._option_string_actions)
+    assert {f"--{name.replace('_', '-')}" for name in [*FLAT_KEYS, *TOP_LEVEL_KEYS]} <= flags
+
+
+def test_cli_generated_flags_reach_the_config():
+    from bertforge.cli import FINETUNE_FLAGS, build_parser, flag_overrides, join_unknown_values
+    from bertforge.training.finetuning import load_finetune_config
+
+    parser = build_parser()
+    argv = ["finetune", "--format", "ner", "--train", "t.txt", "--steps", "7", "--grad-accumulation", "2",
+            "--labels", "O,B-PER,I-PER", "--header", "false", "--file-format", "csv", "--doc-stride", "16",
+            "--tag-scheme", "IOBES", "--label-policy", "all", "--activation-checkpointing", "--eval-every", "3",
+            "--save-every", "5", "--keep-last", "1", "--metric", "f1", "--progress", "false", "--no-dev",
+            "--device", "cuda:1", "--betas", "0.9,0.98"]
+    args, extra = parser.parse_known_args(join_unknown_values(parser, argv))
+    assert extra == []
+    config = load_finetune_config(None, flag_overrides(args, FINETUNE_FLAGS))
+    assert (config.training.steps, config.training.grad_accumulation, config.training.eval_every,
+            config.training.save_every, config.training.keep_last) == (7, 2, 3, 5, 1)
+    assert config.data.labels == ["O", "B-PER", "I-PER"] and config.data.header is False
+    assert (config.data.file_format, config.data.dev, config.metric, config.training.device) == ("csv", "", "f1",
+                                                                                              "cuda:1")
+    assert (config.features.doc_stride, config.features.tag_scheme, config.features.label_policy) == (16, "IOBES",
+                                                                                                      "all")
+    assert config.training.activation_checkpointing is True and config.training.progress is False
+    assert config.training.betas == [0.9, 0.98]
+    pretrain = next(a for a in parser._actions if a.dest == "command").choices["pretrain"]
+    for value, expected in (("false", "training.progress=false"), ("true", "training.progress=true")):
+        parsed, _ = pretrain.parse_known_args(["--progress", value])
+        assert parsed.config_overrides == [expected]
+
+
+def test_cli_pretrain_accepts_progress_false_and_prints_a_summary(workspace, tmp_path, capsys):
+    code = main(["pretrain", "--data", str(workspace / "data"), "--model", "tiny", "--out", str(tmp_path / "run"),
+                 "--steps", "2", "--batch-size", "8", "--device", "cpu", "--progress", "false",
+                 "--training.log_every=1", "--eval-every", "2"])
+    out = capsys.readouterr().out
+    assert code == 0 and "TrainResult(" not in out
+    assert out.startswith("trained to step 2 of 2 in ") and "final loss " in out and "eval " in out
+    assert f"checkpoint {tmp_path / 'run' / 'checkpoint-000002'}" in out
+
+
+def sentiment_files(folder: Path) -> tuple[Path, Path]:
+    rows = ["text_a\tlabel"] + [f"{'good' if i % 2 else 'bad'} day number {i}\t{'pos' if i % 2 else 'neg'}"
+                                for i in range(16)]
+    (folder / "train.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    renamed = ["review\tsentiment"] + rows[1:9]
+    (folder / "reviews.tsv").write_text("\n".join(renamed) + "\n", encoding="utf-8")
+    return folder / "train.tsv", folder / "reviews.tsv"
+
+
+def finetune_argv(workspace, train: Path, out: Path, *extra: str) -> list[str]:
+    return ["finetune", "--format", "classification", "--train", str(train), "--model",
+            str(workspace / "run" / "checkpoint-000004"), "--out", str(out), "--steps", "2", "--batch-size", "8",
+            "--device", "cpu", "--max-seq-length", "16", "--progress", "false", *extra]
+
+
+def test_cli_finetune_resume_auto_and_evaluate_column_flags(workspace, tmp_path, capsys):
+    train, reviews = sentiment_files(tmp_path)
+    out = tmp_path / "ft"
+    assert main(finetune_argv(workspace, train, out, "--dev", str(train), "--resume", "auto")) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"resume auto: no checkpoint in {out}, started a fresh run\n")
+    assert "best dev accuracy=" in printed
+    results = (out / "eval_results.json").read_bytes()
+    assert main(finetune_argv(workspace, train, out, "--dev", str(train), "--resume", "auto")) == 0
+    again = capsys.readouterr().out
+    assert again.startswith(f"already complete: {out / 'checkpoint-000002'} is step 2 of 2; nothing trained")
+    assert printed.splitlines()[1] == again.splitlines()[1]  # the same best dev line, read back
+    assert (out / "eval_results.json").read_bytes() == results
+
+    # evaluate on a file with other column names: --text-a / --label name them.
+    assert main(["evaluate", "--model", str(out / "best"), "--data", str(reviews), "--out", str(tmp_path / "ev"),
+                 "--text-a", "review", "--label", "sentiment", "--device", "cpu"]) == 0
+    assert "accuracy: " in capsys.readouterr().out
+    assert len((tmp_path / "ev" / "predictions.jsonl").read_text().splitlines()) == 8
+
+
+def test_cli_finetune_refuses_bad_metric_and_missing_dev_before_training(workspace, tmp_path, capsys):
+    train, _ = sentiment_files(tmp_path)
+    assert main(finetune_argv(workspace, train, tmp_path / "a", "--dev", str(train), "--metric", "bogus")) == 2
+    err = capsys.readouterr().err
+    assert "metric='bogus' is invalid" in err and "'accuracy'" in err
+    assert main(finetune_argv(workspace, train, tmp_path / "b")) == 2
+    assert "no dev file to evaluate on" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert main(finetune_argv(workspace, train, tmp_path / "c", "--no-dev")) == 0
+    out = capsys.readouterr().out
+    assert "best dev" not in out
+    assert f"classification: trained 2 steps without evaluation (no dev set); final model saved to " \
+           f"{tmp_path / 'c' / 'best'}" in out

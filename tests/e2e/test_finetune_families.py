@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from bertforge.checkpoint_format import load_model, read_config
-from bertforge.errors import ConfigError
+from bertforge.errors import ConfigError, DataError
 from bertforge.families.classification import BertForSequenceClassification
 from bertforge.model.bert import BertModel
 from bertforge.model.config import BertConfig
@@ -120,15 +120,16 @@ def test_finetune_regression_stores_problem_type(tiny_model, tmp_path):
 
 def test_finetune_resume_keeps_the_best_and_its_predictions(tiny_model, tmp_path):
     # lr 1e-12: the weights barely move, so every evaluation scores the same and the first one stays the best
-    # (a later one must be strictly better). The resumed run evaluates only step 3; the best (step 1) came
-    # before the resume, so its predictions are rebuilt from the saved best model.
+    # (a later one must be strictly better). The resumed run evaluates only step 3 but reports the run's every
+    # evaluation; the best (step 1) came before the resume, so its predictions are rebuilt from the saved best
+    # model.
     (tmp_path / "train.tsv").write_text("text_a\tlabel\n" + "\n".join(sentiment_rows(16, 0)) + "\n")
     common = {"format": "classification", "train": str(tmp_path / "train.tsv"), "dev": str(tmp_path / "train.tsv"),
               "lr": 1e-12, "eval_every": 1}
     first = run(tiny_model, tmp_path, steps=2, **common)
     assert first.best_step == 1 and [h["step"] for h in first.history] == [1, 2]
     resumed = run(tiny_model, tmp_path, steps=3, resume="auto", **common)
-    assert [h["step"] for h in resumed.history] == [3]
+    assert [h["step"] for h in resumed.history] == [1, 2, 3] and resumed.history[:2] == first.history
     assert resumed.best_step == 1 and resumed.best_metrics == first.best_metrics
     predictions = (resumed.out_dir / "dev_predictions.jsonl").read_text().splitlines()
     assert len(predictions) == 16
@@ -262,3 +263,43 @@ def test_finetune_seeds_report_mean_and_std(tiny_model, tmp_path):
     assert summary["summary"]["accuracy"]["n"] == 2
     assert "±" in result.line()
     assert (tmp_path / "out" / "seed-1" / "best" / "config.json").exists()
+
+
+def test_finetune_options_that_would_fail_later_fail_before_training(tiny_model, tmp_path):
+    (tmp_path / "train.tsv").write_text("text_a\tlabel\n" + "\n".join(sentiment_rows(16, 0)) + "\n")
+    common = {"format": "classification", "train": str(tmp_path / "train.tsv"), "steps": 2}
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=r"metric='bogus' is invalid: classification \(classification\) "
+                       r"evaluations report \['accuracy', 'f1', 'precision', 'recall', 'macro_f1'"):
+        run(tiny_model, tmp_path, dev=str(tmp_path / "train.tsv"), metric="bogus", **common)
+    # No dev file: an error, not a best/ chosen by nothing.
+    with pytest.raises(ConfigError, match=r"no dev file to evaluate on.*--no-dev"):
+        run(tiny_model, tmp_path, **common)
+    # A dev file whose every row is unusable (skipped): an error naming it.
+    (tmp_path / "dev.tsv").write_text("text_a\tlabel\n\tpos\n\tneg\n")
+    with pytest.raises(DataError, match=rf"{tmp_path / 'dev.tsv'}: no usable dev examples"):
+        run(tiny_model, tmp_path, dev=str(tmp_path / "dev.tsv"), on_invalid="skip", **common)
+    assert not out.exists()  # nothing was trained, nothing written
+
+    # Explicitly without a dev set (data.dev = ""): trains, saves the final model, reports no metrics.
+    result = run(tiny_model, tmp_path, dev="", **common)
+    assert result.best_metrics == {} and result.history == [] and (result.model_dir / "config.json").exists()
+
+
+def test_finetune_metric_outside_the_defaults_is_computed(tiny_model, tmp_path):
+    (tmp_path / "train.tsv").write_text("text_a\tlabel\n" + "\n".join(sentiment_rows(16, 0)) + "\n")
+    result = run(tiny_model, tmp_path, format="classification", train=str(tmp_path / "train.tsv"),
+                 dev=str(tmp_path / "train.tsv"), steps=1, metric="macro_recall")
+    assert result.metric == "macro_recall" and "macro_recall" in result.best_metrics
+    assert "accuracy" in result.best_metrics  # the usual ones are still reported
+    scored = evaluate(result.model_dir, tmp_path / "train.tsv", out_dir=tmp_path / "eval")
+    assert scored.metrics["macro_recall"] == pytest.approx(result.best_metrics["macro_recall"])
+
+
+def test_finetune_checkpoints_every_epoch_and_keeps_the_last_two(tiny_model, tmp_path):
+    from bertforge.training.checkpoint import list_checkpoints
+
+    (tmp_path / "train.tsv").write_text("text_a\tlabel\n" + "\n".join(sentiment_rows(16, 0)) + "\n")
+    result = run(tiny_model, tmp_path, format="classification", train=str(tmp_path / "train.tsv"),
+                 dev=str(tmp_path / "train.tsv"), epochs=3)  # 2 steps per epoch
+    assert [s for s, _ in list_checkpoints(result.out_dir)] == [4, 6]

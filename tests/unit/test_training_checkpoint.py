@@ -13,6 +13,7 @@ from bertforge.errors import CheckpointError
 from bertforge.families.pretraining import BertForPretraining
 from bertforge.model.config import BertConfig
 from bertforge.training.checkpoint import (
+    checkpoint_step,
     find_latest,
     list_checkpoints,
     load_training_state,
@@ -113,3 +114,10 @@ def test_save_checkpoint_never_prunes_the_one_just_written(tmp_path, model):
         save_checkpoint(tmp_path, step, model, {}, keep_last=2)
     save_checkpoint(tmp_path, 3, model, {}, keep_last=2)
     assert [s for s, _ in list_checkpoints(tmp_path)] == [3, 8, 9]
+
+
+def test_checkpoint_step_from_the_name_or_the_state(tmp_path, model):
+    path = save_checkpoint(tmp_path / "run", 12, model, {})
+    assert checkpoint_step(path) == 12
+    renamed = path.rename(tmp_path / "kept-for-later")  # a checkpoint passed by a path of its own
+    assert checkpoint_step(renamed) == 12

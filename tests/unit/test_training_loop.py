@@ -447,3 +447,60 @@ def test_loop_best_checkpoint_survives_resume(tmp_path):
     again = train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config_for(run, resume="auto", **config),
                   eval_fn=ScriptedEval(scores), best=BestCheckpoint("score", False, best_dir))
     assert again.history == [] and (again.best_step, again.best_eval["score"]) == (2, 0.9)
+
+
+class Notes:
+    """A caller's state for `extra_state`: what the loop must carry through checkpoints."""
+
+    def __init__(self):
+        self.seen: list[int] = []
+
+    def state_dict(self):
+        return {"seen": list(self.seen)}
+
+    def load_state_dict(self, state):
+        self.seen = list(state["seen"])
+
+
+def test_train_save_also_and_extra_state_travel_in_checkpoints(tmp_path):
+    notes = Notes()
+
+    def eval_fn(model, step):
+        notes.seen.append(step)
+        return {"score": float(step)}
+
+    config = dict(steps=6, eval_every=1, keep_last=0)
+    with pytest.raises(KeyboardInterrupt):  # interrupted fetching step 6's batch: step 5 was saved (save_also)
+        train(tiny_model(), SyntheticSource(3, 4, fail_after=5), Pretraining(), config_for(tmp_path, **config),
+              eval_fn=eval_fn, save_also=lambda step: step in (2, 5), extra_state=notes)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2, 5]
+    assert load_training_state(tmp_path / "checkpoint-000002")["extra"] == {"seen": [1, 2]}
+
+    resumed_notes = Notes()
+    resumed = train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config_for(tmp_path, resume="auto", **config),
+                    eval_fn=lambda model, step: resumed_notes.seen.append(step) or {"score": 0.0},
+                    extra_state=resumed_notes)
+    assert resumed_notes.seen == [1, 2, 3, 4, 5, 6]  # restored from checkpoint 5, then step 6
+    assert (resumed.resumed_from, resumed.start_step) == (tmp_path / "checkpoint-000005", 5)
+
+
+def test_train_resume_auto_says_it_starts_fresh(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="bertforge.training"):
+        result = train(tiny_model(), SyntheticSource(2, 4), Pretraining(),
+                       config_for(tmp_path, steps=1, resume="auto"))
+    assert f"resume auto: no checkpoint (checkpoint-<step>/ with training_state.pt) in {tmp_path}" in caplog.text
+    assert (result.resumed_from, result.start_step) == (None, 0)
+    with caplog.at_level(logging.INFO, logger="bertforge.training"):
+        train(tiny_model(), SyntheticSource(2, 4), Pretraining(), config_for(tmp_path, steps=2, resume="auto"))
+    assert f"resuming from {tmp_path / 'checkpoint-000001'} at step 1 of 2" in caplog.text
+
+
+def test_train_result_summary_is_one_readable_line(tmp_path):
+    result = train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config_for(tmp_path, steps=2, eval_every=2),
+                   eval_fn=lambda model, step: {"mlm_acc": 0.25})
+    line = result.summary()
+    assert line.startswith("trained to step 2 of 2 in ") and "\n" not in line and "TrainResult" not in line
+    assert f"final loss {result.train['loss']:.4f} (mlm " in line and "eval mlm_acc 0.25" in line
+    assert line.endswith(f"checkpoint {tmp_path / 'checkpoint-000002'}")
+    again = train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config_for(tmp_path, steps=2, resume="auto"))
+    assert again.summary().startswith("already complete at step 2 of 2 (nothing trained)")

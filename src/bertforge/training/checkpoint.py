@@ -55,6 +55,12 @@ def find_latest(out_dir: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The optimizer step checkpoint `path` was written after: from its name, else from its training state."""
+    match = CHECKPOINT_PATTERN.match(Path(path).name)
+    return int(match.group(1)) if match else int(load_training_state(path)["step"])
+
+
 def resolve_resume(resume: str, out_dir: str | os.PathLike) -> Path | None:
     """The checkpoint a run with `resume` (`auto`, `never` or a directory) continues from, or None."""
     if resume == "never":

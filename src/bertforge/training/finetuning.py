@@ -51,11 +51,14 @@ from bertforge.errors import ConfigError, DataError
 from bertforge.evaluation import EvalResult, Evaluation
 from bertforge.families import registry
 from bertforge.families.base import InputSettings
+from bertforge.metrics.classification import CLASSIFICATION_METRICS as CLASSIFICATION_METRIC_NAMES
+from bertforge.metrics.classification import REGRESSION_METRICS as REGRESSION_METRIC_NAMES
 from bertforge.model.config import BertConfig
 from bertforge.runtime import resolve_device, resolve_precision, set_seed
 from bertforge.storage import write_json, write_jsonl
 from bertforge.tokenization import Tokenizer
 from bertforge.training import distributed
+from bertforge.training.checkpoint import checkpoint_step, resolve_resume
 from bertforge.training.config import TrainingConfig
 from bertforge.training.loop import BestCheckpoint, train
 
@@ -103,9 +106,15 @@ class TaskSpec:
     regression: bool = False
 
 
-def _glue(name: str, folder: str, **kwargs) -> TaskSpec:
+def _glue(name: str, folder: str, dev: str = "dev.tsv", **kwargs) -> TaskSpec:
     return TaskSpec(name, kwargs.pop("family", "classification"), (DataSource(f"glue/{folder}/train.tsv"),),
-                    (DataSource(f"glue/{folder}/dev.tsv"),), **kwargs)
+                    (DataSource(f"glue/{folder}/{dev}"),), **kwargs)
+
+
+# MNLI's columns by header name: train.tsv has 12 (... sentence1 sentence2 label1 gold_label), dev_matched.tsv
+# and dev_mismatched.tsv 16 (... label1 ... label5 gold_label); `gold_label` is the label in both.
+_MNLI = {"text_a": "sentence1", "text_b": "sentence2", "label": "gold_label",
+         "labels": ("contradiction", "entailment", "neutral"), "metrics": ("accuracy",)}
 
 
 def _qa_split(name: str, path: str, extra_train: tuple[DataSource, ...] = (), **kwargs) -> TaskSpec:
@@ -122,6 +131,18 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
           labels=("entailment", "not_entailment"), metrics=("accuracy",)),
     _glue("wnli", "WNLI", text_a="sentence1", text_b="sentence2", label="label", labels=("0", "1"),
           metrics=("accuracy",)),
+    _glue("mrpc", "MRPC", text_a="#1 String", text_b="#2 String", label="Quality", labels=("0", "1"),
+          metrics=("f1", "accuracy"), note="header `Quality #1 ID #2 ID #1 String #2 String`, UTF-8 BOM, CRLF"),
+    _glue("qqp", "QQP", text_a="question1", text_b="question2", label="is_duplicate", labels=("0", "1"),
+          metrics=("f1", "accuracy"),
+          note="header `id qid1 qid2 question1 question2 is_duplicate`; the official train.tsv has a few rows "
+               "with missing columns: pass --on-invalid skip (`bertforge glue` does, counted)"),
+    _glue("mnli", "MNLI", dev="dev_matched.tsv", **_MNLI,
+          note="evaluates on dev_matched.tsv (`mnli-mm`: dev_mismatched.tsv)"),
+    _glue("mnli-mm", "MNLI", dev="dev_mismatched.tsv", **_MNLI,
+          note="MNLI's training set, evaluated (and the best checkpoint picked) on dev_mismatched.tsv"),
+    _glue("qnli", "QNLI", text_a="question", text_b="sentence", label="label",
+          labels=("entailment", "not_entailment"), metrics=("accuracy",)),
     TaskSpec("conll2003", "tagging", (DataSource("conll2003/train.txt"),), (DataSource("conll2003/valid.txt"),),
              metrics=("f1", "precision", "recall")),
     TaskSpec("msra_ner", "tagging", (DataSource("msra_ner/train.tsv", "train"),), (DataSource("msra_ner/train.tsv", "eval"),),
@@ -175,13 +196,15 @@ class DataConfig:
         task: a name in TASKS (knows its files under the data root, columns, labels, metrics), or None with
             `format`.
         format: classification, pair, regression, ner, qa or choice: read `train`/`dev` with these columns.
-        train, dev: files (with `task`: replace the named task's).
+        train, dev: files (with `task`: replace the named task's). A run needs a dev set to pick its best
+            model; `dev = ""` (`--no-dev`) trains without evaluation, and best/ is then the final model.
         data_root: where named tasks' files live (default $BERTFORGE_DATA, else ../shared/data).
         text_a_column, text_b_column, label_column: header name or 0-based index (generic formats).
         header: whether the table has a header row (None: detect). file_format: tsv, csv or jsonl (None:
             from the extension).
-        token_column, tag_column, separator: CoNLL files; the separator between words is " " or "" (one
-            character per line); "space" and "none" are accepted.
+        token_column, tag_column: CoNLL files' word and tag columns (0-based; -1 = the last).
+        separator: what joins a CoNLL sentence's words: " ", or "" for one character per line ("space" and
+            "none" are accepted).
         context_column, start_column, ending_columns: SWAG-style choice files.
         labels: the label order (default: the named task's, else the sorted training labels).
         on_invalid: "error" or "skip" malformed rows. bio_errors: "warn" or "error" on broken BIO tags.
@@ -289,11 +312,18 @@ class HeadConfig:
 @dataclass
 class FinetuneTrainingConfig(TrainingConfig):
     """`[training]`: the loop's `TrainingConfig` with the BERT paper's fine-tuning defaults (3 epochs, batch 32,
-    lr 5e-5, 10% warmup, linear decay, weight decay 0.01), checkpoints in runs/finetune (only the final one
-    kept) and no TensorBoard. `eval_every` = 0 evaluates every epoch (the dev set picks the best model).
+    lr 5e-5, 10% warmup, linear decay, weight decay 0.01), checkpoints in runs/finetune and no TensorBoard.
+    `eval_every` = 0 evaluates every epoch (the dev set picks the best model). Resumable checkpoints are
+    written at every epoch end and every `save_every` steps (0: epoch ends only), the last `keep_last` (2)
+    kept, so `--resume auto` continues a run that was killed.
 
     A subclass rather than a `TrainingConfig(...)` default, so that a run file's partial `[training]` table
     (e.g. only `lr`) keeps these defaults for the keys it does not set.
+
+    Attributes:
+        eval_every: steps between dev evaluations; 0 = every epoch (and at the end).
+        save_every: steps between resumable checkpoints; 0 = every epoch (epoch ends are always saved).
+        keep_last: resumable checkpoints kept (older ones are deleted; best/ is separate); 0 keeps all.
     """
 
     epochs: float = 3.0
@@ -301,7 +331,7 @@ class FinetuneTrainingConfig(TrainingConfig):
     lr: float = 5e-5
     warmup_ratio: float = 0.1
     weight_decay: float = 0.01
-    keep_last: int = 1
+    keep_last: int = 2
     out_dir: str = "runs/finetune"
     tensorboard: bool = False
 
@@ -575,13 +605,26 @@ def prepare_data(config: FinetuneConfig, tokenizer: Tokenizer, spec: TaskSpec | 
 
 
 def make_evaluation(spec: TaskSpec, examples: Sequence, features: Sequence[Feature], config: FinetuneConfig,
-                    model_config, tokenizer: Tokenizer, version_2_with_negative: bool) -> Evaluation:
-    """The one evaluation path for these examples, with the run's decoding options and scoring choices."""
+                    model_config, tokenizer: Tokenizer, version_2_with_negative: bool,
+                    metric: str | None = None) -> Evaluation:
+    """The one evaluation path for these examples, with the run's decoding options and scoring choices.
+
+    `metric` (the one that picks the best model) is asked for too where the family computes metrics by name
+    and it is not among those it reports anyway (classification's `macro_recall`, regression's `mse`)."""
     family = registry.family(spec.family)
     # run_options reads flat setting names (n_best_size, max_answer_length, ...): the [features] table's.
     options = family.run_options({**dataclasses.asdict(config.features),
                                   "version_2_with_negative": version_2_with_negative})
-    scoring = {"metric_names": list(spec.metrics) if spec.regression or spec.metrics != ("accuracy",) else None,
+    names = list(spec.metrics) if spec.regression or spec.metrics != ("accuracy",) else None
+    if metric is not None and spec.family == "classification":
+        if names is None:  # compute_classification_metrics' defaults, binary or not
+            binary = len(getattr(model_config, "label_names", None) or []) == 2
+            names = ["accuracy", "f1", "precision", "recall", "mcc"] if binary else ["accuracy", "macro_f1", "mcc"]
+            if metric in names:
+                names = None
+        if names is not None and metric not in names:
+            names.append(metric)
+    scoring = {"metric_names": names,
                "language": config.features.language or spec.language, "version_2": bool(version_2_with_negative)}
     return Evaluation(family, examples, features, config=model_config, batch_size=config.eval_batch_size,
                       pad_token_id=tokenizer.pad_token_id, options=options, scoring=scoring, tokenizer=tokenizer)
@@ -654,6 +697,9 @@ class FinetuneResult:
         seconds: wall time of the run. seed: the seed.
         train_examples, dev_examples: how many were used.
         test_metrics: the best model's metrics on the task's test split, where it has one (MSRA NER).
+        total_steps: the run's length in optimizer steps.
+        resumed: what `training.resume` did, in words ("" for resume=never): the checkpoint and step it
+            continued from, that it started fresh and why, or that the run was already complete.
     """
 
     task: str
@@ -670,6 +716,62 @@ class FinetuneResult:
     train_examples: int = 0
     dev_examples: int = 0
     test_metrics: dict[str, float] = field(default_factory=dict)
+    total_steps: int = 0
+    resumed: str = ""
+
+
+class EvaluationLog:
+    """The run's evaluations and their warnings; the loop carries it in every checkpoint (`extra_state`), so
+    a resumed run reports the evaluations made before the interruption too."""
+
+    def __init__(self) -> None:
+        self.history: list[dict[str, Any]] = []
+        self.warnings: list[str] = []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": self.history, "warnings": self.warnings}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.history[:] = list(state.get("history", []))
+        self.warnings[:] = list(state.get("warnings", []))
+
+
+def metric_names(spec: TaskSpec, version_2: bool = False, dev_examples: Sequence = ()) -> tuple[str, ...]:
+    """The metric names an evaluation of `spec` can report, i.e. what `metric` (`--metric`) may choose.
+
+    Classification computes any name of `metrics.classification` when asked (the run asks for the chosen
+    one, see `make_evaluation`); tagging reports entity f1/precision/recall; question answering exact_match
+    and f1, with SQuAD v2.0 also HasAns_/NoAns_ for the groups the dev set has; multiple choice accuracy.
+    """
+    if spec.family in METRIC_NAMES:
+        names = METRIC_NAMES[spec.family](spec)
+    else:
+        names = tuple(registry.family(spec.family).default_metrics)
+    if version_2 and spec.family == "question_answering":
+        groups = {bool(getattr(e, "is_impossible", False)) for e in dev_examples} or {False, True}
+        names += tuple(f"{group}_{kind}" for group, flag in (("HasAns", False), ("NoAns", True)) if flag in groups
+                       for kind in ("exact", "f1"))
+    return names
+
+
+# Per family (registry name): the names its evaluation can report (`metric_names`).
+METRIC_NAMES = {
+    "classification": lambda spec: REGRESSION_METRIC_NAMES if spec.regression else CLASSIFICATION_METRIC_NAMES,
+    "tagging": lambda spec: ("f1", "precision", "recall"),
+    "question_answering": lambda spec: ("exact_match", "f1"),
+    "multiple_choice": lambda spec: ("accuracy",),
+}
+
+
+def check_metric(spec: TaskSpec, metric: str, version_2: bool, dev_examples: Sequence) -> None:
+    """Refuse, before any training, a `metric` the run's evaluations will not report."""
+    valid = metric_names(spec, version_2, dev_examples)
+    if metric not in valid:
+        close = difflib.get_close_matches(metric, valid, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"finetune.metric={metric!r} is invalid{hint}: {spec.name} ({spec.family}"
+                          f"{', regression' if spec.regression else ''}) evaluations report {list(valid)}; "
+                          "choose one of those (--metric NAME)")
 
 
 def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
@@ -689,34 +791,52 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
     if not config.model:
         raise ConfigError("finetune.model is empty: pass --model DIR, a BERT model directory (config.json, "
                           "weights, vocab.txt)")
+    # Everything that can be checked before training is checked here, so no option fails after an epoch.
+    spec = check_dev_set(spec, config)
+    metric = config.metric or spec.metrics[0]
+    if spec.dev:
+        check_metric(spec, metric, True, ())  # the names any dev set of this task could give
+    if config.evaluate_test:
+        missing = [s.path for s in spec.test if not Path(s.path).is_file()]
+        if missing:
+            raise DataError("test file not found; check the data root, or pass --evaluate-test false", missing[0])
     directory = read_directory(config.model)
     tokenizer = directory.require_tokenizer()
     prepared = prepare_data(config, tokenizer, spec, directory.config)
-    metric = config.metric or spec.metrics[0]
+    if spec.dev and not prepared.dev_examples:
+        raise DataError("no usable dev examples: the best model could not be chosen; fix the file, or pass "
+                        "--no-dev (data.dev = \"\") to train without evaluation", spec.dev[0].path)
+    if spec.dev:
+        check_metric(spec, metric, prepared.version_2_with_negative, prepared.dev_examples)
     log.info("%s: %d train examples -> %d features, %d dev examples -> %d features; %s", spec.name,
              len(prepared.train_examples), len(prepared.train_features), len(prepared.dev_examples),
              len(prepared.dev_features), "; ".join(prepared.report.lines()))
-    set_seed(settings.seed)  # the fresh head's initialisation depends on the seed, as the paper's restarts do
-    model = load_task_model(config, spec, prepared.label_names, prepared.max_seq_length)
     batches = FeatureBatches(prepared.train_features, settings.batch_size, tokenizer.pad_token_id, shuffle=True,
                              seed=settings.seed, rank=distributed.env_int("RANK", 0),
                              world_size=distributed.env_int("WORLD_SIZE", 1))
     steps_per_epoch = max(1, math.ceil(len(batches) / settings.grad_accumulation))
-    training = dataclasses.replace(settings, eval_every=settings.eval_every or steps_per_epoch)
+    # Fine-tuning evaluates and checkpoints every epoch unless told otherwise; epoch ends are always saved.
+    training = dataclasses.replace(settings, eval_every=settings.eval_every or steps_per_epoch,
+                                   save_every=settings.save_every or steps_per_epoch)
     total_steps = training.total_steps(len(batches))
+    finished = finished_run(config, total_steps)
+    if finished is not None:
+        return finished
+    set_seed(settings.seed)  # the fresh head's initialisation depends on the seed, as the paper's restarts do
+    model = load_task_model(config, spec, prepared.label_names, prepared.max_seq_length)
     record = finetuning_record(spec, config, prepared.max_seq_length, prepared.label_names,
                                prepared.version_2_with_negative, metric)
     best_dir = out_dir / "best"
     extra = {FINETUNING_NAME: json.dumps(record, indent=2, ensure_ascii=False) + "\n"}
-    history: list[dict[str, Any]] = []
-    warnings: list[str] = []
+    evaluations = EvaluationLog()
+    history, warnings = evaluations.history, evaluations.warnings
     # Prediction records of the latest evaluation and of the best one (the loop says which is best).
     records: dict[int, list[dict[str, Any]]] = {}
 
     evaluator = None
     if prepared.dev_examples:
         evaluator = make_evaluation(spec, prepared.dev_examples, prepared.dev_features, config, model.config,
-                                    tokenizer, prepared.version_2_with_negative)
+                                    tokenizer, prepared.version_2_with_negative, metric=metric)
 
     def eval_fn(current: torch.nn.Module, step: int) -> dict[str, float]:
         result = evaluator(current)
@@ -734,7 +854,8 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
     keep = BestCheckpoint(metric, metric in LOWER_IS_BETTER, best_dir, extra, on_best)
     objective = registry.family(spec.family).objective_for(model.config)
     outcome = train(model, batches, objective, training, eval_fn=eval_fn if evaluator else None,
-                    tokenizer=tokenizer, best=keep if evaluator else None)
+                    tokenizer=tokenizer, best=keep if evaluator else None,
+                    save_also=lambda step: step % steps_per_epoch == 0, extra_state=evaluations)
     if evaluator is None and distributed.is_main():
         save_model(model, best_dir, tokenizer=tokenizer, extra_files=extra)
     best_metrics, best_step = dict(outcome.best_eval), outcome.best_step
@@ -749,7 +870,8 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
         test_metrics = evaluate_split(spec, spec.test, config, prepared, best_dir)
     result = FinetuneResult(spec.name, metric, best_metrics, best_step or outcome.step, history, best_dir,
                             out_dir, prepared.report.to_dict(), warnings, time.perf_counter() - started,
-                            settings.seed, len(prepared.train_examples), len(prepared.dev_examples), test_metrics)
+                            settings.seed, len(prepared.train_examples), len(prepared.dev_examples), test_metrics,
+                            total_steps, resume_note(settings.resume, out_dir, outcome))
     if distributed.is_main():
         summary = {"task": spec.name, "metric": metric, "best_metrics": result.best_metrics,
                    "best_step": result.best_step, "total_steps": total_steps, "history": history,
@@ -759,9 +881,66 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
         write_json(out_dir / "eval_results.json", summary)
         if predictions is not None:
             write_jsonl(out_dir / "dev_predictions.jsonl", predictions)
-    log.info("%s: best %s %.4f at step %d of %d (%s)", spec.name, metric,
-             result.best_metrics.get(metric, float("nan")), result.best_step, total_steps, best_dir)
+    if metric in result.best_metrics:
+        log.info("%s: best %s %.4f at step %d of %d (%s)", spec.name, metric, result.best_metrics[metric],
+                 result.best_step, total_steps, best_dir)
+    else:
+        log.info("%s: trained %d steps without evaluation; final model saved to %s", spec.name, total_steps,
+                 best_dir)
     return result
+
+
+def check_dev_set(spec: TaskSpec, config: FinetuneConfig) -> TaskSpec:
+    """The run's task with its dev set settled: `data.dev = ""` (`--no-dev`) trains without one, on purpose;
+    no dev file otherwise is an error (the best model could not be chosen)."""
+    if config.data.dev == "":
+        log.info("%s: data.dev is empty (--no-dev): training without evaluation; best/ will hold the final model",
+                 spec.name)
+        return dataclasses.replace(spec, dev=())
+    if not spec.dev:
+        raise ConfigError(f"{spec.name}: no dev file to evaluate on, so no best model could be chosen; pass --dev "
+                          "FILE (data.dev), or --no-dev (data.dev = \"\") to train without evaluation and keep the "
+                          "final model")
+    return spec
+
+
+def resume_note(resume: str, out_dir: Path, outcome) -> str:
+    """What `training.resume` did, in words (the loop's TrainResult says where it started)."""
+    if outcome.resumed_from is not None:
+        return f"resumed from {outcome.resumed_from} (step {outcome.start_step} of {outcome.total_steps})"
+    if resume == "auto":
+        return f"resume auto: no checkpoint in {out_dir}, started a fresh run"
+    return ""
+
+
+def finished_run(config: FinetuneConfig, total_steps: int) -> FinetuneResult | None:
+    """With `training.resume` auto (or a checkpoint) on a run that already reached `total_steps` and wrote its
+    eval_results.json: that run's result, read back; nothing is trained, evaluated or rewritten. None otherwise
+    (a run to start or continue)."""
+    settings = config.training
+    out_dir = Path(settings.out_dir)
+    results = out_dir / "eval_results.json"
+    if settings.resume == "never" or not results.is_file():
+        return None
+    checkpoint = resolve_resume(settings.resume, out_dir)
+    if checkpoint is None or checkpoint_step(checkpoint) < total_steps:
+        return None
+    try:
+        stored = json.loads(results.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stored, dict) or stored.get("total_steps") != total_steps:
+        return None
+    step = checkpoint_step(checkpoint)
+    note = (f"already complete: {checkpoint} is step {step} of {total_steps}; nothing trained, the results in "
+            f"{results} are kept")
+    log.info("%s", note)
+    return FinetuneResult(stored.get("task", ""), stored.get("metric", ""), dict(stored.get("best_metrics") or {}),
+                          int(stored.get("best_step") or step), list(stored.get("history") or []), out_dir / "best",
+                          out_dir, dict(stored.get("data_report") or {}), list(stored.get("warnings") or []),
+                          float(stored.get("seconds") or 0.0), int(stored.get("seed", settings.seed)),
+                          int(stored.get("train_examples") or 0), int(stored.get("dev_examples") or 0),
+                          dict(stored.get("test_metrics") or {}), total_steps, note)
 
 
 def evaluate_split(spec: TaskSpec, sources: Sequence[DataSource], config: FinetuneConfig, prepared: PreparedData,
@@ -904,7 +1083,9 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
     features = family.features(examples, tokenizer, settings, config=model.config, report=report)
     report.log_warnings(os.fspath(data_file))
     version_2 = bool(config.features.version_2_with_negative) or any(getattr(e, "is_impossible", False) for e in examples)
-    evaluator = make_evaluation(spec, examples, features, config, model.config, tokenizer, version_2)
+    chosen = stored.get("metric")  # the metric that picked this model is reported too
+    chosen = chosen if chosen in metric_names(spec, version_2, examples) else None
+    evaluator = make_evaluation(spec, examples, features, config, model.config, tokenizer, version_2, metric=chosen)
     evaluator.device = run_device
     evaluator.precision = resolve_precision(precision, run_device)
     result = evaluator(model)

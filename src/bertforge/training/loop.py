@@ -31,6 +31,11 @@ evaluation: after each evaluation it compares `values[metric]` with the best so 
 saves the model (with the tokenizer and the extra files) to `directory`, replacing it atomically. The best
 step and value are part of every training checkpoint, so a resumed run never replaces a better best with a
 worse one.
+
+Two more hooks serve fine-tuning: `save_also(step)` adds checkpoint steps besides `save_every` and the last
+(fine-tuning checkpoints every epoch end), and `extra_state` — an object with `state_dict()` /
+`load_state_dict(state)` — travels in every checkpoint and is restored on resume (fine-tuning keeps its
+evaluation history and warnings there, so a resumed run reports every evaluation of the run).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import torch
 from torch import nn
 
 from bertforge import checkpoint_format
+from bertforge.constants import TRAINING_STATE_NAME
 from bertforge.errors import BertforgeError, CheckpointError, ConfigError, DataError
 from bertforge.model.fast_paths import fast_paths_enabled, set_activation_checkpointing
 from bertforge.runtime import (
@@ -155,6 +161,8 @@ class TrainResult:
         skipped_steps: optimizer steps skipped for non-finite loss/gradients.
         tokens: tokens seen by this call, summed over ranks.
         seconds: wall time of this call's training steps.
+        resumed_from: the checkpoint this call continued from (None: a fresh run).
+        start_step: the step this call started at (the checkpoint's step; 0 for a fresh run).
     """
 
     step: int
@@ -169,6 +177,26 @@ class TrainResult:
     skipped_steps: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    resumed_from: Path | None = None
+    start_step: int = 0
+
+    def summary(self) -> str:
+        """One readable line: steps, final training loss, the last evaluation, the final checkpoint."""
+        if self.resumed_from is not None and self.start_step >= self.total_steps:
+            head = f"already complete at step {self.step} of {self.total_steps} (nothing trained)"
+        else:
+            start = f" (resumed at step {self.start_step})" if self.resumed_from is not None else ""
+            head = f"trained to step {self.step} of {self.total_steps}{start} in {self.seconds:.1f} s"
+        parts = [head]
+        if "loss" in self.train:
+            terms = ", ".join(f"{k[5:]} {v:.4g}" for k, v in self.train.items() if k.startswith("loss_"))
+            parts.append(f"final loss {self.train['loss']:.4f}" + (f" ({terms})" if terms else ""))
+        if self.eval:
+            parts.append("eval " + ", ".join(f"{k} {v:.4g}" for k, v in self.eval.items()))
+        if self.skipped_steps:
+            parts.append(f"{self.skipped_steps} steps skipped (non-finite)")
+        parts.append(f"checkpoint {self.checkpoint}" if self.checkpoint is not None else "no checkpoint")
+        return "; ".join(parts)
 
 
 @dataclass
@@ -250,7 +278,8 @@ def rng_preserved():
 def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
           eval_fn: Callable[[nn.Module, int], dict[str, float]] | None = None, tokenizer=None,
           best: BestCheckpoint | None = None, logger: MetricsSink | None = None,
-          context: distributed.DistributedContext | None = None) -> TrainResult:
+          context: distributed.DistributedContext | None = None,
+          save_also: Callable[[int], bool] | None = None, extra_state: Any = None) -> TrainResult:
     """Train `model` on `batches` with `task`'s losses; see the module docstring for the contracts.
 
     Args:
@@ -266,6 +295,10 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
         logger: receives log events on the main process (default: MetricsLogger on config.out_dir).
         context: the distributed context when the caller has already joined the process group (a run
             that needed its rank before building the data); default: joined here.
+        save_also: save_also(step) -> True writes a checkpoint after that step too (besides every
+            `save_every` steps and the last); fine-tuning passes its epoch ends.
+        extra_state: an object with `state_dict()` (plain values) and `load_state_dict(state)`, saved in every
+            checkpoint and restored on resume (fine-tuning: its evaluation history).
 
     Returns:
         TrainResult with the final step, last logged values, final checkpoint and history.
@@ -287,6 +320,9 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
         raise ConfigError(f"{out_dir} already holds checkpoints of an earlier run (latest: {existing.name}); "
                           "continue it with --training.resume=auto, or choose another training.out_dir "
                           "(two runs' checkpoints in one directory would make resuming ambiguous)")
+    if resume_from is None and config.resume == "auto" and context.is_main:
+        log.info("resume auto: no checkpoint (checkpoint-<step>/ with %s) in %s; starting a fresh run",
+                 TRAINING_STATE_NAME, out_dir)
 
     set_seed(config.seed + rank, config.deterministic)
     model.to(device)
@@ -300,8 +336,9 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
     step, skipped_total, window, rng_state, kept = 0, 0, LogWindow(), None, BestSoFar()
     if resume_from is not None:
         step, skipped_total, window, rng_state, kept = restore_run(resume_from, model, batches, optimizer,
-                                                                   scheduler, scaler, rank, world)
-        log.info("resuming from %s at step %d of %d", resume_from, step, total_steps)
+                                                                   scheduler, scaler, rank, world, extra_state)
+        if context.is_main:
+            log.info("resuming from %s at step %d of %d", resume_from, step, total_steps)
 
     if logger is None and context.is_main:
         logger = MetricsLogger(out_dir, tensorboard=config.tensorboard)
@@ -322,7 +359,8 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
     clip_norm = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
     nonfinite_limit = config.max_nonfinite_steps + (FP16_CALIBRATION_STEPS if precision == "fp16" else 0)
 
-    result = TrainResult(step=step, total_steps=total_steps, checkpoint=resume_from, skipped_steps=skipped_total)
+    result = TrainResult(step=step, total_steps=total_steps, checkpoint=resume_from, skipped_steps=skipped_total,
+                         resumed_from=resume_from, start_step=step)
     if best is not None:
         result.best_step, result.best_eval, result.best_dir = kept.step, dict(kept.values), Path(best.directory)
     if step >= total_steps:
@@ -440,10 +478,11 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
             if eval_fn is not None and ((config.eval_every and step % config.eval_every == 0)
                                         or step == total_steps):
                 evaluate()
-            if (config.save_every and step % config.save_every == 0) or step == total_steps:
+            if ((config.save_every and step % config.save_every == 0) or step == total_steps
+                    or (save_also is not None and save_also(step))):
                 result.checkpoint = write_checkpoint(
                     context, out_dir, step, model, batches, optimizer, scheduler, scaler, window,
-                    skipped_total, config, tokenizer, kept)
+                    skipped_total, config, tokenizer, kept, extra_state)
     finally:
         progress.close()
         close_logger(logger)
@@ -566,9 +605,9 @@ class BestSoFar:
 
 
 def restore_run(path: Path, model: nn.Module, batches: Any, optimizer, scheduler, scaler, rank: int,
-                world: int) -> tuple[int, int, LogWindow, dict | None, BestSoFar]:
-    """Load checkpoint `path` into the run's objects; return (step, skipped steps, log window, RNG state,
-    best evaluation so far).
+                world: int, extra_state: Any = None) -> tuple[int, int, LogWindow, dict | None, BestSoFar]:
+    """Load checkpoint `path` into the run's objects (and the caller's `extra_state`, when the checkpoint has
+    one); return (step, skipped steps, log window, RNG state, best evaluation so far).
 
     The RNG state is returned, not applied: the caller restores it last, after everything that draws.
     """
@@ -592,6 +631,8 @@ def restore_run(path: Path, model: nn.Module, batches: Any, optimizer, scheduler
     if data_state is not None and hasattr(batches, "load_state_dict"):
         batches.load_state_dict(data_state)
     kept = BestSoFar(**state["best"]) if state.get("best") else BestSoFar()
+    if extra_state is not None and state.get("extra") is not None:
+        extra_state.load_state_dict(state["extra"])
     return (int(state["step"]), int(state.get("skipped_steps", 0)), LogWindow(**state.get("log_window", {})),
             rng_state, kept)
 
@@ -624,7 +665,7 @@ def restore_optimizer(optimizer, scheduler, scaler, state: dict[str, Any], path:
 
 def write_checkpoint(context, out_dir: Path, step: int, model: nn.Module, batches: Any, optimizer, scheduler,
                      scaler, window: LogWindow, skipped: int, config: TrainingConfig, tokenizer,
-                     kept: BestSoFar | None = None) -> Path:
+                     kept: BestSoFar | None = None, extra_state: Any = None) -> Path:
     """Gather every rank's RNG state and data position; the main process writes; all ranks agree on errors."""
     rng = distributed.all_gather_object(capture_rng_state())
     data = distributed.all_gather_object(plain(batches.state_dict()) if hasattr(batches, "state_dict") else None)
@@ -641,6 +682,7 @@ def write_checkpoint(context, out_dir: Path, step: int, model: nn.Module, batche
             "skipped_steps": skipped,
             "best": dataclasses.asdict(kept) if kept is not None else None,
             "config": plain(dataclasses.asdict(config)),
+            "extra": plain(extra_state.state_dict()) if extra_state is not None else None,
         }
         try:
             path = save_checkpoint(out_dir, step, model, state, tokenizer=tokenizer, keep_last=config.keep_last)
