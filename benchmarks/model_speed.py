@@ -328,7 +328,7 @@ def bench_from_pretrained(path: Path, batch: int, tokens: int, device: torch.dev
     ours_s, theirs_s = time_pair(run(ours), run(theirs), device, warmup, repeats)
     return Row(f"inference from_pretrained({path.name if path.name != 'model' else path.parent.name}) T={tokens} "
                f"B={batch} variable 16..T fp32", "real tokens/s", real_tokens / ours_s, real_tokens / theirs_s,
-               f"no further calls vs transformers sdpa; max |diff| at real tokens {diff:.1e}")
+               f"no further calls vs transformers sdpa; max abs diff at real tokens {diff:.1e}")
 
 
 def bench_matmul_ceiling(device: torch.device, size: int = 8192) -> float:
