@@ -332,6 +332,8 @@ def cmd_glue(args: argparse.Namespace, extra: list[str]) -> None:
 # --- inference -------------------------------------------------------------------------------------------
 
 def cmd_predict(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.data.classification import not_utf8, open_text
+    from bertforge.errors import DataError
     from bertforge.inference.pipelines import load_pipeline, predict_stream
 
     options = {}
@@ -339,18 +341,28 @@ def cmd_predict(args: argparse.Namespace, extra: list[str]) -> None:
         options["top_k"] = args.top_k
     if args.pooling is not None:
         options["pooling"] = args.pooling
-    pipeline = load_pipeline(args.model, args.task, device=args.device, precision=args.precision,
-                             batch_size=args.batch_size, max_length=args.max_length, doc_stride=args.doc_stride)
-    source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8-sig")  # noqa: SIM115
-    sink = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
+    # The files first: a wrong path should not wait for (or hide behind) loading the model.
+    source = sys.stdin if args.input == "-" else open_text(args.input)
+    if args.output != "-" and not Path(args.output).resolve().parent.is_dir():
+        raise DataError(f"the folder {Path(args.output).resolve().parent} does not exist; create it or choose "
+                        "another --output", args.output)
     try:
-        count = predict_stream(pipeline, source, sink, source="<stdin>" if args.input == "-" else args.input,
-                               **options)
+        pipeline = load_pipeline(args.model, args.task, device=args.device, precision=args.precision,
+                                 batch_size=args.batch_size, max_length=args.max_length, doc_stride=args.doc_stride)
+        sink = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
+        try:
+            count = predict_stream(pipeline, source, sink, source="<stdin>" if args.input == "-" else args.input,
+                                   **options)
+        except UnicodeDecodeError as error:
+            if source is sys.stdin:
+                raise DataError(f"standard input is not UTF-8 text ({error.reason})", "<stdin>") from None
+            raise not_utf8(args.input, error) from None
+        finally:
+            if sink is not sys.stdout:
+                sink.close()
     finally:
         if source is not sys.stdin:
             source.close()
-        if sink is not sys.stdout:
-            sink.close()
     print(f"{count} predictions written", file=sys.stderr)
 
 

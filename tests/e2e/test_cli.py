@@ -225,3 +225,20 @@ def test_cli_finetune_refuses_bad_metric_and_missing_dev_before_training(workspa
     assert "best dev" not in out
     assert f"classification: trained 2 steps without evaluation (no dev set); final model saved to " \
            f"{tmp_path / 'c' / 'best'}" in out
+
+
+def test_cli_predict_bad_files_are_one_clear_line(tmp_path, capsys, tiny_minilm_model):
+    latin1, good = tmp_path / "latin1.txt", tmp_path / "ok.txt"
+    latin1.write_bytes(b"caf\xe9 au lait\n")
+    good.write_text("hello\n", encoding="utf-8")
+    cases = [
+        (["--model", str(tmp_path / "nonexistent"), "--input", str(good)], "not a model directory"),
+        (["--model", str(tiny_minilm_model), "--input", str(tmp_path / "missing.txt")], "missing.txt: file not found"),
+        (["--model", str(tiny_minilm_model), "--input", str(latin1)], "latin1.txt:1: not UTF-8 text"),
+        (["--model", str(tiny_minilm_model), "--input", str(good), "--output", str(tmp_path / "no" / "out.jsonl")],
+         "does not exist; create it"),
+    ]
+    for extra, expected in cases:
+        assert main(["predict", "--task", "embed", "--device", "cpu", *extra]) == 2
+        err = capsys.readouterr().err
+        assert expected in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
