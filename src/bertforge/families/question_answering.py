@@ -237,13 +237,15 @@ def decode_answers(examples: Sequence[QAExample], features: Sequence[Feature],
             if words is None:
                 words = bounds[example.context] = WordBounds(example.context, tokenizer)
         candidates: list[tuple[float, int, int, int]] = []
+        probabilities: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # per window, computed once
         null_score, null_probability = float("inf"), 0.0
         for index in by_example.get(example_index, []):
             feature = features[index]
             starts, ends = (np.asarray(x, dtype=np.float64) for x in outputs[index])
+            probabilities[index] = softmax(starts), softmax(ends)
             if float(starts[0] + ends[0]) < null_score:
                 null_score = float(starts[0] + ends[0])
-                null_probability = float(softmax(starts)[0] * softmax(ends)[0])
+                null_probability = float(probabilities[index][0][0] * probabilities[index][1][0])
             offsets, max_context = feature.offsets, feature.max_context
             limit = len(offsets)
             for s in _top(starts, n_best_size):
@@ -265,9 +267,9 @@ def decode_answers(examples: Sequence[QAExample], features: Sequence[Feature],
             if text in seen:
                 continue
             seen.add(text)
-            starts, ends = (np.asarray(x, dtype=np.float64) for x in outputs[index])
+            start_probs, end_probs = probabilities[index]
             kept.append({"text": text, "start": begin, "end": end, "logit_score": score,
-                         "score": float(softmax(starts)[s] * softmax(ends)[e])})
+                         "score": float(start_probs[s] * end_probs[e])})
             if len(kept) >= n_best_size:
                 break
         best = kept[0] if kept else None
@@ -358,8 +360,7 @@ class QuestionAnswering(Family):
         return [(start[row, :int(n)], end[row, :int(n)]) for row, n in enumerate(lengths)]
 
     def decode(self, examples, features, outputs, options, config, tokenizer=None):
-        return decode_answers(examples, features, [(s.numpy(), e.numpy()) if hasattr(s, "numpy") else (s, e)
-                                                   for s, e in outputs],
+        return decode_answers(examples, features, outputs,
                               n_best_size=options["n_best_size"], max_answer_tokens=options["max_answer_tokens"],
                               allow_no_answer=options["allow_no_answer"], null_threshold=options["null_threshold"],
                               tokenizer=tokenizer)

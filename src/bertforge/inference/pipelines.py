@@ -37,7 +37,8 @@ import torch.nn.functional as F
 
 from bertforge import checkpoint_format, runtime
 from bertforge.checkpoint_format import LoadReport
-from bertforge.errors import CheckpointError, DataError, InputError
+from bertforge.data.finetuning import Feature
+from bertforge.errors import CheckpointError, ConfigError, DataError, InputError
 from bertforge.evaluation import run_features
 from bertforge.families import registry
 from bertforge.families.base import InputSettings, text_of
@@ -91,7 +92,7 @@ def input_settings(model: BertPretrainedModel, tokenizer, family, record: Mappin
         raise InputError(f"max_length={values['max_seq_length']} is too short for a window; use at least 8 tokens")
     try:
         return InputSettings(**values)
-    except Exception as error:  # ConfigError from the settings' own checks, worded for this API
+    except ConfigError as error:  # the settings' own checks, worded for this API
         raise InputError(str(error).replace("max_seq_length", "max_length")) from None
 
 
@@ -168,10 +169,7 @@ class Pipeline:
         if not isinstance(model, family.model_class):
             raise CheckpointError(f"{self.task} needs a {family.model_class.__name__} (the {family.name} family); "
                                   f"this is a {type(model).__name__}")
-        try:
-            family.check_model(model.config)
-        except CheckpointError:
-            raise
+        family.check_model(model.config)
         fresh = report.fresh_in(family.model_class.head_prefixes) if report is not None else []
         if fresh:
             raise CheckpointError(f"the checkpoint has no trained head ({', '.join(fresh[:4])} missing); "
@@ -209,12 +207,8 @@ class Pipeline:
     def features(self, parsed: Sequence[Any]) -> list:
         try:
             return self.family.features(list(parsed), self.tokenizer, self.settings, config=self.config)
-        except InputError:
-            raise
-        except Exception as error:  # a ConfigError of a window that cannot fit: the caller's input
-            if type(error).__name__ in ("ConfigError", "DataError"):
-                raise InputError(str(error)) from None
-            raise
+        except (ConfigError, DataError) as error:  # e.g. a window that cannot fit: the caller's input
+            raise InputError(str(error)) from None
 
     def run_parsed(self, parsed: Sequence[Any], options: dict[str, Any],
                    precision: str | None = None) -> list[dict[str, Any]]:
@@ -328,8 +322,6 @@ class EmbedPipeline(Pipeline):
         return self.model if isinstance(self.model, BertModel) else self.model.bert
 
     def vectors(self, parsed: Sequence[str], options: dict[str, Any], precision: str) -> list[torch.Tensor]:
-        from bertforge.data.finetuning import Feature
-
         features = []
         for index, text in enumerate(parsed):
             encoding = self.tokenizer.encode(text, truncation="longest_first", max_length=self.max_length)

@@ -287,6 +287,8 @@ class Tokenizer:
         self._id_to_token = vocab.tokens
         self._cls_id = vocab[self.config.cls_token]
         self._sep_id = vocab[self.config.sep_token]
+        # The special-token layout ([CLS] A [SEP] B [SEP]) of this vocabulary, made once: encode uses it per call.
+        self.post_processor = PostProcessor(self._cls_id, self._sep_id)
         self._pad_id = vocab[self.config.pad_token]
         self._words = _Memo(self._analyze_word)
         self._chunks = _Memo(self._analyze_chunk)
@@ -346,11 +348,6 @@ class Tokenizer:
     @property
     def model_max_length(self) -> int:
         return self.config.model_max_length
-
-    @property
-    def post_processor(self) -> PostProcessor:
-        """The special-token layout (`[CLS] A [SEP] B [SEP]`) of this vocabulary."""
-        return PostProcessor(self._cls_id, self._sep_id)
 
     @property
     def pad_token_id(self) -> int:
