@@ -135,7 +135,7 @@ class ConfigFlag(argparse.Action):
     `args.config_overrides`, which `flag_overrides` hands on with the other overrides.
 
     A bool field takes an optional value (`--progress`, `--progress false`, `--progress=true`); a list takes
-    one argument, comma-separated (`--labels neg,pos`) or a TOML list (`--feature-layers "[-1, -2]"`).
+    one argument, comma-separated (`--labels neg,pos`) or a TOML list (`--labels '["neg", "pos"]'`).
     `literal` makes a flag without a value that always sets that literal (`--no-dev` -> data.dev = "").
     """
 
@@ -241,8 +241,7 @@ def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> None:
 
     overrides = flag_overrides(args, PRETRAIN_FLAGS) + split_overrides(extra)
     config = load_config(PretrainConfig, args.run_file, overrides)
-    result = run_pretraining(config)
-    print(result.summary() if hasattr(result, "summary") else result)
+    print(run_pretraining(config).summary())
 
 
 # --- finetune / evaluate -------------------------------------------------------------------------------
@@ -272,6 +271,9 @@ def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> None:
 
     # Flags first, then --key=value overrides, flat (--lr=2e-5) or dotted (--training.lr=2e-5); the run
     # file may use either spelling too (load_finetune_config places flat keys with finetune_key).
+    for name in ("feature_layers", "classifier_hidden"):  # `-1 -2` and `-1,-2` both give one flat list
+        if getattr(args, name):
+            setattr(args, name, [value for group in getattr(args, name) for value in group])
     overrides = flag_overrides(args, FINETUNE_FLAGS) + split_overrides(extra)
     if args.seeds:
         overrides.append(f"seeds={[seed for group in args.seeds for seed in group]}")
@@ -305,7 +307,8 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.training.finetuning import evaluate
 
     overrides = dict(parse_override(item) for item in split_overrides(extra))
-    for flag, key in (("text_a", "text_a_column"), ("text_b", "text_b_column"), ("label", "label_column")):
+    for flag, key in (("text_a", "text_a_column"), ("text_b", "text_b_column"), ("label", "label_column"),
+                      ("id_column", "id_column")):
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
     result = evaluate(args.model, args.data, out_dir=args.out, labelled=not args.unlabelled,
@@ -371,9 +374,12 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
         from bertforge.inference.server import serve
     except ImportError as exc:
         raise ConfigError(f"serving needs the [serve] extra ({exc}); pip install 'bertforge[serve]'") from None
+    # Settings left unset keep ServerSettings' defaults (the one place they are written down).
+    limits = {name: getattr(args, name) for name in ("max_batch_tokens", "max_request_tokens", "request_timeout_s")
+              if getattr(args, name) is not None}
     serve(args.model, host=args.host, port=args.port, device=args.device, precision=args.precision,
           max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
-          micro_batching=not args.no_batching)
+          micro_batching=not args.no_batching, **limits)
 
 
 def cmd_attention(args: argparse.Namespace, extra: list[str]) -> None:
@@ -446,9 +452,12 @@ def cmd_info(args: argparse.Namespace, extra: list[str]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from bertforge.families import registry  # the pipeline routes are the registry's
+    from bertforge.runtime import PRECISIONS  # one precision rule for every command: runtime.choose_precision
     from bertforge.training.config import TrainingConfig  # the flags generated from the config fields
     from bertforge.training.finetuning import TABLES as FINETUNE_TABLES
     from bertforge.training.finetuning import FinetuneConfig
+
+    auto_rule = "auto = bf16 on a CUDA GPU with bf16 support, else fp32"
 
     parser = argparse.ArgumentParser(prog="bertforge", description="BERT end to end: vocab, prepare, pretrain, "
                                      "finetune, evaluate, predict, serve.")
@@ -494,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grad-accumulation", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--optimizer", choices=["adamw", "lamb"])
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"])
+    p.add_argument("--precision", choices=PRECISIONS, help=f"default auto ({auto_rule})")
     p.add_argument("--device")
     p.add_argument("--seed", type=int)
     p.add_argument("--resume", help="auto, never, or a checkpoint directory")
@@ -526,14 +535,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int_list, nargs="+",
                    help="e.g. 1,2,3 or 1 2 3: one run per seed, mean ± std reported")
     p.add_argument("--device", help="auto (cuda if available), cpu, cuda or cuda:N")
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"])
+    p.add_argument("--precision", choices=PRECISIONS, help=f"default auto ({auto_rule})")
     p.add_argument("--train-limit", type=int, help="use only the first N training examples")
     p.add_argument("--dev-limit", type=int, help="use only the first N dev examples")
     p.add_argument("--data-root", help="folder holding the named tasks' data (default ../shared/data)")
     p.add_argument("--freeze-encoder", action="store_true", help="feature-based: train the head only")
-    p.add_argument("--feature-layers", type=int_list, help="e.g. -1,-2,-3,-4: concatenate these layers")
+    p.add_argument("--feature-layers", type=int_list, nargs="+",
+                   help="e.g. -1 -2 -3 -4 (or --feature-layers=-1,-2,-3,-4): concatenate these layers")
     p.add_argument("--classifier-hidden", "--classifier-hidden-sizes", dest="classifier_hidden", type=int_list,
-                   help="hidden widths of the head, e.g. 128")
+                   nargs="+", help="hidden widths of the head, e.g. 128 or 256 128")
     p.add_argument("--fresh-head", action="store_true", help="discard a stored head of another shape")
     p.add_argument("--resume", help="auto (continue from the newest checkpoint in --out, if any), never, or a "
                    "checkpoint directory")
@@ -551,9 +561,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="column of the first text (header name or 0-based index; default: as fine-tuned)")
     p.add_argument("--text-b", "--text-b-column", dest="text_b", help="column of the second text")
     p.add_argument("--label", "--label-column", dest="label", help="column of the label")
+    p.add_argument("--id-column", help="column whose value names each prediction (default: a column named "
+                   "index, id, idx, qid or guid when the header has one, else the row's file:line)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--precision", default="fp32")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help=f"default fp32; {auto_rule}")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("glue", help="fine-tune and evaluate every GLUE task present; the paper's table and the "
@@ -573,7 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dev-limit", type=int, help="score only the first N dev examples (test files: all rows)")
     p.add_argument("--seed", type=int)
     p.add_argument("--device")
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"])
+    p.add_argument("--precision", choices=PRECISIONS, help=f"default auto ({auto_rule})")
     p.add_argument("--on-invalid", choices=["error", "skip"], help="malformed rows (default: error; QQP skip)")
     p.add_argument("--eval-batch-size", type=int)
     p.set_defaults(func=cmd_glue)
@@ -584,7 +597,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", default="-", help="file of lines (default: stdin)")
     p.add_argument("--output", default="-", help="JSONL output (default: stdout)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--precision", default="fp32", help="fp32 (as evaluate), bf16, or auto (bf16 where native and within tolerance)")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help=f"default fp32, the precision evaluate scores at; {auto_rule}")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--top-k", type=int)
     p.add_argument("--pooling", choices=["cls", "mean", "max"])
@@ -597,10 +611,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", default="auto")
-    p.add_argument("--precision", default="fp32", help="fp32 (as evaluate), bf16, or auto (bf16 where native and within tolerance)")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help=f"default fp32, the precision evaluate scores at; {auto_rule}")
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--max-queue", type=int, default=256)
+    p.add_argument("--max-batch-tokens", type=int,
+                   help="tokens (window lengths) in one model call; larger requests are split (default 4096)")
+    p.add_argument("--max-request-tokens", type=int,
+                   help="tokens of windows one request may make; more is refused with 413 (default 524288)")
+    p.add_argument("--request-timeout-s", type=float,
+                   help="a request not answered by then gets 503 (default 60; 0: no limit)")
     p.add_argument("--no-batching", action="store_true")
     p.set_defaults(func=cmd_serve)
 

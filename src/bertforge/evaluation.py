@@ -9,6 +9,10 @@ model you evaluated is the model you serve: same windows, same aggregation, same
 - `Evaluation`: examples + features of one split; calling it with a model runs, decodes and scores, and
   returns an `EvalResult` (metrics named as `bertforge.metrics` names them, one JSON-ready record per
   example — what `evaluate` writes — and warnings such as predictions collapsed to one class).
+
+Every record starts with the example's `id` (`example_id`): the id the file gives the row (a table's id
+column, SQuAD's question id), else where the row is ("file:line"), so the predictions for a test file whose
+labels are withheld can be matched to its rows and submitted.
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ from bertforge.tokenization.tokenizer import Tokenizer
 @dataclass
 class EvalResult:
     """metrics: {name: value}; predictions: one JSON-ready record per example; warnings: plain sentences;
-    details: extra structured results (per-type entity scores...)."""
+    details: extra structured results (per-type entity scores...); calibration: the config changes the
+    family tuned on this split (multi-label thresholds), which the metrics and predictions already use."""
 
     metrics: dict[str, float]
     predictions: list[dict]
     warnings: list[str] = field(default_factory=list)
     details: dict = field(default_factory=dict)
+    calibration: dict = field(default_factory=dict)
 
 
 def run_features(model: torch.nn.Module, features: Sequence[Feature],
@@ -64,6 +70,16 @@ def run_features(model: torch.nn.Module, features: Sequence[Feature],
     return outputs
 
 
+def example_id(example: Any) -> str:
+    """The id of an example's prediction record: its own id (a table's id column, a SWAG row id), SQuAD's
+    question id, else its source ("file:line")."""
+    for name in ("id", "qid", "source"):
+        value = getattr(example, name, None)
+        if value not in (None, ""):
+            return str(value)
+    raise TypeError(f"{type(example).__name__} has no id, qid or source to name its prediction by")
+
+
 class Evaluation:
     """One split's examples and features, evaluated through the one path.
 
@@ -76,12 +92,14 @@ class Evaluation:
         options: decoding options (`family.options`; defaults filled in).
         scoring: the run's scoring choices (`metric_names`; QA `language`, `version_2`).
         device, precision: where and how to run (default: the model's device, fp32).
+        calibrate: tune the family's decision settings on this (dev) split before scoring (`family.calibrate`;
+            multi-label thresholds: "global" or "per_label"); None scores with the config as it is.
     """
 
     def __init__(self, family: Family, examples: Sequence[Any], features: Sequence[Feature], *, config: BertConfig,
                  batch_size: int, pad_token_id: int, options: Mapping[str, Any] | None = None,
                  scoring: Mapping[str, Any] | None = None, tokenizer: Tokenizer | None = None,
-                 device: torch.device | str | None = None, precision: str = "fp32"):
+                 device: torch.device | str | None = None, precision: str = "fp32", calibrate: str | None = None):
         self.family = family
         self.examples = list(examples)
         self.features = list(features)
@@ -94,17 +112,37 @@ class Evaluation:
         self.device = device
         self.precision = precision
         self.labelled = family.labelled(self.examples)
+        self.calibrate = calibrate
+
+    def outputs(self, model: torch.nn.Module) -> list[Any]:
+        return run_features(model, self.features, self.family.forward, batch_size=self.batch_size,
+                            pad_token_id=self.pad_token_id, device=self.device, precision=self.precision)
+
+    def decode(self, outputs: Sequence[Any], config: BertConfig | None = None) -> list[dict[str, Any]]:
+        return self.family.decode(self.examples, self.features, outputs, self.options, config or self.config,
+                                  self.tokenizer)
 
     def results(self, model: torch.nn.Module) -> list[dict[str, Any]]:
         """One decoded result per example (what predict returns for the same inputs)."""
-        outputs = run_features(model, self.features, self.family.forward, batch_size=self.batch_size,
-                               pad_token_id=self.pad_token_id, device=self.device, precision=self.precision)
-        return self.family.decode(self.examples, self.features, outputs, self.options, self.config, self.tokenizer)
+        return self.decode(self.outputs(model))
 
     def __call__(self, model: torch.nn.Module) -> EvalResult:
-        results = self.results(model)
-        records = [self.family.record(e, r) for e, r in zip(self.examples, results)]
+        outputs = self.outputs(model)
+        config = self.config
+        results = self.decode(outputs, config)
+        calibration: dict[str, Any] = {}
+        before: dict[str, float] = {}
+        if self.labelled and self.calibrate is not None:
+            calibration = self.family.calibrate(self.examples, results, config, self.calibrate)
+            if calibration:
+                # Scores with the settings as they were, then decode again with the tuned ones.
+                before = self.family.score(self.examples, results, config, **self.scoring)[0]
+                config = config.replace(**calibration)
+                results = self.decode(outputs, config)
+        records = [{"id": example_id(e), **self.family.record(e, r)} for e, r in zip(self.examples, results)]
         if not self.labelled:
             return EvalResult({}, records)
-        metrics, details, warnings = self.family.score(self.examples, results, self.config, **self.scoring)
-        return EvalResult(metrics, records, warnings, details)
+        metrics, details, warnings = self.family.score(self.examples, results, config, **self.scoring)
+        if calibration:
+            details = {**details, "calibration": calibration, "before_calibration": before}
+        return EvalResult(metrics, records, warnings, details, calibration)

@@ -1,8 +1,13 @@
 """Where and how tensors run: device choice, precision (dtype + autocast), seeding and RNG state capture.
 
-Precision names are `fp32`, `bf16` and `fp16` (and `auto`: bf16 on a GPU that supports it, else fp32).
-bf16 and fp16 run under autocast, so parameters, LayerNorm, softmax and the losses stay in fp32 while the
-matrix products run in half precision; fp16 additionally needs a loss scaler (the training loop owns it).
+Precision names are `fp32`, `bf16` and `fp16`, and `auto`. `choose_precision` is the one rule that turns a
+requested name into a concrete one for every path (training, `evaluate`, `predict`, the pipelines, the
+server): `auto` is bf16 on a CUDA device that supports bf16 (Ampere or newer) and fp32 everywhere else,
+CPUs included, with no probe, so the same model on the same machine runs at the same precision whichever
+command loads it. bf16 and fp16 run under autocast, so parameters, LayerNorm, softmax and the losses stay
+in fp32 while the matrix products run in half precision; fp16 additionally needs a loss scaler (the
+training loop owns it). How far bf16 results may move from fp32 ones is stated in docs/design.md
+("Precision").
 
 `capture_rng_state` / `restore_rng_state` cover every generator a training step draws from (Python,
 NumPy, torch CPU, all CUDA devices), in a form `torch.load(weights_only=True)` reads back, so a resumed
@@ -40,15 +45,31 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     return device
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """Turn `auto` into a concrete precision for `device` and check that the device supports it."""
+def choose_precision(precision: str, device: torch.device | str) -> tuple[str, str]:
+    """(concrete precision, why) for a requested precision on `device`: the one rule of every path.
+
+    `auto` -> bf16 on a CUDA device with bf16 support, else fp32 (a CPU always gets fp32: bf16 there is
+    emulated on most CPUs, and where it is native it would still make `predict` answer differently from an
+    fp32 `evaluate` of the same model on another machine). Any other name is checked against the device.
+
+    Raises:
+        ConfigError: an unknown name, or bf16 on a GPU without bf16.
+    """
+    device = torch.device(device)
     if precision not in PRECISIONS:
-        raise ConfigError(f"unknown precision {precision!r}; use one of {PRECISIONS}")
+        raise ConfigError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
     if precision == "auto":
-        return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return "bf16", "auto: bf16 on a CUDA device with bf16 support"
+        return "fp32", f"auto: fp32 (bf16 is chosen only on a CUDA device with bf16 support; this is {device.type})"
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ConfigError("precision bf16 needs a GPU with bfloat16 support (Ampere or newer); use fp16 or fp32")
-    return precision
+    return precision, "requested"
+
+
+def resolve_precision(precision: str, device: torch.device | str) -> str:
+    """The concrete precision `choose_precision` picks (without the reason)."""
+    return choose_precision(precision, device)[0]
 
 
 def precision_dtype(precision: str) -> torch.dtype:

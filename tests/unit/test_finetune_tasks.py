@@ -258,7 +258,8 @@ def test_metric_names_per_family():
     assert metric_names(spec("classification")) == ("accuracy", "f1", "precision", "recall", "macro_f1",
                                                     "macro_precision", "macro_recall", "mcc")
     assert metric_names(spec("classification", regression=True)) == ("pearson", "spearman", "mse")
-    assert metric_names(spec("tagging")) == ("f1", "precision", "recall")
+    assert metric_names(spec("tagging")) == ("f1", "precision", "recall", "invalid_span_share")
+    assert metric_names(spec("classification", multi_label=True))[0] == "micro_f1"
     assert metric_names(spec("multiple_choice")) == ("accuracy",)
     qa = spec("question_answering")
     assert metric_names(qa) == ("exact_match", "f1")
@@ -276,7 +277,7 @@ def test_check_metric_rejects_unknown_names_with_the_valid_ones():
                        r"sst2 \(classification\) evaluations report \['accuracy', 'f1'"):
         check_metric(TASKS["sst2"], "acuracy", False, ())
     with pytest.raises(ConfigError, match=r"'bogus' is invalid: conll2003 \(tagging\) evaluations report "
-                       r"\['f1', 'precision', 'recall'\]"):
+                       r"\['f1', 'precision', 'recall', 'invalid_span_share'\]"):
         check_metric(TASKS["conll2003"], "bogus", False, ())
 
 

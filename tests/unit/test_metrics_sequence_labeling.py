@@ -17,8 +17,10 @@ from bertforge.metrics.sequence_labeling import (
     bio_to_iobes,
     check_bio,
     check_tags,
+    count_invalid_spans,
     entity_scores,
     get_entities,
+    invalid_spans,
     iobes_to_bio,
 )
 
@@ -91,6 +93,35 @@ def test_check_tags_iobes():
     assert check_tags(["B-PER", "I-PER", "E-PER", "S-LOC", "O"], "IOBES") == []
     problems = check_tags(["B-PER", "O", "E-LOC", "S-LOC"], "IOBES")
     assert [p.index for p in problems] == [0, 2]
+
+
+def test_invalid_spans_bio_are_entities_started_by_inside():
+    assert invalid_spans(["B-PER", "I-PER", "O", "B-LOC"]) == []
+    # I- at the start, after O, and after another type each start an ill-formed span (conlleval's reading).
+    assert invalid_spans(["I-PER", "O", "I-LOC", "I-LOC", "B-PER", "I-MISC"]) == [
+        ("PER", 0, 0), ("LOC", 2, 3), ("MISC", 5, 5)]
+    assert invalid_spans([]) == []
+
+
+def test_invalid_spans_iobes_also_unclosed_and_end_only():
+    assert invalid_spans(["S-PER", "B-LOC", "I-LOC", "E-LOC", "O"], "IOBES") == []
+    assert invalid_spans(["B-PER", "I-PER", "O", "E-LOC", "B-MISC", "S-MISC"], "IOBES") == [
+        ("PER", 0, 1), ("LOC", 3, 3), ("MISC", 4, 4)]
+    with pytest.raises(InputError, match="not a IOBES tag"):
+        invalid_spans(["PER"], "IOBES")
+
+
+def test_count_invalid_spans_pools_sentences():
+    assert count_invalid_spans([["B-PER", "O", "I-LOC"], ["O"], ["I-PER", "I-PER", "B-LOC"]]) == (2, 4)
+    assert count_invalid_spans([]) == (0, 0)
+
+
+@given(st.lists(st.lists(st.sampled_from(BIO_TAGS), max_size=8), max_size=4))
+@settings(max_examples=60, deadline=None)
+def test_count_invalid_spans_zero_exactly_when_well_formed(sentences):
+    invalid, total = count_invalid_spans(sentences)
+    assert total == sum(len(get_entities(tags)) for tags in sentences)
+    assert (invalid == 0) == all(not check_bio(tags) for tags in sentences)
 
 
 def test_entity_scores_hand_computed():

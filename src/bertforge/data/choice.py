@@ -4,7 +4,8 @@ SWAG's CSV has a header with `sent1` (the context), `sent2` (the start of the ne
 `ending3` and `label` (the right ending's index). Any CSV/TSV/JSONL with such columns reads the same way;
 the ending columns are every column named ``ending<N>`` unless given. The features (one ``[CLS] context
 [SEP] start + ending [SEP]`` row per choice, a long context windowed the same for every choice) are built
-by `families.multiple_choice`.
+by `families.multiple_choice`. An example's id (what evaluate's predictions carry) is the row's `index`, `id`,
+... column (`CHOICE_ID_COLUMNS`; SWAG's is its unnamed first column), else its "file:line".
 """
 
 from __future__ import annotations
@@ -14,22 +15,29 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bertforge.data.classification import ON_INVALID, detect_format, invalid, iter_rows, no_rows
+from bertforge.data.classification import ID_COLUMNS, ON_INVALID, detect_format, invalid, iter_rows, no_rows
 from bertforge.data.finetuning import DataReport
 from bertforge.errors import ConfigError, DataError
 
 _ENDING = re.compile(r"^ending(\d+)$")
+# SWAG's CSV (written by pandas) keeps its row ids in a first column without a name.
+CHOICE_ID_COLUMNS = (*ID_COLUMNS, "")
 
 
 @dataclass
 class ChoiceExample:
-    """One question: the context, the shared start of every choice, the endings, the right ending's index."""
+    """One question: the context, the shared start of every choice, the endings, the right ending's index,
+    where it came from ("file:line") and its id (the row's id column, else the source)."""
 
     context: str
     start: str
     endings: list[str]
     label: int | None
     source: str
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        self.id = self.id or self.source
 
 
 def read_choice(
@@ -114,7 +122,8 @@ def read_choice(
                 invalid(report, on_invalid, "bad_label", f"label {record.get(label_column)!r} is not a choice index "
                         f"in [0, {len(choices)})", path, line)
                 continue
-        examples.append(ChoiceExample(context, str(start or ""), choices, label, f"{os.fspath(path)}:{line}"))
+        row_id = next((str(record[name]).strip() for name in CHOICE_ID_COLUMNS if record.get(name) not in (None, "")), "")
+        examples.append(ChoiceExample(context, str(start or ""), choices, label, f"{os.fspath(path)}:{line}", row_id))
         report.note("rows")
     if not records:
         raise no_rows(path, header_line)

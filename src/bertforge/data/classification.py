@@ -22,7 +22,7 @@ import csv
 import json
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,19 +30,28 @@ from bertforge.data.finetuning import DataReport
 from bertforge.errors import ConfigError, DataError
 
 ON_INVALID = ("error", "skip")
+# Header names (JSON keys) of a row-id column, taken as the id when no id column is named: GLUE's test files
+# have `index` (QQP `id`), ChnSentiCorp `qid`.
+ID_COLUMNS = ("index", "id", "idx", "qid", "guid")
 FILE_FORMATS = ("tsv", "csv", "jsonl")
 BOM = "\ufeff"
 
 
 @dataclass
 class ClassificationExample:
-    """One row: text_a, optional text_b, the raw label (str; float for regression; None when unlabeled),
-    and where it came from ("file:line")."""
+    """One row: text_a, optional text_b, the raw label (str; float for regression; a tuple of label names for
+    multi-label, possibly empty; None when unlabeled), where it came from ("file:line"), and its id: the
+    value of the file's id column (`ID_COLUMNS`, or the one named), else the source (what evaluate's
+    predictions carry, so a test-set file's predictions can be submitted by id)."""
 
     text_a: str
     text_b: str | None
-    label: str | float | None
+    label: str | float | tuple[str, ...] | None
     source: str
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        self.id = self.id or self.source
 
 
 Column = int | str
@@ -187,6 +196,9 @@ def read_classification(
     file_format: str | None = None,
     on_invalid: str = "error",
     report: DataReport | None = None,
+    multi_label: bool = False,
+    label_separator: str = ",",
+    id_column: Column | None = None,
 ) -> list[ClassificationExample]:
     """Read a classification/regression table.
 
@@ -200,6 +212,12 @@ def read_classification(
         on_invalid: "error" (default) raises DataError at the first malformed row; "skip" drops it, counted
             in the report as `skipped_<reason>`.
         report: where counts go (a new one when None; read it from the returned examples' caller).
+        id_column: the column of each row's id (header name, JSON key or index); None: the first header name
+            (JSON key) in `ID_COLUMNS` that no other role uses, else each row's "file:line".
+        multi_label: each row has any number of labels: a JSON list in JSONL (``"label": ["PER", "LOC"]``),
+            else the cell split on `label_separator` ("PER,LOC"); an empty list or cell is a row without
+            labels (counted as `rows_without_labels`).
+        label_separator: what separates a multi-label cell's labels.
 
     Returns:
         The examples, in file order.
@@ -212,7 +230,8 @@ def read_classification(
         raise ConfigError(f"on_invalid={on_invalid!r}; use one of {ON_INVALID}")
     report = report if report is not None else DataReport()
     file_format = detect_format(path, file_format)
-    columns = {"text_a": parse_column(text_a), "text_b": parse_column(text_b), "label": parse_column(label)}
+    columns = {"text_a": parse_column(text_a), "text_b": parse_column(text_b), "label": parse_column(label),
+               "id": parse_column(id_column)}
     if columns["text_a"] is None:
         raise ConfigError("text_a column is required (a header name or a 0-based index)")
     named = any(isinstance(c, str) for c in columns.values())
@@ -231,6 +250,8 @@ def read_classification(
         if header and names is None:
             header_line = line
             names = {str(name).strip(): i for i, name in enumerate(row)}
+            if columns["id"] is None:
+                columns["id"] = default_id_column(names, columns)
             width = len(row)
             for role, column in columns.items():
                 if isinstance(column, str) and column not in names:
@@ -258,7 +279,11 @@ def read_classification(
         elif columns["text_b"] is not None and (not isinstance(second, str) or not second.strip()):
             problem = ("empty_text", "text_b is missing or empty")
         value: str | float | None = None
-        if problem is None and columns["label"] is not None:
+        if problem is None and columns["label"] is not None and multi_label:
+            value, problem = multi_label_value(values["label"], label_separator)
+            if problem is None and not value:
+                report.note("rows_without_labels", where)
+        elif problem is None and columns["label"] is not None:
             raw = values["label"]
             if raw is None or (isinstance(raw, str) and not raw.strip()):
                 problem = ("empty_label", "the label is missing or empty")
@@ -274,11 +299,38 @@ def read_classification(
         if problem is not None:
             invalid(report, on_invalid, problem[0], problem[1], path, line)
             continue
-        examples.append(ClassificationExample(first, second if columns["text_b"] is not None else None, value, where))
+        if isinstance(row, dict) and id_column is None:
+            values["id"] = row.get(default_id_column(row, columns) or "")
+        row_id = "" if values["id"] is None else str(values["id"]).strip()
+        examples.append(ClassificationExample(first, second if columns["text_b"] is not None else None, value, where,
+                                              row_id))
         report.note("rows")
     if not records:
         raise no_rows(path, header_line)
     return examples
+
+
+def multi_label_value(raw: object, separator: str) -> tuple[tuple[str, ...], tuple[str, str] | None]:
+    """(labels, problem) of a multi-label cell: a JSON list of names, or a string split on `separator`.
+    Duplicates are dropped (order kept); a missing value is a problem, an empty list is none."""
+    if raw is None:
+        return (), ("empty_label", "the label is missing (a row without labels has [] or an empty cell)")
+    if isinstance(raw, list):
+        if not all(isinstance(x, str | int) and not isinstance(x, bool) and str(x).strip() for x in raw):
+            return (), ("bad_label", f"label {raw!r}: a multi-label list holds label names (strings)")
+        names = [str(x).strip() for x in raw]
+    elif isinstance(raw, str | int) and not isinstance(raw, bool):
+        names = [part.strip() for part in str(raw).split(separator) if part.strip()] if separator else [str(raw)]
+    else:
+        return (), ("bad_label", f"label {raw!r}: give a list of label names or a {separator!r}-separated string")
+    return tuple(dict.fromkeys(names)), None
+
+
+def default_id_column(names: Iterable[str], columns: dict[str, Column | None]) -> str | None:
+    """The first of `ID_COLUMNS` among a header's names (a JSON row's keys) that no other column role uses."""
+    taken = {column for role, column in columns.items() if role != "id"}
+    present = set(names)
+    return next((name for name in ID_COLUMNS if name in present and name not in taken), None)
 
 
 def sorted_labels(labels: Sequence[str]) -> list[str]:
@@ -294,13 +346,18 @@ def label_list(examples: Sequence[ClassificationExample]) -> list[str]:
     labels = [e.label for e in examples if e.label is not None]
     if not labels:
         raise DataError("no labelled examples; a training file needs a label column")
-    return sorted_labels(labels)
+    names = [name for label in labels for name in (label if isinstance(label, tuple) else (label,))]
+    if not names:
+        raise DataError("no row of the training file has a label; a multi-label file needs some labels")
+    return sorted_labels(names)
 
 
 def check_labels(examples: Sequence[ClassificationExample], label2id: dict[str, int]) -> None:
     """Raise a DataError for the first label that the model does not know (e.g. a dev label absent in train)."""
     for example in examples:
-        if example.label is not None and example.label not in label2id:
-            path, _, line = example.source.rpartition(":")
-            raise DataError(f"label {example.label!r} was never seen in training (known labels: "
-                            f"{sorted(label2id)}); fix the row or add training examples of it", path, int(line))
+        names = example.label if isinstance(example.label, tuple) else (example.label,)
+        for name in names:
+            if name is not None and name not in label2id:
+                path, _, line = example.source.rpartition(":")
+                raise DataError(f"label {name!r} was never seen in training (known labels: {sorted(label2id)}); "
+                                "fix the row, add training examples of it, or list it in --labels", path, int(line))

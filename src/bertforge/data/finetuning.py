@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 # How many locations a report keeps per kind of event (the count is always complete).
 REPORT_SAMPLES = 5
 # Report kinds that are plain tallies rather than something done to the data.
-INFORMATIONAL = ("rows:", "features:", "limited_from:")
+INFORMATIONAL = ("rows:", "features:", "limited_from:", "rows_without_labels:")
 
 
 @dataclass
@@ -95,7 +95,8 @@ class Feature:
         example_index: index of the example this window belongs to (several windows may share it).
         input_ids: [T] token ids with [CLS]/[SEP], or [C][T] for multiple choice (one row per choice).
         token_type_ids: same shape as input_ids.
-        label: sequence target: class id (int), score (float, regression), or the right choice; None unlabeled.
+        label: sequence target: class id (int), score (float, regression), one 0.0/1.0 per label (multi-label),
+            or the right choice; None unlabeled.
         token_labels: [T] tagging targets, IGNORE_INDEX where a token carries no label.
         start_position / end_position: QA targets (token indices; 0 = [CLS] when the answer is not here).
         offsets: [T] character span in the example text of each token, None for [CLS]/[SEP]/question tokens.
@@ -110,7 +111,7 @@ class Feature:
     example_index: int
     input_ids: list
     token_type_ids: list
-    label: int | float | None = None
+    label: int | float | list[float] | None = None
     token_labels: list[int] | None = None
     start_position: int | None = None
     end_position: int | None = None
@@ -193,7 +194,8 @@ def collate_features(features: Sequence[Feature], indices: Sequence[int], pad_to
     if first.token_labels is not None:
         batch.labels = pad_sequences([f.token_labels for f in features], IGNORE_INDEX, min_length=width)
     elif first.label is not None:
-        dtype = torch.float32 if isinstance(first.label, float) else torch.long
+        # Regression scores and multi-label targets (one 0/1 per label) are floats; class ids are longs.
+        dtype = torch.float32 if isinstance(first.label, float | list) else torch.long
         batch.labels = torch.tensor([f.label for f in features], dtype=dtype)
     if first.mask_positions is not None:
         batch.mlm_positions = pad_sequences([f.mask_positions for f in features], 0)

@@ -24,7 +24,9 @@ Functions here are pure: randomness comes only from the `random.Random` passed i
 
 from __future__ import annotations
 
+import logging
 import random
+import time
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +36,8 @@ from bertforge.constants import NSP_IS_NEXT, NSP_IS_RANDOM
 from bertforge.errors import ConfigError
 from bertforge.tokenization.normalizer import is_cjk
 from bertforge.tokenization.postprocessor import PostProcessor
+
+log = logging.getLogger(__name__)
 
 Segmenter = Callable[[str], Sequence[str]]
 # Tries Google makes to find a random document other than the current one before it accepts any.
@@ -135,17 +139,57 @@ def tokenize_document(sentences: Sequence[str], tokenizer: Any, segmenter: Segme
 def jieba_segmenter() -> Segmenter:
     """jieba's precise-mode word segmenter (``jieba.lcut``), imported only when asked for.
 
+    jieba's dictionary is loaded here, once per process, with jieba's own log lines ("Building prefix dict
+    from the default dictionary ...", "Loading model cost ...") silenced: they go to stderr through jieba's
+    handler, again through the root handler of a console set up by `logging.basicConfig`, and once more in
+    every `prepare --workers N` process. A run shows one line of ours instead, the first time only.
+
     Raises:
         ConfigError: jieba is not installed (``pip install 'bertforge[zh]'``).
     """
     try:
-        import jieba
+        import jieba  # noqa: F401
     except ImportError:
         raise ConfigError(
             "Chinese whole-word masking needs a word segmenter: install jieba (pip install 'bertforge[zh]') "
             "or pass segmenter=<your text -> words function>"
         ) from None
-    return jieba.lcut
+    seconds = _load_jieba()
+    if seconds is not None:
+        log.info("jieba word segmenter ready (dictionary loaded in %.1f s)", seconds)
+    return JiebaSegmenter()
+
+
+_JIEBA: Any = None  # the jieba module once its dictionary is loaded in this process
+
+
+def _load_jieba() -> float | None:
+    """Load jieba's dictionary quietly in this process; the seconds it took, or None if it was loaded already."""
+    global _JIEBA
+    if _JIEBA is not None:
+        return None
+    import jieba
+
+    jieba.setLogLevel(logging.WARNING)
+    started = time.perf_counter()
+    jieba.initialize()
+    _JIEBA = jieba
+    return time.perf_counter() - started
+
+
+class JiebaSegmenter:
+    """``text -> words`` with jieba; picklable, so `prepare --workers N` sends it to worker processes, where the
+    first call loads the dictionary as quietly as `jieba_segmenter` does in the main process."""
+
+    def __init__(self) -> None:
+        # The name `prepare` records in its shard settings, as it did for `jieba.lcut` itself: shards prepared
+        # before this class existed still resume.
+        self.__qualname__ = "Tokenizer.lcut"
+
+    def __call__(self, text: str) -> list[str]:
+        if _JIEBA is None:
+            _load_jieba()
+        return _JIEBA.lcut(text)
 
 
 def _concatenate(sentences: Sequence[Sentence]) -> tuple[array, bytearray]:

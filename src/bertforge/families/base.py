@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from bertforge.data.finetuning import DataReport, Feature, FinetuneBatch
 from bertforge.errors import ConfigError, InputError
@@ -110,6 +111,67 @@ def softmax(scores: np.ndarray) -> np.ndarray:
 def mean_loss(terms: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """A model's `loss` from the family objective: each term's sum over its count, added up."""
     return sum(total / count.clamp(min=1.0) for total, count in terms.values())
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """How a single-label head (classification, tagging) weighs its cross-entropy in training.
+
+    class_weights: one weight per label (id order) multiplying each example's loss by its gold label's
+        weight (None: all 1); fine-tuning can compute them from the training counts ("balanced").
+    focal_gamma: focal loss (Lin et al., 2017): each loss is multiplied by (1 - p_gold) ** gamma, so
+        examples the model already gets right count less; 0 is the plain cross-entropy.
+    """
+
+    class_weights: tuple[float, ...] | None = None
+    focal_gamma: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.class_weights is not None and (not self.class_weights or any(
+                not np.isfinite(w) or w < 0 for w in self.class_weights)):
+            raise ConfigError(f"class_weights={list(self.class_weights)}: give one non-negative number per label")
+        if not (np.isfinite(self.focal_gamma) and self.focal_gamma >= 0):
+            raise ConfigError(f"focal_gamma={self.focal_gamma!r}: use a number >= 0 (2 is the paper's)")
+
+    @property
+    def plain(self) -> bool:
+        return self.class_weights is None and self.focal_gamma == 0
+
+    def check_labels(self, num_labels: int) -> None:
+        """ConfigError when the weights do not give one number per label of the model."""
+        if self.class_weights is not None and len(self.class_weights) != num_labels:
+            raise ConfigError(f"class_weights has {len(self.class_weights)} values but the model has {num_labels} "
+                              "labels; give one weight per label in label order, or 'balanced' to compute them")
+
+
+def label_loss(logits: torch.Tensor, labels: torch.Tensor, loss: LossSettings | None = None,
+               ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum, count) of the cross-entropy of logits [N, C] against labels [N], rows labelled `ignore_index`
+    left out; with `loss`, class-weighted and/or focal.
+
+    The count is the number of labelled rows, weighted or not, so a class weight scales that row's share of
+    the mean instead of being normalised away (PyTorch's weighted mean divides by the summed weights).
+    """
+    labels = labels.long()
+    keep = labels != ignore_index
+    count = keep.sum().float()
+    if loss is None or loss.plain:
+        return F.cross_entropy(logits.float(), labels, ignore_index=ignore_index, reduction="sum"), count
+    logits, labels = logits[keep].float(), labels[keep]
+    log_p = F.log_softmax(logits, dim=-1).gather(-1, labels[:, None]).squeeze(-1)  # [N'] log p(gold)
+    per_row = -log_p
+    if loss.focal_gamma:
+        per_row = per_row * (1.0 - log_p.exp()).clamp(min=0.0) ** loss.focal_gamma
+    if loss.class_weights is not None:
+        per_row = per_row * logits.new_tensor(loss.class_weights)[labels]
+    return per_row.sum(), count
+
+
+def symmetric_kl(logits_a: torch.Tensor, logits_b: torch.Tensor) -> torch.Tensor:
+    """Sum over rows of (KL(p_a || p_b) + KL(p_b || p_a)) / 2 of the softmax of logits [N, C]: R-Drop's
+    consistency term between two dropout passes (Liang et al., 2021)."""
+    log_a, log_b = F.log_softmax(logits_a.float(), dim=-1), F.log_softmax(logits_b.float(), dim=-1)
+    return 0.5 * ((log_a.exp() * (log_a - log_b)).sum() + (log_b.exp() * (log_b - log_a)).sum())
 
 
 def check_text(value: Any, name: str) -> str:
@@ -216,9 +278,14 @@ class Family:
                      settings: InputSettings) -> None:
         """DataError naming the first example whose label the model does not know."""
 
-    def head_config(self, label_names: Sequence[str] | None, regression: bool = False) -> dict[str, Any]:
+    def head_config(self, label_names: Sequence[str] | None, regression: bool = False,
+                    multi_label: bool = False) -> dict[str, Any]:
         """Config changes that shape this family's head for a run (label names, problem type)."""
         return {}
+
+    def label_counts(self, examples: Sequence[Any], label_names: Sequence[str], settings: InputSettings) -> list[int]:
+        """Training items per label (label-name order), from which "balanced" class weights are computed."""
+        raise ConfigError(f"class weights computed from the data ('balanced') are not defined for {self.name}")
 
     # --- inputs -------------------------------------------------------------------------------------
     def parse(self, item: Any) -> Any:
@@ -251,6 +318,12 @@ class Family:
         `language` and `version_2` (QA); others are ignored."""
         raise NotImplementedError
 
+    def calibrate(self, examples: Sequence[Any], results: Sequence[dict[str, Any]], config: BertConfig,
+                  mode: str | None) -> dict[str, Any]:
+        """Config changes tuned on labelled (dev) results, e.g. multi-label decision thresholds; `mode` is the
+        run's choice ("global", "per_label", None for none). Most families have nothing to tune: {}."""
+        return {}
+
     def record(self, example: Any, result: dict[str, Any]) -> dict[str, Any]:
         """What `evaluate` writes per example: the example's own fields, its gold label, then the result."""
         raise NotImplementedError
@@ -260,9 +333,15 @@ class Family:
         return all(getattr(e, "label", None) is not None for e in examples)
 
     # --- training (the loop's task protocol) --------------------------------------------------------
-    def objective_for(self, config: BertConfig) -> Any:
-        """What the training loop asks for a model of this config: `counts`, `loss_terms`, `metrics`.
-        The family itself, unless the objective depends on the config (classification's problem type)."""
+    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> Any:
+        """What the training loop asks for a model of this config: `counts`, `loss_terms`, `metrics`, and
+        `consistency(output_a, output_b, batch)` for R-Drop where the family defines it: the disagreement of
+        two dropout passes summed over the items the first loss term counts (a tensor, or (sum, count)).
+        `loss` weighs single-label cross-entropy (class weights, focal); a family without such a loss
+        refuses non-plain settings with a ConfigError naming the option."""
+        if loss is not None and not loss.plain:
+            raise ConfigError(f"class weights and focal loss apply to single-label classification and tagging, "
+                              f"not to {self.name}; remove head.class_weights / head.focal_gamma")
         return self
 
     def counts(self, batch: Any) -> dict[str, torch.Tensor]:

@@ -2,9 +2,15 @@
 
 Owns: the model (`BertForSequenceClassification`: pooled [CLS] -> dropout -> classifier), its objective
 (cross-entropy, BCE or MSE by `config.problem_type`, one function used by the model's `forward(labels=...)`
-and by the training loop), features (``[CLS] A [SEP] (B [SEP])``, long inputs windowed), decoding (the
-mean of an example's window logits, then softmax / sigmoid / the raw value), metrics and the pipeline's
-JSON. Examples and their file readers are in `data.classification`.
+and by the training loop; single-label training may weigh classes or use focal loss, see `LossSettings`),
+features (``[CLS] A [SEP] (B [SEP])``, long inputs windowed), decoding (the mean of an example's window
+logits, then softmax / sigmoid / the raw value), metrics and the pipeline's JSON. Examples and their file
+readers are in `data.classification`.
+
+Multi-label: a row has any number of labels; the head has one sigmoid per label and decides each label
+with a threshold. Fine-tuning tunes the thresholds on dev (`calibrate`: one for all labels or one per
+label) and stores them in the model's config (`label_thresholds`), so evaluate, predict and the server
+decide with the same thresholds; a per-call `threshold` option overrides them.
 
 Long inputs: an input longer than `max_seq_length` is split into windows over its longer segment
 (`tokenization.windows`; the shorter segment is kept whole, or cut to half the room, counted in the
@@ -24,21 +30,27 @@ from torch import nn
 
 from bertforge.data.classification import ClassificationExample, check_labels, label_list, read_classification
 from bertforge.data.finetuning import DataReport, Feature
-from bertforge.errors import CheckpointError, InputError
+from bertforge.errors import CheckpointError, ConfigError, DataError, InputError
 from bertforge.families.base import (
     Family,
     FineTuningModel,
     InputSettings,
+    LossSettings,
     check_number,
     check_text,
+    label_loss,
     mean_loss,
     softmax,
+    symmetric_kl,
     text_of,
 )
 from bertforge.metrics.classification import (
     compute_classification_metrics,
+    multi_label_metrics,
+    per_class_scores,
     prediction_collapse,
     regression_collapse,
+    tune_thresholds,
 )
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import TaskOutput, build_classifier, feature_size, sequence_features
@@ -63,11 +75,13 @@ def problem_type(config: BertConfig, labels: torch.Tensor | None = None) -> str:
     return SINGLE_LABEL
 
 
-def objective(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def objective(logits: torch.Tensor, labels: torch.Tensor, kind: str,
+              loss: LossSettings | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """The training objective as {term: (sum, count)}: logits [B, C], labels [B] (or [B, C] multi-label).
 
     Counts are examples (label entries for multi-label), so the mean is the usual per-example loss
-    however a step is split into micro-batches and ranks.
+    however a step is split into micro-batches and ranks. `loss` (single-label only) adds class weights
+    and/or the focal factor.
     """
     logits = logits.float()
     if kind == REGRESSION:
@@ -75,8 +89,8 @@ def objective(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> dict[str
     if kind == MULTI_LABEL:
         loss = F.binary_cross_entropy_with_logits(logits, labels.float(), reduction="sum")
         return {"bce": (loss, logits.new_tensor(float(labels.numel())))}
-    loss = F.cross_entropy(logits, labels.long(), reduction="sum")
-    return {"cross_entropy": (loss, logits.new_tensor(float(labels.shape[0])))}
+    total, count = label_loss(logits, labels, loss)
+    return {"cross_entropy": (total, count)}
 
 
 class BertForSequenceClassification(FineTuningModel):
@@ -105,10 +119,11 @@ class BertForSequenceClassification(FineTuningModel):
 
 
 class ClassificationObjective:
-    """The loop's view of one classifier: `objective` for its problem type, plus a running accuracy."""
+    """The loop's view of one classifier: `objective` for its problem type, plus a running accuracy and
+    R-Drop's consistency term."""
 
-    def __init__(self, kind: str):
-        self.kind = kind
+    def __init__(self, kind: str, loss: LossSettings | None = None):
+        self.kind, self.loss = kind, loss
         self.term = {REGRESSION: "mse", MULTI_LABEL: "bce"}.get(kind, "cross_entropy")
 
     def counts(self, batch) -> dict[str, torch.Tensor]:
@@ -117,7 +132,19 @@ class ClassificationObjective:
         return {self.term: torch.tensor(float(labels.numel() if self.kind == MULTI_LABEL else labels.shape[0]))}
 
     def loss_terms(self, output: TaskOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        return objective(output.logits, batch.labels, self.kind)
+        return objective(output.logits, batch.labels, self.kind, self.loss)
+
+    def consistency(self, output_a: TaskOutput, output_b: TaskOutput, batch) -> torch.Tensor:
+        """How far two dropout passes disagree, summed over what the loss counts: the symmetric KL of the
+        class distributions per example; of each label's Bernoulli per label entry (multi-label); the
+        squared difference of the two values (regression)."""
+        a, b = output_a.logits.float(), output_b.logits.float()
+        if self.kind == REGRESSION:
+            return ((a - b) ** 2).sum()
+        if self.kind == MULTI_LABEL:  # each label a two-way softmax over (0, logit)
+            zeros = torch.zeros_like(a)
+            return symmetric_kl(torch.stack([zeros, a], -1).flatten(0, 1), torch.stack([zeros, b], -1).flatten(0, 1))
+        return symmetric_kl(a, b)
 
     def metrics(self, output: TaskOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         logits = output.logits.detach().float()
@@ -151,8 +178,12 @@ def build_features(examples: Sequence[ClassificationExample], tokenizer: Tokeniz
         a = tokenizer.encode(example.text_a, add_special_tokens=False).ids
         b = None if example.text_b is None else tokenizer.encode(example.text_b, add_special_tokens=False).ids
         budget = settings.max_seq_length - post.added(b is not None)
-        label: int | float | None = None
-        if example.label is not None:
+        label: int | float | list[float] | None = None
+        if isinstance(example.label, tuple):  # multi-label: one 0/1 target per label
+            label = [0.0] * len(label2id)
+            for name in example.label:
+                label[label2id[name]] = 1.0
+        elif example.label is not None:
             label = float(example.label) if regression else label2id[example.label]
         if len(a) + len(b or []) <= budget:
             ids, types = post.assemble(a, b)
@@ -195,7 +226,8 @@ class Classification(Family):
     aliases = ("sequence_classification", "classify", "regression", "pair", "text")
     model_class = BertForSequenceClassification
     task = "classify"
-    options = {"threshold": 0.5}
+    # threshold (multi-label): None = the model's tuned `label_thresholds` (0.5 without them).
+    options = {"threshold": None}
     export_outputs = {"logits": {0: "batch"}}
     probe_inputs = ["This film was a delight from start to finish.",
                     {"text": "A man is playing a guitar.", "text_pair": "Someone is making music."},
@@ -205,7 +237,10 @@ class Classification(Family):
         return read_classification(path, text_a=options["text_a"], text_b=options["text_b"],
                                    label=options["label"] if labelled else None, header=options["header"],
                                    regression=options["regression"], file_format=options["file_format"],
-                                   on_invalid=options["on_invalid"], report=report)
+                                   on_invalid=options["on_invalid"], report=report,
+                                   multi_label=options.get("multi_label", False),
+                                   label_separator=options.get("label_separator") or ",",
+                                   id_column=options.get("id_column"))
 
     def label_names(self, examples, given, settings, regression=False):
         return None if regression else list(given or label_list(examples))
@@ -214,21 +249,39 @@ class Classification(Family):
         if label_names is not None:
             check_labels(examples, {name: i for i, name in enumerate(label_names)})
 
-    def head_config(self, label_names, regression=False):
+    def head_config(self, label_names, regression=False, multi_label=False):
         if regression:
             return {"problem_type": REGRESSION, "id2label": None, "label2id": None}
-        return {"problem_type": SINGLE_LABEL, "id2label": dict(enumerate(label_names)), "label2id": None}
+        return {"problem_type": MULTI_LABEL if multi_label else SINGLE_LABEL, "id2label": dict(enumerate(label_names)),
+                "label2id": None, "label_thresholds": None}
+
+    def label_counts(self, examples, label_names, settings) -> list[int]:
+        """Training examples per label (label-name order), for class weights computed from the data."""
+        index = {name: i for i, name in enumerate(label_names)}
+        counts = [0] * len(label_names)
+        for example in examples:
+            for name in example.label if isinstance(example.label, tuple) else (example.label,):
+                if name is not None:
+                    counts[index[name]] += 1
+        return counts
 
     def check_model(self, config: BertConfig) -> None:
         if problem_type(config) != REGRESSION and not config.id2label:
             raise CheckpointError("the model's config.json has no id2label (label names); add them, e.g. "
                                   "\"id2label\": {\"0\": \"negative\", \"1\": \"positive\"}")
 
-    def objective_for(self, config: BertConfig) -> ClassificationObjective:
-        return ClassificationObjective(problem_type(config))
+    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> ClassificationObjective:
+        kind = problem_type(config)
+        if loss is not None and not loss.plain:
+            if kind != SINGLE_LABEL:
+                raise ConfigError(f"class weights and focal loss apply to single-label classification; this model is "
+                                  f"{kind.replace('_', ' ')}: remove head.class_weights / head.focal_gamma")
+            loss.check_labels(config.num_labels)
+        return ClassificationObjective(kind, loss)
 
     def validate_options(self, options):
-        check_number(options, "threshold", 0, 1)
+        if options["threshold"] is not None:
+            check_number(options, "threshold", 0, 1)
 
     def parse(self, item: Any) -> ClassificationExample:
         if isinstance(item, str):
@@ -259,10 +312,11 @@ class Classification(Family):
             return [{"value": float(row[0]), "windows": int(n)} for row, n in zip(logits, windows)]
         names = config.label_names
         scores = 1 / (1 + np.exp(-logits)) if kind == MULTI_LABEL else softmax(logits)
+        thresholds = decision_thresholds(config, options.get("threshold"))
         for row, n in zip(scores, windows):
             by_label = {name: float(s) for name, s in zip(names, row)}
             if kind == MULTI_LABEL:
-                results.append({"labels": [k for k, s in by_label.items() if s >= options["threshold"]],
+                results.append({"labels": [k for k, s, t in zip(names, row, thresholds) if s >= t],
                                 "scores": by_label, "windows": int(n)})
             else:
                 best = int(row.argmax())
@@ -271,7 +325,16 @@ class Classification(Family):
         return results
 
     def record(self, example, result):
-        return {"text_a": example.text_a, "text_b": example.text_b, "gold": example.label, **result}
+        gold = list(example.label) if isinstance(example.label, tuple) else example.label
+        return {"text_a": example.text_a, "text_b": example.text_b, "gold": gold, **result}
+
+    def calibrate(self, examples, results, config, mode):
+        """Multi-label: thresholds tuned on these (dev) results, one for all labels (`mode` "global") or one
+        per label ("per_label"), as config changes; other problem types have nothing to tune ({})."""
+        if problem_type(config) != MULTI_LABEL or mode is None:
+            return {}
+        scores, gold = multi_label_arrays(examples, results, config.label_names)
+        return {"label_thresholds": tune_thresholds(scores, gold, per_label=mode == "per_label")}
 
     def score(self, examples, results, config, *, metric_names=None, **_):
         kind = problem_type(config)
@@ -280,15 +343,52 @@ class Classification(Family):
             gold = [float(e.label) for e in examples]
             warnings = [w for w in [regression_collapse(predicted, gold)] if w]
             return compute_classification_metrics(predicted, gold, "regression", metric_names), {}, warnings
+        names = config.label_names
         if kind == MULTI_LABEL:
-            raise InputError("scoring multi-label classification from files is not supported yet; predict works")
-        index = {name: i for i, name in enumerate(config.label_names)}
+            decided = [[name in set(r["labels"]) for name in names] for r in results]
+            _, gold = multi_label_arrays(examples, results, names)
+            metrics, per_label = multi_label_metrics(decided, gold, names)
+            if metric_names is not None:
+                metrics = {k: metrics[k] for k in metric_names if k in metrics} or metrics
+            warnings = []
+            if not any(any(row) for row in decided):
+                warnings.append(f"no label assigned to any of {len(examples)} examples: every score is below its "
+                                "threshold (too few steps, or thresholds too high)")
+            return metrics, {"per_label": per_label, "thresholds": decision_thresholds(config, None)}, warnings
+        index = {name: i for i, name in enumerate(names)}
         predicted = [index[r["label"]] for r in results]
         gold = [index[e.label] for e in examples]
         extra = {"positive_label": 1} if len(index) == 2 else {}
         metrics = compute_classification_metrics(predicted, gold, "classification", metric_names, **extra)
         warnings = [w for w in [prediction_collapse(predicted)] if w]
-        return metrics, {}, warnings
+        # Per-class recall shows a rare class the model ignores behind a good accuracy.
+        details = {"per_class": per_class_scores([names[p] for p in predicted], [names[g] for g in gold], names)}
+        return metrics, details, warnings
+
+
+def decision_thresholds(config: BertConfig, override: float | None) -> list[float]:
+    """One threshold per label: the call's `threshold` option, else the model's tuned `label_thresholds`
+    (one for all labels, or one each), else 0.5."""
+    count = config.num_labels
+    if override is not None:
+        return [float(override)] * count
+    stored = config.label_thresholds or [0.5]
+    if len(stored) == 1:
+        return stored * count
+    if len(stored) != count:
+        raise CheckpointError(f"the model's config.json has {len(stored)} label_thresholds for {count} labels; give "
+                              "one threshold or one per label")
+    return list(stored)
+
+
+def multi_label_arrays(examples, results, names) -> tuple[list[list[float]], list[list[bool]]]:
+    """(scores [N][C], gold [N][C]) of multi-label results against their examples' labels, in `names` order."""
+    if any(not isinstance(e.label, tuple) for e in examples):
+        raise DataError("multi-label scoring needs every example's labels as a list; the data was read as "
+                        "single-label (set data.multi_label, or --format multilabel)")
+    scores = [[r["scores"][name] for name in names] for r in results]
+    gold = [[name in e.label for name in names] for e in examples]
+    return scores, gold
 
 
 FAMILY = Classification()

@@ -6,8 +6,11 @@ softmax path of the encoder) and writes
 - ``<name>.html``: the attention probabilities as inline JSON with a few lines of JavaScript; pick a layer
   and a head (or the mean over heads) and see the token-by-token heat map; hover a cell for its weight.
   No CDN, no network: the file works offline and can be attached to an issue.
-- ``<name>.png``: every selected (layer, head) map in one grid, rows = layers, columns = heads. Needs
-  matplotlib (the `plot` extra); without it the PNG is skipped with a warning unless `png=True` demands it.
+- ``<name>.png``: every selected (layer, head) map in one grid, rows = layers, columns = heads, with a colour
+  bar of the weights. Needs matplotlib (the `plot` extra); without it the PNG is skipped with a warning
+  unless `png=True` demands it. Chinese text is drawn with a CJK font when the machine has one
+  (`plots.cjk_font`); when it has none, a warning says so and points to the HTML page, which the browser
+  draws with its own fonts.
 
 Row i of a map is where token i attends (each row sums to 1); padding never appears, as one text is
 encoded alone.
@@ -20,6 +23,8 @@ import json
 import logging
 import os
 import re
+import textwrap
+import warnings
 from pathlib import Path
 
 import torch
@@ -27,6 +32,7 @@ import torch
 from bertforge.checkpoint_format import load_tokenizer
 from bertforge.errors import ConfigError, InputError
 from bertforge.families import registry
+from bertforge.inference.plots import cjk_font, needs_cjk_font
 from bertforge.model.bert import BertModel
 from bertforge.storage import write_bytes
 
@@ -62,37 +68,59 @@ def select(count: int, chosen: int | None, what: str) -> list[int]:
     return [chosen % count]
 
 
-def render_png(tokens: list[str], maps: torch.Tensor, layers: list[int], heads: list[int], title: str) -> bytes:
-    """The grid of maps as PNG bytes (matplotlib's object API, no global pyplot state)."""
-    from io import BytesIO
+def attention_figure(tokens: list[str], maps: torch.Tensor, layers: list[int], heads: list[int], title: str,
+                     font: str | None = None):
+    """The grid of maps as a matplotlib Figure (object API, no global pyplot state), with one colour bar.
 
+    Constrained layout places the figure title above the head titles (never over them) and the colour bar
+    beside the grid. `font` is a family for the token labels and the title (a CJK font for Chinese text; see
+    `plots.cjk_font`), tried before matplotlib's default.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    text_font = {"fontfamily": [font, "sans-serif"]} if font else {}
     size = max(1.6, min(4.0, 0.25 * len(tokens)))
-    figure = Figure(figsize=(max(size * len(heads) + 1.2, 5.0), size * len(layers) + 1.0), dpi=100)
+    figure = Figure(figsize=(max(size * len(heads) + 2.0, 5.0), size * len(layers) + 1.2), dpi=100,
+                    layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(len(layers), len(heads), squeeze=False)
     # Token names on the outer edge of the grid only, and only while they stay legible.
     labels = len(tokens) <= 24
+    image = None
     for row, layer in enumerate(layers):
         for column, head in enumerate(heads):
             ax = axes[row][column]
-            ax.imshow(maps[layer, head].numpy(), cmap="Blues", vmin=0.0, vmax=1.0)
+            image = ax.imshow(maps[layer, head].numpy(), cmap="Blues", vmin=0.0, vmax=1.0)
             ax.set_xticks([])
             ax.set_yticks([])
             if column == 0:
                 ax.set_ylabel(f"layer {layer}", fontsize=8)
                 if labels:
-                    ax.set_yticks(range(len(tokens)), tokens, fontsize=6)
+                    ax.set_yticks(range(len(tokens)), tokens, fontsize=6, **text_font)
             if row == 0:
                 ax.set_title(f"head {head}", fontsize=8)
             if labels and row == len(layers) - 1:
-                ax.set_xticks(range(len(tokens)), tokens, fontsize=6, rotation=90)
-    figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
+                ax.set_xticks(range(len(tokens)), tokens, fontsize=6, rotation=90, **text_font)
+    bar = figure.colorbar(image, ax=axes, shrink=0.9 if len(layers) > 1 else 1.0, aspect=30)
+    bar.set_label("attention weight (each row sums to 1)", fontsize=8)
+    bar.ax.tick_params(labelsize=7)
+    # A long text would run off both sides of a narrow grid: wrap the title to the figure's width.
+    width = int(figure.get_figwidth() * 72 / (10 * 0.62))  # characters of 10-point text per line
+    figure.suptitle(textwrap.fill(title, width=max(width, 20)), fontsize=10, **text_font)
+    return figure
+
+
+def render_png(tokens: list[str], maps: torch.Tensor, layers: list[int], heads: list[int], title: str,
+               font: str | None = None) -> bytes:
+    """`attention_figure` as PNG bytes."""
+    from io import BytesIO
+
     buffer = BytesIO()
-    figure.savefig(buffer, format="png")
+    with warnings.catch_warnings():
+        # matplotlib warns once per missing character; render_attention has said it once already.
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font")
+        attention_figure(tokens, maps, layers, heads, title, font).savefig(buffer, format="png")
     return buffer.getvalue()
 
 
@@ -205,8 +233,15 @@ def render_attention(model_dir: str | os.PathLike, text: str, out_dir: str | os.
             return result
         title = f"{model_name}: \"{text}\" — rows: layers, columns: heads"
         result["png"] = out / f"{stem}.png"
-        write_bytes(result["png"], render_png(tokens, maps, layers, heads, title))
+        font = None
+        if needs_cjk_font([text, *tokens]):
+            font = cjk_font()
+            if font is None:
+                log.warning("no font on this machine draws Chinese characters, so %s shows them as boxes; open %s "
+                            "instead (a browser has the fonts), or install one (e.g. fonts-noto-cjk) and rerun",
+                            result["png"], result["html"])
+        write_bytes(result["png"], render_png(tokens, maps, layers, heads, title, font))
     return result
 
 
-__all__ = ["MAX_TOKENS", "attention_maps", "render_attention"]
+__all__ = ["MAX_TOKENS", "attention_figure", "attention_maps", "render_attention"]

@@ -5,22 +5,84 @@ A run directory's `metrics.jsonl` holds one JSON object per line with "step", "s
 ``{"step": 100, "split": "train", "time": ..., "values": {"loss": ..., "mlm_acc": ...}}``). `plot_run` draws every metric whose name contains "loss" in one panel and every
 one containing "acc" (accuracy, mlm_accuracy, nsp_accuracy ...) in another, plus any metrics named
 explicitly, and writes a PNG next to the metrics. Needs matplotlib (the `plot` extra).
+
+It also owns the figure conventions the attention grid shares (`inference.attention`): constrained layout,
+so a figure title never overlaps the panel titles, and the choice of a font that draws CJK text
+(`cjk_font`): matplotlib's default DejaVu Sans has no Chinese or Japanese glyphs and draws each character
+as an empty box, so a machine's Noto Sans CJK / Source Han / WenQuanYi / SimHei / Microsoft YaHei /
+PingFang (or any installed font with a glyph for 中) is used when the text needs one.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 from collections import defaultdict
+from collections.abc import Iterable
 from io import BytesIO
 from pathlib import Path
+from typing import Any
 
 from bertforge.errors import ConfigError, DataError
 from bertforge.storage import write_bytes
+from bertforge.tokenization.normalizer import is_cjk
 
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
+
+# Font families that draw Chinese (and Japanese/Korean) characters, most preferred first; a font whose name
+# contains one of these is taken without opening its file.
+CJK_FONT_NAMES = ("Noto Sans CJK", "Noto Sans SC", "Noto Sans TC", "Source Han Sans", "Noto Serif CJK",
+                  "Source Han Serif", "WenQuanYi", "SimHei", "Microsoft YaHei", "PingFang", "Hiragino Sans GB",
+                  "Heiti", "STHeiti", "SimSun", "AR PL", "Droid Sans Fallback", "Arial Unicode")
+CJK_PROBE = "中"  # a character every CJK font has
+
+
+def needs_cjk_font(texts: Iterable[str]) -> bool:
+    """Whether any of `texts` holds a CJK ideograph (Google's ranges, as the tokenizer splits them)."""
+    return any(is_cjk(ord(char)) for text in texts for char in text)
+
+
+def has_glyph(font_file: str, char: str) -> bool:
+    """Whether the font file has a glyph for `char` (False for a file matplotlib cannot open)."""
+    try:
+        from matplotlib.ft2font import FT2Font
+
+        return FT2Font(font_file).get_char_index(ord(char)) != 0
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+def cjk_font(fonts: Iterable[Any] | None = None) -> str | None:
+    """The family name of an installed font that draws CJK characters, or None when the machine has none.
+
+    Args:
+        fonts: font entries with `.name` and `.fname` (default: matplotlib's font list,
+            `font_manager.fontManager.ttflist`; tests pass their own).
+
+    A font named in `CJK_FONT_NAMES` wins (in that order); otherwise the first font whose file has a glyph
+    for 中. The answer for the machine's own list is remembered (reading font files is slow).
+    """
+    if fonts is None:
+        return _installed_cjk_font()
+    entries = sorted(fonts, key=lambda entry: entry.name)
+    for wanted in CJK_FONT_NAMES:
+        for entry in entries:
+            if wanted.lower() in entry.name.lower():
+                return entry.name
+    for entry in entries:
+        if has_glyph(entry.fname, CJK_PROBE):
+            return entry.name
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_cjk_font() -> str | None:
+    from matplotlib import font_manager
+
+    return cjk_font(font_manager.fontManager.ttflist)
 
 
 def read_metrics(path: Path) -> dict[str, dict[str, list[tuple[float, float]]]]:
@@ -88,7 +150,8 @@ def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None,
     except ImportError:
         raise ConfigError("plotting needs matplotlib: pip install 'bertforge[plot]'") from None
 
-    figure = Figure(figsize=(6.0 * len(panels), 4.2), dpi=100)
+    # Constrained layout leaves room for the figure title above the panel titles (tight_layout does not).
+    figure = Figure(figsize=(6.0 * len(panels), 4.2), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(1, len(panels), squeeze=False)[0]
     for ax, (title, names) in zip(axes, panels):
@@ -102,7 +165,6 @@ def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None,
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     figure.suptitle(str(run.resolve().name if run.is_dir() else run.parent.name), fontsize=10)
-    figure.tight_layout()
     target = Path(out) if out is not None else path.parent / CURVES_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
     buffer = BytesIO()
@@ -111,4 +173,5 @@ def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None,
     return target
 
 
-__all__ = ["CURVES_FILE", "METRICS_FILE", "plot_run", "read_metrics"]
+__all__ = ["CJK_FONT_NAMES", "CURVES_FILE", "METRICS_FILE", "cjk_font", "needs_cjk_font", "plot_run",
+           "read_metrics"]

@@ -39,8 +39,10 @@ KEY_TABLE: tuple[tuple[str, str], ...] = (
     ("classifier.out", "classifier.out"),
     ("qa_outputs", "qa_outputs"),
 )
-# Parameters whose full name is not `<module>.weight|bias`.
-EXACT_KEYS: tuple[tuple[str, str], ...] = (("mlm.bias", "cls.predictions.bias"),)
+# Parameters whose full name is not `<module>.weight|bias`. The tagger's CRF (`head.crf`) has no Hugging Face
+# counterpart: its names pass through, and their BertForTokenClassification loads the directory without it.
+EXACT_KEYS: tuple[tuple[str, str], ...] = (("mlm.bias", "cls.predictions.bias"), ("crf.transitions", "crf.transitions"),
+                                           ("crf.start", "crf.start"), ("crf.end", "crf.end"))
 
 # Keys in their files that carry nothing of their own: the MLM decoder is tied to the word embeddings
 # (weight) and to `cls.predictions.bias` (bias); `position_ids` is a constant buffer older versions saved.

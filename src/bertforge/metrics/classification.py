@@ -3,8 +3,9 @@
 Owns accuracy, precision/recall/F1 (binary for one positive label, and macro over classes), Matthews
 correlation (the multi-class form, which reduces to the textbook binary MCC), Pearson and Spearman
 correlation (Spearman with average ranks for ties), the named-metric entry point
-`compute_classification_metrics` used by evaluation, and `prediction_collapse` / `regression_collapse`,
-which spot a model that predicts one class (or, for regression, one value) for everything.
+`compute_classification_metrics` used by evaluation, `prediction_collapse` / `regression_collapse`,
+which spot a model that predicts one class (or, for regression, one value) for everything, per-class
+scores, multi-label metrics (micro/macro F1) and the tuning of multi-label decision thresholds.
 
 Inputs are any sequences (lists, tuples, numpy arrays) of hashable labels or of numbers; nothing here
 imports torch. Undefined ratios (a class never predicted, a constant input to a correlation) are 0.0,
@@ -17,6 +18,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Hashable, Iterable, Sequence
+
+import numpy as np
 
 from bertforge.errors import ConfigError, InputError
 
@@ -357,3 +360,83 @@ def regression_collapse(predictions: Sequence[float], labels: Sequence[float] | 
         "collapsed to a constant (usual causes: learning rate too high, too few training steps, or unscaled "
         "targets)"
     )
+
+
+# --- per class and multi-label ------------------------------------------------------------------------------
+
+MULTI_LABEL_METRICS = ("micro_f1", "micro_precision", "micro_recall", "macro_f1", "subset_accuracy")
+# Candidate thresholds of `tune_thresholds`: a fixed grid, so tuning is deterministic and does not overfit
+# to the exact scores of a small dev set.
+THRESHOLD_GRID = tuple(round(0.01 * i, 2) for i in range(1, 100))
+
+
+def per_class_scores(predictions: Sequence[Hashable], labels: Sequence[Hashable],
+                     names: Sequence[Hashable]) -> dict[str, dict[str, float]]:
+    """Precision, recall, F1 and support of every class in `names` (one-vs-rest), for evaluation reports:
+    the per-class recall is what shows a model that ignores a rare class behind a good accuracy."""
+    predictions, labels = _paired(predictions, labels)
+    scores = {}
+    for name in names:
+        precision, recall, f1 = _class_scores(predictions, labels, name)
+        scores[str(name)] = {"precision": precision, "recall": recall, "f1": f1,
+                             "support": sum(y == name for y in labels)}
+    return scores
+
+
+def _binary_counts(predicted, gold):
+    """True positives, predicted positives and gold positives per label: three [C] arrays."""
+    predicted, gold = np.asarray(predicted, dtype=bool), np.asarray(gold, dtype=bool)
+    return (predicted & gold).sum(0), predicted.sum(0), gold.sum(0)
+
+
+def multi_label_metrics(predicted: Sequence[Sequence[bool]], gold: Sequence[Sequence[bool]],
+                        names: Sequence[str]) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Metrics of multi-label decisions [N][C] (True = label assigned) against gold [N][C].
+
+    Returns:
+        ({micro_f1, micro_precision, micro_recall, macro_f1, subset_accuracy}, {label: {precision, recall,
+        f1, support}}). Micro pools every (example, label) decision; macro averages the per-label F1 over
+        all labels (a label with no gold and no predicted positive scores 0, as scikit-learn's zero_division=0).
+    """
+    predicted, gold = _paired(predicted, gold)
+    true_pos, pred_pos, gold_pos = _binary_counts(predicted, gold)
+    per_label = {}
+    for i, name in enumerate(names):
+        precision, recall = _ratio(true_pos[i], pred_pos[i]), _ratio(true_pos[i], gold_pos[i])
+        per_label[str(name)] = {"precision": float(precision), "recall": float(recall),
+                                "f1": float(_f1_from(precision, recall)), "support": int(gold_pos[i])}
+    micro_p, micro_r = _ratio(true_pos.sum(), pred_pos.sum()), _ratio(true_pos.sum(), gold_pos.sum())
+    exact = sum(list(map(bool, p)) == list(map(bool, g)) for p, g in zip(predicted, gold))
+    metrics = {"micro_f1": float(_f1_from(micro_p, micro_r)), "micro_precision": float(micro_p),
+               "micro_recall": float(micro_r),
+               "macro_f1": sum(s["f1"] for s in per_label.values()) / max(len(per_label), 1),
+               "subset_accuracy": exact / len(gold)}
+    return metrics, per_label
+
+
+def tune_thresholds(scores: Sequence[Sequence[float]], gold: Sequence[Sequence[bool]],
+                    per_label: bool = False) -> list[float]:
+    """Decision thresholds for multi-label scores [N][C] (probabilities) that maximise F1 on (dev) data.
+
+    Global (`per_label` False): one threshold, the grid value with the best micro F1; per label: each label's
+    own best F1. Ties go to the value closest to 0.5, so a flat optimum keeps the usual default.
+
+    Returns:
+        [threshold] (global) or one per label.
+    """
+    scores, gold = _paired(scores, gold)
+    scores, gold = np.asarray(scores, dtype=np.float64), np.asarray(gold, dtype=bool)
+    grid = np.asarray(THRESHOLD_GRID)
+    decided = scores[None, :, :] >= grid[:, None, None]  # [G, N, C]
+    true_pos = (decided & gold[None]).sum(1)  # [G, C]
+    pred_pos = decided.sum(1)
+    gold_pos = gold.sum(0)[None, :]
+    if per_label:
+        f1 = np.where(pred_pos + gold_pos > 0, 2 * true_pos / np.maximum(pred_pos + gold_pos, 1), 0.0)  # [G, C]
+    else:
+        tp, pp, gp = true_pos.sum(1), pred_pos.sum(1), gold_pos.sum()
+        f1 = np.where(pp + gp > 0, 2 * tp / np.maximum(pp + gp, 1), 0.0)[:, None]  # [G, 1]
+    # Highest F1 first, then nearest to 0.5: lexsort's last key is the primary one.
+    closeness = np.abs(grid - 0.5)
+    best = [int(np.lexsort((closeness, -f1[:, c]))[0]) for c in range(f1.shape[1])]
+    return [float(grid[b]) for b in best]

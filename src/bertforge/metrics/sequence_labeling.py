@@ -1,7 +1,8 @@
 """Entity-level metrics for sequence labelling (NER), and the BIO / IOBES tag schemes.
 
 Owns reading entities out of tag sequences (`get_entities`), converting between schemes (`bio_to_iobes`,
-`iobes_to_bio`), checking that a sequence is well formed (`check_tags`, `check_bio`), and entity-level
+`iobes_to_bio`), checking that a sequence is well formed (`check_tags`, `check_bio`), counting the predicted
+entity spans that are ill formed (`invalid_spans`, `count_invalid_spans`), and entity-level
 precision/recall/F1, micro-averaged and per entity type (`entity_scores`).
 
 Tags are "O" or "<prefix>-<TYPE>" with prefix B/I (BIO, also called IOB2) or B/I/E/S (IOBES); the type may
@@ -234,6 +235,29 @@ def check_tags(tags: Sequence[str], scheme: str = "BIO") -> list[TagProblem]:
 def check_bio(tags: Sequence[str]) -> list[TagProblem]:
     """`check_tags(tags, "BIO")`: the I- tags that follow O or another type, and non-BIO tags."""
     return check_tags(tags, "BIO")
+
+
+def invalid_spans(tags: Sequence[str], scheme: str = "BIO") -> list[Entity]:
+    """The entity spans of a sentence (read by the default, conlleval rules, as they are scored) that its
+    tags form ill: in BIO one that starts with I- (after O, at the start, or after another type); in IOBES
+    also one that starts with E-, or a B- entity not closed by E-. Exactly the spans that strict reading
+    does not find.
+
+    Raises:
+        InputError: for a tag that does not belong to `scheme`.
+    """
+    well_formed = set(get_entities(tags, scheme, strict=True))
+    return [entity for entity in get_entities(tags, scheme) if entity not in well_formed]
+
+
+def count_invalid_spans(pred_seqs: Sequence[Sequence[str]], scheme: str = "BIO") -> tuple[int, int]:
+    """(ill-formed spans, all spans) over predicted sentences [S][T_s]: see `invalid_spans`; their ratio is
+    the share of predicted entities that a decoder without scheme constraints made up from stray tags."""
+    invalid = total = 0
+    for tags in pred_seqs:
+        invalid += len(invalid_spans(tags, scheme))
+        total += len(get_entities(tags, scheme))
+    return invalid, total
 
 
 def _prf(correct: int, predicted: int, gold: int) -> dict[str, float | int]:

@@ -55,6 +55,12 @@ class BertConfig:
     # the usual pooled [CLS] / last layer. `freeze_encoder` keeps the encoder fixed while the head trains.
     feature_layers: list[int] | None = None
     freeze_encoder: bool = False
+    # Multi-label classification: the decision threshold per label (one value for all, or one per label),
+    # tuned on dev by fine-tuning and applied by every consumer; None = 0.5.
+    label_thresholds: list[float] | None = None
+    # Token classification: a linear-chain CRF over the tagger's scores (transitions constrained by the
+    # BIO/IOBES scheme of the label names), decoded with Viterbi.
+    use_crf: bool = False
     architectures: list[str] | None = None
 
     def __post_init__(self) -> None:
@@ -87,6 +93,10 @@ class BertConfig:
                                                       for i in self.feature_layers),
                  "feature_layers", f"give layer indices in [-{self.num_hidden_layers + 1}, "
                  f"{self.num_hidden_layers}] (0 = embeddings, -1 = last layer)")
+        if self.label_thresholds is not None:
+            need(len(self.label_thresholds) > 0 and all(0.0 <= float(t) <= 1.0 for t in self.label_thresholds),
+                 "label_thresholds", "give one threshold in [0, 1] or one per label, or leave it unset")
+            self.label_thresholds = [float(t) for t in self.label_thresholds]
         # JSON turns int keys into strings; normalise both label maps so either spelling loads.
         if self.id2label is not None:
             self.id2label = {int(k): str(v) for k, v in self.id2label.items()}

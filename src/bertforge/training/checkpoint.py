@@ -6,6 +6,12 @@ loss-scaler state, the step, every rank's RNG states and data position (the batc
 so a resume continues from the next unseen batch in O(1) instead of replaying the stream). The directory is
 built aside and renamed into place, so a crash or a full disk never leaves a half-written checkpoint and
 never touches the older ones; only the last `keep_last` are kept.
+
+The loop's recipes add to the state (each key is optional, so older checkpoints still resume): `best`
+carries `stale`, the evaluations since the last improvement by more than `min_delta` (early stopping);
+`stopped_early` says the run ended there; with EMA of the weights the directory's model weights are the
+average and `ema` holds {"decay", "shadow", "raw"}: the float32 shadow and the raw training weights by
+parameter name.
 """
 
 from __future__ import annotations
@@ -149,3 +155,9 @@ def load_training_state(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(state, dict) or state.get("format_version") != STATE_FORMAT_VERSION:
         raise CheckpointError(f"{file}: not a bertforge training state of format {STATE_FORMAT_VERSION}")
     return state
+
+
+def stopped_early(path: str | os.PathLike) -> bool:
+    """Whether checkpoint `path` ended its run by early stopping (`training.patience`): resuming it trains
+    nothing, although its step is below the run's total."""
+    return bool(load_training_state(path).get("stopped_early", False))

@@ -4,6 +4,9 @@ Batch sizes are per device: one optimizer step sees `batch_size * grad_accumulat
 examples. Length is `steps` optimizer steps or, when `steps` is 0, `epochs` passes over the batch source;
 warmup is `warmup_steps` or, when that is 0, `warmup_ratio` of the steps (the same precedence as the
 Hugging Face Trainer, so a quick `--training.steps=20` override works on any run file).
+
+The recipes of the loop (early stopping, layer-wise learning-rate decay, FGM, R-Drop, EMA of the weights)
+are off by default; each is one field here, described in `bertforge.training.loop`.
 """
 
 from __future__ import annotations
@@ -53,6 +56,23 @@ class TrainingConfig:
             before training stops with an error; fp16 tolerates 16 more while its loss scale adapts.
         progress: show a progress bar on the main process.
         tensorboard: also write TensorBoard events when the `tensorboard` package is installed.
+        patience: early stopping: stop after this many evaluations in a row (one every `eval_every` steps; needs
+            a dev set) that did not beat the best metric by more than `min_delta`, with a resumable checkpoint
+            at that step; 0 = off.
+        min_delta: how much an evaluation must beat the best so far by to reset the patience count, in the
+            metric's units (0 = any improvement; the best model still follows every improvement).
+        layer_lr_decay: layer-wise learning-rate decay in (0, 1]: the head and the pooler train at `lr`,
+            encoder layer i of L (0-based) at lr * decay**(L - i), the embeddings at lr * decay**(L + 1);
+            1 = one learning rate for all (e.g. 0.9 for base models, 0.95 for large ones).
+        fgm_epsilon: adversarial training by FGM (Miyato et al., 2017): every micro-batch also backpropagates
+            its loss with the word embeddings moved by epsilon along the normalised gradient (one more
+            forward and backward per micro-batch); 0 = off, 1.0 is the usual value.
+        rdrop_alpha: R-Drop (Liang et al., 2021): every micro-batch runs twice with independent dropout and
+            adds alpha times the task's consistency term between the two passes (logged as loss_rdrop);
+            0 = off; 1-5 are usual for classification. Needs a task objective with a consistency term.
+        ema_decay: keep an exponential moving average of the weights, shadow = d * shadow + (1 - d) * weights
+            after every optimizer step; evaluation, the best model, the checkpoints' model weights and the
+            model `train` returns are the averaged weights; 0 = off, e.g. 0.999.
     """
 
     steps: int = 0
@@ -84,6 +104,12 @@ class TrainingConfig:
     max_nonfinite_steps: int = 5
     progress: bool = True
     tensorboard: bool = True
+    patience: int = 0
+    min_delta: float = 0.0
+    layer_lr_decay: float = 1.0
+    fgm_epsilon: float = 0.0
+    rdrop_alpha: float = 0.0
+    ema_decay: float = 0.0
 
     def __post_init__(self) -> None:
         def need(cond: bool, name: str, fix: str) -> None:
@@ -116,6 +142,21 @@ class TrainingConfig:
         need(self.precision in PRECISION_NAMES, "precision", f"use one of {PRECISION_NAMES}")
         need(bool(self.out_dir), "out_dir", "name a directory for checkpoints and logs")
         need(bool(self.resume), "resume", "use auto, never or a checkpoint directory")
+
+        def number(name: str) -> float:
+            value = getattr(self, name)
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            return float(value) if ok else math.nan  # NaN fails every range check below
+
+        whole("patience", 0)
+        need(number("min_delta") >= 0, "min_delta", "use a number >= 0 in the metric's units (0 = any improvement)")
+        need(0.0 < number("layer_lr_decay") <= 1.0, "layer_lr_decay",
+             "use a factor in (0, 1], e.g. 0.9 (1 = the same learning rate for every layer)")
+        need(number("fgm_epsilon") >= 0, "fgm_epsilon", "use a number >= 0, e.g. 1.0 (0 = no adversarial training)")
+        need(number("rdrop_alpha") >= 0, "rdrop_alpha", "use a number >= 0, e.g. 1.0 (0 = no R-Drop)")
+        need(0.0 <= number("ema_decay") < 1.0, "ema_decay", "use a decay in [0, 1), e.g. 0.999 (0 = no EMA)")
+        for name in ("min_delta", "layer_lr_decay", "fgm_epsilon", "rdrop_alpha", "ema_decay"):
+            setattr(self, name, float(getattr(self, name)))
 
     def total_steps(self, batches_per_epoch: int | None) -> int:
         """Optimizer steps of the run: `steps`, or `epochs` worth of micro-batches (needs their number)."""

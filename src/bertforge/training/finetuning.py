@@ -50,15 +50,16 @@ from bertforge.data.finetuning import DataReport, Feature, FeatureBatches
 from bertforge.errors import ConfigError, DataError
 from bertforge.evaluation import EvalResult, Evaluation
 from bertforge.families import registry
-from bertforge.families.base import InputSettings
+from bertforge.families.base import InputSettings, LossSettings
 from bertforge.metrics.classification import CLASSIFICATION_METRICS as CLASSIFICATION_METRIC_NAMES
+from bertforge.metrics.classification import MULTI_LABEL_METRICS
 from bertforge.metrics.classification import REGRESSION_METRICS as REGRESSION_METRIC_NAMES
 from bertforge.model.config import BertConfig
 from bertforge.runtime import resolve_device, resolve_precision, set_seed
 from bertforge.storage import write_json, write_jsonl
 from bertforge.tokenization import Tokenizer
 from bertforge.training import distributed
-from bertforge.training.checkpoint import checkpoint_step, resolve_resume
+from bertforge.training.checkpoint import checkpoint_step, resolve_resume, stopped_early
 from bertforge.training.config import TrainingConfig
 from bertforge.training.loop import BestCheckpoint, train
 
@@ -66,11 +67,12 @@ log = logging.getLogger("bertforge.finetuning")
 
 # --format value -> (task family, regression); "pair" is classification with a text_b column.
 FORMATS = {"classification": ("classification", False), "pair": ("classification", False),
+           "multilabel": ("classification", False),
            "regression": ("classification", True), "ner": ("tagging", False), "qa": ("question_answering", False),
            "choice": ("multiple_choice", False)}
 REGRESSION_METRICS = ("pearson", "spearman")
 # Metrics where a smaller value is better (the best checkpoint minimises them).
-LOWER_IS_BETTER = frozenset({"mse"})
+LOWER_IS_BETTER = frozenset({"mse", "invalid_span_share"})
 
 
 # --- the registry -----------------------------------------------------------------------------------------
@@ -104,6 +106,7 @@ class TaskSpec:
     max_seq_length: int = 128
     note: str = ""
     regression: bool = False
+    multi_label: bool = False
 
 
 def _glue(name: str, folder: str, dev: str = "dev.tsv", **kwargs) -> TaskSpec:
@@ -207,6 +210,11 @@ class DataConfig:
             "none" are accepted).
         context_column, start_column, ending_columns: SWAG-style choice files.
         labels: the label order (default: the named task's, else the sorted training labels).
+        multi_label: each row has any number of labels (a JSON list in JSONL, else `label_separator`-separated;
+            `--format multilabel` sets it); the head gets one sigmoid per label.
+        label_separator: what separates the labels of a multi-label cell ("PER,LOC").
+        id_column: the column holding each row's id, which evaluate's predictions carry (None: a header column
+            named index, id, idx, qid or guid when there is one, else the row's file:line).
         on_invalid: "error" or "skip" malformed rows. bio_errors: "warn" or "error" on broken BIO tags.
         train_limit, dev_limit: use only the first N examples.
     """
@@ -228,6 +236,9 @@ class DataConfig:
     start_column: str | None = "sent2"
     ending_columns: list[str] | None = None
     labels: list[str] | None = None
+    multi_label: bool = False
+    label_separator: str = ","
+    id_column: str | None = None
     on_invalid: str = "error"
     bio_errors: str = "warn"
     train_limit: int | None = None
@@ -242,6 +253,9 @@ class DataConfig:
         need(self.bio_errors in BIO_ERROR_POLICIES, "bio_errors", f"use one of {BIO_ERROR_POLICIES}")
         need(self.train_limit is None or self.train_limit > 0, "train_limit", "use a positive count or leave unset")
         need(self.dev_limit is None or self.dev_limit > 0, "dev_limit", "use a positive count or leave unset")
+        need(bool(self.label_separator), "label_separator", 'give the character between labels, e.g. "," or "|"')
+        if self.format == "multilabel":
+            self.multi_label = True
         if self.separator in ("space", "none"):
             self.separator = " " if self.separator == "space" else ""
 
@@ -291,6 +305,15 @@ class HeadConfig:
         classifier_hidden_sizes: hidden widths of the head (None: one linear layer).
         classifier_dropout: dropout before the head (None: the model's hidden dropout).
         fresh_head: discard a head stored in the model directory.
+        class_weights: single-label classification and tagging: one loss weight per label, in label order
+            (e.g. [1.0, 5.0] to count the rare second class five times).
+        balanced_class_weights: compute the class weights from the training counts, N / (labels x count).
+        focal_gamma: focal loss for single-label classification and tagging (2 is the paper's); 0 = plain
+            cross-entropy.
+        crf: tagging: a linear-chain CRF over the tag scores with BIO/IOBES transitions enforced (Viterbi
+            decoding everywhere the model is used).
+        thresholds: multi-label decision thresholds tuned on dev and stored with the model: "global" (one
+            for all labels), "per_label", or "none" (0.5).
     """
 
     freeze_encoder: bool = False
@@ -298,6 +321,11 @@ class HeadConfig:
     classifier_hidden_sizes: list[int] | None = None
     classifier_dropout: float | None = None
     fresh_head: bool = False
+    class_weights: list[float] | None = None
+    balanced_class_weights: bool = False
+    focal_gamma: float = 0.0
+    crf: bool = False
+    thresholds: str = "global"
 
     def __post_init__(self) -> None:
         need = _checker("head", self)
@@ -307,6 +335,38 @@ class HeadConfig:
              "classifier_hidden_sizes", "use positive widths, e.g. [128]")
         need(self.classifier_dropout is None or 0.0 <= self.classifier_dropout < 1.0, "classifier_dropout",
              "use a probability in [0, 1)")
+        need(self.class_weights is None or (len(self.class_weights) > 0 and all(
+            math.isfinite(w) and w >= 0 for w in self.class_weights)), "class_weights",
+             "give one non-negative weight per label, in label order, e.g. [1.0, 5.0]")
+        need(not (self.balanced_class_weights and self.class_weights is not None), "balanced_class_weights",
+             "give class_weights or balanced_class_weights, not both")
+        need(math.isfinite(self.focal_gamma) and self.focal_gamma >= 0, "focal_gamma", "use a number >= 0, e.g. 2")
+        need(self.thresholds in THRESHOLD_MODES, "thresholds", f"use one of {THRESHOLD_MODES}")
+
+    def loss_settings(self, family, examples: Sequence, label_names: Sequence[str] | None,
+                      settings: InputSettings) -> LossSettings:
+        """The training loss's class weights and focal factor; "balanced" weights from `examples`' counts."""
+        weights = self.class_weights
+        if self.balanced_class_weights:
+            if label_names is None:
+                raise ConfigError("finetune.head.balanced_class_weights needs named labels; this task has none "
+                                  "(regression or question answering): remove it")
+            counts = family.label_counts(examples, label_names, settings)
+            missing = [name for name, n in zip(label_names, counts) if n == 0]
+            if missing:
+                raise ConfigError(f"finetune.head.balanced_class_weights: labels {missing} have no training "
+                                  "examples, so their weight is undefined; give head.class_weights explicitly")
+            total = sum(counts)
+            weights = [total / (len(counts) * n) for n in counts]
+            log.info("balanced class weights from %d training labels: %s", total,
+                     ", ".join(f"{name} {w:.3g}" for name, w in zip(label_names, weights)))
+        try:
+            return LossSettings(tuple(weights) if weights is not None else None, self.focal_gamma)
+        except ConfigError as exc:
+            raise ConfigError(f"finetune.head.{exc}") from None
+
+
+THRESHOLD_MODES = ("global", "per_label", "none")
 
 
 @dataclass
@@ -481,6 +541,8 @@ def resolve_task(config: FinetuneConfig) -> TaskSpec:
             changes["train"] = (DataSource(data.train),)
         if data.dev:
             changes["dev"] = (DataSource(data.dev),)
+        if data.multi_label:
+            changes.update(multi_label=True, metrics=MULTI_LABEL_METRICS)
         return dataclasses.replace(spec, **changes)
     if data.format is None:
         raise ConfigError(f"say what to train: --task NAME (one of {sorted(TASKS)}) or --format "
@@ -495,9 +557,9 @@ def resolve_task(config: FinetuneConfig) -> TaskSpec:
         train=(DataSource(data.train),) if data.train else (),
         dev=(DataSource(data.dev),) if data.dev else (),
         text_a="text_a", text_b="text_b" if pair else None, label="label",
-        metrics=REGRESSION_METRICS if regression else family.default_metrics,
+        metrics=REGRESSION_METRICS if regression else MULTI_LABEL_METRICS if data.multi_label else family.default_metrics,
         max_seq_length=family.default_max_seq_length, language=family.default_language,
-        regression=regression)
+        regression=regression, multi_label=data.multi_label)
 
 
 def _column(value: str | None, default):
@@ -513,7 +575,8 @@ def reader_options(spec: TaskSpec, config: FinetuneConfig) -> dict[str, Any]:
             "file_format": data.file_format, "on_invalid": data.on_invalid, "token_column": data.token_column,
             "tag_column": data.tag_column, "separator": data.separator if data.separator is not None
             else spec.separator, "bio_errors": data.bio_errors, "context_column": data.context_column,
-            "start_column": data.start_column, "ending_columns": data.ending_columns}
+            "start_column": data.start_column, "ending_columns": data.ending_columns,
+            "multi_label": spec.multi_label, "label_separator": data.label_separator, "id_column": data.id_column}
 
 
 def read_examples(spec: TaskSpec, sources: Sequence[DataSource], config: FinetuneConfig, report: DataReport,
@@ -590,7 +653,7 @@ def prepare_data(config: FinetuneConfig, tokenizer: Tokenizer, spec: TaskSpec | 
     if label_names is not None:
         family.check_labels(train_examples, label_names, settings)
         family.check_labels(dev_examples, label_names, settings)
-    head = model_config.replace(**family.head_config(label_names, spec.regression))
+    head = model_config.replace(**family.head_config(label_names, spec.regression, multi_label=spec.multi_label))
     train_features = family.features(train_examples, tokenizer, settings, config=head, report=train_report,
                                      training=True)
     dev_features = family.features(dev_examples, tokenizer, settings, config=head, report=dev_report)
@@ -606,17 +669,19 @@ def prepare_data(config: FinetuneConfig, tokenizer: Tokenizer, spec: TaskSpec | 
 
 def make_evaluation(spec: TaskSpec, examples: Sequence, features: Sequence[Feature], config: FinetuneConfig,
                     model_config, tokenizer: Tokenizer, version_2_with_negative: bool,
-                    metric: str | None = None) -> Evaluation:
+                    metric: str | None = None, calibrate: str | None = None) -> Evaluation:
     """The one evaluation path for these examples, with the run's decoding options and scoring choices.
 
     `metric` (the one that picks the best model) is asked for too where the family computes metrics by name
-    and it is not among those it reports anyway (classification's `macro_recall`, regression's `mse`)."""
+    and it is not among those it reports anyway (classification's `macro_recall`, regression's `mse`).
+    `calibrate` tunes the family's decision settings on these examples (the run's dev set: multi-label
+    thresholds, `head.thresholds`)."""
     family = registry.family(spec.family)
     # run_options reads flat setting names (n_best_size, max_answer_length, ...): the [features] table's.
     options = family.run_options({**dataclasses.asdict(config.features),
                                   "version_2_with_negative": version_2_with_negative})
     names = list(spec.metrics) if spec.regression or spec.metrics != ("accuracy",) else None
-    if metric is not None and spec.family == "classification":
+    if metric is not None and spec.family == "classification" and not spec.multi_label:
         if names is None:  # compute_classification_metrics' defaults, binary or not
             binary = len(getattr(model_config, "label_names", None) or []) == 2
             names = ["accuracy", "f1", "precision", "recall", "mcc"] if binary else ["accuracy", "macro_f1", "mcc"]
@@ -627,7 +692,8 @@ def make_evaluation(spec: TaskSpec, examples: Sequence, features: Sequence[Featu
     scoring = {"metric_names": names,
                "language": config.features.language or spec.language, "version_2": bool(version_2_with_negative)}
     return Evaluation(family, examples, features, config=model_config, batch_size=config.eval_batch_size,
-                      pad_token_id=tokenizer.pad_token_id, options=options, scoring=scoring, tokenizer=tokenizer)
+                      pad_token_id=tokenizer.pad_token_id, options=options, scoring=scoring, tokenizer=tokenizer,
+                      calibrate=calibrate)
 
 
 def load_task_model(config: FinetuneConfig, spec: TaskSpec, label_names: list[str] | None, max_seq_length: int):
@@ -642,7 +708,9 @@ def load_task_model(config: FinetuneConfig, spec: TaskSpec, label_names: list[st
         overrides["classifier_hidden_sizes"] = list(head.classifier_hidden_sizes)
     if head.classifier_dropout is not None:
         overrides["classifier_dropout"] = head.classifier_dropout
-    overrides.update(family.head_config(label_names, spec.regression))
+    overrides.update(family.head_config(label_names, spec.regression, multi_label=spec.multi_label))
+    if head.crf:
+        overrides["use_crf"] = True
     model, _ = registry.load_model(config.model, family.model_class, config_overrides=overrides,
                                    fresh_head=head.fresh_head, fast_path=config.fast_path)
     if max_seq_length > model.config.max_position_embeddings:
@@ -671,6 +739,7 @@ def finetuning_record(spec: TaskSpec, config: FinetuneConfig, prepared_max_len: 
         "separator": data.separator if data.separator is not None else spec.separator,
         "context_column": data.context_column, "start_column": data.start_column,
         "ending_columns": data.ending_columns, "labels": label_names, "max_seq_length": prepared_max_len,
+        "multi_label": spec.multi_label, "label_separator": data.label_separator,
         "doc_stride": features.doc_stride, "max_query_length": features.max_query_length,
         "max_answer_length": features.max_answer_length, "n_best_size": features.n_best_size,
         "version_2_with_negative": version_2, "null_score_diff_threshold": features.null_score_diff_threshold,
@@ -700,6 +769,8 @@ class FinetuneResult:
         total_steps: the run's length in optimizer steps.
         resumed: what `training.resume` did, in words ("" for resume=never): the checkpoint and step it
             continued from, that it started fresh and why, or that the run was already complete.
+        stopped_early: the run ended before total_steps because the dev metric stopped improving
+            (`training.patience`).
     """
 
     task: str
@@ -718,6 +789,7 @@ class FinetuneResult:
     test_metrics: dict[str, float] = field(default_factory=dict)
     total_steps: int = 0
     resumed: str = ""
+    stopped_early: bool = False
 
 
 class EvaluationLog:
@@ -756,8 +828,9 @@ def metric_names(spec: TaskSpec, version_2: bool = False, dev_examples: Sequence
 
 # Per family (registry name): the names its evaluation can report (`metric_names`).
 METRIC_NAMES = {
-    "classification": lambda spec: REGRESSION_METRIC_NAMES if spec.regression else CLASSIFICATION_METRIC_NAMES,
-    "tagging": lambda spec: ("f1", "precision", "recall"),
+    "classification": lambda spec: (REGRESSION_METRIC_NAMES if spec.regression else MULTI_LABEL_METRICS
+                                    if spec.multi_label else CLASSIFICATION_METRIC_NAMES),
+    "tagging": lambda spec: ("f1", "precision", "recall", "invalid_span_share"),
     "question_answering": lambda spec: ("exact_match", "f1"),
     "multiple_choice": lambda spec: ("accuracy",),
 }
@@ -793,6 +866,9 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
                           "weights, vocab.txt)")
     # Everything that can be checked before training is checked here, so no option fails after an epoch.
     spec = check_dev_set(spec, config)
+    if not spec.dev and config.training.patience:
+        raise ConfigError(f"finetune.training.patience={config.training.patience} needs evaluations, and this run has "
+                          "no dev set (--no-dev): give --dev FILE, or set --patience 0")
     metric = config.metric or spec.metrics[0]
     if spec.dev:
         check_metric(spec, metric, True, ())  # the names any dev set of this task could give
@@ -836,10 +912,16 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
     evaluator = None
     if prepared.dev_examples:
         evaluator = make_evaluation(spec, prepared.dev_examples, prepared.dev_features, config, model.config,
-                                    tokenizer, prepared.version_2_with_negative, metric=metric)
+                                    tokenizer, prepared.version_2_with_negative, metric=metric,
+                                    calibrate=None if config.head.thresholds == "none" else config.head.thresholds)
 
     def eval_fn(current: torch.nn.Module, step: int) -> dict[str, float]:
         result = evaluator(current)
+        if result.calibration:
+            # Tuned on this evaluation (multi-label thresholds): the model saved as best, if it is, keeps them.
+            current.config = current.config.replace(**result.calibration)
+            log.info("%s eval at step %d: tuned %s", spec.name, step,
+                     ", ".join(f"{k} {v}" for k, v in result.calibration.items()))
         history.append({"step": step, "epoch": round(step / steps_per_epoch, 4), "metrics": result.metrics})
         for warning in result.warnings:
             log.warning("%s eval at step %d: %s", spec.name, step, warning)
@@ -852,7 +934,12 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
             del records[earlier]
 
     keep = BestCheckpoint(metric, metric in LOWER_IS_BETTER, best_dir, extra, on_best)
-    objective = registry.family(spec.family).objective_for(model.config)
+    loss = config.head.loss_settings(registry.family(spec.family), prepared.train_examples, prepared.label_names,
+                                     prepared.settings)
+    try:
+        objective = registry.family(spec.family).objective_for(model.config, loss)
+    except ConfigError as exc:
+        raise ConfigError(f"finetune: {exc}") from None
     outcome = train(model, batches, objective, training, eval_fn=eval_fn if evaluator else None,
                     tokenizer=tokenizer, best=keep if evaluator else None,
                     save_also=lambda step: step % steps_per_epoch == 0, extra_state=evaluations)
@@ -871,10 +958,12 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
     result = FinetuneResult(spec.name, metric, best_metrics, best_step or outcome.step, history, best_dir,
                             out_dir, prepared.report.to_dict(), warnings, time.perf_counter() - started,
                             settings.seed, len(prepared.train_examples), len(prepared.dev_examples), test_metrics,
-                            total_steps, resume_note(settings.resume, out_dir, outcome))
+                            total_steps, resume_note(settings.resume, out_dir, outcome),
+                            bool(outcome.stopped_early))
     if distributed.is_main():
         summary = {"task": spec.name, "metric": metric, "best_metrics": result.best_metrics,
                    "best_step": result.best_step, "total_steps": total_steps, "history": history,
+                   "stopped_early": result.stopped_early,
                    "test_metrics": test_metrics, "data_report": result.data_report, "warnings": warnings,
                    "seed": settings.seed, "seconds": result.seconds, "train_examples": result.train_examples,
                    "dev_examples": result.dev_examples, "config": dataclasses.asdict(config)}
@@ -923,7 +1012,7 @@ def finished_run(config: FinetuneConfig, total_steps: int) -> FinetuneResult | N
     if settings.resume == "never" or not results.is_file():
         return None
     checkpoint = resolve_resume(settings.resume, out_dir)
-    if checkpoint is None or checkpoint_step(checkpoint) < total_steps:
+    if checkpoint is None or (checkpoint_step(checkpoint) < total_steps and not stopped_early(checkpoint)):
         return None
     try:
         stored = json.loads(results.read_text(encoding="utf-8"))
@@ -940,7 +1029,8 @@ def finished_run(config: FinetuneConfig, total_steps: int) -> FinetuneResult | N
                           out_dir, dict(stored.get("data_report") or {}), list(stored.get("warnings") or []),
                           float(stored.get("seconds") or 0.0), int(stored.get("seed", settings.seed)),
                           int(stored.get("train_examples") or 0), int(stored.get("dev_examples") or 0),
-                          dict(stored.get("test_metrics") or {}), total_steps, note)
+                          dict(stored.get("test_metrics") or {}), total_steps, note,
+                          bool(stored.get("stopped_early", False)))
 
 
 def evaluate_split(spec: TaskSpec, sources: Sequence[DataSource], config: FinetuneConfig, prepared: PreparedData,
@@ -1064,10 +1154,12 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
     tree.setdefault("training", {})["device"] = device
     config = build(FinetuneConfig, tree, source=f"evaluate {model_dir}", prefix="")
     regression = directory.config.problem_type == "regression"
+    multi_label = directory.config.problem_type == "multi_label_classification"
+    defaults = REGRESSION_METRICS if regression else MULTI_LABEL_METRICS if multi_label else family.default_metrics
     spec = TaskSpec(stored.get("task") or family.name, family.name, (), (DataSource(os.fspath(data_file)),),
-                    text_a="text_a", label="label",
-                    metrics=tuple(stored.get("metrics") or (REGRESSION_METRICS if regression else family.default_metrics)),
-                    separator=" ", language="auto", max_seq_length=family.default_max_seq_length, regression=regression)
+                    text_a="text_a", label="label", metrics=tuple(stored.get("metrics") or defaults),
+                    separator=" ", language="auto", max_seq_length=family.default_max_seq_length, regression=regression,
+                    multi_label=multi_label)
     tokenizer = directory.require_tokenizer()
     report = DataReport()
     examples = read_examples(spec, spec.dev, config, report, labelled=labelled)

@@ -1,4 +1,5 @@
-"""Where training numbers go: `metrics.jsonl`, TensorBoard (when installed), the console and a progress bar.
+"""Where training numbers go: `metrics.jsonl`, TensorBoard (when installed), the console and the progress
+(a bar on a terminal, periodic log lines when output goes to a file or a pipe).
 
 `metrics.jsonl` holds one JSON object per log event — `{"step": 100, "split": "train", "time": ...,
 "values": {"loss": ..., "loss_mlm": ..., "mlm_acc": ..., "lr": ...}}` — and is the record a run is judged by
@@ -11,6 +12,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -111,23 +113,88 @@ def read_metrics(out_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 class Progress:
-    """A tqdm bar over optimizer steps with loss and tokens/s; tqdm computes the ETA from the step rate."""
+    """Progress over optimizer steps: a tqdm bar on a terminal, periodic log lines everywhere else.
 
-    def __init__(self, total: int, initial: int, enabled: bool):
+    A bar redraws itself with carriage returns, which is right on a terminal and a flood of partial lines in
+    a log file, a CI console or `nohup` output. So when the stream (stderr by default) is not a terminal, the
+    progress goes through the `bertforge.training` logger instead: one line when a tenth of the steps is done
+    (or `every_fraction`) or `every_seconds` have passed since the last line, whichever comes first, each
+    with the step, the loss, tokens/s, the elapsed time and the ETA.
+
+    Args:
+        total: the last step of the run. initial: the step it starts from (a resumed run).
+        enabled: False shows nothing.
+        stream: where a bar draws (default sys.stderr); also decides bar or log lines (`isatty()`).
+        every_seconds, every_fraction: how often a log line is written when the stream is not a terminal.
+        clock: seconds, monotonic (tests pass a fake one).
+    """
+
+    def __init__(self, total: int, initial: int, enabled: bool, *, stream: Any = None, every_seconds: float = 60.0,
+                 every_fraction: float = 0.1, clock: Any = time.monotonic):
         self.bar = None
-        if enabled:
+        self.lines = False
+        self.total, self.step = total, initial
+        if not enabled:
+            return
+        stream = stream if stream is not None else sys.stderr
+        if is_terminal(stream):
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, smoothing=0.1)
+            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, smoothing=0.1, file=stream)
+            return
+        self.lines = True
+        self.clock, self.every_seconds = clock, every_seconds
+        self.chunk = max(1, math.ceil(max(total - initial, 1) * every_fraction))
+        self.start_time = self.last_time = clock()
+        self.start_step, self.last_step = initial, initial
 
     def update(self, steps: int, **postfix: Any) -> None:
-        if self.bar is None:
+        self.step += steps
+        if self.bar is not None:
+            self.bar.update(steps)
+            if postfix:
+                self.bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items()},
+                                     refresh=False)
             return
-        self.bar.update(steps)
-        if postfix:
-            self.bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items()},
-                                 refresh=False)
+        if not self.lines:
+            return
+        now = self.clock()
+        if (self.step - self.last_step >= self.chunk or now - self.last_time >= self.every_seconds
+                or self.step >= self.total):
+            log.info("%s", self.line(now, postfix))
+            self.last_time, self.last_step = now, self.step
+
+    def line(self, now: float, postfix: dict[str, Any]) -> str:
+        """"step 120/1000 (12%) loss=6.81 tok_s=31200 elapsed 2m05s, ETA 15m20s"."""
+        elapsed = now - self.start_time
+        done = self.step - self.start_step
+        parts = [f"step {self.step}/{self.total} ({100 * self.step / max(self.total, 1):.0f}%)"]
+        parts += [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in postfix.items()]
+        eta = elapsed / done * (self.total - self.step) if done > 0 else None
+        timing = f"elapsed {duration(elapsed)}" + (f", ETA {duration(eta)}" if eta is not None else "")
+        return " ".join(parts) + " " + timing
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
+
+
+def is_terminal(stream: Any) -> bool:
+    """Whether `stream` is an interactive terminal (a closed or odd stream counts as not)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def duration(seconds: float) -> str:
+    """45s, 2m05s, 3h07m."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"

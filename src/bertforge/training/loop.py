@@ -6,8 +6,10 @@ A task plugs in through three methods (no callbacks, no framework):
     task.loss_terms(output, batch)  -> {term: (sum, count)}   loss sums of one micro-batch
     task.metrics(output, batch)     -> {name: (sum, count)}   e.g. correct predictions / labelled tokens
 
-(`counts` may be left out by a task with a single loss term: see `WindowStep`.) The model is called as
-`model(**batch.model_inputs())`; the task computes its losses from the output and the batch.
+(`counts` may be left out by a task with a single loss term: see `WindowStep`.) R-Drop also asks
+`task.consistency(output_a, output_b, batch)` -> a tensor: the disagreement of two dropout passes summed
+over the items the task's first loss term counts. The model is called as `model(**batch.model_inputs())`;
+the task computes its losses from the output and the batch.
 
 The loss of an optimizer step is  sum over terms of  (sum of the term over all micro-batches and ranks) /
 (its count over all micro-batches and ranks), i.e. the mean over every labelled item the step saw, however
@@ -36,6 +38,30 @@ Two more hooks serve fine-tuning: `save_also(step)` adds checkpoint steps beside
 (fine-tuning checkpoints every epoch end), and `extra_state` — an object with `state_dict()` /
 `load_state_dict(state)` — travels in every checkpoint and is restored on resume (fine-tuning keeps its
 evaluation history and warnings there, so a resumed run reports every evaluation of the run).
+
+Recipes (each a `TrainingConfig` field, off by default, combinable). They live in the loop, not in a task
+or a callback, because each changes what a step, an evaluation or a checkpoint *is*, and only the loop sees
+all three (accumulation, DDP sync, autocast and the loss scaler, exact resume):
+
+- early stopping (`patience`, `min_delta`): after `patience` evaluations in a row that did not beat the
+  best by more than `min_delta`, write a checkpoint and return (`TrainResult.stopped_early`). The count is
+  checkpointed with the best so far; resuming a stopped run trains nothing.
+- layer-wise learning-rate decay (`layer_lr_decay`): the optimizer's groups by encoder depth
+  (`optim.parameter_groups`); the schedule scales each group's own base lr.
+- FGM (`fgm_epsilon`): per micro-batch, after the clean backward, the word embeddings move by
+  eps * g / ||g|| (g: this micro-batch's gradient on them), the task's loss of one more forward pass is
+  backpropagated with the same denominators (logged as the metrics `adv_<term>`), and the embeddings are
+  restored from a copy (bit-exact). The direction is per micro-batch and per rank, so batch B with 2
+  accumulation steps equals 2 processes with batch B, but not batch 2B.
+- R-Drop (`rdrop_alpha`): per micro-batch two forward passes with independent dropout; the task's terms
+  are their mean, plus the term `rdrop` = alpha * task.consistency(output_a, output_b, batch), normalised by
+  the count of the task's first term (logged as `loss_rdrop`, part of `loss`).
+- EMA of the weights (`ema_decay`): a float32 shadow updated after every applied step. Evaluation, the best
+  model and every checkpoint's model weights are the shadow; the raw weights and the shadow travel in the
+  training state, so a resume is exact; `train` returns with the shadow in the model.
+
+The extra passes run under the same autocast and loss scaler; under DDP only the last forward and
+backward of the window's last micro-batch synchronise (the others run under `no_sync`).
 """
 
 from __future__ import annotations
@@ -56,7 +82,7 @@ from torch import nn
 from bertforge import checkpoint_format
 from bertforge.constants import TRAINING_STATE_NAME
 from bertforge.errors import BertforgeError, CheckpointError, ConfigError, DataError
-from bertforge.model.fast_paths import fast_paths_enabled, set_activation_checkpointing
+from bertforge.model.fast_paths import fast_paths_enabled, is_encoder, set_activation_checkpointing
 from bertforge.runtime import (
     autocast,
     capture_rng_state,
@@ -74,7 +100,7 @@ from bertforge.training.checkpoint import (
 )
 from bertforge.training.config import TrainingConfig
 from bertforge.training.logging import MetricsLogger, Progress
-from bertforge.training.optim import build_optimizer, build_scheduler
+from bertforge.training.optim import build_optimizer, build_scheduler, encoder_depths
 
 log = logging.getLogger("bertforge.training")
 
@@ -126,13 +152,14 @@ class BestCheckpoint:
     extra_files: Mapping[str, str | bytes] = field(default_factory=dict)
     on_best: Callable[[int, dict[str, float]], None] | None = None
 
-    def improves(self, value: float, than: float | None) -> bool:
-        """Whether `value` beats the best so far `than` (None: nothing yet); NaN never beats a number."""
+    def improves(self, value: float, than: float | None, min_delta: float = 0.0) -> bool:
+        """Whether `value` beats the best so far `than` (None: nothing yet) by more than `min_delta`; NaN never
+        beats a number."""
         if than is None:
             return True
         if math.isnan(value) or math.isnan(than):
             return not math.isnan(value)
-        return value < than if self.lower_is_better else value > than
+        return value < than - min_delta if self.lower_is_better else value > than + min_delta
 
     def value_of(self, values: Mapping[str, float]) -> float:
         """`values[metric]`, or a ConfigError listing the evaluation's values."""
@@ -148,7 +175,7 @@ class TrainResult:
     """What a finished `train` call reports.
 
     Attributes:
-        step: optimizer steps completed (equals total_steps unless the run was already complete).
+        step: optimizer steps completed (total_steps, unless the run stopped early).
         total_steps: the run's length in optimizer steps.
         train: the last logged training values (loss, loss_<term>, metrics, lr, grad_norm, tokens_per_s).
         eval: the last evaluation's values ({} without eval_fn).
@@ -163,6 +190,7 @@ class TrainResult:
         seconds: wall time of this call's training steps.
         resumed_from: the checkpoint this call continued from (None: a fresh run).
         start_step: the step this call started at (the checkpoint's step; 0 for a fresh run).
+        stopped_early: early stopping ended the run at `step` (in this call, or in the run it resumed).
     """
 
     step: int
@@ -179,14 +207,21 @@ class TrainResult:
     seconds: float = 0.0
     resumed_from: Path | None = None
     start_step: int = 0
+    stopped_early: bool = False
 
     def summary(self) -> str:
         """One readable line: steps, final training loss, the last evaluation, the final checkpoint."""
-        if self.resumed_from is not None and self.start_step >= self.total_steps:
+        nothing_trained = self.resumed_from is not None and self.step == self.start_step
+        if nothing_trained and self.stopped_early:
+            head = f"already stopped early at step {self.step} of {self.total_steps} (nothing trained)"
+        elif nothing_trained and self.start_step >= self.total_steps:
             head = f"already complete at step {self.step} of {self.total_steps} (nothing trained)"
         else:
             start = f" (resumed at step {self.start_step})" if self.resumed_from is not None else ""
-            head = f"trained to step {self.step} of {self.total_steps}{start} in {self.seconds:.1f} s"
+            verb = "stopped early at step" if self.stopped_early else "trained to step"
+            head = f"{verb} {self.step} of {self.total_steps}{start} in {self.seconds:.1f} s"
+            if self.stopped_early:
+                head += " (the evaluations stopped improving: training.patience)"
         parts = [head]
         if "loss" in self.train:
             terms = ", ".join(f"{k[5:]} {v:.4g}" for k, v in self.train.items() if k.startswith("loss_"))
@@ -283,7 +318,8 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
     """Train `model` on `batches` with `task`'s losses; see the module docstring for the contracts.
 
     Args:
-        model: a single-device bertforge model (BertPretrainedModel); moved to the run's device.
+        model: a single-device bertforge model (BertPretrainedModel); moved to the run's device. With
+            `ema_decay` it holds the averaged (EMA) weights when `train` returns.
         batches: the batch source (this rank's shard under DDP).
         task: counts / loss_terms / metrics for this model's outputs.
         config: the `[training]` settings.
@@ -307,8 +343,11 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
         NonFiniteLossError: loss/gradients non-finite for `max_nonfinite_steps` consecutive steps.
         CheckpointError: a checkpoint (or the best model) could not be written or the resume checkpoint is
             unusable.
-        ConfigError: `best.metric` is not among the evaluation's values.
+        ConfigError: `best.metric` is not among the evaluation's values; a recipe the run cannot apply
+            (patience without evaluations, R-Drop without `task.consistency`, FGM without word embeddings,
+            layer-wise decay without an encoder), before any step.
     """
+    check_recipes(config, task, eval_fn, best)
     context = context or distributed.setup(config.device)
     device, rank, world = context.device, context.rank, context.world_size
     precision = resolve_precision(config.precision, device)
@@ -332,13 +371,16 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
     optimizer = build_optimizer(model, config, device)
     scheduler = build_scheduler(optimizer, warmup_steps, total_steps, config.schedule)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    fgm_weight = word_embedding_weight(model) if config.fgm_epsilon > 0 else None
+    ema = WeightAverage(model, config.ema_decay) if config.ema_decay > 0 else None
 
-    step, skipped_total, window, rng_state, kept = 0, 0, LogWindow(), None, BestSoFar()
+    restored = Restored()
     if resume_from is not None:
-        step, skipped_total, window, rng_state, kept = restore_run(resume_from, model, batches, optimizer,
-                                                                   scheduler, scaler, rank, world, extra_state)
+        restored = restore_run(resume_from, model, batches, optimizer, scheduler, scaler, rank, world, extra_state,
+                               ema)
         if context.is_main:
-            log.info("resuming from %s at step %d of %d", resume_from, step, total_steps)
+            log.info("resuming from %s at step %d of %d", resume_from, restored.step, total_steps)
+    step, skipped_total, window, kept = restored.step, restored.skipped, restored.window, restored.kept
 
     if logger is None and context.is_main:
         logger = MetricsLogger(out_dir, tensorboard=config.tensorboard)
@@ -350,6 +392,8 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
         if not fast_paths_enabled(set_activation_checkpointing(model))["activation_checkpointing"]:
             raise ConfigError("training.activation_checkpointing needs a bertforge encoder in the model")
     runner = distributed.wrap_model(model, context)
+    if ema is not None and resume_from is None:
+        ema.reset()  # from the weights DDP just broadcast from rank 0, so every rank averages the same model
     if config.compile:
         runner = torch.compile(runner)
     ddp = runner if isinstance(runner, nn.parallel.DistributedDataParallel) else None
@@ -360,11 +404,17 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
     nonfinite_limit = config.max_nonfinite_steps + (FP16_CALIBRATION_STEPS if precision == "fp16" else 0)
 
     result = TrainResult(step=step, total_steps=total_steps, checkpoint=resume_from, skipped_steps=skipped_total,
-                         resumed_from=resume_from, start_step=step)
+                         resumed_from=resume_from, start_step=step, stopped_early=restored.stopped_early)
     if best is not None:
         result.best_step, result.best_eval, result.best_dir = kept.step, dict(kept.values), Path(best.directory)
-    if step >= total_steps:
-        log.info("the run in %s is already complete (step %d of %d)", out_dir, step, total_steps)
+    if step >= total_steps or restored.stopped_early:
+        if restored.stopped_early:
+            log.info("the run in %s stopped early at step %d of %d (training.patience); nothing to train",
+                     out_dir, step, total_steps)
+        else:
+            log.info("the run in %s is already complete (step %d of %d)", out_dir, step, total_steps)
+        if ema is not None:
+            ema.finish()
         close_logger(logger)
         return result
 
@@ -377,22 +427,26 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
         if context.is_main and logger is not None:
             logger.log(step, split, values)
 
-    def evaluate() -> None:
-        model.eval()
-        with rng_preserved(), torch.no_grad(), autocast(device, precision):
-            values = eval_fn(model, step)
-        model.train()
-        values = {k: float(v) for k, v in values.items()}
-        emit("eval", values)
-        if best is not None:
-            keep_if_best(values)
+    def evaluate() -> bool:
+        """Evaluate (on the EMA weights when kept); True when early stopping says this was the last one."""
+        with ema.applied() if ema is not None else contextlib.nullcontext():
+            model.eval()
+            with rng_preserved(), torch.no_grad(), autocast(device, precision):
+                values = eval_fn(model, step)
+            model.train()
+            values = {k: float(v) for k, v in values.items()}
+            emit("eval", values)
+            return keep_if_best(values) if best is not None else False
 
-    def keep_if_best(values: dict[str, float]) -> None:
+    def keep_if_best(values: dict[str, float]) -> bool:
         value = best.value_of(values)
         # Rank 0 decides, so every rank takes the same branch (and joins the same broadcasts).
-        improved, value, values = distributed.broadcast_object((best.improves(value, kept.value), value, values))
+        improved, significant, value, values = distributed.broadcast_object(
+            (best.improves(value, kept.value), best.improves(value, kept.value, config.min_delta), value, values))
+        kept.stale = 0 if significant else kept.stale + 1
+        stop = config.patience > 0 and kept.stale >= config.patience
         if not improved:
-            return
+            return stop
         error = None
         if context.is_main:
             try:
@@ -409,14 +463,28 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
             log.info("step %d: best %s so far (%.6g); saved to %s", step, best.metric, value, best.directory)
         if best.on_best is not None:
             best.on_best(step, dict(values))
+        return stop
 
-    window_step = WindowStep(runner, ddp, task, scaler, device, precision, world, params)
+    def log_window() -> None:
+        nonlocal window, window_started
+        now = time.perf_counter()
+        values = window.values(window_step.term_names, window_step.metric_names)
+        values["lr"] = lr
+        values["tokens_per_s"] = window.tokens / max(now - window_started, 1e-9)
+        per_epoch = batches_per_epoch(batches)
+        if per_epoch:
+            values["epoch"] = step * config.grad_accumulation / per_epoch
+        emit("train", values)
+        window, window_started = LogWindow(), now
+
+    window_step = WindowStep(runner, ddp, task, scaler, device, precision, world, params,
+                             rdrop_alpha=config.rdrop_alpha, fgm_epsilon=config.fgm_epsilon, fgm_weight=fgm_weight)
     consecutive_nonfinite = 0
     stream = endless(batches)
     progress = Progress(total_steps, step, enabled=config.progress and context.is_main)
-    if rng_state is not None:
+    if restored.rng is not None:
         # Last, after everything that may draw random numbers (model and optimizer construction).
-        restore_rng_state(rng_state)
+        restore_rng_state(restored.rng)
     started = time.perf_counter()
     window_started = started
     try:
@@ -441,6 +509,8 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
                     scaler.step(optimizer)
                 else:
                     optimizer.step()
+                if ema is not None:
+                    ema.update()
             else:
                 consecutive_nonfinite += 1
                 skipped_total += 1
@@ -466,31 +536,132 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
             progress.update(1, loss=step_loss, tok_s=f"{result.tokens / (time.perf_counter() - started):.0f}")
 
             if step % config.log_every == 0 or step == total_steps:
-                now = time.perf_counter()
-                values = window.values(window_step.term_names, window_step.metric_names)
-                values["lr"] = lr
-                values["tokens_per_s"] = window.tokens / max(now - window_started, 1e-9)
-                per_epoch = batches_per_epoch(batches)
-                if per_epoch:
-                    values["epoch"] = step * config.grad_accumulation / per_epoch
-                emit("train", values)
-                window, window_started = LogWindow(), now
+                log_window()
+            stop = False
             if eval_fn is not None and ((config.eval_every and step % config.eval_every == 0)
                                         or step == total_steps):
-                evaluate()
-            if ((config.save_every and step % config.save_every == 0) or step == total_steps
+                stop = evaluate() and step < total_steps
+            if stop:
+                result.stopped_early = True
+                if window.steps:
+                    log_window()  # the steps since the last log line, which no later line will carry
+                if context.is_main:
+                    log.info("step %d: %d evaluations in a row without improving %s by more than %g; stopping "
+                             "early (training.patience=%d)", step, kept.stale, best.metric, config.min_delta,
+                             config.patience)
+            if ((config.save_every and step % config.save_every == 0) or step == total_steps or stop
                     or (save_also is not None and save_also(step))):
                 result.checkpoint = write_checkpoint(
                     context, out_dir, step, model, batches, optimizer, scheduler, scaler, window,
-                    skipped_total, config, tokenizer, kept, extra_state)
+                    skipped_total, config, tokenizer, kept, extra_state, ema=ema, stopped_early=stop)
+            if stop:
+                break
     finally:
         progress.close()
         close_logger(logger)
+    if ema is not None:
+        ema.finish()
     result.step = step
     result.seconds = time.perf_counter() - started
     if context.is_main:
         log.info("finished %d steps in %.1f s; final checkpoint %s", step, result.seconds, result.checkpoint)
     return result
+
+
+def check_recipes(config: TrainingConfig, task: Any, eval_fn: Any, best: BestCheckpoint | None) -> None:
+    """The recipes' needs that the config alone cannot check, before anything else happens."""
+    if config.patience > 0 and (eval_fn is None or best is None):
+        raise ConfigError(f"training.patience={config.patience} needs evaluations to count: give a dev set "
+                          "(fine-tuning: data.dev, not --no-dev; the loop: eval_fn and best) or set "
+                          "training.patience 0")
+    if config.patience > 0 and not config.eval_every:
+        log.warning("training.patience=%d counts evaluations, but training.eval_every is 0: the only one is the "
+                    "last, so the run cannot stop early; set eval_every", config.patience)
+    if config.rdrop_alpha > 0 and not callable(getattr(task, "consistency", None)):
+        name = getattr(task, "name", None) or type(task).__name__
+        raise ConfigError(f"training.rdrop_alpha={config.rdrop_alpha:g}: the {name} objective defines no "
+                          "consistency term (R-Drop applies to objectives with consistency(output_a, output_b, "
+                          "batch): classification and tagging); set training.rdrop_alpha 0")
+
+
+def word_embedding_weight(model: nn.Module) -> nn.Parameter:
+    """The word-embedding weight FGM perturbs: `model.get_input_embeddings()` when the model has it, else the
+    bertforge encoder's `embeddings.word` (found as `model.fast_paths` finds encoders)."""
+    getter = getattr(model, "get_input_embeddings", None)
+    module = getter() if callable(getter) else None
+    if module is None:
+        for candidate in model.modules():
+            if is_encoder(candidate) and hasattr(candidate, "embeddings"):
+                embeddings = candidate.embeddings
+                module = getattr(embeddings, "word", None)
+                module = module if module is not None else getattr(embeddings, "word_embeddings", None)
+                break
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, nn.Parameter):
+        raise ConfigError("training.fgm_epsilon perturbs the word embeddings, but the model has none (no "
+                          "get_input_embeddings() and no bertforge encoder); set training.fgm_epsilon 0")
+    if not weight.requires_grad:
+        raise ConfigError("training.fgm_epsilon perturbs the word embeddings, which are frozen (e.g. "
+                          "model.freeze_encoder): they get no gradient to follow; train them or set "
+                          "training.fgm_epsilon 0")
+    return weight
+
+
+class WeightAverage:
+    """EMA of the trainable parameters (`training.ema_decay`): a float32 shadow, starting at the initial
+    weights, updated as shadow = d * shadow + (1 - d) * weights after every applied optimizer step.
+
+    Tied parameters appear once (under their first name).
+    """
+
+    def __init__(self, model: nn.Module, decay: float):
+        self.decay = decay
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.reset()
+
+    def reset(self) -> None:
+        """Start the average at the model's current weights."""
+        self.shadow = [p.detach().float().clone() for p in self.params]
+
+    @torch.no_grad()
+    def update(self) -> None:
+        weights = [p.detach().float() for p in self.params]
+        torch._foreach_mul_(self.shadow, self.decay)
+        torch._foreach_add_(self.shadow, weights, alpha=1.0 - self.decay)
+
+    @contextlib.contextmanager
+    def applied(self):
+        """The shadow in the model for the block, then the raw weights back (copied, so bit-exact); yields
+        the raw weights (copies)."""
+        raw = [p.detach().clone() for p in self.params]
+        with torch.no_grad():
+            for param, shadow in zip(self.params, self.shadow):
+                param.copy_(shadow)
+        try:
+            yield raw
+        finally:
+            with torch.no_grad():
+                for param, weights in zip(self.params, raw):
+                    param.copy_(weights)
+
+    @torch.no_grad()
+    def finish(self) -> None:
+        """Leave the shadow in the model (the end of training)."""
+        for param, shadow in zip(self.params, self.shadow):
+            param.copy_(shadow)
+
+    def state_dict(self, raw: list[torch.Tensor]) -> dict[str, Any]:
+        return {"decay": self.decay, "shadow": dict(zip(self.names, self.shadow)), "raw": dict(zip(self.names, raw))}
+
+    def load_shadow(self, shadow: Mapping[str, torch.Tensor], path: Path) -> None:
+        missing = [n for n in self.names if n not in shadow]
+        if missing:
+            raise CheckpointError(f"{path}: its EMA state lacks {missing[:3]}; resume with the same model "
+                                  "settings the run started with")
+        for index, name in enumerate(self.names):
+            self.shadow[index] = shadow[name].to(self.params[index].device, torch.float32).clone()
 
 
 class WindowStep:
@@ -501,53 +672,110 @@ class WindowStep:
     loss term: its micro-batches backpropagate `sum * world_size` and the accumulated gradients are divided
     by the global count afterwards — the same gradients, as the count is one number. Several terms need
     `counts` (each has its own denominator).
+
+    Per micro-batch, R-Drop (`rdrop_alpha`) runs the forward twice and adds the term `rdrop`, counted like
+    the task's first term; FGM (`fgm_epsilon`) then backpropagates the task's loss (one pass) once more with
+    the word embeddings perturbed, logged as the metrics `adv_<term>`. Under DDP only the micro-batch's last
+    forward of the window's last micro-batch synchronises: DDP prepares its reducer once per backward, and
+    FGM's direction is this rank's own gradient.
     """
 
     def __init__(self, runner: nn.Module, ddp: nn.Module | None, task: Task, scaler, device: torch.device,
-                 precision: str, world: int, params: list[nn.Parameter]):
+                 precision: str, world: int, params: list[nn.Parameter], *, rdrop_alpha: float = 0.0,
+                 fgm_epsilon: float = 0.0, fgm_weight: nn.Parameter | None = None):
         self.runner, self.ddp, self.task, self.scaler = runner, ddp, task, scaler
         self.device, self.precision, self.world, self.params = device, precision, world, params
+        self.rdrop_alpha, self.fgm_epsilon, self.fgm_weight = rdrop_alpha, fgm_epsilon, fgm_weight
+        if fgm_epsilon > 0 and fgm_weight is None:
+            raise ValueError("WindowStep: FGM needs the word-embedding weight")
         self.counts_first = hasattr(task, "counts")
-        self.term_names: list[str] = []
-        self.metric_names: list[str] = []
+        self.task_terms: list[str] = []
+        self.task_metrics: list[str] = []
+
+    @property
+    def term_names(self) -> list[str]:
+        return self.task_terms + (["rdrop"] if self.rdrop_alpha > 0 else [])
+
+    @property
+    def metric_names(self) -> list[str]:
+        return self.task_metrics + ([f"adv_{n}" for n in self.task_terms] if self.fgm_epsilon > 0 else [])
+
+    def synced(self, sync: bool):
+        return contextlib.nullcontext() if self.ddp is None or sync else self.ddp.no_sync()
+
+    def forward(self, batch: Any, sync: bool) -> Any:
+        with self.synced(sync), autocast(self.device, self.precision):
+            return self.runner(**batch.model_inputs())
+
+    def backward(self, sums: torch.Tensor, denominators: torch.Tensor | None, sync: bool) -> None:
+        loss = (sums if denominators is None else sums / denominators).sum() * self.world
+        with self.synced(sync):
+            self.scaler.scale(loss).backward()
+
+    def task_sums(self, output: Any, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sums, counts) of the task's loss terms, in `task_terms` order."""
+        terms = self.task.loss_terms(output, batch)
+        if not self.task_terms:
+            self.task_terms = list(terms)
+            if len(terms) > 1:
+                raise TypeError(f"{type(self.task).__name__} returns several loss terms {list(terms)}; "
+                                "it must also define counts(batch) so each term is normalised first")
+        sums = torch.stack([terms[n][0].float() for n in self.task_terms])
+        counts = torch.stack([as_tensor(terms[n][1], self.device) for n in self.task_terms])
+        return sums, counts
 
     def __call__(self, micro_batches: list[Any]) -> torch.Tensor:
         """Run the window; return the global statistics vector (see `split`); gradients are left in .grad."""
         device = self.device
-        denominators = None
+        task_denominators = denominators = counts = None
         if self.counts_first:
             window_counts: dict[str, torch.Tensor] = {}
             for batch in micro_batches:
                 for name, count in self.task.counts(batch).items():
                     window_counts[name] = window_counts.get(name, 0) + as_tensor(count, device)
-            if not self.term_names:
-                self.term_names = list(window_counts)
-            counts = distributed.all_reduce_sum(torch.stack([window_counts[n] for n in self.term_names]))
+            if not self.task_terms:
+                self.task_terms = list(window_counts)
+            counts = distributed.all_reduce_sum(torch.stack([window_counts[n] for n in self.task_terms]))
+            task_denominators = counts.clamp(min=1.0)
+            if self.rdrop_alpha > 0:  # the consistency term is counted like the task's first term
+                counts = torch.cat([counts, counts[:1]])
             denominators = counts.clamp(min=1.0)
 
         term_stats = metric_stats = None
         tokens = torch.zeros(1, device=device)
         for index, batch in enumerate(micro_batches):
             last = index == len(micro_batches) - 1
-            with contextlib.nullcontext() if self.ddp is None or last else self.ddp.no_sync():
-                with autocast(device, self.precision):
-                    output = self.runner(**batch.model_inputs())
-                terms = self.task.loss_terms(output, batch)
-                if not self.term_names:
-                    self.term_names = list(terms)
-                    if len(terms) > 1:
-                        raise TypeError(f"{type(self.task).__name__} returns several loss terms {list(terms)}; "
-                                        "it must also define counts(batch) so each term is normalised first")
-                sums = torch.stack([terms[n][0].float() for n in self.term_names])
-                loss = (sums if denominators is None else sums / denominators).sum() * self.world
-                self.scaler.scale(loss).backward()
-            stats = torch.cat([sums.detach(), torch.stack([as_tensor(terms[n][1], device) for n in self.term_names])])
+            clean_sync = last and self.fgm_epsilon == 0
+            before = None
+            if self.fgm_epsilon > 0 and self.fgm_weight.grad is not None:
+                before = self.fgm_weight.grad.detach().clone()  # what earlier micro-batches accumulated
+            if self.rdrop_alpha > 0:
+                output = self.forward(batch, sync=False)
+                second = self.forward(batch, sync=clean_sync)
+                sums_a, term_counts = self.task_sums(output, batch)
+                sums_b, _ = self.task_sums(second, batch)
+                consistency = self.task.consistency(output, second, batch)
+                if isinstance(consistency, tuple):  # (sum, count): the count is the first term's, by contract
+                    consistency = consistency[0]
+                sums = torch.cat([(sums_a + sums_b) / 2, (self.rdrop_alpha * consistency.float()).view(1)])
+                term_counts = torch.cat([term_counts, term_counts[:1]])
+            else:
+                output = self.forward(batch, sync=clean_sync)
+                sums, term_counts = self.task_sums(output, batch)
+            self.backward(sums, denominators, clean_sync)
+            stats = torch.cat([sums.detach(), term_counts])
             term_stats = stats if term_stats is None else term_stats + stats
+
             measured = self.task.metrics(output, batch)
-            if not self.metric_names:
-                self.metric_names = list(measured)
-            stats = torch.stack([as_tensor(measured[n][i], device) for i in (0, 1) for n in self.metric_names]) \
-                if self.metric_names else torch.zeros(0, device=device)
+            if not self.task_metrics:
+                self.task_metrics = list(measured)
+            metric_sums = [as_tensor(measured[n][0], device).view(1) for n in self.task_metrics]
+            metric_counts = [as_tensor(measured[n][1], device).view(1) for n in self.task_metrics]
+            if self.fgm_epsilon > 0:
+                adv_sums, adv_counts = self.adversarial(batch, before, task_denominators, sync=last)
+                metric_sums.append(adv_sums)
+                metric_counts.append(adv_counts)
+            stats = torch.cat(metric_sums + metric_counts) if metric_sums else torch.zeros(0, device=device)
             metric_stats = stats if metric_stats is None else metric_stats + stats
             tokens += as_tensor(batch.num_tokens, device)
 
@@ -565,6 +793,31 @@ class WindowStep:
                     p.grad.mul_(scale.to(p.grad.dtype))
         return stats
 
+    def adversarial(self, batch: Any, before: torch.Tensor | None, denominators: torch.Tensor | None,
+                    sync: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """FGM: backpropagate the task's loss with the word embeddings moved by eps * g / ||g||, g being this
+        micro-batch's gradient on them; restore them from a copy. Returns the adversarial (sums, counts)."""
+        weight = self.fgm_weight
+        grad = weight.grad
+        if grad is None:
+            grad = torch.zeros_like(weight)
+        elif before is not None:
+            grad = grad - before
+        grad = grad.detach().float()
+        # The loss scale and the denominators only scale g: its direction is the same.
+        delta = grad * (self.fgm_epsilon / grad.norm().clamp(min=1e-30))
+        saved = weight.detach().clone()
+        with torch.no_grad():
+            weight.add_(delta.to(weight.dtype))
+        try:
+            output = self.forward(batch, sync)
+            sums, counts = self.task_sums(output, batch)
+            self.backward(sums, denominators, sync)
+        finally:
+            with torch.no_grad():
+                weight.copy_(saved)  # a copy, not weight - delta: rounding would drift the embeddings
+        return sums.detach(), counts
+
     def split(self, values: list[float]) -> tuple[list[float], list[float], list[float], list[float], float]:
         """(term sums, term counts, metric sums, metric counts, tokens) of a statistics vector."""
         n, m = len(self.term_names), len(self.metric_names)
@@ -579,7 +832,8 @@ def close_logger(logger: Any) -> None:
 
 def describe_run(model: nn.Module, batches: Any, config: TrainingConfig, total_steps: int, warmup_steps: int,
                  precision: str, device: torch.device, world: int, is_main: bool) -> None:
-    """Log the arithmetic people ask about: examples per step, steps per epoch, epochs, parameters."""
+    """Log the arithmetic people ask about: examples per step, steps per epoch, epochs, parameters, and the
+    recipes that are on."""
     if not is_main:
         return
     per_step = config.batch_size * config.grad_accumulation * world
@@ -593,26 +847,68 @@ def describe_run(model: nn.Module, batches: Any, config: TrainingConfig, total_s
              "%s, %s, %s on %s; %.1fM trainable parameters", total_steps, warmup_steps, per_step,
              config.batch_size, config.grad_accumulation, world, epochs, config.optimizer, config.schedule,
              precision, device, trainable / 1e6)
+    recipes = []
+    if config.patience:
+        recipes.append(f"early stopping after {config.patience} evaluations without an improvement > "
+                       f"{config.min_delta:g}")
+    if config.layer_lr_decay < 1.0:
+        deepest = max(encoder_depths(model).values(), default=0)
+        recipes.append(f"layer-wise lr decay {config.layer_lr_decay:g} (head at lr, embeddings at lr x "
+                       f"{config.layer_lr_decay ** deepest:.3g})")
+    if config.fgm_epsilon:
+        recipes.append(f"FGM adversarial training, epsilon {config.fgm_epsilon:g}")
+    if config.rdrop_alpha:
+        recipes.append(f"R-Drop, alpha {config.rdrop_alpha:g}")
+    if config.ema_decay:
+        recipes.append(f"EMA of the weights, decay {config.ema_decay:g} (evaluated and saved: the average)")
+    if recipes:
+        log.info("recipes: %s", "; ".join(recipes))
 
 
 @dataclass
 class BestSoFar:
-    """The best evaluation of a run so far (saved in every checkpoint as `best`, restored on resume)."""
+    """The best evaluation of a run so far (saved in every checkpoint as `best`, restored on resume), and
+    `stale`: the evaluations since the last one that beat the best by more than `min_delta` (patience)."""
 
     step: int | None = None
     value: float | None = None
     values: dict[str, float] = field(default_factory=dict)
+    stale: int = 0
+
+
+@dataclass
+class Restored:
+    """Where a run continues: what `restore_run` read from a checkpoint (a fresh run: the defaults)."""
+
+    step: int = 0
+    skipped: int = 0
+    window: LogWindow = field(default_factory=LogWindow)
+    rng: dict | None = None
+    kept: BestSoFar = field(default_factory=BestSoFar)
+    stopped_early: bool = False
 
 
 def restore_run(path: Path, model: nn.Module, batches: Any, optimizer, scheduler, scaler, rank: int,
-                world: int, extra_state: Any = None) -> tuple[int, int, LogWindow, dict | None, BestSoFar]:
+                world: int, extra_state: Any = None, ema: WeightAverage | None = None) -> Restored:
     """Load checkpoint `path` into the run's objects (and the caller's `extra_state`, when the checkpoint has
-    one); return (step, skipped steps, log window, RNG state, best evaluation so far).
+    one, and the EMA shadow); return where the run continues.
 
     The RNG state is returned, not applied: the caller restores it last, after everything that draws.
     """
     state = load_training_state(path)
     restore_model_weights(model, path)
+    saved_ema = state.get("ema")
+    if saved_ema is not None:
+        # The model directory holds the averaged weights; training continues from the raw ones.
+        load_parameters(model, saved_ema["raw"], path)
+        if ema is not None:
+            ema.load_shadow(saved_ema["shadow"], path)
+        else:
+            log.warning("%s was written with training.ema_decay=%g; continuing without EMA from the raw "
+                        "weights", path, saved_ema["decay"])
+    elif ema is not None:
+        log.warning("%s was written without EMA: the average starts at its weights", path)
+        ema.reset()
     restore_optimizer(optimizer, scheduler, scaler, state, path)
     data_states, saved_world = state.get("data"), int(state.get("world_size", 1))
     rng_state = None
@@ -633,8 +929,8 @@ def restore_run(path: Path, model: nn.Module, batches: Any, optimizer, scheduler
     kept = BestSoFar(**state["best"]) if state.get("best") else BestSoFar()
     if extra_state is not None and state.get("extra") is not None:
         extra_state.load_state_dict(state["extra"])
-    return (int(state["step"]), int(state.get("skipped_steps", 0)), LogWindow(**state.get("log_window", {})),
-            rng_state, kept)
+    return Restored(int(state["step"]), int(state.get("skipped_steps", 0)), LogWindow(**state.get("log_window", {})),
+                    rng_state, kept, bool(state.get("stopped_early", False)))
 
 
 def restore_model_weights(model: nn.Module, path: Path) -> None:
@@ -647,14 +943,28 @@ def restore_model_weights(model: nn.Module, path: Path) -> None:
                               "model settings the run started with") from None
 
 
+@torch.no_grad()
+def load_parameters(model: nn.Module, tensors: Mapping[str, torch.Tensor], path: Path) -> None:
+    """Copy {parameter name: tensor} into the model's trainable parameters, in place."""
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if name not in tensors or tensors[name].shape != param.shape:
+            raise CheckpointError(f"{path}: its raw training weights do not fit this model ({name}); resume "
+                                  "with the same model settings the run started with")
+        param.copy_(tensors[name])
+
+
 def restore_optimizer(optimizer, scheduler, scaler, state: dict[str, Any], path: Path) -> None:
     try:
         optimizer.load_state_dict(state["optimizer"])
     except (ValueError, KeyError) as exc:
         raise CheckpointError(f"{path}: optimizer state does not match this run ({exc}); resume with the same "
-                              "training.optimizer and frozen/trainable parameters, or start a new run from "
-                              "this model directory (--training.resume=never with it as the model)") from None
+                              "training.optimizer, training.layer_lr_decay and frozen/trainable parameters, or "
+                              "start a new run from this model directory (--training.resume=never with it as "
+                              "the model)") from None
     # The schedule follows the current config (so a run can be extended); its position comes from the step.
+    # Each group keeps its own base lr (layer-wise decay), from the current config too.
     saved = {k: v for k, v in state["scheduler"].items() if k != "base_lrs"}
     scheduler.load_state_dict({**saved, "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
     for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
@@ -665,8 +975,12 @@ def restore_optimizer(optimizer, scheduler, scaler, state: dict[str, Any], path:
 
 def write_checkpoint(context, out_dir: Path, step: int, model: nn.Module, batches: Any, optimizer, scheduler,
                      scaler, window: LogWindow, skipped: int, config: TrainingConfig, tokenizer,
-                     kept: BestSoFar | None = None, extra_state: Any = None) -> Path:
-    """Gather every rank's RNG state and data position; the main process writes; all ranks agree on errors."""
+                     kept: BestSoFar | None = None, extra_state: Any = None, *, ema: WeightAverage | None = None,
+                     stopped_early: bool = False) -> Path:
+    """Gather every rank's RNG state and data position; the main process writes; all ranks agree on errors.
+
+    With `ema` the directory's model weights are the average; the raw weights and the shadow go into the
+    training state."""
     rng = distributed.all_gather_object(capture_rng_state())
     data = distributed.all_gather_object(plain(batches.state_dict()) if hasattr(batches, "state_dict") else None)
     path, error = None, None
@@ -683,9 +997,13 @@ def write_checkpoint(context, out_dir: Path, step: int, model: nn.Module, batche
             "best": dataclasses.asdict(kept) if kept is not None else None,
             "config": plain(dataclasses.asdict(config)),
             "extra": plain(extra_state.state_dict()) if extra_state is not None else None,
+            "stopped_early": stopped_early,
         }
         try:
-            path = save_checkpoint(out_dir, step, model, state, tokenizer=tokenizer, keep_last=config.keep_last)
+            with ema.applied() if ema is not None else contextlib.nullcontext() as raw:
+                if ema is not None:
+                    state["ema"] = ema.state_dict(raw)
+                path = save_checkpoint(out_dir, step, model, state, tokenizer=tokenizer, keep_last=config.keep_last)
         except CheckpointError as exc:
             error = str(exc)
     error = distributed.broadcast_object(error)

@@ -2,7 +2,8 @@
 
 Weight decay skips biases and LayerNorm weights (as BERT's `exclude_from_weight_decay` does); LAMB also
 skips the layer-wise trust ratio for them (Google's `exclude_from_layer_adaptation` defaults to the same
-list). Groups are formed by module type and parameter role, not by name patterns.
+list). Groups are formed by module type and parameter role, not by name patterns. Layer-wise learning-rate
+decay (`training.layer_lr_decay`) splits both groups by depth in the encoder, each with its own lr.
 """
 
 from __future__ import annotations
@@ -14,31 +15,82 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
+from bertforge.errors import ConfigError
+from bertforge.model.fast_paths import is_encoder, is_layer
 from bertforge.training.config import TrainingConfig
 
 log = logging.getLogger(__name__)
 
 
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: decayed weights, and biases + LayerNorm parameters without decay or trust ratio.
+def parameter_groups(model: nn.Module, weight_decay: float, layer_lr_decay: float = 1.0,
+                     lr: float | None = None) -> list[dict]:
+    """BERT's groups: decayed weights, and biases + LayerNorm parameters without decay or trust ratio.
 
-    Tied parameters appear once; frozen ones (requires_grad False) not at all.
+    With `layer_lr_decay` 1 these are the two groups (no "lr" of their own: the optimizer's applies). Below
+    1 each depth gets its pair of groups, head first, each with its own "lr" (the schedule scales every
+    group's base lr alike): depth 0 (the head and the pooler) at `lr`, encoder layer i of L (0-based) at
+    depth L - i, the embeddings at depth L + 1, so group lr = lr * layer_lr_decay**depth. Tied parameters
+    appear once, at the depth of their encoder module (the MLM decoder shares the word embeddings); frozen
+    ones (requires_grad False) not at all.
+
+    A module may ask for a multiple of its group's rate with an `lr_scale` attribute (the tagger's CRF: a
+    few transition scores that start at zero and would barely move at an encoder's rate); its parameters
+    then form groups of their own with "lr" = that multiple of the group's rate.
+
+    Raises:
+        ConfigError: layer_lr_decay < 1 on a model without a bertforge encoder.
     """
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
+    depths = encoder_depths(model) if layer_lr_decay < 1.0 else {}
+    if layer_lr_decay < 1.0 and not depths:
+        raise ConfigError("training.layer_lr_decay needs a bertforge encoder in the model (embeddings and "
+                          "encoder layers); set training.layer_lr_decay 1")
+    # (depth, decayed, lr scale) -> parameters, in the order the model lists them.
+    buckets: dict[tuple[int, bool, float], list[nn.Parameter]] = {}
     seen: set[int] = set()
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
             if not param.requires_grad or id(param) in seen:
                 continue
             seen.add(id(param))
-            if isinstance(module, nn.LayerNorm | nn.GroupNorm) or name.endswith("bias") or param.dim() < 2:
-                no_decay.append(param)
-            else:
-                decay.append(param)
-    groups = [{"params": decay, "weight_decay": weight_decay, "layer_adaptation": True},
-              {"params": no_decay, "weight_decay": 0.0, "layer_adaptation": False}]
-    return [g for g in groups if g["params"]]
+            plain = isinstance(module, nn.LayerNorm | nn.GroupNorm) or name.endswith("bias") or param.dim() < 2
+            scale = float(getattr(module, "lr_scale", 1.0))
+            buckets.setdefault((depths.get(id(param), 0), not plain, scale), []).append(param)
+    own_lr = layer_lr_decay < 1.0 or any(scale != 1.0 for _, _, scale in buckets)
+    if own_lr and lr is None:
+        raise ValueError("parameter_groups: layer_lr_decay < 1 or an lr_scale needs the base lr")
+    groups = []
+    for depth in sorted({d for d, _, _ in buckets}):
+        for scale in sorted({s for d, _, s in buckets if d == depth}):
+            for decayed in (True, False):
+                params = buckets.get((depth, decayed, scale))
+                if not params:
+                    continue
+                group = {"params": params, "weight_decay": weight_decay if decayed else 0.0,
+                         "layer_adaptation": decayed}
+                if own_lr:
+                    group["lr"] = lr * layer_lr_decay**depth * scale
+                groups.append(group)
+    return groups
+
+
+def encoder_depths(model: nn.Module) -> dict[int, int]:
+    """{id(parameter): depth} of every bertforge encoder inside `model`: L - i for layer i of L, L + 1 for the
+    embeddings; the pooler and everything outside the encoders are depth 0 (absent from the dict).
+
+    Found by the conventions `model.fast_paths` uses (an encoder has `embeddings` and `encoder`, a layer has
+    `attention` and `feed_forward`), so any model holding a bertforge encoder qualifies.
+    """
+    depths: dict[int, int] = {}
+    for module in model.modules():
+        if not (is_encoder(module) and hasattr(module, "embeddings")):
+            continue
+        layers = [m for m in module.encoder.modules() if is_layer(m)]
+        for param in module.embeddings.parameters():
+            depths[id(param)] = len(layers) + 1
+        for index, layer in enumerate(layers):
+            for param in layer.parameters():
+                depths[id(param)] = len(layers) - index
+    return depths
 
 
 class Lamb(Optimizer):
@@ -100,8 +152,8 @@ class Lamb(Optimizer):
 
 
 def build_optimizer(model: nn.Module, config: TrainingConfig, device: torch.device) -> Optimizer:
-    """The optimizer `config.optimizer` names, over BERT's two parameter groups."""
-    groups = parameter_groups(model, config.weight_decay)
+    """The optimizer `config.optimizer` names, over BERT's parameter groups (by depth with layer_lr_decay)."""
+    groups = parameter_groups(model, config.weight_decay, config.layer_lr_decay, config.lr)
     betas = (config.betas[0], config.betas[1])
     if config.optimizer == "lamb":
         if config.fused_adamw:

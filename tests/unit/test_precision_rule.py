@@ -1,0 +1,86 @@
+"""One precision rule for every path: `runtime.choose_precision` turns `auto` into bf16 on a CUDA device with
+bf16 support and fp32 everywhere else (CPUs included), with no probe; evaluate, predict and serve all use it.
+The GPU capability is monkeypatched, so these run on any machine."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertforge import runtime
+from bertforge.cli import build_parser
+from bertforge.errors import ConfigError
+from bertforge.runtime import PRECISIONS, choose_precision, resolve_precision
+
+CUDA, CPU = torch.device("cuda"), torch.device("cpu")
+
+
+@pytest.fixture
+def bf16_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+
+
+@pytest.fixture
+def old_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+
+
+def test_choose_precision_auto_on_a_bf16_gpu_is_bf16_without_a_probe(bf16_gpu):
+    assert choose_precision("auto", CUDA) == ("bf16", "auto: bf16 on a CUDA device with bf16 support")
+    assert resolve_precision("auto", "cuda:1") == "bf16"
+
+
+def test_choose_precision_auto_on_a_gpu_without_bf16_is_fp32(old_gpu):
+    precision, why = choose_precision("auto", CUDA)
+    assert precision == "fp32" and why.startswith("auto: fp32")
+    with pytest.raises(ConfigError, match="bf16 needs a GPU with bfloat16 support"):
+        choose_precision("bf16", CUDA)
+    assert choose_precision("fp16", CUDA) == ("fp16", "requested")
+
+
+def test_choose_precision_auto_on_cpu_is_fp32_even_with_native_bf16(monkeypatch, bf16_gpu):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    assert choose_precision("auto", CPU) == ("fp32", "auto: fp32 (bf16 is chosen only on a CUDA device with bf16 "
+                                                     "support; this is cpu)")
+    assert choose_precision("bf16", CPU) == ("bf16", "requested")
+
+
+def test_choose_precision_rejects_an_unknown_name_listing_the_valid_ones():
+    with pytest.raises(ConfigError, match="unknown precision 'half'; use one of auto, fp32, bf16, fp16"):
+        choose_precision("half", CPU)
+
+
+def subcommand(name: str) -> argparse.ArgumentParser:
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+
+
+@pytest.mark.parametrize("command", ["evaluate", "predict", "serve", "pretrain", "finetune", "glue"])
+def test_choose_precision_every_command_takes_the_same_names(command):
+    action = subcommand(command)._option_string_actions["--precision"]
+    assert tuple(action.choices) == PRECISIONS
+    assert "auto = bf16 on a CUDA GPU with bf16 support, else fp32" in " ".join(action.help.split())
+
+
+def test_choose_precision_is_what_evaluate_and_training_call():
+    from bertforge.training import finetuning, loop
+
+    assert finetuning.resolve_precision is runtime.resolve_precision
+    assert loop.resolve_precision is runtime.resolve_precision
+
+
+@pytest.mark.xfail(strict=True, reason="inference/pipelines.py still decides `auto` itself (native bf16 + a "
+                   "probe); it should call runtime.choose_precision (see the report to the lead)")
+def test_choose_precision_is_what_the_pipelines_and_server_call(monkeypatch, tiny_minilm_model: Path):
+    from bertforge.inference.pipelines import load_pipeline
+
+    calls = []
+    real = runtime.choose_precision
+    monkeypatch.setattr(runtime, "choose_precision", lambda name, device: calls.append(name) or real(name, device))
+    pipeline = load_pipeline(tiny_minilm_model, "embed", device="cpu", precision="auto")
+    assert calls == ["auto"]
+    assert pipeline.precision == "fp32" and pipeline.precision_report == real("auto", CPU)[1]
