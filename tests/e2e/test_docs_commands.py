@@ -46,7 +46,7 @@ REAL_DATA = shared_data_root()  # read before any test points $BERTFORGE_DATA at
 PLACEHOLDERS = {
     "DIR": "model", "MINILM": "model", "...": "model",
     "chinese_L-12_H-768_A-12": "google", "my_train.csv": "pairs", "my_dev.csv": "pairs", "texts.txt": "lines",
-    "句子.txt": "lines", "语料目录": "corpus_zh",
+    "句子.txt": "lines", "语料目录": "corpus_zh", "types_train.jsonl": "types", "types_dev.jsonl": "types",
 }
 # Options of other programs that the docs name in passing (inline), with the program.
 FOREIGN_OPTIONS = {"--doc_stride": "Google's run_squad.py", "--only": "benchmarks/finetune_vs_reference.py",
@@ -469,6 +469,11 @@ def workspace(tmp_path_factory) -> Path:
     made.update({name: work / f"{name}.csv" if name == "pairs" else work / name
                  for name in ("pairs", "corpus_zh")})
     made["lines"] = work / "lines.txt"
+    # Multi-label rows: which entity types a sentence names (the multilabel format's example).
+    types = [{"text": "John lives in Paris.", "labels": ["LOC", "PER"]}, {"text": "It rained.", "labels": []},
+             {"text": "Acme hired Mary.", "labels": ["ORG", "PER"]}, {"text": "Berlin is big.", "labels": ["LOC"]}]
+    made["types"] = work / "types.jsonl"
+    made["types"].write_text("".join(json.dumps(row) + "\n" for row in types * 4), encoding="utf-8")
     for placeholder, kind in PLACEHOLDERS.items():
         link = work / placeholder
         if placeholder != "..." and not link.exists():

@@ -102,7 +102,10 @@ def test_server_openapi_examples_are_the_pipelines_and_they_run(client, classifi
     paths = client.get("/openapi.json").json()["paths"]
     for task in ("classify", "embed"):
         example = paths[f"/v1/{task}"]["post"]["requestBody"]["content"]["application/json"]["example"]
-        assert example == load_pipeline(classifier_dir, task, precision="fp32").example
+        expected = load_pipeline(classifier_dir, task, precision="fp32").example
+        # FastAPI writes the OpenAPI document without null values: an option left at None is simply absent.
+        expected["parameters"] = {k: v for k, v in expected["parameters"].items() if v is not None}
+        assert example == expected
         assert example["inputs"]
         response = client.post(f"/v1/{task}", json=example)  # the documented example is a valid request
         assert response.status_code == 200 and len(response.json()["outputs"]) == len(example["inputs"])
@@ -192,15 +195,15 @@ def test_server_full_queue_answers_429_and_bad_input_fails_alone(tmp_path):
     model_dir = tiny_model_dir(tmp_path / "mlm", BertForPretraining)
     app = create_app(model_dir, tasks=["fill-mask"], precision="fp32", max_queue=1, max_wait_ms=1)
     pipeline = app.state.service.pipelines["fill-mask"]
-    original = pipeline.run_parsed
+    original = pipeline.forward
     release = threading.Event()
 
-    def blocking(parsed, options, precision=None):
+    def blocking(features, options, precision=None):
         release.wait(20)
-        return original(parsed, options, precision)
+        return original(features, options, precision)
 
     with running(app) as client, ThreadPoolExecutor(4) as pool:
-        pipeline.run_parsed = blocking
+        pipeline.forward = blocking
         first = pool.submit(client.post, "/v1/fill-mask", json={"inputs": ["paris is the [MASK] of france"]})
         deadline = time.monotonic() + 10
         while client.get("/health").json()["queue_depth"] != 0 or not first.running():
@@ -224,3 +227,166 @@ def test_server_full_queue_answers_429_and_bad_input_fails_alone(tmp_path):
         assert [r.status_code for r in results] == [200, 422, 200]
         assert "limit of 64" in results[1].json()["error"]
         assert results[0].json()["outputs"][0]["masks"][0]["predictions"]
+
+
+# --- the work of one request: token budgets, splitting, cancellation ------------------------------------------
+
+def metric(client, name: str) -> float:
+    """One sample of the server's /metrics (`name` with its labels, e.g. 'x_total{reason="timeout"}')."""
+    text = client.get("/metrics").text
+    return float(next(line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def slowed(pipeline, seconds: float) -> None:
+    """Make every model call of `pipeline` take at least `seconds`, so a test can act while a request runs."""
+    original = pipeline.forward
+
+    def forward(features, options, precision=None):
+        time.sleep(seconds)
+        return original(features, options, precision)
+
+    pipeline.forward = forward
+
+
+def long_text(index: int, words: int = 600) -> str:
+    """A text of many windows for the tiny model (64-token windows)."""
+    vocabulary = "the weather in lisbon was warm and the market by the river sold fish bread and wine".split()
+    return " ".join(vocabulary[(index * 7 + k * 3) % len(vocabulary)] + ("s" if k % 5 == 0 else "")
+                    for k in range(words))
+
+
+def test_server_request_over_max_request_tokens_gets_413_naming_the_setting(classifier_dir):
+    app = create_app(classifier_dir, precision="fp32", max_request_tokens=500)
+    with running(app) as client:
+        refused = client.post("/v1/classify", json={"inputs": [long_text(0)]})
+        assert refused.status_code == 413
+        error = refused.json()["error"]
+        assert re.search(r"make \d+ tokens after windowing", error)
+        assert "at most 500 per request" in error and "--max-request-tokens" in error
+        assert client.post("/v1/classify", json={"inputs": ["short and fine"]}).status_code == 200
+        assert metric(client, "bertforge_model_calls_total") == 1  # the refused request never reached the model
+
+
+def test_server_splits_a_large_request_within_max_batch_tokens_and_answers_as_whole(classifier_dir):
+    app = create_app(classifier_dir, precision="fp32", max_batch_tokens=128)
+    pipeline = load_pipeline(classifier_dir, "classify", precision="fp32")
+    inputs = [long_text(i) for i in range(3)] + ["a short one", {"text": long_text(3, 80), "text_pair": "a pair"}]
+    windows = len(pipeline.features([pipeline.parse(item) for item in inputs]))
+    with running(app) as client:
+        response = client.post("/v1/classify", json={"inputs": inputs})
+        assert response.status_code == 200
+        calls = metric(client, "bertforge_model_calls_total")
+        assert calls >= windows / 2  # windows of 64 tokens, two per call
+        assert metric(client, "bertforge_windows_total") == windows
+        # Every call stayed within the budget.
+        assert metric(client, 'bertforge_batch_tokens_bucket{le="128"}') == metric(client, "bertforge_batch_tokens_count")
+    for got, expected in zip(response.json()["outputs"], pipeline.run(inputs)):
+        assert got["label"] == expected["label"] and got["windows"] == expected["windows"]
+        assert got["scores"] == pytest.approx(expected["scores"], abs=1e-5)
+
+
+def test_server_small_requests_are_answered_between_the_calls_of_a_large_one(classifier_dir):
+    app = create_app(classifier_dir, precision="fp32", max_batch_tokens=128)
+    slowed(app.state.service.pipelines["classify"], 0.05)
+    large_inputs = [long_text(i) for i in range(4)]  # about 80 windows: 40 calls, 2 s or more
+    with running(app) as client, ThreadPoolExecutor(2) as pool:
+        large = pool.submit(client.post, "/v1/classify", json={"inputs": large_inputs})
+        deadline = time.monotonic() + 10
+        while metric(client, "bertforge_windows_total") == 0:  # the large request is running
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        began = time.monotonic()
+        small = client.post("/v1/classify", json={"inputs": ["a small request"]})
+        waited = time.monotonic() - began
+        assert small.status_code == 200
+        assert not large.done(), "the small request waited for the whole large one"
+        assert waited < 1.5  # a call or two of the large request, not all forty
+        assert large.result().status_code == 200
+    expected = load_pipeline(classifier_dir, "classify", precision="fp32").run(large_inputs)
+    for got, want in zip(large.result().json()["outputs"], expected):
+        assert got["label"] == want["label"] and got["scores"] == pytest.approx(want["scores"], abs=1e-5)
+
+
+def wait_for_metric(client, name: str, value: float, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while metric(client, name) != value:
+        assert time.monotonic() < deadline, f"{name} never reached {value}"
+        time.sleep(0.02)
+
+
+def windows_of(app, inputs) -> int:
+    pipeline = app.state.service.pipelines["classify"]
+    return len(pipeline.features([pipeline.parse(item) for item in inputs]))
+
+
+def assert_work_stopped(client, windows_of_request: int) -> None:
+    """The windows counter stops growing (only the call in flight at the cancel may end after it)."""
+    time.sleep(0.3)
+    settled = metric(client, "bertforge_windows_total")
+    time.sleep(0.6)  # a dozen calls' time: none of them ran
+    assert metric(client, "bertforge_windows_total") == settled < windows_of_request
+    assert metric(client, "bertforge_dropped_windows_total") == windows_of_request - settled
+
+
+def test_server_drops_the_remaining_work_of_a_client_that_disconnects(classifier_dir, tmp_path):
+    app = create_app(classifier_dir, precision="fp32", max_batch_tokens=128)
+    slowed(app.state.service.pipelines["classify"], 0.05)
+    inputs = [long_text(i) for i in range(4)]
+    windows = windows_of(app, inputs)
+    assert windows >= 60  # 30 calls or more: 1.5 s, well past the client's patience
+    with running(app) as client:
+        impatient = httpx.Client(base_url=str(client.base_url), timeout=0.5)
+        with pytest.raises(httpx.ReadTimeout), impatient:  # httpx closes the connection when it gives up
+            impatient.post("/v1/classify", json={"inputs": inputs})
+        wait_for_metric(client, 'bertforge_cancelled_total{reason="disconnect"}', 1)
+        assert_work_stopped(client, windows)
+        assert client.post("/v1/classify", json={"inputs": ["served after"]}).status_code == 200
+
+
+def test_server_timeout_answers_503_and_drops_the_remaining_work(classifier_dir):
+    app = create_app(classifier_dir, precision="fp32", max_batch_tokens=128, request_timeout_s=0.5)
+    slowed(app.state.service.pipelines["classify"], 0.05)
+    inputs = [long_text(i) for i in range(4)]
+    windows = windows_of(app, inputs)
+    with running(app) as client:
+        response = client.post("/v1/classify", json={"inputs": inputs})
+        assert response.status_code == 503
+        assert "request_timeout_s" in response.json()["error"] and "dropped" in response.json()["error"]
+        assert metric(client, 'bertforge_cancelled_total{reason="timeout"}') == 1
+        assert_work_stopped(client, windows)
+        assert client.post("/v1/classify", json={"inputs": ["served after"]}).status_code == 200
+
+
+# --- offline documentation ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any connection to another host than this one fails, as on a machine without a network."""
+    original = socket.socket.connect
+
+    def connect(self, address):
+        if self.family in (socket.AF_INET, socket.AF_INET6) and address[0] not in ("127.0.0.1", "::1", "localhost"):
+            raise OSError(f"network is off in this test (tried {address[0]})")
+        return original(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+
+
+def test_server_docs_pages_load_every_asset_from_the_server_offline(client, no_network):
+    with pytest.raises(OSError, match="network is off"):
+        socket.create_connection(("192.0.2.1", 443), timeout=1)
+    for page in ("/docs", "/redoc"):
+        response = client.get(page)
+        assert response.status_code == 200 and "text/html" in response.headers["content-type"]
+        html = response.text
+        assert not re.search(r"https?://|//cdn", html), f"{page} refers to another host"
+        assets = re.findall(r"""(?:src|href)=["']([^"']+)["']""", html)
+        assert any(a.endswith(".js") for a in assets), f"{page} loads no script"
+        for asset in assets:
+            fetched = client.get(asset)
+            assert fetched.status_code == 200 and fetched.content, asset
+            if asset.endswith(".css"):  # a stylesheet may pull more: only inline data
+                assert all(url.strip("'\"").startswith("data:")
+                           for url in re.findall(r"url\(([^)]*)\)", fetched.text)), asset
+    assert client.get("/docs/oauth2-redirect").status_code == 200
+    assert "/v1/classify" in client.get("/openapi.json").json()["paths"]

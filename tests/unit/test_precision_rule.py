@@ -73,8 +73,6 @@ def test_choose_precision_is_what_evaluate_and_training_call():
     assert loop.resolve_precision is runtime.resolve_precision
 
 
-@pytest.mark.xfail(strict=True, reason="inference/pipelines.py still decides `auto` itself (native bf16 + a "
-                   "probe); it should call runtime.choose_precision (see the report to the lead)")
 def test_choose_precision_is_what_the_pipelines_and_server_call(monkeypatch, tiny_minilm_model: Path):
     from bertforge.inference.pipelines import load_pipeline
 

@@ -223,7 +223,7 @@ class Family:
         input_axes: the model inputs' dimensions (ONNX dynamic axes): [B, T], or [B, C, T] for choices.
         options: per-call decoding options and their defaults (pipelines, server, evaluate).
         export_outputs: ONNX output names and their dynamic axes.
-        probe_inputs: inputs of the bf16 probe of `precision="auto"`.
+        example_inputs: typical inputs (the server's OpenAPI examples).
     """
 
     name: ClassVar[str] = ""
@@ -235,7 +235,7 @@ class Family:
     input_axes: ClassVar[dict[int, str]] = {0: "batch", 1: "sequence"}
     options: ClassVar[dict[str, Any]] = {}
     export_outputs: ClassVar[dict[str, dict[int, str]]] = {}
-    probe_inputs: ClassVar[list[Any]] = []
+    example_inputs: ClassVar[list[Any]] = []
 
     # --- configuration ------------------------------------------------------------------------------
     def check_model(self, config: BertConfig) -> None:

@@ -229,7 +229,7 @@ class Classification(Family):
     # threshold (multi-label): None = the model's tuned `label_thresholds` (0.5 without them).
     options = {"threshold": None}
     export_outputs = {"logits": {0: "batch"}}
-    probe_inputs = ["This film was a delight from start to finish.",
+    example_inputs = ["This film was a delight from start to finish.",
                     {"text": "A man is playing a guitar.", "text_pair": "Someone is making music."},
                     "The service was slow and the food arrived cold."]
 

@@ -113,7 +113,7 @@ class MultipleChoice(Family):
     options: dict[str, Any] = {}
     export_outputs = {"logits": {0: "batch", 1: "choices"}}
     input_axes = {0: "batch", 1: "choices", 2: "sequence"}
-    probe_inputs = [{"context": "She opened the umbrella.", "endings": ["It was raining.", "It was sunny."]}]
+    example_inputs = [{"context": "She opened the umbrella.", "endings": ["It was raining.", "It was sunny."]}]
 
     def read(self, path, *, part, options, report, labelled=True):
         return read_choice(path, context_column=options["context_column"], start_column=options["start_column"],

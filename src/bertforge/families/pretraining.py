@@ -187,7 +187,7 @@ class Pretraining(Family):
     default_max_seq_length = 512
     options = {"top_k": 5}
     export_outputs = {"mlm_logits": {0: "batch", 1: "sequence"}, "nsp_logits": {0: "batch"}}
-    probe_inputs = ["The capital of France is [MASK].", "I went to the [MASK] to buy some bread.",
+    example_inputs = ["The capital of France is [MASK].", "I went to the [MASK] to buy some bread.",
                     "She [MASK] the letter and smiled."]
 
     def validate_options(self, options):

@@ -298,7 +298,7 @@ class QuestionAnswering(Family):
     default_language = "auto"
     options = {"max_answer_tokens": 30, "allow_no_answer": False, "null_threshold": 0.0, "n_best_size": 20}
     export_outputs = {"start_logits": {0: "batch", 1: "sequence"}, "end_logits": {0: "batch", 1: "sequence"}}
-    probe_inputs = [{"question": "Where does Ana live?", "context": "Ana lives in Lisbon and works in Porto."},
+    example_inputs = [{"question": "Where does Ana live?", "context": "Ana lives in Lisbon and works in Porto."},
                     {"question": "When was the bridge opened?",
                      "context": "The bridge, designed by a local engineer, was opened in 1932 after six years."}]
 

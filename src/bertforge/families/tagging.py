@@ -341,7 +341,7 @@ class Tagging(Family):
     task = "tag"
     options: dict[str, Any] = {}
     export_outputs = {"logits": {0: "batch", 1: "sequence"}}
-    probe_inputs = ["George Washington went to Washington in 1789.", "Angela works for Siemens in Munich.",
+    example_inputs = ["George Washington went to Washington in 1789.", "Angela works for Siemens in Munich.",
                     "The Nile flows through Egypt and Sudan."]
 
     default_metrics = ("f1", "precision", "recall")

@@ -11,6 +11,10 @@ one path from input to answer, the same that `bertforge evaluate` takes:
    order) in eval mode under `torch.inference_mode`, at the chosen precision,
 4. `family.decode` maps the outputs back to the input's own characters and labels.
 
+The steps are also methods (`features`, `forward`, `decode`; `run_parsed` chains them), so the server can
+run one request's windows as several model calls between other requests' and decode once all have run:
+a window's output does not depend on which other windows share its batch (up to float rounding).
+
 Long inputs are windowed by every family (see `tokenization.windows` and each family's docstring for how
 windows are combined); `embed` truncates to one window.
 
@@ -18,10 +22,10 @@ Precision: one rule for every path. The default is fp32, the same as `bertforge 
 training-time evaluation, so that by default `predict`, the pipelines and the server return exactly the
 answers evaluate scored (same labels, spans and scores within 1e-5 on any machine; bf16 would move scores by
 up to 1e-2 and can flip near-ties). bf16 is opt-in: `precision="bf16"` forces it, and `precision="auto"`
-uses bf16 only where the hardware computes it natively (CUDA with bf16, or a CPU with native bf16
-instructions) *and* a probe batch at load time shows the results stay within the stated tolerance of fp32:
-probabilities within `BF16_PROBABILITY_TOLERANCE`, embeddings within `BF16_COSINE_TOLERANCE` of cosine 1;
-otherwise fp32. `describe()` (the server's /health) reports the precision chosen and why.
+follows `runtime.choose_precision`, the rule of evaluate and training too: bf16 on a CUDA device with bf16
+support, fp32 everywhere else. What bf16 is allowed to change is stated here and tested: probabilities by
+at most `BF16_PROBABILITY_TOLERANCE`, embeddings down to cosine 1 - `BF16_COSINE_TOLERANCE` against fp32
+(`score_deviation` measures it). `describe()` (the server's /health) reports the precision chosen and why.
 """
 
 from __future__ import annotations
@@ -45,8 +49,8 @@ from bertforge.families.base import InputSettings, text_of
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.fast_paths import set_fast_paths
 
-# The stated bf16 contract: `precision="auto"` keeps bf16 only if, on the probe inputs, no probability moves
-# by more than this (absolute), and no embedding's cosine similarity to its fp32 value drops below 1 - this.
+# The stated bf16 contract: against fp32, no probability moves by more than this (absolute), and no
+# embedding's cosine similarity to its fp32 value drops below 1 - this.
 BF16_PROBABILITY_TOLERANCE = 1e-2
 BF16_COSINE_TOLERANCE = 1e-3
 
@@ -56,22 +60,18 @@ DEFAULT_PRECISION = "fp32"
 TASKS = registry.TASKS
 
 
-def native_bf16(device: torch.device) -> bool:
-    """Whether `device` computes bf16 matrix products natively (otherwise bf16 is slow emulation)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type == "cpu":
-        # AVX512-BF16 or AMX: oneDNN's own "bf16 supported" is also true on plain AVX512, where bf16 is emulated.
-        try:
-            return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-        except (AttributeError, RuntimeError):
-            return False
-    return False
-
-
 def check_task(task: str) -> None:
     if task not in TASKS:
         raise InputError(f"unknown task {task!r}; choose one of {list(TASKS)}")
+
+
+def feature_tokens(feature: Feature) -> int:
+    """Tokens of one window: what the server's token budgets count (a multiple-choice window: every
+    choice's row)."""
+    ids = feature.input_ids
+    if ids and isinstance(ids[0], list):
+        return sum(len(row) for row in ids)
+    return len(ids)
 
 
 def input_settings(model: BertPretrainedModel, tokenizer, family, record: Mapping[str, Any] | None,
@@ -104,8 +104,8 @@ class Pipeline:
         model: a bertforge model whose class suits the task; it is moved to `device` (fast paths on).
         tokenizer: the model directory's tokenizer.
         device: "auto" (CUDA when available), "cpu", "cuda:0" ...
-        precision: "fp32" (the default, as evaluate), "bf16", or "auto" (bf16 where native and within
-            tolerance on a probe batch).
+        precision: "fp32" (the default, as evaluate), "bf16", or "auto" (`runtime.choose_precision`: bf16 on a
+            CUDA device with bf16 support, else fp32).
         batch_size: windows per model call.
         max_length: tokens per window, special tokens included (default: the fine-tuning record's, else
             the family's default capped by the model's limit).
@@ -141,12 +141,12 @@ class Pipeline:
         return dict(self.family.options)
 
     @property
-    def probe_tolerance(self) -> float:
+    def bf16_tolerance(self) -> float:
         return BF16_PROBABILITY_TOLERANCE
 
     @property
-    def probe_inputs(self) -> list[Any]:
-        return list(self.family.probe_inputs)
+    def example_inputs(self) -> list[Any]:
+        return list(self.family.example_inputs)
 
     @property
     def family_name(self) -> str:
@@ -160,7 +160,7 @@ class Pipeline:
     @property
     def example(self) -> dict[str, Any]:
         """A request body for the server's OpenAPI page: the probe inputs with the default options."""
-        return {"inputs": self.probe_inputs[:2], "parameters": self.defaults}
+        return {"inputs": self.example_inputs[:2], "parameters": self.defaults}
 
     def check_model(self, model: BertPretrainedModel, report: LoadReport | None) -> None:
         family = self.family
@@ -204,11 +204,25 @@ class Pipeline:
                 raise InputError(f"input {index}: {error}") from None
         return self.run_parsed(parsed, merged)
 
-    def features(self, parsed: Sequence[Any]) -> list:
+    def features(self, parsed: Sequence[Any]) -> list[Feature]:
+        """Step 2: the windows of inputs already validated by `parse` (`Feature.example_index` points back)."""
         try:
             return self.family.features(list(parsed), self.tokenizer, self.settings, config=self.config)
         except (ConfigError, DataError) as error:  # e.g. a window that cannot fit: the caller's input
             raise InputError(str(error)) from None
+
+    def forward(self, features: Sequence[Feature], options: dict[str, Any],
+                precision: str | None = None) -> list[Any]:
+        """Step 3: one model output per feature, in order. Any subset of an input's features may run in any
+        call: `decode` gets them back together."""
+        return run_features(self.model, features, self.family.forward, batch_size=self.batch_size,
+                            pad_token_id=self.tokenizer.pad_token_id, device=self.device,
+                            precision=precision or self.precision)
+
+    def decode(self, parsed: Sequence[Any], features: Sequence[Feature], outputs: Sequence[Any],
+               options: dict[str, Any]) -> list[dict[str, Any]]:
+        """Step 4: one result per input from all of its features' outputs."""
+        return self.family.decode(list(parsed), features, outputs, options, self.config, self.tokenizer)
 
     def run_parsed(self, parsed: Sequence[Any], options: dict[str, Any],
                    precision: str | None = None) -> list[dict[str, Any]]:
@@ -216,12 +230,9 @@ class Pipeline:
         if not parsed:
             return []
         features = self.features(parsed)
-        outputs = run_features(self.model, features, self.family.forward, batch_size=self.batch_size,
-                               pad_token_id=self.tokenizer.pad_token_id, device=self.device,
-                               precision=precision or self.precision)
-        return self.family.decode(list(parsed), features, outputs, options, self.config, self.tokenizer)
+        return self.decode(parsed, features, self.forward(features, options, precision), options)
 
-    def probe_deviation(self, reference: list[dict], candidate: list[dict]) -> float:
+    def score_deviation(self, reference: list[dict], candidate: list[dict]) -> float:
         """How far bf16 results are from fp32 ones: the largest change of any score in them (also those of
         tagged entities and fill-mask predictions; a different number of scores counts as infinitely far)."""
         def numbers(value: Any) -> list[float]:
@@ -247,17 +258,8 @@ class Pipeline:
         return worst
 
     def choose_precision(self, requested: str) -> tuple[str, str]:
-        """(precision, why) — see the module docstring for the `auto` rule."""
-        if requested != "auto":
-            return runtime.resolve_precision(requested, self.device), "requested"
-        if not native_bf16(self.device):
-            return "fp32", f"auto: no native bf16 on {self.device.type}"
-        options = self.check_options({})
-        reference = self.run_parsed([self.parse(item) for item in self.probe_inputs], options, "fp32")
-        candidate = self.run_parsed([self.parse(item) for item in self.probe_inputs], options, "bf16")
-        deviation = self.probe_deviation(reference, candidate)
-        verdict = "bf16" if deviation <= self.probe_tolerance else "fp32"
-        return verdict, f"auto: bf16 probe deviation {deviation:.2e} (tolerance {self.probe_tolerance:.0e})"
+        """(precision, why): the one rule of every path, `runtime.choose_precision`."""
+        return runtime.choose_precision(requested, self.device)
 
     def describe(self) -> dict[str, Any]:
         """What this pipeline runs with (for /health and logs)."""
@@ -284,7 +286,7 @@ class EmbedPipeline(Pipeline):
     """
 
     options = {"pooling": "mean", "normalize": False, "layer": -1}
-    probe_inputs = ["A man is eating food.", "A cat sits on the mat.", "The stock market fell sharply today."]
+    example_inputs = ["A man is eating food.", "A cat sits on the mat.", "The stock market fell sharply today."]
 
     def __init__(self, model: BertPretrainedModel, tokenizer, **kwargs: Any):
         # Any model's encoder serves embed: no head to check, and one window (no fine-tuning record).
@@ -297,7 +299,7 @@ class EmbedPipeline(Pipeline):
         return dict(self.options)
 
     @property
-    def probe_tolerance(self) -> float:
+    def bf16_tolerance(self) -> float:
         return BF16_COSINE_TOLERANCE
 
     def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -321,11 +323,14 @@ class EmbedPipeline(Pipeline):
     def encoder(self) -> BertModel:
         return self.model if isinstance(self.model, BertModel) else self.model.bert
 
-    def vectors(self, parsed: Sequence[str], options: dict[str, Any], precision: str) -> list[torch.Tensor]:
+    def features(self, parsed: Sequence[str]) -> list[Feature]:
         features = []
         for index, text in enumerate(parsed):
             encoding = self.tokenizer.encode(text, truncation="longest_first", max_length=self.max_length)
             features.append(Feature(index, encoding.ids, encoding.type_ids))
+        return features
+
+    def forward(self, features, options, precision=None) -> list[torch.Tensor]:
         encoder = self.encoder()
 
         def forward(model, batch):
@@ -345,12 +350,13 @@ class EmbedPipeline(Pipeline):
             return list(vectors.cpu())
 
         return run_features(self.model, features, forward, batch_size=self.batch_size,
-                            pad_token_id=self.tokenizer.pad_token_id, device=self.device, precision=precision)
+                            pad_token_id=self.tokenizer.pad_token_id, device=self.device,
+                            precision=precision or self.precision)
 
-    def run_parsed(self, parsed, options, precision=None):
-        return [{"embedding": v.tolist()} for v in self.vectors(parsed, options, precision or self.precision)]
+    def decode(self, parsed, features, outputs, options):
+        return [{"embedding": vector.tolist()} for vector in outputs]
 
-    def probe_deviation(self, reference, candidate):
+    def score_deviation(self, reference, candidate):
         return max(1.0 - float(F.cosine_similarity(torch.tensor(a["embedding"]), torch.tensor(b["embedding"]), dim=0))
                    for a, b in zip(reference, candidate))
 
@@ -360,7 +366,7 @@ class EmbedPipeline(Pipeline):
         parsed = [self.parse(t) for t in texts]
         if not parsed:
             return np.zeros((0, self.config.hidden_size), dtype=np.float32)
-        return torch.stack(self.vectors(parsed, merged, self.precision)).numpy()
+        return torch.stack(self.forward(self.features(parsed), merged)).numpy()
 
 
 # --- loading ---------------------------------------------------------------------------------------------
@@ -497,6 +503,7 @@ def predict_stream(pipeline: Pipeline, lines: Iterable[str], out: IO[str], *, so
 
 
 __all__ = [
-    "BF16_COSINE_TOLERANCE", "BF16_PROBABILITY_TOLERANCE", "DEFAULT_PRECISION", "EmbedPipeline", "Pipeline", "TASKS", "load_pipeline",
+    "BF16_COSINE_TOLERANCE", "BF16_PROBABILITY_TOLERANCE", "DEFAULT_PRECISION", "EmbedPipeline", "Pipeline", "TASKS",
+    "feature_tokens", "load_pipeline",
     "load_pipelines", "make_pipeline", "predict_stream", "supported_tasks",
 ]
