@@ -277,3 +277,16 @@ def test_optim_parameter_groups_give_crf_its_lr_scale():
         assert group["lr"] == pytest.approx(1e-2 if in_crf == {True} else 1e-4)
     plain = parameter_groups(BertForTokenClassification(config), 0.01, 1.0, lr=1e-4)
     assert len(plain) == 2 and all("lr" not in g for g in plain)
+
+
+def test_tagging_label_counts_follow_the_tag_scheme():
+    from bertforge.data.conll import TaggingExample
+    from bertforge.families.base import InputSettings
+    from bertforge.families.registry import family
+
+    tagging = family("tagging")
+    examples = [TaggingExample(["John", "Smith", "runs"], ["B-PER", "I-PER", "O"], " ", "a:1"),
+                TaggingExample(["Mary"], ["B-PER"], " ", "a:3")]
+    assert tagging.label_counts(examples, ["O", "B-PER", "I-PER"], InputSettings()) == [1, 2, 1]
+    iobes = ["O", "B-PER", "E-PER", "I-PER", "S-PER"]
+    assert tagging.label_counts(examples, iobes, InputSettings(tag_scheme="IOBES")) == [1, 1, 1, 0, 1]

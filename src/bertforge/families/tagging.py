@@ -366,6 +366,16 @@ class Tagging(Family):
     def check_labels(self, examples, label_names, settings):
         check_tag_labels(examples, {name: i for i, name in enumerate(label_names)}, settings.tag_scheme)
 
+    def label_counts(self, examples, label_names, settings):
+        """Training words per tag, in the model's scheme (what the loss counts with label_policy "first")."""
+        index = {name: i for i, name in enumerate(label_names)}
+        counts = [0] * len(label_names)
+        for example in examples:
+            if example.tags is not None:
+                for tag in bio_to_iobes(example.tags) if settings.tag_scheme == "IOBES" else example.tags:
+                    counts[index[tag]] += 1
+        return counts
+
     def head_config(self, label_names, regression=False, multi_label=False):
         return {"id2label": dict(enumerate(label_names)), "label2id": None, "problem_type": None}
 
