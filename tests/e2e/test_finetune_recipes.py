@@ -290,3 +290,19 @@ def test_tagging_label_counts_follow_the_tag_scheme():
     assert tagging.label_counts(examples, ["O", "B-PER", "I-PER"], InputSettings()) == [1, 2, 1]
     iobes = ["O", "B-PER", "E-PER", "I-PER", "S-PER"]
     assert tagging.label_counts(examples, iobes, InputSettings(tag_scheme="IOBES")) == [1, 1, 1, 0, 1]
+
+
+def test_tagging_named_task_tag_set_survives_a_small_train_limit():
+    from bertforge.data.conll import TaggingExample, scheme_tags, tag_list
+    from bertforge.families.base import InputSettings
+    from bertforge.families.registry import family
+    from bertforge.training.finetuning import TASKS
+
+    tags = TASKS["conll2003"].labels
+    few = [TaggingExample(["John", "runs"], ["B-PER", "O"], " ", "a:1")]
+    assert tag_list(few) == ["O", "B-PER"]  # what a 1-sentence run used to get: dev's I-LOC unknown
+    names = family("tagging").label_names(few, tags, InputSettings())
+    assert names == list(tags) and len(names) == 9
+    iobes = scheme_tags(tags, "IOBES")
+    assert len(iobes) == 17 and iobes[0] == "O" and "S-MISC" in iobes and "E-PER" in iobes
+    assert scheme_tags(["O", "I-X", "B-X"]) == ["O", "I-X", "B-X"]  # a given BIO order is kept

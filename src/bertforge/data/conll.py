@@ -197,6 +197,17 @@ def tag_list(examples: Sequence[TaggingExample], tag_scheme: str = "BIO") -> lis
     return ["O", *sorted_labels(list(seen))]
 
 
+def scheme_tags(tags: Sequence[str], tag_scheme: str = "BIO") -> list[str]:
+    """A given tag set (a named task's, or --labels) as the model's labels in `tag_scheme`: as given (its order
+    is the label ids), except that a BIO set for an IOBES model becomes every type's B-, I-, E-, S- in
+    `tag_list` order."""
+    names = [t for t in tags if t != "O"]
+    if tag_scheme != "IOBES" or any(t.startswith(("E-", "S-")) for t in names):
+        return list(tags)
+    types = {t[2:] for t in names if t[:2] in ("B-", "I-")}
+    return ["O", *sorted_labels([f"{prefix}-{kind}" for kind in types for prefix in "BIES"])]
+
+
 def check_tag_labels(examples: Sequence[TaggingExample], label2id: dict[str, int], tag_scheme: str = "BIO") -> None:
     """DataError for the first tag the model does not know (e.g. an entity type absent from training)."""
     for example in examples:

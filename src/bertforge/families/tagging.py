@@ -42,7 +42,14 @@ import torch
 from torch import nn
 
 from bertforge.constants import IGNORE_INDEX
-from bertforge.data.conll import LABEL_POLICIES, TaggingExample, check_tag_labels, read_tagged, tag_list
+from bertforge.data.conll import (
+    LABEL_POLICIES,
+    TaggingExample,
+    check_tag_labels,
+    read_tagged,
+    scheme_tags,
+    tag_list,
+)
 from bertforge.data.finetuning import DataReport, Feature
 from bertforge.errors import CheckpointError, ConfigError, InputError
 from bertforge.families.base import (
@@ -361,7 +368,8 @@ class Tagging(Family):
         return examples
 
     def label_names(self, examples, given, settings, regression=False):
-        return list(given or tag_list(examples, settings.tag_scheme))
+        # A named task's (or --labels') tag set is complete even when a small --train-limit misses some tags.
+        return scheme_tags(given, settings.tag_scheme) if given else tag_list(examples, settings.tag_scheme)
 
     def check_labels(self, examples, label_names, settings):
         check_tag_labels(examples, {name: i for i, name in enumerate(label_names)}, settings.tag_scheme)

@@ -125,6 +125,11 @@ def _qa_split(name: str, path: str, extra_train: tuple[DataSource, ...] = (), **
                     metrics=("f1", "exact_match"), max_seq_length=384, **kwargs)
 
 
+def _entity_tags(*types: str) -> tuple[str, ...]:
+    """A NER task's complete BIO tag set, so a run on a few sentences still has every tag."""
+    return ("O", *(f"{prefix}-{kind}" for prefix in "BI" for kind in types))
+
+
 TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     _glue("sst2", "SST-2", text_a="sentence", label="label", labels=("0", "1"), metrics=("accuracy",)),
     _glue("cola", "CoLA", text_a=3, label=1, header=False, labels=("0", "1"), metrics=("mcc", "accuracy")),
@@ -147,9 +152,10 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     _glue("qnli", "QNLI", text_a="question", text_b="sentence", label="label",
           labels=("entailment", "not_entailment"), metrics=("accuracy",)),
     TaskSpec("conll2003", "tagging", (DataSource("conll2003/train.txt"),), (DataSource("conll2003/valid.txt"),),
-             metrics=("f1", "precision", "recall")),
+             labels=_entity_tags("LOC", "MISC", "ORG", "PER"), metrics=("f1", "precision", "recall")),
     TaskSpec("msra_ner", "tagging", (DataSource("msra_ner/train.tsv", "train"),), (DataSource("msra_ner/train.tsv", "eval"),),
-             (DataSource("msra_ner/test.tsv"),), separator="", language="zh", metrics=("f1", "precision", "recall"),
+             (DataSource("msra_ner/test.tsv"),), separator="", language="zh", labels=_entity_tags("LOC", "ORG", "PER"),
+             metrics=("f1", "precision", "recall"),
              note="no official dev split: every 20th training sentence is held out as dev"),
     _qa_split("squad", "squad_v1.1/dev-v1.1.json",
               note="only the v1.1 dev file is available: articles 3, 7, 11, ... (12 of 48) are eval, 36 train"),
