@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_one_path import COUNT, close, conll_sentences, evaluate_records, predict_results, served_results
+from test_one_path import COUNT, assert_tagging_paths_agree, conll_sentences
 
 from bertforge.constants import FINETUNING_NAME
 from bertforge.data.conll import TaggingExample
@@ -60,20 +60,8 @@ def test_crf_path_evaluate_predict_and_server_agree_on_valid_bio(tmp_path, encod
     data = tmp_path / "valid.txt"
     data.write_text(text, encoding="utf-8")
     directory = save_crf_tagger(tmp_path, encoder_dir)
-    evaluated = evaluate_records(directory, data, tmp_path / "eval")
-    inputs = [{"words": words} for words in sentences]
-    predicted = predict_results(directory, "tag", inputs, tmp_path)
-    served = served_results(directory, "tag", inputs)
-
-    def spans(result):
-        return [(x["type"], x["start"], x["end"], x["text"]) for x in result["entities"]]
-
-    assert sum(len(r["entities"]) for r in evaluated) > COUNT  # entities to compare, not empty lists
-    for e, p, s in zip(evaluated, predicted, served, strict=True):
-        assert spans(e) == spans(p) == spans(s)
-        assert e["tags"] == p["tags"] == s["tags"]
-        assert close([x["score"] for x in e["entities"]], [x["score"] for x in p["entities"]])
-        assert close([x["score"] for x in e["entities"]], [x["score"] for x in s["entities"]])
+    evaluated = assert_tagging_paths_agree(directory, data, sentences, tmp_path)
+    for e in evaluated:
         assert check_bio(e["tags"]) == []
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text(encoding="utf-8"))
     assert metrics["metrics"]["invalid_span_share"] == 0.0 and metrics["details"]["invalid_spans"] == 0

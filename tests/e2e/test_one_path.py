@@ -188,6 +188,12 @@ def test_one_path_tagging_agrees(tmp_path, tokenizer, encoder_dir):
     record = {"family": "tagging", "max_seq_length": 16, "doc_stride": 6, "separator": " ", "tag_scheme": "BIO",
               "labels": tags, "metrics": ["f1", "precision", "recall"]}
     directory = save_model(tmp_path, BertForTokenClassification, tokenizer, encoder_dir, record, id2label=dict(enumerate(tags)))
+    assert_tagging_paths_agree(directory, data, sentences, tmp_path)
+
+
+def assert_tagging_paths_agree(directory: Path, data: Path, sentences: list[list[str]], tmp_path: Path) -> list[dict]:
+    """evaluate, predict and /v1/tag on the same sentences: identical entities and tags, scores within 1e-5;
+    returns evaluate's records."""
     evaluated = evaluate_records(directory, data, tmp_path / "eval")
     inputs = [{"words": words} for words in sentences]
     predicted = predict_results(directory, "tag", inputs, tmp_path)
@@ -202,6 +208,7 @@ def test_one_path_tagging_agrees(tmp_path, tokenizer, encoder_dir):
         assert e["tags"] == p["tags"] == s["tags"]
         assert close([x["score"] for x in e["entities"]], [x["score"] for x in p["entities"]])
         assert close([x["score"] for x in e["entities"]], [x["score"] for x in s["entities"]])
+    return evaluated
 
 
 def squad_subset(path: Path, questions: int) -> tuple[dict, list[dict]]:

@@ -84,7 +84,11 @@ class SyntheticSource:
     """`num_batches` batches per epoch; epoch e visits the examples in a seeded permutation.
 
     With `rank`/`world_size`, global batch j is split into equal slices and this rank yields its slice.
+    `make_example` and `batch_class` say what an example and a batch are (other tests subclass it).
     """
+
+    make_example = staticmethod(make_example)
+    batch_class = SyntheticBatch
 
     def __init__(self, num_batches: int, batch_size: int, seed: int = 0, rank: int = 0, world_size: int = 1,
                  fail_after: int | None = None):
@@ -102,12 +106,12 @@ class SyntheticSource:
         order = np.random.default_rng(self.seed + self.epoch).permutation(self.num_batches * global_batch)
         while self.index < self.num_batches:
             start = self.index * global_batch + self.rank * self.batch_size
-            examples = [make_example(int(i), self.seed) for i in order[start:start + self.batch_size]]
+            examples = [self.make_example(int(i), self.seed) for i in order[start:start + self.batch_size]]
             self.index += 1
             if self.fail_after is not None and self.yielded >= self.fail_after:
                 raise KeyboardInterrupt("simulated interruption")
             self.yielded += 1
-            yield SyntheticBatch(*(torch.stack([e[f.name] for e in examples]) for f in fields(SyntheticBatch)))
+            yield self.batch_class(*(torch.stack([e[f.name] for e in examples]) for f in fields(self.batch_class)))
         self.epoch += 1
         self.index = 0
 

@@ -12,10 +12,10 @@ import copy
 import math
 from dataclasses import dataclass, fields
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_training_loop import SyntheticSource, single_thread  # noqa: F401  (autouse fixture)
 from torch import nn
 
 from bertforge.checkpoint_format import load_model
@@ -35,15 +35,6 @@ from bertforge.training.optim import Lamb, WarmupDecay, build_optimizer, paramet
 SEQ_LEN = 12
 VOCAB = 99
 LAYERS = 2
-
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    """One intra-op thread: tiny models, and extra threads only spin on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @dataclass
@@ -78,40 +69,11 @@ def make_example(index: int, seed: int) -> dict[str, torch.Tensor]:
             "labels": label}
 
 
-class Source:
-    """`num_batches` batches per epoch in a seeded permutation per epoch; resumable by position.
+class Source(SyntheticSource):
+    """The loop tests' seeded, resumable, rank-sliced source, yielding these two-class examples."""
 
-    With `rank`/`world_size`, global batch j is split into equal slices and this rank yields its slice, so
-    Source(n, B, rank=r, world_size=2) yields the micro-batches 2j + r of Source(2n, B)."""
-
-    def __init__(self, num_batches: int, batch_size: int, seed: int = 0, fail_after: int | None = None,
-                 rank: int = 0, world_size: int = 1):
-        self.num_batches, self.batch_size, self.seed, self.fail_after = num_batches, batch_size, seed, fail_after
-        self.rank, self.world_size = rank, world_size
-        self.epoch = self.index = self.yielded = 0
-
-    def __len__(self):
-        return self.num_batches
-
-    def __iter__(self):
-        global_batch = self.batch_size * self.world_size
-        order = np.random.default_rng(self.seed + self.epoch).permutation(self.num_batches * global_batch)
-        while self.index < self.num_batches:
-            start = self.index * global_batch + self.rank * self.batch_size
-            examples = [make_example(int(i), self.seed) for i in order[start:start + self.batch_size]]
-            self.index += 1
-            if self.fail_after is not None and self.yielded >= self.fail_after:
-                raise KeyboardInterrupt("simulated interruption")
-            self.yielded += 1
-            yield ClassBatch(*(torch.stack([e[f.name] for e in examples]) for f in fields(ClassBatch)))
-        self.epoch += 1
-        self.index = 0
-
-    def state_dict(self):
-        return {"epoch": self.epoch, "index": self.index}
-
-    def load_state_dict(self, state):
-        self.epoch, self.index = state["epoch"], state["index"]
+    make_example = staticmethod(make_example)
+    batch_class = ClassBatch
 
 
 class Objective:

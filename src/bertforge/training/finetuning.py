@@ -940,10 +940,10 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
             del records[earlier]
 
     keep = BestCheckpoint(metric, metric in LOWER_IS_BETTER, best_dir, extra, on_best)
-    loss = config.head.loss_settings(registry.family(spec.family), prepared.train_examples, prepared.label_names,
-                                     prepared.settings)
+    family = registry.family(spec.family)
+    loss = config.head.loss_settings(family, prepared.train_examples, prepared.label_names, prepared.settings)
     try:
-        objective = registry.family(spec.family).objective_for(model.config, loss)
+        objective = family.objective_for(model.config, loss)
     except ConfigError as exc:
         raise ConfigError(f"finetune: {exc}") from None
     outcome = train(model, batches, objective, training, eval_fn=eval_fn if evaluator else None,
