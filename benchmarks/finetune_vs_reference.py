@@ -4,7 +4,7 @@ One run fine-tunes all-MiniLM-L6-v2 (or `--model DIR`) twice on the same example
 hyperparameters (AdamW with decoupled weight decay 0.01 off biases/LayerNorm, eps 1e-6, linear warmup 10%
 then linear decay, gradient clipping 1.0, dropout on, dev evaluation after every epoch):
 
-- bertforge: `bertforge.training.finetuning.run_finetuning` (its readers, windows, loop and decoding);
+- bertforge: `bertforge.training.finetune.run_finetuning` (its readers, windows, loop and decoding);
 - reference: `transformers`' BertFor* models and fast tokenizer driven by a plain PyTorch loop written here
   (truncation at max_seq_length as `run_glue`/`run_ner` do; QA windows with HF's overflow/stride).
 
@@ -33,17 +33,16 @@ import torch
 
 from bertforge.data.finetuning import DataReport
 from bertforge.metrics.classification import compute_classification_metrics
-from bertforge.metrics.sequence_labeling import entity_scores
-from bertforge.metrics.squad import evaluate_squad
+from bertforge.metrics.question_answering import evaluate_squad
+from bertforge.metrics.tagging import entity_scores
 from bertforge.storage import write_text
-from bertforge.training.finetuning import (
+from bertforge.training.finetune import run_finetuning
+from bertforge.training.finetune_config import (
     DataConfig,
     FeatureConfig,
     FinetuneConfig,
     FinetuneTrainingConfig,
-    read_examples,
-    resolve_task,
-    run_finetuning,
+    describe,
 )
 
 TASKS = ("sst2", "stsb", "conll2003", "squad")
@@ -278,10 +277,10 @@ def main(argv: list[str] | None = None) -> None:
         features=FeatureConfig(max_seq_length=args.max_seq_length),
         training=FinetuneTrainingConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                                         device=args.device, precision=args.precision, progress=False, log_every=1))
-    spec = resolve_task(config)
+    spec = describe(config)
     report = DataReport()
-    train = read_examples(spec, spec.train, config, report)[:args.train_limit]
-    dev = read_examples(spec, spec.dev, config, report)
+    train = spec.read(spec.train, report)[:args.train_limit]
+    dev = spec.read(spec.dev, report)
     dev = dev[:args.dev_limit] if args.dev_limit else dev
 
     ours_history, ours_losses, ours_seconds = [], [], float("nan")

@@ -29,7 +29,7 @@ DEFAULT_CORPUS = shared_data_root() / "pretrain_en"
 
 CHILD = textwrap.dedent("""
     import json, re, resource, sys
-    from bertforge.data.shards import prepare_corpus
+    from bertforge.data.preparation import prepare_corpus
     from bertforge.tokenization import Tokenizer
     corpus, vocab, out, workers, length = sys.argv[1:6]
     report = prepare_corpus(corpus, Tokenizer.from_pretrained(vocab), out, workers=int(workers),

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 from bertforge.configuration import shared_data_root
-from bertforge.data.corpus import resolve_inputs
-from bertforge.data.shards import prepare_corpus
+from bertforge.data.preparation import prepare_corpus
+from bertforge.data.text_files import resolve_inputs
 from bertforge.demo import seconds_per_step
 from bertforge.model.config import BertConfig
-from bertforge.tokenization.tokenizer import Tokenizer, TokenizerConfig
+from bertforge.tokenization import Tokenizer, TokenizerConfig
 from bertforge.tokenization.vocab_builder import build_vocab
 from bertforge.training.config import TrainingConfig
 from bertforge.training.pretraining import PretrainConfig, run_pretraining

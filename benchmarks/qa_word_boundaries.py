@@ -31,12 +31,12 @@ import torch
 
 from bertforge.checkpoint_format import read_directory
 from bertforge.data.finetuning import DataReport
-from bertforge.data.squad import article_split, count_articles, read_squad
+from bertforge.data.question_answering import article_split, count_articles, read_squad
 from bertforge.evaluation import run_features
 from bertforge.families import registry
 from bertforge.families.base import InputSettings
 from bertforge.families.question_answering import EVAL_EVERY, decode_answers
-from bertforge.metrics.squad import evaluate_squad
+from bertforge.metrics.question_answering import evaluate_squad
 
 ROOT = Path(__file__).resolve().parents[1]
 SQUAD = ROOT.parent / "shared" / "data" / "squad_v1.1" / "dev-v1.1.json"

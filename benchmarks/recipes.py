@@ -35,10 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.configuration import shared_data_root
-from bertforge.data.conll import read_tagged
-from bertforge.metrics.sequence_labeling import get_entities
+from bertforge.data.tagging import read_tagged
+from bertforge.evaluation.saved_model import evaluate
+from bertforge.metrics.tagging import get_entities
 from bertforge.storage import read_json, write_json
-from bertforge.training.finetuning import evaluate, load_finetune_config, run_finetuning
+from bertforge.training.finetune import run_finetuning
+from bertforge.training.finetune_config import load_finetune_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = shared_data_root()

@@ -59,3 +59,21 @@ def tiny_minilm_model(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("tiny_minilm") / "model"
     BertModel(make_tiny_config(vocab_size=tokenizer.vocab_size)).save_pretrained(directory, tokenizer=tokenizer)
     return directory
+
+
+def finetune_values(**settings):
+    """Fine-tuning settings by field name, placed in their tables (the tests' shorthand, not an API):
+    `finetune_values(model=m, lr=1e-3, format="ner")` -> {"model": m, "training": {"lr": 1e-3}, "data": {...}}.
+    A dotted name (`training.lr`) is placed as written."""
+    import dataclasses
+
+    from bertforge.configuration import set_dotted
+    from bertforge.training.finetune_config import FinetuneConfig, where_is
+
+    top = {f.name for f in dataclasses.fields(FinetuneConfig)}
+    tree: dict = {}
+    for key, value in settings.items():
+        dotted = key if "." in key or key in top else where_is(key)
+        assert dotted is not None, f"no fine-tuning setting is called {key!r}"
+        set_dotted(tree, dotted, value)
+    return tree

@@ -320,10 +320,13 @@ def translate_weights(tensors: dict[str, torch.Tensor], model: torch.nn.Module, 
     return ours, skipped
 
 
-def load_model(path: str | os.PathLike, cls: type, *, config_overrides: dict[str, Any] | None = None,
-               device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-               fresh_head: bool = False, step: int | None = None) -> tuple[Any, LoadReport]:
+def load_model(path: str | os.PathLike | ModelDirectory, cls: type, *,
+               config_overrides: dict[str, Any] | None = None, device: str | torch.device | None = None,
+               dtype: torch.dtype | None = None, fresh_head: bool = False,
+               step: int | None = None) -> tuple[Any, LoadReport]:
     """Load a model directory into `cls`, in eval mode: (model, what loading did).
+
+    `path` may be a directory already read (`read_directory`): its config is used as read, not read again.
 
     `step` picks a checkpoint of a run_pretraining.py output directory (default: the one its `checkpoint`
     file names).
@@ -332,7 +335,10 @@ def load_model(path: str | os.PathLike, cls: type, *, config_overrides: dict[str
     pretrained encoder) and is listed in the report's `fresh`; `fresh_head=True` also discards a stored head
     of another shape (new labels). Missing encoder tensors or wrong shapes are errors.
     """
-    config, _ = read_config(path, step=step)
+    if isinstance(path, ModelDirectory):
+        config, path = path.config, path.path
+    else:
+        config, _ = read_config(path, step=step)
     if config_overrides:
         if "id2label" in config_overrides and "label2id" not in config_overrides:
             config_overrides = {**config_overrides, "label2id": None}

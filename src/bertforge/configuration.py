@@ -12,6 +12,10 @@ Overrides name the same path (`--training.lr=5e-5`); the value is read as a TOML
 sections or keys are errors that list the valid ones: a typo must never be silently ignored. Nothing is
 evaluated (no exec, no globals, no interpolation). Validation of values is the dataclasses' own business
 (`__post_init__`); this module only checks that a value's kind fits the field's annotation.
+
+The command line's flags give typed values instead (`load_config(values=...)`, no text in between), and its
+`--help` is the fields' own: each declares its help text, and any choices, with `setting`, read back with
+`field_help` / `field_choices` (`declared_field` finds them for a field a subclass redeclares).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ def load_config(cls: type[T], path: str | os.PathLike | None = None, overrides: 
         cls: the config dataclass; nested dataclass fields become TOML tables.
         path: the run file, or None for defaults.
         overrides: strings `section.key=value` (a leading `--` is allowed), applied in order.
-        values: a nested dict applied after the file and before the overrides (programmatic callers).
+        values: a nested dict of typed values applied after the file and before the overrides (the command
+            line's flags, programmatic callers).
 
     Raises:
         ConfigError: unreadable file, unknown key, value of the wrong kind, or a dataclass's own validation.
@@ -56,6 +61,46 @@ def load_config(cls: type[T], path: str | os.PathLike | None = None, overrides: 
         dotted, value = parse_override(text)
         set_dotted(tree, dotted, value)
     return build(cls, tree, source=source, prefix="")
+
+
+def setting(default: Any = None, help: str = "", *, factory: Any = None, choices: tuple[Any, ...] = ()) -> Any:
+    """A config field with its help text, which the command line's `--help` shows (`field_help`).
+
+    `factory` builds a mutable default (a list) afresh for every instance. `choices` names the values the
+    command line offers (`--precision {auto,fp32,bf16,fp16}`); the dataclass still validates its own values.
+    """
+    metadata = {"help": help, "choices": tuple(choices)} if choices else {"help": help}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def field_help(item: dataclasses.Field) -> str:
+    """The help text a config field was declared with (`setting`), else ""."""
+    return str(item.metadata.get("help", ""))
+
+
+def field_choices(item: dataclasses.Field) -> tuple[Any, ...]:
+    """The values a config field was declared to take (`setting(choices=...)`), else ()."""
+    return tuple(item.metadata.get("choices", ()))
+
+
+def declared_field(cls: type, name: str) -> dataclasses.Field:
+    """Field `name` of dataclass `cls` with its metadata: `cls`'s own, or, where `cls` redeclares the field only
+    to change its default (`FinetuneTrainingConfig.lr = 5e-5`), the one of the base class that declared it."""
+    found = None
+    for klass in cls.__mro__:
+        if not dataclasses.is_dataclass(klass):
+            continue
+        item = next((f for f in dataclasses.fields(klass) if f.name == name), None)
+        if item is None:
+            break
+        found = found or item
+        if item.metadata:
+            return item
+    if found is None:
+        raise KeyError(f"{cls.__name__} has no field {name!r}")
+    return found
 
 
 def read_toml(path: str | os.PathLike) -> dict[str, Any]:

@@ -18,21 +18,22 @@ from pathlib import Path
 
 import torch
 
-from bertforge.data.corpus import read_documents, resolve_inputs
-from bertforge.data.shards import prepare_corpus
+from bertforge.data.corpus import read_documents
+from bertforge.data.preparation import prepare_corpus
+from bertforge.data.text_files import resolve_inputs
 from bertforge.errors import DataError
 from bertforge.families.pretraining import BertForPretraining
 from bertforge.model.config import BertConfig
 from bertforge.model.fast_paths import set_fast_paths
-from bertforge.tokenization.tokenizer import Tokenizer, TokenizerConfig
+from bertforge.tokenization import Tokenizer, TokenizerConfig
 from bertforge.tokenization.vocab_builder import build_vocab, unk_rate
 from bertforge.training.config import TrainingConfig
-from bertforge.training.finetuning import (
+from bertforge.training.finetune import run_finetuning
+from bertforge.training.finetune_config import (
     DataConfig,
     FeatureConfig,
     FinetuneConfig,
     FinetuneTrainingConfig,
-    run_finetuning,
 )
 from bertforge.training.pretraining import PretrainConfig, run_pretraining
 
@@ -162,6 +163,20 @@ def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path
     print("[3/6] fill-mask with random weights (before pretraining):")
     summary["fill_mask_before"] = fill_masks(out / "initial", spec.probes)
 
+    pretrained = _pretrain(config, initial, out, model, minutes, seed, summary)
+
+    print("[5/6] fill-mask after pretraining:")
+    summary["fill_mask_after"] = fill_masks(pretrained, spec.probes)
+
+    _classify_books(files, pretrained, spec, out, rng, seed, summary)
+    _write_report(out, summary, started)
+    return summary
+
+
+def _pretrain(config: BertConfig, initial: BertForPretraining, out: Path, model: str, minutes: float, seed: int,
+              summary: dict) -> Path | None:
+    """Step 4: pretrain for as many steps as the time budget allows (at least MIN_PRETRAIN_STEPS); the
+    checkpoint directory."""
     batch = 32
     step_seconds = seconds_per_step(config, batch, SEQUENCE_LENGTH)
     budget_steps = int(minutes * 60 * 0.9 / step_seconds)
@@ -178,15 +193,16 @@ def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path
                               out_dir=str(out / "pretrain"), precision="fp32", device="cpu")
     result = run_pretraining(PretrainConfig(data_dir=str(out / "data"), model=model, eval_batches=20,
                                             training=training))
-    pretrained = result.checkpoint
     summary["pretraining"] = {"steps": result.step, "seconds": result.seconds, "train": result.train,
                               "heldout": result.eval}
     print(f"      held-out: MLM accuracy {result.eval.get('mlm_acc', float('nan')):.3f}, "
           f"NSP accuracy {result.eval.get('nsp_acc', float('nan')):.3f}")
+    return result.checkpoint
 
-    print("[5/6] fill-mask after pretraining:")
-    summary["fill_mask_after"] = fill_masks(pretrained, spec.probes)
 
+def _classify_books(files: list[Path], pretrained: Path | None, spec: Language, out: Path, rng: random.Random,
+                    seed: int, summary: dict) -> None:
+    """Step 6: fine-tune the pretrained model to tell which book a sentence comes from."""
     train_file, dev_file, books = write_book_task(files, out / "books", spec.min_sentence_chars, 600, 150, rng)
     print(f"[6/6] fine-tuning: which of {len(books)} books is a sentence from? ({', '.join(books)})")
     finetune = run_finetuning(FinetuneConfig(
@@ -202,6 +218,9 @@ def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path
                                       "model_dir": str(finetune.model_dir)}
     print(f"      dev accuracy {accuracy:.3f} (chance {chance:.3f})")
 
+
+def _write_report(out: Path, summary: dict, started: float) -> None:
+    """The report folder: pretraining curves (when matplotlib is there), summary.json and summary.md."""
     report_dir = out / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -215,7 +234,6 @@ def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path
                                              encoding="utf-8")
     write_summary_markdown(report_dir / "summary.md", summary)
     print(f"done in {summary['seconds'] / 60:.1f} min; report in {report_dir}")
-    return summary
 
 
 def write_summary_markdown(path: Path, s: dict) -> None:

@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_training_loop import SyntheticSource, config_for, losses, single_thread, tiny_model  # noqa: E402, F401
 
-from bertforge.families.pretraining import BertForPretraining, Pretraining  # noqa: E402
+from bertforge.families.pretraining import BertForPretraining, PretrainingObjective  # noqa: E402
 from bertforge.training import distributed  # noqa: E402
 from bertforge.training.loop import train  # noqa: E402
 
@@ -47,7 +47,7 @@ def worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
         context = distributed.setup("cpu")
         source = SyntheticSource(BATCHES_PER_EPOCH, BATCH, rank=context.rank, world_size=context.world_size)
         config = config_for(Path(out_dir), steps=STEPS, batch_size=BATCH)
-        result = train(tiny_model(seed=rank), source, Pretraining(), config)
+        result = train(tiny_model(seed=rank), source, PretrainingObjective(), config)
         with open(Path(out_dir) / f"history-{rank}.json", "w", encoding="utf-8") as handle:
             json.dump(result.history, handle)
     finally:
@@ -63,7 +63,7 @@ def test_ddp_two_processes_match_one_process_with_double_batch(tmp_path):
                 process.kill()
             pytest.fail(f"DDP workers did not finish within {TIMEOUT_S} s")
 
-    single = train(tiny_model(seed=0), SyntheticSource(BATCHES_PER_EPOCH, 2 * BATCH), Pretraining(),
+    single = train(tiny_model(seed=0), SyntheticSource(BATCHES_PER_EPOCH, 2 * BATCH), PretrainingObjective(),
                    config_for(tmp_path / "single", steps=STEPS, batch_size=2 * BATCH))
 
     for rank in (0, 1):

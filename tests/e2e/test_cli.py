@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 
 from bertforge.cli import main
+from bertforge.cli.flags import config_fields, flag_kind
+from bertforge.configuration import declared_field, field_help
+from bertforge.training.finetune_config import FinetuneConfig
+from bertforge.training.pretraining import PretrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOK = ROOT / "data" / "demo" / "en" / "jekyll_and_hyde.txt"
@@ -64,18 +68,21 @@ def test_cli_finetune_own_files(workspace, tmp_path):
     config = json.loads(next((tmp_path / "ft").rglob("config.json")).read_text())
     assert config["architectures"] == ["BertForSequenceClassification"]
     assert set(config["id2label"].values()) == {"neg", "pos"}
-    # Flags, flat keys (--progress, --doc-stride) and dotted keys (--training.log_every) all reached the run.
+    # Common flags, field flags (--progress, --doc-stride) and dotted keys (--training.log_every) all reached
+    # the run.
     record = json.loads((tmp_path / "ft" / "best" / "finetuning.json").read_text())
-    assert (record["max_seq_length"], record["doc_stride"], record["text_a_column"]) == (16, 8, "text_a")
+    assert (record["inputs"]["max_seq_length"], record["inputs"]["doc_stride"]) == (16, 8)
+    assert record["reader"]["text_a_column"] == "text_a"
     run = json.loads((tmp_path / "ft" / "eval_results.json").read_text())["config"]
     assert (run["training"]["epochs"], run["training"]["batch_size"], run["training"]["log_every"]) == (1.0, 8, 2)
     assert run["training"]["progress"] is False and run["data"]["format"] == "classification"
 
 
-def test_cli_finetune_rejects_unknown_flat_key(tmp_path, capsys):
-    code = main(["finetune", "--format", "classification", "--train", str(tmp_path / "t.tsv"), "--lrr=1e-5"])
+def test_cli_finetune_rejects_unknown_key_naming_the_valid_ones(tmp_path, capsys):
+    code = main(["finetune", "--format", "classification", "--train", str(tmp_path / "t.tsv"), "--training.lrr=1e-5"])
     err = capsys.readouterr().err
-    assert code == 2 and "unknown key 'lrr'" in err and "did you mean 'lr'" in err
+    assert code == 2 and "unknown key 'training.lrr'" in err and "lr, warmup_steps" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_cli_user_error_is_one_line(tmp_path, capsys):
@@ -117,40 +124,83 @@ def test_cli_unknown_key_value_is_an_override_not_a_run_file():
     args, extra = parser.parse_known_args(joined)
     assert args.run_file is None and args.task == "sst2"
     assert extra == ["--training.progress=false", "--training.lr=-1e-5", "--data.header=true"]
-    assert args.config_overrides == ["training.progress=true", "training.eval_every=10"]
+    assert args.config_values == {"data": {"task": "sst2"}, "seeds": [1, 2], "head": {"freeze_encoder": True},
+                                  "training": {"progress": True, "eval_every": 10}}
     assert join_unknown_values(parser, ["predict", "--x", "y"]) == ["predict", "--x", "y"]
 
 
-def test_cli_finetune_help_lists_every_common_option():
+def subcommand(name: str):
     from bertforge.cli import build_parser
-    from bertforge.training.finetuning import FLAT_KEYS, TOP_LEVEL_KEYS
 
-    parser = build_parser()
-    finetune = next(a for a in parser._actions if a.dest == "command").choices["finetune"]
+    return next(a for a in build_parser()._actions if a.dest == "command").choices[name]
+
+
+def config_flags(parser) -> dict[str, object]:
+    """The flags of a subcommand that read a config key's value, by that key (not --no-dev, which sets one)."""
+    from bertforge.cli.flags import ConfigFlag
+
+    return {action.key: action for action in parser._actions if isinstance(action, ConfigFlag) and action.nargs != 0}
+
+
+@pytest.mark.parametrize("command, cls", [("finetune", FinetuneConfig), ("pretrain", PretrainConfig)])
+def test_cli_every_config_field_has_a_flag_with_its_declared_help(command, cls):
+    # FinetuneTrainingConfig redeclares some TrainingConfig fields for their defaults: their help is the base's.
+    flags = config_flags(subcommand(command))
+    fields = [field for field in config_fields(cls) if flag_kind(field.hint) is not None]
+    assert {field.key for field in fields} <= set(flags)
+    for field in fields:
+        declared = field_help(declared_field(field.owner, field.name))
+        shown = flags[field.key].help.replace("%%", "%")
+        assert declared, f"{field.key} has no help text: declare it with configuration.setting(default, help)"
+        rest = shown.removeprefix(declared)
+        assert shown.startswith(declared) and (rest == "" or (rest.startswith(" (default ") and rest.endswith(")")))
+        assert field.flag() in flags[field.key].option_strings
+    # Only dict fields (PretrainConfig.model_overrides) are left to --section.key=value.
+    assert {f.key for f in config_fields(cls)} - {f.key for f in fields} <= {"model_overrides"}
+
+
+def test_cli_no_generated_flag_has_an_empty_help():
+    from bertforge.cli.flags import ConfigFlag
+
+    for command in ("finetune", "pretrain", "evaluate"):
+        for action in subcommand(command)._actions:
+            if not isinstance(action, ConfigFlag):
+                continue
+            text = (action.help or "").strip()
+            assert text and not text.startswith("(default"), f"{command} {action.option_strings}: {text!r}"
+
+
+def test_cli_finetune_help_lists_every_common_option():
+    finetune = subcommand("finetune")
     text = finetune.format_help()
     documented = ["--steps", "--grad-accumulation", "--metric", "--labels", "--header", "--file-format", "--device",
                   "--doc-stride", "--tag-scheme", "--label-policy", "--activation-checkpointing", "--eval-every",
                   "--save-every", "--keep-last", "--no-dev", "--progress", "--on-invalid", "--max-answer-length"]
     assert all(f"  {flag} " in text or f", {flag} " in text for flag in documented), text
     assert "cuda:N" in text and "every epoch" in text
-    # Every setting of a FinetuneConfig (flat name) has a flag of its own name.
+    # The short spellings keep their field's own flag beside them.
     flags = set(finetune._option_string_actions)
-    assert {f"--{name.replace('_', '-')}" for name in [*FLAT_KEYS, *TOP_LEVEL_KEYS]} <= flags
+    assert {"--out", "--out-dir", "--text-a", "--text-a-column", "--label", "--label-column",
+            "--classifier-hidden", "--classifier-hidden-sizes", "--seeds", "--no-dev"} <= flags
+    assert {"--data", "--data-dir", "--out", "--out-dir", "--whole-word-masking", "--mlm-probability"} <= set(
+        subcommand("pretrain")._option_string_actions)
+
+
+def parse_finetune(*argv: str):
+    from bertforge.cli import build_parser, finetune_config, join_unknown_values
+
+    parser = build_parser()
+    args, extra = parser.parse_known_args(join_unknown_values(parser, ["finetune", *argv]))
+    return args, extra, finetune_config(args, extra)
 
 
 def test_cli_generated_flags_reach_the_config():
-    from bertforge.cli import FINETUNE_FLAGS, build_parser, flag_overrides, join_unknown_values
-    from bertforge.training.finetuning import load_finetune_config
-
-    parser = build_parser()
-    argv = ["finetune", "--format", "ner", "--train", "t.txt", "--steps", "7", "--grad-accumulation", "2",
-            "--labels", "O,B-PER,I-PER", "--header", "false", "--file-format", "csv", "--doc-stride", "16",
-            "--tag-scheme", "IOBES", "--label-policy", "all", "--activation-checkpointing", "--eval-every", "3",
-            "--save-every", "5", "--keep-last", "1", "--metric", "f1", "--progress", "false", "--no-dev",
-            "--device", "cuda:1", "--betas", "0.9,0.98"]
-    args, extra = parser.parse_known_args(join_unknown_values(parser, argv))
+    args, extra, config = parse_finetune(
+        "--format", "ner", "--train", "t.txt", "--steps", "7", "--grad-accumulation", "2", "--labels", "O,B-PER,I-PER",
+        "--header", "false", "--file-format", "csv", "--doc-stride", "16", "--tag-scheme", "IOBES", "--label-policy",
+        "all", "--activation-checkpointing", "--eval-every", "3", "--save-every", "5", "--keep-last", "1", "--metric",
+        "f1", "--progress", "false", "--no-dev", "--device", "cuda:1", "--betas", "0.9,0.98")
     assert extra == []
-    config = load_finetune_config(None, flag_overrides(args, FINETUNE_FLAGS))
     assert (config.training.steps, config.training.grad_accumulation, config.training.eval_every,
             config.training.save_every, config.training.keep_last) == (7, 2, 3, 5, 1)
     assert config.data.labels == ["O", "B-PER", "I-PER"] and config.data.header is False
@@ -160,10 +210,45 @@ def test_cli_generated_flags_reach_the_config():
                                                                                                       "all")
     assert config.training.activation_checkpointing is True and config.training.progress is False
     assert config.training.betas == [0.9, 0.98]
-    pretrain = next(a for a in parser._actions if a.dest == "command").choices["pretrain"]
-    for value, expected in (("false", "training.progress=false"), ("true", "training.progress=true")):
+    pretrain = subcommand("pretrain")
+    for value, expected in (("false", False), ("true", True)):
         parsed, _ = pretrain.parse_known_args(["--progress", value])
-        assert parsed.config_overrides == [expected]
+        assert parsed.config_values == {"training": {"progress": expected}}
+    parsed, _ = pretrain.parse_known_args(["--whole-word-masking", "--data", "d", "--out", "o"])
+    assert parsed.config_values == {"masking": {"whole_word_masking": True}, "data_dir": "d",
+                                    "training": {"out_dir": "o"}}
+    assert (parsed.data, parsed.out) == ("d", "o")  # the flag's own dest keeps its value too
+
+
+def test_cli_flags_give_typed_values_without_a_toml_round_trip():
+    # Each flag's text is read once, by its field's type: a string stays the text given (TOML would read
+    # `1e5` as a float, `true` as a bool, `"x"` as x), an int | str column is an index when it is an integer.
+    args, extra, config = parse_finetune(
+        "--task", "sst2", "--text-a", "1e5", "--text-b", "3", "--label", '"label"', "--metric", "true",
+        "--separator", "[x]", "--seeds", "1,2", "3", "--feature-layers", "-1", "-2", "--classifier-hidden=256,128",
+        "--class-weights", "1", "2.5", "--labels", '["a,b", "c"]', "--freeze-encoder", "--fresh-head", "false",
+        "--lr", "2e-5", "--epochs", "2")
+    assert extra == []
+    assert args.config_values["data"] == {"task": "sst2", "text_a_column": "1e5", "text_b_column": 3,
+                                          "label_column": '"label"', "separator": "[x]", "labels": ["a,b", "c"]}
+    assert (config.data.text_a_column, config.data.text_b_column, config.data.label_column) == ("1e5", 3, '"label"')
+    assert config.metric == "true" and config.data.separator == "[x]" and config.data.labels == ["a,b", "c"]
+    assert config.seeds == [1, 2, 3] and config.head.feature_layers == [-1, -2]
+    assert config.head.classifier_hidden_sizes == [256, 128] and config.head.class_weights == [1.0, 2.5]
+    assert config.head.freeze_encoder is True and config.head.fresh_head is False
+    assert (config.training.lr, config.training.epochs) == (2e-5, 2.0)
+    assert all(type(v) is int for v in config.seeds) and isinstance(config.training.epochs, float)
+
+
+def test_cli_flags_refuse_a_value_of_the_wrong_type_in_one_line(capsys):
+    for argv, expected in ((["--steps", "x"], "argument --steps: invalid int value: 'x'"),
+                           (["--progress", "maybe"], "argument --progress: expected true or false, got 'maybe'"),
+                           (["--seeds", "1,b"], "argument --seeds: expected comma-separated ints, got '1,b'"),
+                           (["--precision", "half"], "argument --precision: invalid choice: 'half'")):
+        with pytest.raises(SystemExit) as info:
+            main(["finetune", "--task", "sst2", *argv])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and expected in err and "Traceback" not in err
 
 
 def test_cli_pretrain_accepts_progress_false_and_prints_a_summary(workspace, tmp_path, capsys):

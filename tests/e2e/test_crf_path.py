@@ -17,13 +17,13 @@ import torch
 from test_one_path import COUNT, assert_tagging_paths_agree, conll_sentences
 
 from bertforge.constants import FINETUNING_NAME
-from bertforge.data.conll import TaggingExample
+from bertforge.data.tagging import TaggingExample
 from bertforge.evaluation import run_features
 from bertforge.families import registry
 from bertforge.families.tagging import FAMILY as TAGGING
 from bertforge.families.tagging import BertForTokenClassification
 from bertforge.inference.pipelines import load_pipeline
-from bertforge.metrics.sequence_labeling import check_bio, count_invalid_spans
+from bertforge.metrics.tagging import check_bio, count_invalid_spans
 from bertforge.tokenization import Tokenizer
 
 TAGS = ["O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-LOC", "I-MISC", "I-ORG", "I-PER"]

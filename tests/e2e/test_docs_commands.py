@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from bertforge import cli
-from bertforge.configuration import load_config, shared_data_root
+from bertforge.configuration import shared_data_root
 from bertforge.errors import BertforgeError
 from bertforge.model.config import PRESETS
 
@@ -198,20 +198,11 @@ def check_values(command: DocCommand, args: argparse.Namespace, extra: list[str]
         raise AssertionError(f"{command.where()}\n  unrecognized arguments: {extra}")
     try:
         if name == "pretrain":
-            from bertforge.training.pretraining import PretrainConfig
-
-            load_config(PretrainConfig, None, cli.flag_overrides(args, cli.PRETRAIN_FLAGS) + cli.split_overrides(extra))
+            cli.pretrain_config(args, extra)
         elif name == "finetune":
-            from bertforge.training.finetuning import load_finetune_config
-
-            for flag in ("feature_layers", "classifier_hidden"):
-                if getattr(args, flag):
-                    setattr(args, flag, [value for group in getattr(args, flag) for value in group])
-            load_finetune_config(None, cli.flag_overrides(args, cli.FINETUNE_FLAGS) + cli.split_overrides(extra))
+            cli.finetune_config(args, extra)
         elif name == "evaluate":
-            from bertforge.training.finetuning import load_finetune_config
-
-            load_finetune_config(None, cli.split_overrides(extra))
+            cli.evaluate_overrides(args, extra)
         elif name == "glue":
             from bertforge.training.glue import select_rows
 
@@ -657,10 +648,10 @@ def test_docs_feature_layers_as_finetuning_md_writes_them(monkeypatch):
     # docs/finetuning.md: `--feature-layers -1 -2 -3 -4`; the comma form and a multi-layer head work too.
     from types import SimpleNamespace
 
-    from bertforge.training import finetuning
+    from bertforge.training import finetune
 
     seen = []
-    monkeypatch.setattr(finetuning, "run_finetuning", lambda config: seen.append(config) or SimpleNamespace(
+    monkeypatch.setattr(finetune, "run_finetuning", lambda config: seen.append(config) or SimpleNamespace(
         line=lambda: "done"))
     for layers, hidden in ((["--feature-layers", "-1", "-2", "-3", "-4"], ["256", "128"]),
                            (["--feature-layers=-1,-2,-3,-4"], ["256,128"])):

@@ -12,11 +12,14 @@ import pytest
 
 from bertforge.cli import main
 from bertforge.configuration import shared_data_root
-from bertforge.data.choice import read_choice
 from bertforge.data.classification import read_classification
+from bertforge.data.multiple_choice import read_choice
 from bertforge.errors import DataError
 from bertforge.evaluation import example_id
-from bertforge.training.finetuning import DataConfig, evaluate, load_finetune_config, run_finetuning
+from bertforge.evaluation.saved_model import evaluate
+from bertforge.training.finetune import run_finetuning
+from bertforge.training.finetune_config import DataConfig, load_finetune_config
+from conftest import finetune_values
 
 ROOT = Path(__file__).resolve().parents[2]
 SST2 = ROOT / "tests" / "fixtures" / "glue" / "SST-2"
@@ -26,7 +29,7 @@ SQUAD = shared_data_root() / "squad_v1.1" / "dev-v1.1.json"
 def finetune(model: Path, out: Path, **fields) -> Path:
     values = {"model": str(model), "out_dir": str(out), "progress": False, "batch_size": 4, "steps": 1,
               "device": "cpu", "max_seq_length": 48, **fields}
-    return run_finetuning(load_finetune_config(values=values)).model_dir
+    return run_finetuning(load_finetune_config(values=finetune_values(**values))).model_dir
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +121,7 @@ def test_read_choice_ids_from_swags_unnamed_first_column(tmp_path):
 
 
 def test_example_id_falls_back_to_the_source_of_a_tagged_sentence(tmp_path):
-    from bertforge.data.conll import read_tagged
+    from bertforge.data.tagging import read_tagged
 
     conll = tmp_path / "ner.txt"
     conll.write_text("-DOCSTART- O\n\nAna B-PER\nsmiles O\n\nRui B-PER\n", encoding="utf-8")

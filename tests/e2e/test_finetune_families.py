@@ -15,11 +15,15 @@ import torch
 
 from bertforge.checkpoint_format import load_model, read_config
 from bertforge.errors import ConfigError, DataError
+from bertforge.evaluation.saved_model import evaluate
 from bertforge.families.classification import BertForSequenceClassification
 from bertforge.model.bert import BertModel
 from bertforge.model.config import BertConfig
 from bertforge.tokenization import Tokenizer, TokenizerConfig, Vocab
-from bertforge.training.finetuning import SeedsResult, evaluate, load_finetune_config, run_finetuning
+from bertforge.training.finetune import run_finetuning
+from bertforge.training.finetune_config import load_finetune_config
+from bertforge.training.finetune_results import SeedsResult
+from conftest import finetune_values
 
 WORDS = ("the movie film was is good great fun bad awful boring john mary lives works in at paris london acme "
          "corp where does who what . , ? it ends starts then and he she").split()
@@ -43,7 +47,7 @@ def run(tiny_model, tmp_path, **fields) -> object:
     """A run from flat settings (`lr`, `max_seq_length`, ...), placed in their tables as the CLI places them."""
     defaults = {"model": str(tiny_model), "out_dir": str(tmp_path / "out"), "progress": False, "batch_size": 8,
                 "eval_batch_size": 16, "lr": 1e-3, "log_every": 100, "device": "cpu"}
-    return run_finetuning(load_finetune_config(values={**defaults, **fields}))
+    return run_finetuning(load_finetune_config(values=finetune_values(**{**defaults, **fields})))
 
 
 def assert_artifact(result, architecture: str) -> dict:
@@ -110,12 +114,14 @@ def test_finetune_regression_stores_problem_type(tiny_model, tmp_path):
     scored = evaluate(result.model_dir, tmp_path / "train.tsv", out_dir=tmp_path / "eval")
     record = scored.predictions[0]
     assert isinstance(record["value"], float) and isinstance(record["gold"], float) and record["windows"] == 1
-    # Overrides of the stored settings, flat or dotted; an unknown one is an error naming it.
-    limited = evaluate(result.model_dir, tmp_path / "train.tsv", out_dir=tmp_path / "eval-5",
-                       overrides={"dev_limit": 5, "features.max_seq_length": 32})
+    # Overrides of parts of the stored task description; an unknown part or key is an error naming it.
+    limited = evaluate(result.model_dir, tmp_path / "train.tsv", out_dir=tmp_path / "eval-5", limit=5,
+                       overrides={"inputs": {"max_seq_length": 32}})
     assert len(limited.predictions) == 5
-    with pytest.raises(ConfigError, match=r"evaluate: finetune: unknown key 'dev_limits'"):
+    with pytest.raises(ConfigError, match=r"unknown setting 'dev_limits'"):
         evaluate(result.model_dir, tmp_path / "train.tsv", overrides={"dev_limits": 5})
+    with pytest.raises(ConfigError, match=r"unknown key 'inputs.max_seq_lenght'"):
+        evaluate(result.model_dir, tmp_path / "train.tsv", overrides={"inputs": {"max_seq_lenght": 32}})
 
 
 def test_finetune_resume_keeps_the_best_and_its_predictions(tiny_model, tmp_path):
@@ -205,7 +211,7 @@ def test_finetune_qa_windows_and_answers(tiny_model, tmp_path):
     assert "id2label" not in config or config.get("problem_type") is None
     assert result.data_report["counts"]["train.windowed_inputs"] > 0
     assert set(result.best_metrics) == {"exact_match", "f1"}
-    assert result.best_metrics["f1"] >= 0.5  # metrics.squad reports fractions (0.8, not 80.0)
+    assert result.best_metrics["f1"] >= 0.5  # metrics.question_answering reports fractions (0.8, not 80.0)
     scored = evaluate(result.model_dir, tmp_path / "dev.json", out_dir=tmp_path / "eval")
     record = scored.predictions[0]
     assert record["id"] == "q0-0" and isinstance(record["prediction"], str) and record["nbest"]

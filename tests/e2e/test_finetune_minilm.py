@@ -11,13 +11,9 @@ import json
 import pytest
 
 from bertforge.configuration import shared_data_root
-from bertforge.training.finetuning import (
-    DataConfig,
-    FinetuneConfig,
-    FinetuneTrainingConfig,
-    evaluate,
-    run_finetuning,
-)
+from bertforge.evaluation.saved_model import evaluate
+from bertforge.training.finetune import run_finetuning
+from bertforge.training.finetune_config import DataConfig, FinetuneConfig, FinetuneTrainingConfig
 
 DATA = shared_data_root()
 
@@ -39,5 +35,5 @@ def test_finetune_minilm_sst2_beats_chance(minilm_path, tmp_path):
     assert stored["id2label"] == {"0": "0", "1": "1"}
     assert (result.model_dir / "finetuning.json").exists()
     scored = evaluate(result.model_dir, DATA / "glue/SST-2/dev.tsv", out_dir=tmp_path / "eval",
-                      overrides={"dev_limit": 200}, device="cpu")
+                      limit=200, device="cpu")
     assert scored.metrics["accuracy"] == pytest.approx(result.best_metrics["accuracy"])

@@ -15,6 +15,7 @@ from bertforge.checkpoint_format import read_config
 from bertforge.data.classification import read_classification
 from bertforge.data.finetuning import DataReport
 from bertforge.errors import ConfigError, DataError
+from bertforge.evaluation.saved_model import evaluate
 from bertforge.families.base import LossSettings, label_loss, symmetric_kl
 from bertforge.families.classification import FAMILY, ClassificationObjective, decision_thresholds
 from bertforge.inference.pipelines import load_pipeline
@@ -22,7 +23,9 @@ from bertforge.metrics.classification import multi_label_metrics, per_class_scor
 from bertforge.model.bert import BertModel
 from bertforge.model.config import BertConfig
 from bertforge.tokenization import Tokenizer, TokenizerConfig, Vocab
-from bertforge.training.finetuning import evaluate, load_finetune_config, run_finetuning
+from bertforge.training.finetune import run_finetuning
+from bertforge.training.finetune_config import load_finetune_config
+from conftest import finetune_values
 
 COLOURS = ("red", "blue", "green")
 FILLER = "the a car house tree sky is was and with".split()
@@ -58,7 +61,7 @@ def write_jsonl(path, rows) -> None:
 def run(tiny_model, tmp_path, **fields):
     defaults = {"model": str(tiny_model), "out_dir": str(tmp_path / "out"), "progress": False, "batch_size": 16,
                 "eval_batch_size": 32, "lr": 2e-3, "log_every": 100, "device": "cpu"}
-    return run_finetuning(load_finetune_config(values={**defaults, **fields}))
+    return run_finetuning(load_finetune_config(values=finetune_values(**{**defaults, **fields})))
 
 
 # --- reading ----------------------------------------------------------------------------------------------
@@ -280,7 +283,7 @@ def test_optim_parameter_groups_give_crf_its_lr_scale():
 
 
 def test_tagging_label_counts_follow_the_tag_scheme():
-    from bertforge.data.conll import TaggingExample
+    from bertforge.data.tagging import TaggingExample
     from bertforge.families.base import InputSettings
     from bertforge.families.registry import family
 
@@ -293,10 +296,10 @@ def test_tagging_label_counts_follow_the_tag_scheme():
 
 
 def test_tagging_named_task_tag_set_survives_a_small_train_limit():
-    from bertforge.data.conll import TaggingExample, scheme_tags, tag_list
+    from bertforge.data.tagging import TaggingExample, scheme_tags, tag_list
     from bertforge.families.base import InputSettings
     from bertforge.families.registry import family
-    from bertforge.training.finetuning import TASKS
+    from bertforge.families.tasks import TASKS
 
     tags = TASKS["conll2003"].labels
     few = [TaggingExample(["John", "runs"], ["B-PER", "O"], " ", "a:1")]

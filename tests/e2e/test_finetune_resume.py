@@ -21,9 +21,11 @@ from bertforge.configuration import shared_data_root
 from bertforge.model.bert import BertModel
 from bertforge.model.config import BertConfig
 from bertforge.tokenization import Tokenizer, TokenizerConfig, Vocab
-from bertforge.training import finetuning
+from bertforge.training import finetune as finetuning
 from bertforge.training.checkpoint import list_checkpoints, load_training_state
-from bertforge.training.finetuning import load_finetune_config, run_finetuning
+from bertforge.training.finetune import run_finetuning
+from bertforge.training.finetune_config import load_finetune_config
+from conftest import finetune_values
 
 WORDS = "the movie film was is good great fun bad awful boring a it and of".split()
 SST2 = shared_data_root() / "glue" / "SST-2"
@@ -111,7 +113,7 @@ def weights(directory: Path) -> dict[str, torch.Tensor]:
 
 def test_finetune_resume_after_kill_matches_uninterrupted_run(tiny_model, tmp_path, monkeypatch, caplog):
     train, dev = sst2_slice(tmp_path)
-    full = run_finetuning(load_finetune_config(values=settings(tiny_model, train, dev, tmp_path / "full")))
+    full = run_finetuning(load_finetune_config(values=finetune_values(**settings(tiny_model, train, dev, tmp_path / "full"))))
     assert [h["step"] for h in full.history] == [5, 10, 15] and full.total_steps == 15
     assert [s for s, _ in list_checkpoints(tmp_path / "full")] == [12, 15]  # keep_last 2
 
@@ -121,14 +123,14 @@ def test_finetune_resume_after_kill_matches_uninterrupted_run(tiny_model, tmp_pa
     monkeypatch.setattr(finetuning, "train", lambda model, batches, task, config, **kw: real_train(
         model, batches, KillDuringStep(task, 10), config, **kw))
     with pytest.raises(Killed):
-        run_finetuning(load_finetune_config(values=settings(tiny_model, train, dev, run)))
+        run_finetuning(load_finetune_config(values=finetune_values(**settings(tiny_model, train, dev, run))))
     monkeypatch.setattr(finetuning, "train", real_train)
     assert [s for s, _ in list_checkpoints(run)] == [6, 9]
     assert not (run / "eval_results.json").exists()
     assert [h["step"] for h in load_training_state(run / "checkpoint-000009")["extra"]["history"]] == [5]
 
     with caplog.at_level(logging.INFO):
-        resumed = run_finetuning(load_finetune_config(values=settings(tiny_model, train, dev, run, resume="auto")))
+        resumed = run_finetuning(load_finetune_config(values=finetune_values(**settings(tiny_model, train, dev, run, resume="auto"))))
     assert f"resuming from {run / 'checkpoint-000009'} at step 9 of 15" in caplog.text
     assert resumed.resumed == f"resumed from {run / 'checkpoint-000009'} (step 9 of 15)"
 
@@ -158,12 +160,12 @@ def test_finetune_resume_after_kill_matches_uninterrupted_run(tiny_model, tmp_pa
 def test_finetune_resume_of_finished_run_keeps_its_results(tiny_model, tmp_path, caplog):
     train, dev = sst2_slice(tmp_path)
     out = tmp_path / "run"
-    first = run_finetuning(load_finetune_config(values=settings(tiny_model, train, dev, out, epochs=1)))
+    first = run_finetuning(load_finetune_config(values=finetune_values(**settings(tiny_model, train, dev, out, epochs=1))))
     before = {name: (out / name).read_bytes() for name in ("eval_results.json", "dev_predictions.jsonl",
                                                            "metrics.jsonl")}
     with caplog.at_level(logging.INFO):
-        again = run_finetuning(load_finetune_config(values=settings(tiny_model, train, dev, out, epochs=1,
-                                                                    resume="auto")))
+        again = run_finetuning(load_finetune_config(values=finetune_values(**settings(tiny_model, train, dev, out, epochs=1,
+                                                                    resume="auto"))))
     assert "already complete" in again.resumed and "already complete" in caplog.text
     assert (again.best_metrics, again.best_step, again.history) == (first.best_metrics, first.best_step,
                                                                     first.history)
@@ -174,8 +176,8 @@ def test_finetune_resume_of_finished_run_keeps_its_results(tiny_model, tmp_path,
 def test_finetune_resume_auto_without_checkpoint_says_it_starts_fresh(tiny_model, tmp_path, caplog):
     train, dev = sst2_slice(tmp_path)
     with caplog.at_level(logging.INFO):
-        result = run_finetuning(load_finetune_config(values=settings(tiny_model, train, dev, tmp_path / "new",
-                                                                     steps=2, resume="auto")))
+        result = run_finetuning(load_finetune_config(values=finetune_values(**settings(tiny_model, train, dev, tmp_path / "new",
+                                                                     steps=2, resume="auto"))))
     assert result.resumed == f"resume auto: no checkpoint in {tmp_path / 'new'}, started a fresh run"
     assert f"resume auto: no checkpoint (checkpoint-<step>/ with training_state.pt) in {tmp_path / 'new'}" \
         in caplog.text

@@ -18,7 +18,7 @@ import pytest
 
 from bertforge.cli import main
 from bertforge.configuration import shared_data_root
-from bertforge.training.finetuning import TASKS
+from bertforge.families.tasks import TASKS
 from bertforge.training.glue import GLUE_ROWS, find_test_file, read_test_ids
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

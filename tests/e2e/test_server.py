@@ -22,6 +22,7 @@ from bertforge.checkpoint_format import load_tokenizer  # noqa: E402
 from bertforge.families.classification import BertForSequenceClassification  # noqa: E402
 from bertforge.families.multiple_choice import BertForMultipleChoice  # noqa: E402
 from bertforge.families.pretraining import BertForPretraining  # noqa: E402
+from bertforge.inference import scheduler, server, serving_metrics  # noqa: E402
 from bertforge.inference.pipelines import load_pipeline  # noqa: E402
 from bertforge.inference.server import create_app  # noqa: E402
 from bertforge.model.config import BertConfig  # noqa: E402
@@ -177,8 +178,8 @@ def test_server_batches_concurrent_requests(client):
     before = client.get("/metrics").text
 
     def calls(text: str) -> int:
-        return int(next(line.split()[-1] for line in text.splitlines()
-                        if line.startswith("bertforge_model_calls_total")))
+        return int(float(next(line.split()[-1] for line in text.splitlines()  # the client writes 3.0
+                              if line.startswith("bertforge_model_calls_total"))))
 
     texts = [f"request number {i} " * (1 + i % 4) for i in range(32)]
     with ThreadPoolExecutor(16) as pool:
@@ -189,6 +190,56 @@ def test_server_batches_concurrent_requests(client):
     for name in ("bertforge_requests_total", "bertforge_request_latency_seconds_bucket", "bertforge_batch_size_bucket",
                  "bertforge_queue_depth"):
         assert name in metrics
+
+
+# /metrics as the hand-written renderer wrote it before the move to prometheus_client (issue 18), recorded from
+# a classifier that had answered requests: every sample name, and the type of every metric family.
+RECORDED_METRIC_NAMES = {
+    "bertforge_requests_total",
+    "bertforge_request_latency_seconds_bucket", "bertforge_request_latency_seconds_sum",
+    "bertforge_request_latency_seconds_count",
+    "bertforge_batch_size_bucket", "bertforge_batch_size_sum", "bertforge_batch_size_count",
+    "bertforge_batch_tokens_bucket", "bertforge_batch_tokens_sum", "bertforge_batch_tokens_count",
+    "bertforge_inputs_total", "bertforge_model_calls_total", "bertforge_windows_total",
+    "bertforge_cancelled_total", "bertforge_dropped_windows_total", "bertforge_queue_depth",
+}
+RECORDED_METRIC_TYPES = {
+    "bertforge_requests_total": "counter", "bertforge_request_latency_seconds": "histogram",
+    "bertforge_batch_size": "histogram", "bertforge_batch_tokens": "histogram", "bertforge_inputs_total": "counter",
+    "bertforge_model_calls_total": "counter", "bertforge_windows_total": "counter",
+    "bertforge_cancelled_total": "counter", "bertforge_dropped_windows_total": "counter",
+    "bertforge_queue_depth": "gauge",
+}
+RECORDED_LABELS = {"bertforge_requests_total": {"route", "status"}, "bertforge_request_latency_seconds_bucket":
+                   {"route", "le"}, "bertforge_batch_size_bucket": {"le"}, "bertforge_inputs_total": {"task"},
+                   "bertforge_cancelled_total": {"reason"}, "bertforge_queue_depth": set()}
+
+
+def test_server_metrics_names_types_and_labels_are_exactly_the_recorded_ones(client):
+    assert client.post("/v1/classify", json={"inputs": ["counted"]}).status_code == 200
+    response = client.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = [line for line in response.text.splitlines() if line and not line.startswith("#")]
+    names = {re.match(r"[a-z_]+", line).group() for line in samples}
+    assert names == RECORDED_METRIC_NAMES  # no name added (e.g. a `_created` series) or lost
+    assert names == serving_metrics.METRIC_NAMES
+    assert dict(re.findall(r"^# TYPE (\S+) (\S+)$", response.text, re.M)) == RECORDED_METRIC_TYPES
+    for name, labels in RECORDED_LABELS.items():
+        seen = {frozenset(re.findall(r'(\w+)="', line)) for line in samples if re.match(name + r"[{ ]", line)}
+        assert seen == {frozenset(labels)}, name
+
+
+def test_server_metrics_of_two_apps_in_one_process_count_apart(classifier_dir):
+    first, second = (create_app(classifier_dir, precision="fp32") for _ in range(2))
+    first.state.service.metrics.record_request("/v1/classify", 200, 0.01)
+    assert 'route="/v1/classify"' in first.state.service.metrics.render().decode()
+    assert 'route="/v1/classify"' not in second.state.service.metrics.render().decode()
+
+
+def test_server_maps_every_scheduler_failure_to_a_status():
+    assert set(server.FAILURE_STATUS) == set(scheduler.FAILURES)
+    assert server.FAILURE_STATUS["too_large"] == 413 and server.FAILURE_STATUS["busy"] == 429
+    assert server.FAILURE_STATUS["timeout"] == 503 and server.FAILURE_STATUS["invalid"] == 422
 
 
 def test_server_full_queue_answers_429_and_bad_input_fails_alone(tmp_path):
@@ -279,7 +330,7 @@ def test_server_splits_a_large_request_within_max_batch_tokens_and_answers_as_wh
         assert calls >= windows / 2  # windows of 64 tokens, two per call
         assert metric(client, "bertforge_windows_total") == windows
         # Every call stayed within the budget.
-        assert metric(client, 'bertforge_batch_tokens_bucket{le="128"}') == metric(client, "bertforge_batch_tokens_count")
+        assert metric(client, 'bertforge_batch_tokens_bucket{le="128.0"}') == metric(client, "bertforge_batch_tokens_count")
     for got, expected in zip(response.json()["outputs"], pipeline.run(inputs)):
         assert got["label"] == expected["label"] and got["windows"] == expected["windows"]
         assert got["scores"] == pytest.approx(expected["scores"], abs=1e-5)

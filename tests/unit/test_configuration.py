@@ -1,12 +1,22 @@
-"""Run files and overrides: TOML into nested dataclasses, strict keys, TOML-literal override values."""
+"""Run files and overrides: TOML into nested dataclasses, strict keys, TOML-literal override values, typed
+values from the command line's flags, and the help metadata of config fields."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import pytest
 
-from bertforge.configuration import dumps_toml, load_config, parse_override
+from bertforge.configuration import (
+    declared_field,
+    dumps_toml,
+    field_choices,
+    field_help,
+    load_config,
+    parse_override,
+    setting,
+)
 from bertforge.errors import ConfigError
 from bertforge.training.config import TrainingConfig
 
@@ -118,3 +128,44 @@ def test_dumps_toml_round_trips(tmp_path):
                                            "--training.resume=auto", "--training.lr=2.5e-05"])
     path = write(tmp_path, dumps_toml(config))
     assert load_config(Outer, path) == config
+
+
+def test_load_config_values_apply_between_the_file_and_the_overrides(tmp_path):
+    path = write(tmp_path, 'name = "file"\nsize = 1\n[inner]\nrate = 0.1\n')
+    config = load_config(Outer, path, ["--size=3"], values={"size": 2, "label": "1e5", "inner": {"flag": True}})
+    assert (config.name, config.size, config.label) == ("file", 3, "1e5")  # a typed string stays a string
+    assert config.inner == Inner(rate=0.1, flag=True)
+
+
+def test_load_config_values_of_the_wrong_type_are_refused():
+    with pytest.raises(ConfigError, match="size = '3' .* does not fit the field's type int"):
+        load_config(Outer, values={"size": "3"})
+
+
+@dataclass
+class Described:
+    mode: str = setting("fast", "how to run", choices=("fast", "slow"))
+    sizes: list[int] = setting(help="widths", factory=lambda: [1, 2])
+    plain: int = 0
+
+
+@dataclass
+class Redeclared(Described):
+    mode: str = "slow"  # a new default only: the help and choices stay Described's
+
+
+def test_setting_declares_help_choices_and_fresh_defaults():
+    fields = {f.name: f for f in dataclasses.fields(Described)}
+    assert (field_help(fields["mode"]), field_choices(fields["mode"])) == ("how to run", ("fast", "slow"))
+    assert (field_help(fields["plain"]), field_choices(fields["plain"])) == ("", ())
+    first, second = Described(), Described()
+    assert first.sizes == [1, 2] and first.sizes is not second.sizes
+
+
+def test_declared_field_of_a_redeclared_field_is_the_base_classes():
+    item = declared_field(Redeclared, "mode")
+    assert field_help(item) == "how to run" and field_choices(item) == ("fast", "slow")
+    assert Redeclared().mode == "slow"
+    assert declared_field(Redeclared, "plain").name == "plain"
+    with pytest.raises(KeyError, match="no field 'absent'"):
+        declared_field(Redeclared, "absent")

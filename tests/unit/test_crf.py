@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from bertforge.constants import IGNORE_INDEX
-from bertforge.data.conll import TaggingExample
 from bertforge.data.finetuning import FinetuneBatch
+from bertforge.data.tagging import TaggingExample
 from bertforge.errors import ConfigError
 from bertforge.families import registry, tagging
 from bertforge.families.base import InputSettings, LossSettings, symmetric_kl
@@ -37,7 +37,7 @@ from bertforge.families.tagging import (
     labelled_sequences,
     trim_cut_entities,
 )
-from bertforge.metrics.sequence_labeling import check_tags
+from bertforge.metrics.tagging import check_tags
 from bertforge.model.config import BertConfig
 from bertforge.tokenization import Tokenizer, TokenizerConfig, Vocab
 

@@ -1,4 +1,5 @@
-"""Tests of `bertforge.data.corpus`: formats, line endings, sentence splitting, bad input and corpus warnings."""
+"""Tests of `bertforge.data.corpus`, `data.sentences` and `data.text_files`: formats, line endings, sentence
+splitting, bad input and corpus warnings."""
 
 from __future__ import annotations
 
@@ -9,15 +10,9 @@ from pathlib import Path
 import pytest
 
 from bertforge.configuration import shared_data_root
-from bertforge.data.corpus import (
-    CorpusStats,
-    assign_documents,
-    detect_format,
-    is_heading,
-    read_documents,
-    resolve_inputs,
-    split_sentences,
-)
+from bertforge.data.corpus import CorpusStats, assign_documents, read_documents
+from bertforge.data.sentences import detect_format, is_heading, split_sentences
+from bertforge.data.text_files import resolve_inputs
 from bertforge.errors import ConfigError, DataError
 
 DATA = shared_data_root()

@@ -13,7 +13,8 @@ import torch
 from bertforge.constants import IGNORE_INDEX
 from bertforge.data.datasets import PretrainingData
 from bertforge.data.masking import MaskingConfig
-from bertforge.data.shards import prepare_corpus, vocab_checksum
+from bertforge.data.preparation import prepare_corpus
+from bertforge.data.shards import vocab_checksum
 from bertforge.errors import ConfigError, DataError
 from bertforge.tokenization import Tokenizer, Vocab
 

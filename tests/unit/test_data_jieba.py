@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent('''
     from pathlib import Path
 
     from bertforge.data.pretraining import jieba_segmenter
-    from bertforge.data.shards import prepare_corpus
+    from bertforge.data.preparation import prepare_corpus
     from bertforge.tokenization.tokenizer import Tokenizer
 
     if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Tests of `bertforge.data.shards`: prepare_corpus output, determinism, resume, held-out split, bad data dirs."""
+"""Tests of `bertforge.data.shards` and `bertforge.data.preparation`: prepare_corpus output, determinism,
+resume, held-out split, bad data dirs."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ import numpy as np
 import pytest
 
 from bertforge.configuration import shared_data_root
+from bertforge.data.preparation import prepare_corpus
 from bertforge.data.shards import (
     FORMAT_VERSION,
     INDEX_NAME,
     ShardIndex,
     SplitReader,
-    prepare_corpus,
     token_dtype,
     vocab_checksum,
 )
@@ -242,7 +243,7 @@ def test_shards_peak_memory_does_not_grow_with_corpus_size(tmp_path, minilm_path
         (four / f"copy{copy}").symlink_to(DATA / "pretrain_en", target_is_directory=True)
     script = textwrap.dedent("""
         import sys
-        from bertforge.data.shards import prepare_corpus
+        from bertforge.data.preparation import prepare_corpus
         from bertforge.tokenization import Tokenizer
         report = prepare_corpus(sys.argv[1], Tokenizer.from_pretrained(sys.argv[2]), sys.argv[3])
         print(report.summary())

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bertforge.data.choice import ChoiceExample
 from bertforge.data.classification import ClassificationExample
-from bertforge.data.conll import TaggingExample
 from bertforge.data.finetuning import Feature
-from bertforge.data.squad import QAExample
+from bertforge.data.multiple_choice import ChoiceExample
+from bertforge.data.question_answering import QAExample
+from bertforge.data.tagging import TaggingExample
 from bertforge.families import question_answering, tagging
 from bertforge.families.base import InputSettings
 from bertforge.families.classification import FAMILY as CLASSIFICATION
@@ -187,8 +187,8 @@ def test_decode_answers_rules_out_bad_spans(tokenizer):
     example, features = qa_setup(tokenizer)
     starts, ends = logits_for(features, "john", example.context)
     ends_paris = logits_for(features, "paris", example.context)[1]
-    result = answer(example, features, starts, ends_paris, max_answer_tokens=2)
-    assert result["answer"] != "john lives in paris"  # 4 tokens > max_answer_tokens
+    result = answer(example, features, starts, ends_paris, max_answer_length=2)
+    assert result["answer"] != "john lives in paris"  # 4 tokens > max_answer_length
     assert answer(example, features, starts, ends_paris)["answer"] == "john lives in paris"
     # A start on a question token or [CLS] is never an answer.
     for start in starts:
@@ -199,15 +199,15 @@ def test_decode_answers_rules_out_bad_spans(tokenizer):
     assert "where" not in predicted
 
 
-def test_decode_answers_version_2_null_threshold(tokenizer):
+def test_decode_answers_version_2_null_score_diff_threshold(tokenizer):
     example, features = qa_setup(tokenizer)
     starts, ends = logits_for(features, "paris", example.context, score=1.0)
     for start, end in zip(starts, ends):
         start[0] = end[0] = 3.0  # null score 6 beats the best span (2)
-    result = answer(example, features, starts, ends, allow_no_answer=True)
+    result = answer(example, features, starts, ends, version_2_with_negative=True)
     assert (result["answer"], result["start"], result["end"]) == ("", None, None)
     assert result["null_margin"] == pytest.approx(4.0)
-    result = answer(example, features, starts, ends, allow_no_answer=True, null_threshold=5.0)
+    result = answer(example, features, starts, ends, version_2_with_negative=True, null_score_diff_threshold=5.0)
     assert result["answer"] == "paris"
     assert answer(example, features, starts, ends)["answer"] == "paris"  # v1.1 never answers ""
 

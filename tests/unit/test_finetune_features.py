@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from bertforge.constants import IGNORE_INDEX
-from bertforge.data.choice import ChoiceExample
 from bertforge.data.classification import ClassificationExample
-from bertforge.data.conll import TaggingExample
 from bertforge.data.finetuning import DataReport, FeatureBatches, collate_features
-from bertforge.data.squad import QAExample
+from bertforge.data.multiple_choice import ChoiceExample
+from bertforge.data.question_answering import QAExample
+from bertforge.data.tagging import TaggingExample
 from bertforge.errors import ConfigError, DataError
 from bertforge.families import classification, multiple_choice, question_answering, tagging
 from bertforge.families.base import InputSettings

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from bertforge.configuration import shared_data_root
-from bertforge.data.choice import read_choice
 from bertforge.data.classification import check_labels, label_list, read_classification, sorted_labels
-from bertforge.data.conll import check_tag_labels, read_tagged, tag_list
 from bertforge.data.finetuning import DataReport
-from bertforge.data.squad import article_split, count_articles, locate_answer, read_squad
+from bertforge.data.multiple_choice import read_choice
+from bertforge.data.question_answering import article_split, count_articles, locate_answer, read_squad
+from bertforge.data.tagging import check_tag_labels, read_tagged, tag_list
 from bertforge.errors import ConfigError, DataError
 
 DATA = shared_data_root()

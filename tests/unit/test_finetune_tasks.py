@@ -1,5 +1,5 @@
-"""Fine-tuning runs: the task registry, `FinetuneConfig` (its tables, validation and flat keys), and the task
-adapters' loss sums and counts agreeing with each task model's own loss."""
+"""Fine-tuning runs: the named tasks, `FinetuneConfig` (its tables and validation), `describe` (config -> task
+description), and each family's objective agreeing with its task model's own loss."""
 
 from __future__ import annotations
 
@@ -14,32 +14,31 @@ import torch
 from bertforge.configuration import load_config, shared_data_root
 from bertforge.data.finetuning import FinetuneBatch
 from bertforge.errors import ConfigError
+from bertforge.families.classification import FAMILY as CLASSIFICATION
 from bertforge.families.classification import BertForSequenceClassification, ClassificationObjective
+from bertforge.families.multiple_choice import FAMILY as MULTIPLE_CHOICE
 from bertforge.families.multiple_choice import BertForMultipleChoice, MultipleChoice
+from bertforge.families.question_answering import FAMILY as QUESTION_ANSWERING
 from bertforge.families.question_answering import BertForQuestionAnswering, QuestionAnswering
+from bertforge.families.tagging import FAMILY as TAGGING
 from bertforge.families.tagging import BertForTokenClassification, Tagging
+from bertforge.families.task import TaskDescription
+from bertforge.families.tasks import TASKS
 from bertforge.model.config import BertConfig
 from bertforge.training.config import TrainingConfig
-from bertforge.training.finetuning import (
-    FLAT_KEYS,
+from bertforge.training.finetune import check_metric
+from bertforge.training.finetune_config import (
     TABLES,
-    TASKS,
-    TOP_LEVEL_KEYS,
     DataConfig,
     FeatureConfig,
     FinetuneConfig,
     FinetuneTrainingConfig,
     HeadConfig,
-    TaskSpec,
-    check_metric,
-    finetune_key,
+    describe,
     load_finetune_config,
-    metric_names,
-    nest_flat_keys,
-    resolve_task,
-    summarize,
 )
-from bertforge.training.finetuning import data_root as task_data_root
+from bertforge.training.finetune_config import data_root as task_data_root
+from bertforge.training.finetune_results import summarize
 
 REQUIRED_TASKS = {"sst2", "cola", "stsb", "rte", "wnli", "conll2003", "squad", "chnsenticorp", "afqmc", "lcqmc",
                   "msra_ner", "cmrc2018", "drcd"}
@@ -69,7 +68,7 @@ def test_registry_has_every_named_task_with_metrics():
     assert REQUIRED_TASKS <= set(TASKS)
     assert TASKS["cola"].metrics[0] == "mcc" and TASKS["stsb"].metrics == ("pearson", "spearman")
     assert TASKS["conll2003"].metrics[0] == "f1" and TASKS["squad"].metrics == ("f1", "exact_match")
-    assert TASKS["cmrc2018"].language == "zh" and TASKS["squad"].max_seq_length == 384
+    assert TASKS["cmrc2018"].language == "zh" and TASKS["squad"].inputs.max_seq_length == 384
 
 
 # GLUE tasks whose official files ../shared/data does not hold; tests/unit/test_glue_tasks.py reads each of
@@ -82,7 +81,7 @@ def test_registry_files_exist_under_the_data_root():
     for name in TASKS:
         if name in NOT_IN_SHARED_DATA:
             continue
-        spec = resolve_task(FinetuneConfig(model="m", data=DataConfig(task=name)))
+        spec = describe(FinetuneConfig(model="m", data=DataConfig(task=name)))
         for source in (*spec.train, *spec.dev, *spec.test):
             assert Path(source.path).is_file(), (name, source.path)
 
@@ -91,20 +90,27 @@ def data(**fields) -> FinetuneConfig:
     return FinetuneConfig(data=DataConfig(**fields))
 
 
-def test_resolve_task_overrides_and_generic_formats(tmp_path, monkeypatch):
-    spec = resolve_task(data(task="sst2", data_root=str(tmp_path)))
+def test_describe_named_tasks_overrides_and_generic_formats(tmp_path, monkeypatch):
+    spec = describe(data(task="sst2", data_root=str(tmp_path)))
     assert spec.train[0].path == str(tmp_path / "glue/SST-2/train.tsv")
     monkeypatch.setenv("BERTFORGE_DATA", "/elsewhere")
     assert task_data_root(FinetuneConfig()) == Path("/elsewhere")
-    spec = resolve_task(data(task="rte", dev="my_dev.tsv"))
+    spec = describe(data(task="rte", dev="my_dev.tsv"))
     assert spec.dev[0].path == "my_dev.tsv" and spec.labels == ("entailment", "not_entailment")
-    pair = resolve_task(data(format="pair", train="t.tsv"))
-    assert (pair.family, pair.text_a, pair.text_b, pair.label) == ("classification", "text_a", "text_b", "label")
-    assert resolve_task(data(format="qa", train="t.json")).max_seq_length == 384
+    pair = describe(data(format="pair", train="t.tsv"))
+    reader = pair.reader
+    assert pair.family is CLASSIFICATION and pair.kind == "single_label_classification"
+    assert (reader.text_a_column, reader.text_b_column, reader.label_column) == ("text_a", "text_b", "label")
+    assert describe(data(format="qa", train="t.json")).inputs.max_seq_length == 384
+    assert describe(data(format="regression", train="t.tsv")).metrics == ("pearson", "spearman")
+    # The config's reader settings win over the named task's; the task's fill in the rest.
+    msra = describe(data(task="msra_ner", on_invalid="skip"))
+    assert (msra.reader.separator, msra.reader.on_invalid, msra.reader.token_column) == ("", "skip", 0)
+    assert describe(data(task="sst2", text_a_column="review")).reader.text_a_column == "review"
     with pytest.raises(ConfigError, match="--task NAME"):
-        resolve_task(FinetuneConfig())
+        describe(FinetuneConfig())
     with pytest.raises(ConfigError, match="needs --train FILE"):
-        resolve_task(data(format="ner"))
+        describe(data(format="ner"))
 
 
 def test_config_rejects_bad_values_naming_the_table_key_and_fix():
@@ -144,9 +150,10 @@ def test_config_defaults_are_the_papers_and_tables_hold_plain_values():
         for part in parts:
             inner = typing.get_args(part) if typing.get_origin(part) is list else (part,)
             assert all(t in plain for t in inner), name
-    # Each flat name belongs to exactly one table and shadows no top-level key, so the translation is unique.
-    assert len(FLAT_KEYS) == sum(len(dataclasses.fields(cls)) for cls in TABLES.values())
-    assert not set(FLAT_KEYS) & {*TOP_LEVEL_KEYS, *TABLES}
+    # Every field declares its help text (the CLI's --help shows it).
+    for cls in (FinetuneConfig, *TABLES.values()):
+        if cls is not FinetuneTrainingConfig:
+            assert all(f.metadata.get("help") for f in dataclasses.fields(cls) if f.name not in TABLES), cls
 
 
 def test_config_partial_training_table_keeps_the_finetuning_defaults(tmp_path):
@@ -156,42 +163,33 @@ def test_config_partial_training_table_keeps_the_finetuning_defaults(tmp_path):
     assert config.data.task == "sst2" and config.features == FeatureConfig()
 
 
-def test_finetune_key_places_flat_keys_in_their_tables():
-    assert finetune_key("lr") == "training.lr" and finetune_key("out_dir") == "training.out_dir"
-    assert finetune_key("max_seq_length") == "features.max_seq_length"
-    assert finetune_key("text_a_column") == "data.text_a_column" and finetune_key("train") == "data.train"
-    assert finetune_key("freeze_encoder") == "head.freeze_encoder"
-    assert finetune_key("seeds") == "seeds" and finetune_key("training.lr") == "training.lr"
-    assert finetune_key("data") == "data"
-    with pytest.raises(ConfigError, match=r"unknown key 'lrr' \(did you mean 'lr'\?\).*\[training\]"):
-        finetune_key("lrr")
-    assert nest_flat_keys({"lr": 1e-5, "training": {"steps": 3}, "features.doc_stride": 32, "model": "m"}) == {
-        "training": {"lr": 1e-5, "steps": 3}, "features": {"doc_stride": 32}, "model": "m"}
-    with pytest.raises(ConfigError, match=r"training\.lr is set twice"):
-        nest_flat_keys({"lr": 1e-5, "training": {"lr": 2e-5}})
-
-
-def test_load_finetune_config_reads_nested_and_flat_run_files_and_overrides(tmp_path):
+def test_load_finetune_config_reads_run_files_and_overrides(tmp_path):
     nested = tmp_path / "nested.toml"
     nested.write_text('model = "m"\n[data]\ntask = "rte"\n[features]\nmax_seq_length = 64\n'
                       '[head]\nfeature_layers = [-1, -2]\n[training]\nlr = 2e-5\nepochs = 2\n')
-    flat = tmp_path / "flat.toml"
-    flat.write_text('model = "m"\ntask = "rte"\nmax_seq_length = 64\nfeature_layers = [-1, -2]\nlr = 2e-5\n'
-                    'epochs = 2\n')
-    from_nested = load_finetune_config(nested)
-    assert from_nested == load_finetune_config(flat) == load_config(FinetuneConfig, nested)
-    assert (from_nested.data.task, from_nested.features.max_seq_length, from_nested.head.feature_layers) == (
-        "rte", 64, [-1, -2])
-    assert (from_nested.training.lr, from_nested.training.epochs, from_nested.training.batch_size) == (2e-5, 2.0, 32)
-    # Overrides, flat or dotted, apply after the file.
-    changed = load_finetune_config(flat, ["--lr=1e-5", "training.seed=7", "text_a_column=sentence1"])
+    config = load_finetune_config(nested)
+    assert config == load_config(FinetuneConfig, nested)
+    assert (config.data.task, config.features.max_seq_length, config.head.feature_layers) == ("rte", 64, [-1, -2])
+    assert (config.training.lr, config.training.epochs, config.training.batch_size) == (2e-5, 2.0, 32)
+    changed = load_finetune_config(nested, ["--training.lr=1e-5", "training.seed=7", "data.text_a_column=sentence1"])
     assert (changed.training.lr, changed.training.seed, changed.data.text_a_column) == (1e-5, 7, "sentence1")
-    with pytest.raises(ConfigError, match=r"flat\.toml: finetune: unknown key 'no_such_key'"):
-        load_finetune_config(flat, ["no_such_key=1"])
     with pytest.raises(ConfigError, match=r"unknown key 'training\.no_such_key'"):
-        load_finetune_config(flat, ["training.no_such_key=1"])
+        load_finetune_config(nested, ["training.no_such_key=1"])
     with pytest.raises(ConfigError, match=r"finetune\.training\.lr=-1\.0"):
-        load_finetune_config(None, ["lr=-1.0"])
+        load_finetune_config(None, ["training.lr=-1.0"])
+
+
+def test_load_finetune_config_names_the_table_of_a_key_given_at_the_top_level(tmp_path):
+    # One name per setting: `lr` at the top level is refused, with where it belongs.
+    flat = tmp_path / "flat.toml"
+    flat.write_text('model = "m"\nlr = 2e-5\n')
+    with pytest.raises(ConfigError, match=r"flat\.toml: unknown key 'lr' at the top level; it belongs in its table: "
+                       r"training\.lr"):
+        load_finetune_config(flat)
+    with pytest.raises(ConfigError, match=r"unknown key 'no_such_key' at the top level; top-level keys"):
+        load_finetune_config(None, ["no_such_key=1"])
+    with pytest.raises(ConfigError, match=r"unknown key 'modle' at the top level \(did you mean 'model'\?\)"):
+        load_finetune_config(None, ["modle=x"])
 
 
 def test_summarize():
@@ -229,7 +227,7 @@ def test_token_adapter_counts_labelled_tokens_only():
     labels = torch.tensor([[-100, 1, 0, -100], [-100, 0, -100, -100]])
     b = batch((2, 4), labels=labels)
     output = model(**b.model_inputs())
-    task = Tagging()
+    task = Tagging().objective_for(model.config)
     assert task.counts(b)["cross_entropy"].item() == 3
     torch.testing.assert_close(total_loss(task, output, b), model(**b.model_inputs(), labels=labels).loss)
 
@@ -240,7 +238,7 @@ def test_qa_adapter_matches_model_loss():
     b = batch((3, 7), start_positions=torch.tensor([0, 3, 5]), end_positions=torch.tensor([0, 4, 6]))
     output = model(**b.model_inputs())
     reference = model(**b.model_inputs(), start_positions=b.start_positions, end_positions=b.end_positions).loss
-    torch.testing.assert_close(total_loss(QuestionAnswering(), output, b), reference)
+    torch.testing.assert_close(total_loss(QuestionAnswering().objective_for(model.config), output, b), reference)
 
 
 def test_choice_adapter_matches_model_loss():
@@ -248,37 +246,41 @@ def test_choice_adapter_matches_model_loss():
     model = BertForMultipleChoice(tiny()).eval()
     b = batch((2, 3, 5), labels=torch.tensor([2, 0]))
     output = model(**b.model_inputs())
-    task = MultipleChoice()
+    task = MultipleChoice().objective_for(model.config)
     torch.testing.assert_close(total_loss(task, output, b), model(**b.model_inputs(), labels=b.labels).loss)
     assert task.metrics(output, b)["accuracy"][1].item() == 2
 
 
 def test_metric_names_per_family():
-    spec = lambda family, **kw: TaskSpec("t", family, (), (), **kw)  # noqa: E731
-    assert metric_names(spec("classification")) == ("accuracy", "f1", "precision", "recall", "macro_f1",
-                                                    "macro_precision", "macro_recall", "mcc")
-    assert metric_names(spec("classification", regression=True)) == ("pearson", "spearman", "mse")
-    assert metric_names(spec("tagging")) == ("f1", "precision", "recall", "invalid_span_share")
-    assert metric_names(spec("classification", multi_label=True))[0] == "micro_f1"
-    assert metric_names(spec("multiple_choice")) == ("accuracy",)
-    qa = spec("question_answering")
-    assert metric_names(qa) == ("exact_match", "f1")
+    def task(family, kind=None, **kw):
+        return TaskDescription("t", family, kind, **kw)
+
+    assert CLASSIFICATION.metric_names(task(CLASSIFICATION, "single_label_classification")) == (
+        "accuracy", "f1", "precision", "recall", "macro_f1", "macro_precision", "macro_recall", "mcc")
+    assert CLASSIFICATION.metric_names(task(CLASSIFICATION, "regression")) == ("pearson", "spearman", "mse")
+    assert TAGGING.metric_names(task(TAGGING)) == ("f1", "precision", "recall", "invalid_span_share")
+    assert CLASSIFICATION.metric_names(task(CLASSIFICATION, "multi_label_classification"))[0] == "micro_f1"
+    assert MULTIPLE_CHOICE.metric_names(task(MULTIPLE_CHOICE)) == ("accuracy",)
+    qa = task(QUESTION_ANSWERING)
     answerable = [types.SimpleNamespace(is_impossible=False)]
-    assert metric_names(qa, True, answerable) == ("exact_match", "f1", "HasAns_exact", "HasAns_f1")
-    assert metric_names(qa, True, [*answerable, types.SimpleNamespace(is_impossible=True)])[-2:] == (
+    assert QUESTION_ANSWERING.metric_names(qa, answerable) == ("exact_match", "f1")
+    v2 = qa.replace(options={**qa.options, "version_2_with_negative": True})
+    assert QUESTION_ANSWERING.metric_names(v2, answerable) == ("exact_match", "f1", "HasAns_exact", "HasAns_f1")
+    assert QUESTION_ANSWERING.metric_names(v2, [*answerable, types.SimpleNamespace(is_impossible=True)])[-2:] == (
         "NoAns_exact", "NoAns_f1")
+    assert QUESTION_ANSWERING.metric_names(qa, None)[-1] == "NoAns_f1"  # any dev set of the task
     for name in ("sst2", "cola", "stsb", "conll2003", "squad"):  # every named task's metrics are reported
-        assert set(TASKS[name].metrics) <= set(metric_names(TASKS[name], True)), name
+        assert set(TASKS[name].metrics) <= set(TASKS[name].family.metric_names(TASKS[name], None)), name
 
 
 def test_check_metric_rejects_unknown_names_with_the_valid_ones():
-    check_metric(TASKS["stsb"], "mse", False, ())
+    check_metric(TASKS["stsb"].replace(metric="mse"), None)
     with pytest.raises(ConfigError, match=r"finetune.metric='acuracy' is invalid \(did you mean 'accuracy'\?\): "
                        r"sst2 \(classification\) evaluations report \['accuracy', 'f1'"):
-        check_metric(TASKS["sst2"], "acuracy", False, ())
+        check_metric(TASKS["sst2"].replace(metric="acuracy"), None)
     with pytest.raises(ConfigError, match=r"'bogus' is invalid: conll2003 \(tagging\) evaluations report "
                        r"\['f1', 'precision', 'recall', 'invalid_span_share'\]"):
-        check_metric(TASKS["conll2003"], "bogus", False, ())
+        check_metric(TASKS["conll2003"].replace(metric="bogus"), None)
 
 
 def test_config_finetuning_checkpoints_every_epoch_and_keeps_two():

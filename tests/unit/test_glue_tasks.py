@@ -11,8 +11,9 @@ import pytest
 
 from bertforge.data.finetuning import DataReport
 from bertforge.errors import ConfigError, DataError
-from bertforge.families import registry
-from bertforge.training.finetuning import TASKS, DataSource, load_finetune_config, read_examples, resolve_task
+from bertforge.families.task import DataSource
+from bertforge.families.tasks import TASKS
+from bertforge.training.finetune_config import describe, load_finetune_config
 from bertforge.training.glue import (
     GLUE_ROWS,
     TASK_VALUES,
@@ -22,6 +23,7 @@ from bertforge.training.glue import (
     select_rows,
     write_submission,
 )
+from conftest import finetune_values
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures"
 GLUE = ROOT / "glue"
@@ -29,14 +31,13 @@ GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "mnli-mm", "qnli", 
 
 
 def config(task: str, **values):
-    return load_finetune_config(values={"model": "m", "task": task, "data_root": str(ROOT), **values})
+    return load_finetune_config(values=finetune_values(model="m", task=task, data_root=str(ROOT), **values))
 
 
 def read(task: str, split: str, **values) -> tuple[list, DataReport]:
-    cfg = config(task, **values)
-    spec = resolve_task(cfg)
+    spec = describe(config(task, **values))
     report = DataReport()
-    return read_examples(spec, getattr(spec, split), cfg, report), report
+    return spec.read(getattr(spec, split), report), report
 
 
 def columns(path: Path) -> set[int]:
@@ -58,18 +59,18 @@ def test_every_glue_task_is_named_with_the_papers_metrics():
 @pytest.mark.parametrize("task", GLUE_TASKS)
 def test_fixture_train_and_dev_read_with_the_tasks_labels(task):
     for split in ("train", "dev"):
-        examples, report = read(task, split, **TASK_VALUES.get(task, {}))
+        examples, report = read(task, split, **TASK_VALUES.get(task, {}).get("data", {}))
         assert examples, (task, split)
         spec = TASKS[task]
         for example in examples:
             assert example.text_a.strip() and "\r" not in example.text_a and not example.text_a.startswith("\ufeff")
-            if spec.text_b is not None:
+            if spec.reader.text_b_column is not None:
                 assert example.text_b and "\r" not in example.text_b
             if spec.regression:
                 assert 0.0 <= example.label <= 5.0
             else:
                 assert example.label in spec.labels, (task, split, example.label)
-        family = registry.family(spec.family)
+        family = spec.family
         if spec.labels:
             family.check_labels(examples, list(spec.labels), None)
 
@@ -117,7 +118,7 @@ def test_mnli_columns_and_gold_label():
 def test_qqp_malformed_row_is_an_error_by_default_and_skipped_by_the_glue_run():
     with pytest.raises(DataError, match=r"QQP/train\.tsv.*6|column"):
         read("qqp", "train")
-    assert TASK_VALUES["qqp"] == {"on_invalid": "skip"}
+    assert TASK_VALUES["qqp"] == {"data": {"on_invalid": "skip"}}
     examples, report = read("qqp", "train", on_invalid="skip")
     assert len(examples) == 8 and report.counts["skipped_column_count"] == 1
     assert examples[1].text_a == "How do I control my horny emotions?" and examples[1].label == "1"
@@ -136,14 +137,13 @@ def test_qnli_question_sentence_label():
 def test_every_test_file_reads_unlabeled_with_its_ids(row):
     path = find_test_file(row, ROOT)
     assert path is not None, row.name
-    cfg = config(row.task, **row.test_overrides)
-    spec = resolve_task(cfg)
-    examples = read_examples(spec, (DataSource(str(path)),), cfg, DataReport(), labelled=False)
+    spec = describe(config(row.task)).overridden(row.test_overrides, where="test")
+    examples = spec.read((DataSource(str(path)),), DataReport(), labelled=False)
     ids = read_test_ids(path, row.index_column)
     assert len(ids) == len(examples) >= 2
     assert ids == [str(i) for i in range(len(ids))]
     assert all(e.label is None and e.text_a.strip() and not e.text_a.isdigit() for e in examples)
-    assert all((e.text_b is None) == (spec.text_b is None) for e in examples)
+    assert all((e.text_b is None) == (spec.reader.text_b_column is None) for e in examples)
 
 
 def test_test_file_layouts():

@@ -19,7 +19,7 @@ from bertforge.families.tagging import BertForTokenClassification, readable_tags
 from bertforge.inference import pipelines as P
 from bertforge.model.bert import BertModel
 from bertforge.model.config import BertConfig
-from bertforge.tokenization.tokenizer import Tokenizer, TokenizerConfig
+from bertforge.tokenization import Tokenizer, TokenizerConfig
 from bertforge.tokenization.vocab import Vocab
 from bertforge.tokenization.windows import max_context_windows, window_spans
 
@@ -224,7 +224,7 @@ def test_pipeline_precision_defaults_to_evaluates_fp32(tokenizer, config):
     # One rule for every path: evaluate runs fp32 unless asked, and so does every pipeline (and the server).
     import inspect
 
-    from bertforge.training.finetuning import evaluate
+    from bertforge.evaluation.saved_model import evaluate
 
     assert P.DEFAULT_PRECISION == inspect.signature(evaluate).parameters["precision"].default == "fp32"
     pipe = P.Pipeline("classify", build(BertForSequenceClassification, config.with_labels(["x", "y"])), tokenizer)
@@ -350,10 +350,10 @@ def test_answer_no_answer_when_allowed(tokenizer, config, monkeypatch):
     monkeypatch.setattr(pipe.family, "forward", answering_forward(tokenizer, "john", "smith", null=20.0))
     question = {"question": "who?", "context": "John Smith lives in London."}
     assert pipe(question)["answer"] == "John Smith"
-    empty = pipe(question, allow_no_answer=True)
+    empty = pipe(question, version_2_with_negative=True)
     assert empty["answer"] == "" and empty["start"] is None and empty["end"] is None
     assert empty["null_margin"] > 0
-    assert pipe(question, allow_no_answer=True, null_threshold=100.0)["answer"] == "John Smith"
+    assert pipe(question, version_2_with_negative=True, null_score_diff_threshold=100.0)["answer"] == "John Smith"
 
 
 def test_answer_real_model_and_validation(tokenizer, config):

@@ -1,9 +1,9 @@
-"""Google-format TensorFlow 1 BERT checkpoints read without TensorFlow (`bertforge.interop.google_tf`).
+"""Google's TensorFlow 1 BERT checkpoints (`bertforge.interop.google_tf`): names, layout, directories, models.
 
 The fixtures in tests/fixtures/google_tf/ were written by real TensorFlow (scripts/write_google_tf_fixtures.py,
-see the README there); `expected.npz` holds every variable the script stored, for bitwise comparison.
-Corrupt and unusual bundles are made here by damaging copies, or by `write_bundle`, a minimal writer of the
-same format, for what TensorFlow would not write (an unknown dtype, a compressed index).
+see the README there); `expected.npz` holds every variable the script stored, for bitwise comparison. The file
+format alone (checksums, varints, tensor decoding, each kind of damage) is tested in test_interop_tf_bundle.py;
+its `write_bundle` makes the bundles TensorFlow would not write here (fine-tuned heads, an unknown dtype).
 """
 
 from __future__ import annotations
@@ -17,16 +17,20 @@ import numpy as np
 import pytest
 import torch
 
+# The bundle writer is the format's, tested there; this file writes Google's names with it.
+from test_interop_tf_bundle import release_tensors, write_bundle
+
 from bertforge import checkpoint_format
 from bertforge.errors import CheckpointError
 from bertforge.families import registry
 from bertforge.families.classification import BertForSequenceClassification
 from bertforge.families.pretraining import BertForPretraining
 from bertforge.families.question_answering import BertForQuestionAnswering
-from bertforge.interop import google_tf
+from bertforge.interop import google_tf, tf_bundle
 from bertforge.interop import huggingface as hf
 from bertforge.model.bert import BertModel
-from bertforge.tokenization.tokenizer import Tokenizer, google_do_lower_case
+from bertforge.tokenization.tokenizer import Tokenizer
+from bertforge.tokenization.tokenizer_files import google_do_lower_case
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "google_tf"
 RELEASE = FIXTURES / "uncased_L-2_H-32_A-4"
@@ -56,59 +60,6 @@ def copy_dir(source: Path, target: Path) -> Path:
     return target
 
 
-# --- a minimal tensor-bundle writer (the format TensorFlow writes; used only for what TF would not write) ---
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _field(number: int, value: int | bytes) -> bytes:
-    if isinstance(value, bytes):
-        return _varint(number << 3 | 2) + _varint(len(value)) + value
-    return _varint(number << 3) + _varint(value)
-
-
-def _block(entries: list[tuple[bytes, bytes]], compression: int = 0) -> bytes:
-    body = b"".join(_varint(0) + _varint(len(k)) + _varint(len(v)) + k + v for k, v in entries)
-    body += (0).to_bytes(4, "little") + (1).to_bytes(4, "little")  # one restart point at 0
-    kind = bytes([compression])
-    return body + kind + google_tf.mask_crc(google_tf.crc32c(body + kind)).to_bytes(4, "little")
-
-
-def write_bundle(prefix: Path, tensors: dict[str, tuple[int, tuple[int, ...], bytes]], compression: int = 0) -> None:
-    """Write `PREFIX.index` + one data shard: name -> (DataType enum, shape, raw bytes)."""
-    data = bytearray()
-    entries = []
-    header = _field(1, 1) + _field(3, _field(1, 1))  # num_shards 1, little-endian, version {producer 1}
-    entries.append((b"", header))
-    for name in sorted(tensors):
-        dtype, shape, raw = tensors[name]
-        shape_proto = b"".join(_field(2, _field(1, d)) for d in shape)
-        crc = google_tf.mask_crc(google_tf.crc32c(raw))
-        proto = (_field(1, dtype) + _field(2, shape_proto) + _field(4, len(data)) + _field(5, len(raw))
-                 + _varint(6 << 3 | 5) + crc.to_bytes(4, "little"))
-        entries.append((name.encode(), proto))
-        data += raw
-    Path(f"{prefix}.data-00000-of-00001").write_bytes(bytes(data))
-    block = _block(entries, compression)
-    meta = _block([])
-    index = _block([(entries[-1][0], _varint(0) + _varint(len(block) - 5))])
-    handles = (_varint(len(block)) + _varint(len(meta) - 5) + _varint(len(block) + len(meta))
-               + _varint(len(index) - 5))
-    footer = handles.ljust(40, b"\0") + (0xDB4775248B80FB57).to_bytes(8, "little")
-    Path(f"{prefix}.index").write_bytes(block + meta + index + footer)
-
-
-def release_tensors() -> dict[str, tuple[int, tuple[int, ...], bytes]]:
-    bundle = google_tf.TensorBundle(RELEASE / "bert_model.ckpt")
-    return {name: (entry.dtype, entry.shape, bundle.raw(name)) for name, entry in bundle.entries.items()}
-
-
 def google_directory(tmp_path: Path, name: str, extra: dict[str, np.ndarray]) -> Path:
     """A release-layout directory holding the fixture's weights plus `extra` float32 tensors."""
     folder = tmp_path / name
@@ -121,46 +72,7 @@ def google_directory(tmp_path: Path, name: str, extra: dict[str, np.ndarray]) ->
     return folder
 
 
-# --- the format ------------------------------------------------------------------------------------------
-
-def test_google_tf_crc32c_matches_known_values_and_the_bytewise_reference():
-    assert google_tf.crc32c(b"123456789") == 0xE3069283  # the standard CRC-32C check value
-    assert google_tf.crc32c(b"") == 0
-    assert google_tf.crc32c(bytes(32)) == 0x8A9136AA  # RFC 3720 test vector
-    rng = np.random.default_rng(0)
-    for size in (1, 1000, 1024, 1025, 4096 + 7, 70_001, (1 << 20) + 3):
-        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
-        reference = google_tf._crc_update_scalar(0xFFFFFFFF, data) ^ 0xFFFFFFFF
-        assert google_tf.crc32c(data) == reference, size
-        assert google_tf.crc32c(data[size // 3:], google_tf.crc32c(data[: size // 3])) == reference, size
-    assert google_tf.mask_crc(0) == 0xA282EAD8
-
-
-def test_google_tf_every_tensor_equals_what_tensorflow_stored(expected):
-    for prefix, step in ((RELEASE / "bert_model.ckpt", 20), (RUN / "model.ckpt-10", 10), (RUN / "model.ckpt-20", 20)):
-        bundle = google_tf.TensorBundle(prefix)
-        assert bundle.num_shards == 1 and not bundle.big_endian
-        model = {n for n in bundle.entries if not google_tf.is_optimizer_state(n)}
-        assert model == set(stored(expected, step)), prefix
-        for name in model:
-            assert bitwise_equal(bundle.read(name), stored(expected, step)[name]), (prefix, name)
-    assert google_tf.TensorBundle(RUN / "model.ckpt-10").read("global_step") == 10
-
-
-def test_google_tf_dtypes_decode_bitwise_and_strings_and_unsupported_types_are_named(expected):
-    bundle = google_tf.TensorBundle(DTYPES)
-    for key, value in expected.items():
-        if key.startswith("dtypes/"):
-            assert bitwise_equal(bundle.read(key), value), key  # bfloat16 widened exactly to float32
-    assert bundle.entries["dtypes/bfloat16"].dtype_name == "bfloat16"
-    assert list(bundle.read("dtypes/string")) == [b"bert", b"", b"x" * 200]  # TF's own string checksum
-    with pytest.raises(CheckpointError) as error:
-        bundle.read("dtypes/complex64")
-    assert "dtypes.ckpt.index" in str(error.value) and "'dtypes/complex64'" in str(error.value)
-    assert "complex64" in str(error.value)
-
-
-def test_google_tf_reader_imports_no_tensorflow():
+def test_google_tf_names_module_imports_no_tensorflow():
     source = Path(google_tf.__file__).read_text(encoding="utf-8")
     modules = set()
     for node in ast.walk(ast.parse(source)):
@@ -168,8 +80,7 @@ def test_google_tf_reader_imports_no_tensorflow():
             modules |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             modules.add(node.module.split(".")[0])
-    assert modules <= {"__future__", "functools", "logging", "os", "re", "dataclasses", "pathlib", "numpy",
-                       "bertforge"}, modules
+    assert modules <= {"__future__", "logging", "os", "re", "dataclasses", "pathlib", "numpy", "bertforge"}, modules
 
 
 # --- names -----------------------------------------------------------------------------------------------
@@ -349,80 +260,45 @@ def test_google_tf_fine_tuned_heads_load_untransposed(tmp_path):
     assert torch.equal(model.qa_outputs.weight, torch.from_numpy(squad)) and report.fresh == []
 
 
-# --- damage: one clear CheckpointError naming the file and the tensor ------------------------------------
+# --- damage: the format's CheckpointError reaches the caller of from_pretrained -------------------------
 
-def damaged_release(tmp_path: Path) -> tuple[Path, Path, google_tf.BundleEntry]:
-    folder = copy_dir(RELEASE, tmp_path / "uncased_L-2_H-32_A-4")
+def _flip_shard_byte(folder: Path) -> None:
     data = folder / "bert_model.ckpt.data-00000-of-00001"
-    return folder, data, google_tf.TensorBundle(folder / "bert_model.ckpt").entries[WORD]
-
-
-def test_google_tf_truncated_shard_names_file_and_tensor(tmp_path):
-    folder, data, _ = damaged_release(tmp_path)
-    entries = google_tf.TensorBundle(folder / "bert_model.ckpt").entries
-    last = max(entries.values(), key=lambda e: e.offset)
-    data.write_bytes(data.read_bytes()[: last.offset + 3])
-    with pytest.raises(CheckpointError) as error:
-        BertModel.from_pretrained(folder)
-    message = str(error.value)
-    assert str(data) in message and repr(last.name) in message and "truncated" in message
-
-
-def test_google_tf_flipped_byte_fails_the_checksum(tmp_path):
-    folder, data, entry = damaged_release(tmp_path)
+    offset = tf_bundle.TensorBundle(folder / "bert_model.ckpt").entries[WORD].offset
     raw = bytearray(data.read_bytes())
-    raw[entry.offset + 101] ^= 0x10
+    raw[offset + 101] ^= 0x10
     data.write_bytes(bytes(raw))
-    with pytest.raises(CheckpointError) as error:
-        BertForPretraining.from_pretrained(folder)
-    assert str(data) in str(error.value) and repr(WORD) in str(error.value) and "checksum" in str(error.value)
 
 
-def test_google_tf_missing_shard_names_file_and_tensor(tmp_path):
-    folder, data, _ = damaged_release(tmp_path)
-    data.unlink()
-    with pytest.raises(CheckpointError) as error:
-        BertModel.from_pretrained(folder)
-    assert str(data) in str(error.value) and "missing shard" in str(error.value) and "tensor 'bert/" in str(error.value)
-
-
-def test_google_tf_unknown_dtype_names_file_and_tensor(tmp_path):
-    tensors = release_tensors()
-    dtype, shape, raw = tensors[WORD]
-    tensors[WORD] = (99, shape, raw)
-    folder = tmp_path / "odd"
-    copy_dir(RELEASE, folder)
-    write_bundle(folder / "bert_model.ckpt", tensors)
-    with pytest.raises(CheckpointError) as error:
-        BertModel.from_pretrained(folder)
-    message = str(error.value)
-    assert str(folder / "bert_model.ckpt.index") in message and repr(WORD) in message
-    assert "unknown DataType enum 99" in message
-
-
-def test_google_tf_shape_and_size_disagreeing_is_named(tmp_path):
-    tensors = release_tensors()
-    dtype, shape, raw = tensors[WORD]
-    tensors[WORD] = (dtype, (shape[0] - 1, shape[1]), raw)
-    write_bundle(tmp_path / "x.ckpt", tensors)
-    with pytest.raises(CheckpointError, match=r"'bert/embeddings/word_embeddings' of shape \[98, 32\]"):
-        google_tf.TensorBundle(tmp_path / "x.ckpt").read(WORD)
-
-
-def test_google_tf_damaged_or_compressed_index_is_refused(tmp_path):
-    folder, _, _ = damaged_release(tmp_path)
+def _flip_index_byte(folder: Path) -> None:
     index = folder / "bert_model.ckpt.index"
     raw = bytearray(index.read_bytes())
     raw[40] ^= 0x01
     index.write_bytes(bytes(raw))
-    with pytest.raises(CheckpointError, match=r"bert_model\.ckpt\.index: checksum mismatch in the index"):
-        BertModel.from_pretrained(folder)
-    index.write_bytes(bytes(raw[:-1]))
-    with pytest.raises(CheckpointError, match="bad magic number"):
-        BertModel.from_pretrained(folder)
-    write_bundle(tmp_path / "snappy.ckpt", release_tensors(), compression=1)
-    with pytest.raises(CheckpointError, match="snappy-compressed"):
-        google_tf.TensorBundle(tmp_path / "snappy.ckpt")
+
+
+def _unknown_dtype(folder: Path) -> None:
+    tensors = release_tensors()
+    _, shape, raw = tensors[WORD]
+    tensors[WORD] = (99, shape, raw)
+    write_bundle(folder / "bert_model.ckpt", tensors)
+
+
+@pytest.mark.parametrize(("damage", "file", "words"), [
+    (_flip_shard_byte, "bert_model.ckpt.data-00000-of-00001", ("checksum", repr(WORD))),
+    (lambda folder: (folder / "bert_model.ckpt.data-00000-of-00001").unlink(), "bert_model.ckpt.data-00000-of-00001",
+     ("missing shard", "tensor 'bert/")),
+    (_flip_index_byte, "bert_model.ckpt.index", ("checksum mismatch in the index",)),
+    (_unknown_dtype, "bert_model.ckpt.index", ("unknown DataType enum 99", repr(WORD))),
+], ids=["flipped_shard_byte", "missing_shard", "flipped_index_byte", "unknown_dtype"])
+@pytest.mark.parametrize("cls", [BertModel, BertForPretraining])
+def test_google_tf_damaged_checkpoint_fails_loading_naming_file_and_tensor(tmp_path, damage, file, words, cls):
+    folder = copy_dir(RELEASE, tmp_path / "uncased_L-2_H-32_A-4")
+    damage(folder)
+    with pytest.raises(CheckpointError) as error:
+        cls.from_pretrained(folder)
+    message = str(error.value)
+    assert str(folder / file) in message and all(word in message for word in words), message
 
 
 # --- casing ----------------------------------------------------------------------------------------------
@@ -437,7 +313,7 @@ def test_google_tf_casing_rule_by_model_name(name, lower):
 
 
 def test_google_tf_casing_follows_the_directory_name_and_can_be_overridden(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="bertforge.tokenization.tokenizer")
+    caplog.set_level(logging.INFO, logger="bertforge.tokenization.tokenizer_files")
     assert Tokenizer.from_pretrained(RELEASE).config.do_lower_case is True
     assert "do_lower_case=True" in caplog.text and "uncased_L-2_H-32_A-4" in caplog.text
     assert Tokenizer.from_pretrained(RELEASE).tokenize("The") == ["the"]

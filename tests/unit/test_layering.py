@@ -247,3 +247,91 @@ def test_layering_checker_flags_each_kind_of_violation(tmp_path):
     assert "bertforge.inference.server:1" not in text
     assert "component 'plugins' has no row" in text
     assert not any(p.startswith("bertforge.families") for p in problems)  # downward, absolute and relative
+
+
+# --- family knowledge stays in families/; rooms a reader can hold --------------------------------------
+
+# Names the issue #18 redesign retired: a family is never "None", and a setting has one name.
+RETIRED_NAMES = ("family is None", "family is not None", "FLAT_KEYS", "nest_flat_keys", "reader_options",
+                 "finetuning_record", "finetune_key")
+MAX_FILE_LINES = 600
+MAX_FUNCTION_LINES = 80
+
+
+def family_names() -> set[str]:
+    """Every family's registry name and route ("tagging", "tag"); aliases that are ordinary words of other
+    vocabularies ("text" corpora, "regression" problem kinds) are not names a consumer dispatches on."""
+    from bertforge.families import registry
+
+    return {name for family in registry.FAMILIES for name in (family.name, family.task) if name}
+
+
+def test_layering_no_family_name_compared_outside_families():
+    """Outside `families/` nobody asks "is this the tagging family?": a comparison (==, !=, in) with a
+    family's name or alias as a string literal is family knowledge in the wrong room."""
+    names = family_names()
+    found = []
+    for path in sorted((SOURCE_ROOT / PACKAGE).rglob("*.py")):
+        # metrics/ (row 0, below the families) names its own metric kinds, "classification" scores among them.
+        if path.relative_to(SOURCE_ROOT / PACKAGE).parts[0] in ("families", "metrics"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Compare):
+                continue
+            for operand in (node.left, *node.comparators):
+                values = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+                for value in values:
+                    if isinstance(value, ast.Constant) and value.value in names:
+                        found.append(f"{path.relative_to(SOURCE_ROOT)}:{node.lineno} compares {value.value!r}")
+    assert not found, "family names compared outside families/:\n" + "\n".join(found)
+
+
+def test_layering_retired_names_are_gone():
+    found = [f"{path.relative_to(SOURCE_ROOT)}: {name}" for path in sorted((SOURCE_ROOT / PACKAGE).rglob("*.py"))
+             for name in RETIRED_NAMES if name in path.read_text(encoding="utf-8")]
+    assert not found, "\n".join(found)
+
+
+def test_layering_no_import_cycles():
+    """No two modules import each other, directly or around a loop (function-level imports count)."""
+    graph: dict[str, set[str]] = {}
+    modules = {module_name(p, SOURCE_ROOT) for p in (SOURCE_ROOT / PACKAGE).rglob("*.py")}
+    for item in collect_imports(SOURCE_ROOT):
+        target = item.target
+        while target and target not in modules:  # `from pkg.mod import name` names a module or its package
+            target = target.rpartition(".")[0]
+        if target and target != item.module and not target == PACKAGE:
+            graph.setdefault(item.module, set()).add(target)
+    cycles, state = [], {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append(" -> ".join(trail[trail.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    # A package's __init__ that hands names on from its own modules is not a loop of concerns.
+    cycles = [c for c in cycles if not all(part.startswith(c.split(" -> ")[0].rpartition(".")[0] or c)
+                                           for part in c.split(" -> "))]
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_layering_rooms_fit_in_one_sitting():
+    long_files, long_functions = [], []
+    for path in sorted((SOURCE_ROOT / PACKAGE).rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > MAX_FILE_LINES:
+            long_files.append(f"{path.relative_to(SOURCE_ROOT)}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                size = node.end_lineno - node.lineno + 1
+                if size > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{path.relative_to(SOURCE_ROOT)}:{node.lineno} {node.name}: {size} lines")
+    assert not long_files and not long_functions, "\n".join(long_files + long_functions)

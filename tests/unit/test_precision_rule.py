@@ -67,9 +67,10 @@ def test_choose_precision_every_command_takes_the_same_names(command):
 
 
 def test_choose_precision_is_what_evaluate_and_training_call():
-    from bertforge.training import finetuning, loop
+    from bertforge.evaluation import saved_model
+    from bertforge.training import loop
 
-    assert finetuning.resolve_precision is runtime.resolve_precision
+    assert saved_model.resolve_precision is runtime.resolve_precision
     assert loop.resolve_precision is runtime.resolve_precision
 
 

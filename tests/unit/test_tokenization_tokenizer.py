@@ -251,7 +251,6 @@ def test_tokenizer_encode_single_layout(tiny):
     assert encoding.sequence_ids == [None, 0, 0, None]
     assert encoding.special_tokens_mask == [1, 0, 0, 1]
     assert encoding.attention_mask == [1, 1, 1, 1]
-    assert encoding.overflowing == []
 
 
 def test_tokenizer_encode_pair_layout(tiny):
@@ -294,55 +293,6 @@ def test_tokenizer_truncation_only_first_and_only_second(tiny):
         tiny.encode("a b c d", "e", max_length=6, truncation="only_second")
     with pytest.raises(InputError, match="second sequence alone"):
         tiny.encode("e", "a b c d", max_length=6, truncation="only_first")
-
-
-def test_tokenizer_overflow_windows_with_doc_stride_point_into_original_text(tiny):
-    question = "the fox?"
-    context = "a b c d e a b c d e"
-    # room 4, doc_stride 2: windows start at 0, 2, 4, 6 and consecutive windows share 2 tokens.
-    head = tiny.encode(
-        question, context, max_length=10, truncation="only_second", doc_stride=2, return_overflowing=True
-    )
-    windows = [head, *head.overflowing]
-    room = 10 - 3 - 3
-    contexts = []
-    for window in windows:
-        assert len(window) <= 10
-        assert window.tokens[:5] == ["[CLS]", "the", "fox", "?", "[SEP]"]
-        positions = [index for index, sequence in enumerate(window.sequence_ids) if sequence == 1]
-        contexts.append(
-            [(window.tokens[index], window.offsets[index], window.word_ids[index]) for index in positions]
-        )
-        for index in positions:
-            start, end = window.offsets[index]
-            assert context[start:end] == window.tokens[index]
-    assert [len(part) for part in contexts] == [room] * 4
-    # Consecutive windows share room - doc_stride tokens and together cover the context.
-    for before, after in zip(contexts, contexts[1:]):
-        assert before[-2:] == after[:2]
-    covered = contexts[0] + [item for part in contexts[1:] for item in part[2:]]
-    assert [item[2] for item in covered] == list(range(10))
-
-
-def test_tokenizer_overflow_single_sequence_and_errors(tiny):
-    head = tiny.encode(
-        "a b c d e", max_length=4, truncation="longest_first", return_overflowing=True, doc_stride=1
-    )
-    assert [window.tokens[1:-1] for window in [head, *head.overflowing]] == [
-        ["a", "b"],
-        ["b", "c"],
-        ["c", "d"],
-        ["d", "e"],
-    ]
-    # A doc_stride as large as the window tiles the text without overlap (Google's rule never skips).
-    head = tiny.encode("a b c d e", max_length=4, truncation=True, return_overflowing=True, doc_stride=2)
-    assert [window.tokens[1:-1] for window in [head, *head.overflowing]] == [["a", "b"], ["c", "d"], ["e"]]
-    with pytest.raises(InputError, match="doc_stride"):
-        tiny.encode("a b c d e", max_length=4, truncation=True, return_overflowing=True, doc_stride=0)
-    with pytest.raises(InputError, match="only_first' or 'only_second"):
-        tiny.encode("a b c", "d e", max_length=5, truncation="longest_first", return_overflowing=True)
-    with pytest.raises(InputError, match="needs truncation"):
-        tiny.encode("a b c", return_overflowing=True)
 
 
 def test_tokenizer_too_long_without_truncation_raises_not_cuts(tiny):
@@ -388,12 +338,14 @@ def test_tokenizer_encode_batch_pads_to_longest(tiny):
         tiny.encode_batch("a b")  # type: ignore[arg-type]
 
 
-def test_tokenizer_encode_batch_longest_pads_overflow_windows_too(tiny):
-    encodings = tiny.encode_batch(
-        ["a b c d e", "a"], max_length=5, truncation=True, return_overflowing=True, padding="longest"
-    )
-    windows = [window for encoding in encodings for window in (encoding, *encoding.overflowing)]
-    assert {len(window) for window in windows} == {5}
+def test_tokenizer_encode_batch_longest_pads_truncated_encodings(tiny):
+    encodings = tiny.encode_batch(["a b c d e f", "a"], max_length=5, truncation=True, padding="longest")
+    assert [encoding.tokens for encoding in encodings] == [
+        ["[CLS]", "a", "b", "c", "[SEP]"],
+        ["[CLS]", "a", "[SEP]", "[PAD]", "[PAD]"],
+    ]
+    # One text is its own longest: nothing to pad.
+    assert tiny.encode("a b", padding="longest").tokens == ["[CLS]", "a", "b", "[SEP]"]
 
 
 # ----------------------------------------------------------------------------------------- decoding

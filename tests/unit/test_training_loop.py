@@ -17,12 +17,13 @@ import torch
 from bertforge.checkpoint_format import load_model
 from bertforge.constants import IGNORE_INDEX
 from bertforge.errors import ConfigError
-from bertforge.families.pretraining import BertForPretraining, Pretraining
+from bertforge.families.pretraining import BertForPretraining, Pretraining, PretrainingObjective
 from bertforge.model.config import BertConfig
 from bertforge.training.checkpoint import find_latest, list_checkpoints, load_training_state
 from bertforge.training.config import TrainingConfig
 from bertforge.training.logging import read_metrics
-from bertforge.training.loop import BestCheckpoint, NonFiniteLossError, train
+from bertforge.training.loop import NonFiniteLossError, train
+from bertforge.training.recipes import BestCheckpoint
 
 SEQ_LEN = 16
 MASK_SLOTS = 4
@@ -142,7 +143,7 @@ def losses(history, split="train", keys=("loss", "loss_mlm", "loss_nsp", "mlm_ac
 
 def test_train_loss_decreases_on_repeated_batches(tmp_path):
     config = config_for(tmp_path, steps=30, warmup_steps=3, lr=3e-3)
-    result = train(tiny_model(), SyntheticSource(2, 8), Pretraining(), config)
+    result = train(tiny_model(), SyntheticSource(2, 8), PretrainingObjective(), config)
     history = losses(result.history)
     first, last = history[0][1]["loss"], history[-1][1]["loss"]
     assert result.step == 30 and len(history) == 30
@@ -155,8 +156,8 @@ def test_train_loss_decreases_on_repeated_batches(tmp_path):
 def test_train_grad_accumulation_matches_one_large_batch(tmp_path):
     # Batch 8 in one micro-batch vs 4 + 4 accumulated: the same examples in each step (the source's
     # permutation is over global batches of 8 either way), uneven masked counts between the halves.
-    whole = train(tiny_model(), SyntheticSource(3, 8), Pretraining(), config_for(tmp_path / "a"))
-    split = train(tiny_model(), SyntheticSource(6, 4, seed=0), Pretraining(),
+    whole = train(tiny_model(), SyntheticSource(3, 8), PretrainingObjective(), config_for(tmp_path / "a"))
+    split = train(tiny_model(), SyntheticSource(6, 4, seed=0), PretrainingObjective(),
                   config_for(tmp_path / "b", grad_accumulation=2, batch_size=4))
     assert_same_permutation_halves()
     for (step_a, a), (step_b, b) in zip(losses(whole.history), losses(split.history), strict=True):
@@ -178,18 +179,18 @@ def test_train_resume_matches_uninterrupted_run_with_dropout(tmp_path):
     steps, save_every, fail_at = 9, 3, 7  # interrupted during step 8; the last checkpoint is step 6
     config = dict(steps=steps, save_every=save_every, keep_last=2, batch_size=4)
 
-    full = train(tiny_model(dropout=0.1), SyntheticSource(4, 4), Pretraining(),
+    full = train(tiny_model(dropout=0.1), SyntheticSource(4, 4), PretrainingObjective(),
                  config_for(tmp_path / "full", **config))
 
     run = tmp_path / "interrupted"
     with pytest.raises(KeyboardInterrupt):
-        train(tiny_model(dropout=0.1), SyntheticSource(4, 4, fail_after=fail_at), Pretraining(),
+        train(tiny_model(dropout=0.1), SyntheticSource(4, 4, fail_after=fail_at), PretrainingObjective(),
               config_for(run, **config))
     assert find_latest(run).name == "checkpoint-000006"
     assert max(e["step"] for e in read_metrics(run)) == 7  # step 7 was logged, then lost with the interruption
 
     # A fresh process: another model init seed, fresh source; everything must come from the checkpoint.
-    resumed = train(tiny_model(dropout=0.1, seed=123), SyntheticSource(4, 4), Pretraining(),
+    resumed = train(tiny_model(dropout=0.1, seed=123), SyntheticSource(4, 4), PretrainingObjective(),
                     config_for(run, resume="auto", **config))
     assert resumed.step == steps and [e["step"] for e in resumed.history] == [7, 8, 9]
     assert losses(read_metrics(run)) == losses(read_metrics(tmp_path / "full"))
@@ -200,11 +201,11 @@ def test_train_resume_matches_uninterrupted_run_with_dropout(tmp_path):
 def test_train_resume_with_grad_accumulation_and_mid_window_log(tmp_path):
     # log_every 4 does not divide save_every 3: the partial log window is carried in the checkpoint.
     config = dict(steps=8, save_every=3, log_every=4, grad_accumulation=2, batch_size=2)
-    full = train(tiny_model(dropout=0.1), SyntheticSource(5, 2), Pretraining(), config_for(tmp_path / "a", **config))
+    full = train(tiny_model(dropout=0.1), SyntheticSource(5, 2), PretrainingObjective(), config_for(tmp_path / "a", **config))
     with pytest.raises(KeyboardInterrupt):
-        train(tiny_model(dropout=0.1), SyntheticSource(5, 2, fail_after=9), Pretraining(),
+        train(tiny_model(dropout=0.1), SyntheticSource(5, 2, fail_after=9), PretrainingObjective(),
               config_for(tmp_path / "b", **config))
-    resumed = train(tiny_model(dropout=0.1), SyntheticSource(5, 2), Pretraining(),
+    resumed = train(tiny_model(dropout=0.1), SyntheticSource(5, 2), PretrainingObjective(),
                     config_for(tmp_path / "b", resume="auto", **config))
     assert losses(read_metrics(tmp_path / "b")) == losses(full.history)
     assert find_latest(tmp_path / "b").name == "checkpoint-000008"
@@ -213,14 +214,14 @@ def test_train_resume_with_grad_accumulation_and_mid_window_log(tmp_path):
 
 def test_train_resume_of_finished_run_returns_at_once(tmp_path):
     config = config_for(tmp_path, steps=2)
-    train(tiny_model(), SyntheticSource(2, 4), Pretraining(), config)
-    again = train(tiny_model(), SyntheticSource(2, 4), Pretraining(), config_for(tmp_path, steps=2, resume="auto"))
+    train(tiny_model(), SyntheticSource(2, 4), PretrainingObjective(), config)
+    again = train(tiny_model(), SyntheticSource(2, 4), PretrainingObjective(), config_for(tmp_path, steps=2, resume="auto"))
     assert again.step == 2 and again.history == [] and again.checkpoint == find_latest(tmp_path)
 
 
 def test_train_checkpoint_holds_model_and_state(tmp_path):
     config = config_for(tmp_path, steps=4, save_every=2, keep_last=1)
-    result = train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config)
+    result = train(tiny_model(), SyntheticSource(3, 4), PretrainingObjective(), config)
     assert [s for s, _ in list_checkpoints(tmp_path)] == [4]
     loaded = BertForPretraining.from_pretrained(result.checkpoint)
     assert isinstance(loaded, BertForPretraining)
@@ -238,7 +239,7 @@ def test_train_metrics_jsonl_has_train_and_eval_events(tmp_path):
         return {"score": 1.5}
 
     config = config_for(tmp_path, steps=4, log_every=2, eval_every=2)
-    result = train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config, eval_fn=eval_fn)
+    result = train(tiny_model(), SyntheticSource(3, 4), PretrainingObjective(), config, eval_fn=eval_fn)
     events = [(e["step"], e["split"]) for e in read_metrics(tmp_path)]
     assert events == [(2, "train"), (2, "eval"), (4, "train"), (4, "eval")]
     assert calls == [(False, 2), (False, 4)]
@@ -250,8 +251,8 @@ def test_train_evaluation_does_not_change_the_training_run(tmp_path):
         # Draws from every global generator; the loop must shield the training run from it.
         return {"noise": float(torch.rand(()) + random.random() + np.random.rand())}
 
-    plain = train(tiny_model(dropout=0.1), SyntheticSource(3, 4), Pretraining(), config_for(tmp_path / "a"))
-    evaluated = train(tiny_model(dropout=0.1), SyntheticSource(3, 4), Pretraining(),
+    plain = train(tiny_model(dropout=0.1), SyntheticSource(3, 4), PretrainingObjective(), config_for(tmp_path / "a"))
+    evaluated = train(tiny_model(dropout=0.1), SyntheticSource(3, 4), PretrainingObjective(),
                       config_for(tmp_path / "b", eval_every=1), eval_fn=noisy_eval)
     assert losses(plain.history) == losses(evaluated.history)
 
@@ -290,7 +291,7 @@ def test_train_task_without_counts_needs_single_term(tmp_path):
         train(tiny_model(), SyntheticSource(2, 2), TwoTerms(), config_for(tmp_path, steps=1))
 
 
-class NanAfter(Pretraining):
+class NanAfter(PretrainingObjective):
     def __init__(self, good_steps: int):
         self.calls = 0
         self.good_steps = good_steps
@@ -321,12 +322,12 @@ def test_train_nonfinite_loss_stops_with_clear_error(tmp_path, caplog):
 
 
 def test_train_bf16_autocast_on_cpu(tmp_path):
-    result = train(tiny_model(), SyntheticSource(2, 4), Pretraining(), config_for(tmp_path, steps=3, precision="bf16"))
+    result = train(tiny_model(), SyntheticSource(2, 4), PretrainingObjective(), config_for(tmp_path, steps=3, precision="bf16"))
     assert all(np.isfinite(v["loss"]) for _, v in losses(result.history))
 
 
 def test_train_fp16_uses_loss_scaler(tmp_path):
-    result = train(tiny_model(), SyntheticSource(2, 4), Pretraining(),
+    result = train(tiny_model(), SyntheticSource(2, 4), PretrainingObjective(),
                    config_for(tmp_path, steps=3, precision="fp16"))
     assert result.step == 3
     assert "scaler" in load_training_state(result.checkpoint)
@@ -334,7 +335,7 @@ def test_train_fp16_uses_loss_scaler(tmp_path):
 
 def test_train_epochs_set_the_length(tmp_path):
     config = config_for(tmp_path, steps=0, epochs=1.5, grad_accumulation=2)
-    result = train(tiny_model(), SyntheticSource(4, 2), Pretraining(), config)
+    result = train(tiny_model(), SyntheticSource(4, 2), PretrainingObjective(), config)
     assert result.total_steps == 3 and result.step == 3
 
 
@@ -355,21 +356,21 @@ def test_pretraining_task_evaluate_matches_manual_average():
 def test_pretraining_task_counts_equal_model_counts():
     batch = next(iter(SyntheticSource(1, 4)))
     out = tiny_model()(**batch.model_inputs())
-    counts = Pretraining().counts(batch)
-    terms = Pretraining().loss_terms(out, batch)
+    counts = PretrainingObjective().counts(batch)
+    terms = PretrainingObjective().loss_terms(out, batch)
     assert float(counts["mlm"]) == float(terms["mlm"][1])
     assert float(counts["nsp"]) == float(terms["nsp"][1]) == 4.0
 
 
 def test_train_refuses_to_mix_runs_in_one_directory(tmp_path):
-    train(tiny_model(), SyntheticSource(2, 4), Pretraining(), config_for(tmp_path, steps=2))
+    train(tiny_model(), SyntheticSource(2, 4), PretrainingObjective(), config_for(tmp_path, steps=2))
     with pytest.raises(ConfigError, match=r"already holds checkpoints.*checkpoint-000002.*resume=auto"):
-        train(tiny_model(), SyntheticSource(2, 4), Pretraining(), config_for(tmp_path, steps=2))
+        train(tiny_model(), SyntheticSource(2, 4), PretrainingObjective(), config_for(tmp_path, steps=2))
 
 
 def test_train_progress_bar_and_console_log(tmp_path, capsys, caplog):
     with caplog.at_level(logging.INFO, logger="bertforge.training"):
-        train(tiny_model(), SyntheticSource(2, 4), Pretraining(), config_for(tmp_path, steps=3, progress=True))
+        train(tiny_model(), SyntheticSource(2, 4), PretrainingObjective(), config_for(tmp_path, steps=3, progress=True))
     # stderr is not a terminal here: progress comes as log lines, not as a bar's carriage-return updates.
     assert "\r" not in capsys.readouterr().err
     assert "step 3/3 (100%) loss=" in caplog.text and "ETA" in caplog.text
@@ -404,7 +405,7 @@ def test_loop_keeps_best_checkpoint(tmp_path):
     evaluation, seen = ScriptedEval(scores), []
     best = BestCheckpoint("score", False, tmp_path / "best", {"note.json": "{}\n"},
                           on_best=lambda step, values: seen.append(step))
-    result = train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config_for(tmp_path / "run", eval_every=1),
+    result = train(tiny_model(), SyntheticSource(3, 4), PretrainingObjective(), config_for(tmp_path / "run", eval_every=1),
                    eval_fn=evaluation, best=best)
     assert (result.best_step, result.best_eval, result.best_dir) == (3, {"score": 0.9, "loss": pytest.approx(0.1)},
                                                                      tmp_path / "best")
@@ -415,19 +416,12 @@ def test_loop_keeps_best_checkpoint(tmp_path):
         assert_weights(tmp_path / "best", evaluation.weights[6])
 
     # A metric where lower is better picks the step with the smallest value; a missing one is a clear error.
-    lowest = train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config_for(tmp_path / "low", eval_every=1),
+    lowest = train(tiny_model(), SyntheticSource(3, 4), PretrainingObjective(), config_for(tmp_path / "low", eval_every=1),
                    eval_fn=ScriptedEval(scores), best=BestCheckpoint("loss", True, tmp_path / "best-low"))
     assert lowest.best_step == 3
     with pytest.raises(ConfigError, match=r"'f1', which is not among the evaluation's values \['loss', 'score'\]"):
-        train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config_for(tmp_path / "bad", eval_every=1),
+        train(tiny_model(), SyntheticSource(3, 4), PretrainingObjective(), config_for(tmp_path / "bad", eval_every=1),
               eval_fn=ScriptedEval(scores), best=BestCheckpoint("f1", False, tmp_path / "best-bad"))
-
-
-def test_loop_best_checkpoint_improves_ignores_nan():
-    best = BestCheckpoint("score", False, "unused")
-    assert best.improves(0.5, None) and best.improves(0.6, 0.5) and not best.improves(0.4, 0.5)
-    assert best.improves(0.1, float("nan")) and not best.improves(float("nan"), 0.1)
-    assert BestCheckpoint("mse", True, "unused").improves(0.1, 0.2)
 
 
 def test_loop_best_checkpoint_survives_resume(tmp_path):
@@ -436,21 +430,21 @@ def test_loop_best_checkpoint_survives_resume(tmp_path):
     run, best_dir = tmp_path / "run", tmp_path / "best"
     first = ScriptedEval(scores)
     with pytest.raises(KeyboardInterrupt):  # interrupted while fetching step 5's batch: checkpoint 4 is the last
-        train(tiny_model(), SyntheticSource(3, 4, fail_after=4), Pretraining(), config_for(run, **config),
+        train(tiny_model(), SyntheticSource(3, 4, fail_after=4), PretrainingObjective(), config_for(run, **config),
               eval_fn=first, best=BestCheckpoint("score", False, best_dir))
     assert find_latest(run).name == "checkpoint-000004"
     assert load_training_state(find_latest(run))["best"]["step"] == 2
     assert_weights(best_dir, first.weights[2])
 
     # A fresh process resumes: steps 5 and 6 score worse than step 2, so the best directory must stay as it is.
-    resumed = train(tiny_model(seed=123), SyntheticSource(3, 4), Pretraining(),
+    resumed = train(tiny_model(seed=123), SyntheticSource(3, 4), PretrainingObjective(),
                     config_for(run, resume="auto", **config), eval_fn=ScriptedEval(scores),
                     best=BestCheckpoint("score", False, best_dir))
     assert [e["step"] for e in resumed.history if e["split"] == "eval"] == [5, 6]
     assert (resumed.best_step, resumed.best_eval["score"]) == (2, 0.9)
     assert_weights(best_dir, first.weights[2])
     # A finished run resumed again reports the same best without training.
-    again = train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config_for(run, resume="auto", **config),
+    again = train(tiny_model(), SyntheticSource(3, 4), PretrainingObjective(), config_for(run, resume="auto", **config),
                   eval_fn=ScriptedEval(scores), best=BestCheckpoint("score", False, best_dir))
     assert again.history == [] and (again.best_step, again.best_eval["score"]) == (2, 0.9)
 
@@ -477,13 +471,13 @@ def test_train_save_also_and_extra_state_travel_in_checkpoints(tmp_path):
 
     config = dict(steps=6, eval_every=1, keep_last=0)
     with pytest.raises(KeyboardInterrupt):  # interrupted fetching step 6's batch: step 5 was saved (save_also)
-        train(tiny_model(), SyntheticSource(3, 4, fail_after=5), Pretraining(), config_for(tmp_path, **config),
+        train(tiny_model(), SyntheticSource(3, 4, fail_after=5), PretrainingObjective(), config_for(tmp_path, **config),
               eval_fn=eval_fn, save_also=lambda step: step in (2, 5), extra_state=notes)
     assert [s for s, _ in list_checkpoints(tmp_path)] == [2, 5]
     assert load_training_state(tmp_path / "checkpoint-000002")["extra"] == {"seen": [1, 2]}
 
     resumed_notes = Notes()
-    resumed = train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config_for(tmp_path, resume="auto", **config),
+    resumed = train(tiny_model(), SyntheticSource(3, 4), PretrainingObjective(), config_for(tmp_path, resume="auto", **config),
                     eval_fn=lambda model, step: resumed_notes.seen.append(step) or {"score": 0.0},
                     extra_state=resumed_notes)
     assert resumed_notes.seen == [1, 2, 3, 4, 5, 6]  # restored from checkpoint 5, then step 6
@@ -492,21 +486,21 @@ def test_train_save_also_and_extra_state_travel_in_checkpoints(tmp_path):
 
 def test_train_resume_auto_says_it_starts_fresh(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="bertforge.training"):
-        result = train(tiny_model(), SyntheticSource(2, 4), Pretraining(),
+        result = train(tiny_model(), SyntheticSource(2, 4), PretrainingObjective(),
                        config_for(tmp_path, steps=1, resume="auto"))
     assert f"resume auto: no checkpoint (checkpoint-<step>/ with training_state.pt) in {tmp_path}" in caplog.text
     assert (result.resumed_from, result.start_step) == (None, 0)
     with caplog.at_level(logging.INFO, logger="bertforge.training"):
-        train(tiny_model(), SyntheticSource(2, 4), Pretraining(), config_for(tmp_path, steps=2, resume="auto"))
+        train(tiny_model(), SyntheticSource(2, 4), PretrainingObjective(), config_for(tmp_path, steps=2, resume="auto"))
     assert f"resuming from {tmp_path / 'checkpoint-000001'} at step 1 of 2" in caplog.text
 
 
 def test_train_result_summary_is_one_readable_line(tmp_path):
-    result = train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config_for(tmp_path, steps=2, eval_every=2),
+    result = train(tiny_model(), SyntheticSource(3, 4), PretrainingObjective(), config_for(tmp_path, steps=2, eval_every=2),
                    eval_fn=lambda model, step: {"mlm_acc": 0.25})
     line = result.summary()
     assert line.startswith("trained to step 2 of 2 in ") and "\n" not in line and "TrainResult" not in line
     assert f"final loss {result.train['loss']:.4f} (mlm " in line and "eval mlm_acc 0.25" in line
     assert line.endswith(f"checkpoint {tmp_path / 'checkpoint-000002'}")
-    again = train(tiny_model(), SyntheticSource(3, 4), Pretraining(), config_for(tmp_path, steps=2, resume="auto"))
+    again = train(tiny_model(), SyntheticSource(3, 4), PretrainingObjective(), config_for(tmp_path, steps=2, resume="auto"))
     assert again.summary().startswith("already complete at step 2 of 2 (nothing trained)")

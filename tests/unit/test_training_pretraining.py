@@ -8,11 +8,11 @@ from test_training_loop import single_thread  # noqa: F401  (autouse fixture)
 
 from bertforge.configuration import load_config, shared_data_root
 from bertforge.data.datasets import PretrainingData
-from bertforge.data.shards import prepare_corpus
+from bertforge.data.preparation import prepare_corpus
 from bertforge.errors import ConfigError
 from bertforge.families.pretraining import BertForPretraining
 from bertforge.model.fast_paths import fast_paths_enabled
-from bertforge.tokenization.tokenizer import Tokenizer, TokenizerConfig
+from bertforge.tokenization import Tokenizer, TokenizerConfig
 from bertforge.tokenization.vocab_builder import build_vocab
 from bertforge.training.checkpoint import list_checkpoints
 from bertforge.training.logging import read_metrics

@@ -1,14 +1,14 @@
-"""The loop's recipes: early stopping, layer-wise lr decay, FGM, R-Drop and EMA of the weights (CPU, seconds).
+"""The loop's recipes as pieces, each alone: the cadence of logs, evaluations and checkpoints, the best
+keeper and early stopping, the EMA of the weights, FGM, R-Drop, layer-wise lr decay's groups (CPU, fast).
 
-A tiny `BertForSequenceClassification` (2 layers) learns a synthetic two-class task; the objective here is
-the test's own (cross-entropy plus R-Drop's symmetric KL), so these tests pin the loop's contracts, not a
-family's. Hand computations repeat what each recipe claims with autograd and compare: gradients captured
-by a hook on the optimizer, losses from the logged history, weights bit for bit where the claim is exact.
+The module also holds what the recipe tests through the loop share (`test_training_loop_recipes.py`, the
+DDP recipe test): a tiny `BertForSequenceClassification` (2 layers) on a synthetic two-class task with the
+test's own objective (cross-entropy plus R-Drop's symmetric KL), so the tests pin the loop's contracts, not
+a family's.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass, fields
 
@@ -19,18 +19,28 @@ from test_training_loop import SyntheticSource, single_thread  # noqa: F401  (au
 from torch import nn
 
 from bertforge.checkpoint_format import load_model
-from bertforge.errors import ConfigError
+from bertforge.errors import CheckpointError, ConfigError
 from bertforge.families.base import symmetric_kl
 from bertforge.families.classification import BertForSequenceClassification
 from bertforge.model.config import BertConfig
 from bertforge.model.fast_paths import set_fast_paths
-from bertforge.runtime import set_seed
 from bertforge.training import loop
-from bertforge.training.checkpoint import find_latest, list_checkpoints, load_training_state, stopped_early
 from bertforge.training.config import TrainingConfig
-from bertforge.training.logging import read_metrics
-from bertforge.training.loop import BestCheckpoint, train
-from bertforge.training.optim import Lamb, WarmupDecay, build_optimizer, parameter_groups
+from bertforge.training.optim import Lamb, build_optimizer, parameter_groups
+from bertforge.training.recipes import (
+    BestCheckpoint,
+    BestKeeper,
+    BestSoFar,
+    Cadence,
+    EarlyStopping,
+    Fgm,
+    RDrop,
+    WeightAverage,
+    averaged,
+    check_recipes,
+    describe_recipes,
+    word_embedding_weight,
+)
 
 SEQ_LEN = 12
 VOCAB = 99
@@ -167,6 +177,18 @@ def assert_same_weights(a: nn.Module | dict, b: nn.Module | dict) -> None:
         assert torch.equal(a[name], b[name]), name
 
 
+class ScriptedEval:
+    """Scores scripted per step; records the weights each evaluation saw."""
+
+    def __init__(self, scores: dict[int, float]):
+        self.scores, self.weights = scores, {}
+
+    def __call__(self, model, step):
+        self.weights[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return {"score": self.scores[step]}
+
+
+
 # --- config ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("name", "value", "fix"), [
@@ -190,103 +212,6 @@ def test_training_config_recipes_default_off():
     plain = TrainingConfig()
     assert (plain.patience, plain.fgm_epsilon, plain.rdrop_alpha, plain.ema_decay, plain.layer_lr_decay) == \
         (0, 0.0, 0.0, 0.0, 1.0)
-
-
-def test_train_recipes_off_equal_the_plain_loop(tmp_path):
-    zeros = dict(patience=0, min_delta=0.0, layer_lr_decay=1.0, fgm_epsilon=0.0, rdrop_alpha=0.0, ema_decay=0.0)
-    plain_model, zero_model = tiny_classifier(dropout=0.1), tiny_classifier(dropout=0.1)
-    plain = train(plain_model, Source(3, 4), Objective(), config_for(tmp_path / "a"))
-    zero = train(zero_model, Source(3, 4), Objective(), config_for(tmp_path / "b", **zeros))
-    for key in ("loss", "loss_ce", "accuracy", "grad_norm", "lr"):
-        assert train_values(plain.history, key) == train_values(zero.history, key), key
-    assert_same_weights(plain_model, zero_model)
-    assert set(plain.train) == set(zero.train) and "loss_rdrop" not in zero.train and "adv_ce" not in zero.train
-
-
-# --- early stopping --------------------------------------------------------------------------------------
-
-class ScriptedEval:
-    """Scores scripted per step; records the weights each evaluation saw."""
-
-    def __init__(self, scores: dict[int, float]):
-        self.scores, self.weights = scores, {}
-
-    def __call__(self, model, step):
-        self.weights[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        return {"score": self.scores[step]}
-
-
-def test_early_stopping_stops_after_patience_evaluations(tmp_path):
-    scores = {1: 0.2, 2: 0.6, 3: 0.5, 4: 0.55, 5: 0.9, 6: 0.9, 7: 0.9, 8: 0.9}
-    run = tmp_path / "run"
-    result = train(tiny_classifier(), Source(3, 4), Objective(),
-                   config_for(run, steps=8, eval_every=1, log_every=3, patience=2),
-                   eval_fn=ScriptedEval(scores), best=BestCheckpoint("score", False, tmp_path / "best"))
-    assert result.stopped_early and result.step == 4 and result.total_steps == 8
-    assert [e["step"] for e in result.history if e["split"] == "eval"] == [1, 2, 3, 4]
-    # Step 4's training values (its log window began after step 3) are logged though log_every is 3.
-    assert [e["step"] for e in result.history if e["split"] == "train"] == [3, 4]
-    assert (result.best_step, result.best_eval) == (2, {"score": 0.6})
-    assert result.checkpoint == run / "checkpoint-000004" and find_latest(run) == result.checkpoint
-    state = load_training_state(result.checkpoint)
-    assert state["stopped_early"] is True and state["best"]["stale"] == 2 and stopped_early(result.checkpoint)
-    assert "stopped early at step 4 of 8" in result.summary()
-
-
-def test_early_stopping_min_delta_needs_a_real_gain(tmp_path):
-    # +0.01 and +0.005 are improvements (the best model follows them) but not by more than 0.05.
-    scores = {1: 0.5, 2: 0.51, 3: 0.515, 4: 0.9, 5: 0.9, 6: 0.9}
-    evaluation = ScriptedEval(scores)
-    result = train(tiny_classifier(), Source(3, 4), Objective(),
-                   config_for(tmp_path / "run", steps=6, eval_every=1, patience=2, min_delta=0.05),
-                   eval_fn=evaluation, best=BestCheckpoint("score", False, tmp_path / "best"))
-    assert result.stopped_early and result.step == 3
-    assert result.best_step == 3
-    loaded, _ = load_model(tmp_path / "best", BertForSequenceClassification)
-    assert_same_weights(loaded, evaluation.weights[3])
-    # Lower is better: the gain is measured downwards.
-    lower = train(tiny_classifier(), Source(3, 4), Objective(),
-                  config_for(tmp_path / "low", steps=6, eval_every=1, patience=2, min_delta=0.05),
-                  eval_fn=ScriptedEval({1: 1.0, 2: 0.97, 3: 0.5, 4: 0.49, 5: 0.48, 6: 0.1}),
-                  best=BestCheckpoint("score", True, tmp_path / "best-low"))
-    assert lower.stopped_early and lower.step == 5 and lower.best_step == 5
-
-
-def test_early_stopping_count_survives_resume(tmp_path):
-    scores = {1: 0.5, 2: 0.4, 3: 0.45, 4: 0.3, 5: 0.9, 6: 0.9, 7: 0.9, 8: 0.9, 9: 0.9, 10: 0.9}
-    config = dict(steps=10, eval_every=1, save_every=1, patience=3)
-    full = train(tiny_classifier(), Source(3, 4), Objective(), config_for(tmp_path / "full", **config),
-                 eval_fn=ScriptedEval(scores), best=BestCheckpoint("score", False, tmp_path / "best-full"))
-    assert full.stopped_early and full.step == 4
-
-    run, best = tmp_path / "run", BestCheckpoint("score", False, tmp_path / "best")
-    with pytest.raises(KeyboardInterrupt):  # steps 1-3 done: two evaluations without a gain are counted
-        train(tiny_classifier(), Source(3, 4, fail_after=3), Objective(), config_for(run, **config),
-              eval_fn=ScriptedEval(scores), best=best)
-    assert find_latest(run).name == "checkpoint-000003"
-    assert load_training_state(find_latest(run))["best"]["stale"] == 2
-    resumed = train(tiny_classifier(seed=5), Source(3, 4), Objective(), config_for(run, resume="auto", **config),
-                    eval_fn=ScriptedEval(scores), best=best)
-    assert resumed.stopped_early and resumed.step == 4 and resumed.start_step == 3
-    assert [e["step"] for e in resumed.history if e["split"] == "eval"] == [4]
-    assert train_values(read_metrics(run), "loss") == train_values(read_metrics(tmp_path / "full"), "loss")
-
-    # Resuming a stopped run trains nothing and says so.
-    again = train(tiny_classifier(), Source(3, 4), Objective(), config_for(run, resume="auto", **config),
-                  eval_fn=ScriptedEval(scores), best=best)
-    assert again.history == [] and again.stopped_early and again.step == 4 and again.best_step == 1
-    assert again.summary().startswith("already stopped early at step 4 of 10 (nothing trained)")
-    assert [s for s, _ in list_checkpoints(run)][-1] == 4
-
-
-def test_early_stopping_needs_evaluations(tmp_path):
-    source = Source(3, 4)
-    with pytest.raises(ConfigError, match=r"training\.patience=2 needs evaluations.*dev set.*training\.patience 0"):
-        train(tiny_classifier(), source, Objective(), config_for(tmp_path, patience=2))
-    with pytest.raises(ConfigError, match=r"training\.patience=2 needs evaluations"):
-        train(tiny_classifier(), source, Objective(), config_for(tmp_path, patience=2),
-              eval_fn=lambda model, step: {"score": 0.0})  # evaluations, but no best metric to follow
-    assert source.yielded == 0 and not list_checkpoints(tmp_path)
 
 
 # --- layer-wise learning-rate decay ----------------------------------------------------------------------
@@ -355,96 +280,207 @@ def test_layer_lr_decay_needs_an_encoder():
         parameter_groups(nn.Sequential(nn.Linear(3, 3)), 0.01, layer_lr_decay=0.9, lr=1e-3)
 
 
-def test_layer_lr_decay_resume_restores_the_group_lrs(tmp_path, monkeypatch):
-    config = dict(steps=6, save_every=3, warmup_steps=2, schedule="linear", layer_lr_decay=0.7)
-    full_model = tiny_classifier(dropout=0.1)
-    train(full_model, Source(4, 4), Objective(), config_for(tmp_path / "full", **config))
 
-    run = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):
-        train(tiny_classifier(dropout=0.1), Source(4, 4, fail_after=4), Objective(), config_for(run, **config))
-    restored = []
-    original = loop.restore_optimizer
+# --- cadence ---------------------------------------------------------------------------------------------
 
-    def capture(optimizer, scheduler, scaler, state, path):
-        original(optimizer, scheduler, scaler, state, path)
-        restored.append({id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]})
+def test_cadence_logs_every_n_steps_and_the_last():
+    cadence = Cadence(total_steps=7, log_every=3)
+    assert [s for s in range(1, 8) if cadence.logs(s)] == [3, 6, 7]
 
-    monkeypatch.setattr(loop, "restore_optimizer", capture)
-    model = tiny_classifier(dropout=0.1, seed=9)
-    train(model, Source(4, 4), Objective(), config_for(run, resume="auto", **config))
-    factor = WarmupDecay(2, 6, "linear")(3)  # the lr multiplier of step 4, the first resumed one
-    for name, param in model.named_parameters():
-        assert restored[0][id(param)] == pytest.approx(1e-3 * 0.7 ** expected_depth(name) * factor, rel=1e-12), name
-    assert_same_weights(model, full_model)
+
+def test_cadence_evaluates_every_n_steps_and_the_last_only_with_an_evaluation():
+    assert [s for s in range(1, 8) if Cadence(7, 1, eval_every=3, evaluates_at_all=True).evaluates(s)] == [3, 6, 7]
+    assert [s for s in range(1, 8) if Cadence(7, 1, eval_every=0, evaluates_at_all=True).evaluates(s)] == [7]
+    assert not any(Cadence(7, 1, eval_every=1, evaluates_at_all=False).evaluates(s) for s in range(1, 8))
+
+
+def test_cadence_saves_every_n_the_last_the_extra_steps_and_where_it_stops():
+    every = Cadence(7, 1, save_every=2)
+    assert [s for s in range(1, 8) if every.saves(s)] == [2, 4, 6, 7]
+    assert every.saves(3, stopping=True)  # an early stop is saved, so a resume knows it stopped
+    also = Cadence(7, 1, save_every=0, save_also=lambda step: step in (1, 5))
+    assert [s for s in range(1, 8) if also.saves(s)] == [1, 5, 7]
+
+
+def test_cadence_of_reads_the_config():
+    config = TrainingConfig(log_every=4, eval_every=5, save_every=6)
+    cadence = Cadence.of(config, 30, evaluates_at_all=True)
+    assert (cadence.total_steps, cadence.log_every, cadence.eval_every, cadence.save_every) == (30, 4, 5, 6)
+    assert cadence.evaluates_at_all and cadence.save_also is None
+
+
+# --- the best model and early stopping -------------------------------------------------------------------
+
+def test_best_checkpoint_improves_ignores_nan():
+    best = BestCheckpoint("score", False, "unused")
+    assert best.improves(0.5, None) and best.improves(0.6, 0.5) and not best.improves(0.4, 0.5)
+    assert best.improves(0.1, float("nan")) and not best.improves(float("nan"), 0.1)
+    assert BestCheckpoint("mse", True, "unused").improves(0.1, 0.2)
+
+
+def test_best_checkpoint_improves_by_more_than_min_delta():
+    higher, lower = BestCheckpoint("score", False, "unused"), BestCheckpoint("loss", True, "unused")
+    assert higher.improves(0.56, 0.5, 0.05) and not higher.improves(0.55, 0.5, 0.05)
+    assert lower.improves(0.44, 0.5, 0.05) and not lower.improves(0.45, 0.5, 0.05)
+    assert higher.value_of({"score": 1}) == 1.0 and isinstance(higher.value_of({"score": 1}), float)
+
+
+def test_early_stopping_observe_stops_after_patience_stale_evaluations():
+    stopping, record = EarlyStopping(patience=2), BestSoFar()
+    decisions = [stopping.observe(record, significant) for significant in (True, False, True, False, False)]
+    assert decisions == [False, False, False, False, True]
+    assert record.stale == 2
+
+
+def test_early_stopping_patience_zero_never_stops():
+    stopping, record = EarlyStopping(patience=0), BestSoFar()
+    assert not any(stopping.observe(record, False) for _ in range(10))
+    assert record.stale == 10  # still counted: the checkpoint carries it
+
+
+def test_early_stopping_significant_uses_min_delta():
+    best = BestCheckpoint("score", False, "unused")
+    stopping = EarlyStopping(patience=3, min_delta=0.1)
+    assert stopping.significant(best, 0.7, None)  # the first evaluation always counts
+    assert not stopping.significant(best, 0.59, 0.5) and stopping.significant(best, 0.61, 0.5)
+
+
+def weights_of(directory) -> dict[str, torch.Tensor]:
+    loaded, _ = load_model(directory, BertForSequenceClassification)
+    return loaded.state_dict()
+
+
+def nudged(model: nn.Module, amount: float) -> nn.Module:
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(amount)
+    return model
+
+
+@pytest.mark.parametrize(("lower_is_better", "scores", "best_step"), [
+    (False, {1: 0.5, 2: 0.7, 3: 0.6}, 2),
+    (True, {1: 0.5, 2: 0.3, 3: 0.4}, 2),
+])
+def test_best_keeper_replaces_the_saved_model_only_when_better(tmp_path, lower_is_better, scores, best_step):
+    seen = []
+    best = BestCheckpoint("score", lower_is_better, tmp_path / "best", {"note.json": "{}\n"},
+                          on_best=lambda step, values: seen.append((step, values)))
+    keeper = BestKeeper(best, BestSoFar(), EarlyStopping())
+    model, saved = tiny_classifier(), {}
+    for step, score in scores.items():
+        nudged(model, 0.01)
+        saved[step] = {k: v.clone() for k, v in model.state_dict().items()}
+        assert keeper.observe(model, step, {"score": score, "other": 1.0}) is False
+    assert_same_weights(weights_of(tmp_path / "best"), saved[best_step])  # step 3 did not replace step 2
+    assert (tmp_path / "best" / "note.json").read_text() == "{}\n"
+    assert [step for step, _ in seen] == [1, 2] and seen[1][1] == {"score": scores[2], "other": 1.0}
+    assert (keeper.record.step, keeper.record.value, keeper.record.values) == \
+        (best_step, scores[best_step], {"score": scores[best_step], "other": 1.0})
+    assert keeper.record.stale == 1
+
+
+def test_best_keeper_says_stop_after_patience_and_keeps_a_resumed_best(tmp_path):
+    # A resumed run's best (0.9, step 4) is not replaced by worse evaluations; the stale count goes on.
+    record = BestSoFar(step=4, value=0.9, values={"score": 0.9}, stale=1)
+    keeper = BestKeeper(BestCheckpoint("score", False, tmp_path / "best"), record, EarlyStopping(patience=3))
+    model = tiny_classifier()
+    assert [keeper.observe(model, step, {"score": 0.5}) for step in (5, 6)] == [False, True]
+    assert not (tmp_path / "best").exists() and (record.step, record.stale) == (4, 3)
+
+
+def test_best_keeper_names_a_missing_metric(tmp_path):
+    keeper = BestKeeper(BestCheckpoint("f1", False, tmp_path / "best"), BestSoFar(), EarlyStopping())
+    with pytest.raises(ConfigError, match=r"'f1', which is not among the evaluation's values \['loss'\]"):
+        keeper.observe(tiny_classifier(), 1, {"loss": 0.1})
+
+
+# --- EMA of the weights ----------------------------------------------------------------------------------
+
+def linear_with_frozen_bias() -> nn.Linear:
+    torch.manual_seed(0)
+    layer = nn.Linear(3, 2)
+    layer.bias.requires_grad_(False)
+    return layer
+
+
+def test_weight_average_update_follows_the_decay():
+    layer = linear_with_frozen_bias()
+    ema = WeightAverage(layer, decay=0.75)
+    assert ema.names == ["weight"]  # frozen parameters are not averaged
+    start = layer.weight.detach().clone()
+    with torch.no_grad():
+        layer.weight.add_(1.0)
+    ema.update()
+    torch.testing.assert_close(ema.shadow[0], 0.75 * start + 0.25 * (start + 1.0), rtol=0, atol=1e-7)
+    assert ema.shadow[0].dtype == torch.float32
+
+
+def test_weight_average_applied_swaps_in_the_shadow_and_back_bitwise():
+    layer = linear_with_frozen_bias()
+    ema = WeightAverage(layer, decay=0.5)
+    with torch.no_grad():
+        layer.weight.mul_(3.0)
+    ema.update()
+    raw = layer.weight.detach().clone()
+    with ema.applied() as copies:
+        assert torch.equal(layer.weight, ema.shadow[0]) and torch.equal(copies[0], raw)
+    assert torch.equal(layer.weight, raw)
+    with averaged(None) as nothing:  # without EMA: the weights as they are
+        assert nothing is None and torch.equal(layer.weight, raw)
+    ema.finish()
+    assert torch.equal(layer.weight, ema.shadow[0])
+
+
+def test_weight_average_state_round_trips_and_refuses_another_model(tmp_path):
+    layer = linear_with_frozen_bias()
+    ema = WeightAverage(layer, decay=0.9)
+    with torch.no_grad():
+        layer.weight.add_(2.0)
+    ema.update()
+    state = ema.state_dict([layer.weight.detach().clone()])
+    assert state["decay"] == 0.9 and set(state["shadow"]) == set(state["raw"]) == {"weight"}
+    other = WeightAverage(linear_with_frozen_bias(), decay=0.9)
+    other.load_shadow(state["shadow"], tmp_path)
+    assert torch.equal(other.shadow[0], ema.shadow[0])
+    with pytest.raises(CheckpointError, match=r"its EMA state lacks \['weight'\]"):
+        other.load_shadow({"elsewhere": ema.shadow[0]}, tmp_path)
 
 
 # --- FGM -------------------------------------------------------------------------------------------------
 
-def fgm_reference(model: nn.Module, micro_batches: list[ClassBatch], epsilon: float) -> dict[str, torch.Tensor]:
-    """The window's gradients by hand: per micro-batch, the clean loss and the loss with the word embeddings
-    moved by eps * g / ||g|| (g: that micro-batch's own gradient), both over the window's example count."""
-    params = dict(model.named_parameters())
-    word = model.bert.embeddings.word.weight
-    count = sum(b.labels.shape[0] for b in micro_batches)
-    total = {n: torch.zeros_like(p) for n, p in params.items()}
-    for batch in micro_batches:
-        clean = torch.autograd.grad(ce_sum(model, batch) / count, list(params.values()), allow_unused=True)
-        g = clean[list(params).index("bert.embeddings.word.weight")]
-        saved = word.detach().clone()
-        with torch.no_grad():
-            word.add_(epsilon * g / g.norm())
-        adversarial = torch.autograd.grad(ce_sum(model, batch) / count, list(params.values()), allow_unused=True)
-        with torch.no_grad():
-            word.copy_(saved)
-        for name, a, b in zip(params, clean, adversarial):
-            for part in (a, b):
-                if part is not None:
-                    total[name] += part
-    return total
+def embedding_with_grad(grad: torch.Tensor | None) -> nn.Parameter:
+    weight = nn.Parameter(torch.full((2, 3), 0.1))
+    weight.grad = grad
+    return weight
 
 
-def test_fgm_gradients_and_step_equal_hand_computation(tmp_path, monkeypatch):
-    # Accumulation 2: the second micro-batch's direction must exclude the first one's accumulated gradient.
-    config = config_for(tmp_path, steps=1, batch_size=2, grad_accumulation=2, max_grad_norm=0.0, fgm_epsilon=0.5)
-    model = tiny_classifier()
-    reference = copy.deepcopy(model)
-    seen = record_steps(monkeypatch, model)
-    result = train(model, Source(4, 2), Objective(), config)
-
-    micro_batches = list(Source(4, 2))[:2]
-    expected = fgm_reference(reference, micro_batches, 0.5)
-    for name, grad in seen["grads"][0].items():
-        torch.testing.assert_close(grad, expected[name], rtol=1e-5, atol=1e-7, msg=name)
-    # The adversarial half is not negligible: without it the gradients differ (the check can fail).
-    clean_only = sum(torch.autograd.grad(ce_sum(reference, b) / 4, reference.bert.embeddings.word.weight)[0]
-                     for b in micro_batches)
-    assert (seen["grads"][0]["bert.embeddings.word.weight"] - clean_only).abs().max() > 1e-4
-
-    # The step: an optimizer of the same config on the hand-computed gradients gives the same weights.
-    for name, param in reference.named_parameters():
-        param.grad = expected[name].clone()
-    build_optimizer(reference, config, torch.device("cpu")).step()
-    for (name, a), b in zip(model.named_parameters(), reference.parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
-    assert "adv_ce" in result.train and result.train["adv_ce"] > 0
+def test_fgm_direction_is_epsilon_along_this_micro_batchs_gradient():
+    earlier = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    own = torch.tensor([[0.0, 3.0, 0.0], [0.0, 0.0, 4.0]])
+    weight = embedding_with_grad(earlier.clone())
+    fgm = Fgm(weight, epsilon=0.5)
+    fgm.remember()
+    weight.grad += own  # this micro-batch's backward accumulates on top
+    torch.testing.assert_close(fgm.direction(), 0.5 * own / 5.0, rtol=0, atol=1e-7)
+    fresh = Fgm(embedding_with_grad(None), epsilon=0.5)
+    fresh.remember()
+    assert fresh.before is None and torch.count_nonzero(fresh.direction()) == 0
 
 
-def test_fgm_restores_the_embeddings_bit_exactly_before_each_step(tmp_path, monkeypatch):
-    model = tiny_classifier(dropout=0.1)
-    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
-    seen = record_steps(monkeypatch, model)
-    train(model, Source(3, 4), Objective(), config_for(tmp_path, steps=3, grad_accumulation=2, batch_size=2,
-                                                       fgm_epsilon=1.0, rdrop_alpha=1.0))
-    assert len(seen["before"]) == 3
-    assert_same_weights(seen["before"][0], initial)
-    for step in (1, 2):  # what the optimizer saw is what its previous step left, bit for bit
-        assert_same_weights(seen["before"][step], seen["after"][step - 1])
-
-
-def test_fgm_needs_trainable_word_embeddings(tmp_path):
-    with pytest.raises(ConfigError, match=r"training\.fgm_epsilon perturbs the word embeddings, which are frozen"):
-        train(tiny_classifier(freeze_encoder=True), Source(3, 4), Objective(), config_for(tmp_path, fgm_epsilon=1.0))
+def test_fgm_perturb_then_restore_leaves_the_weights_bit_exact():
+    weight = embedding_with_grad(None)
+    fgm = Fgm(weight, epsilon=1.0)
+    fgm.remember()
+    weight.grad = torch.ones_like(weight)
+    saved = weight.detach().clone()
+    delta = fgm.direction()
+    with fgm.perturbed():
+        assert torch.equal(weight.detach(), saved + delta)
+    assert torch.equal(weight.detach(), saved)
+    assert not torch.equal((saved + delta) - delta, saved)  # subtracting the step back would drift
+    with pytest.raises(RuntimeError, match="inside"), fgm.perturbed():
+        raise RuntimeError("inside")
+    assert torch.equal(weight.detach(), saved)  # restored on errors too
 
 
 def test_fgm_finds_embeddings_by_get_input_embeddings():
@@ -457,223 +493,59 @@ def test_fgm_finds_embeddings_by_get_input_embeddings():
             return self.table
 
     model = WithAccessor()
-    assert loop.word_embedding_weight(model) is model.table.weight
-    assert loop.word_embedding_weight(tiny_classifier()) is not None
+    assert word_embedding_weight(model) is model.table.weight
+    classifier = tiny_classifier()
+    assert word_embedding_weight(classifier) is classifier.bert.embeddings.word.weight
     with pytest.raises(ConfigError, match=r"the model has none.*fgm_epsilon 0"):
-        loop.word_embedding_weight(nn.Linear(2, 2))
+        word_embedding_weight(nn.Linear(2, 2))
 
 
 # --- R-Drop ----------------------------------------------------------------------------------------------
 
-def test_rdrop_without_dropout_equals_the_plain_step(tmp_path):
-    plain_model, rdrop_model = tiny_classifier(), tiny_classifier()
-    plain = train(plain_model, Source(3, 4), Objective(), config_for(tmp_path / "a"))
-    rdrop = train(rdrop_model, Source(3, 4), Objective(), config_for(tmp_path / "b", rdrop_alpha=2.0))
-    assert train_values(rdrop.history, "loss_rdrop") == [0.0] * 4  # the two passes agree exactly
-    assert train_values(rdrop.history, "loss_ce") == pytest.approx(train_values(plain.history, "loss_ce"), abs=1e-6)
-    for a, b in zip(plain_model.parameters(), rdrop_model.parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+def test_rdrop_combine_means_the_passes_and_appends_the_consistency_term():
+    rdrop = RDrop(alpha=2.0)
+    sums, counts = rdrop.combine(torch.tensor([2.0, 4.0]), torch.tensor([4.0, 8.0]), torch.tensor([3.0, 5.0]),
+                                 torch.tensor(1.5))
+    assert sums.tolist() == [3.0, 6.0, 1.5] and counts.tolist() == [3.0, 5.0, 3.0]
+    assert rdrop.counted(torch.tensor([7.0, 2.0])).tolist() == [7.0, 2.0, 7.0]
 
 
-def test_rdrop_with_dropout_logs_a_positive_consistency_term(tmp_path):
-    result = train(tiny_classifier(dropout=0.2), Source(3, 4), Objective(), config_for(tmp_path, rdrop_alpha=1.0))
-    values = train_values(result.history, "loss_rdrop")
-    assert len(values) == 4 and all(v > 0 for v in values)
-    assert result.train["loss"] == pytest.approx(result.train["loss_ce"] + result.train["loss_rdrop"])
+def test_rdrop_consistency_is_alpha_times_the_tasks_term_in_float32():
+    logits_a, logits_b = torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([[0.0, 1.0], [0.5, 0.5]])
+
+    class SumOnly:
+        def consistency(self, a, b, batch):
+            return symmetric_kl(a, b).bfloat16()
+
+    class SumAndCount:
+        def consistency(self, a, b, batch):
+            return symmetric_kl(a, b), torch.tensor(2.0)
+
+    rdrop = RDrop(alpha=0.5)
+    pair = rdrop.consistency(SumAndCount(), logits_a, logits_b, None)
+    assert pair.dtype == torch.float32
+    torch.testing.assert_close(pair, 0.5 * symmetric_kl(logits_a, logits_b))
+    assert rdrop.consistency(SumOnly(), logits_a, logits_b, None).dtype == torch.float32
+    assert float(rdrop.consistency(SumAndCount(), logits_a, logits_a, None)) == 0.0  # equal passes agree
 
 
-def test_rdrop_loss_and_gradient_equal_hand_computation(tmp_path):
-    alpha = 0.7
-    config = config_for(tmp_path, steps=1, rdrop_alpha=alpha, max_grad_norm=0.0)
-    model = tiny_classifier(dropout=0.2)
-    reference = copy.deepcopy(model)
-    result = train(model, Source(3, 4), Objective(), config)
+# --- what a run can apply ----------------------------------------------------------------------------------
 
-    batch = next(iter(Source(3, 4)))
-    set_seed(config.seed)  # what train does before its first forward
-    reference.train()
-    out_a = reference(**batch.model_inputs())
-    out_b = reference(**batch.model_inputs())
-    ce = (F.cross_entropy(out_a.logits, batch.labels, reduction="sum")
-          + F.cross_entropy(out_b.logits, batch.labels, reduction="sum")) / 2 / 4
-    rdrop = alpha * symmetric_kl(out_a.logits, out_b.logits) / 4
-    (ce + rdrop).backward()
-    grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in reference.parameters()
-                                                      if p.grad is not None]))
-    values = result.history[0]["values"]
-    ce, rdrop = float(ce.detach()), float(rdrop.detach())
-    assert values["loss_ce"] == pytest.approx(ce, rel=1e-6)
-    assert values["loss_rdrop"] == pytest.approx(rdrop, rel=1e-5) and values["loss_rdrop"] > 0
-    assert values["loss"] == pytest.approx(ce + rdrop, rel=1e-6)
-    assert values["grad_norm"] == pytest.approx(float(grad_norm), rel=1e-5)
+def test_check_recipes_names_what_a_recipe_needs():
+    with pytest.raises(ConfigError, match=r"training\.patience=2 needs evaluations"):
+        check_recipes(TrainingConfig(patience=2), Objective(), None, None)
+    with pytest.raises(ConfigError, match=r"the WithoutConsistency objective defines no consistency term"):
+        check_recipes(TrainingConfig(rdrop_alpha=1.0), WithoutConsistency(), None, None)
+    check_recipes(TrainingConfig(patience=2, eval_every=1, rdrop_alpha=1.0), Objective(),
+                  lambda model, step: {}, BestCheckpoint("score", False, "unused"))  # all it needs: no error
 
 
-def test_rdrop_needs_a_consistency_term(tmp_path):
-    source = Source(3, 4)
-    with pytest.raises(ConfigError, match=r"training\.rdrop_alpha=1: the WithoutConsistency objective defines no "
-                                          r"consistency term \(R-Drop applies to .*rdrop_alpha 0"):
-        train(tiny_classifier(), source, WithoutConsistency(), config_for(tmp_path, rdrop_alpha=1.0))
-    assert source.yielded == 0
+def test_describe_recipes_lists_the_recipes_that_are_on():
+    assert describe_recipes(TrainingConfig(), tiny_classifier()) == []
+    phrases = describe_recipes(TrainingConfig(patience=3, min_delta=0.01, fgm_epsilon=1.0, ema_decay=0.99,
+                                              layer_lr_decay=0.5), tiny_classifier())
+    assert phrases == ["early stopping after 3 evaluations without an improvement > 0.01",
+                       "layer-wise lr decay 0.5 (head at lr, embeddings at lr x 0.125)",
+                       "FGM adversarial training, epsilon 1",
+                       "EMA of the weights, decay 0.99 (evaluated and saved: the average)"]
 
-
-# --- gradient accumulation with the recipes --------------------------------------------------------------
-
-def test_grad_accumulation_with_rdrop_matches_one_large_batch(tmp_path):
-    # Without dropout R-Drop's passes agree, so batch 4 x 2 must equal batch 8, with the rdrop term counted
-    # over the window. (With FGM the two differ by design: the perturbation follows each micro-batch's own
-    # gradient; test_fgm_gradients_and_step_equal_hand_computation checks that per micro-batch.)
-    whole_model, split_model = tiny_classifier(), tiny_classifier()
-    whole = train(whole_model, Source(3, 8), Objective(), config_for(tmp_path / "a", batch_size=8, rdrop_alpha=1.0))
-    split = train(split_model, Source(6, 4), Objective(),
-                  config_for(tmp_path / "b", batch_size=4, grad_accumulation=2, rdrop_alpha=1.0))
-    for key in ("loss", "loss_ce", "accuracy", "grad_norm"):
-        assert train_values(whole.history, key) == pytest.approx(train_values(split.history, key), abs=1e-5), key
-    for a, b in zip(whole_model.parameters(), split_model.parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-
-
-# --- EMA of the weights ----------------------------------------------------------------------------------
-
-def test_ema_shadow_equals_hand_computed_average(tmp_path, monkeypatch):
-    decay = 0.8
-    model = tiny_classifier(dropout=0.1)
-    shadow = {n: p.detach().float().clone() for n, p in model.named_parameters()}
-    seen = record_steps(monkeypatch, model)
-    result = train(model, Source(3, 4), Objective(), config_for(tmp_path, steps=3, ema_decay=decay))
-    assert len(seen["after"]) == 3
-    for weights in seen["after"]:
-        shadow = {n: decay * s + (1 - decay) * weights[n] for n, s in shadow.items()}
-    for name, param in model.named_parameters():  # train returns with the average in the model
-        torch.testing.assert_close(param.detach(), shadow[name], rtol=1e-6, atol=1e-7, msg=name)
-    # The checkpoint's model is the average; its training state has the raw weights and the shadow.
-    loaded, _ = load_model(result.checkpoint, BertForSequenceClassification)
-    assert_same_weights(loaded, model)
-    state = load_training_state(result.checkpoint)["ema"]
-    assert state["decay"] == decay
-    assert_same_weights(state["raw"], seen["after"][-1])
-    assert_same_weights(state["shadow"], dict(model.named_parameters()))
-
-
-def test_ema_evaluation_and_best_model_use_the_average(tmp_path, monkeypatch):
-    decay = 0.5
-    model = tiny_classifier(dropout=0.1)
-    shadow = {n: p.detach().float().clone() for n, p in model.named_parameters()}
-    seen = record_steps(monkeypatch, model)
-    evaluation = ScriptedEval({1: 0.1, 2: 0.9, 3: 0.3})
-    train(model, Source(3, 4), Objective(), config_for(tmp_path / "run", steps=3, eval_every=1, ema_decay=decay),
-          eval_fn=evaluation, best=BestCheckpoint("score", False, tmp_path / "best"))
-    for step, weights in enumerate(seen["after"], start=1):
-        shadow = {n: decay * s + (1 - decay) * weights[n] for n, s in shadow.items()}
-        for name, value in shadow.items():
-            torch.testing.assert_close(evaluation.weights[step][name], value, rtol=1e-6, atol=1e-7)
-        if step == 2:
-            loaded, _ = load_model(tmp_path / "best", BertForSequenceClassification)
-            assert_same_weights(loaded, evaluation.weights[2])
-    for step in (1, 2):  # after each evaluation, training went on from the raw weights, bit for bit
-        assert_same_weights(seen["before"][step], seen["after"][step - 1])
-
-
-def test_ema_resume_equals_uninterrupted_run_bitwise(tmp_path):
-    config = dict(steps=6, save_every=2, ema_decay=0.9)
-    full_model = tiny_classifier(dropout=0.1)
-    full = train(full_model, Source(4, 4), Objective(), config_for(tmp_path / "full", **config))
-    run = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):  # interrupted fetching step 6's batch: checkpoint 4 is the last
-        train(tiny_classifier(dropout=0.1), Source(4, 4, fail_after=5), Objective(), config_for(run, **config))
-    assert find_latest(run).name == "checkpoint-000004"
-    resumed_model = tiny_classifier(dropout=0.1, seed=7)
-    resumed = train(resumed_model, Source(4, 4), Objective(), config_for(run, resume="auto", **config))
-    assert train_values(read_metrics(run), "loss") == train_values(full.history, "loss")
-    assert_same_weights(resumed_model, full_model)
-    full_state, resumed_state = load_training_state(full.checkpoint), load_training_state(resumed.checkpoint)
-    assert_same_weights(full_state["ema"]["raw"], resumed_state["ema"]["raw"])
-    assert_same_weights(full_state["ema"]["shadow"], resumed_state["ema"]["shadow"])
-
-
-# --- the recipes together --------------------------------------------------------------------------------
-
-def test_recipes_combine_and_resume_exactly(tmp_path):
-    """FGM + R-Drop + EMA + layer-wise decay + early stopping, under LAMB with accumulation and dropout."""
-    config = dict(steps=6, save_every=2, eval_every=2, grad_accumulation=2, batch_size=2, optimizer="lamb",
-                  fgm_epsilon=0.5, rdrop_alpha=1.0, ema_decay=0.9, layer_lr_decay=0.8, patience=5)
-
-    def scores():
-        return ScriptedEval({2: 0.3, 4: 0.5, 6: 0.4})
-
-    full_model = tiny_classifier(dropout=0.1)
-    full = train(full_model, Source(5, 2), Objective(), config_for(tmp_path / "full", **config), eval_fn=scores(),
-                 best=BestCheckpoint("score", False, tmp_path / "best-full"))
-    assert full.step == 6 and not full.stopped_early and full.best_step == 4
-    assert {"loss_ce", "loss_rdrop", "adv_ce", "accuracy"} <= set(full.train)
-    assert all(math.isfinite(v) for v in train_values(full.history, "loss"))
-
-    run = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):  # step 4 done (checkpoint), step 5 interrupted mid-window
-        train(tiny_classifier(dropout=0.1), Source(5, 2, fail_after=9), Objective(), config_for(run, **config),
-              eval_fn=scores(), best=BestCheckpoint("score", False, tmp_path / "best"))
-    resumed_model = tiny_classifier(dropout=0.1, seed=3)
-    resumed = train(resumed_model, Source(5, 2), Objective(), config_for(run, resume="auto", **config),
-                    eval_fn=scores(), best=BestCheckpoint("score", False, tmp_path / "best"))
-    assert resumed.start_step == 4 and resumed.best_step == 4
-    for key in ("loss", "loss_ce", "loss_rdrop", "adv_ce", "grad_norm", "lr"):
-        assert train_values(read_metrics(run), key) == train_values(full.history, key), key
-    assert_same_weights(resumed_model, full_model)
-
-
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_recipes_run_under_autocast(tmp_path, precision):
-    result = train(tiny_classifier(dropout=0.1), Source(3, 4), Objective(),
-                   config_for(tmp_path, steps=3, precision=precision, fgm_epsilon=1.0, rdrop_alpha=1.0,
-                              ema_decay=0.9, layer_lr_decay=0.9))
-    assert result.step == 3 and result.skipped_steps == 0
-    assert all(math.isfinite(v) for v in train_values(result.history, "loss"))
-
-
-def test_describe_run_names_the_recipes(tmp_path, caplog):
-    with caplog.at_level("INFO", logger="bertforge.training"):
-        train(tiny_classifier(), Source(3, 4), Objective(),
-              config_for(tmp_path, steps=1, fgm_epsilon=1.0, rdrop_alpha=2.0, ema_decay=0.99, layer_lr_decay=0.5))
-    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("recipes: "))
-    assert "layer-wise lr decay 0.5 (head at lr, embeddings at lr x 0.125)" in line
-    assert "FGM adversarial training, epsilon 1" in line and "R-Drop, alpha 2" in line
-    assert "EMA of the weights, decay 0.99" in line
-
-
-# --- checkpoints across versions and settings ------------------------------------------------------------
-
-def test_resume_of_a_checkpoint_without_recipe_state(tmp_path):
-    """A checkpoint written before the recipes existed (no `stopped_early`, no `best.stale`, no `ema`)."""
-    config = dict(steps=4, save_every=2, eval_every=1)
-    scores = {1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4}
-    full = train(tiny_classifier(dropout=0.1), Source(3, 4), Objective(), config_for(tmp_path / "full", **config),
-                 eval_fn=ScriptedEval(scores), best=BestCheckpoint("score", False, tmp_path / "best-full"))
-    run = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):
-        train(tiny_classifier(dropout=0.1), Source(3, 4, fail_after=3), Objective(), config_for(run, **config),
-              eval_fn=ScriptedEval(scores), best=BestCheckpoint("score", False, tmp_path / "best"))
-    file = find_latest(run) / "training_state.pt"
-    state = torch.load(file, weights_only=True)
-    del state["stopped_early"]
-    del state["best"]["stale"]
-    torch.save(state, file)
-    resumed = train(tiny_classifier(dropout=0.1), Source(3, 4), Objective(), config_for(run, resume="auto", **config),
-                    eval_fn=ScriptedEval(scores), best=BestCheckpoint("score", False, tmp_path / "best"))
-    assert resumed.start_step == 2 and resumed.step == 4 and resumed.best_step == 4
-    assert train_values(read_metrics(run), "loss") == train_values(full.history, "loss")
-
-
-def test_ema_checkpoint_resumed_without_ema_continues_from_the_raw_weights(tmp_path, caplog):
-    # EMA never changes the training trajectory: an EMA-off resume of an EMA-on run must end where an
-    # EMA-off run does, bit for bit (not from the averaged weights the model directory holds).
-    config = dict(steps=4, save_every=2)
-    plain_model = tiny_classifier(dropout=0.1)
-    train(plain_model, Source(3, 4), Objective(), config_for(tmp_path / "plain", **config))
-    run = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):
-        train(tiny_classifier(dropout=0.1), Source(3, 4, fail_after=3), Objective(),
-              config_for(run, ema_decay=0.5, **config))
-    model = tiny_classifier(dropout=0.1)
-    with caplog.at_level("WARNING", logger="bertforge.training"):
-        train(model, Source(3, 4), Objective(), config_for(run, resume="auto", **config))
-    assert "written with training.ema_decay=0.5; continuing without EMA from the raw weights" in caplog.text
-    assert_same_weights(model, plain_model)

@@ -26,29 +26,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bertforge.configuration import setting
 from bertforge.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class MaskingConfig:
-    """How MLM targets are chosen.
+    """How MLM targets are chosen (the `[masking]` table of a pretraining run). Each field carries its help
+    text (`setting`), which `bertforge pretrain --help` shows."""
 
-    Attributes:
-        mlm_probability: share of maskable tokens to predict (BERT: 0.15).
-        max_predictions_per_seq: cap on predictions per sequence (Google: 20 for length 128, 80 for 512).
-        mask_token_probability: share of chosen tokens replaced by ``[MASK]`` (0.8).
-        random_token_probability: share replaced by a random non-special token (0.1); the rest are kept.
-        whole_word_masking: choose whole words (all their pieces) instead of single pieces.
-        static_masks: 0 for dynamic masking (new masks every epoch); k >= 1 for k fixed masks per instance,
-            epoch e using copy e mod k (Google's static masking with ``dupe_factor = k``).
-    """
-
-    mlm_probability: float = 0.15
-    max_predictions_per_seq: int = 20
-    mask_token_probability: float = 0.8
-    random_token_probability: float = 0.1
-    whole_word_masking: bool = False
-    static_masks: int = 0
+    mlm_probability: float = setting(0.15, "share of maskable tokens to predict (BERT's default)")
+    max_predictions_per_seq: int = setting(20, "cap on predictions per sequence (Google: 20 for length 128, 80 "
+                                               "for 512)")
+    mask_token_probability: float = setting(0.8, "share of chosen tokens replaced by [MASK]")
+    random_token_probability: float = setting(0.1, "share of chosen tokens replaced by a random non-special token; "
+                                                   "the rest are kept")
+    whole_word_masking: bool = setting(False, "choose whole words (all their pieces) instead of single pieces")
+    static_masks: int = setting(0, "0 for dynamic masking (new masks every epoch); k >= 1 for k fixed masks per "
+                                   "instance, epoch e using copy e mod k (Google's static masking with "
+                                   "dupe_factor = k)")
 
     def __post_init__(self) -> None:
         for name in ("mlm_probability", "mask_token_probability", "random_token_probability"):

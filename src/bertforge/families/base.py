@@ -15,14 +15,15 @@ The one path from input to answer, in the order a consumer calls it:
     results  = family.decode(examples, features, outputs, options, config)     # one JSON dict per example
     metrics  = family.score(examples, results)                                  # evaluate only
 
-Training asks the same object for the loss: `counts(batch)` and `loss_terms(output, batch)` are the one
-objective, and the model's own `forward(labels=...)` computes its loss with the same function.
+Training asks the same object for the loss: `objective_for(config)` gives the one `Objective`
+(`counts(batch)`, `loss_terms(output, batch)`), and the model's own `forward(labels=...)` computes its loss
+with the same function. What a run reads and how it builds inputs is a `families.task.TaskDescription`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -36,6 +37,9 @@ from bertforge.model.config import BertConfig
 from bertforge.model.heads import needs_hidden_states
 from bertforge.tokenization.normalizer import is_removed, is_whitespace
 from bertforge.tokenization.tokenizer import Tokenizer
+
+# Problem kinds of a task (the names Hugging Face's `problem_type` uses); classification has all three.
+SINGLE_LABEL, MULTI_LABEL, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
 
 
 @dataclass
@@ -61,13 +65,6 @@ class InputSettings:
             raise ConfigError(f"max_seq_length={self.max_seq_length!r}: use at least 8 tokens")
         if self.doc_stride is not None and (not isinstance(self.doc_stride, int) or self.doc_stride < 1):
             raise ConfigError(f"doc_stride={self.doc_stride!r}: use a positive number of tokens (or leave it unset)")
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any] | None, **defaults: Any) -> InputSettings:
-        """Settings from a fine-tuning record (unknown keys ignored), else `defaults`."""
-        known = {f.name for f in fields(cls)}
-        values = {**defaults, **{k: v for k, v in (record or {}).items() if k in known and v is not None}}
-        return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -211,6 +208,28 @@ def check_number(options: Mapping[str, Any], name: str, low: float | None = None
         raise InputError(f"{name} must be {what}{bounds}, got {value!r}")
 
 
+class Objective:
+    """What the training loop asks of a task (every family's `objective_for` returns one):
+
+    - `counts(batch)`: each loss term's denominator from the batch alone (so a step's loss is the mean over
+      the whole step however it is split into micro-batches and ranks);
+    - `loss_terms(output, batch)`: {term: (sum, count)}; the model's own `forward(labels=...)` loss is
+      `mean_loss` of the same terms;
+    - `metrics(output, batch)`: {name: (sum, count)} logged during training;
+    - `consistency(output_a, output_b, batch)`, where a family defines it: R-Drop's disagreement of two
+      dropout passes, summed over the items the first loss term counts (a tensor, or (sum, count)).
+    """
+
+    def counts(self, batch: Any) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def loss_terms(self, output: Any, batch: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        raise NotImplementedError
+
+    def metrics(self, output: Any, batch: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        return {}
+
+
 class Family:
     """One task family: everything about it, asked by every consumer.
 
@@ -221,7 +240,11 @@ class Family:
         default_max_seq_length: window length when a model directory has no fine-tuning record.
         default_language: the scoring language of a file-format run ("auto" detects it from the data).
         input_axes: the model inputs' dimensions (ONNX dynamic axes): [B, T], or [B, C, T] for choices.
-        options: per-call decoding options and their defaults (pipelines, server, evaluate).
+        options: decoding options and their defaults, under one name each in training, evaluate, predict and
+            the server (a fine-tuning run's `[features]` setting of the same name sets it).
+        kinds: the problem kinds a task of this family may have (classification: single-label, multi-label,
+            regression); () when the family has one.
+        formats: the `--format` names that read a file of this family, and the problem kind each gives.
         export_outputs: ONNX output names and their dynamic axes.
         example_inputs: typical inputs (the server's OpenAPI examples).
     """
@@ -234,6 +257,8 @@ class Family:
     default_language: ClassVar[str] = "en"
     input_axes: ClassVar[dict[int, str]] = {0: "batch", 1: "sequence"}
     options: ClassVar[dict[str, Any]] = {}
+    kinds: ClassVar[tuple[str, ...]] = ()
+    formats: ClassVar[dict[str, str | None]] = {}
     export_outputs: ClassVar[dict[str, dict[int, str]]] = {}
     example_inputs: ClassVar[list[Any]] = []
 
@@ -254,23 +279,42 @@ class Family:
     def validate_options(self, options: dict[str, Any]) -> None:
         """Check option values (InputError naming the option)."""
 
-    def run_options(self, run: Mapping[str, Any]) -> dict[str, Any]:
-        """Decoding options from a fine-tuning run's settings (`FinetuneConfig` field names), for the
-        evaluation during and after training; the pipelines take the same options per call."""
-        return {}
+    def options_for_data(self, options: Mapping[str, Any], examples: Sequence[Any]) -> dict[str, Any]:
+        """The decoding options a data set needs (QA: SQuAD v2.0 decoding when it has unanswerable
+        questions); the options unchanged for most families."""
+        return dict(options)
 
     # --- data files ---------------------------------------------------------------------------------
     default_metrics: ClassVar[tuple[str, ...]] = ("accuracy",)
 
-    def read(self, path: str, *, part: str | None, options: Mapping[str, Any], report: DataReport,
+    def read(self, path: str, *, part: str | None, task: Any, report: DataReport,
              labelled: bool = True) -> list[Any]:
         """Examples of a data file. `part` picks a deterministic split of it ("train"/"eval", for tasks
-        that ship without a dev file); `options` are the run's reader settings (columns, separator,
-        on_invalid ...; see `training.finetuning.FinetuneConfig`)."""
+        that ship without a dev file); `task` is the `families.task.TaskDescription` whose `reader`
+        settings (columns, separator, on_invalid ...) and `kind` the reader follows."""
         raise ConfigError(f"the {self.name} family reads no fine-tuning files")
 
+    def format_reader(self, format_name: str) -> dict[str, Any]:
+        """Reader settings a `--format` file of this family has by default (classification: columns named
+        text_a, text_b, label)."""
+        return {}
+
+    def metric_defaults(self, kind: str | None) -> tuple[str, ...]:
+        """What a task of this kind reports first when its description names no metrics."""
+        return self.default_metrics
+
+    def metric_names(self, task: Any, dev_examples: Sequence[Any] | None = None) -> tuple[str, ...]:
+        """Every metric name an evaluation of `task` on `dev_examples` can report (None: on any dev set of the
+        task): what `--metric` may choose."""
+        return self.default_metrics
+
+    def requested_metrics(self, task: Any, chosen: str | None, config: BertConfig) -> list[str] | None:
+        """The metric names the scorer is asked for (`score(metric_names=...)`), so that the chosen one is
+        computed even where it is not reported by default; None: the family's own set."""
+        return None
+
     def label_names(self, examples: Sequence[Any], given: Sequence[str] | None,
-                    settings: InputSettings, regression: bool = False) -> list[str] | None:
+                    settings: InputSettings, kind: str | None = None) -> list[str] | None:
         """The label vocabulary of a run (None when the head predicts no named labels)."""
         return None
 
@@ -278,8 +322,7 @@ class Family:
                      settings: InputSettings) -> None:
         """DataError naming the first example whose label the model does not know."""
 
-    def head_config(self, label_names: Sequence[str] | None, regression: bool = False,
-                    multi_label: bool = False) -> dict[str, Any]:
+    def head_config(self, label_names: Sequence[str] | None, kind: str | None = None) -> dict[str, Any]:
         """Config changes that shape this family's head for a run (label names, problem type)."""
         return {}
 
@@ -315,7 +358,8 @@ class Family:
         """(metrics, details, warnings) of `results` against the examples' gold labels.
 
         `settings` are the run's scoring choices a family may use: `metric_names` (classification),
-        `language` and `version_2` (QA); others are ignored."""
+        `language` (QA), `options` (the decoding options the results were decoded with); others are
+        ignored."""
         raise NotImplementedError
 
     def calibrate(self, examples: Sequence[Any], results: Sequence[dict[str, Any]], config: BertConfig,
@@ -332,26 +376,17 @@ class Family:
         """Whether every example carries a gold label (metrics need them)."""
         return all(getattr(e, "label", None) is not None for e in examples)
 
-    # --- training (the loop's task protocol) --------------------------------------------------------
-    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> Any:
-        """What the training loop asks for a model of this config: `counts`, `loss_terms`, `metrics`, and
-        `consistency(output_a, output_b, batch)` for R-Drop where the family defines it: the disagreement of
-        two dropout passes summed over the items the first loss term counts (a tensor, or (sum, count)).
-        `loss` weighs single-label cross-entropy (class weights, focal); a family without such a loss
-        refuses non-plain settings with a ConfigError naming the option."""
+    # --- training ---------------------------------------------------------------------------------
+    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> Objective:
+        """The one objective the training loop asks for a model of this config (`Objective`). `loss` weighs
+        single-label cross-entropy (class weights, focal); a family without such a loss refuses non-plain
+        settings with a ConfigError naming the option."""
+        raise ConfigError(f"the {self.name} family has no training objective")
+
+    def refuse_loss_settings(self, loss: LossSettings | None) -> None:
         if loss is not None and not loss.plain:
             raise ConfigError(f"class weights and focal loss apply to single-label classification and tagging, "
                               f"not to {self.name}; remove head.class_weights / head.focal_gamma")
-        return self
-
-    def counts(self, batch: Any) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
-
-    def loss_terms(self, output: Any, batch: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        raise NotImplementedError
-
-    def metrics(self, output: Any, batch: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        return {}
 
     def __repr__(self) -> str:
         return f"<family {self.name}>"

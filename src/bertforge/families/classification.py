@@ -32,10 +32,14 @@ from bertforge.data.classification import ClassificationExample, check_labels, l
 from bertforge.data.finetuning import DataReport, Feature
 from bertforge.errors import CheckpointError, ConfigError, DataError, InputError
 from bertforge.families.base import (
+    MULTI_LABEL,
+    REGRESSION,
+    SINGLE_LABEL,
     Family,
     FineTuningModel,
     InputSettings,
     LossSettings,
+    Objective,
     check_number,
     check_text,
     label_loss,
@@ -45,6 +49,9 @@ from bertforge.families.base import (
     text_of,
 )
 from bertforge.metrics.classification import (
+    CLASSIFICATION_METRICS,
+    MULTI_LABEL_METRICS,
+    REGRESSION_METRICS,
     compute_classification_metrics,
     multi_label_metrics,
     per_class_scores,
@@ -54,12 +61,8 @@ from bertforge.metrics.classification import (
 )
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import TaskOutput, build_classifier, feature_size, sequence_features
+from bertforge.tokenization.pairs import pair_windows
 from bertforge.tokenization.tokenizer import Tokenizer
-from bertforge.tokenization.windows import window_spans
-
-REGRESSION = "regression"
-MULTI_LABEL = "multi_label_classification"
-SINGLE_LABEL = "single_label_classification"
 
 
 def problem_type(config: BertConfig, labels: torch.Tensor | None = None) -> str:
@@ -118,7 +121,7 @@ class BertForSequenceClassification(FineTuningModel):
         return torch.log(torch.tensor(float(self.config.num_labels)))
 
 
-class ClassificationObjective:
+class ClassificationObjective(Objective):
     """The loop's view of one classifier: `objective` for its problem type, plus a running accuracy and
     R-Drop's consistency term."""
 
@@ -177,7 +180,6 @@ def build_features(examples: Sequence[ClassificationExample], tokenizer: Tokeniz
     for index, example in enumerate(examples):
         a = tokenizer.encode(example.text_a, add_special_tokens=False).ids
         b = None if example.text_b is None else tokenizer.encode(example.text_b, add_special_tokens=False).ids
-        budget = settings.max_seq_length - post.added(b is not None)
         label: int | float | list[float] | None = None
         if isinstance(example.label, tuple):  # multi-label: one 0/1 target per label
             label = [0.0] * len(label2id)
@@ -185,23 +187,13 @@ def build_features(examples: Sequence[ClassificationExample], tokenizer: Tokeniz
                 label[label2id[name]] = 1.0
         elif example.label is not None:
             label = float(example.label) if regression else label2id[example.label]
-        if len(a) + len(b or []) <= budget:
-            ids, types = post.assemble(a, b)
-            features.append(Feature(index, ids, types, label=label))
-            continue
-        long_is_a = b is None or len(a) >= len(b)
-        long, short = (a, b) if long_is_a else (b, a)
-        if short is not None and len(short) > budget // 2:
-            short = short[: budget // 2]
+        # Windows over the longer segment; the shorter is kept whole, or cut to half the budget.
+        pair = pair_windows(a, b, post, settings.max_seq_length, long="longer", doc_stride=settings.doc_stride)
+        if pair.short_cut:
             report.note("truncated_shorter_segment", example.source)
-        room = budget - len(short or [])
-        spans = window_spans(len(long), room, settings.doc_stride)
-        if len(spans) > 1:
+        if len(pair.windows) > 1:
             report.note("windowed_inputs", example.source)
-        for window, (start, size) in enumerate(spans):
-            piece = long[start:start + size]
-            ids, types = post.assemble(piece, short) if long_is_a else post.assemble(short, piece)
-            features.append(Feature(index, ids, types, label=label, window=window))
+        features += [Feature(index, w.ids, w.type_ids, label=label, window=w.index) for w in pair.windows]
     report.note("features", amount=len(features))
     return features
 
@@ -219,6 +211,10 @@ def mean_window_logits(features: Sequence[Feature], logits: Sequence[np.ndarray]
     return total / count[:, None]
 
 
+# What a regression task reports first (its evaluations can report every name of REGRESSION_METRICS).
+REGRESSION_DEFAULTS = ("pearson", "spearman")
+
+
 class Classification(Family):
     """Single sentences and pairs: labels (single or multi) or a regression value."""
 
@@ -228,31 +224,57 @@ class Classification(Family):
     task = "classify"
     # threshold (multi-label): None = the model's tuned `label_thresholds` (0.5 without them).
     options = {"threshold": None}
+    kinds = (SINGLE_LABEL, MULTI_LABEL, REGRESSION)
+    formats = {"classification": SINGLE_LABEL, "pair": SINGLE_LABEL, "multilabel": MULTI_LABEL,
+               "regression": REGRESSION}
     export_outputs = {"logits": {0: "batch"}}
     example_inputs = ["This film was a delight from start to finish.",
                     {"text": "A man is playing a guitar.", "text_pair": "Someone is making music."},
                     "The service was slow and the food arrived cold."]
 
-    def read(self, path, *, part, options, report, labelled=True):
-        return read_classification(path, text_a=options["text_a"], text_b=options["text_b"],
-                                   label=options["label"] if labelled else None, header=options["header"],
-                                   regression=options["regression"], file_format=options["file_format"],
-                                   on_invalid=options["on_invalid"], report=report,
-                                   multi_label=options.get("multi_label", False),
-                                   label_separator=options.get("label_separator") or ",",
-                                   id_column=options.get("id_column"))
+    def read(self, path, *, part, task, report, labelled=True):
+        reader = task.reader
+        return read_classification(path, text_a=reader.text_a_column, text_b=reader.text_b_column,
+                                   label=reader.label_column if labelled else None, header=reader.header,
+                                   regression=task.kind == REGRESSION, file_format=reader.file_format,
+                                   on_invalid=reader.on_invalid, report=report, multi_label=task.kind == MULTI_LABEL,
+                                   label_separator=reader.label_separator or ",", id_column=reader.id_column)
 
-    def label_names(self, examples, given, settings, regression=False):
-        return None if regression else list(given or label_list(examples))
+    def format_reader(self, format_name):
+        return {"text_a_column": "text_a", "label_column": "label",
+                **({"text_b_column": "text_b"} if format_name == "pair" else {})}
+
+    def metric_defaults(self, kind):
+        return REGRESSION_DEFAULTS if kind == REGRESSION else MULTI_LABEL_METRICS if kind == MULTI_LABEL \
+            else self.default_metrics
+
+    def metric_names(self, task, dev_examples=None):
+        # Any name of `metrics.classification` can be computed when asked (`requested_metrics`).
+        return REGRESSION_METRICS if task.kind == REGRESSION else MULTI_LABEL_METRICS if task.kind == MULTI_LABEL \
+            else CLASSIFICATION_METRICS
+
+    def requested_metrics(self, task, chosen, config):
+        names = list(task.metrics) if task.kind == REGRESSION or tuple(task.metrics) != ("accuracy",) else None
+        if chosen is None or task.kind == MULTI_LABEL:
+            return names
+        if names is None:  # compute_classification_metrics' defaults, binary or not
+            binary = len(getattr(config, "label_names", None) or []) == 2
+            names = ["accuracy", "f1", "precision", "recall", "mcc"] if binary else ["accuracy", "macro_f1", "mcc"]
+            if chosen in names:
+                return None
+        return names if chosen in names else [*names, chosen]
+
+    def label_names(self, examples, given, settings, kind=None):
+        return None if kind == REGRESSION else list(given or label_list(examples))
 
     def check_labels(self, examples, label_names, settings):
         if label_names is not None:
             check_labels(examples, {name: i for i, name in enumerate(label_names)})
 
-    def head_config(self, label_names, regression=False, multi_label=False):
-        if regression:
+    def head_config(self, label_names, kind=None):
+        if kind == REGRESSION:
             return {"problem_type": REGRESSION, "id2label": None, "label2id": None}
-        return {"problem_type": MULTI_LABEL if multi_label else SINGLE_LABEL, "id2label": dict(enumerate(label_names)),
+        return {"problem_type": kind or SINGLE_LABEL, "id2label": dict(enumerate(label_names)),
                 "label2id": None, "label_thresholds": None}
 
     def label_counts(self, examples, label_names, settings) -> list[int]:

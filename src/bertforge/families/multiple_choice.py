@@ -2,7 +2,7 @@
 
 Owns: the model (`BertForMultipleChoice`: inputs [B, C, T] scored by the pooled [CLS] of each choice,
 softmax over C), its objective (cross-entropy over the choices), features, decoding, accuracy and the
-pipeline's JSON. Questions and their file reader are in `data.choice`.
+pipeline's JSON. Questions and their file reader are in `data.multiple_choice`.
 
 Features: one ``[CLS] context [SEP] start + ending [SEP]`` row per choice. A long context is windowed like
 every other family's long segment (`tokenization.windows`), the same windows for every choice, so a window
@@ -20,16 +20,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertforge.data.choice import ChoiceExample, read_choice
 from bertforge.data.finetuning import DataReport, Feature
+from bertforge.data.multiple_choice import ChoiceExample, read_choice
 from bertforge.errors import DataError, InputError
-from bertforge.families.base import Family, FineTuningModel, InputSettings, check_text, mean_loss, softmax
+from bertforge.families.base import (
+    Family,
+    FineTuningModel,
+    InputSettings,
+    LossSettings,
+    Objective,
+    check_text,
+    mean_loss,
+    softmax,
+)
 from bertforge.families.classification import mean_window_logits
 from bertforge.metrics.classification import compute_classification_metrics, prediction_collapse
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import TaskOutput, build_classifier, feature_size, sequence_features
+from bertforge.tokenization.pairs import pair_windows
 from bertforge.tokenization.tokenizer import Tokenizer
-from bertforge.tokenization.windows import window_spans
 
 
 def objective(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -74,7 +83,6 @@ def build_features(examples: Sequence[ChoiceExample], tokenizer: Tokenizer, sett
     """
     report = report if report is not None else DataReport()
     post = tokenizer.post_processor
-    budget = settings.max_seq_length - post.added(True)
     features = []
     count = None
     for index, example in enumerate(examples):
@@ -87,20 +95,35 @@ def build_features(examples: Sequence[ChoiceExample], tokenizer: Tokenizer, sett
         context = tokenizer.encode(example.context, add_special_tokens=False).ids
         endings = [tokenizer.encode(f"{example.start} {ending}".strip(), add_special_tokens=False).ids
                    for ending in example.endings]
-        if len(context) + max(map(len, endings)) > budget and max(map(len, endings)) > budget // 2:
-            endings = [e[: budget // 2] for e in endings]
+        # Every ending is budgeted at the longest one, so all choices get the same context windows.
+        longest = max(map(len, endings))
+        choices = [pair_windows(context, ending, post, settings.max_seq_length, long="first",
+                                doc_stride=settings.doc_stride, short_length=longest) for ending in endings]
+        if any(choice.short_cut for choice in choices):
             report.note("truncated_inputs", example.source)
-        room = budget - max(map(len, endings))
-        spans = window_spans(len(context), room, settings.doc_stride)
-        if len(spans) > 1:
+        if len(choices[0].windows) > 1:
             report.note("windowed_inputs", example.source)
-        for window, (start, size) in enumerate(spans):
-            piece = context[start:start + size]
-            rows = [post.assemble(piece, ending) for ending in endings]
-            features.append(Feature(index, [ids for ids, _ in rows], [types for _, types in rows],
-                                    label=example.label, window=window))
+        for rows in zip(*(choice.windows for choice in choices)):
+            features.append(Feature(index, [row.ids for row in rows], [row.type_ids for row in rows],
+                                    label=example.label, window=rows[0].index))
     report.note("features", amount=len(features))
     return features
+
+
+class ChoiceObjective(Objective):
+    """The training loop's view of a multiple-choice model: cross-entropy over each question's choices."""
+
+    def counts(self, batch) -> dict[str, torch.Tensor]:
+        """Questions in the batch."""
+        return {"cross_entropy": torch.tensor(float(batch.labels.shape[0]))}
+
+    def loss_terms(self, output, batch):
+        return objective(output.logits, batch.labels)
+
+    def metrics(self, output, batch):
+        logits = output.logits.detach()
+        return {"accuracy": ((logits.argmax(-1) == batch.labels).float().sum(),
+                             logits.new_tensor(float(logits.shape[0])))}
 
 
 class MultipleChoice(Family):
@@ -115,22 +138,17 @@ class MultipleChoice(Family):
     input_axes = {0: "batch", 1: "choices", 2: "sequence"}
     example_inputs = [{"context": "She opened the umbrella.", "endings": ["It was raining.", "It was sunny."]}]
 
-    def read(self, path, *, part, options, report, labelled=True):
-        return read_choice(path, context_column=options["context_column"], start_column=options["start_column"],
-                           ending_columns=options["ending_columns"], label_column="label" if labelled else None,
-                           file_format=options["file_format"], on_invalid=options["on_invalid"], report=report)
+    formats = {"choice": None}
 
-    def counts(self, batch) -> dict[str, torch.Tensor]:
-        """Questions in the batch."""
-        return {"cross_entropy": torch.tensor(float(batch.labels.shape[0]))}
+    def read(self, path, *, part, task, report, labelled=True):
+        reader = task.reader
+        return read_choice(path, context_column=reader.context_column, start_column=reader.start_column,
+                           ending_columns=reader.ending_columns, label_column="label" if labelled else None,
+                           file_format=reader.file_format, on_invalid=reader.on_invalid, report=report)
 
-    def loss_terms(self, output, batch):
-        return objective(output.logits, batch.labels)
-
-    def metrics(self, output, batch):
-        logits = output.logits.detach()
-        return {"accuracy": ((logits.argmax(-1) == batch.labels).float().sum(),
-                             logits.new_tensor(float(logits.shape[0])))}
+    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> ChoiceObjective:
+        self.refuse_loss_settings(loss)
+        return ChoiceObjective()
 
     def parse(self, item: Any) -> ChoiceExample:
         if not isinstance(item, Mapping):

@@ -22,7 +22,7 @@ from torch import nn
 from bertforge.constants import IGNORE_INDEX
 from bertforge.data.finetuning import Feature
 from bertforge.errors import DataError, InputError
-from bertforge.families.base import Family, check_number, text_of
+from bertforge.families.base import Family, Objective, check_number, text_of
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import MlmHead
@@ -115,8 +115,8 @@ class BertForPretraining(BertPretrainedModel):
         return result
 
 
-class Pretraining(Family):
-    """How the training loop trains and evaluates `BertForPretraining`, and how it fills in [MASK]s.
+class PretrainingObjective(Objective):
+    """The training loop's view of `BertForPretraining`.
 
     Loss terms `mlm` (summed over labelled masked tokens) and `nsp` (summed over sequences), each divided
     by its own count over the whole step, so the loss is mean MLM + mean NSP however the batch is split;
@@ -136,6 +136,15 @@ class Pretraining(Family):
 
     def metrics(self, output: PretrainingOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         return {"mlm_acc": (output.mlm_correct, output.mlm_count), "nsp_acc": (output.nsp_correct, output.nsp_count)}
+
+
+class Pretraining(Family):
+    """How the training loop trains and evaluates `BertForPretraining` (its `PretrainingObjective`), and how
+    it fills in [MASK]s."""
+
+    def objective_for(self, config: BertConfig, loss=None) -> PretrainingObjective:
+        self.refuse_loss_settings(loss)
+        return PretrainingObjective()
 
     @torch.no_grad()
     def evaluate(self, model: BertForPretraining, batches) -> dict[str, float]:

@@ -3,7 +3,7 @@
 Owns: the model (`BertForQuestionAnswering`: a start and an end score per token), its objective (the mean
 of the start and end cross-entropies per window), features (Google's `run_squad.py`), n-best decoding
 across windows, SQuAD / CMRC metrics and the pipeline's JSON. Questions and their file reader are in
-`data.squad`.
+`data.question_answering`.
 
 Features: ``[CLS] question [SEP] context window [SEP]``, on character offsets rather than whitespace words.
 The question is cut to `max_query_length` tokens (and to half a window, so the context always has room);
@@ -14,7 +14,7 @@ whether it is the token's max-context window.
 
 Decoding (Google's `write_predictions`): per window the `n_best_size` best starts and ends; a span must
 start at a context token of its max-context window, end at or after its start, and be at most
-`max_answer_tokens` long; spans are ranked by start + end logit over all windows and the text is cut from
+`max_answer_length` long; spans are ranked by start + end logit over all windows and the text is cut from
 the context by character offsets, widened to whole words: a span that starts or ends inside a word (the
 sub-tokens "clast ##s" of "clasts", answer "clast") covers that whole word. A word here is the tokenizer's
 pre-tokenized word (whitespace split, then punctuation split, each CJK character a word of its own), so
@@ -25,8 +25,8 @@ and it strips punctuation the prediction did not cover, as here; unlike here, a 
 a word ("clast") stays cut there, because `get_final_text` finds "clast" inside "clasts". Answers that are
 identical after widening count once in the n-best list. Its score is the probability start x end within
 its window. With
-`allow_no_answer` (SQuAD v2.0) the answer is empty when the smallest [CLS] score over the windows beats
-the best span by `null_threshold`.
+`version_2_with_negative` (SQuAD v2.0) the answer is empty when the smallest [CLS] score over the windows beats
+the best span by `null_score_diff_threshold`.
 """
 
 from __future__ import annotations
@@ -42,24 +42,27 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertforge.data.finetuning import DataReport, Feature
-from bertforge.data.squad import QAExample, article_split, count_articles, read_squad
-from bertforge.errors import ConfigError, InputError
+from bertforge.data.question_answering import QAExample, article_split, count_articles, read_squad
+from bertforge.errors import InputError
 from bertforge.families.base import (
     Family,
     FineTuningModel,
     InputSettings,
+    LossSettings,
+    Objective,
     check_number,
     check_text,
     mean_loss,
     softmax,
 )
-from bertforge.metrics.squad import evaluate_squad
+from bertforge.metrics.question_answering import evaluate_squad
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import feature_size, token_features
 from bertforge.tokenization.normalizer import Normalizer
+from bertforge.tokenization.pairs import pair_windows
 from bertforge.tokenization.pretokenizer import PreTokenizer
 from bertforge.tokenization.tokenizer import Tokenizer
-from bertforge.tokenization.windows import max_context_windows, window_spans
+from bertforge.tokenization.windows import max_context_windows
 
 
 @dataclass
@@ -115,6 +118,11 @@ class BertForQuestionAnswering(FineTuningModel):
         return QuestionAnsweringOutput(start_logits, end_logits, loss, out.hidden_states, out.attentions)
 
 
+# The default step between context windows when `doc_stride` is unset (Google's run_squad), at most half
+# the room.
+DEFAULT_DOC_STRIDE = 128
+
+
 def build_features(examples: Sequence[QAExample], tokenizer: Tokenizer, settings: InputSettings, *,
                    training: bool = False, report: DataReport | None = None) -> list[Feature]:
     """Windowed QA features (see the module docstring).
@@ -130,15 +138,17 @@ def build_features(examples: Sequence[QAExample], tokenizer: Tokenizer, settings
     """
     report = report if report is not None else DataReport()
     post = tokenizer.post_processor
-    query_budget = min(settings.max_query_length, (settings.max_seq_length - post.added(True)) // 2)
     features: list[Feature] = []
     for index, example in enumerate(examples):
         question = tokenizer.encode(example.question, add_special_tokens=False).ids
-        if len(question) > query_budget:
-            question = question[:query_budget]
-            report.note("truncated_questions", example.source)
         encoding = tokenizer.encode(example.context, add_special_tokens=False)
         ids, offsets = encoding.ids, encoding.offsets
+        # The question is always cut to max_query_length (and half the budget); the context is windowed.
+        pair = pair_windows(question, ids, post, settings.max_seq_length, long="second",
+                            doc_stride=settings.doc_stride, stride_limit=DEFAULT_DOC_STRIDE,
+                            short_limit=settings.max_query_length, second_offsets=offsets)
+        if pair.short_cut:
+            report.note("truncated_questions", example.source)
         token_start = token_end = None
         if training and not example.is_impossible:
             if example.answer_start is None:
@@ -150,21 +160,13 @@ def build_features(examples: Sequence[QAExample], tokenizer: Tokenizer, settings
             if token_start >= len(ids) or token_end < token_start:
                 report.note("answers_unmappable", example.source)
                 continue
-        room = settings.max_seq_length - len(question) - post.added(True)
-        if room <= 0:
-            raise ConfigError(f"max_seq_length={settings.max_seq_length} leaves no room for the context after a "
-                              f"{len(question)}-token question; raise max_seq_length or lower max_query_length")
-        spans = window_spans(len(ids), room, settings.doc_stride or min(128, max(1, room // 2)))
-        if len(spans) > 1:
+        if len(pair.windows) > 1:
             report.note("windowed_inputs", example.source)
-        best = max_context_windows(spans, len(ids))
-        head = len(question) + 2  # [CLS] question [SEP]
-        for window, (start, size) in enumerate(spans):
-            end = start + size
-            input_ids, types = post.assemble(question, ids[start:end])
-            token_offsets: list[tuple[int, int] | None] = [None] * head + list(offsets[start:end]) + [None]
-            max_context = [False] * head + [best[i] == window for i in range(start, end)] + [False]
-            feature = Feature(index, input_ids, types, offsets=token_offsets, max_context=max_context, window=window)
+        best = max_context_windows(pair.spans, len(ids))
+        for w in pair.windows:
+            start, end, head = w.start, w.start + w.size, w.long_at  # head: [CLS] question [SEP]
+            max_context = [False] * head + [best[i] == w.index for i in range(start, end)] + [False]
+            feature = Feature(index, w.ids, w.type_ids, offsets=w.offsets, max_context=max_context, window=w.index)
             if training:
                 if example.is_impossible or not (start <= token_start and token_end < end):
                     feature.start_position = feature.end_position = 0
@@ -209,8 +211,8 @@ class WordBounds:
 
 def decode_answers(examples: Sequence[QAExample], features: Sequence[Feature],
                    outputs: Sequence[tuple[np.ndarray, np.ndarray]], *, n_best_size: int = 20,
-                   max_answer_tokens: int = 30, allow_no_answer: bool = False,
-                   null_threshold: float = 0.0, whole_words: bool = True,
+                   max_answer_length: int = 30, version_2_with_negative: bool = False,
+                   null_score_diff_threshold: float = 0.0, whole_words: bool = True,
                    tokenizer: Tokenizer | None = None) -> list[dict[str, Any]]:
     """One answer per question from its windows' (start, end) logits; see the module docstring.
 
@@ -222,7 +224,7 @@ def decode_answers(examples: Sequence[QAExample], features: Sequence[Feature],
 
     Returns:
         Per question {"answer", "start", "end" (character offsets, end exclusive; None for no answer),
-        "score" (probability), "nbest" (up to 5 candidates, best first), and with `allow_no_answer`
+        "score" (probability), "nbest" (up to 5 candidates, best first), and with `version_2_with_negative`
         "null_margin" (null score - best span score)}.
     """
     by_example: dict[int, list[int]] = {}
@@ -252,7 +254,7 @@ def decode_answers(examples: Sequence[QAExample], features: Sequence[Feature],
                 if s >= limit or offsets[s] is None or not max_context[s]:
                     continue
                 for e in _top(ends, n_best_size):
-                    if e >= limit or offsets[e] is None or e < s or e - s + 1 > max_answer_tokens:
+                    if e >= limit or offsets[e] is None or e < s or e - s + 1 > max_answer_length:
                         continue
                     candidates.append((float(starts[s] + ends[e]), index, s, e))
         candidates.sort(key=lambda c: -c[0])
@@ -276,10 +278,10 @@ def decode_answers(examples: Sequence[QAExample], features: Sequence[Feature],
         result: dict[str, Any] = {"answer": "", "start": None, "end": None, "score": null_probability}
         if best is not None:
             result = {"answer": best["text"], "start": best["start"], "end": best["end"], "score": best["score"]}
-        if allow_no_answer:
+        if version_2_with_negative:
             margin = null_score - (best["logit_score"] if best else float("-inf"))
             result["null_margin"] = margin
-            if margin > null_threshold:
+            if margin > null_score_diff_threshold:
                 result.update(answer="", start=None, end=None, score=null_probability)
         result["nbest"] = [{"text": c["text"], "score": c["logit_score"], "start": c["start"], "end": c["end"]}
                            for c in kept[:5]]
@@ -287,45 +289,8 @@ def decode_answers(examples: Sequence[QAExample], features: Sequence[Feature],
     return results
 
 
-class QuestionAnswering(Family):
-    """Extractive answers from contexts of any length."""
-
-    name = "question_answering"
-    aliases = ("qa", "squad", "answer", "extractive_qa")
-    model_class = BertForQuestionAnswering
-    task = "answer"
-    default_max_seq_length = 384
-    default_language = "auto"
-    options = {"max_answer_tokens": 30, "allow_no_answer": False, "null_threshold": 0.0, "n_best_size": 20}
-    export_outputs = {"start_logits": {0: "batch", 1: "sequence"}, "end_logits": {0: "batch", 1: "sequence"}}
-    example_inputs = [{"question": "Where does Ana live?", "context": "Ana lives in Lisbon and works in Porto."},
-                    {"question": "When was the bridge opened?",
-                     "context": "The bridge, designed by a local engineer, was opened in 1932 after six years."}]
-
-    default_metrics = ("f1", "exact_match")
-
-    def read(self, path, *, part, options, report, labelled=True):
-        articles = None
-        if part is not None:
-            # A task without a train file: every EVAL_EVERY-th article is eval, the others train.
-            train_ids, eval_ids = article_split(count_articles(path), EVAL_EVERY)
-            articles = eval_ids if part == "eval" else train_ids
-        return read_squad(path, articles=articles, labelled=labelled, on_invalid=options["on_invalid"], report=report)
-
-    def validate_options(self, options):
-        check_number(options, "max_answer_tokens", 1, 512, integer=True)
-        check_number(options, "n_best_size", 1, 100, integer=True)
-        if not isinstance(options["allow_no_answer"], bool):
-            raise InputError("allow_no_answer must be true or false")
-        check_number(options, "null_threshold")
-
-    def run_options(self, run):
-        return {"n_best_size": run["n_best_size"], "max_answer_tokens": run["max_answer_length"],
-                "allow_no_answer": bool(run["version_2_with_negative"]),
-                "null_threshold": run["null_score_diff_threshold"]}
-
-    def labelled(self, examples):
-        return all(e.answers or e.is_impossible for e in examples)
+class SpanObjective(Objective):
+    """The training loop's view of a QA model: cross-entropy of the answer's start and end positions."""
 
     def counts(self, batch) -> dict[str, torch.Tensor]:
         """Windows in the batch whose target lies inside the window (the feature builder's always do)."""
@@ -338,6 +303,63 @@ class QuestionAnswering(Family):
         start = output.start_logits.detach().argmax(-1) == batch.start_positions
         end = output.end_logits.detach().argmax(-1) == batch.end_positions
         return {"span_accuracy": ((start & end).sum().float(), output.start_logits.new_tensor(float(start.shape[0])))}
+
+
+class QuestionAnswering(Family):
+    """Extractive answers from contexts of any length."""
+
+    name = "question_answering"
+    aliases = ("qa", "squad", "answer", "extractive_qa")
+    model_class = BertForQuestionAnswering
+    task = "answer"
+    default_max_seq_length = 384
+    default_language = "auto"
+    options = {"max_answer_length": 30, "version_2_with_negative": False, "null_score_diff_threshold": 0.0, "n_best_size": 20}
+    export_outputs = {"start_logits": {0: "batch", 1: "sequence"}, "end_logits": {0: "batch", 1: "sequence"}}
+    example_inputs = [{"question": "Where does Ana live?", "context": "Ana lives in Lisbon and works in Porto."},
+                    {"question": "When was the bridge opened?",
+                     "context": "The bridge, designed by a local engineer, was opened in 1932 after six years."}]
+
+    default_metrics = ("f1", "exact_match")
+
+    formats = {"qa": None}
+
+    def read(self, path, *, part, task, report, labelled=True):
+        articles = None
+        if part is not None:
+            # A task without a train file: every EVAL_EVERY-th article is eval, the others train.
+            train_ids, eval_ids = article_split(count_articles(path), EVAL_EVERY)
+            articles = eval_ids if part == "eval" else train_ids
+        return read_squad(path, articles=articles, labelled=labelled, on_invalid=task.reader.on_invalid,
+                          report=report)
+
+    def validate_options(self, options):
+        check_number(options, "max_answer_length", 1, 512, integer=True)
+        check_number(options, "n_best_size", 1, 100, integer=True)
+        if not isinstance(options["version_2_with_negative"], bool):
+            raise InputError("version_2_with_negative must be true or false")
+        check_number(options, "null_score_diff_threshold")
+
+    def labelled(self, examples):
+        return all(e.answers or e.is_impossible for e in examples)
+
+    def options_for_data(self, options, examples):
+        return {**options, "version_2_with_negative": bool(options["version_2_with_negative"]) or any(
+            e.is_impossible for e in examples)}
+
+    def metric_names(self, task, dev_examples=None):
+        """exact_match and f1; with SQuAD v2.0 (`version_2_with_negative`, or any dev set when none is given)
+        also HasAns_/NoAns_ exact and f1 for the groups the dev set has."""
+        names: tuple[str, ...] = ("exact_match", "f1")
+        if dev_examples is None or task.options.get("version_2_with_negative"):
+            groups = {bool(getattr(e, "is_impossible", False)) for e in dev_examples or ()} or {False, True}
+            names += tuple(f"{group}_{kind}" for group, flag in (("HasAns", False), ("NoAns", True)) if flag in groups
+                           for kind in ("exact", "f1"))
+        return names
+
+    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> SpanObjective:
+        self.refuse_loss_settings(loss)
+        return SpanObjective()
 
     def parse(self, item: Any) -> QAExample:
         if isinstance(item, list | tuple) and len(item) == 2:
@@ -361,15 +383,16 @@ class QuestionAnswering(Family):
 
     def decode(self, examples, features, outputs, options, config, tokenizer=None):
         return decode_answers(examples, features, outputs,
-                              n_best_size=options["n_best_size"], max_answer_tokens=options["max_answer_tokens"],
-                              allow_no_answer=options["allow_no_answer"], null_threshold=options["null_threshold"],
+                              n_best_size=options["n_best_size"], max_answer_length=options["max_answer_length"],
+                              version_2_with_negative=options["version_2_with_negative"], null_score_diff_threshold=options["null_score_diff_threshold"],
                               tokenizer=tokenizer)
 
     def record(self, example, result):
         return {"id": example.qid, "question": example.question, "answers": example.answers,
                 "prediction": result["answer"], **result}
 
-    def score(self, examples, results, config, *, language="auto", version_2=False, **_):
+    def score(self, examples, results, config, *, language="auto", options=None, **_):
+        version_2 = bool((options or {}).get("version_2_with_negative"))
         predictions = {e.qid: r["answer"] for e, r in zip(examples, results)}
         gold = {e.qid: e.answers for e in examples}
         scores = evaluate_squad(predictions, gold, language=language, version="2.0" if version_2 else "1.1")

@@ -11,10 +11,11 @@ import os
 from typing import Any
 
 from bertforge import checkpoint_format
-from bertforge.checkpoint_format import LoadReport
+from bertforge.checkpoint_format import LoadReport, ModelDirectory
 from bertforge.errors import CheckpointError, ConfigError
 from bertforge.families.base import Family
 from bertforge.families.classification import FAMILY as CLASSIFICATION
+from bertforge.families.embedding import FAMILY as EMBEDDING
 from bertforge.families.multiple_choice import FAMILY as MULTIPLE_CHOICE
 from bertforge.families.pretraining import FAMILY as PRETRAINING
 from bertforge.families.question_answering import FAMILY as QUESTION_ANSWERING
@@ -22,7 +23,10 @@ from bertforge.families.tagging import FAMILY as TAGGING
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.fast_paths import set_fast_paths
 
-FAMILIES: tuple[Family, ...] = (CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE, PRETRAINING)
+# Embedding is last: its model class (`BertModel`) is the most general, so `for_model` finds a task model's
+# own family first.
+FAMILIES: tuple[Family, ...] = (CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE, PRETRAINING,
+                                EMBEDDING)
 FINETUNING_FAMILIES: tuple[Family, ...] = (CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE)
 
 
@@ -39,8 +43,8 @@ for _family in FAMILIES:
 _BY_TASK: dict[str, Family] = {f.task: f for f in FAMILIES if f.task}
 MODEL_CLASSES: dict[str, type[BertPretrainedModel]] = {
     "BertModel": BertModel, **{f.model_class.__name__: f.model_class for f in FAMILIES}}
-# The pipeline routes, in a fixed order: one per family, then `embed`, which any model's encoder serves.
-TASKS: tuple[str, ...] = (*(f.task for f in FAMILIES if f.task), "embed")
+# The pipeline routes, in a fixed order: one per family, `embed` (which any model's encoder serves) last.
+TASKS: tuple[str, ...] = tuple(f.task for f in FAMILIES if f.task)
 
 
 def family(name: str) -> Family:
@@ -56,18 +60,20 @@ def names() -> list[str]:
     return [f.name for f in FAMILIES]
 
 
-def for_task(task: str) -> Family | None:
-    """The family behind a pipeline route ("classify", "tag", "answer", "choose", "fill-mask"); None for embed."""
-    return _BY_TASK.get(task)
+def for_task(task: str) -> Family:
+    """The family behind a pipeline route ("classify", "tag", "answer", "choose", "fill-mask", "embed")."""
+    if task not in _BY_TASK:
+        raise ConfigError(f"unknown task {task!r}; choose one of {list(TASKS)}")
+    return _BY_TASK[task]
 
 
-def for_model(model: Any) -> Family | None:
-    """The family of a model instance or class (None for a bare `BertModel`)."""
+def for_model(model: Any) -> Family:
+    """The family of a model instance or class: a task model's own, embedding for a bare `BertModel`."""
     cls = model if isinstance(model, type) else type(model)
     for candidate in FAMILIES:
         if issubclass(cls, candidate.model_class):
             return candidate
-    return None
+    raise ConfigError(f"no task family holds a {cls.__name__}; bertforge has {sorted(MODEL_CLASSES)}")
 
 
 def model_class(architecture: str | None) -> type[BertPretrainedModel]:
@@ -80,17 +86,24 @@ def model_class(architecture: str | None) -> type[BertPretrainedModel]:
         raise CheckpointError(f"unknown architecture {architecture!r}; bertforge has {sorted(MODEL_CLASSES)}") from None
 
 
-def load_model(path: str | os.PathLike, cls: type[BertPretrainedModel] | None = None, *, fast_path: bool = True,
-               **kwargs: Any) -> tuple[BertPretrainedModel, LoadReport]:
-    """Load a model directory into `cls` (default: the class its config.json names), fast paths on.
+def load_model(path: str | os.PathLike | ModelDirectory, cls: type[BertPretrainedModel] | None = None, *,
+               fast_path: bool = True, **kwargs: Any) -> tuple[BertPretrainedModel, LoadReport]:
+    """Load a model directory (a path, or a directory already read) into `cls` (default: the class its
+    config.json names), fast paths on.
 
     Returns (model, report); see `checkpoint_format.load_model` for the keyword arguments. `fast_path=False`
     gives the plain reference path (padded, unfused), as `from_pretrained(..., fast_path=False)` does (a
     freshly built `BertModel` starts unpadded, so "leave it alone" would not be the plain path).
     """
     if cls is None:
-        _, architecture = checkpoint_format.read_config(path, step=kwargs.get("step"))
+        architecture = path.architecture if isinstance(path, ModelDirectory) else \
+            checkpoint_format.read_config(path, step=kwargs.get("step"))[1]
         cls = model_class(architecture)
     model, report = checkpoint_format.load_model(path, cls, **kwargs)
     set_fast_paths(model, unpad=fast_path, fused_qkv=fast_path)
     return model, report
+
+
+def formats() -> dict[str, tuple[Family, str | None]]:
+    """Every `--format` a fine-tuning run may read: name -> (its family, the problem kind it gives)."""
+    return {name: (f, kind) for f in FINETUNING_FAMILIES for name, kind in f.formats.items()}

@@ -5,7 +5,7 @@ Owns: the model (`BertForTokenClassification`: each token's hidden state -> drop
 labelled tokens, optionally class-weighted or focal; or the CRF's negative log-likelihood per row), features
 (word labels aligned to sub-tokens, long sentences windowed), decoding (word tags -> entities with character
 offsets and a score), entity-level metrics (conlleval rules, and the share of ill-formed predicted spans)
-and the pipeline's JSON. Sentences and their file readers are in `data.conll`.
+and the pipeline's JSON. Sentences and their file readers are in `data.tagging`.
 
 Alignment (the WordPiece problem): words are joined with single spaces and tokenised once; each token maps
 to the word holding its first character. The word's label goes on its first sub-token; the other pieces
@@ -42,7 +42,8 @@ import torch
 from torch import nn
 
 from bertforge.constants import IGNORE_INDEX
-from bertforge.data.conll import (
+from bertforge.data.finetuning import DataReport, Feature
+from bertforge.data.tagging import (
     LABEL_POLICIES,
     TaggingExample,
     check_tag_labels,
@@ -50,13 +51,13 @@ from bertforge.data.conll import (
     scheme_tags,
     tag_list,
 )
-from bertforge.data.finetuning import DataReport, Feature
 from bertforge.errors import CheckpointError, ConfigError, InputError
 from bertforge.families.base import (
     Family,
     FineTuningModel,
     InputSettings,
     LossSettings,
+    Objective,
     check_text,
     label_loss,
     mean_loss,
@@ -73,7 +74,7 @@ from bertforge.families.crf import (
     split_label,
     viterbi,
 )
-from bertforge.metrics.sequence_labeling import (
+from bertforge.metrics.tagging import (
     bio_to_iobes,
     count_invalid_spans,
     entity_scores,
@@ -168,7 +169,7 @@ class TagEmissions(NamedTuple):
     crf: CrfScores
 
 
-class TaggingObjective:
+class TaggingObjective(Objective):
     """The training loop's view of a tagger: `objective` with the model's CRF or the loss settings, the
     labelled tokens' accuracy, and R-Drop's consistency term.
 
@@ -205,9 +206,6 @@ class TaggingObjective:
         keep = (batch.labels != IGNORE_INDEX).flatten()  # [B*T]
         total = symmetric_kl(output_a.logits.flatten(0, 1)[keep], output_b.logits.flatten(0, 1)[keep])
         return total, self.counts(batch)[self.term]
-
-
-PLAIN_OBJECTIVE = TaggingObjective()
 
 
 def token_words(example: TaggingExample, tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
@@ -352,22 +350,27 @@ class Tagging(Family):
                     "The Nile flows through Egypt and Sudan."]
 
     default_metrics = ("f1", "precision", "recall")
+    formats = {"ner": None}
 
     def check_model(self, config: BertConfig) -> None:
         if not config.id2label:
             raise CheckpointError("the model's config.json has no id2label (tag names such as \"B-PER\"); add them")
 
-    def read(self, path, *, part, options, report, labelled=True):
-        examples = read_tagged(path, token_column=options["token_column"],
-                               tag_column=options["tag_column"] if labelled else None, separator=options["separator"],
-                               bio_errors=options["bio_errors"], on_invalid=options["on_invalid"], report=report)
+    def read(self, path, *, part, task, report, labelled=True):
+        reader = task.reader
+        examples = read_tagged(path, token_column=reader.token_column,
+                               tag_column=reader.tag_column if labelled else None, separator=reader.separator,
+                               bio_errors=reader.bio_errors, on_invalid=reader.on_invalid, report=report)
         if part is not None:
             # A task without a dev file: every DEV_EVERY-th sentence is held out, deterministically.
             held = part == "eval"
             examples = [e for i, e in enumerate(examples) if (i % DEV_EVERY == DEV_EVERY - 1) == held]
         return examples
 
-    def label_names(self, examples, given, settings, regression=False):
+    def metric_names(self, task, dev_examples=None):
+        return ("f1", "precision", "recall", "invalid_span_share")
+
+    def label_names(self, examples, given, settings, kind=None):
         # A named task's (or --labels') tag set is complete even when a small --train-limit misses some tags.
         return scheme_tags(given, settings.tag_scheme) if given else tag_list(examples, settings.tag_scheme)
 
@@ -384,24 +387,11 @@ class Tagging(Family):
                     counts[index[tag]] += 1
         return counts
 
-    def head_config(self, label_names, regression=False, multi_label=False):
+    def head_config(self, label_names, kind=None):
         return {"id2label": dict(enumerate(label_names)), "label2id": None, "problem_type": None}
 
     def labelled(self, examples):
         return all(e.tags is not None for e in examples)
-
-    # The plain objective (no CRF, plain cross-entropy); `objective_for` gives the one a model's config needs.
-    def counts(self, batch) -> dict[str, torch.Tensor]:
-        return PLAIN_OBJECTIVE.counts(batch)
-
-    def loss_terms(self, output: TaskOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        return PLAIN_OBJECTIVE.loss_terms(output, batch)
-
-    def metrics(self, output: TaskOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        return PLAIN_OBJECTIVE.metrics(output, batch)
-
-    def consistency(self, output_a, output_b, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        return PLAIN_OBJECTIVE.consistency(output_a, output_b, batch)
 
     def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> TaggingObjective:
         """The CRF likelihood when `config.use_crf`, else the cross-entropy weighed by `loss`.

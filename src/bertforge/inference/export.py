@@ -9,7 +9,9 @@ runtimes on one batch and reports milliseconds per batch.
 
 Inputs are `input_ids`, `token_type_ids`, `attention_mask` (int64 [batch, sequence]; [batch, choices,
 sequence] for multiple choice); outputs are named after the model's output fields (`logits`,
-`start_logits`/`end_logits`, `last_hidden_state`/`pooled_output`, `mlm_logits`/`nsp_logits`).
+`start_logits`/`end_logits`, `last_hidden_state`/`pooled_output`, `mlm_logits`/`nsp_logits`). Both come
+from the model's family (`families.registry.for_model`: a bare encoder is the embedding family), which
+declares them (`export_outputs`, `input_axes`).
 Needs the `export` extra: onnx, onnxruntime.
 """
 
@@ -30,7 +32,8 @@ from torch import nn
 
 from bertforge.errors import BertforgeError, ConfigError
 from bertforge.families import registry
-from bertforge.model.bert import BertModel, BertPretrainedModel
+from bertforge.families.base import Family
+from bertforge.model.bert import BertPretrainedModel
 
 FP32_TOLERANCE = 1e-4
 DEFAULT_OPSET = 17
@@ -65,15 +68,12 @@ class ExportReport:
         return f"{self.path}: max |diff| {diff}{speed}"
 
 
-def output_axes(model: BertPretrainedModel) -> dict[str, dict[int, str]]:
-    """Output names of `model` with their dynamic axes (dim -> name): its family's, or the bare encoder's."""
-    family = registry.for_model(model)
-    if family is not None:
-        return {name: dict(axes) for name, axes in family.export_outputs.items()}
-    if isinstance(model, BertModel):
-        tokens = {0: "batch", 1: "sequence"}
-        return {"last_hidden_state": tokens, **({"pooled_output": {0: "batch"}} if model.pooler is not None else {})}
-    raise ConfigError(f"cannot export a {type(model).__name__}")
+def output_axes(model: BertPretrainedModel, family: Family) -> dict[str, dict[int, str]]:
+    """The family's ONNX outputs that `model` returns, with their dynamic axes (dim -> name); a bare encoder
+    built without its pooler has no `pooled_output`, so one probe call on a short input decides."""
+    with torch.inference_mode():
+        probe = model(*example_inputs(model, family, 1, min(8, model.config.max_position_embeddings), seed=0))
+    return {name: dict(axes) for name, axes in family.export_outputs.items() if getattr(probe, name, None) is not None}
 
 
 class OnnxModule(nn.Module):
@@ -89,12 +89,11 @@ class OnnxModule(nn.Module):
         return tuple(getattr(out, name) for name in self.names)
 
 
-def example_inputs(model: BertPretrainedModel, batch: int, tokens: int, seed: int,
+def example_inputs(model: BertPretrainedModel, family: Family, batch: int, tokens: int, seed: int,
                    pad_from: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Random valid inputs; row 1 padded from `pad_from` on, segment B in the second half."""
     generator = torch.Generator().manual_seed(seed)
-    family = registry.for_model(model)
-    rank = len(family.input_axes) if family is not None else 2
+    rank = len(family.input_axes)
     shape = (batch, 2, tokens) if rank == 3 else (batch, tokens)  # two choices when the inputs are [B, C, T]
     ids = torch.randint(1, model.config.vocab_size, shape, generator=generator)
     types = torch.zeros(shape, dtype=torch.long)
@@ -103,6 +102,11 @@ def example_inputs(model: BertPretrainedModel, batch: int, tokens: int, seed: in
     if pad_from is not None and batch > 1:
         mask[1, ..., pad_from:] = 0
     return ids, types, mask
+
+
+def feeds(inputs: tuple[torch.Tensor, ...]) -> dict[str, np.ndarray]:
+    """ONNX Runtime's input dict for positional model inputs."""
+    return {name: tensor.numpy() for name, tensor in zip(INPUT_NAMES, inputs)}
 
 
 def time_ms(run, repeats: int) -> float:
@@ -114,6 +118,65 @@ def time_ms(run, repeats: int) -> float:
         run()
         times.append((time.perf_counter() - began) * 1000)
     return statistics.median(times)
+
+
+def write_onnx(wrapper: OnnxModule, family: Family, axes: dict[str, dict[int, str]], out: Path, opset: int) -> None:
+    """Trace `wrapper` into `out` (atomically: a checked temporary file, then renamed)."""
+    import onnx
+
+    input_axes = dict(family.input_axes)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
+    os.close(handle)
+    try:
+        with warnings.catch_warnings():
+            # The tracer warns about the encoder's Python-side input checks; they are checks, not data flow.
+            warnings.simplefilter("ignore")
+            torch.onnx.export(wrapper, example_inputs(wrapper.model, family, 2, 16, seed=0), tmp,
+                              input_names=list(INPUT_NAMES), output_names=wrapper.names,
+                              dynamic_axes={**{n: input_axes for n in INPUT_NAMES}, **axes},
+                              opset_version=opset, dynamo=False)
+        onnx.checker.check_model(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def check_parity(wrapper: OnnxModule, family: Family, session: Any, report: ExportReport, tolerance: float) -> None:
+    """Record the largest |ONNX Runtime - PyTorch| of every output in `report`; raise above `tolerance`."""
+    positions = wrapper.model.config.max_position_embeddings
+    # Shapes other than the traced (2, 16) prove the axes are dynamic; row 1 is padded.
+    for batch, tokens, seed in ((3, 37, 1), (1, 9, 2)):
+        tokens = min(tokens, positions)
+        inputs = example_inputs(wrapper.model, family, batch, tokens, seed, pad_from=tokens - 5)
+        with torch.inference_mode():
+            expected = wrapper(*inputs)
+        got = session.run(wrapper.names, feeds(inputs))
+        for name, ours, theirs in zip(wrapper.names, expected, got):
+            diff = float(np.abs(ours.numpy() - theirs).max())
+            report.max_abs_diff[name] = max(report.max_abs_diff.get(name, 0.0), diff)
+    worst = max(report.max_abs_diff.values())
+    if worst > tolerance:
+        raise BertforgeError(f"{report.path}: ONNX Runtime differs from PyTorch by {worst:.2e} (> {tolerance:.0e}); "
+                             f"per output {report.max_abs_diff}. Do not deploy this file; report the model and "
+                             "versions")
+
+
+def time_runtimes(wrapper: OnnxModule, family: Family, session: Any, report: ExportReport, repeats: int) -> None:
+    """Median milliseconds per batch of `report.speed_shape` in PyTorch and in ONNX Runtime, into `report`."""
+    batch, tokens = report.speed_shape
+    inputs = example_inputs(wrapper.model, family, batch, min(tokens, wrapper.model.config.max_position_embeddings),
+                            seed=3)
+    arrays = feeds(inputs)
+
+    def run_torch() -> Any:
+        with torch.inference_mode():
+            return wrapper(*inputs)
+
+    report.torch_ms = time_ms(run_torch, repeats)
+    report.onnxruntime_ms = time_ms(lambda: session.run(wrapper.names, arrays), repeats)
 
 
 def export_onnx(model_dir: str | os.PathLike, out_path: str | os.PathLike, *, opset: int = DEFAULT_OPSET,
@@ -137,35 +200,18 @@ def export_onnx(model_dir: str | os.PathLike, out_path: str | os.PathLike, *, op
             inspection). ConfigError: onnx / onnxruntime are missing.
     """
     try:
-        import onnx
+        import onnx  # noqa: F401  (checked here, before the model loads; `write_onnx` uses it)
     except ImportError:
         raise ConfigError("ONNX export needs the 'export' extra: pip install 'bertforge[export]'") from None
     # The plain path: tracing records one graph, and the padding-free layout's per-sequence loop is not one.
     model, _ = registry.load_model(model_dir, fast_path=False)
     model = model.float().eval()
-    axes = output_axes(model)
-    names = list(axes)
-    wrapper = OnnxModule(model, names).eval()
     family = registry.for_model(model)
-    input_axes = dict(family.input_axes) if family is not None else {0: "batch", 1: "sequence"}
+    axes = output_axes(model, family)
+    wrapper = OnnxModule(model, list(axes)).eval()
     out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
-    os.close(handle)
-    try:
-        with warnings.catch_warnings():
-            # The tracer warns about the encoder's Python-side input checks; they are checks, not data flow.
-            warnings.simplefilter("ignore")
-            torch.onnx.export(wrapper, example_inputs(model, 2, 16, seed=0), tmp, input_names=list(INPUT_NAMES),
-                              output_names=names, dynamic_axes={**{n: input_axes for n in INPUT_NAMES}, **axes},
-                              opset_version=opset, dynamo=False)
-        onnx.checker.check_model(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    report = ExportReport(out, names, speed_shape=speed_shape)
+    write_onnx(wrapper, family, axes, out, opset)
+    report = ExportReport(out, list(axes), speed_shape=speed_shape)
     if not check:
         return report
     try:
@@ -174,34 +220,8 @@ def export_onnx(model_dir: str | os.PathLike, out_path: str | os.PathLike, *, op
         raise ConfigError("the parity check needs onnxruntime: pip install 'bertforge[export]' "
                           "(or pass check=False)") from None
     session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-
-    def feeds(inputs: tuple[torch.Tensor, ...]) -> dict[str, np.ndarray]:
-        return {name: tensor.numpy() for name, tensor in zip(INPUT_NAMES, inputs)}
-
-    # Shapes other than the traced (2, 16) prove the axes are dynamic; row 1 is padded.
-    for batch, tokens, seed in ((3, 37, 1), (1, 9, 2)):
-        tokens = min(tokens, model.config.max_position_embeddings)
-        inputs = example_inputs(model, batch, tokens, seed, pad_from=tokens - 5)
-        with torch.inference_mode():
-            expected = wrapper(*inputs)
-        got = session.run(names, feeds(inputs))
-        for name, ours, theirs in zip(names, expected, got):
-            diff = float(np.abs(ours.numpy() - theirs).max())
-            report.max_abs_diff[name] = max(report.max_abs_diff.get(name, 0.0), diff)
-    worst = max(report.max_abs_diff.values())
-    if worst > tolerance:
-        raise BertforgeError(f"{out}: ONNX Runtime differs from PyTorch by {worst:.2e} (> {tolerance:.0e}); per "
-                             f"output {report.max_abs_diff}. Do not deploy this file; report the model and versions")
-    batch, tokens = speed_shape
-    inputs = example_inputs(model, batch, min(tokens, model.config.max_position_embeddings), seed=3)
-    arrays = feeds(inputs)
-
-    def run_torch() -> Any:
-        with torch.inference_mode():
-            return wrapper(*inputs)
-
-    report.torch_ms = time_ms(run_torch, repeats)
-    report.onnxruntime_ms = time_ms(lambda: session.run(names, arrays), repeats)
+    check_parity(wrapper, family, session, report, tolerance)
+    time_runtimes(wrapper, family, session, report, repeats)
     return report
 
 

@@ -1,8 +1,9 @@
 """Inference pipelines: raw inputs in, plain JSON-ready results out, for any saved model directory.
 
-One pipeline per family route (`classify`, `tag`, `answer`, `choose`, `fill-mask`: see `families.registry`)
-plus `embed` (any model's encoder: cls / mean / max pooling over real tokens). A pipeline is the family's
-one path from input to answer, the same that `bertforge evaluate` takes:
+One pipeline per family route (`classify`, `tag`, `answer`, `choose`, `fill-mask`, `embed`: see
+`families.registry`); `embed` is the embedding family, which any model's encoder serves (`EmbedPipeline`
+adds `encode`, numpy vectors). A pipeline is the family's one path from input to answer, the same that
+`bertforge evaluate` takes:
 
 1. `family.parse` validates every input (a string or a JSON object) into an example,
 2. `family.features` builds the windows, with the input settings the model was fine-tuned with (its
@@ -18,6 +19,10 @@ a window's output does not depend on which other windows share its batch (up to 
 Long inputs are windowed by every family (see `tokenization.windows` and each family's docstring for how
 windows are combined); `embed` truncates to one window.
 
+Every route has a family, and a model serves a family when it is the family's model class or holds one as its
+encoder (`serves`): a task model's encoder serves `embed`. The model directory's fine-tuning record sets the
+inputs of the model's own family only (a classifier's record does not re-window `embed`).
+
 Precision: one rule for every path. The default is fp32, the same as `bertforge evaluate` and
 training-time evaluation, so that by default `predict`, the pipelines and the server return exactly the
 answers evaluate scored (same labels, spans and scores within 1e-5 on any machine; bf16 would move scores by
@@ -31,7 +36,8 @@ at most `BF16_PROBABILITY_TOLERANCE`, embeddings down to cosine 1 - `BF16_COSINE
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -41,11 +47,12 @@ import torch.nn.functional as F
 
 from bertforge import checkpoint_format, runtime
 from bertforge.checkpoint_format import LoadReport
-from bertforge.data.finetuning import Feature
+from bertforge.data.finetuning import Feature, FinetuneBatch
 from bertforge.errors import CheckpointError, ConfigError, DataError, InputError
 from bertforge.evaluation import run_features
 from bertforge.families import registry
-from bertforge.families.base import InputSettings, text_of
+from bertforge.families.base import Family, InputSettings
+from bertforge.families.task import TaskDescription, read_description
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.fast_paths import set_fast_paths
 
@@ -74,13 +81,31 @@ def feature_tokens(feature: Feature) -> int:
     return len(ids)
 
 
-def input_settings(model: BertPretrainedModel, tokenizer, family, record: Mapping[str, Any] | None,
+def serves(cls: type[BertPretrainedModel], family: Family) -> bool:
+    """Whether models of class `cls` can run `family`: they are its model class, or hold one as their encoder
+    (every task model holds a `BertModel` under its `encoder_prefix`, so any model serves embed)."""
+    holds_encoder = bool(cls.encoder_prefix) and issubclass(BertModel, family.model_class)
+    return issubclass(cls, family.model_class) or holds_encoder
+
+
+def saved_task(model: BertPretrainedModel, family: Family, record: Mapping[str, Any] | None
+               ) -> TaskDescription | None:
+    """The task description the model was fine-tuned with (`finetuning.json`, read as evaluate reads it) when
+    it describes this family; None otherwise (a classifier's record says nothing about embed)."""
+    if record is not None and registry.for_model(model) is family:
+        return read_description(record, family)
+    return None
+
+
+def input_settings(model: BertPretrainedModel, tokenizer, family: Family, task: TaskDescription | None,
                    max_length: int | None, doc_stride: int | None) -> InputSettings:
-    """How this pipeline builds inputs: the fine-tuning record's settings (as evaluate uses them), else
-    the family's default window, capped by the model's and tokenizer's limits; explicit arguments win."""
+    """How this pipeline builds inputs: the saved task's input settings, else the family's default window,
+    capped by the model's and tokenizer's limits; explicit arguments win."""
     limit = min(tokenizer.model_max_length, model.config.max_position_embeddings)
-    default = family.default_max_seq_length if family is not None else limit
-    settings = InputSettings.from_record(record, max_seq_length=min(default, limit))
+    if task is not None:
+        settings = task.inputs
+    else:
+        settings = InputSettings(max_seq_length=min(family.default_max_seq_length, limit))
     changes = {}
     if max_length:
         changes["max_seq_length"] = max_length
@@ -101,7 +126,8 @@ class Pipeline:
 
     Args:
         task: the route ("classify", "tag", "answer", "choose", "fill-mask"); `EmbedPipeline` for "embed".
-        model: a bertforge model whose class suits the task; it is moved to `device` (fast paths on).
+        model: a bertforge model that serves the task's family (`serves`); it is moved to `device` (fast
+            paths on).
         tokenizer: the model directory's tokenizer.
         device: "auto" (CUDA when available), "cpu", "cuda:0" ...
         precision: "fp32" (the default, as evaluate), "bf16", or "auto" (`runtime.choose_precision`: bf16 on a
@@ -119,6 +145,10 @@ class Pipeline:
                  doc_stride: int | None = None, record: Mapping[str, Any] | None = None,
                  report: LoadReport | None = None):
         check_task(task)
+        own = ROUTE_PIPELINES.get(task, Pipeline)
+        if not isinstance(self, own):
+            raise InputError(f"task {task!r} runs through {own.__name__}: use {own.__name__}(model, tokenizer) or "
+                             f"make_pipeline({task!r}, model, tokenizer)")
         self.task = task
         self.family = registry.for_task(task)
         self.check_model(model, report)
@@ -132,13 +162,17 @@ class Pipeline:
         self.config = model.config
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        self.settings = input_settings(model, tokenizer, self.family, record, max_length, doc_stride)
+        # The saved task's decoding options are the defaults (QA's n-best size, answer length, SQuAD v2.0
+        # decoding, ...), so predict and the server decode as evaluate scored; a call's options override them.
+        saved = saved_task(model, self.family, record)
+        self.options = dict(saved.options) if saved is not None else dict(self.family.options)
+        self.settings = input_settings(model, tokenizer, self.family, saved, max_length, doc_stride)
         self.max_length = self.settings.max_seq_length
         self.precision, self.precision_report = self.choose_precision(precision)
 
     @property
     def defaults(self) -> dict[str, Any]:
-        return dict(self.family.options)
+        return dict(self.options)
 
     @property
     def bf16_tolerance(self) -> float:
@@ -150,12 +184,12 @@ class Pipeline:
 
     @property
     def family_name(self) -> str:
-        return self.family.name if self.family is not None else "any encoder"
+        return self.family.name
 
     @property
     def description(self) -> str:
         """What the route does, for the server's OpenAPI page: the family's own description."""
-        return (type(self.family).__doc__ or "").strip() if self.family is not None else (type(self).__doc__ or "").strip()
+        return (type(self.family).__doc__ or "").strip()
 
     @property
     def example(self) -> dict[str, Any]:
@@ -164,9 +198,7 @@ class Pipeline:
 
     def check_model(self, model: BertPretrainedModel, report: LoadReport | None) -> None:
         family = self.family
-        if family is None:  # embed: every model has an encoder
-            return
-        if not isinstance(model, family.model_class):
+        if not serves(type(model), family):
             raise CheckpointError(f"{self.task} needs a {family.model_class.__name__} (the {family.name} family); "
                                   f"this is a {type(model).__name__}")
         family.check_model(model.config)
@@ -176,8 +208,8 @@ class Pipeline:
                                   f"{self.task} would return random predictions — fine-tune the model first")
 
     def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        """Defaults merged with `options`; unknown names or bad values raise InputError."""
-        return self.family.check_options(options, self.config)
+        """This pipeline's defaults merged with `options`; unknown names or bad values raise InputError."""
+        return self.family.check_options({**self.options, **options}, self.config)
 
     def parse(self, item: Any) -> Any:
         """Validate one raw input (a string or a JSON object); raise InputError naming the problem."""
@@ -215,9 +247,13 @@ class Pipeline:
                 precision: str | None = None) -> list[Any]:
         """Step 3: one model output per feature, in order. Any subset of an input's features may run in any
         call: `decode` gets them back together."""
-        return run_features(self.model, features, self.family.forward, batch_size=self.batch_size,
+        return run_features(self.model, features, self.family_forward(options), batch_size=self.batch_size,
                             pad_token_id=self.tokenizer.pad_token_id, device=self.device,
                             precision=precision or self.precision)
+
+    def family_forward(self, options: dict[str, Any]) -> Callable[[torch.nn.Module, FinetuneBatch], list[Any]]:
+        """The family's forward for one call. Its options act in `decode`, so the run does not depend on them."""
+        return self.family.forward
 
     def decode(self, parsed: Sequence[Any], features: Sequence[Feature], outputs: Sequence[Any],
                options: dict[str, Any]) -> list[dict[str, Any]]:
@@ -271,92 +307,26 @@ class Pipeline:
 
 # --- embed -----------------------------------------------------------------------------------------------
 
-POOLINGS = ("cls", "mean", "max")
-
-
 class EmbedPipeline(Pipeline):
-    """Sentence vectors from any model's encoder.
+    """The `embed` route: sentence vectors from any model's encoder (the embedding family does the work).
 
-    Pooling over real tokens only (padding never counts): "cls" (the [CLS] hidden state), "mean" (average of
-    every real token, specials included, as sentence-transformers does) or "max" (per-feature maximum);
-    `layer` picks the hidden state (-1 last, 0 embeddings); `normalize` scales vectors to unit length.
-    A text longer than the window is truncated to it (a sentence vector of one window).
-    Raw pretrained BERT vectors are poorly calibrated for cosine similarity (all pairs score high); compare
-    ranks, or use a model trained for sentence embeddings (e.g. all-MiniLM-L6-v2) — see docs/serving.md.
+    What it adds to `Pipeline`: the call's options reach the family's forward (pooling and layer shape the
+    model run, not only the decoding), bf16 is held to the cosine contract (`BF16_COSINE_TOLERANCE`), and
+    `encode` returns one float32 array.
     """
 
-    options = {"pooling": "mean", "normalize": False, "layer": -1}
-    example_inputs = ["A man is eating food.", "A cat sits on the mat.", "The stock market fell sharply today."]
-
     def __init__(self, model: BertPretrainedModel, tokenizer, **kwargs: Any):
-        # Any model's encoder serves embed: no head to check, and one window (no fine-tuning record).
-        kwargs.pop("record", None)
-        kwargs.pop("report", None)
         super().__init__("embed", model, tokenizer, **kwargs)
-
-    @property
-    def defaults(self) -> dict[str, Any]:
-        return dict(self.options)
 
     @property
     def bf16_tolerance(self) -> float:
         return BF16_COSINE_TOLERANCE
 
-    def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(options) - set(self.options))
-        if unknown:
-            raise InputError(f"unknown option(s) {unknown} for embed; known: {sorted(self.options)}")
-        merged = {**self.options, **options}
-        if merged["pooling"] not in POOLINGS:
-            raise InputError(f"pooling must be one of {POOLINGS}, got {merged['pooling']!r}")
-        if not isinstance(merged["normalize"], bool):
-            raise InputError("normalize must be true or false")
-        layers = self.config.num_hidden_layers
-        layer = merged["layer"]
-        if isinstance(layer, bool) or not isinstance(layer, int) or not -layers - 1 <= layer <= layers:
-            raise InputError(f"layer must be an integer in [{-layers - 1}, {layers}] (-1 = last), got {layer!r}")
-        return merged
+    def family_forward(self, options: dict[str, Any]) -> Callable[[torch.nn.Module, FinetuneBatch], list[Any]]:
+        return partial(self.family.forward, options=options)
 
-    def parse(self, item: Any) -> str:
-        return text_of(item)
-
-    def encoder(self) -> BertModel:
-        return self.model if isinstance(self.model, BertModel) else self.model.bert
-
-    def features(self, parsed: Sequence[str]) -> list[Feature]:
-        features = []
-        for index, text in enumerate(parsed):
-            encoding = self.tokenizer.encode(text, truncation="longest_first", max_length=self.max_length)
-            features.append(Feature(index, encoding.ids, encoding.type_ids))
-        return features
-
-    def forward(self, features, options, precision=None) -> list[torch.Tensor]:
-        encoder = self.encoder()
-
-        def forward(model, batch):
-            layer = options["layer"]
-            out = encoder(batch.input_ids, batch.token_type_ids, batch.attention_mask,
-                          output_hidden_states=layer != -1)
-            hidden = (out.last_hidden_state if layer == -1 else out.hidden_states[layer]).float()  # [B, T, H]
-            real = batch.attention_mask.bool()[..., None]  # [B, T, 1]
-            if options["pooling"] == "cls":
-                vectors = hidden[:, 0]
-            elif options["pooling"] == "mean":
-                vectors = (hidden * real).sum(1) / real.sum(1).clamp(min=1)  # [B, T, H] -> [B, H]
-            else:
-                vectors = hidden.masked_fill(~real, float("-inf")).max(1).values  # [B, T, H] -> [B, H]
-            if options["normalize"]:
-                vectors = F.normalize(vectors, dim=-1)
-            return list(vectors.cpu())
-
-        return run_features(self.model, features, forward, batch_size=self.batch_size,
-                            pad_token_id=self.tokenizer.pad_token_id, device=self.device,
-                            precision=precision or self.precision)
-
-    def decode(self, parsed, features, outputs, options):
-        return [{"embedding": vector.tolist()} for vector in outputs]
-
-    def score_deviation(self, reference, candidate):
+    def score_deviation(self, reference: list[dict], candidate: list[dict]) -> float:
+        """The largest 1 - cosine between an fp32 vector and its bf16 counterpart."""
         return max(1.0 - float(F.cosine_similarity(torch.tensor(a["embedding"]), torch.tensor(b["embedding"]), dim=0))
                    for a, b in zip(reference, candidate))
 
@@ -369,20 +339,24 @@ class EmbedPipeline(Pipeline):
         return torch.stack(self.forward(self.features(parsed), merged)).numpy()
 
 
+# Routes whose pipeline is a subclass (constructed as `cls(model, tokenizer, **options)`); the others use
+# `Pipeline` itself.
+ROUTE_PIPELINES: dict[str, type[Pipeline]] = {"embed": EmbedPipeline}
+
+
 # --- loading ---------------------------------------------------------------------------------------------
 
 def make_pipeline(task: str, model: BertPretrainedModel, tokenizer, **options: Any) -> Pipeline:
     """The pipeline for `task` over an already loaded model."""
     check_task(task)
-    if task == "embed":
-        return EmbedPipeline(model, tokenizer, **options)
+    if task in ROUTE_PIPELINES:
+        return ROUTE_PIPELINES[task](model, tokenizer, **options)
     return Pipeline(task, model, tokenizer, **options)
 
 
 def supported_tasks(model: BertPretrainedModel) -> list[str]:
     """The tasks a loaded model can serve, in `TASKS` order (always including embed)."""
-    return [task for task in TASKS
-            if task == "embed" or isinstance(model, registry.for_task(task).model_class)]
+    return [task for task in TASKS if serves(type(model), registry.for_task(task))]
 
 
 def load_pipeline(model_dir: str | Path, task: str, **options: Any) -> Pipeline:
@@ -408,7 +382,7 @@ def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None,
     named = registry.model_class(directory.architecture)
     for task in tasks or ():
         family = registry.for_task(task)
-        if family is not None and not issubclass(named, family.model_class):
+        if not serves(named, family):
             raise CheckpointError(f"{model_dir}: config.json names architecture {directory.architecture or 'BertModel'}"
                                   f", but {task} needs a {family.model_class.__name__} checkpoint; use a model "
                                   f"fine-tuned for {task}, or task 'embed'")

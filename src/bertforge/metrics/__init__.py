@@ -13,7 +13,13 @@ from bertforge.metrics.classification import (
     prediction_collapse,
     spearman,
 )
-from bertforge.metrics.sequence_labeling import (
+from bertforge.metrics.question_answering import (
+    evaluate_squad,
+    normalize_answer,
+    score_answer,
+    squad_gold_answers,
+)
+from bertforge.metrics.tagging import (
     Entity,
     TagProblem,
     bio_to_iobes,
@@ -23,9 +29,12 @@ from bertforge.metrics.sequence_labeling import (
     get_entities,
     iobes_to_bio,
 )
-from bertforge.metrics.squad import evaluate_squad, normalize_answer, score_answer, squad_gold_answers
+
+# Metrics where a smaller value is better (a run's best checkpoint minimises them).
+LOWER_IS_BETTER = frozenset({"mse", "invalid_span_share"})
 
 __all__ = [
+    "LOWER_IS_BETTER",
     "Entity",
     "TagProblem",
     "accuracy",

@@ -9,7 +9,8 @@ Two quantities, named for what they are:
 
 Every long input of every family (classification, tagging, QA) is cut by `window_spans`, and every token
 is credited to the window where it has the most context on both sides (`max_context_windows`, Google's
-`_check_is_max_context`; see google-research/bert#66). The tokenizer's overflow windows use the same rule.
+`_check_is_max_context`; see google-research/bert#66). Text pairs reach it through `pairs.pair_windows`,
+which decides the room (how the other segment is cut) and lays the windows out.
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ are off by default; each is one field here, described in `bertforge.training.loo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from bertforge.configuration import setting
 from bertforge.errors import ConfigError
 
 OPTIMIZERS = ("adamw", "lamb")
@@ -23,93 +24,74 @@ PRECISION_NAMES = ("auto", "fp32", "bf16", "fp16")
 
 @dataclass
 class TrainingConfig:
-    """Settings of `bertforge.training.loop.train`.
+    """Settings of `bertforge.training.loop.train`. Each field carries its help text (`setting`), which the
+    command line's `--help` shows; the recipes (patience, layer_lr_decay, fgm_epsilon, rdrop_alpha, ema_decay)
+    are off at their defaults."""
 
-    Attributes:
-        steps: optimizer steps to train for; 0 = use `epochs`.
-        epochs: passes over the batch source (fractions allowed) when `steps` is 0.
-        batch_size: examples per micro-batch per device (used by whoever builds the batch source).
-        grad_accumulation: micro-batches per optimizer step.
-        lr: peak learning rate (reached at the end of warmup).
-        warmup_steps / warmup_ratio: linear warmup length; steps win when both are set.
-        schedule: after warmup, `linear` decay to 0 at the last step (BERT's) or `constant`.
-        weight_decay: decoupled weight decay, not applied to biases and LayerNorm weights.
-        optimizer: `adamw` (fine-tuning, pretraining up to ~1k batch) or `lamb` (large-batch pretraining).
-        betas, eps: Adam moments; eps 1e-6 as BERT used (PyTorch's default is 1e-8).
-        max_grad_norm: global gradient-norm clipping; 0 disables clipping (the norm is still logged).
-        precision: auto (bf16 on a capable GPU, else fp32), fp32, bf16 or fp16 (with dynamic loss scaling).
-        device: auto (cuda if available), cpu, cuda, cuda:N; under torchrun each rank uses cuda:LOCAL_RANK.
-        log_every: optimizer steps between training log lines (loss terms, metrics, lr, tokens/s).
-        eval_every: steps between evaluations; 0 = only at the end.
-        save_every: steps between checkpoints; 0 = only the final one.
-        keep_last: checkpoints kept (older ones are deleted); 0 keeps all.
-        seed: seeds Python, NumPy and torch (each rank adds its rank).
-        deterministic: deterministic GPU kernels (slower).
-        out_dir: checkpoints, metrics.jsonl and TensorBoard logs go here.
-        resume: `auto` (latest checkpoint in out_dir, if any), `never` (a fresh run; refused when out_dir
-            already holds checkpoints), or a checkpoint directory.
-        compile: wrap the model in torch.compile.
-        activation_checkpointing: recompute each encoder layer in the backward pass instead of storing its
-            activations (much less memory for about a third more compute; same gradients).
-        fused_adamw: PyTorch's fused AdamW kernel, on CUDA or CPU (ignored for LAMB); the same update, tested.
-        max_nonfinite_steps: consecutive steps with non-finite loss/gradients tolerated (each skipped)
-            before training stops with an error; fp16 tolerates 16 more while its loss scale adapts.
-        progress: show a progress bar on the main process.
-        tensorboard: also write TensorBoard events when the `tensorboard` package is installed.
-        patience: early stopping: stop after this many evaluations in a row (one every `eval_every` steps; needs
-            a dev set) that did not beat the best metric by more than `min_delta`, with a resumable checkpoint
-            at that step; 0 = off.
-        min_delta: how much an evaluation must beat the best so far by to reset the patience count, in the
-            metric's units (0 = any improvement; the best model still follows every improvement).
-        layer_lr_decay: layer-wise learning-rate decay in (0, 1]: the head and the pooler train at `lr`,
-            encoder layer i of L (0-based) at lr * decay**(L - i), the embeddings at lr * decay**(L + 1);
-            1 = one learning rate for all (e.g. 0.9 for base models, 0.95 for large ones).
-        fgm_epsilon: adversarial training by FGM (Miyato et al., 2017): every micro-batch also backpropagates
-            its loss with the word embeddings moved by epsilon along the normalised gradient (one more
-            forward and backward per micro-batch); 0 = off, 1.0 is the usual value.
-        rdrop_alpha: R-Drop (Liang et al., 2021): every micro-batch runs twice with independent dropout and
-            adds alpha times the task's consistency term between the two passes (logged as loss_rdrop);
-            0 = off; 1-5 are usual for classification. Needs a task objective with a consistency term.
-        ema_decay: keep an exponential moving average of the weights, shadow = d * shadow + (1 - d) * weights
-            after every optimizer step; evaluation, the best model, the checkpoints' model weights and the
-            model `train` returns are the averaged weights; 0 = off, e.g. 0.999.
-    """
-
-    steps: int = 0
-    epochs: float = 1.0
-    batch_size: int = 32
-    grad_accumulation: int = 1
-    lr: float = 1e-4
-    warmup_steps: int = 0
-    warmup_ratio: float = 0.0
-    schedule: str = "linear"
-    weight_decay: float = 0.01
-    optimizer: str = "adamw"
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-6
-    max_grad_norm: float = 1.0
-    precision: str = "auto"
-    device: str = "auto"
-    log_every: int = 50
-    eval_every: int = 0
-    save_every: int = 0
-    keep_last: int = 3
-    seed: int = 42
-    deterministic: bool = False
-    out_dir: str = "runs/train"
-    resume: str = "never"
-    compile: bool = False
-    activation_checkpointing: bool = False
-    fused_adamw: bool = False
-    max_nonfinite_steps: int = 5
-    progress: bool = True
-    tensorboard: bool = True
-    patience: int = 0
-    min_delta: float = 0.0
-    layer_lr_decay: float = 1.0
-    fgm_epsilon: float = 0.0
-    rdrop_alpha: float = 0.0
-    ema_decay: float = 0.0
+    steps: int = setting(0, "optimizer steps to train for; 0 = use `epochs`")
+    epochs: float = setting(1.0, "passes over the batch source (fractions allowed) when `steps` is 0")
+    # (used by whoever builds the batch source: the loop takes batches as they come)
+    batch_size: int = setting(32, "examples per micro-batch per device")
+    grad_accumulation: int = setting(1, "micro-batches per optimizer step")
+    lr: float = setting(1e-4, "peak learning rate (reached at the end of warmup)")
+    warmup_steps: int = setting(0, "linear warmup length in optimizer steps; wins over warmup_ratio when set")
+    warmup_ratio: float = setting(0.0, "linear warmup length as a fraction of the steps, when warmup_steps is 0")
+    schedule: str = setting("linear", "after warmup: linear decay to 0 at the last step (BERT's) or constant",
+                            choices=SCHEDULES)
+    weight_decay: float = setting(0.01, "decoupled weight decay, not applied to biases and LayerNorm weights")
+    optimizer: str = setting("adamw", "adamw (fine-tuning, pretraining up to ~1k batch) or lamb (large-batch "
+                                      "pretraining)", choices=OPTIMIZERS)
+    betas: list[float] = setting(help="Adam's moment decay rates", factory=lambda: [0.9, 0.999])
+    eps: float = setting(1e-6, "Adam's epsilon (BERT used 1e-6; PyTorch's default is 1e-8)")
+    max_grad_norm: float = setting(1.0, "global gradient-norm clipping; 0 disables clipping (the norm is still "
+                                        "logged)")
+    precision: str = setting("auto", "auto = bf16 on a CUDA GPU with bf16 support, else fp32; or fp32, bf16, "
+                                     "fp16 (with dynamic loss scaling)", choices=PRECISION_NAMES)
+    device: str = setting("auto", "auto (cuda if available), cpu, cuda or cuda:N; under torchrun each rank uses "
+                                  "cuda:LOCAL_RANK")
+    log_every: int = setting(50, "optimizer steps between training log lines (loss terms, metrics, lr, "
+                                 "tokens/s)")
+    eval_every: int = setting(0, "steps between evaluations; 0 = only at the end")
+    save_every: int = setting(0, "steps between checkpoints; 0 = only the final one")
+    keep_last: int = setting(3, "checkpoints kept (older ones are deleted); 0 keeps all")
+    seed: int = setting(42, "seeds Python, NumPy and torch (each rank adds its rank)")
+    deterministic: bool = setting(False, "deterministic GPU kernels (slower)")
+    out_dir: str = setting("runs/train", "checkpoints, metrics.jsonl and TensorBoard logs go here")
+    resume: str = setting("never", "auto (the latest checkpoint in out_dir, if any), never (a fresh run; refused "
+                                   "when out_dir already holds checkpoints), or a checkpoint directory")
+    compile: bool = setting(False, "wrap the model in torch.compile")
+    activation_checkpointing: bool = setting(False, "recompute each encoder layer in the backward pass instead of "
+                                                    "storing its activations (much less memory for about a third "
+                                                    "more compute; same gradients)")
+    fused_adamw: bool = setting(False, "PyTorch's fused AdamW kernel, on CUDA or CPU (ignored for LAMB); the same "
+                                       "update, tested")
+    max_nonfinite_steps: int = setting(5, "consecutive steps with non-finite loss/gradients tolerated (each "
+                                          "skipped) before training stops with an error; fp16 tolerates 16 more "
+                                          "while its loss scale adapts")
+    progress: bool = setting(True, "show a progress bar on the main process")
+    tensorboard: bool = setting(True, "also write TensorBoard events when the `tensorboard` package is installed")
+    patience: int = setting(0, "early stopping: stop after this many evaluations in a row (one every "
+                               "`eval_every` steps; needs a dev set) that did not beat the best metric by more "
+                               "than `min_delta`, with a resumable checkpoint at that step; 0 = off")
+    min_delta: float = setting(0.0, "how much an evaluation must beat the best so far by to reset the patience "
+                                    "count, in the metric's units (0 = any improvement; the best model still "
+                                    "follows every improvement)")
+    layer_lr_decay: float = setting(1.0, "layer-wise learning-rate decay in (0, 1]: the head and the pooler train "
+                                         "at `lr`, encoder layer i of L (0-based) at lr * decay**(L - i), the "
+                                         "embeddings at lr * decay**(L + 1); 1 = one learning rate for all (e.g. "
+                                         "0.9 for base models, 0.95 for large ones)")
+    fgm_epsilon: float = setting(0.0, "adversarial training by FGM (Miyato et al., 2017): every micro-batch also "
+                                      "backpropagates its loss with the word embeddings moved by epsilon along "
+                                      "the normalised gradient (one more forward and backward per micro-batch); "
+                                      "0 = off, 1.0 is the usual value")
+    rdrop_alpha: float = setting(0.0, "R-Drop (Liang et al., 2021): every micro-batch runs twice with independent "
+                                      "dropout and adds alpha times the task's consistency term between the two "
+                                      "passes (logged as loss_rdrop); 0 = off; 1-5 are usual for classification. "
+                                      "Needs a task objective with a consistency term")
+    ema_decay: float = setting(0.0, "keep an exponential moving average of the weights, shadow = d * shadow + "
+                                    "(1 - d) * weights after every optimizer step; evaluation, the best model, "
+                                    "the checkpoints' model weights and the model `train` returns are the "
+                                    "averaged weights; 0 = off, e.g. 0.999")
 
     def __post_init__(self) -> None:
         def need(cond: bool, name: str, fix: str) -> None:

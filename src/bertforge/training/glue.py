@@ -2,7 +2,7 @@
 root, print the paper's table (task, metric, dev score) and write the test-set predictions in the GLUE
 leaderboard's submission format.
 
-Each task is a named task of `training.finetuning.TASKS` (`cola`, `sst2`, `mrpc`, `stsb`, `qqp`, `mnli`,
+Each task is a named task of `families.tasks.TASKS` (`cola`, `sst2`, `mrpc`, `stsb`, `qqp`, `mnli`,
 `qnli`, `rte`, `wnli`) reading the official files as GLUE ships them; this module adds what only the
 benchmark needs, one `GlueRow` per row of the table and per submission file:
 
@@ -27,6 +27,7 @@ a float in [0, 5] with three decimals (STS-B; the model's value clipped to the s
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -34,11 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bertforge.configuration import shared_data_root
+from bertforge.configuration import merge, set_dotted, shared_data_root
 from bertforge.data.classification import read_classification
 from bertforge.errors import ConfigError, DataError
+from bertforge.evaluation.saved_model import evaluate
+from bertforge.families.tasks import TASKS
 from bertforge.storage import write_json
-from bertforge.training.finetuning import TASKS, evaluate, load_finetune_config, run_finetuning
+from bertforge.training.finetune import run_finetuning
+from bertforge.training.finetune_config import load_finetune_config
 
 log = logging.getLogger("bertforge.glue")
 
@@ -61,8 +65,8 @@ class GlueRow:
         test: candidate paths of the unlabeled test file under the data root, the first present one is used.
         metrics: the metrics shown, in the paper's order.
         index_column: the header name of the column holding the row ids the leaderboard expects.
-        test_overrides: `evaluate` overrides (FinetuneConfig flat keys) for a test file laid out unlike the
-            training file.
+        test_overrides: `evaluate` overrides of the task description (reader settings) for a test file laid
+            out unlike the training file.
     """
 
     name: str
@@ -88,7 +92,7 @@ GLUE_ROWS: tuple[GlueRow, ...] = (
     _row("QQP", "qqp", "QQP", ("f1", "accuracy"), index_column="id"),
     _row("QNLI", "qnli", "QNLI", ("accuracy",)),
     _row("SST-2", "sst2", "SST-2", ("accuracy",)),
-    _row("CoLA", "cola", "CoLA", ("mcc",), test_overrides={"text_a_column": "sentence", "header": True}),
+    _row("CoLA", "cola", "CoLA", ("mcc",), test_overrides={"reader": {"text_a_column": "sentence", "header": True}}),
     _row("STS-B", "stsb", "STS-B", ("pearson", "spearman")),
     _row("MRPC", "mrpc", "MRPC", ("f1", "accuracy")),
     _row("RTE", "rte", "RTE", ("accuracy",)),
@@ -99,14 +103,29 @@ GLUE_ROWS: tuple[GlueRow, ...] = (
                                       "glue/AX/diagnostic.tsv"), ()),
 )
 # Run settings per task that the official files need: QQP's train.tsv has a few rows with missing columns.
-TASK_VALUES: dict[str, dict[str, Any]] = {"qqp": {"on_invalid": "skip"}}
-# The `bertforge glue` training flags and the FinetuneConfig flat keys they set.
-TRAINING_KEYS = ("epochs", "steps", "batch_size", "lr", "warmup_ratio", "max_seq_length", "train_limit",
-                 "dev_limit", "seed", "device", "precision", "on_invalid", "eval_batch_size")
+TASK_VALUES: dict[str, dict[str, Any]] = {"qqp": {"data": {"on_invalid": "skip"}}}
+# The `bertforge glue` settings and the FinetuneConfig key each sets.
+TRAINING_KEYS = {"epochs": "training.epochs", "steps": "training.steps", "batch_size": "training.batch_size",
+                 "lr": "training.lr", "warmup_ratio": "training.warmup_ratio",
+                 "max_seq_length": "features.max_seq_length", "train_limit": "data.train_limit",
+                 "dev_limit": "data.dev_limit", "seed": "training.seed", "device": "training.device",
+                 "precision": "training.precision", "on_invalid": "data.on_invalid",
+                 "eval_batch_size": "eval_batch_size"}
 
 
 def _normal(name: str) -> str:
     return name.lower().replace("-", "").replace("_", "")
+
+
+def task_config(model: str | os.PathLike, task: str, root: Path, out_dir: Path, given: Mapping[str, Any]):
+    """The fine-tuning config of one GLUE task: its named task, the task's own settings (`TASK_VALUES`),
+    then the run's settings (`TRAINING_KEYS` names)."""
+    values = {"model": os.fspath(model), "data": {"task": task, "data_root": os.fspath(root)},
+              "training": {"out_dir": os.fspath(out_dir)}}
+    merge(values, copy.deepcopy(TASK_VALUES.get(task, {})))
+    for key, value in given.items():
+        set_dotted(values, TRAINING_KEYS[key], value)
+    return load_finetune_config(values=values)
 
 
 def select_rows(names: Sequence[str] | None = None) -> list[GlueRow]:
@@ -243,7 +262,7 @@ def run_glue(model: str | os.PathLike, *, data_root: str | os.PathLike | None = 
             submission files in `<out_dir>/submission/`, the table in `glue_table.txt`, everything in
             `glue_results.json`.
         tasks: `--tasks` names (default: all); a task whose files are absent is skipped, saying so.
-        settings: FinetuneConfig flat keys for every run (`TRAINING_KEYS`: epochs, lr, train_limit, ...).
+        settings: settings for every run, by the names of `TRAINING_KEYS` (epochs, lr, train_limit, ...).
 
     Raises:
         ConfigError: an unknown task name or setting. DataError: unreadable data. CheckpointError: bad model.
@@ -266,9 +285,7 @@ def run_glue(model: str | os.PathLike, *, data_root: str | os.PathLike | None = 
                 results[row.name].skipped = absent if row.task == row.key else f"needs the {task} model: {absent}"
                 log.warning("skipping %s: %s", row.name, results[row.name].skipped)
             continue
-        values = {"model": os.fspath(model), "task": task, "data_root": os.fspath(root),
-                  "out_dir": os.fspath(out / task), **TASK_VALUES.get(task, {}), **given}
-        config = load_finetune_config(values=values)
+        config = task_config(model, task, root, out / task, given)
         log.info("GLUE %s: fine-tuning %s", task, ", ".join(r.name for r in task_rows))
         run = run_finetuning(config)
         best = Path(run.model_dir)
@@ -284,9 +301,8 @@ def run_glue(model: str | os.PathLike, *, data_root: str | os.PathLike | None = 
                 result.metrics = dict(run.best_metrics)
             elif row.dev is not None:
                 if (root / row.dev).is_file():
-                    limit = {"dev_limit": config.data.dev_limit} if config.data.dev_limit else None
                     scored = evaluate(best, root / row.dev, out_dir=out / task / f"eval-{row.name}",
-                                      overrides=limit, **evaluation)
+                                      limit=config.data.dev_limit, **evaluation)
                     result.metrics = dict(scored.metrics)
                 else:
                     result.notes.append(f"{row.dev} not found under {root}: no dev score")

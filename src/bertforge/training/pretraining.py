@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bertforge.configuration import dumps_toml
+from bertforge.configuration import dumps_toml, setting
 from bertforge.constants import VOCAB_NAME
 from bertforge.data.datasets import PretrainingData
 from bertforge.data.masking import MaskingConfig
@@ -47,36 +47,27 @@ RUN_CONFIG_NAME = "run.toml"
 
 @dataclass
 class PretrainConfig:
-    """A pretraining run.
+    """A pretraining run (`bertforge pretrain`): top-level keys and the tables `[masking]` (`MaskingConfig`) and
+    `[training]` (`TrainingConfig`, checkpoints in runs/pretrain). Each field carries its help text
+    (`setting`), which `bertforge pretrain --help` shows."""
 
-    Attributes:
-        data_dir: a directory written by `bertforge.data.shards.prepare_corpus`.
-        tokenizer: directory of the tokenizer the data was prepared with; "" = `data_dir` if it holds a
-            vocab.txt, else the model directory when continuing from one.
-        model: a preset name (tiny, mini, small, medium, base, large) or a model directory to continue
-            pretraining from (its MLM/NSP heads are created when it has none).
-        model_overrides: BertConfig fields for a preset, e.g. {hidden_dropout_prob = 0.1}.
-        eval_batches: held-out batches per evaluation on each rank (0 = the whole held-out split).
-        pad_to_multiple_of: pad batches to a multiple of this length (8 suits tensor cores).
-        fast_path: skip padding tokens in every matmul and fuse the QKV projection (tested equal to the
-            plain path).
-        pack_sequences: put several short instances in one row (block-diagonal attention); the same
-            instances and losses with fewer rows. Off by default: with `fast_path` the padding is skipped
-            anyway, so packing pays mainly on the plain path.
-        masking: the MLM masking rule (`[masking]`).
-        training: the loop settings (`[training]`).
-    """
-
-    data_dir: str = ""
-    tokenizer: str = ""
-    model: str = "base"
-    model_overrides: dict[str, Any] = field(default_factory=dict)
-    eval_batches: int = 50
-    pad_to_multiple_of: int = 8
-    fast_path: bool = True
-    pack_sequences: bool = False
-    masking: MaskingConfig = field(default_factory=MaskingConfig)
-    training: TrainingConfig = field(default_factory=lambda: TrainingConfig(out_dir="runs/pretrain"))
+    data_dir: str = setting("", "a directory written by `bertforge prepare` (`data.preparation.prepare_corpus`)")
+    tokenizer: str = setting("", "directory of the tokenizer the data was prepared with (default: data_dir if it "
+                                 "holds a vocab.txt, else the model directory when continuing from one)")
+    model: str = setting("base", "a preset (tiny, mini, small, medium, base, large) or a model directory to "
+                                 "continue pretraining from (its MLM/NSP heads are created when it has none)")
+    model_overrides: dict[str, Any] = setting(help="BertConfig fields for a preset, e.g. "
+                                                   "{hidden_dropout_prob = 0.1}", factory=dict)
+    eval_batches: int = setting(50, "held-out batches per evaluation on each rank (0 = the whole held-out split)")
+    pad_to_multiple_of: int = setting(8, "pad batches to a multiple of this length (8 suits tensor cores)")
+    fast_path: bool = setting(True, "skip padding tokens in every matmul and fuse the QKV projection (tested "
+                                    "equal to the plain path)")
+    # Off by default: with `fast_path` the padding is skipped anyway, so packing pays mainly on the plain path.
+    pack_sequences: bool = setting(False, "several short instances per row (block-diagonal attention): the same "
+                                          "instances and losses with fewer rows")
+    masking: MaskingConfig = setting(help="the MLM masking rule ([masking])", factory=MaskingConfig)
+    training: TrainingConfig = setting(help="the loop settings ([training])",
+                                       factory=lambda: TrainingConfig(out_dir="runs/pretrain"))
 
     def __post_init__(self) -> None:
         if not self.data_dir:
@@ -171,4 +162,5 @@ def run_pretraining(config: PretrainConfig) -> TrainResult:
         out_dir = Path(training.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         write_text(out_dir / RUN_CONFIG_NAME, dumps_toml(config))
-    return train(model, batches, task, training, eval_fn=eval_fn, tokenizer=tokenizer, context=context)
+    return train(model, batches, task.objective_for(model.config), training, eval_fn=eval_fn, tokenizer=tokenizer,
+                 context=context)

@@ -3,7 +3,7 @@
 Readers:
 - `read_tagged` reads one token per line with its tag in a column (CoNLL-2003: ``token POS chunk NER``,
   space separated, ``-DOCSTART-`` lines and blank lines between sentences; MSRA NER: ``char<TAB>TAG``, one
-  character per line). Tags in IOBES are converted to BIO on reading (`metrics.sequence_labeling`), so
+  character per line). Tags in IOBES are converted to BIO on reading (`metrics.tagging`), so
   examples always hold BIO; a model may still be trained on IOBES labels (`tag_scheme="IOBES"`).
 - A BIO sequence with an I- that follows O or another type is ill-formed. Policy (`bio_errors`): "warn"
   (default) keeps the tags as they are — the entity scorer reads them as conlleval does, an entity starting
@@ -19,12 +19,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from bertforge.data.classification import ON_INVALID, invalid, no_rows, not_utf8, open_text, sorted_labels
+from bertforge.data.classification import sorted_labels
+from bertforge.data.files import check_on_invalid, invalid, iter_lines, no_rows
 from bertforge.data.finetuning import DataReport
 from bertforge.errors import ConfigError, DataError, InputError
-from bertforge.metrics.sequence_labeling import bio_to_iobes, check_tags, iobes_to_bio
+from bertforge.metrics.tagging import bio_to_iobes, check_tags, iobes_to_bio
 
 log = logging.getLogger(__name__)
 
@@ -95,67 +96,67 @@ def read_tagged(
         The sentences (documents markers and empty sentences dropped), tags converted to BIO.
 
     Raises:
-        DataError: missing file, a file that is not UTF-8 or holds no token line, malformed line (with on_invalid="error"), tags outside BIO/IOBES, or
-            ill-formed BIO with bio_errors="error".
+        DataError: missing file, a file that is not UTF-8 or holds no token line, malformed line (with
+            on_invalid="error"), tags outside BIO/IOBES, or ill-formed BIO with bio_errors="error".
     """
     if bio_errors not in BIO_ERROR_POLICIES:
         raise ConfigError(f"bio_errors={bio_errors!r}; use one of {BIO_ERROR_POLICIES}")
-    if on_invalid not in ON_INVALID:
-        raise ConfigError(f"on_invalid={on_invalid!r}; use one of {ON_INVALID}")
+    check_on_invalid(on_invalid)
     report = report if report is not None else DataReport()
     sentences: list[TaggingExample] = []
-    words: list[str] = []
-    tags: list[str] = []
-    lines: list[int] = []
-    broken = False
+    sentence = _Sentence()
 
     def finish() -> None:
-        nonlocal broken
-        if words and not broken:
-            sentences.append(_checked(path, words, tags if tag_column is not None else None, lines, separator,
-                                      bio_errors, report))
-        words.clear()
-        tags.clear()
-        lines.clear()
-        broken = False
+        nonlocal sentence
+        if sentence.words and not sentence.broken:
+            sentences.append(_checked(path, sentence.words, sentence.tags if tag_column is not None else None,
+                                      sentence.lines, separator, bio_errors, report))
+        sentence = _Sentence()
 
     # A byte-order mark at the start is skipped (else "\ufeff-DOCSTART-" would be a word); CRLF reads as LF.
-    handle = open_text(path)
     token_lines = 0
-    with handle:
-        try:
-            for number, raw in enumerate(handle, start=1):
-                text = raw.rstrip("\r\n")
-                if not text.strip():
-                    finish()
-                    continue
-                columns = _split_line(text)
-                if columns[0] == DOCSTART:
-                    finish()
-                    continue
-                token_lines += 1
-                needed = [token_column] + ([tag_column] if tag_column is not None else [])
-                if len(columns) < 2 and tag_column is not None or any(not -len(columns) <= c < len(columns)
-                                                                      for c in needed):
-                    invalid(report, on_invalid, "column_count", f"expected a token and a tag, got {text!r}",
-                            path, number)
-                    broken = True
-                    continue
-                token = columns[token_column]
-                if not token:
-                    invalid(report, on_invalid, "empty_text", "empty token", path, number)
-                    broken = True
-                    continue
-                words.append(token)
-                lines.append(number)
-                if tag_column is not None:
-                    tags.append(columns[tag_column].strip())
+    for number, text in iter_lines(path):
+        columns = _split_line(text) if text.strip() else []
+        if not columns or columns[0] == DOCSTART:
             finish()
-        except UnicodeDecodeError as error:
-            raise not_utf8(path, error) from None
+            continue
+        token_lines += 1
+        problem = _line_problem(text, columns, token_column, tag_column)
+        if problem is not None:
+            invalid(report, on_invalid, *problem, path, number)
+            sentence.broken = True
+            continue
+        sentence.words.append(columns[token_column])
+        sentence.lines.append(number)
+        if tag_column is not None:
+            sentence.tags.append(columns[tag_column].strip())
+    finish()
     if not token_lines:
         raise no_rows(path)
     return sentences
+
+
+@dataclass
+class _Sentence:
+    """The token lines read since the last sentence break; `broken` once one of them was malformed (skipped
+    with on_invalid="skip": the whole sentence goes)."""
+
+    words: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+    broken: bool = False
+
+
+def _line_problem(text: str, columns: list[str], token_column: int,
+                  tag_column: int | None) -> tuple[str, str] | None:
+    """(reason, message) of a token line without the needed columns or with an empty token, else None."""
+    needed = [token_column] + ([tag_column] if tag_column is not None else [])
+    out_of_range = any(not -len(columns) <= c < len(columns) for c in needed)
+    if len(columns) < 2 and tag_column is not None or out_of_range:
+        return ("column_count", f"expected a token and a tag, got {text!r}")
+    if not columns[token_column]:
+        return ("empty_text", "empty token")
+    return None
 
 
 def _checked(path, words: list[str], tags: list[str] | None, lines: list[int], separator: str, bio_errors: str,

@@ -1,4 +1,4 @@
-"""Tests for bertforge.metrics.squad: official SQuAD v1.1/v2.0 and CMRC 2018 scoring on hand-made examples."""
+"""Tests for bertforge.metrics.question_answering: official SQuAD v1.1/v2.0 and CMRC 2018 scoring on hand-made examples."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from bertforge.configuration import shared_data_root
 from bertforge.errors import DataError, InputError
-from bertforge.metrics.squad import (
+from bertforge.metrics.question_answering import (
     _CHINESE_SCRIPT_PUNCTUATION,
     _word_tokenize,
     answer_tokens,

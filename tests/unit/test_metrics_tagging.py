@@ -1,4 +1,4 @@
-"""Tests for bertforge.metrics.sequence_labeling: entity reading, scheme conversion, checks and seqeval parity."""
+"""Tests for bertforge.metrics.tagging: entity reading, scheme conversion, checks and seqeval parity."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from bertforge.configuration import shared_data_root
 from bertforge.errors import InputError
-from bertforge.metrics.sequence_labeling import (
+from bertforge.metrics.tagging import (
     Entity,
     bio_to_iobes,
     check_bio,

@@ -295,21 +295,7 @@ def evaluate_squad(
     if isinstance(dataset_or_answers, str | os.PathLike):
         path = dataset_or_answers
         dataset_or_answers = _load_json(path)
-    declared_version = None
-    if isinstance(dataset_or_answers, Mapping) and "data" not in dataset_or_answers:
-        gold = {}
-        for qid, answers in dataset_or_answers.items():
-            if isinstance(answers, str) or not isinstance(answers, Sequence):
-                raise DataError(f"gold answers for question {qid!r} are {type(answers).__name__}; expected a "
-                                "list of answer texts (or a SQuAD-format dataset with a 'data' list)", path)
-            gold[qid] = [a["text"] if isinstance(a, Mapping) else a for a in answers]
-    else:
-        if isinstance(dataset_or_answers, Mapping):
-            declared_version = str(dataset_or_answers.get("version", ""))
-        try:
-            gold = squad_gold_answers(dataset_or_answers)
-        except DataError as error:
-            raise DataError(str(error), path) from None
+    gold, declared_version = _gold_and_version(dataset_or_answers, path)
     if not gold:
         raise InputError("the dataset holds no questions; nothing to evaluate")
 
@@ -321,6 +307,48 @@ def evaluate_squad(
         language = detect_language([text for answers in gold.values() for text in answers])
     _check_language(language)
 
+    exact_scores, f1_scores, missing = _question_scores(predictions, gold, language, version)
+    results: dict[str, float | int] = {
+        "exact_match": _mean(list(exact_scores.values())),
+        "f1": _mean(list(f1_scores.values())),
+        "total": len(gold),
+        "missing": missing,
+    }
+    if version == "2.0":
+        # evaluate-v2.0.py splits on the raw answer list: a question is answerable if it lists any answer.
+        groups = {"HasAns": [q for q, a in gold.items() if a], "NoAns": [q for q, a in gold.items() if not a]}
+        for name, qids in groups.items():
+            if qids:
+                results[f"{name}_exact"] = _mean([exact_scores[q] for q in qids])
+                results[f"{name}_f1"] = _mean([f1_scores[q] for q in qids])
+                results[f"{name}_total"] = len(qids)
+    return results
+
+
+def _gold_and_version(dataset_or_answers: Mapping | Sequence,
+                      path: str | os.PathLike | None) -> tuple[dict[str, list[str]], str | None]:
+    """(gold answer texts per question id, the dataset's declared "version" or None) from a SQuAD-format
+    dataset or a {question id: [answer, ...]} mapping; `path` names the file in errors."""
+    if isinstance(dataset_or_answers, Mapping) and "data" not in dataset_or_answers:
+        gold = {}
+        for qid, answers in dataset_or_answers.items():
+            if isinstance(answers, str) or not isinstance(answers, Sequence):
+                raise DataError(f"gold answers for question {qid!r} are {type(answers).__name__}; expected a "
+                                "list of answer texts (or a SQuAD-format dataset with a 'data' list)", path)
+            gold[qid] = [a["text"] if isinstance(a, Mapping) else a for a in answers]
+        return gold, None
+    declared_version = None
+    if isinstance(dataset_or_answers, Mapping):
+        declared_version = str(dataset_or_answers.get("version", ""))
+    try:
+        return squad_gold_answers(dataset_or_answers), declared_version
+    except DataError as error:
+        raise DataError(str(error), path) from None
+
+
+def _question_scores(predictions: Mapping[str, str], gold: Mapping[str, list[str]], language: str,
+                     version: str) -> tuple[dict[str, float], dict[str, float], int]:
+    """(exact match per question, F1 per question, questions without a prediction, which score 0)."""
     exact_scores: dict[str, float] = {}
     f1_scores: dict[str, float] = {}
     missing = 0
@@ -337,19 +365,4 @@ def evaluate_squad(
         if version == "1.1" and not answers:
             raise DataError(f"question {qid!r} has no gold answer; SQuAD v1.1 needs one (use version='2.0')")
         exact_scores[qid], f1_scores[qid] = score_answer(prediction, answers, language, version)
-
-    results: dict[str, float | int] = {
-        "exact_match": _mean(list(exact_scores.values())),
-        "f1": _mean(list(f1_scores.values())),
-        "total": len(gold),
-        "missing": missing,
-    }
-    if version == "2.0":
-        # evaluate-v2.0.py splits on the raw answer list: a question is answerable if it lists any answer.
-        groups = {"HasAns": [q for q, a in gold.items() if a], "NoAns": [q for q, a in gold.items() if not a]}
-        for name, qids in groups.items():
-            if qids:
-                results[f"{name}_exact"] = _mean([exact_scores[q] for q in qids])
-                results[f"{name}_f1"] = _mean([f1_scores[q] for q in qids])
-                results[f"{name}_total"] = len(qids)
-    return results
+    return exact_scores, f1_scores, missing

@@ -25,6 +25,7 @@ import torch
 
 from bertforge.data.finetuning import Feature, FeatureBatches, FinetuneBatch
 from bertforge.families.base import Family
+from bertforge.families.task import TaskDescription
 from bertforge.model.config import BertConfig
 from bertforge.runtime import autocast
 from bertforge.tokenization.tokenizer import Tokenizer
@@ -90,7 +91,7 @@ class Evaluation:
         batch_size: features per forward pass.
         pad_token_id: the tokenizer's [PAD] id.
         options: decoding options (`family.options`; defaults filled in).
-        scoring: the run's scoring choices (`metric_names`; QA `language`, `version_2`).
+        scoring: the run's scoring choices (`metric_names`, `language`; see `Family.score`).
         device, precision: where and how to run (default: the model's device, fp32).
         calibrate: tune the family's decision settings on this (dev) split before scoring (`family.calibrate`;
             multi-label thresholds: "global" or "per_label"); None scores with the config as it is.
@@ -114,6 +115,19 @@ class Evaluation:
         self.labelled = family.labelled(self.examples)
         self.calibrate = calibrate
 
+    @classmethod
+    def for_task(cls, task: TaskDescription, examples: Sequence[Any], features: Sequence[Feature], *,
+                 config: BertConfig, tokenizer: Tokenizer, batch_size: int, chosen: str | None = None,
+                 calibrate: str | None = None, device: torch.device | str | None = None,
+                 precision: str = "fp32") -> Evaluation:
+        """The evaluation of `task` on these examples: its decoding options and language, and the metric
+        names the family is asked for so that `chosen` (the metric picking the best model) is computed too.
+        `calibrate` tunes the family's decision settings on these examples (a run's dev set)."""
+        scoring = {"metric_names": task.family.requested_metrics(task, chosen, config), "language": task.language}
+        return cls(task.family, examples, features, config=config, batch_size=batch_size,
+                   pad_token_id=tokenizer.pad_token_id, options=task.options, scoring=scoring, tokenizer=tokenizer,
+                   device=device, precision=precision, calibrate=calibrate)
+
     def outputs(self, model: torch.nn.Module) -> list[Any]:
         return run_features(model, self.features, self.family.forward, batch_size=self.batch_size,
                             pad_token_id=self.pad_token_id, device=self.device, precision=self.precision)
@@ -136,13 +150,14 @@ class Evaluation:
             calibration = self.family.calibrate(self.examples, results, config, self.calibrate)
             if calibration:
                 # Scores with the settings as they were, then decode again with the tuned ones.
-                before = self.family.score(self.examples, results, config, **self.scoring)[0]
+                before = self.family.score(self.examples, results, config, options=self.options, **self.scoring)[0]
                 config = config.replace(**calibration)
                 results = self.decode(outputs, config)
         records = [{"id": example_id(e), **self.family.record(e, r)} for e, r in zip(self.examples, results)]
         if not self.labelled:
             return EvalResult({}, records)
-        metrics, details, warnings = self.family.score(self.examples, results, config, **self.scoring)
+        metrics, details, warnings = self.family.score(self.examples, results, config, options=self.options,
+                                                       **self.scoring)
         if calibration:
             details = {**details, "calibration": calibration, "before_calibration": before}
         return EvalResult(metrics, records, warnings, details, calibration)

@@ -19,9 +19,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bertforge.data.classification import ON_INVALID, no_rows, not_utf8, open_text
+from bertforge.data.files import check_on_invalid, read_text
 from bertforge.data.finetuning import DataReport
-from bertforge.errors import ConfigError, DataError
+from bertforge.errors import DataError
 
 
 @dataclass
@@ -107,53 +107,25 @@ def read_squad(
         DataError: unreadable, not UTF-8 or empty file, no questions at all, not SQuAD format (naming the
             missing key), or an unlocatable answer.
     """
-    if on_invalid not in ON_INVALID:
-        raise ConfigError(f"on_invalid={on_invalid!r}; use one of {ON_INVALID}")
+    check_on_invalid(on_invalid)
     report = report if report is not None else DataReport()
-    raw = _read_text(path)
+    raw = read_text(path)
     try:
         dataset = json.loads(raw)
     except json.JSONDecodeError as error:
         raise DataError(f"not valid JSON ({error.msg}); pass a SQuAD-format JSON file", path, error.lineno) from None
-    lines = id_lines(raw)
+    questions = _Questions(path, id_lines(raw), labelled, on_invalid, report)
     keep = None if articles is None else set(articles)
     examples: list[QAExample] = []
-    name = os.fspath(path)
     try:
-        data = dataset["data"]
-        for article_index, article in enumerate(data):
+        for article_index, article in enumerate(dataset["data"]):
             if keep is not None and article_index not in keep:
                 continue
             for paragraph in article["paragraphs"]:
                 context = paragraph["context"]
                 for qa in paragraph["qas"]:
-                    qid = str(qa["id"])
-                    impossible = bool(qa.get("is_impossible", False)) and labelled
-                    answers = qa["answers"] if labelled and not impossible else []
-                    texts = [str(a["text"]) for a in answers]
-                    target_start = target_text = None
-                    for answer in answers:
-                        text, given = str(answer["text"]), int(answer["answer_start"])
-                        found = locate_answer(context, text, given)
-                        if found is None:
-                            report.note("answers_unfound", f"{name}:{lines.get(qid)} ({qid})")
-                            continue
-                        if found != given:
-                            report.note("answers_repaired", f"{name}:{lines.get(qid)} ({qid})")
-                        if target_start is None:
-                            target_start, target_text = found, text
-                    if labelled and not impossible and not texts:
-                        raise DataError(f"question {qid!r} has no answers and is not marked is_impossible; "
-                                        "SQuAD v1.1 needs an answer (v2.0: set is_impossible)", path, lines.get(qid))
-                    if texts and target_start is None:
-                        if on_invalid == "error":
-                            raise DataError(f"question {qid!r}: no answer text occurs in its context "
-                                            "(pass on_invalid='skip' / --on-invalid skip to train without it, "
-                                            "counted)", path, lines.get(qid))
-                        report.note("skipped_answers_unfound", f"{name}:{lines.get(qid)} ({qid})")
-                    examples.append(QAExample(qid, qa["question"], context, texts, target_start, target_text,
-                                              impossible, article_index, f"{name}:{lines.get(qid, 0)} ({qid})",
-                                              str(article.get("title", ""))))
+                    title = str(article.get("title", ""))
+                    examples.append(questions.example(qa, context, article_index, title))
                     report.note("rows")
     except (KeyError, TypeError, ValueError) as error:
         raise DataError(f"not SQuAD format: missing or malformed {error}; expected data[].paragraphs[] with "
@@ -165,22 +137,63 @@ def read_squad(
     return examples
 
 
-def _read_text(path: str | os.PathLike) -> str:
-    """The whole file as text: a byte-order mark at the start skipped, not-UTF-8 and empty files refused."""
-    handle = open_text(path)
-    with handle:
-        try:
-            raw = handle.read()
-        except UnicodeDecodeError as error:
-            raise not_utf8(path, error) from None
-    if not raw.strip():
-        raise no_rows(path)
-    return raw
+@dataclass
+class _Questions:
+    """Turns a SQuAD file's questions into examples: its path and id lines (for every message), the reading
+    options, and the report that counts repaired, unfound and skipped answers."""
+
+    path: str | os.PathLike
+    lines: dict[str, int]
+    labelled: bool
+    on_invalid: str
+    report: DataReport
+
+    def where(self, qid: str) -> str:
+        return f"{os.fspath(self.path)}:{self.lines.get(qid)} ({qid})"
+
+    def example(self, qa: dict, context: str, article: int, title: str) -> QAExample:
+        """One question of a paragraph, its training target the first gold answer found in the context.
+
+        Raises:
+            DataError: an answerable question without answers, or (on_invalid="error") none of them found.
+            KeyError, TypeError, ValueError: the question is not SQuAD format (the caller names the file).
+        """
+        qid = str(qa["id"])
+        impossible = bool(qa.get("is_impossible", False)) and self.labelled
+        answers = qa["answers"] if self.labelled and not impossible else []
+        texts = [str(a["text"]) for a in answers]
+        target_start, target_text = self._target(qid, context, answers)
+        if self.labelled and not impossible and not texts:
+            raise DataError(f"question {qid!r} has no answers and is not marked is_impossible; "
+                            "SQuAD v1.1 needs an answer (v2.0: set is_impossible)", self.path, self.lines.get(qid))
+        if texts and target_start is None:
+            if self.on_invalid == "error":
+                raise DataError(f"question {qid!r}: no answer text occurs in its context "
+                                "(pass on_invalid='skip' / --on-invalid skip to train without it, "
+                                "counted)", self.path, self.lines.get(qid))
+            self.report.note("skipped_answers_unfound", self.where(qid))
+        return QAExample(qid, qa["question"], context, texts, target_start, target_text, impossible, article,
+                         f"{os.fspath(self.path)}:{self.lines.get(qid, 0)} ({qid})", title)
+
+    def _target(self, qid: str, context: str, answers: Sequence[dict]) -> tuple[int | None, str | None]:
+        """(start, text) of the first answer located in the context; every answer is checked and counted."""
+        target_start = target_text = None
+        for answer in answers:
+            text, given = str(answer["text"]), int(answer["answer_start"])
+            found = locate_answer(context, text, given)
+            if found is None:
+                self.report.note("answers_unfound", self.where(qid))
+                continue
+            if found != given:
+                self.report.note("answers_repaired", self.where(qid))
+            if target_start is None:
+                target_start, target_text = found, text
+        return target_start, target_text
 
 
 def count_articles(path: str | os.PathLike) -> int:
     """How many articles a SQuAD-format file holds."""
-    raw = _read_text(path)
+    raw = read_text(path)
     try:
         return len(json.loads(raw)["data"])
     except (json.JSONDecodeError, KeyError, TypeError) as error:

@@ -1,0 +1,45 @@
+"""The `bertforge` command line: one subcommand per workflow, each a thin layer over a Python function.
+
+Every subcommand prints a user mistake (`BertforgeError`) as one line and exits with status 2; a traceback
+means a bug in bertforge. Commands that train take an optional TOML run file, flags made from their config's
+fields (typed values: `cli.flags`), and `--section.key=value` overrides for anything else (`cli.overrides`;
+unknown keys are rejected with the list of valid ones). The parser is `cli.parser`, what each subcommand
+does is `cli.commands`; this module runs them.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from bertforge.cli.commands import evaluate_overrides, finetune_config, pretrain_config
+from bertforge.cli.overrides import OVERRIDE_COMMANDS, join_unknown_values, split_overrides
+from bertforge.cli.parser import FINETUNE_FLAGS, PRETRAIN_FLAGS, build_parser
+from bertforge.errors import BertforgeError
+
+__all__ = ["FINETUNE_FLAGS", "PRETRAIN_FLAGS", "build_parser", "entry", "evaluate_overrides", "finetune_config",
+           "join_unknown_values", "main", "pretrain_config", "split_overrides"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one `bertforge` command line; returns the exit status (2: a user mistake, reported in one line)."""
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(join_unknown_values(parser, argv))
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s")
+    try:
+        if extra and args.command not in OVERRIDE_COMMANDS:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.func(args, extra)
+    except BertforgeError as exc:
+        print(f"bertforge {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def entry() -> None:
+    """The `bertforge` console script (pyproject.toml) and `python -m bertforge`."""
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""The `bertforge` argument parser: one `add_<name>` function per subcommand, which declares its flags and
+the `cmd_<name>` function (`cli.commands`) that runs it.
+
+`pretrain` and `finetune` have a flag for every field of their run config (`cli.flags`): the common ones
+first, under the short names of `PRETRAIN_FLAGS` / `FINETUNE_FLAGS`, then the rest by table, each named
+after its field. Their help text, type and default are the field's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from bertforge.cli import commands
+from bertforge.cli.flags import ConfigFlag, add_config_flags, add_field_flag, field_of
+
+# One precision rule for every command (`runtime.choose_precision`); training flags say it in their field help.
+AUTO_RULE = "auto = bf16 on a CUDA GPU with bf16 support, else fp32"
+
+# `bertforge pretrain`'s common settings, shown first in --help: PretrainConfig key -> its flag. Each is also
+# spelled as its field's own flag (--data-dir, --out-dir).
+PRETRAIN_FLAGS = {
+    "data_dir": "--data", "tokenizer": "--tokenizer", "model": "--model", "training.out_dir": "--out",
+    "training.steps": "--steps", "training.batch_size": "--batch-size",
+    "training.grad_accumulation": "--grad-accumulation", "training.lr": "--lr", "training.optimizer": "--optimizer",
+    "training.precision": "--precision", "training.device": "--device", "training.seed": "--seed",
+    "training.resume": "--resume", "masking.whole_word_masking": "--whole-word-masking",
+    "pack_sequences": "--pack-sequences",
+}
+
+# `bertforge finetune`'s common settings, shown first in --help: FinetuneConfig key -> its flag (also spelled
+# as its field's own flag: --out-dir, --text-a-column, --classifier-hidden-sizes).
+FINETUNE_FLAGS = {
+    "data.task": "--task", "data.format": "--format", "data.train": "--train", "data.dev": "--dev",
+    "model": "--model", "training.out_dir": "--out", "data.text_a_column": "--text-a",
+    "data.text_b_column": "--text-b", "data.label_column": "--label", "training.epochs": "--epochs",
+    "training.batch_size": "--batch-size", "training.lr": "--lr", "training.warmup_ratio": "--warmup-ratio",
+    "features.max_seq_length": "--max-seq-length", "training.seed": "--seed", "seeds": "--seeds",
+    "training.device": "--device", "training.precision": "--precision", "data.train_limit": "--train-limit",
+    "data.dev_limit": "--dev-limit", "data.data_root": "--data-root", "head.freeze_encoder": "--freeze-encoder",
+    "head.feature_layers": "--feature-layers", "head.classifier_hidden_sizes": "--classifier-hidden",
+    "head.fresh_head": "--fresh-head", "training.resume": "--resume",
+}
+
+# `bertforge evaluate`'s column flags: the saved task's reader settings they replace (`reader.<name>`).
+EVALUATE_READER_FLAGS = {"text_a_column": "--text-a", "text_b_column": "--text-b", "label_column": "--label",
+                         "id_column": "--id-column"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bertforge", description="BERT end to end: vocab, prepare, pretrain, "
+                                     "finetune, evaluate, predict, serve.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (add_vocab, add_prepare, add_pretrain, add_finetune, add_evaluate, add_glue, add_predict, add_serve,
+                add_attention, add_plot, add_convert, add_export, add_demo, add_info):
+        add(sub)
+    return parser
+
+
+def precision_choices() -> tuple[str, ...]:
+    from bertforge.runtime import PRECISIONS
+
+    return PRECISIONS
+
+
+def add_vocab(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("vocab", help="learn a WordPiece vocabulary from a corpus")
+    p.add_argument("--corpus", nargs="+", required=True, help="files, folders or glob patterns of UTF-8 text")
+    p.add_argument("--vocab-size", type=int, required=True)
+    p.add_argument("--out", required=True, help="directory for vocab.txt + tokenizer_config.json")
+    p.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case)")
+    p.add_argument("--lang", choices=["en", "zh"], default="en")
+    p.add_argument("--min-frequency", type=int, default=2)
+    p.add_argument("--unused", type=int, default=0, help="number of [unusedN] slots to reserve")
+    p.add_argument("--heldout-fraction", type=float, default=0.01, help="lines held out for the [UNK] report")
+    p.set_defaults(func=commands.cmd_vocab)
+
+
+def add_prepare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("prepare", help="turn a corpus into pretraining instance shards")
+    p.add_argument("--corpus", nargs="+", required=True)
+    p.add_argument("--tokenizer", required=True, help="directory with vocab.txt (e.g. from `bertforge vocab`)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--short-seq-prob", type=float, default=0.1)
+    p.add_argument("--dupe-factor", type=int, default=1)
+    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--heldout-fraction", type=float, default=0.0)
+    p.add_argument("--heldout-documents", type=int, default=None)
+    p.add_argument("--format", choices=["auto", "sentences", "text", "documents"], default="auto")
+    p.add_argument("--segmenter", choices=["none", "jieba"], default="none",
+                   help="word segmenter for Chinese whole-word masking")
+    p.add_argument("--no-resume", action="store_true", help="rewrite shards even if complete")
+    p.set_defaults(func=commands.cmd_prepare)
+
+
+def add_pretrain(sub: argparse._SubParsersAction) -> None:
+    from bertforge.training.pretraining import PretrainConfig
+
+    p = sub.add_parser("pretrain", help="pretrain with masked LM + next-sentence prediction")
+    p.add_argument("run_file", nargs="?", help="optional TOML run file")
+    add_config_flags(p, PretrainConfig, PRETRAIN_FLAGS)
+    p.set_defaults(func=commands.cmd_pretrain)
+
+
+def add_finetune(sub: argparse._SubParsersAction) -> None:
+    from bertforge.training.finetune_config import FinetuneConfig
+
+    p = sub.add_parser("finetune", help="fine-tune on a named task or your own files, evaluating every epoch")
+    p.add_argument("run_file", nargs="?", help="optional TOML run file")
+    add_config_flags(p, FinetuneConfig, FINETUNE_FLAGS)
+    p.add_argument("--no-dev", action=ConfigFlag, key="data.dev", nargs=0, const="",
+                   help="train without evaluation (no dev set): best/ is then the final model")
+    p.set_defaults(func=commands.cmd_finetune)
+
+
+def add_evaluate(sub: argparse._SubParsersAction) -> None:
+    from bertforge.families.task import ReaderSettings
+
+    p = sub.add_parser("evaluate", help="score a fine-tuned model on a file; writes predictions and metrics",
+                       epilog="Any other part of the saved task description: --reader.KEY=value, --inputs.KEY=value "
+                       "or --options.KEY=value (e.g. --reader.header=false, --inputs.doc_stride=64).")
+    p.add_argument("--model", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--out")
+    p.add_argument("--unlabelled", action="store_true", help="the file has no labels: predictions only")
+    for name, flag in EVALUATE_READER_FLAGS.items():
+        own = "--" + name.replace("_", "-")
+        note = "" if name == "id_column" else " (default: as fine-tuned)"
+        add_field_flag(p, [flag] if own == flag else [flag, own], field_of(ReaderSettings, name, f"reader.{name}"),
+                       note)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--precision", default="fp32", choices=precision_choices(), help=f"default fp32; {AUTO_RULE}")
+    p.set_defaults(func=commands.cmd_evaluate)
+
+
+def add_glue(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("glue", help="fine-tune and evaluate every GLUE task present; the paper's table and the "
+                       "leaderboard's submission files")
+    p.add_argument("--model", required=True, help="model directory every task starts from")
+    p.add_argument("--data-root", help="folder holding glue/<TASK>/ (default ../shared/data)")
+    p.add_argument("--out", "--out-dir", dest="out", default="runs/glue",
+                   help="one run per task, submission/<TASK>.tsv, glue_table.txt, glue_results.json")
+    p.add_argument("--tasks", help="comma-separated, e.g. cola,sst2,mnli,ax (default: all; absent ones skipped)")
+    p.add_argument("--epochs", type=float)
+    p.add_argument("--steps", type=int, help="optimizer steps per task instead of epochs")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--warmup-ratio", type=float)
+    p.add_argument("--max-seq-length", type=int)
+    p.add_argument("--train-limit", type=int, help="use only the first N training examples of each task")
+    p.add_argument("--dev-limit", type=int, help="score only the first N dev examples (test files: all rows)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--device")
+    p.add_argument("--precision", choices=precision_choices(), help=f"default auto ({AUTO_RULE})")
+    p.add_argument("--on-invalid", choices=["error", "skip"], help="malformed rows (default: error; QQP skip)")
+    p.add_argument("--eval-batch-size", type=int)
+    p.set_defaults(func=commands.cmd_glue)
+
+
+def add_predict(sub: argparse._SubParsersAction) -> None:
+    from bertforge.families import registry  # the pipeline routes are the registry's
+
+    p = sub.add_parser("predict", help="run a pipeline over text or JSONL lines; writes JSONL")
+    p.add_argument("--model", required=True)
+    p.add_argument("--task", required=True, choices=list(registry.TASKS))
+    p.add_argument("--input", default="-", help="file of lines (default: stdin)")
+    p.add_argument("--output", default="-", help="JSONL output (default: stdout)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", default="fp32", choices=precision_choices(),
+                   help=f"default fp32, the precision evaluate scores at; {AUTO_RULE}")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--pooling", choices=["cls", "mean", "max"])
+    p.add_argument("--max-length", type=int, help="tokens per window (default: as the model was fine-tuned)")
+    p.add_argument("--doc-stride", type=int, help="step between window starts of long inputs (default: as fine-tuned)")
+    p.set_defaults(func=commands.cmd_predict)
+
+
+def add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="HTTP server with micro-batching (needs the [serve] extra)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", default="fp32", choices=precision_choices(),
+                   help=f"default fp32, the precision evaluate scores at; {AUTO_RULE}")
+    p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--max-wait-ms", type=float, default=5.0)
+    p.add_argument("--max-queue", type=int, default=256)
+    p.add_argument("--max-batch-tokens", type=int,
+                   help="tokens (window lengths) in one model call; larger requests are split (default 4096)")
+    p.add_argument("--max-request-tokens", type=int,
+                   help="tokens of windows one request may make; more is refused with 413 (default 524288)")
+    p.add_argument("--request-timeout-s", type=float,
+                   help="a request not answered by then gets 503 (default 60; 0: no limit)")
+    p.add_argument("--no-batching", action="store_true")
+    p.set_defaults(func=commands.cmd_serve)
+
+
+def add_attention(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("attention", help="attention maps of a text: PNG grid + interactive HTML")
+    p.add_argument("--model", required=True)
+    p.add_argument("text")
+    p.add_argument("--layer", type=int)
+    p.add_argument("--head", type=int)
+    p.add_argument("--out", default="attention")
+    p.set_defaults(func=commands.cmd_attention)
+
+
+def add_plot(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plot", help="loss and accuracy curves of a training run (metrics.jsonl)")
+    p.add_argument("run_dir")
+    p.add_argument("--out")
+    p.set_defaults(func=commands.cmd_plot)
+
+
+def add_convert(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("convert", help="a Google TF or Hugging Face BERT checkpoint -> our model directory")
+    p.add_argument("source", help="Google release or run_pretraining.py output directory, or a Hugging Face one")
+    p.add_argument("--out", required=True, help="the model directory to write")
+    p.add_argument("--step", type=int, help="run_pretraining.py step (default: the one its `checkpoint` file names)")
+    p.add_argument("--casing", choices=["lower", "cased"],
+                   help="override the tokenizer's casing (default: Google's rule on the directory name)")
+    p.add_argument("--tokenizer", help="take vocab.txt from this directory (a run_pretraining.py output has none)")
+    p.set_defaults(func=commands.cmd_convert)
+
+
+def add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="export to ONNX and check it against PyTorch")
+    p.add_argument("--model", required=True)
+    p.add_argument("--format", choices=["onnx"], default="onnx")
+    p.add_argument("--out")
+    p.set_defaults(func=commands.cmd_export)
+
+
+def add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="vocab -> shards -> pretrain -> fill-mask -> fine-tune, on the bundled books")
+    p.add_argument("--lang", choices=["en", "zh"], default="en")
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--corpus", help="folder of books (default: data/demo/<lang>)")
+    p.add_argument("--minutes", type=float, default=3.5, help="pretraining time budget")
+    p.add_argument("--model", default="mini", help="preset to pretrain")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=commands.cmd_demo)
+
+
+def add_info(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("info", help="print a model's config and parameter count")
+    p.add_argument("model", help="preset name or model directory")
+    p.set_defaults(func=commands.cmd_info)

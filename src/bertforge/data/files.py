@@ -1,0 +1,218 @@
+"""Fine-tuning data files as people have them: opening, decoding, rows with line numbers, the bad-row policy.
+
+Every fine-tuning reader (`classification`, `tagging`, `question_answering`, `multiple_choice`) and
+`bertforge predict` take their files through this module, so a quirk is handled once, the same way:
+
+- A UTF-8 byte-order mark at the very start of a file is skipped (GLUE's MRPC files begin with one); one in
+  the middle of a file (two files concatenated) is data, or in JSON Lines an error naming the line.
+- Any line ending (``\\n``, ``\\r\\n``).
+- A file that is not UTF-8 (Latin-1, cp1252, UTF-16) is one `DataError` naming the file, the first line
+  that does not decode and the conversion command (`not_utf8`).
+- An empty or header-only file is a `DataError` (`no_rows`), not an empty training set.
+- Tables: TSV (tab-separated, no quoting: `csv.QUOTE_NONE` semantics), CSV (standard quoting, fields may
+  span lines) and JSON Lines, read as (1-based line, row) pairs (`iter_rows`); columns named by header name
+  (JSON key) or 0-based index (`parse_column`, `cell`); a row-id column found by its usual names
+  (`ID_COLUMNS`, `default_id_column`).
+- A malformed row is a `DataError` naming file and line, or with ``on_invalid="skip"`` is dropped and
+  counted in the `DataReport` as ``skipped_<reason>`` (`invalid`).
+
+What a row means (texts, labels, tags, answers) is each reader's.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TextIO
+
+from bertforge.data.finetuning import DataReport
+from bertforge.errors import ConfigError, DataError
+
+ON_INVALID = ("error", "skip")
+# Header names (JSON keys) of a row-id column, taken as the id when no id column is named: GLUE's test files
+# have `index` (QQP `id`), ChnSentiCorp `qid`.
+ID_COLUMNS = ("index", "id", "idx", "qid", "guid")
+FILE_FORMATS = ("tsv", "csv", "jsonl")
+BOM = "\ufeff"
+
+Column = int | str
+
+
+def check_on_invalid(on_invalid: str) -> None:
+    """ConfigError unless `on_invalid` is one of `ON_INVALID`."""
+    if on_invalid not in ON_INVALID:
+        raise ConfigError(f"on_invalid={on_invalid!r}; use one of {ON_INVALID}")
+
+
+def invalid(report: DataReport, on_invalid: str, reason: str, message: str, path: str | os.PathLike,
+            line: int | None) -> None:
+    """Raise a DataError for a bad row, or count it as skipped (`on_invalid="skip"`)."""
+    if on_invalid == "error":
+        raise DataError(message + " (pass on_invalid='skip' / --on-invalid skip to drop such rows, counted)",
+                        path, line)
+    report.note(f"skipped_{reason}", f"{os.fspath(path)}:{line}")
+
+
+def detect_format(path: str | os.PathLike, file_format: str | None = None) -> str:
+    """"tsv" (also .txt and anything unknown), "csv" or "jsonl" from the file name unless given."""
+    if file_format is not None:
+        if file_format not in FILE_FORMATS:
+            raise ConfigError(f"file_format={file_format!r} is not supported; use one of {FILE_FORMATS}")
+        return file_format
+    suffix = Path(path).suffix.lower()
+    if suffix == ".csv":
+        return "csv"
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    return "tsv"
+
+
+def open_text(path: str | os.PathLike, newline: str | None = None) -> TextIO:
+    """Open a fine-tuning data file as UTF-8 text, skipping a byte-order mark at its very start.
+
+    "utf-8-sig" drops U+FEFF only as the first character of the stream, so a BOM in the middle of a file
+    (two files concatenated) stays data. `newline=None` (universal newlines) reads ``\\r\\n`` as ``\\n``;
+    the CSV reader passes ``""`` and lets `csv` handle line ends inside quoted fields.
+
+    Raises:
+        DataError: the file does not exist or cannot be read.
+    """
+    try:
+        return open(path, encoding="utf-8-sig", newline=newline)
+    except FileNotFoundError:
+        raise DataError("file not found; check the path (or the task's data root)", path) from None
+    except OSError as error:
+        raise DataError(f"cannot read the file ({error.strerror})", path) from None
+
+
+def _undecodable_line(path: str | os.PathLike) -> int | None:
+    """The 1-based line of the first byte sequence that is not UTF-8 (read again in chunks; error path only)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    line = 1
+    try:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                try:
+                    decoder.decode(chunk)
+                except UnicodeDecodeError as error:
+                    return line + chunk[: error.start].count(b"\n")
+                line += chunk.count(b"\n")
+    except OSError:
+        return None
+    return None
+
+
+def not_utf8(path: str | os.PathLike, error: UnicodeDecodeError) -> DataError:
+    """The one error for a data file that is not UTF-8 text: the file, the line, what it probably is, the fix."""
+    name = os.fspath(path)
+    try:
+        with open(path, "rb") as handle:
+            start = handle.read(2)
+    except OSError:
+        start = b""
+    if start in (b"\xff\xfe", b"\xfe\xff"):
+        return DataError(f"UTF-16 text (e.g. Excel's 'Unicode Text'), not UTF-8; convert it: "
+                         f"iconv -f UTF-16 -t UTF-8 {name} > {name}.utf8 (or save as 'CSV UTF-8')", path)
+    return DataError(f"not UTF-8 text ({error.reason}); a Latin-1 or Windows-1252 file? convert it: "
+                     f"iconv -f latin1 -t UTF-8 {name} > {name}.utf8 (for GBK: -f GBK)", path,
+                     _undecodable_line(path))
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """The whole file as text: a byte-order mark at the start skipped, not-UTF-8 and empty files refused."""
+    with open_text(path) as handle:
+        try:
+            raw = handle.read()
+        except UnicodeDecodeError as error:
+            raise not_utf8(path, error) from None
+    if not raw.strip():
+        raise no_rows(path)
+    return raw
+
+
+def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+    """(1-based line, text without its line end) for every line, blank ones included.
+
+    A byte-order mark at the start of the file is skipped (`open_text`); line ends may be ``\\r\\n``.
+    """
+    with open_text(path) as handle:
+        try:
+            for number, text in enumerate(handle, start=1):
+                yield number, text.rstrip("\r\n")
+        except UnicodeDecodeError as error:
+            raise not_utf8(path, error) from None
+
+
+def _csv_rows(path: str | os.PathLike) -> Iterator[tuple[int, list[str]]]:
+    # `newline=""` lets `csv` see the line ends, so a quoted field may hold one; a row's number is its last
+    # line.
+    with open_text(path, newline="") as handle:
+        try:
+            reader = csv.reader(handle)
+            for row in reader:
+                if row and any(cell.strip() for cell in row):
+                    yield reader.line_num, row
+        except UnicodeDecodeError as error:
+            raise not_utf8(path, error) from None
+
+
+def _json_row(path: str | os.PathLike, number: int, text: str) -> object:
+    if text.startswith(BOM):
+        raise DataError("a byte-order mark (U+FEFF) in the middle of the file (files joined together?); "
+                        "remove it", path, number)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DataError(f"not a JSON object ({error.msg}); a .jsonl file holds one object per line", path,
+                        number) from None
+
+
+def iter_rows(path: str | os.PathLike, file_format: str) -> Iterator[tuple[int, list[str] | dict]]:
+    """(1-based line, row) for every non-blank record: lists for TSV/CSV, dicts (or lists) for JSON Lines.
+
+    A byte-order mark at the start of the file is skipped (`open_text`); line ends may be ``\\r\\n``.
+    """
+    if file_format == "csv":
+        yield from _csv_rows(path)
+        return
+    for number, text in iter_lines(path):
+        if not text.strip():
+            continue
+        if file_format == "jsonl":
+            yield number, _json_row(path, number, text)
+        else:
+            yield number, text.split("\t")
+
+
+def no_rows(path: str | os.PathLike, header_line: int | None = None) -> DataError:
+    """The error for a file without a single data row: empty, or a header and nothing else."""
+    if header_line is not None:
+        return DataError("holds only the header row, no examples; is this the right file?", path, header_line)
+    return DataError("the file is empty (no rows); is this the right file?", path)
+
+
+def parse_column(spec: Column | None) -> Column | None:
+    """A column given as a header name or a 0-based index; strings of digits (from a command line) are indices."""
+    if spec is None or isinstance(spec, int):
+        return spec
+    spec = str(spec).strip()
+    return int(spec) if spec.lstrip("-").isdigit() else spec
+
+
+def cell(row: list[str] | dict, column: Column, header: dict[str, int] | None) -> object:
+    """A row's value in `column` (a header name, JSON key or index), None where the row has no such cell."""
+    if isinstance(row, dict):
+        return row.get(column) if isinstance(column, str) else None
+    index = header[column] if isinstance(column, str) else column
+    return row[index] if -len(row) <= index < len(row) else None
+
+
+def default_id_column(names: Iterable[str], columns: dict[str, Column | None]) -> str | None:
+    """The first of `ID_COLUMNS` among a header's names (a JSON row's keys) that no other column role uses."""
+    taken = {column for role, column in columns.items() if role != "id"}
+    present = set(names)
+    return next((name for name in ID_COLUMNS if name in present and name not in taken), None)

@@ -1,0 +1,89 @@
+"""Scoring a saved model directory on a data file (`bertforge evaluate`): predictions (JSONL) and metrics
+(JSON), built exactly as the fine-tuning run built its dev set.
+
+The directory is read once (`checkpoint_format.read_directory`: config.json, tokenizer, finetuning.json);
+its task description (`families.task.task_of`) says how to read the file and build inputs; the model is
+loaded from the directory already read; the evaluation is the run's (`Evaluation.for_task`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from bertforge.checkpoint_format import read_directory
+from bertforge.data.finetuning import DataReport
+from bertforge.errors import ConfigError, DataError
+from bertforge.evaluation.runner import EvalResult, Evaluation
+from bertforge.families import registry
+from bertforge.families.task import DataSource, task_of
+from bertforge.runtime import resolve_device, resolve_precision
+from bertforge.storage import write_json, write_jsonl
+
+log = logging.getLogger("bertforge.evaluate")
+
+
+def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_dir: str | os.PathLike | None = None,
+             labelled: bool = True, batch_size: int = 64, device: str = "auto", precision: str = "fp32",
+             overrides: Mapping[str, Mapping[str, Any]] | None = None, limit: int | None = None) -> EvalResult:
+    """Score a fine-tuned model directory on a data file; write `predictions.jsonl` and `metrics.json`.
+
+    How inputs are built (columns, max_seq_length, doc stride, tag scheme, decoding options) comes from the
+    directory's `finetuning.json` (earlier releases' flat records too); `overrides` change parts of it:
+    {"reader": {"text_a_column": "review"}, "inputs": {"max_seq_length": 64}, "options": {"n_best_size": 5}}.
+    The task kind and label names come from its config.json (`architectures`, `problem_type`, `id2label`).
+
+    Args:
+        model_dir: a directory saved by `run_finetuning` (or any task-model directory, with `overrides`
+            naming the columns).
+        data_file: the file to score.
+        out_dir: where to write (default: model_dir/eval-<file stem>).
+        labelled: False for a file without labels/answers: predictions only, no metrics.
+        batch_size, device, precision: how to run the model.
+        overrides: reader / inputs / options settings that replace the stored ones.
+        limit: score only the first N examples.
+
+    Raises:
+        DataError: unreadable data, or a label the model does not know. ConfigError: an unknown override.
+        CheckpointError: not a model directory.
+    """
+    model_dir = Path(model_dir)
+    directory = read_directory(model_dir)
+    family = registry.for_model(registry.model_class(directory.architecture))
+    if family not in registry.FINETUNING_FAMILIES:
+        raise ConfigError(f"{model_dir}: config.json names {directory.architecture or 'BertModel'}, which has no "
+                          "fine-tuned head to evaluate; pass a directory saved by `bertforge finetune`")
+    task = task_of(directory, family).overridden(overrides or {}, where=f"evaluate {model_dir}")
+    task = task.replace(dev=(DataSource(os.fspath(data_file)),))
+    tokenizer = directory.require_tokenizer()
+    report = DataReport()
+    examples = task.read(task.dev, report, labelled=labelled)
+    if limit is not None:
+        examples = examples[:limit]
+    if not examples:
+        raise DataError("no examples to evaluate", data_file)
+    if labelled and not task.regression and directory.config.id2label:
+        family.check_labels(examples, directory.config.label_names, task.inputs)
+    task = task.replace(options=family.options_for_data(task.options, examples))
+    run_device = resolve_device(device)
+    model, _ = registry.load_model(directory, family.model_class, device=run_device)
+    features = family.features(examples, tokenizer, task.inputs, config=model.config, report=report)
+    report.log_warnings(os.fspath(data_file))
+    # The metric that picked this model is reported too, where this file's evaluation can report it.
+    chosen = task.metric if task.metric in family.metric_names(task, examples) else None
+    evaluator = Evaluation.for_task(task, examples, features, config=model.config, tokenizer=tokenizer,
+                                    batch_size=batch_size, chosen=chosen, device=run_device,
+                                    precision=resolve_precision(precision, run_device))
+    result = evaluator(model)
+    for warning in result.warnings:
+        log.warning("%s: %s", os.fspath(data_file), warning)
+    target = Path(out_dir) if out_dir is not None else model_dir / f"eval-{Path(data_file).stem}"
+    write_jsonl(target / "predictions.jsonl", result.predictions)
+    write_json(target / "metrics.json", {"model": os.fspath(model_dir), "data": os.fspath(data_file),
+                                         "metrics": result.metrics, "warnings": result.warnings,
+                                         "details": result.details, "examples": len(examples),
+                                         "data_report": report.to_dict()})
+    return result

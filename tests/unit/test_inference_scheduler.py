@@ -1,0 +1,442 @@
+"""Tests for bertforge.inference.scheduler: gathering, planning and running model calls within token budgets,
+interleaving, dropping given-up work, refusals; and that it runs without any web framework installed.
+
+The scheduler is driven turn by turn (`Scheduler.step`) against a fake pipeline whose windows and calls are
+plain values, so every test is deterministic; one test runs a real tiny pipeline through the worker.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bertforge.errors import ConfigError, InputError
+from bertforge.inference.scheduler import JobFailed, Scheduler, SchedulerEvents, SchedulerSettings
+
+WEB_FRAMEWORKS = ("fastapi", "starlette", "uvicorn", "pydantic")
+SCHEDULER_SOURCE = Path(__file__).resolve().parents[2] / "src" / "bertforge" / "inference" / "scheduler.py"
+EMBEDDING_TOLERANCE = 1e-5  # fp32: one window's output does not depend on the windows sharing its call
+
+
+@dataclass
+class Window:
+    """A fake window: the text it comes from (its first word names the request) and one id per word."""
+
+    owner: str
+    input_ids: list[int]
+
+
+class FakePipeline:
+    """The three steps the scheduler calls, on plain strings: a text of n words makes windows of at most
+    `window_words` words (one token each); a window's output is its token count times `scale`; a text
+    "unwindowable" cannot be windowed, a window of a text starting "boom" fails its model call."""
+
+    def __init__(self, window_words: int = 4):
+        self.window_words = window_words
+        self.calls: list[list[str]] = []  # per model call that ran: the first word of each window's text
+
+    def features(self, parsed: list[str]) -> list[Window]:
+        windows = []
+        for text in parsed:
+            if text == "unwindowable":
+                raise InputError("this text makes no window")
+            words = text.split()
+            for start in range(0, len(words), self.window_words):
+                windows.append(Window(text, list(range(len(words[start:start + self.window_words])))))
+        return windows
+
+    def forward(self, features: list[Window], options: dict[str, Any]) -> list[int]:
+        if any(window.owner.startswith("boom") for window in features):
+            raise InputError("boom cannot run")
+        self.calls.append([window.owner.split()[0] for window in features])
+        return [len(window.input_ids) * options.get("scale", 1) for window in features]
+
+    def decode(self, parsed: list[str], features: list[Window], outputs: list[int],
+               options: dict[str, Any]) -> list[dict[str, Any]]:
+        results = {text: {"text": text, "windows": 0, "tokens": 0} for text in parsed}
+        for window, output in zip(features, outputs, strict=True):
+            results[window.owner]["windows"] += 1
+            results[window.owner]["tokens"] += output
+        return [results[text] for text in parsed]
+
+
+def whole(parsed: list[str], options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The answer of the fake pipeline run whole, in one call."""
+    pipeline, options = FakePipeline(), options or {}
+    features = pipeline.features(parsed)
+    return pipeline.decode(parsed, features, pipeline.forward(features, options), options)
+
+
+def words(name: str, count: int) -> str:
+    """A text of `count` words, all `name` (the fake pipeline's calls name requests by their first word)."""
+    return " ".join([name] * count)
+
+
+class Recorder(SchedulerEvents):
+    def __init__(self) -> None:
+        self.model_calls: list[tuple[int, int]] = []  # (windows, tokens)
+        self.answers: list[tuple[str, int]] = []
+        self.cancels: list[str] = []
+        self.dropped_windows = 0
+
+    def model_call(self, windows: int, tokens: int) -> None:
+        self.model_calls.append((windows, tokens))
+
+    def answered(self, task: str, inputs: int) -> None:
+        self.answers.append((task, inputs))
+
+    def cancelled(self, reason: str) -> None:
+        self.cancels.append(reason)
+
+    def dropped(self, windows: int) -> None:
+        self.dropped_windows += windows
+
+
+def scenario(test, window_words: int = 4, **settings: Any) -> None:
+    """Run `await test(scheduler, fake, events)` with a scheduler over one fake task "t", driven by hand."""
+
+    async def main() -> None:
+        fake, events = FakePipeline(window_words), Recorder()
+        scheduler = Scheduler({"t": fake}, SchedulerSettings(**settings), events=events)
+        await scheduler.start(run_worker=False)
+        try:
+            await test(scheduler, fake, events)
+        finally:
+            await scheduler.stop()
+
+    asyncio.run(main())
+
+
+def failure(job) -> JobFailed:
+    error = job.future.exception()
+    assert isinstance(error, JobFailed), error
+    return error
+
+
+# --- no web framework -----------------------------------------------------------------------------------------
+
+def test_scheduler_source_imports_no_web_framework():
+    tree = ast.parse(SCHEDULER_SOURCE.read_text(encoding="utf-8"))
+    imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    imported += [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    assert imported and not [name for name in imported if name.split(".")[0] in WEB_FRAMEWORKS + ("prometheus_client",)]
+
+
+NO_WEB_SCRIPT = """
+import asyncio, json, sys
+from importlib.abc import MetaPathFinder
+
+BLOCKED = {"fastapi", "starlette", "uvicorn", "pydantic", "fastapi_offline", "prometheus_client"}
+
+
+class Blocker(MetaPathFinder):  # as if none of these were installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
+        return None
+
+
+sys.meta_path.insert(0, Blocker())
+from bertforge.errors import ConfigError
+from bertforge.inference.scheduler import Scheduler, SchedulerSettings
+
+
+class Window:
+    def __init__(self, text, ids):
+        self.text, self.input_ids = text, ids
+
+
+class Counting:  # a window per two words; its output is its token count
+    def features(self, parsed):
+        return [Window(t, t.split()[i:i + 2]) for t in parsed for i in range(0, len(t.split()), 2)]
+
+    def forward(self, features, options):
+        return [len(w.input_ids) for w in features]
+
+    def decode(self, parsed, features, outputs, options):
+        return [sum(o for w, o in zip(features, outputs) if w.text == t) for t in parsed]
+
+
+async def main():
+    scheduler = Scheduler({"count": Counting()}, SchedulerSettings(max_batch_tokens=4))
+    await scheduler.start()
+    try:
+        jobs = [scheduler.submit("count", [text], {}) for text in ("a b c d e f g h i j k", "l m n")]
+        return [await scheduler.result(job) for job in jobs]
+    finally:
+        await scheduler.stop()
+
+
+answers = asyncio.run(main())
+try:
+    import bertforge.inference.server
+except ConfigError as error:  # the blocker works: the server needs the serve extra
+    server = str(error)
+else:
+    server = "imported"
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+print(json.dumps({"answers": answers, "server": server, "loaded": loaded}))
+"""
+
+
+def test_scheduler_imports_and_schedules_without_web_frameworks():
+    result = subprocess.run([sys.executable, "-c", NO_WEB_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["answers"] == [[11], [3]]
+    assert report["loaded"] == []
+    assert "serve" in report["server"] and "not installed" in report["server"]
+
+
+# --- gathering ------------------------------------------------------------------------------------------------
+
+def test_scheduler_gather_takes_waiting_requests_up_to_max_batch_size():
+    async def test(scheduler, fake, events):
+        jobs = [scheduler.submit("t", [f"r{i} a", f"r{i} b"], {}) for i in range(3)]
+        gathered = await scheduler.gather(await scheduler.queue.get())
+        assert gathered == jobs[:2]  # 2 + 2 inputs reach max_batch_size
+        assert scheduler.queue_depth == 1
+
+    scenario(test, max_batch_size=4)
+
+
+def test_scheduler_gather_waits_only_for_requests_on_their_way_in():
+    async def test(scheduler, fake, events):
+        alone = scheduler.submit("t", ["alone"], {})
+        began = time.monotonic()
+        assert await scheduler.gather(await scheduler.queue.get()) == [alone]
+        assert time.monotonic() - began < 1  # nobody on the way in: no wait at all (max_wait_ms is 10 s)
+
+        with scheduler.incoming(), scheduler.incoming():  # two requests are being read
+            first = scheduler.submit("t", ["first"], {})
+            gathering = asyncio.ensure_future(scheduler.gather(await scheduler.queue.get()))
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert not gathering.done()  # waits for the other one
+            second = scheduler.submit("t", ["second"], {})
+            assert await asyncio.wait_for(gathering, 5) == [first, second]  # both in: no more waiting
+
+    scenario(test, max_wait_ms=10_000)
+
+
+def test_scheduler_gather_without_micro_batching_takes_one_request():
+    async def test(scheduler, fake, events):
+        jobs = [scheduler.submit("t", [f"r{i}"], {}) for i in range(3)]
+        assert await scheduler.gather(await scheduler.queue.get()) == jobs[:1]
+        assert scheduler.take_waiting() == jobs[1:2]
+
+    scenario(test, micro_batching=False)
+
+
+# --- planning and running within the token budget -------------------------------------------------------------
+
+def test_scheduler_step_keeps_each_model_call_within_max_batch_tokens_and_answers_as_whole():
+    parsed = [words("big", 30), words("pair", 6), "one"]
+
+    async def test(scheduler, fake, events):
+        job = scheduler.submit("t", parsed, {})
+        while not job.gone:
+            await scheduler.step()
+        assert job.future.result() == whole(parsed)
+        windows = len(FakePipeline().features(parsed))
+        assert sum(count for count, _ in events.model_calls) == windows
+        assert all(tokens <= 8 for _, tokens in events.model_calls)
+        assert len(events.model_calls) > 1 and events.answers == [("t", 3)]
+
+    scenario(test, max_batch_tokens=8)
+
+
+def test_scheduler_plan_runs_a_window_larger_than_the_budget_alone():
+    async def test(scheduler, fake, events):
+        job = scheduler.submit("t", [words("wide", 8)], {})
+        while not job.gone:
+            await scheduler.step()
+        assert events.model_calls == [(1, 4), (1, 4)]
+        assert job.future.result() == whole([words("wide", 8)])
+
+    scenario(test, max_batch_tokens=3)
+
+
+def test_scheduler_plan_shares_a_call_only_between_equal_task_and_parameters():
+    async def test(scheduler, fake, events):
+        plain = scheduler.submit("t", ["plain"], {})
+        scaled = scheduler.submit("t", ["scaled"], {"scale": 2})
+        other = scheduler.submit("t", ["other"], {})
+        await scheduler.step()
+        assert fake.calls == [["plain", "other"]]
+        await scheduler.step()
+        assert fake.calls[1:] == [["scaled"]]
+        assert scaled.future.result() == [{"text": "scaled", "windows": 1, "tokens": 2}]
+        assert plain.future.result() == whole(["plain"]) and other.future.result() == whole(["other"])
+
+    scenario(test)
+
+
+def test_scheduler_small_requests_run_between_the_pieces_of_a_big_one():
+    async def test(scheduler, fake, events):
+        big = scheduler.submit("t", [words("big", 40)], {})  # 10 windows of 4 tokens: 5 calls of 8 tokens
+        await scheduler.step()
+        await scheduler.step()
+        small = scheduler.submit("t", ["small"], {})
+        await scheduler.step()
+        assert small.future.result() == whole(["small"]) and not big.gone  # one call after it arrived
+        second, third = scheduler.submit("t", ["second"], {}), scheduler.submit("t", ["third"], {})
+        while not big.gone:
+            await scheduler.step()
+        # A request in progress still gets every other call; new ones share the calls in between.
+        assert fake.calls == [["big"] * 2, ["big"] * 2, ["small"], ["big"] * 2, ["second", "third"],
+                              ["big"] * 2, ["big"] * 2]
+        assert big.future.result() == whole([words("big", 40)])
+        assert second.future.result() == whole(["second"]) and third.future.result() == whole(["third"])
+
+    scenario(test, max_batch_tokens=8)
+
+
+# --- work nobody waits for ----------------------------------------------------------------------------------------
+
+def test_scheduler_drops_the_remaining_windows_of_a_request_whose_client_left():
+    async def test(scheduler, fake, events):
+        job = scheduler.submit("t", [words("big", 40)], {})
+        await scheduler.step()  # 2 of its 10 windows run
+        gone = asyncio.get_running_loop().create_future()
+        gone.set_result(None)  # the client has left
+        with pytest.raises(JobFailed) as refused:
+            await scheduler.result(job, gone=gone)
+        assert refused.value.kind == "disconnect" and events.cancels == ["disconnect"]
+        await scheduler.step()
+        assert len(fake.calls) == 1 and events.dropped_windows == 8 and not scheduler.running
+
+    scenario(test, max_batch_tokens=8)
+
+
+def test_scheduler_timeout_fails_the_request_and_drops_its_remaining_windows():
+    async def test(scheduler, fake, events):
+        job = scheduler.submit("t", [words("big", 40)], {})
+        await scheduler.step()
+        with pytest.raises(JobFailed) as refused:
+            await scheduler.result(job)  # nobody runs the next turn: the timeout passes
+        assert refused.value.kind == "timeout" and "request_timeout_s" in refused.value.message
+        assert "dropped" in refused.value.message and events.cancels == ["timeout"]
+        await scheduler.step()
+        assert len(fake.calls) == 1 and events.dropped_windows == 8
+
+    scenario(test, max_batch_tokens=8, request_timeout_s=0.05)
+
+
+# --- refusals and failures ------------------------------------------------------------------------------------
+
+def test_scheduler_refuses_a_request_when_the_queue_is_full():
+    async def test(scheduler, fake, events):
+        scheduler.submit("t", ["one"], {})
+        scheduler.submit("t", ["two"], {})
+        with pytest.raises(JobFailed) as refused:
+            scheduler.submit("t", ["three"], {})
+        assert refused.value.kind == "busy" and "2 requests are already waiting" in refused.value.message
+        assert "retry" in refused.value.message and scheduler.queue_depth == 2
+
+    scenario(test, max_queue=2)
+
+
+def test_scheduler_refuses_a_request_over_max_request_tokens_before_any_model_call():
+    async def test(scheduler, fake, events):
+        large = scheduler.submit("t", [words("large", 20)], {})
+        await scheduler.step()
+        error = failure(large)
+        assert error.kind == "too_large" and "make 20 tokens after windowing (5 windows)" in error.message
+        assert "at most 10 per request" in error.message and "--max-request-tokens" in error.message
+        assert fake.calls == []
+        fine = scheduler.submit("t", ["fine"], {})
+        await scheduler.step()
+        assert fine.future.result() == whole(["fine"])
+
+    scenario(test, max_request_tokens=10)
+
+
+def test_scheduler_bad_input_fails_only_its_own_request():
+    async def test(scheduler, fake, events):
+        good = scheduler.submit("t", ["good"], {})
+        unwindowable = scheduler.submit("t", ["unwindowable"], {})
+        boom = scheduler.submit("t", ["boom"], {})
+        await scheduler.step()  # good and boom share a call; it fails, so each is retried alone
+        assert good.future.result() == whole(["good"])
+        assert failure(unwindowable).kind == "invalid" and "makes no window" in failure(unwindowable).message
+        assert failure(boom).kind == "invalid" and "boom cannot run" in failure(boom).message
+        assert fake.calls == [["good"]] and not scheduler.running
+
+    scenario(test)
+
+
+def test_scheduler_stop_fails_waiting_and_running_requests_as_shutdown():
+    async def test(scheduler, fake, events):
+        running = scheduler.submit("t", [words("big", 40)], {})
+        await scheduler.step()
+        waiting = scheduler.submit("t", ["late"], {})
+        await scheduler.stop()
+        assert failure(running).kind == failure(waiting).kind == "shutdown"
+
+    scenario(test, max_batch_tokens=8)
+
+
+def test_scheduler_settings_reject_limits_that_cannot_work():
+    for field, value in (("max_batch_tokens", 0), ("max_queue", True), ("max_batch_size", 2.5)):
+        with pytest.raises(ConfigError, match=f"{field} must be a positive integer"):
+            SchedulerSettings(**{field: value})
+    with pytest.raises(ConfigError, match="request_timeout_s must be >= 0"):
+        SchedulerSettings(request_timeout_s=-1)
+
+
+# --- the worker -----------------------------------------------------------------------------------------------
+
+async def ask(scheduler: Scheduler, task: str, parsed: list[Any], options: dict[str, Any] | None = None) -> Any:
+    """What the server does for one request: on its way in, then queued, then its answer."""
+    with scheduler.incoming():
+        await asyncio.sleep(0)  # the body is being read
+        return await scheduler.result(scheduler.submit(task, parsed, options or {}))
+
+
+def test_scheduler_worker_batches_concurrent_requests_and_answers_each_as_whole():
+    texts = [words(f"r{i}", 1 + i % 5) for i in range(8)]
+
+    async def main() -> None:
+        fake = FakePipeline()
+        scheduler = Scheduler({"t": fake}, SchedulerSettings(max_wait_ms=1000))
+        await scheduler.start()
+        try:
+            answers = await asyncio.gather(*(ask(scheduler, "t", [text]) for text in texts))
+        finally:
+            await scheduler.stop()
+        assert answers == [whole([text]) for text in texts]
+        assert len(fake.calls) < len(texts)  # requests shared model calls
+
+    asyncio.run(main())
+
+
+def test_scheduler_runs_a_real_pipeline_split_over_calls_as_the_pipeline_answers(tiny_minilm_model):
+    from bertforge.inference.pipelines import load_pipeline
+
+    pipeline = load_pipeline(tiny_minilm_model, "embed", device="cpu", precision="fp32")
+    texts = ["a short one", "the weather in lisbon was warm " * 6, "fish bread and wine", "hello"]
+    events = Recorder()
+
+    async def main() -> list[Any]:
+        scheduler = Scheduler({"embed": pipeline}, SchedulerSettings(max_batch_tokens=24), events=events)
+        await scheduler.start()
+        try:
+            options = pipeline.check_options({})
+            return await ask(scheduler, "embed", [pipeline.parse(text) for text in texts], options)
+        finally:
+            await scheduler.stop()
+
+    answers = asyncio.run(main())
+    assert len(events.model_calls) > 1  # the request was split
+    for got, expected in zip(answers, pipeline.run(texts), strict=True):
+        assert got["embedding"] == pytest.approx(expected["embedding"], abs=EMBEDDING_TOLERANCE)
