@@ -89,8 +89,9 @@ def open_text(path: str | os.PathLike, newline: str | None = None) -> TextIO:
         raise DataError(f"cannot read the file ({error.strerror})", path) from None
 
 
-def _undecodable_line(path: str | os.PathLike) -> int | None:
-    """The 1-based line of the first byte sequence that is not UTF-8 (read again in chunks; error path only)."""
+def undecodable_line(path: str | os.PathLike) -> int | None:
+    """The 1-based line of the first byte sequence that is not UTF-8 (read again in chunks; error path only).
+    Lines end at "\n", "\r\n" or a lone "\r", as universal newlines read them."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     line = 1
     try:
@@ -99,11 +100,15 @@ def _undecodable_line(path: str | os.PathLike) -> int | None:
                 try:
                     decoder.decode(chunk)
                 except UnicodeDecodeError as error:
-                    return line + chunk[: error.start].count(b"\n")
-                line += chunk.count(b"\n")
+                    return line + _line_ends(chunk[: error.start])
+                line += _line_ends(chunk)
     except OSError:
         return None
     return None
+
+
+def _line_ends(data: bytes) -> int:
+    return data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
 
 
 def not_utf8(path: str | os.PathLike, error: UnicodeDecodeError) -> DataError:
@@ -119,7 +124,7 @@ def not_utf8(path: str | os.PathLike, error: UnicodeDecodeError) -> DataError:
                          f"iconv -f UTF-16 -t UTF-8 {name} > {name}.utf8 (or save as 'CSV UTF-8')", path)
     return DataError(f"not UTF-8 text ({error.reason}); a Latin-1 or Windows-1252 file? convert it: "
                      f"iconv -f latin1 -t UTF-8 {name} > {name}.utf8 (for GBK: -f GBK)", path,
-                     _undecodable_line(path))
+                     undecodable_line(path))
 
 
 def read_text(path: str | os.PathLike) -> str:

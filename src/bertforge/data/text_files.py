@@ -7,13 +7,13 @@ skipped, and a file that is not UTF-8 text refused with its file, line and the f
 
 from __future__ import annotations
 
-import codecs
 import glob
 import io
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from bertforge.data.files import undecodable_line
 from bertforge.errors import DataError
 
 
@@ -100,21 +100,5 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
                 "is not valid UTF-8; convert the file to UTF-8 (e.g. iconv -f latin1 -t UTF-8 for a Latin-1 or "
                 "Windows-1252 file, iconv -f GBK -t UTF-8 for Chinese text saved as GBK)",
                 path,
-                _decode_error_line(path),
+                undecodable_line(path),
             ) from None
-
-
-def _decode_error_line(path: Path) -> int:
-    """The 1-based line holding the first byte sequence that is not UTF-8 (read again in chunks; only the
-    error path pays for it)."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    line = 1
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            try:
-                decoder.decode(chunk)
-            except UnicodeDecodeError as error:
-                chunk = chunk[: error.start]
-                return line + chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
-            line += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
-    return line
