@@ -96,6 +96,11 @@ READER_DEFAULTS = ReaderSettings(token_column=0, tag_column=-1, separator=" ", c
                                  start_column="sent2", label_separator=",", on_invalid="error", bio_errors="warn")
 
 
+def reader_settings(**given: Any) -> ReaderSettings:
+    """Resolved reader settings: those given, the reader's defaults (`READER_DEFAULTS`) for the rest."""
+    return ReaderSettings(**given).over(READER_DEFAULTS)
+
+
 @dataclass(frozen=True)
 class TaskDescription:
     """One fine-tuning task, complete: the run's input and the saved `finetuning.json`.
@@ -121,7 +126,7 @@ class TaskDescription:
     train: tuple[DataSource, ...] = ()
     dev: tuple[DataSource, ...] = ()
     test: tuple[DataSource, ...] = ()
-    reader: ReaderSettings = field(default_factory=lambda: ReaderSettings().over(READER_DEFAULTS))
+    reader: ReaderSettings = field(default_factory=reader_settings)
     inputs: InputSettings = field(default_factory=InputSettings)
     options: Mapping[str, Any] = field(default_factory=dict)
     labels: tuple[str, ...] | None = None
@@ -143,10 +148,6 @@ class TaskDescription:
     @property
     def regression(self) -> bool:
         return self.kind == REGRESSION
-
-    @property
-    def multi_label(self) -> bool:
-        return self.kind == MULTI_LABEL
 
     @property
     def chosen_metric(self) -> str:
@@ -246,7 +247,7 @@ def from_flat_record(record: Mapping[str, Any], family: Family, *, where: str = 
     if family.kinds:  # the families with problem kinds (classification)
         kind = REGRESSION if record.get("regression") else MULTI_LABEL if record.get("multi_label") else SINGLE_LABEL
     try:
-        reader = ReaderSettings(**known(ReaderSettings)).over(READER_DEFAULTS)
+        reader = reader_settings(**known(ReaderSettings))
         inputs = InputSettings(**{"max_seq_length": family.default_max_seq_length, **known(InputSettings)})
         options = {k: record[k] for k in family.options if record.get(k) is not None}
         family.check_options(options)
@@ -266,7 +267,7 @@ def described_by_model(family: Family, kind: str | None, labels: Sequence[str] |
     model): the family's default window, columns named text_a / text_b / label, labels from config.json."""
     return TaskDescription(
         name=family.name, family=family, kind=kind,
-        reader=ReaderSettings(text_a_column="text_a", label_column="label").over(READER_DEFAULTS),
+        reader=reader_settings(text_a_column="text_a", label_column="label"),
         inputs=InputSettings(max_seq_length=family.default_max_seq_length),
         labels=None if labels is None else tuple(labels), metrics=family.metric_defaults(kind), language="auto")
 

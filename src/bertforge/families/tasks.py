@@ -10,30 +10,21 @@ from bertforge.families.classification import FAMILY as CLASSIFICATION
 from bertforge.families.classification import REGRESSION_DEFAULTS
 from bertforge.families.question_answering import FAMILY as QUESTION_ANSWERING
 from bertforge.families.tagging import FAMILY as TAGGING
-from bertforge.families.task import (
-    READER_DEFAULTS,
-    DataSource,
-    ReaderSettings,
-    TaskDescription,
-)
-
-
-def _reader(**given) -> ReaderSettings:
-    return ReaderSettings(**given).over(READER_DEFAULTS)
+from bertforge.families.task import DataSource, TaskDescription, reader_settings
 
 
 def _glue(name: str, folder: str, text_a, label, text_b=None, header=None, dev: str = "dev.tsv",
           kind: str = SINGLE_LABEL, **kwargs) -> TaskDescription:
     return TaskDescription(name, CLASSIFICATION, kind, (DataSource(f"glue/{folder}/train.tsv"),),
                            (DataSource(f"glue/{folder}/{dev}"),),
-                           reader=_reader(text_a_column=text_a, text_b_column=text_b, label_column=label,
+                           reader=reader_settings(text_a_column=text_a, text_b_column=text_b, label_column=label,
                                           header=header), **kwargs)
 
 
 def _pairs(name: str, train: str, dev: str, *, language: str = "zh", note: str = "") -> TaskDescription:
     """A Chinese sentence-pair file without a header: text, text, label."""
     return TaskDescription(name, CLASSIFICATION, SINGLE_LABEL, (DataSource(train),), (DataSource(dev),),
-                           reader=_reader(text_a_column=0, text_b_column=1, label_column=2, header=False),
+                           reader=reader_settings(text_a_column=0, text_b_column=1, label_column=2, header=False),
                            labels=("0", "1"), metrics=("accuracy",), language=language, note=note)
 
 
@@ -74,11 +65,11 @@ TASKS: dict[str, TaskDescription] = {task.name: task for task in (
     _glue("qnli", "QNLI", "question", "label", text_b="sentence", labels=("entailment", "not_entailment"),
           metrics=("accuracy",)),
     TaskDescription("conll2003", TAGGING, None, (DataSource("conll2003/train.txt"),),
-                    (DataSource("conll2003/valid.txt"),), reader=_reader(),
+                    (DataSource("conll2003/valid.txt"),), reader=reader_settings(),
                     labels=_entity_tags("LOC", "MISC", "ORG", "PER"), metrics=("f1", "precision", "recall")),
     TaskDescription("msra_ner", TAGGING, None, (DataSource("msra_ner/train.tsv", "train"),),
                     (DataSource("msra_ner/train.tsv", "eval"),), (DataSource("msra_ner/test.tsv"),),
-                    reader=_reader(separator=""), language="zh", labels=_entity_tags("LOC", "ORG", "PER"),
+                    reader=reader_settings(separator=""), language="zh", labels=_entity_tags("LOC", "ORG", "PER"),
                     metrics=("f1", "precision", "recall"),
                     note="no official dev split: every 20th training sentence is held out as dev"),
     _qa_split("squad", "squad_v1.1/dev-v1.1.json",
@@ -88,7 +79,7 @@ TASKS: dict[str, TaskDescription] = {task.name: task for task in (
     _qa_split("drcd", "drcd/DRCD_dev.json", language="zh",
               note="no train file: 3/4 of the dev articles train, every 4th article is eval"),
     TaskDescription("chnsenticorp", CLASSIFICATION, SINGLE_LABEL, (DataSource("chnsenticorp/train.tsv"),),
-                    (DataSource("chnsenticorp/dev.tsv"),), reader=_reader(text_a_column="text_a", label_column="label"),
+                    (DataSource("chnsenticorp/dev.tsv"),), reader=reader_settings(text_a_column="text_a", label_column="label"),
                     labels=("0", "1"), metrics=("accuracy",), language="zh"),
     _pairs("afqmc", "afqmc/train.txt", "afqmc/dev.txt"),
     _pairs("lcqmc", "lcqmc/dev.txt", "lcqmc/test.txt",

@@ -70,10 +70,6 @@ class PreparedData:
     dev_features: list[Feature]
     report: DataReport
 
-    @property
-    def label_names(self) -> list[str] | None:
-        return None if self.task.labels is None else list(self.task.labels)
-
 
 def _limited(examples: list, limit: int | None, report: DataReport) -> list:
     if limit is not None and len(examples) > limit:

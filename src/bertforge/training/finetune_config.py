@@ -44,7 +44,7 @@ from bertforge.data.tagging import LABEL_POLICIES, TAG_SCHEMES
 from bertforge.errors import ConfigError
 from bertforge.families import registry
 from bertforge.families.base import MULTI_LABEL, InputSettings, LossSettings
-from bertforge.families.task import READER_DEFAULTS, DataSource, ReaderSettings, TaskDescription, rooted
+from bertforge.families.task import DataSource, ReaderSettings, TaskDescription, reader_settings, rooted
 from bertforge.families.tasks import TASKS
 from bertforge.training.config import TrainingConfig
 
@@ -341,6 +341,6 @@ def _base_task(config: FinetuneConfig) -> TaskDescription:
     return TaskDescription(
         name=data.format, family=family, kind=kind,
         train=(DataSource(data.train),) if data.train else (), dev=(DataSource(data.dev),) if data.dev else (),
-        reader=ReaderSettings(**family.format_reader(data.format)).over(READER_DEFAULTS),
+        reader=reader_settings(**family.format_reader(data.format)),
         inputs=InputSettings(max_seq_length=family.default_max_seq_length), metrics=family.metric_defaults(kind),
         language=family.default_language)
