@@ -48,6 +48,7 @@ from bertforge.constants import (
 from bertforge.errors import CheckpointError, ConfigError
 from bertforge.interop import google_tf
 from bertforge.interop import huggingface as hf
+from bertforge.interop import sentence_transformers as st
 from bertforge.model.config import BertConfig
 from bertforge.storage import read_json, write_json
 from bertforge.tokenization.tokenizer import Tokenizer
@@ -80,7 +81,8 @@ class ModelDirectory:
 
     config: the architecture (and label names). architecture: our class name from config.json (None when
     it names none). tokenizer: None when the directory has no vocab.txt. finetuning: the fine-tuning record
-    (`finetuning.json`: how inputs were built), None for a model that was not fine-tuned here.
+    (`finetuning.json`: how inputs were built), None for a model that was not fine-tuned here. sentence: how
+    a sentence-transformers directory pools (its modules.json and configs), None for other directories.
     """
 
     path: Path
@@ -88,6 +90,7 @@ class ModelDirectory:
     architecture: str | None
     tokenizer: Tokenizer | None
     finetuning: dict[str, Any] | None
+    sentence: st.SentenceSettings | None = None
 
     def require_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:
@@ -137,16 +140,31 @@ def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {hf.to_hf_key(k): v.detach().contiguous() for k, v in model.state_dict().items()}
 
 
+def tokenizer_json(tokenizer: Tokenizer) -> str:
+    """`tokenizer.json` (the Rust library's file, which text-embeddings-inference needs) of our tokenizer."""
+    config = tokenizer.config
+    return st.tokenizer_json(tokenizer.vocab.tokens, do_lower_case=config.do_lower_case,
+                             strip_accents=config.strip_accents, tokenize_chinese_chars=config.tokenize_chinese_chars,
+                             max_input_chars_per_word=config.max_input_chars_per_word, unk_token=config.unk_token,
+                             cls_token=config.cls_token, sep_token=config.sep_token, pad_token=config.pad_token,
+                             mask_token=config.mask_token)
+
+
 def save_model(model: torch.nn.Module, path: str | os.PathLike, tokenizer=None,
                extra_files: dict[str, str | bytes] | None = None) -> Path:
-    """Save `model` (and its tokenizer) as a Hugging Face compatible BERT directory, atomically."""
+    """Save `model` (and its tokenizer, with its `tokenizer.json`) as a Hugging Face compatible BERT
+    directory, atomically. A model class may add files of its own (`directory_files()`: the
+    sentence-transformers modules of an embedding model); `extra_files` names may hold a subfolder."""
 
     def build(tmp: Path) -> None:
         write_json(tmp / CONFIG_NAME, hf.config_to_hf(model.config.to_dict(), type(model).__name__), sort_keys=True)
         save_file(hf_state_dict(model), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        files = dict(getattr(model, "directory_files", dict)())
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        for name, content in (extra_files or {}).items():
+            files[st.TOKENIZER_JSON_NAME] = tokenizer_json(tokenizer)
+        for name, content in {**files, **(extra_files or {})}.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             mode = "wb" if isinstance(content, bytes) else "w"
             with open(tmp / name, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as handle:
                 handle.write(content)
@@ -217,7 +235,7 @@ def read_directory(path: str | os.PathLike, *, do_lower_case: bool | None = None
         if (folder / VOCAB_NAME).exists() else None
     record_file = folder / FINETUNING_NAME
     record = read_json_object(record_file, FINETUNING_NAME) if record_file.exists() else None
-    return ModelDirectory(folder, config, architecture, tokenizer, record)
+    return ModelDirectory(folder, config, architecture, tokenizer, record, st.read_settings(folder))
 
 
 def load_tokenizer(path: str | os.PathLike, *, do_lower_case: bool | None = None) -> Tokenizer:

@@ -82,15 +82,22 @@ def test_checkpoint_format_load_model_bad_override_is_config_error(saved):
 
 
 def test_checkpoint_format_save_with_tokenizer_and_extra_files(tmp_path, tiny_config):
-    class FakeTokenizer:
-        def save_pretrained(self, path):
-            (path / "vocab.txt").write_text("[PAD]\n[UNK]\n", encoding="utf-8")
+    from tokenizers import Tokenizer as RustTokenizer
 
-    save_model(BertModel(tiny_config), tmp_path / "m", tokenizer=FakeTokenizer(),
-               extra_files={"README.md": "notes", "blob.bin": b"\x00\x01"})
-    assert (tmp_path / "m" / "vocab.txt").read_text() == "[PAD]\n[UNK]\n"
+    from bertforge.tokenization import Tokenizer, Vocab
+
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "##s", ".", "北"]
+    tokenizer = Tokenizer(Vocab(tokens))
+    save_model(BertModel(tiny_config), tmp_path / "m", tokenizer=tokenizer,
+               extra_files={"README.md": "notes", "blob.bin": b"\x00\x01", "sub/x.json": "{}"})
+    assert (tmp_path / "m" / "vocab.txt").read_text().split() == tokens
     assert (tmp_path / "m" / "README.md").read_text() == "notes"
     assert (tmp_path / "m" / "blob.bin").read_bytes() == b"\x00\x01"
+    assert (tmp_path / "m" / "sub" / "x.json").read_text() == "{}"
+    # tokenizer.json (what text-embeddings-inference loads) tokenizes as ours does.
+    rust = RustTokenizer.from_file(str(tmp_path / "m" / "tokenizer.json"))
+    text = "The cats sat. 北 dog"
+    assert rust.encode(text).ids == tokenizer.encode(text).ids
 
 
 def test_checkpoint_format_load_tokenizer_without_vocab_says_so(saved):

@@ -175,7 +175,7 @@ def test_classify_window_aggregation_is_softmax_of_mean_logits(tokenizer, config
                       precision="fp32", doc_stride=31)
     john, london = tokenizer.convert_tokens_to_ids("john"), tokenizer.convert_tokens_to_ids("london")
 
-    def forward(model, batch):  # logits = (johns, londons) / 4 per window: a known answer for any window
+    def forward(model, batch, options=None):  # logits = (johns, londons) / 4 per window: a known answer for any window
         ids = batch.input_ids.cpu()
         return list(torch.stack([(ids == john).sum(-1), (ids == london).sum(-1)], -1).float() / 4)
 
@@ -240,7 +240,7 @@ def test_pipeline_precision_defaults_to_evaluates_fp32(tokenizer, config):
 
 def tagging_forward(tokenizer, labels, labels_by_token):
     """A stand-in `family.forward` whose logits depend only on each token's id: a known answer for any window."""
-    def forward(model, batch):
+    def forward(model, batch, options=None):
         ids = batch.input_ids.cpu()
         logits = torch.zeros(*ids.shape, len(labels))
         logits[..., 0] = 1.0
@@ -318,7 +318,7 @@ def test_window_helpers_follow_max_context_rule():
 
 def answering_forward(tokenizer, start_token, end_token, null=-100.0):
     """A stand-in `family.forward`: start/end logits peaked at two known tokens, [CLS] scoring `null`."""
-    def forward(model, batch):
+    def forward(model, batch, options=None):
         ids = batch.input_ids.cpu()
         start = torch.where(ids == tokenizer.convert_tokens_to_ids(start_token), 8.0, 0.0)
         end = torch.where(ids == tokenizer.convert_tokens_to_ids(end_token), 8.0, 0.0)
@@ -407,7 +407,10 @@ def test_embed_minilm_matches_transformers_mean_pooling(minilm_embed, minilm_dir
         hidden = reference(**batch).last_hidden_state
     mask = batch["attention_mask"][..., None].float()
     expected = (hidden * mask).sum(1) / mask.sum(1)
-    np.testing.assert_allclose(minilm_embed.encode(texts), expected.numpy(), atol=1e-4)
+    np.testing.assert_allclose(minilm_embed.encode(texts, normalize=False), expected.numpy(), atol=1e-4)
+    # By default the directory's own modules (mean pooling, then Normalize) make the vector.
+    unit = expected / expected.norm(dim=-1, keepdim=True)
+    np.testing.assert_allclose(minilm_embed.encode(texts), unit.numpy(), atol=1e-5)
 
 
 def test_precision_auto_and_bf16_stay_within_stated_tolerance(minilm_dir, minilm_embed):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from bertforge.cli import commands
+from bertforge.cli import commands, corpus_commands, retrieval_commands
 from bertforge.cli.flags import ConfigFlag, add_config_flags, add_field_flag, field_of
 
 # One precision rule for every command (`runtime.choose_precision`); training flags say it in their field help.
@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (add_vocab, add_prepare, add_pretrain, add_finetune, add_evaluate, add_glue, add_predict, add_serve,
                 add_attention, add_plot, add_convert, add_export, add_demo, add_info):
         add(sub)
+    corpus_commands.add_parsers(sub)
+    retrieval_commands.add_parsers(sub)
     return parser
 
 
@@ -173,7 +175,8 @@ def add_predict(sub: argparse._SubParsersAction) -> None:
                    help=f"default fp32, the precision evaluate scores at; {AUTO_RULE}")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--top-k", type=int)
-    p.add_argument("--pooling", choices=["cls", "mean", "max"])
+    p.add_argument("--pooling", help="embed: cls, mean, max, mean_sqrt_len, weightedmean, lasttoken, or several joined by +"
+                   " (default: the model directory's sentence-transformers pooling, else mean)")
     p.add_argument("--max-length", type=int, help="tokens per window (default: as the model was fine-tuned)")
     p.add_argument("--doc-stride", type=int, help="step between window starts of long inputs (default: as fine-tuned)")
     p.set_defaults(func=commands.cmd_predict)

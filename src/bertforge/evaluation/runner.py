@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -129,7 +130,8 @@ class Evaluation:
                    device=device, precision=precision, calibrate=calibrate)
 
     def outputs(self, model: torch.nn.Module) -> list[Any]:
-        return run_features(model, self.features, self.family.forward, batch_size=self.batch_size,
+        return run_features(model, self.features, partial(self.family.forward, options=self.options),
+                            batch_size=self.batch_size,
                             pad_token_id=self.pad_token_id, device=self.device, precision=self.precision)
 
     def decode(self, outputs: Sequence[Any], config: BertConfig | None = None) -> list[dict[str, Any]]:

@@ -118,10 +118,13 @@ class LossSettings:
         weight (None: all 1); fine-tuning can compute them from the training counts ("balanced").
     focal_gamma: focal loss (Lin et al., 2017): each loss is multiplied by (1 - p_gold) ** gamma, so
         examples the model already gets right count less; 0 is the plain cross-entropy.
+    contrastive: the embedding family's loss settings (`families.contrastive.ContrastiveLoss`); other
+        families refuse them.
     """
 
     class_weights: tuple[float, ...] | None = None
     focal_gamma: float = 0.0
+    contrastive: Any = None  # the embedding family's `ContrastiveLoss` (None: its defaults)
 
     def __post_init__(self) -> None:
         if self.class_weights is not None and (not self.class_weights or any(
@@ -132,7 +135,7 @@ class LossSettings:
 
     @property
     def plain(self) -> bool:
-        return self.class_weights is None and self.focal_gamma == 0
+        return self.class_weights is None and self.focal_gamma == 0 and self.contrastive is None
 
     def check_labels(self, num_labels: int) -> None:
         """ConfigError when the weights do not give one number per label of the model."""
@@ -279,6 +282,20 @@ class Family:
     def validate_options(self, options: dict[str, Any]) -> None:
         """Check option values (InputError naming the option)."""
 
+    def directory_options(self, sentence: Any) -> dict[str, Any]:
+        """The options a model directory's sentence-transformers settings (`ModelDirectory.sentence`, or None)
+        make this family's defaults: pooling and normalization for embedding; {} for the others."""
+        return {}
+
+    @property
+    def training_class(self) -> type[BertPretrainedModel]:
+        """The class a fine-tuning run trains (the model class itself, except where training needs more)."""
+        return self.model_class
+
+    def prepare_model(self, model: torch.nn.Module, task: Any, loss: LossSettings | None) -> None:
+        """Give a freshly loaded training model what it takes from the task rather than its config (embedding:
+        pooling, normalization, window, mini-batches); nothing for most families."""
+
     def options_for_data(self, options: Mapping[str, Any], examples: Sequence[Any]) -> dict[str, Any]:
         """The decoding options a data set needs (QA: SQuAD v2.0 decoding when it has unanswerable
         questions); the options unchanged for most families."""
@@ -299,8 +316,9 @@ class Family:
         text_a, text_b, label)."""
         return {}
 
-    def metric_defaults(self, kind: str | None) -> tuple[str, ...]:
-        """What a task of this kind reports first when its description names no metrics."""
+    def metric_defaults(self, kind: str | None, reader: Any = None) -> tuple[str, ...]:
+        """What a task of this kind (read with these `ReaderSettings`, when known) reports first when its
+        description names no metrics."""
         return self.default_metrics
 
     def metric_names(self, task: Any, dev_examples: Sequence[Any] | None = None) -> tuple[str, ...]:
@@ -341,8 +359,11 @@ class Family:
         raise NotImplementedError
 
     # --- running ------------------------------------------------------------------------------------
-    def forward(self, model: torch.nn.Module, batch: FinetuneBatch) -> list[Any]:
-        """Run `model` on a batch; one float32 CPU value per row, trimmed to the row's real length."""
+    def forward(self, model: torch.nn.Module, batch: FinetuneBatch,
+                options: Mapping[str, Any] | None = None) -> list[Any]:
+        """Run `model` on a batch; one float32 CPU value per row, trimmed to the row's real length. `options`
+        are the call's checked options, for a family whose model run depends on them (embedding's pooling
+        and layer); most act in `decode` only."""
         logits = model(**batch.model_inputs()).logits.float().cpu()
         return list(logits)
 
@@ -383,7 +404,14 @@ class Family:
         settings with a ConfigError naming the option."""
         raise ConfigError(f"the {self.name} family has no training objective")
 
+    def refuse_contrastive(self, loss: LossSettings | None) -> None:
+        """ConfigError when a run of this (non-embedding) family was given the embedding losses' settings."""
+        if loss is not None and loss.contrastive is not None:
+            raise ConfigError(f"the embedding losses (head.loss, head.scale, head.symmetric, head.mini_batch_size, "
+                              f"head.matryoshka_dims) apply to embedding formats, not to {self.name}; remove them")
+
     def refuse_loss_settings(self, loss: LossSettings | None) -> None:
+        self.refuse_contrastive(loss)
         if loss is not None and not loss.plain:
             raise ConfigError(f"class weights and focal loss apply to single-label classification and tagging, "
                               f"not to {self.name}; remove head.class_weights / head.focal_gamma")

@@ -244,7 +244,7 @@ class Classification(Family):
         return {"text_a_column": "text_a", "label_column": "label",
                 **({"text_b_column": "text_b"} if format_name == "pair" else {})}
 
-    def metric_defaults(self, kind):
+    def metric_defaults(self, kind, reader=None):
         return REGRESSION_DEFAULTS if kind == REGRESSION else MULTI_LABEL_METRICS if kind == MULTI_LABEL \
             else self.default_metrics
 
@@ -293,6 +293,7 @@ class Classification(Family):
                                   "\"id2label\": {\"0\": \"negative\", \"1\": \"positive\"}")
 
     def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> ClassificationObjective:
+        self.refuse_contrastive(loss)
         kind = problem_type(config)
         if loss is not None and not loss.plain:
             if kind != SINGLE_LABEL:

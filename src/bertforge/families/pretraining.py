@@ -233,7 +233,7 @@ class Pretraining(Family):
             features.append(Feature(index, ids, types, mask_positions=positions, offsets=spans))
         return features
 
-    def forward(self, model, batch):
+    def forward(self, model, batch, options=None):
         out = model(**batch.model_inputs(), mlm_positions=batch.mlm_positions)
         logits = out.mlm_logits.float().cpu()  # [B, M, V]
         counts = (batch.mlm_positions > 0).sum(-1).tolist()  # position 0 is [CLS], never a mask

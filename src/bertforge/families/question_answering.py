@@ -375,7 +375,7 @@ class QuestionAnswering(Family):
     def features(self, examples, tokenizer, settings, *, config, report=None, training=False):
         return build_features(examples, tokenizer, settings, training=training, report=report)
 
-    def forward(self, model, batch):
+    def forward(self, model, batch, options=None):
         out = model(**batch.model_inputs())
         start, end = out.start_logits.float().cpu(), out.end_logits.float().cpu()  # [B, T] each
         lengths = batch.attention_mask.sum(-1).tolist()

@@ -27,7 +27,7 @@ from bertforge.model.fast_paths import set_fast_paths
 # own family first.
 FAMILIES: tuple[Family, ...] = (CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE, PRETRAINING,
                                 EMBEDDING)
-FINETUNING_FAMILIES: tuple[Family, ...] = (CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE)
+FINETUNING_FAMILIES: tuple[Family, ...] = (CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE, EMBEDDING)
 
 
 def _key(name: str) -> str:

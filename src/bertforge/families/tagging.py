@@ -400,6 +400,7 @@ class Tagging(Family):
             ConfigError: class weights / focal loss together with the CRF (whose loss is per sentence, not per
                 token), or class weights that do not give one number per label.
         """
+        self.refuse_contrastive(loss)
         if loss is not None and not loss.plain:
             if config.use_crf:
                 raise ConfigError("head.class_weights and head.focal_gamma weigh each token's cross-entropy, which "
@@ -433,7 +434,7 @@ class Tagging(Family):
         label2id = config.label2id if any(e.tags is not None for e in examples) else None
         return build_features(examples, tokenizer, settings, label2id=label2id, report=report, crf=config.use_crf)
 
-    def forward(self, model, batch):
+    def forward(self, model, batch, options=None):
         """Per row its logits [T, C]; for a CRF tagger a `TagEmissions` that also carries the CRF's scores."""
         out = model(**batch.model_inputs())
         logits = out.logits.float().cpu()  # [B, T, C]

@@ -51,6 +51,7 @@ class ReaderSettings:
 
     text_a_column: int | str | None = setting(None, "column of the first text (header name or 0-based index)")
     text_b_column: int | str | None = setting(None, "column of the second text of a pair")
+    negative_column: int | str | None = setting(None, "embedding triplets: the column of the hard negative")
     label_column: int | str | None = setting(None, "column of the label (header name or 0-based index)")
     header: bool | None = setting(None, "whether the table has a header row (default: detect)")
     file_format: str | None = setting(None, "the table's format (default: from the extension)",

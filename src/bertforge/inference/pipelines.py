@@ -53,6 +53,7 @@ from bertforge.evaluation import run_features
 from bertforge.families import registry
 from bertforge.families.base import Family, InputSettings
 from bertforge.families.task import TaskDescription, read_description
+from bertforge.interop.sentence_transformers import SentenceSettings
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.fast_paths import set_fast_paths
 
@@ -138,12 +139,14 @@ class Pipeline:
         doc_stride: step between window starts over a long input (default: the record's, else half a window).
         record: the model directory's fine-tuning record (`finetuning.json`), when it has one.
         report: the loader's report; a head that started fresh is refused (it would answer at random).
+        sentence: the directory's sentence-transformers settings (`ModelDirectory.sentence`): embed's pooling,
+            normalization and window by default, as sentence-transformers and text-embeddings-inference use it.
     """
 
     def __init__(self, task: str, model: BertPretrainedModel, tokenizer, *, device: str | torch.device = "auto",
                  precision: str = DEFAULT_PRECISION, batch_size: int = DEFAULT_BATCH_SIZE, max_length: int | None = None,
                  doc_stride: int | None = None, record: Mapping[str, Any] | None = None,
-                 report: LoadReport | None = None):
+                 report: LoadReport | None = None, sentence: SentenceSettings | None = None):
         check_task(task)
         own = ROUTE_PIPELINES.get(task, Pipeline)
         if not isinstance(self, own):
@@ -166,6 +169,10 @@ class Pipeline:
         # decoding, ...), so predict and the server decode as evaluate scored; a call's options override them.
         saved = saved_task(model, self.family, record)
         self.options = dict(saved.options) if saved is not None else dict(self.family.options)
+        self.sentence = sentence
+        self.options.update(self.family.directory_options(sentence))
+        if sentence is not None and self.family.directory_options(sentence):
+            max_length = max_length or sentence.max_seq_length
         self.settings = input_settings(model, tokenizer, self.family, saved, max_length, doc_stride)
         self.max_length = self.settings.max_seq_length
         self.precision, self.precision_report = self.choose_precision(precision)
@@ -252,8 +259,9 @@ class Pipeline:
                             precision=precision or self.precision)
 
     def family_forward(self, options: dict[str, Any]) -> Callable[[torch.nn.Module, FinetuneBatch], list[Any]]:
-        """The family's forward for one call. Its options act in `decode`, so the run does not depend on them."""
-        return self.family.forward
+        """The family's forward for one call, with the call's options (embed's pooling and layer shape the run;
+        other families' options act in `decode`)."""
+        return partial(self.family.forward, options=options)
 
     def decode(self, parsed: Sequence[Any], features: Sequence[Feature], outputs: Sequence[Any],
                options: dict[str, Any]) -> list[dict[str, Any]]:
@@ -322,20 +330,38 @@ class EmbedPipeline(Pipeline):
     def bf16_tolerance(self) -> float:
         return BF16_COSINE_TOLERANCE
 
-    def family_forward(self, options: dict[str, Any]) -> Callable[[torch.nn.Module, FinetuneBatch], list[Any]]:
-        return partial(self.family.forward, options=options)
-
     def score_deviation(self, reference: list[dict], candidate: list[dict]) -> float:
         """The largest 1 - cosine between an fp32 vector and its bf16 counterpart."""
         return max(1.0 - float(F.cosine_similarity(torch.tensor(a["embedding"]), torch.tensor(b["embedding"]), dim=0))
                    for a, b in zip(reference, candidate))
 
-    def encode(self, texts: Sequence[str], **options: Any) -> np.ndarray:
-        """Vectors of `texts` as one float32 array [N, H] (no JSON lists in between)."""
+    def prompt_text(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
+        """The prefix a call puts before each text: `prompt` itself, the directory's prompt called
+        `prompt_name`, else its default prompt (sentence-transformers' `config_sentence_transformers.json`)."""
+        if prompt is not None and prompt_name is not None:
+            raise InputError("give prompt or prompt_name, not both")
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
+            return prompt
+        prompts = dict(self.sentence.prompts) if self.sentence is not None else {}
+        if prompt_name is None:
+            default = self.sentence.default_prompt_name if self.sentence is not None else None
+            return prompts[default] if default else ""
+        if prompt_name not in prompts:
+            raise InputError(f"prompt_name {prompt_name!r} is not among this model's prompts {sorted(prompts)}")
+        return prompts[prompt_name]
+
+    def encode(self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None,
+               **options: Any) -> np.ndarray:
+        """Vectors of `texts` as one float32 array [N, D] (no JSON lists in between); `prompt_name` /
+        `prompt` put a prefix before every text (see `prompt_text`)."""
         merged = self.check_options(options)
-        parsed = [self.parse(t) for t in texts]
+        prefix = self.prompt_text(prompt_name, prompt)
+        parsed = [prefix + self.parse(t) for t in texts]
         if not parsed:
-            return np.zeros((0, self.config.hidden_size), dtype=np.float32)
+            width = self.config.hidden_size * len(merged["pooling"].split("+"))
+            return np.zeros((0, width), dtype=np.float32)
         return torch.stack(self.forward(self.features(parsed), merged)).numpy()
 
 
@@ -398,7 +424,7 @@ def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None,
     for task in chosen:
         try:
             pipelines[task] = make_pipeline(task, model, tokenizer, record=directory.finetuning, report=report,
-                                            **options)
+                                            sentence=directory.sentence, **options)
         except CheckpointError as error:
             raise CheckpointError(f"{model_dir}: {error}") from None
     return pipelines

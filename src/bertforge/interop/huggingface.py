@@ -74,7 +74,12 @@ ARCHITECTURES = {
     "BertForTokenClassification": "BertForTokenClassification",
     "BertForQuestionAnswering": "BertForQuestionAnswering",
     "BertForMultipleChoice": "BertForMultipleChoice",
+    # A trained sentence-embedding model is their plain encoder (its pooling is in the sentence-transformers
+    # files beside it), and reads back as our `BertModel`.
+    "BertForSentenceEmbedding": "BertModel",
 }
+# Theirs -> ours: the first of ours that maps to each of theirs.
+_THEIRS_TO_OURS = {theirs: ours for ours, theirs in reversed(ARCHITECTURES.items())}
 # Their head-only variants that our pretraining model covers (the missing head starts fresh).
 FOREIGN_ARCHITECTURE_ALIASES = {"BertForMaskedLM": "BertForPretraining",
                                 "BertForNextSentencePrediction": "BertForPretraining",
@@ -138,7 +143,7 @@ def config_from_hf(data: dict[str, Any], source: str) -> tuple[dict[str, Any], s
         fields["id2label"] = {i: f"LABEL_{i}" for i in range(int(data["num_labels"]))}
     architecture = None
     for name in data.get("architectures") or []:
-        architecture = {v: k for k, v in ARCHITECTURES.items()}.get(name) or FOREIGN_ARCHITECTURE_ALIASES.get(name)
+        architecture = _THEIRS_TO_OURS.get(name) or FOREIGN_ARCHITECTURE_ALIASES.get(name)
         if architecture:
             break
     return fields, architecture

@@ -95,8 +95,12 @@ def prepare_data(config: FinetuneConfig, task: TaskDescription, directory: Model
     if task.train and not train_examples:
         raise DataError("no usable training examples", task.train[0].path)
     family = task.family
+    given = {name: value for name, value in task.options.items() if getattr(config.features, name, None) is not None}
+    task = task.replace(options={**task.options, **family.directory_options(directory.sentence), **given})
     if config.features.max_seq_length is None:
         limit = directory.config.max_position_embeddings
+        if directory.sentence is not None and directory.sentence.max_seq_length:
+            limit = min(limit, directory.sentence.max_seq_length)  # the window it was trained and is used with
         task = task.replace(inputs=dataclasses.replace(task.inputs, max_seq_length=min(task.inputs.max_seq_length,
                                                                                          limit)))
     labels = family.label_names(train_examples, task.labels, task.inputs, task.kind)
@@ -127,7 +131,7 @@ def load_task_model(config: FinetuneConfig, task: TaskDescription, directory: Mo
     overrides.update(task.family.head_config(None if task.labels is None else list(task.labels), task.kind))
     if head.crf:
         overrides["use_crf"] = True
-    model, _ = registry.load_model(directory, task.family.model_class, config_overrides=overrides,
+    model, _ = registry.load_model(directory, task.family.training_class, config_overrides=overrides,
                                    fresh_head=head.fresh_head, fast_path=config.fast_path)
     if task.inputs.max_seq_length > model.config.max_position_embeddings:
         raise ConfigError(f"max_seq_length={task.inputs.max_seq_length} exceeds the model's max_position_embeddings="
@@ -217,6 +221,7 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
     loss = config.head.loss_settings(task, prepared.train_examples)
     try:
         objective = task.family.objective_for(model.config, loss)
+        task.family.prepare_model(model, task, loss)
     except ConfigError as exc:
         raise ConfigError(f"finetune: {exc}") from None
     outcome = train(model, batches, objective, training, eval_fn=run if run.evaluator else None,

@@ -44,6 +44,7 @@ from bertforge.data.tagging import LABEL_POLICIES, TAG_SCHEMES
 from bertforge.errors import ConfigError
 from bertforge.families import registry
 from bertforge.families.base import MULTI_LABEL, InputSettings, LossSettings
+from bertforge.families.contrastive import DEFAULT_SCALE, LOSSES, ContrastiveLoss
 from bertforge.families.task import DataSource, ReaderSettings, TaskDescription, reader_settings, rooted
 from bertforge.families.tasks import TASKS
 from bertforge.training.config import TrainingConfig
@@ -51,6 +52,8 @@ from bertforge.training.config import TrainingConfig
 log = logging.getLogger("bertforge.finetuning")
 
 THRESHOLD_MODES = ("global", "per_label", "none")
+# `[head]` fields that set the embedding family's `ContrastiveLoss` (its own field names).
+CONTRASTIVE_FIELDS = ("loss", "scale", "symmetric", "mini_batch_size", "matryoshka_dims")
 
 
 def _checker(table: str, config: Any):
@@ -116,6 +119,11 @@ class FeatureConfig:
                                 choices=LABEL_POLICIES)
     tag_scheme: str = setting("BIO", "tagging: the model's label scheme", choices=TAG_SCHEMES)
     language: str | None = setting(None, "scoring language: en, zh or auto (default: the task's)")
+    pooling: str | None = setting(None, "embedding: how token states become a sentence vector: cls, mean, max, "
+                                        "mean_sqrt_len, weightedmean, lasttoken (default: the model directory's "
+                                        "sentence-transformers pooling, else mean)")
+    normalize: bool | None = setting(None, "embedding: unit-length vectors (a Normalize module; default: as the "
+                                           "model directory has it, else off)")
 
     def __post_init__(self) -> None:
         need = _checker("features", self)
@@ -150,6 +158,15 @@ class HeadConfig:
     thresholds: str = setting("global", "multi-label decision thresholds tuned on dev and stored with the "
                                         "model: one for all labels, one per label, or none (0.5)",
                               choices=THRESHOLD_MODES)
+    loss: str | None = setting(None, "embedding: mnrl (in-batch negatives), cached_mnrl (the same, a large batch "
+                                     "in mini-batches), cosent (scored pairs) (default: cosent for scored pairs, "
+                                     "else mnrl)", choices=LOSSES[1:])
+    scale: float | None = setting(None, f"embedding: the similarity scale of mnrl and cosent (default "
+                                        f"{DEFAULT_SCALE:g})")
+    symmetric: bool | None = setting(None, "embedding: mnrl also ranks the anchors for each positive")
+    mini_batch_size: int | None = setting(None, "embedding: cached_mnrl's rows per mini-batch (default 32)")
+    matryoshka_dims: list[int] | None = setting(None, "embedding: also train these leading widths of the vectors, "
+                                                      "e.g. 256,128,64")
 
     def __post_init__(self) -> None:
         need = _checker("head", self)
@@ -184,9 +201,19 @@ class HeadConfig:
             log.info("balanced class weights from %d training labels: %s", total,
                      ", ".join(f"{name} {w:.3g}" for name, w in zip(task.labels, weights)))
         try:
-            return LossSettings(tuple(weights) if weights is not None else None, self.focal_gamma)
+            return LossSettings(tuple(weights) if weights is not None else None, self.focal_gamma,
+                                self.contrastive_loss())
         except ConfigError as exc:
             raise ConfigError(f"finetune.head.{exc}") from None
+
+    def contrastive_loss(self) -> ContrastiveLoss | None:
+        """The embedding loss settings given in this table (None when none is given)."""
+        given = {name: getattr(self, name) for name in CONTRASTIVE_FIELDS if getattr(self, name) is not None}
+        if not given:
+            return None
+        if "matryoshka_dims" in given:
+            given["matryoshka_dims"] = tuple(given["matryoshka_dims"])
+        return ContrastiveLoss(**given)
 
 
 @dataclass
@@ -338,9 +365,10 @@ def _base_task(config: FinetuneConfig) -> TaskDescription:
     family, kind = registry.formats()[data.format]
     if data.multi_label and kind is not None:
         kind = MULTI_LABEL
+    reader = reader_settings(**family.format_reader(data.format))
     return TaskDescription(
         name=data.format, family=family, kind=kind,
         train=(DataSource(data.train),) if data.train else (), dev=(DataSource(data.dev),) if data.dev else (),
-        reader=reader_settings(**family.format_reader(data.format)),
-        inputs=InputSettings(max_seq_length=family.default_max_seq_length), metrics=family.metric_defaults(kind),
+        reader=reader, inputs=InputSettings(max_seq_length=family.default_max_seq_length),
+        metrics=family.metric_defaults(kind, data.reader.over(reader)),
         language=family.default_language)

@@ -1,0 +1,107 @@
+"""`bertforge embed` (a corpus of any size -> vector shards, resumable, under torchrun) and `bertforge
+search` (exact top-k over those shards): their flags and what they run.
+
+The work is `inference.embed_corpus` and `inference.vector_search`, imported when a command runs so that
+`bertforge --help` does not load them. Under torchrun every rank runs `embed`; only rank 0 prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+# The choices of the flags, spelled here so that building the parser imports nothing heavy; the tests
+# check them against `embed_corpus.DTYPES` / `INPUT_FORMATS` and the embedding family's poolings.
+DTYPE_CHOICES = ("float32", "float16")
+FORMAT_CHOICES = ("auto", "text", "tsv", "csv", "jsonl")
+POOLING_CHOICES = ("cls", "mean", "max")
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Declare this module's subcommands on the `bertforge` parser."""
+    add_embed(sub)
+    add_search(sub)
+
+
+def precision_choices() -> tuple[str, ...]:
+    from bertforge.runtime import PRECISIONS
+
+    return PRECISIONS
+
+
+def add_embed(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("embed", help="embed a corpus of any size into vector shards (resumable; runs under torchrun)",
+                       description="Embed every line (text, TSV, JSONL) or row (CSV) of a file or a folder of files "
+                       "into shards of vectors. Rerunning the same command resumes; under torchrun each process "
+                       "takes every N-th shard, and the output is the same as one process's.")
+    p.add_argument("--model", required=True, help="the model directory")
+    p.add_argument("--input", required=True, help="a text/TSV/CSV/JSONL file, or a folder of them (recursive, "
+                   "sorted; hidden files skipped)")
+    p.add_argument("--out", required=True, help="output folder: vectors-NNNNN.npy, ids-NNNNN.jsonl, manifest.json")
+    p.add_argument("--shard-size", type=int, default=10_000, help="texts per shard (default 10000)")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32", help="vectors on disk (default float32)")
+    p.add_argument("--batch-size", type=int, default=32, help="texts per model call (default 32)")
+    p.add_argument("--max-length", type=int, help="tokens per text, longer ones truncated (default: the model's)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (under torchrun: cuda:LOCAL_RANK)")
+    p.add_argument("--precision", default="fp32", choices=precision_choices(),
+                   help="default fp32; auto = bf16 on a CUDA GPU with bf16 support, else fp32")
+    p.add_argument("--pooling", choices=POOLING_CHOICES, help="default: the model's (mean)")
+    p.add_argument("--normalize", action=argparse.BooleanOptionalAction,
+                   help="unit-length vectors, so that search scores are cosines (default: the model's)")
+    p.add_argument("--format", choices=FORMAT_CHOICES, default="auto",
+                   help="input format (default auto: by file name; .txt and others: one text per line)")
+    p.add_argument("--text-column", "--text-field", dest="text_column", default="text",
+                   help="TSV/CSV header name (or 0-based index) or JSONL field of the text (default text)")
+    p.add_argument("--id-column", "--id-field", dest="id_column",
+                   help="column or field of each record's id (default: 'id' where present, else the line)")
+    p.set_defaults(func=cmd_embed)
+
+
+def add_search(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("search", help="exact top-k search of query texts over the vectors `bertforge embed` wrote",
+                       description="Prints one JSON line per query: {\"query\": ..., \"hits\": [{\"id\": ..., "
+                       "\"score\": ...}]}. The score is the cosine when the corpus was embedded with --normalize, "
+                       "else the dot product.")
+    p.add_argument("--index", required=True, help="the --out folder of `bertforge embed`")
+    queries = p.add_mutually_exclusive_group(required=True)
+    queries.add_argument("--query", action="append", help="a query text (repeat for several)")
+    queries.add_argument("--queries", help="a file of query texts, one a line (blank lines skipped)")
+    p.add_argument("--top-k", type=int, default=10, help="hits per query (default 10)")
+    p.add_argument("--model", help="the model directory (default: the one the manifest names; must be the same "
+                   "model)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.set_defaults(func=cmd_search)
+
+
+def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.inference.embed_corpus import CorpusSettings, Ranks, embed_corpus
+
+    settings = CorpusSettings(file_format=args.format, text_column=args.text_column, id_column=args.id_column)
+    manifest = embed_corpus(args.model, args.input, args.out, settings=settings, shard_size=args.shard_size,
+                            dtype=args.dtype, batch_size=args.batch_size, max_length=args.max_length,
+                            device=args.device, precision=args.precision, pooling=args.pooling,
+                            normalize=args.normalize)
+    if Ranks.from_env().rank == 0:
+        print(f"{manifest['count']} vectors ({manifest['dim']} dims, {manifest['dtype']}, "
+              f"{manifest['similarity']} similarity) in {len(manifest['shards'])} shards in {args.out}",
+              file=sys.stderr)
+
+
+def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.data.text_files import iter_lines
+    from bertforge.errors import DataError
+    from bertforge.inference.vector_search import search
+
+    if args.queries is not None:
+        queries = [line for line in iter_lines(args.queries) if line.strip()]
+        if not queries:
+            raise DataError("holds no query (only blank lines); write one query a line", args.queries)
+    else:
+        queries = list(args.query)
+    results = search(args.index, queries, top_k=args.top_k, model=args.model, device=args.device,
+                     batch_size=args.batch_size)
+    for query, hits in zip(queries, results):
+        record = {"query": query, "hits": [{"id": ident, "score": score} for ident, score in hits]}
+        print(json.dumps(record, ensure_ascii=False))

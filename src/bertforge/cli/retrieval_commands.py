@@ -1,0 +1,122 @@
+"""`bertforge retrieval-set` (a BEIR-layout retrieval set from SQuAD-format QA files) and `bertforge
+evaluate-embeddings` (STS, retrieval and paraphrase figures of an embedding model): their flags and what
+they run."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Declare this module's subcommands on the `bertforge` parser."""
+    add_retrieval_set(sub)
+    add_evaluate_embeddings(sub)
+
+
+def add_retrieval_set(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("retrieval-set", help="a BEIR-layout retrieval set (and training pairs) from SQuAD-format "
+                       "QA files: SQuAD, CMRC 2018, DRCD")
+    p.add_argument("--squad", nargs="+", required=True, metavar="FILE", help="SQuAD-format JSON files")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for corpus.jsonl, queries.jsonl, qrels/")
+    p.add_argument("--eval-fraction", type=float, help="hold out this share of the questions, by article, as the "
+                   "evaluation queries; the rest become training pairs (default: every question is a query)")
+    p.add_argument("--seed", type=int, default=0, help="which articles are held out (default 0)")
+    p.add_argument("--train-pairs", metavar="FILE", help="write the training pairs here as a TSV "
+                   "(anchor<TAB>positive); needs --eval-fraction")
+    p.add_argument("--eval-corpus", choices=["all", "eval"], default="all",
+                   help="all: every paragraph is a document (default); eval: the held-out articles' paragraphs only")
+    p.add_argument("--split", default="test", help="name of the qrels split: qrels/SPLIT.tsv (default test)")
+    p.set_defaults(func=cmd_retrieval_set)
+
+
+def add_evaluate_embeddings(sub: argparse._SubParsersAction) -> None:
+    from bertforge.runtime import PRECISIONS
+
+    p = sub.add_parser("evaluate-embeddings", help="STS, retrieval or paraphrase figures of a model's sentence "
+                       "embeddings (the figures sentence-transformers' evaluators report)")
+    p.add_argument("--model", required=True, metavar="DIR", help="a model directory (any bertforge or Hugging Face "
+                   "BERT; a sentence-transformers directory's pooling is used)")
+    data = p.add_mutually_exclusive_group(required=True)
+    data.add_argument("--retrieval", metavar="BEIR_DIR", help="a BEIR folder (e.g. from `bertforge retrieval-set`)")
+    data.add_argument("--sts", metavar="FILE", help="sentence pairs with similarity scores (TSV/CSV/JSONL; GLUE's "
+                      "STS-B dev.tsv as shipped)")
+    data.add_argument("--paraphrase", metavar="FILE", help="sentence pairs with 0/1 labels (TSV/CSV/JSONL; MRPC, QQP, "
+                      "RTE, LCQMC)")
+    p.add_argument("--split", default="test", help="retrieval: the qrels split, qrels/SPLIT.tsv (default test)")
+    p.add_argument("--no-title", action="store_true", help="retrieval: embed documents without their titles")
+    p.add_argument("--text-a", help="STS/paraphrase: the first sentence's column (default: found by header name)")
+    p.add_argument("--text-b", help="STS/paraphrase: the second sentence's column")
+    p.add_argument("--label", help="STS/paraphrase: the score or label column")
+    p.add_argument("--out", metavar="FILE", help="write the figures here as JSON")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-length", type=int, help="tokens per text (default: the model directory's "
+                   "sentence-transformers max_seq_length, else the model's window)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--precision", default="fp32", choices=list(PRECISIONS), help="default fp32")
+    p.set_defaults(func=cmd_evaluate_embeddings)
+
+
+# --- retrieval-set ---------------------------------------------------------------------------------------
+
+def cmd_retrieval_set(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.data.finetuning import DataReport
+    from bertforge.data.retrieval import build_from_squad, write_beir, write_train_pairs
+    from bertforge.errors import ConfigError
+
+    if args.train_pairs and args.eval_fraction is None:
+        raise ConfigError("--train-pairs needs --eval-fraction (without it every question is an evaluation query)")
+    report = DataReport()
+    eval_set, pairs = build_from_squad(args.squad, eval_fraction=args.eval_fraction, seed=args.seed,
+                                       eval_corpus=args.eval_corpus, split=args.split, report=report)
+    write_beir(eval_set, args.out)
+    print(f"retrieval set written to {args.out}: {eval_set.summary()}")
+    for line in report.lines():
+        print(f"  {line}")
+    if args.train_pairs:
+        write_train_pairs(args.train_pairs, pairs)
+        print(f"{len(pairs)} training pairs (question, paragraph) written to {args.train_pairs}")
+    elif pairs:
+        print(f"{len(pairs)} training pairs not written (pass --train-pairs FILE to keep them)")
+
+
+# --- evaluate-embeddings ---------------------------------------------------------------------------------
+
+def _read_data(args: argparse.Namespace) -> tuple[str, str, Any]:
+    """(kind, path, data) of the one data flag given; read before the model loads, so a bad file fails fast."""
+    from bertforge.data.retrieval import read_beir, read_sentence_pairs
+
+    if args.retrieval:
+        return "retrieval", args.retrieval, read_beir(args.retrieval, args.split)
+    kind, path = ("sts", args.sts) if args.sts else ("paraphrase", args.paraphrase)
+    pairs = read_sentence_pairs(path, binary=kind == "paraphrase", text_a=args.text_a, text_b=args.text_b,
+                                label=args.label)
+    return kind, path, pairs
+
+
+def cmd_evaluate_embeddings(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.evaluation.embedding import evaluate_paraphrase, evaluate_retrieval, evaluate_sts
+    from bertforge.inference.pipelines import load_pipeline
+    from bertforge.storage import write_json
+
+    kind, path, data = _read_data(args)
+    pipeline = load_pipeline(args.model, "embed", device=args.device, precision=args.precision,
+                             batch_size=args.batch_size, max_length=args.max_length)
+
+    def encode(texts: list[str]):
+        return pipeline.encode(texts)
+
+    if kind == "retrieval":
+        counts = {"documents": len(data.corpus_ids), "queries": len(data.evaluated_queries())}
+        figures = evaluate_retrieval(encode, data, with_title=not args.no_title)
+    else:
+        counts = {"pairs": len(data.labels)}
+        evaluate = evaluate_sts if kind == "sts" else evaluate_paraphrase
+        figures = evaluate(encode, data.sentences_a, data.sentences_b, data.labels)
+    print(f"{kind} on {path} ({', '.join(f'{n} {name}' for name, n in counts.items())}), model {args.model}:")
+    for name, value in figures.items():
+        print(f"  {name}: {value:.4f}")
+    if args.out:
+        write_json(args.out, {"task": kind, "data": str(path), "model": str(args.model), **counts,
+                              "max_length": pipeline.max_length, "metrics": figures})
+        print(f"figures written to {args.out}")

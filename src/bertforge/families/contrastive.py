@@ -1,0 +1,197 @@
+"""The training objectives of sentence embeddings: in-batch negatives (multiple-negatives ranking), CoSENT for
+scored pairs, Matryoshka dimensions over either; and the settings that choose them (`ContrastiveLoss`).
+
+Owns the losses and the one place where in-batch negatives cross processes (`gather`): under DDP every rank
+scores its own anchors against the candidates of every rank, gathered *with* their gradients, so N processes
+of batch B train like one process of batch N·B. Gradient accumulation does not add negatives (each
+micro-batch is scored against itself); the cached loss does (`ContrastiveLoss.mini_batch_size`: the model
+runs the batch in mini-batches whose activations are recomputed in the backward pass, see
+`families.embedding.BertForSentenceEmbedding`).
+
+False negatives: a candidate whose text is the same as the right one (the same positive twice in a batch, a
+hard negative that repeats another anchor's positive) is not counted as a negative; texts are compared by
+their token ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from bertforge.errors import ConfigError
+from bertforge.families.base import Objective
+
+LOSSES = ("auto", "mnrl", "cached_mnrl", "cosent")
+# The softmax temperature of both losses (sentence-transformers' default scale 20, i.e. 1/0.05).
+DEFAULT_SCALE = 20.0
+
+
+@dataclass(frozen=True)
+class ContrastiveLoss:
+    """How an embedding model trains.
+
+    loss: "mnrl" (multiple-negatives ranking: each anchor's positive among every candidate of the batch),
+        "cached_mnrl" (the same loss with the batch run in `mini_batch_size` pieces: a large batch in small
+        memory), "cosent" (scored pairs: the cosine order follows the score order), "auto" (cosent for scored
+        pairs, else mnrl).
+    scale: multiplies cosine similarities before the softmax (20).
+    symmetric: mnrl also scores each positive against every anchor, and averages both directions.
+    mini_batch_size: cached_mnrl: rows per piece (default 32).
+    matryoshka_dims: also train the first d dimensions of each vector for each d given, losses summed (the
+        vectors can then be truncated to any of them).
+    """
+
+    loss: str = "auto"
+    scale: float = DEFAULT_SCALE
+    symmetric: bool = False
+    mini_batch_size: int | None = None
+    matryoshka_dims: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ConfigError(f"loss={self.loss!r}: use one of {LOSSES}")
+        if not self.scale > 0:
+            raise ConfigError(f"scale={self.scale!r}: use a positive number (20 is usual)")
+        if self.mini_batch_size is not None and (self.mini_batch_size < 1 or self.loss != "cached_mnrl"):
+            raise ConfigError(f"mini_batch_size={self.mini_batch_size!r} applies to loss=cached_mnrl, as a positive "
+                              "number of rows")
+        if any(d < 1 for d in self.matryoshka_dims):
+            raise ConfigError(f"matryoshka_dims={list(self.matryoshka_dims)}: use positive widths, e.g. 256,128,64")
+
+    def resolved(self, scored: bool) -> str:
+        """The loss for data with scores (`scored`) or without; ConfigError when they do not fit."""
+        loss = self.loss if self.loss != "auto" else ("cosent" if scored else "mnrl")
+        if scored != (loss == "cosent"):
+            raise ConfigError(f"loss={loss} needs {'scored pairs' if loss == 'cosent' else 'pairs or triplets'}, but "
+                              f"the data has {'scores' if scored else 'no scores'}; use "
+                              f"{'cosent' if scored else 'mnrl or cached_mnrl'}")
+        if self.symmetric and loss == "cosent":
+            raise ConfigError("symmetric applies to mnrl and cached_mnrl, not cosent")
+        return loss
+
+    @property
+    def rows_per_piece(self) -> int | None:
+        """Rows the model runs at once (cached_mnrl), else None (all of them)."""
+        return (self.mini_batch_size or 32) if self.loss == "cached_mnrl" else None
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of the process group, (0, 1) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def gather(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` [N, ...] of every rank concatenated in rank order [world·N, ...], with gradients flowing back
+    to each rank's own rows (every rank must call it with the same N)."""
+    rank, size = world()
+    if size == 1:
+        return tensor
+    from torch.distributed.nn.functional import all_gather
+
+    return torch.cat(all_gather(tensor), dim=0)
+
+
+# Fixed random weights of token positions (one table, so keys agree across ranks padded to other widths).
+_KEY_WEIGHTS = torch.randint(1, 2**31 - 1, (8192,), generator=torch.Generator().manual_seed(1234), dtype=torch.int64)
+
+
+def text_keys(input_ids: torch.Tensor) -> torch.Tensor:
+    """One int64 key per row of token ids [N, T] (padding 0 ignored): equal texts get equal keys, different
+    ones different keys with overwhelming probability (a fixed random projection mod 2**61 - 1)."""
+    weights = _KEY_WEIGHTS[: input_ids.shape[-1]].to(input_ids.device)
+    return (input_ids.long() * weights).sum(-1).remainder(2**61 - 1)
+
+
+def ranking_loss(queries: torch.Tensor, candidates: torch.Tensor, targets: torch.Tensor,
+                 candidate_keys: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed cross-entropy, correct count) of each query's target among all candidates.
+
+    queries [B, D], candidates [M, D], targets [B] (indices into candidates); the keys identify texts so that a
+    candidate equal to the target (other than the target itself) is masked out, not a negative.
+    """
+    scores = scale * F.normalize(queries, dim=-1) @ F.normalize(candidates, dim=-1).T  # [B, M]
+    same = candidate_keys[None, :] == candidate_keys[targets][:, None]  # [B, M]: the target's text
+    same[torch.arange(len(targets)), targets] = False
+    scores = scores.masked_fill(same, float("-inf"))
+    loss = F.cross_entropy(scores, targets, reduction="sum")
+    return loss, (scores.argmax(-1) == targets).float().sum()
+
+
+def mnrl_terms(vectors: torch.Tensor, input_ids: torch.Tensor, settings: ContrastiveLoss
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss sum over this rank's anchors, correct count) of multiple-negatives ranking.
+
+    vectors [B, C, D]: anchor, positive, then C-2 hard negatives per example; input_ids [B, C, T]. The
+    candidates are every rank's positives then every rank's negatives.
+    """
+    batch, count = vectors.shape[:2]
+    rank, _ = world()
+    keys = text_keys(input_ids.reshape(batch * count, -1)).view(batch, count)
+    anchors, anchor_keys = vectors[:, 0], keys[:, 0]
+    candidates = gather(vectors[:, 1:].transpose(0, 1).reshape(-1, vectors.shape[-1]))  # [W·B·(C-1), D]
+    candidate_keys = gather(keys[:, 1:].T.reshape(-1))
+    # Rank r's positives sit at [r·B·(C-1), r·B·(C-1) + B): gathered rank by rank, positives first.
+    targets = torch.arange(batch, device=vectors.device) + rank * batch * (count - 1)
+    loss, correct = ranking_loss(anchors, candidates, targets, candidate_keys, settings.scale)
+    if settings.symmetric:
+        all_anchors, all_anchor_keys = gather(anchors), gather(anchor_keys)
+        own = torch.arange(batch, device=vectors.device) + rank * batch
+        back, _ = ranking_loss(vectors[:, 1], all_anchors, own, all_anchor_keys, settings.scale)
+        loss = (loss + back) / 2
+    return loss, correct
+
+
+def cosent_loss(vectors: torch.Tensor, scores: torch.Tensor, scale: float) -> torch.Tensor:
+    """CoSENT (Su, 2022): log(1 + sum over pairs i, j with score_i > score_j of exp(s·(cos_j - cos_i))).
+
+    vectors [B, 2, D] (the two sentences of each pair), scores [B]."""
+    cosine = F.cosine_similarity(vectors[:, 0], vectors[:, 1], dim=-1) * scale  # [B]
+    differences = cosine[None, :] - cosine[:, None]  # [i, j] = s·cos_j - s·cos_i
+    ordered = scores[:, None] > scores[None, :]  # pairs where i should be more similar than j
+    differences = differences.masked_fill(~ordered, float("-inf")).flatten()
+    return torch.logsumexp(torch.cat([differences.new_zeros(1), differences]), dim=0)
+
+
+class ContrastiveObjective(Objective):
+    """The training loop's view of an embedding model (`BertForSentenceEmbedding`'s output `.embeddings`
+    [B, C, D]): one loss term, per anchor (mnrl) or per micro-batch (cosent, a loss over the batch's pairs),
+    each Matryoshka width adding its own loss to it; `accuracy` is the anchors whose positive scored highest."""
+
+    def __init__(self, settings: ContrastiveLoss):
+        self.settings = settings
+
+    def loss_of(self, batch) -> str:
+        """The loss of this batch: the settings' own, or for "auto" cosent when the batch has scores."""
+        return self.settings.resolved(scored=batch.labels is not None)
+
+    def counts(self, batch) -> dict[str, torch.Tensor]:
+        return {"contrastive": torch.tensor(1.0 if self.loss_of(batch) == "cosent" else float(batch.input_ids.shape[0]))}
+
+    def widths(self, vectors: torch.Tensor) -> list[torch.Tensor]:
+        """The vectors at full width, then cut to each Matryoshka width."""
+        full = vectors.shape[-1]
+        too_wide = [d for d in self.settings.matryoshka_dims if d > full]
+        if too_wide:
+            raise ConfigError(f"matryoshka_dims {too_wide} exceed the model's {full} dimensions")
+        return [vectors, *(vectors[..., :d] for d in self.settings.matryoshka_dims if d < full)]
+
+    def loss_terms(self, output, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        vectors = output.embeddings.float()
+        count = self.counts(batch)["contrastive"].to(vectors.device)
+        if self.loss_of(batch) == "cosent":
+            total = sum(cosent_loss(v, batch.labels.float(), self.settings.scale) for v in self.widths(vectors))
+        else:
+            total = sum(mnrl_terms(v, batch.input_ids, self.settings)[0] for v in self.widths(vectors))
+        return {"contrastive": (total, count)}
+
+    def metrics(self, output, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        if self.loss_of(batch) == "cosent":
+            return {}
+        with torch.no_grad():
+            _, correct = mnrl_terms(output.embeddings.detach().float(), batch.input_ids, self.settings)
+        return {"accuracy": (correct, correct.new_tensor(float(batch.input_ids.shape[0])))}
