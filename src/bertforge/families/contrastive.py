@@ -40,8 +40,8 @@ class ContrastiveLoss:
     scale: multiplies cosine similarities before the softmax (20).
     symmetric: mnrl also scores each positive against every anchor, and averages both directions.
     mini_batch_size: cached_mnrl: rows per piece (default 32).
-    matryoshka_dims: also train the first d dimensions of each vector for each d given, losses summed (the
-        vectors can then be truncated to any of them).
+    matryoshka_dims: train the first d dimensions of each vector for each d given, losses summed (the
+        vectors can then be truncated to any of them; list the full width to train it too).
     """
 
     loss: str = "auto"
@@ -173,12 +173,13 @@ class ContrastiveObjective(Objective):
         return {"contrastive": torch.tensor(1.0 if self.loss_of(batch) == "cosent" else float(batch.input_ids.shape[0]))}
 
     def widths(self, vectors: torch.Tensor) -> list[torch.Tensor]:
-        """The vectors at full width, then cut to each Matryoshka width."""
+        """The vectors cut to each Matryoshka width (as sentence-transformers does, only the widths listed:
+        list the full width too to train it), or the full vectors alone."""
         full = vectors.shape[-1]
         too_wide = [d for d in self.settings.matryoshka_dims if d > full]
         if too_wide:
             raise ConfigError(f"matryoshka_dims {too_wide} exceed the model's {full} dimensions")
-        return [vectors, *(vectors[..., :d] for d in self.settings.matryoshka_dims if d < full)]
+        return [vectors[..., :d] for d in self.settings.matryoshka_dims] or [vectors]
 
     def loss_terms(self, output, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         vectors = output.embeddings.float()

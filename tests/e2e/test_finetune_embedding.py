@@ -1,0 +1,88 @@
+"""`bertforge finetune` with the embedding formats, as a user runs it: pairs, triplets and the official STS-B
+TSV as shipped; the saved model is a sentence-transformers directory that `evaluate` and `predict` read back;
+a loss that does not fit the data, or an embedding loss on another family, is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bertforge.cli import main
+
+STSB = Path(__file__).resolve().parents[3] / "shared" / "data" / "glue" / "STS-B"
+PAIRS = [("How old is the universe?", "The universe is about 13.8 billion years old."),
+         ("Where do pandas live?", "Giant pandas live in the mountains of central China."),
+         ("Who wrote Hamlet?", "Hamlet is a tragedy written by William Shakespeare."),
+         ("What is the boiling point of water?", "Water boils at 100 degrees Celsius at sea level."),
+         ("How fast is light?", "Light travels at about 300,000 kilometres per second."),
+         ("What do bees make?", "Bees make honey from the nectar of flowers."),
+         ("Where is the Eiffel Tower?", "The Eiffel Tower stands in Paris, France."),
+         ("What is photosynthesis?", "Plants turn light, water and carbon dioxide into sugar.")]
+
+
+def write_pairs(path: Path, negatives: bool = False) -> Path:
+    header = "anchor\tpositive" + ("\tnegative" if negatives else "")
+    rows = [f"{a}\t{p}" + (f"\t{PAIRS[(i + 3) % len(PAIRS)][1]}" if negatives else "") for i, (a, p) in enumerate(PAIRS)]
+    path.write_text("\n".join([header, *rows * 2]) + "\n", encoding="utf-8")
+    return path
+
+
+def finetune(model: Path, out: Path, *flags: str) -> int:
+    return main(["finetune", "--model", str(model), "--out", str(out), "--epochs", "1", "--batch-size", "4",
+                 "--lr", "1e-4", *flags])
+
+
+@pytest.mark.parametrize("fmt, negatives, loss", [("embedding-pairs", False, "mnrl"),
+                                                  ("embedding-triplets", True, "cached_mnrl")])
+def test_finetune_embedding_pairs_save_a_sentence_transformers_directory(tmp_path, tiny_minilm_model, fmt, negatives,
+                                                                         loss):
+    data = write_pairs(tmp_path / "train.tsv", negatives)
+    flags = ["--format", fmt, "--train", str(data), "--dev", str(data), "--loss", loss, "--pooling", "cls",
+             "--normalize", "true"]
+    if loss == "cached_mnrl":
+        flags += ["--mini-batch-size", "3"]
+    assert finetune(tiny_minilm_model, tmp_path / "run", *flags) == 0
+    best = tmp_path / "run" / "best"
+    for name in ("modules.json", "1_Pooling/config.json", "sentence_bert_config.json", "tokenizer.json",
+                 "config_sentence_transformers.json", "finetuning.json"):
+        assert (best / name).is_file(), name
+    pooling = json.loads((best / "1_Pooling" / "config.json").read_text())
+    assert pooling["pooling_mode_cls_token"] and not pooling["pooling_mode_mean_tokens"]
+    assert [m["type"].rsplit(".", 1)[-1] for m in json.loads((best / "modules.json").read_text())] == \
+        ["Transformer", "Pooling", "Normalize"]
+    results = json.loads((tmp_path / "run" / "eval_results.json").read_text())
+    assert {"ndcg@10", "mrr@10", "accuracy@1", "recall@10"} <= set(results["best_metrics"])
+    # predict reads the directory's own pooling and normalization back.
+    source = tmp_path / "texts.txt"
+    source.write_text("How old is the universe?\n", encoding="utf-8")
+    assert main(["predict", "--model", str(best), "--task", "embed", "--input", str(source),
+                 "--output", str(tmp_path / "out.jsonl")]) == 0
+    vector = json.loads((tmp_path / "out.jsonl").read_text())["embedding"]
+    assert sum(v * v for v in vector) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_finetune_embedding_reads_the_official_stsb_tsv(tmp_path, tiny_minilm_model):
+    if not (STSB / "train.tsv").is_file():
+        pytest.skip(f"{STSB} is absent (the shared data is not in a user's clone)")
+    assert finetune(tiny_minilm_model, tmp_path / "run", "--format", "embedding-scored", "--train",
+                    str(STSB / "train.tsv"), "--dev", str(STSB / "dev.tsv"), "--train-limit", "64",
+                    "--dev-limit", "64") == 0
+    results = json.loads((tmp_path / "run" / "eval_results.json").read_text())
+    assert set(results["best_metrics"]) == {"spearman_cosine", "pearson_cosine"}
+    assert main(["evaluate", "--model", str(tmp_path / "run" / "best"), "--data", str(STSB / "dev.tsv"),
+                 "--out", str(tmp_path / "eval")]) == 0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--format", "embedding-pairs", "--loss", "cosent"], "loss=cosent needs scored pairs"),
+    (["--format", "pair", "--loss", "mnrl"], "apply to embedding formats"),
+])
+def test_finetune_embedding_refuses_a_loss_that_cannot_apply(tmp_path, tiny_minilm_model, capsys, flags, message):
+    data = write_pairs(tmp_path / "train.tsv")
+    if "pair" in flags:
+        data.write_text("text_a\ttext_b\tlabel\n" + "a b\tc d\t1\ne f\tg h\t0\n" * 4, encoding="utf-8")
+    assert finetune(tiny_minilm_model, tmp_path / "run", *flags, "--train", str(data), "--dev", str(data)) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and message in error[0]

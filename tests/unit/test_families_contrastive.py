@@ -1,0 +1,146 @@
+"""The embedding losses: in-batch ranking with false negatives masked, CoSENT's order, Matryoshka widths, the
+cached (mini-batched) model run that gives the same gradients in less memory, and the settings' checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import make_tiny_config
+
+from bertforge.data.finetuning import Feature, collate_features
+from bertforge.errors import ConfigError
+from bertforge.families.contrastive import ContrastiveLoss, ContrastiveObjective, cosent_loss, ranking_loss, text_keys
+from bertforge.families.embedding import BertForSentenceEmbedding
+
+GRADIENT_TOLERANCE = 1e-5  # fp32: the pieces only change the order of summation
+
+
+def test_ranking_loss_is_cross_entropy_over_candidates():
+    torch.manual_seed(0)
+    queries, candidates = torch.randn(3, 8), torch.randn(5, 8)
+    targets = torch.tensor([0, 1, 2])
+    keys = torch.arange(5)
+    loss, correct = ranking_loss(queries, candidates, targets, keys, 20.0)
+    scores = 20.0 * F.normalize(queries, dim=-1) @ F.normalize(candidates, dim=-1).T
+    assert float(loss) == pytest.approx(float(F.cross_entropy(scores, targets, reduction="sum")), rel=1e-6)
+    assert float(correct) == float((scores.argmax(-1) == targets).sum())
+
+
+def test_ranking_loss_masks_a_repeated_positive_as_no_negative():
+    torch.manual_seed(0)
+    queries, candidates = torch.randn(2, 8), torch.randn(3, 8)
+    keys = torch.tensor([7, 9, 7])  # candidate 2 is the same text as candidate 0 (query 0's positive)
+    loss, _ = ranking_loss(queries, candidates, torch.tensor([0, 1]), keys, 20.0)
+    scores = 20.0 * F.normalize(queries, dim=-1) @ F.normalize(candidates, dim=-1).T
+    first = -F.log_softmax(scores[0, :2], dim=-1)[0]  # query 0 does not see candidate 2 at all
+    second = -F.log_softmax(scores[1], dim=-1)[1]  # query 1 sees it as an ordinary negative
+    assert float(loss) == pytest.approx(float(first + second), rel=1e-6)
+
+
+def test_text_keys_equal_texts_equal_keys_across_paddings():
+    rows = torch.tensor([[101, 7, 8, 102, 0, 0], [101, 7, 8, 102, 0, 0], [101, 8, 7, 102, 0, 0]])
+    keys = text_keys(rows)
+    assert keys[0] == keys[1] and keys[0] != keys[2]
+    assert text_keys(rows[:, :4])[0] == keys[0]  # another rank may pad to another width
+
+
+def test_cosent_loss_follows_the_score_order():
+    vectors = torch.tensor([[[1.0, 0.0], [1.0, 0.1]], [[1.0, 0.0], [0.0, 1.0]]])  # cosines ~1 and 0
+    right = cosent_loss(vectors, torch.tensor([5.0, 0.0]), 20.0)
+    wrong = cosent_loss(vectors, torch.tensor([0.0, 5.0]), 20.0)
+    assert float(right) < 0.01 < float(wrong)
+    cos = F.cosine_similarity(vectors[:, 0], vectors[:, 1], dim=-1) * 20
+    assert float(wrong) == pytest.approx(float(torch.log1p(torch.exp(cos[0] - cos[1]))), rel=1e-5)
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"loss": "triplet"}, "use one of"), ({"scale": 0.0}, "positive"),
+    ({"mini_batch_size": 8}, "cached_mnrl"), ({"matryoshka_dims": (0,)}, "positive widths"),
+])
+def test_contrastive_loss_refuses_bad_settings(given, message):
+    with pytest.raises(ConfigError, match=message):
+        ContrastiveLoss(**given)
+
+
+def test_contrastive_loss_refuses_a_loss_that_does_not_fit_the_data():
+    with pytest.raises(ConfigError, match="needs scored pairs"):
+        ContrastiveLoss(loss="cosent").resolved(scored=False)
+    with pytest.raises(ConfigError, match="needs pairs or triplets"):
+        ContrastiveLoss(loss="mnrl").resolved(scored=True)
+    assert ContrastiveLoss().resolved(scored=True) == "cosent"
+
+
+# --- the cached run: same gradients, less memory ----------------------------------------------------------
+
+def groups_batch(count: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    features = []
+    for index in range(count):
+        rows = [[2, *torch.randint(5, 99, (int(torch.randint(3, 20, (1,), generator=generator)),),
+                                   generator=generator).tolist(), 3] for _ in range(2)]
+        features.append(Feature(index, rows, [[0] * len(r) for r in rows]))
+    return collate_features(features, range(count), 0)
+
+
+def gradients(rows_per_piece: int | None, batch) -> tuple[float, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = BertForSentenceEmbedding(make_tiny_config()).train()  # dropout is 0 in the tiny config
+    model.rows_per_piece = rows_per_piece
+    objective = ContrastiveObjective(ContrastiveLoss(loss="cached_mnrl" if rows_per_piece else "mnrl"))
+    total, count = objective.loss_terms(model(**batch.model_inputs()), batch)["contrastive"]
+    (total / count).backward()
+    return float((total / count).detach()), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_cached_run_gives_the_uncached_gradients():
+    batch = groups_batch(16)
+    loss, plain = gradients(None, batch)
+    cached_loss, cached = gradients(8, batch)  # 32 texts in pieces of 8: a quarter of the batch
+    assert cached_loss == pytest.approx(loss, abs=GRADIENT_TOLERANCE)
+    assert plain.keys() == cached.keys() and len(plain) > 10
+    for name in plain:
+        torch.testing.assert_close(cached[name], plain[name], atol=GRADIENT_TOLERANCE, rtol=1e-4, msg=name)
+
+
+PEAK_SCRIPT = textwrap.dedent("""
+    import resource, sys, torch
+    sys.path.insert(0, {tests!r})
+    from conftest import make_tiny_config
+    from bertforge.data.finetuning import Feature, collate_features
+    from bertforge.families.contrastive import ContrastiveLoss, ContrastiveObjective
+    from bertforge.families.embedding import BertForSentenceEmbedding
+    torch.set_num_threads(1)
+    piece = int(sys.argv[1]) or None
+    config = make_tiny_config(hidden_size=256, num_attention_heads=4, intermediate_size=1024, num_hidden_layers=4,
+                              max_position_embeddings=256)
+    model = BertForSentenceEmbedding(config).train()
+    model.unpad = False
+    model.rows_per_piece = piece
+    features = [Feature(i, [[2] + [5 + (i * 7 + j) % 90 for j in range(200)] + [3]] * 2, [[0] * 202] * 2)
+                for i in range(64)]
+    batch = collate_features(features, range(64), 0)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    objective = ContrastiveObjective(ContrastiveLoss(loss="cached_mnrl" if piece else "mnrl"))
+    total, count = objective.loss_terms(model(**batch.model_inputs()), batch)["contrastive"]
+    (total / count).backward()
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+""")
+
+
+def test_cached_run_peaks_lower_in_memory(tmp_path):
+    from pathlib import Path
+
+    script = PEAK_SCRIPT.format(tests=str(Path(__file__).resolve().parents[1]))
+
+    def peak(piece: int) -> int:
+        done = subprocess.run([sys.executable, "-c", script, str(piece)], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return int(done.stdout.split()[-1])
+
+    plain, cached = peak(0), peak(16)  # 128 texts of 202 tokens, in pieces of 16
+    assert cached < 0.5 * plain, (plain, cached)
