@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
+from bertforge.data.embedding import TextGroup
 from bertforge.data.finetuning import collate_features
 from bertforge.families.base import InputSettings
 from bertforge.families.contrastive import ContrastiveLoss, ContrastiveObjective
 from bertforge.families.embedding import FAMILY as EMBEDDING
 from bertforge.families.embedding import BertForSentenceEmbedding, pool
-from bertforge.data.embedding import TextGroup
 from bertforge.inference.pipelines import load_pipeline
 from bertforge.interop.sentence_transformers import POOLING_MODES
 

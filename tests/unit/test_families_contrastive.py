@@ -10,12 +10,18 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_tiny_config
 
 from bertforge.data.finetuning import Feature, collate_features
 from bertforge.errors import ConfigError
-from bertforge.families.contrastive import ContrastiveLoss, ContrastiveObjective, cosent_loss, ranking_loss, text_keys
+from bertforge.families.contrastive import (
+    ContrastiveLoss,
+    ContrastiveObjective,
+    cosent_loss,
+    ranking_loss,
+    text_keys,
+)
 from bertforge.families.embedding import BertForSentenceEmbedding
+from conftest import make_tiny_config
 
 GRADIENT_TOLERANCE = 1e-5  # fp32: the pieces only change the order of summation
 
