@@ -381,8 +381,16 @@ def make_pipeline(task: str, model: BertPretrainedModel, tokenizer, **options: A
 
 
 def supported_tasks(model: BertPretrainedModel) -> list[str]:
-    """The tasks a loaded model can serve, in `TASKS` order (always including embed)."""
-    return [task for task in TASKS if serves(type(model), registry.for_task(task))]
+    """The tasks a loaded model can serve, in `TASKS` order (always including embed): its class serves the
+    family, and the family accepts its config (rerank: a classifier with one output or two labels)."""
+    def accepts(family: Family) -> bool:
+        try:
+            family.check_model(model.config)
+        except CheckpointError:
+            return family is registry.for_model(model)  # its own family: let loading say what is missing
+        return True
+
+    return [task for task in TASKS if serves(type(model), registry.for_task(task)) and accepts(registry.for_task(task))]
 
 
 def load_pipeline(model_dir: str | Path, task: str, **options: Any) -> Pipeline:
@@ -428,6 +436,16 @@ def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None,
         except CheckpointError as error:
             raise CheckpointError(f"{model_dir}: {error}") from None
     return pipelines
+
+
+def rerank_scores(pipeline: Pipeline, query: str, texts: Sequence[str]) -> np.ndarray:
+    """The `rerank` pipeline's relevance of each text to `query`, in the texts' order: float64 [N] (what
+    `evaluation.embedding.evaluate_retrieval(rerank=...)` takes)."""
+    ranked = pipeline({"query": query, "texts": list(texts)})["results"]
+    scores = np.empty(len(texts))
+    for item in ranked:
+        scores[item["index"]] = item["score"]
+    return scores
 
 
 # --- streams (bertforge predict) -------------------------------------------------------------------------
@@ -504,6 +522,6 @@ def predict_stream(pipeline: Pipeline, lines: Iterable[str], out: IO[str], *, so
 
 __all__ = [
     "BF16_COSINE_TOLERANCE", "BF16_PROBABILITY_TOLERANCE", "DEFAULT_PRECISION", "EmbedPipeline", "Pipeline", "TASKS",
-    "feature_tokens", "load_pipeline",
+    "feature_tokens", "load_pipeline", "rerank_scores",
     "load_pipelines", "make_pipeline", "predict_stream", "supported_tasks",
 ]

