@@ -34,11 +34,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run(settings: ContrastiveLoss, rank: int, world: int) -> tuple[float, dict[str, list[float]]]:
+def run(settings: ContrastiveLoss, rank: int, world: int, texts: int) -> tuple[float, dict[str, list[float]]]:
     """This rank's share of the loss of the whole batch, and its gradients summed over ranks."""
     from conftest import make_tiny_config
 
-    whole = groups_batch(BATCH * 2, seed=3)
+    whole = groups_batch(BATCH * 2, seed=3, texts=texts)
     rows = slice(rank * (BATCH * 2 // world), (rank + 1) * (BATCH * 2 // world))
     mine = type(whole)(whole.input_ids[rows], whole.token_type_ids[rows], whole.attention_mask[rows],
                        whole.feature_index[rows])
@@ -57,24 +57,26 @@ def run(settings: ContrastiveLoss, rank: int, world: int) -> tuple[float, dict[s
     return float(loss), {n: g.flatten()[:50].tolist() + [float(g.norm())] for n, g in zip(names, grads)}
 
 
-def worker(rank: int, world: int, port: int, out: str, symmetric: bool) -> None:
+def worker(rank: int, world: int, port: int, out: str, symmetric: bool, texts: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        loss, grads = run(ContrastiveLoss(loss="mnrl", symmetric=symmetric), rank, world)
+        loss, grads = run(ContrastiveLoss(loss="mnrl", symmetric=symmetric), rank, world, texts)
         if rank == 0:
             Path(out).write_text(json.dumps({"loss": loss, "grads": grads}), encoding="utf-8")
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("symmetric", [False, True])
-def test_embedding_two_processes_gather_negatives_like_one_with_double_batch(tmp_path, symmetric):
+# Pairs, plus triplets: their hard negatives must sit after every positive of their rank in the gathered
+# candidates, so each anchor's target is its positive, never another rank's negative.
+@pytest.mark.parametrize("symmetric, texts", [(False, 2), (True, 2), (False, 4)])
+def test_embedding_two_processes_gather_negatives_like_one_with_double_batch(tmp_path, symmetric, texts):
     torch.set_num_threads(1)
-    single_loss, single_grads = run(ContrastiveLoss(loss="mnrl", symmetric=symmetric), 0, 1)
+    single_loss, single_grads = run(ContrastiveLoss(loss="mnrl", symmetric=symmetric), 0, 1, texts)
     out = tmp_path / "ddp.json"
-    processes = mp.spawn(worker, args=(2, free_port(), str(out), symmetric), nprocs=2, join=False)
+    processes = mp.spawn(worker, args=(2, free_port(), str(out), symmetric, texts), nprocs=2, join=False)
     deadline = time.monotonic() + TIMEOUT_S
     while not processes.join(timeout=1):
         if time.monotonic() > deadline:

@@ -83,12 +83,13 @@ def test_contrastive_loss_refuses_a_loss_that_does_not_fit_the_data():
 
 # --- the cached run: same gradients, less memory ----------------------------------------------------------
 
-def groups_batch(count: int, seed: int = 0):
+def groups_batch(count: int, seed: int = 0, texts: int = 2):
+    """A batch of `count` random groups of `texts` texts each (anchor, positive, hard negatives)."""
     generator = torch.Generator().manual_seed(seed)
     features = []
     for index in range(count):
         rows = [[2, *torch.randint(5, 99, (int(torch.randint(3, 20, (1,), generator=generator)),),
-                                   generator=generator).tolist(), 3] for _ in range(2)]
+                                   generator=generator).tolist(), 3] for _ in range(texts)]
         features.append(Feature(index, rows, [[0] * len(r) for r in rows]))
     return collate_features(features, range(count), 0)
 

@@ -87,7 +87,7 @@ def test_embedding_registry_lookups_find_the_family():
     assert registry.for_task("embed") is EMBEDDING
     assert all(registry.family(name) is EMBEDDING for name in ("embedding", "embed", "sentence embedding"))
     assert registry.FAMILIES[-1] is EMBEDDING and registry.FINETUNING_FAMILIES[-1] is EMBEDDING
-    assert registry.TASKS == ("classify", "tag", "answer", "choose", "fill-mask", "embed")
+    assert registry.TASKS == ("classify", "tag", "answer", "choose", "fill-mask", "rerank", "embed")
     assert sorted(registry.MODEL_CLASSES) == ["BertForMultipleChoice", "BertForPretraining", "BertForQuestionAnswering",
                                               "BertForSequenceClassification", "BertForTokenClassification",
                                               "BertModel"]
