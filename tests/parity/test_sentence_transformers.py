@@ -151,3 +151,20 @@ def test_matryoshka_mnrl_equals_their_matryoshka_loss(minilm, theirs):
     expected = their_loss(theirs, TRIPLETS, loss)
     ours = our_loss(minilm, TRIPLETS, ContrastiveLoss(loss="mnrl", matryoshka_dims=(384, 128, 32)))
     assert ours == pytest.approx(expected, abs=LOSS_TOLERANCE)
+
+
+def test_prompts_of_the_directory_prefix_texts_as_theirs_do(tmp_path, minilm):
+    from bertforge.interop.sentence_transformers import SentenceSettings
+
+    model = BertForSentenceEmbedding.from_pretrained(minilm)
+    model.sentence = SentenceSettings(pooling="mean", normalize=True, max_seq_length=128,
+                                      prompts={"query": "query: ", "passage": "passage: "}, default_prompt_name=None)
+    model.save_pretrained(tmp_path / "m", tokenizer=load_pipeline(minilm, "embed").tokenizer)
+    texts = real_sentences(8)
+    pipeline = load_pipeline(tmp_path / "m", "embed")
+    reference = st.SentenceTransformer(str(tmp_path / "m"), device="cpu")
+    ours = pipeline.encode(texts, prompt_name="query")
+    assert np.abs(ours - reference.encode(texts, prompt_name="query")).max() <= FP32
+    assert np.abs(ours - pipeline.encode(["query: " + t for t in texts])).max() <= FP32
+    with pytest.raises(Exception, match="not among this model's prompts"):
+        pipeline.encode(texts, prompt_name="title")
