@@ -85,15 +85,21 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
-def gather(tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor` [N, ...] of every rank concatenated in rank order [world·N, ...], with gradients flowing back
-    to each rank's own rows (every rank must call it with the same N)."""
+def gather(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """`tensor` [N_r, ...] of every rank concatenated in rank order [sum N_r, ...], with gradients flowing back
+    to each rank's own rows, and where this rank's rows start. Ranks may hold different N (an epoch's last,
+    short batch): rows are padded for the collective and the padding cut away."""
     rank, size = world()
     if size == 1:
-        return tensor
+        return tensor, 0
     from torch.distributed.nn.functional import all_gather
 
-    return torch.cat(all_gather(tensor), dim=0)
+    counts = [torch.zeros(1, dtype=torch.long, device=tensor.device) for _ in range(size)]
+    dist.all_gather(counts, torch.tensor([tensor.shape[0]], device=tensor.device))
+    rows = [int(c) for c in counts]
+    padded = F.pad(tensor, (0,) * (2 * (tensor.dim() - 1)) + (0, max(rows) - tensor.shape[0]))
+    pieces = all_gather(padded)
+    return torch.cat([piece[:n] for piece, n in zip(pieces, rows)], dim=0), sum(rows[:rank])
 
 
 # Fixed random weights of token positions (one table, so keys agree across ranks padded to other widths).
@@ -130,17 +136,16 @@ def mnrl_terms(vectors: torch.Tensor, input_ids: torch.Tensor, settings: Contras
     candidates are every rank's positives then every rank's negatives.
     """
     batch, count = vectors.shape[:2]
-    rank, _ = world()
     keys = text_keys(input_ids.reshape(batch * count, -1)).view(batch, count)
     anchors, anchor_keys = vectors[:, 0], keys[:, 0]
-    candidates = gather(vectors[:, 1:].transpose(0, 1).reshape(-1, vectors.shape[-1]))  # [W·B·(C-1), D]
-    candidate_keys = gather(keys[:, 1:].T.reshape(-1))
-    # Rank r's positives sit at [r·B·(C-1), r·B·(C-1) + B): gathered rank by rank, positives first.
-    targets = torch.arange(batch, device=vectors.device) + rank * batch * (count - 1)
+    # Each rank's block is its positives, then its negatives; this rank's positives start its block.
+    candidates, start = gather(vectors[:, 1:].transpose(0, 1).reshape(-1, vectors.shape[-1]))  # [sum B·(C-1), D]
+    candidate_keys, _ = gather(keys[:, 1:].T.reshape(-1))
+    targets = torch.arange(batch, device=vectors.device) + start
     loss, correct = ranking_loss(anchors, candidates, targets, candidate_keys, settings.scale)
     if settings.symmetric:
-        all_anchors, all_anchor_keys = gather(anchors), gather(anchor_keys)
-        own = torch.arange(batch, device=vectors.device) + rank * batch
+        (all_anchors, start), (all_anchor_keys, _) = gather(anchors), gather(anchor_keys)
+        own = torch.arange(batch, device=vectors.device) + start
         back, _ = ranking_loss(vectors[:, 1], all_anchors, own, all_anchor_keys, settings.scale)
         loss = (loss + back) / 2
     return loss, correct
