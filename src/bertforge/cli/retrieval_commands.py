@@ -45,6 +45,10 @@ def add_evaluate_embeddings(sub: argparse._SubParsersAction) -> None:
                       "RTE, LCQMC)")
     p.add_argument("--split", default="test", help="retrieval: the qrels split, qrels/SPLIT.tsv (default test)")
     p.add_argument("--no-title", action="store_true", help="retrieval: embed documents without their titles")
+    p.add_argument("--rerank-model", metavar="DIR", help="retrieval: a cross-encoder directory (the rerank task) "
+                   "that re-scores each query's first documents; adds rerank_<figure> figures")
+    p.add_argument("--rerank-depth", type=int, default=100, help="retrieval: documents per query the "
+                   "--rerank-model re-scores (default 100)")
     p.add_argument("--text-a", help="STS/paraphrase: the first sentence's column (default: found by header name)")
     p.add_argument("--text-b", help="STS/paraphrase: the second sentence's column")
     p.add_argument("--label", help="STS/paraphrase: the score or label column")
@@ -95,20 +99,30 @@ def _read_data(args: argparse.Namespace) -> tuple[str, str, Any]:
 
 
 def cmd_evaluate_embeddings(args: argparse.Namespace, extra: list[str]) -> None:
+    from functools import partial
+
+    from bertforge.errors import ConfigError
     from bertforge.evaluation.embedding import evaluate_paraphrase, evaluate_retrieval, evaluate_sts
-    from bertforge.inference.pipelines import load_pipeline
+    from bertforge.inference.pipelines import load_pipeline, rerank_scores
     from bertforge.storage import write_json
 
+    if args.rerank_model and not args.retrieval:
+        raise ConfigError("--rerank-model re-ranks retrieval results; use it with --retrieval")
     kind, path, data = _read_data(args)
-    pipeline = load_pipeline(args.model, "embed", device=args.device, precision=args.precision,
-                             batch_size=args.batch_size, max_length=args.max_length)
+    options = {"device": args.device, "precision": args.precision, "batch_size": args.batch_size}
+    pipeline = load_pipeline(args.model, "embed", max_length=args.max_length, **options)
 
     def encode(texts: list[str]):
         return pipeline.encode(texts)
 
     if kind == "retrieval":
         counts = {"documents": len(data.corpus_ids), "queries": len(data.evaluated_queries())}
-        figures = evaluate_retrieval(encode, data, with_title=not args.no_title)
+        rerank = None
+        if args.rerank_model:
+            reranker = load_pipeline(args.rerank_model, "rerank", **options)
+            rerank = partial(rerank_scores, reranker)
+        figures = evaluate_retrieval(encode, data, with_title=not args.no_title, rerank=rerank,
+                                     rerank_depth=args.rerank_depth)
     else:
         counts = {"pairs": len(data.labels)}
         evaluate = evaluate_sts if kind == "sts" else evaluate_paraphrase

@@ -1,0 +1,241 @@
+"""Embedding evaluations of any model through an `encode` function: STS, retrieval, paraphrase detection.
+
+Owns how a model's vectors become sentence-transformers' figures (the figures themselves are
+`metrics.embedding`'s): which texts are encoded (each distinct text once), exact nearest-neighbour search
+for retrieval (cosine as the dot product of unit vectors, over corpus chunks so memory stays bounded
+whatever the corpus size: at most `query_chunk_size` x `corpus_chunk_size` scores at a time, merged into
+each query's running top k with the document-id tie rule; products in float64 rounded to float32, so no
+chunking changes a score or a tie), and optional re-ranking of each query's top documents by a
+cross-encoder.
+
+Nothing here loads a model: the caller passes ``encode(texts) -> float32 [N, H]`` (a bertforge
+`EmbedPipeline.encode`, a sentence-transformers model's `encode`, anything), so the layering stays
+downward (the CLI does the loading) and any model can be compared on the same figures.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from bertforge.data.retrieval import RetrievalSet
+from bertforge.errors import InputError
+from bertforge.metrics.embedding import (
+    DEFAULT_K_VALUES,
+    DEFAULT_MAP_AT,
+    DEFAULT_MRR_AT,
+    DEFAULT_NDCG_AT,
+    check_matrix,
+    check_vector,
+    id_order,
+    normalize_rows,
+    pair_classification_scores,
+    retrieval_depth,
+    retrieval_scores,
+    sts_scores,
+    top_k,
+)
+
+logger = logging.getLogger(__name__)
+
+Encode = Callable[[list[str]], np.ndarray]
+Rerank = Callable[[str, list[str]], np.ndarray]
+
+# Documents encoded (and scored) per step, and queries scored per block: 1024 x 10,000 scores (float64, then
+# float32) and their int64 tie keys stay near 250 MB.
+CORPUS_CHUNK_SIZE = 10_000
+QUERY_CHUNK_SIZE = 1024
+
+
+def embed(encode: Encode, texts: Sequence[str], what: str = "texts") -> np.ndarray:
+    """`encode(texts)`, checked: one finite row per text.
+
+    Args:
+        encode: texts -> [N, H] vectors.
+        texts: [N] strings.
+        what: what the texts are, for the error message.
+
+    Returns:
+        [N, H] float32.
+
+    Raises:
+        InputError: the result is not [len(texts), H], or holds NaN / infinity.
+    """
+    texts = list(texts)
+    if not texts:
+        raise InputError(f"no {what} to encode")
+    vectors = check_matrix(encode(texts), f"the encoded {what}", rows=len(texts))
+    return np.asarray(vectors, dtype=np.float32)
+
+
+def _embed_pairs(encode: Encode, sentences_a: Sequence[str],
+                 sentences_b: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Vectors of both sides of the pairs, each distinct sentence encoded once: [N, H], [N, H]."""
+    sentences_a, sentences_b = list(sentences_a), list(sentences_b)
+    if len(sentences_a) != len(sentences_b):
+        raise InputError(f"{len(sentences_a)} first sentences for {len(sentences_b)} second sentences")
+    if not sentences_a:
+        raise InputError("no sentence pairs to evaluate")
+    distinct = list(dict.fromkeys(sentences_a + sentences_b))
+    index = {text: i for i, text in enumerate(distinct)}
+    vectors = embed(encode, distinct, "sentences")
+    return vectors[[index[t] for t in sentences_a]], vectors[[index[t] for t in sentences_b]]
+
+
+def evaluate_sts(encode: Encode, sentences_a: Sequence[str], sentences_b: Sequence[str],
+                 scores: Sequence[float]) -> dict[str, float]:
+    """Semantic textual similarity (as sentence-transformers' EmbeddingSimilarityEvaluator).
+
+    Args:
+        encode: texts -> float32 [N, H].
+        sentences_a, sentences_b: [N] the pairs' sentences.
+        scores: [N] gold similarity scores.
+
+    Returns:
+        {"pearson_cosine", "spearman_cosine"}.
+    """
+    gold = check_vector(scores, "scores", len(list(sentences_a)))
+    vectors_a, vectors_b = _embed_pairs(encode, sentences_a, sentences_b)
+    return sts_scores(vectors_a, vectors_b, gold)
+
+
+def evaluate_paraphrase(encode: Encode, sentences_a: Sequence[str], sentences_b: Sequence[str],
+                        labels: Sequence[int]) -> dict[str, float]:
+    """Paraphrase / duplicate detection by cosine (as sentence-transformers' BinaryClassificationEvaluator).
+
+    Args:
+        encode: texts -> float32 [N, H].
+        sentences_a, sentences_b: [N] the pairs' sentences.
+        labels: [N] 1 (paraphrase) or 0.
+
+    Returns:
+        {"cosine_ap", "cosine_accuracy", "cosine_accuracy_threshold", "cosine_f1", "cosine_f1_threshold",
+        "cosine_precision", "cosine_recall", "cosine_mcc"}.
+    """
+    check_vector(labels, "labels", len(list(sentences_a)))
+    vectors_a, vectors_b = _embed_pairs(encode, sentences_a, sentences_b)
+    return pair_classification_scores(vectors_a, vectors_b, labels)
+
+
+def exact_search(encode: Encode, documents: Sequence[str], doc_ids: Sequence[str], query_vectors: np.ndarray,
+                 k: int, *, corpus_chunk_size: int = CORPUS_CHUNK_SIZE,
+                 query_chunk_size: int = QUERY_CHUNK_SIZE) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's `k` nearest documents by cosine, best first; equal scores by ascending document id.
+
+    The corpus is encoded and scored `corpus_chunk_size` documents at a time; each chunk's top k per query
+    is merged into the running top k (`metrics.embedding.top_k` gives the same result as one pass over the
+    whole corpus).
+
+    Args:
+        encode: texts -> float32 [N, H] (the documents' encoder).
+        documents: [D] texts; doc_ids: [D] their distinct ids (the tie-break order).
+        query_vectors: [Q, H] query vectors.
+        k: documents per query.
+
+    Returns:
+        (indices [Q, min(k, D)] int64 into `documents`, scores [Q, min(k, D)] float32).
+    """
+    if not documents:
+        raise InputError("the corpus is empty; there is nothing to retrieve")
+    if corpus_chunk_size < 1 or query_chunk_size < 1:
+        raise InputError("corpus_chunk_size and query_chunk_size must be positive")
+    # Dot products in float64, rounded to float32: BLAS rounds a float32 product differently for different
+    # matrix shapes, which would let the chunking (or the query block) decide between near-equal scores.
+    queries = normalize_rows(check_matrix(query_vectors, "query vectors")).astype(np.float64)
+    keys = id_order(list(doc_ids))
+    best_index = np.zeros((len(queries), 0), dtype=np.int64)
+    best_score = np.zeros((len(queries), 0), dtype=np.float32)
+    for start in range(0, len(documents), corpus_chunk_size):
+        stop = min(start + corpus_chunk_size, len(documents))
+        chunk = normalize_rows(embed(encode, documents[start:stop], "documents")).astype(np.float64)
+        if chunk.shape[1] != queries.shape[1]:
+            raise InputError(f"document vectors have size {chunk.shape[1]}, query vectors {queries.shape[1]}")
+        merged_index, merged_score = [], []
+        for q in range(0, len(queries), query_chunk_size):
+            scores = (queries[q:q + query_chunk_size] @ chunk.T).astype(np.float32)  # [q, c] cosines
+            local = top_k(scores, k, keys[start:stop])
+            index = np.concatenate([best_index[q:q + query_chunk_size], local + start], axis=1)
+            value = np.concatenate([best_score[q:q + query_chunk_size],
+                                    np.take_along_axis(scores, local, axis=1)], axis=1)
+            keep = top_k(value, k, keys[index])
+            merged_index.append(np.take_along_axis(index, keep, axis=1))
+            merged_score.append(np.take_along_axis(value, keep, axis=1))
+        best_index, best_score = np.concatenate(merged_index), np.concatenate(merged_score)
+        logger.debug("searched %d of %d documents", stop, len(documents))
+    return best_index, best_score
+
+
+def rerank_lists(rerank: Rerank, query_texts: dict[str, str], ranked: dict[str, list[str]],
+                 doc_texts: dict[str, str], depth: int) -> dict[str, list[str]]:
+    """Each query's first `depth` documents re-ordered by `rerank(query, documents)` scores (higher is
+    better; equal scores by document id), the rest of its list after them as it was.
+
+    Args:
+        rerank: (query text, [n] document texts) -> [n] scores, e.g. a cross-encoder's.
+        query_texts: query id -> text; ranked: query id -> document ids, best first.
+        doc_texts: document id -> the text given to `rerank`.
+        depth: how many of each list are re-scored.
+
+    Returns:
+        query id -> document ids, best first.
+    """
+    if depth < 1:
+        raise InputError(f"rerank_depth must be positive, got {depth}")
+    out = {}
+    for qid, docs in ranked.items():
+        head, tail = docs[:depth], docs[depth:]
+        scores = check_vector(rerank(query_texts[qid], [doc_texts[d] for d in head]),
+                              f"the re-ranker's scores for query {qid!r}", len(head))
+        out[qid] = [d for _, d in sorted(zip((-s for s in scores.tolist()), head))] + tail
+    return out
+
+
+def evaluate_retrieval(encode: Encode, retrieval_set: RetrievalSet, *, k_values: Sequence[int] = DEFAULT_K_VALUES,
+                       mrr_at: Sequence[int] = DEFAULT_MRR_AT, ndcg_at: Sequence[int] = DEFAULT_NDCG_AT,
+                       map_at: Sequence[int] = DEFAULT_MAP_AT, graded: bool = False, with_title: bool = True,
+                       encode_documents: Encode | None = None, rerank: Rerank | None = None,
+                       rerank_depth: int = 100, corpus_chunk_size: int = CORPUS_CHUNK_SIZE,
+                       query_chunk_size: int = QUERY_CHUNK_SIZE) -> dict[str, float]:
+    """Retrieval figures of exact cosine search (as sentence-transformers' InformationRetrievalEvaluator).
+
+    Only the queries with a relevant document are encoded and averaged over (as there).
+
+    Args:
+        encode: texts -> float32 [N, H] (queries, and documents unless `encode_documents` is given).
+        retrieval_set: corpus, queries, qrels.
+        k_values: ks of accuracy@k, precision@k, recall@k; mrr_at, ndcg_at, map_at: ks of MRR, nDCG, MAP.
+        graded: nDCG with graded gains (trec_eval) rather than binary (sentence-transformers).
+        with_title: encode documents as "title text" (BEIR's usual input) rather than the text alone.
+        encode_documents: a separate document encoder (asymmetric models, prompts).
+        rerank: (query, [n] documents) -> [n] scores: re-scores each query's first `rerank_depth` documents;
+            the figures after re-ranking are added under "rerank_<name>".
+        corpus_chunk_size, query_chunk_size: the search's memory bound (see `exact_search`).
+
+    Returns:
+        {"accuracy@1", ..., "precision@k", "recall@k", "ndcg@10", "mrr@10", "map@100"} (+ "rerank_..." ones).
+
+    Raises:
+        InputError: no query has a relevant document, an empty corpus, or bad vectors from `encode`.
+    """
+    depth = retrieval_depth(k_values, mrr_at, ndcg_at, map_at)
+    evaluated = retrieval_set.evaluated_queries()
+    if not evaluated:
+        raise InputError(f"none of the {len(retrieval_set.query_ids)} queries has a relevant document in the "
+                         "qrels (relevance > 0)")
+    text_of = dict(zip(retrieval_set.query_ids, retrieval_set.query_texts))
+    query_vectors = embed(encode, [text_of[qid] for qid in evaluated], "queries")
+    documents = retrieval_set.documents(with_title)
+    indices, _ = exact_search(encode_documents or encode, documents, retrieval_set.corpus_ids, query_vectors,
+                              max(depth, rerank_depth if rerank is not None else 0),
+                              corpus_chunk_size=corpus_chunk_size, query_chunk_size=query_chunk_size)
+    ids = retrieval_set.corpus_ids
+    ranked = {qid: [ids[j] for j in row] for qid, row in zip(evaluated, indices.tolist())}
+    options = {"k_values": k_values, "mrr_at": mrr_at, "ndcg_at": ndcg_at, "map_at": map_at, "graded": graded}
+    figures = retrieval_scores(ranked, retrieval_set.qrels, **options)
+    if rerank is not None:
+        reranked = rerank_lists(rerank, text_of, ranked, dict(zip(ids, documents)), rerank_depth)
+        figures.update({f"rerank_{name}": value for name, value in
+                        retrieval_scores(reranked, retrieval_set.qrels, **options).items()})
+    return figures
