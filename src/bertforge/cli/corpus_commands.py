@@ -12,10 +12,9 @@ import json
 import sys
 
 # The choices of the flags, spelled here so that building the parser imports nothing heavy; the tests
-# check them against `embed_corpus.DTYPES` / `INPUT_FORMATS` and the embedding family's poolings.
+# check them against `embed_corpus.DTYPES` / `INPUT_FORMATS`. A pooling name is checked by the family.
 DTYPE_CHOICES = ("float32", "float16")
 FORMAT_CHOICES = ("auto", "text", "tsv", "csv", "jsonl")
-POOLING_CHOICES = ("cls", "mean", "max")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -46,9 +45,11 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (under torchrun: cuda:LOCAL_RANK)")
     p.add_argument("--precision", default="fp32", choices=precision_choices(),
                    help="default fp32; auto = bf16 on a CUDA GPU with bf16 support, else fp32")
-    p.add_argument("--pooling", choices=POOLING_CHOICES, help="default: the model's (mean)")
+    p.add_argument("--pooling", help="cls, mean, max, ... or several joined by '+' (default: the model's, e.g. "
+                   "a sentence-transformers directory's; else mean)")
     p.add_argument("--normalize", action=argparse.BooleanOptionalAction,
                    help="unit-length vectors, so that search scores are cosines (default: the model's)")
+    add_prompt_flags(p, "every text")
     p.add_argument("--format", choices=FORMAT_CHOICES, default="auto",
                    help="input format (default auto: by file name; .txt and others: one text per line)")
     p.add_argument("--text-column", "--text-field", dest="text_column", default="text",
@@ -72,7 +73,15 @@ def add_search(sub: argparse._SubParsersAction) -> None:
                    "model)")
     p.add_argument("--device", default="auto")
     p.add_argument("--batch-size", type=int, default=32)
+    add_prompt_flags(p, "every query")
     p.set_defaults(func=cmd_search)
+
+
+def add_prompt_flags(p: argparse.ArgumentParser, what: str) -> None:
+    prompts = p.add_mutually_exclusive_group()
+    prompts.add_argument("--prompt-name", help=f"the model's prompt of that name before {what} (e.g. query, "
+                         "document; default: the model's default prompt, if any)")
+    prompts.add_argument("--prompt", help=f"this text before {what}")
 
 
 def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
@@ -82,7 +91,7 @@ def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
     manifest = embed_corpus(args.model, args.input, args.out, settings=settings, shard_size=args.shard_size,
                             dtype=args.dtype, batch_size=args.batch_size, max_length=args.max_length,
                             device=args.device, precision=args.precision, pooling=args.pooling,
-                            normalize=args.normalize)
+                            normalize=args.normalize, prompt_name=args.prompt_name, prompt=args.prompt)
     if Ranks.from_env().rank == 0:
         print(f"{manifest['count']} vectors ({manifest['dim']} dims, {manifest['dtype']}, "
               f"{manifest['similarity']} similarity) in {len(manifest['shards'])} shards in {args.out}",
@@ -101,7 +110,7 @@ def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:
     else:
         queries = list(args.query)
     results = search(args.index, queries, top_k=args.top_k, model=args.model, device=args.device,
-                     batch_size=args.batch_size)
+                     batch_size=args.batch_size, prompt_name=args.prompt_name, prompt=args.prompt)
     for query, hits in zip(queries, results):
         record = {"query": query, "hits": [{"id": ident, "score": score} for ident, score in hits]}
         print(json.dumps(record, ensure_ascii=False))

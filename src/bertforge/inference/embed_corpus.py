@@ -1,0 +1,596 @@
+"""Embedding a corpus of any size into vector shards: streamed, resumable after a crash, shared among
+torchrun processes, the same shards whatever the number of processes (docs/embedding_corpus.md).
+
+Owns: how corpus files become (id, text) records (`CorpusSettings`, `read_records`, `parse_record`), the
+output folder and its manifest (`start_output`, `finish_output`), what a resume must match (`identity`),
+which process embeds which shard (`Ranks`, `Group`), and `embed_corpus`. `vector_search` reads the output.
+
+Records: the non-blank lines of text, TSV and JSON Lines files, the non-empty rows of CSV files (headers
+excepted), file after file in `data.text_files.resolve_inputs` order (folders recursively, sorted). Shard k
+holds records k*S .. k*S+S-1 (S = `shard_size`). A record's id is its id column / field, else its line
+("LINE" for one input file, "PATH:LINE" relative to an input folder; blank lines count).
+
+Output: per shard `vectors-00000.npy` ([n, D], record order), `ids-00000.jsonl` (JSON strings), then
+`progress/shard-00000.json` (count, tokens, sizes, sha256), each atomically (`storage`): a shard is done when
+its record exists and the sizes match. Rank 0 writes `manifest.json` before any shard ("complete": false)
+and once every rank has finished (every shard's record, "complete": true). After a `kill -9` at any moment
+the rerun removes temporary files (rank 0, before any rank writes), skips done shards and rewrites the rest
+with the same bytes: a shard's bytes depend only on its records and the settings (its windows batched by
+length, the same batches every run) given the same batch size, kind of device and intra-op thread count
+(torchrun sets OMP_NUM_THREADS=1; other thread counts move vectors by float rounding, about 1e-7). A rerun
+with another model, embedding options, dtype, shard size, input settings or input files (names, sizes,
+mtimes) is refused, naming what changed.
+
+Processes: rank r of N embeds shards r, r+N, ...; every rank reads every line to count records but parses
+and tokenizes only its own. The ranks meet in a gloo group (CPU collectives, whatever the device) after rank
+0 has prepared the folder, and at the end, when rank 0 checks every shard's record and writes the manifest;
+nodes must share the folder. Inference does not import `training`, so the env and collective helpers are
+here (they belong in a shared module). Memory is flat in the corpus size: one shard at a time.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import hashlib
+import io
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from bertforge import runtime, storage
+from bertforge.checkpoint_format import weights_file
+from bertforge.data.files import not_utf8, open_text, parse_column
+from bertforge.data.text_files import iter_lines, resolve_inputs
+from bertforge.errors import BertforgeError, ConfigError, DataError, InputError
+from bertforge.inference import pipelines
+from bertforge.inference.pipelines import EmbedPipeline
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "manifest.json"
+PROGRESS_DIR = "progress"
+FORMAT_NAME = "bertforge-embeddings"
+FORMAT_VERSION = 1
+DEFAULT_SHARD_SIZE = 10_000
+DTYPES = ("float32", "float16")
+INPUT_FORMATS = ("auto", "text", "tsv", "csv", "jsonl")
+FORMATS_BY_SUFFIX = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
+DEFAULT_TEXT_COLUMN = "text"
+DEFAULT_ID_COLUMN = "id"
+# Files of a model directory that decide its vectors (a README or an ONNX export beside them do not).
+MODEL_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "*.safetensors", "*.safetensors.index.json",
+               "pytorch_model*.bin")
+# The collectives wait for the slowest rank, which may be a whole shard behind; a rank that dies is
+# reaped by torchrun (which stops the others), so a long wait never hangs a failed run.
+GROUP_TIMEOUT = datetime.timedelta(hours=24)
+
+Record = tuple["SourceFile", int, Any]  # (file, 1-based line, the line or row, not parsed yet)
+
+
+VECTORS_NAME = "vectors-{:05d}.npy"  # .format(shard index)
+IDS_NAME = "ids-{:05d}.jsonl"
+
+
+def progress_path(out: Path, index: int) -> Path:
+    return out / PROGRESS_DIR / f"shard-{index:05d}.json"
+
+
+# --- reading the corpus ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CorpusSettings:
+    """How the input files' records become texts and ids.
+
+    Attributes:
+        file_format: "auto" (by file name: .csv, .tsv, .jsonl/.json/.ndjson; anything else one text per
+            line) or one of "text", "tsv", "csv", "jsonl" for every file.
+        text_column: the TSV/CSV header name (or 0-based index) or JSONL field holding the text.
+        id_column: the column or field holding each record's id, required in every record when given;
+            None: "id" where a record has one, else the record's line.
+    """
+
+    file_format: str = "auto"
+    text_column: str | int = DEFAULT_TEXT_COLUMN
+    id_column: str | int | None = None
+
+    def __post_init__(self) -> None:
+        if self.file_format not in INPUT_FORMATS:
+            raise ConfigError(f"input format {self.file_format!r} is not supported; use one of {INPUT_FORMATS}")
+        object.__setattr__(self, "text_column", parse_column(self.text_column))
+        object.__setattr__(self, "id_column", parse_column(self.id_column))
+
+    def format_of(self, path: Path) -> str:
+        return self.file_format if self.file_format != "auto" else FORMATS_BY_SUFFIX.get(path.suffix.lower(), "text")
+
+
+@dataclass
+class SourceFile:
+    """One input file: where it is, how ids name it, its format and (tables) its header, read with it."""
+
+    path: Path
+    name: str
+    file_format: str
+    header: dict[str, int] | None = None
+
+
+def source_files(inputs: str | os.PathLike, settings: CorpusSettings) -> list[SourceFile]:
+    """The input's files in reading order; named relative to the input folder (a single file: its name)."""
+    root = Path(inputs)
+    return [SourceFile(path, path.relative_to(root).as_posix() if root.is_dir() else path.name,
+                       settings.format_of(path)) for path in resolve_inputs(inputs)]
+
+
+def read_records(sources: Sequence[SourceFile], settings: CorpusSettings) -> Iterator[Record]:
+    """Every record of every file, in order, unparsed (a table's header is read and checked on the way)."""
+    for source in sources:
+        yield from (_csv_records if source.file_format == "csv" else _line_records)(source, settings)
+
+
+def _line_records(source: SourceFile, settings: CorpusSettings) -> Iterator[Record]:
+    table = source.file_format == "tsv"
+    source.header = None
+    for number, line in enumerate(iter_lines(source.path), start=1):
+        if not line.strip():
+            continue
+        if table and source.header is None:
+            source.header = check_header(line.split("\t"), settings, source, number)
+            continue
+        yield source, number, line  # a TSV line is split when parsed: other ranks' lines never are
+
+
+def _csv_records(source: SourceFile, settings: CorpusSettings) -> Iterator[Record]:
+    source.header = None
+    with open_text(source.path, newline="") as handle:
+        reader = csv.reader(handle)
+        start = 1
+        try:
+            for row in reader:
+                # A quoted field may span lines: a row's line is the one it starts on.
+                number, start = start, reader.line_num + 1
+                if not any(value.strip() for value in row):
+                    continue
+                if source.header is None:
+                    source.header = check_header(row, settings, source, number)
+                    continue
+                yield source, number, row
+        except UnicodeDecodeError as error:
+            raise not_utf8(source.path, error) from None
+        except csv.Error as error:
+            raise DataError(f"malformed CSV ({error}); check the quoting of this row", source.path,
+                            reader.line_num) from None
+
+
+def check_header(row: list[str], settings: CorpusSettings, source: SourceFile, line: int) -> dict[str, int]:
+    """A table's column name -> index, with the named text (and id) columns checked against it."""
+    header = {name.strip(): index for index, name in enumerate(row)}
+    for role, column, flag in (("text", settings.text_column, "--text-column"), ("id", settings.id_column,
+                                                                                   "--id-column")):
+        if isinstance(column, str) and column not in header:
+            raise DataError(f"the header has no {role} column {column!r} (columns: {', '.join(header)}); "
+                            f"name one with {flag} NAME (or a 0-based index)", source.path, line)
+    return header
+
+
+def parse_record(record: Record, settings: CorpusSettings, single_file: bool) -> tuple[str, str]:
+    """(id, text) of one record.
+
+    Raises:
+        DataError: invalid JSON, a missing field or column, a text that is not a string; names file:line.
+    """
+    source, number, payload = record
+    line_id = str(number) if single_file else f"{source.name}:{number}"
+    if source.file_format == "text":
+        return line_id, payload
+    if source.file_format == "jsonl":
+        row = _json_object(source, number, payload)
+    else:
+        row = payload.split("\t") if isinstance(payload, str) else payload
+    text = _value(row, settings.text_column, source, number, "--text-column / --text-field")
+    if not isinstance(text, str):
+        raise DataError(f"the text ({settings.text_column!r}) must be a string, got {type(text).__name__}; "
+                        "fix the record", source.path, number)
+    named = settings.id_column is not None  # a named id column must be in every record; "id" where it is
+    ident = _value(row, settings.id_column if named else DEFAULT_ID_COLUMN, source, number,
+                   "--id-column / --id-field" if named else None)
+    return (line_id if not named and ident in (None, "") else _id_text(ident, source, number)), text
+
+
+def _json_object(source: SourceFile, number: int, text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DataError(f"not valid JSON ({error.msg}); a .jsonl file holds one JSON object per line: fix or "
+                        "remove the line", source.path, number) from None
+    if not isinstance(value, dict):
+        raise DataError(f"expected a JSON object, got {type(value).__name__}; write one {{\"text\": ...}} per "
+                        "line", source.path, number)
+    return value
+
+
+def _value(row: dict | list[str], column: str | int, source: SourceFile, number: int, flag: str | None) -> Any:
+    """The row's value in `column`; a missing one is None when `flag` is None, else a DataError."""
+    if isinstance(row, dict):
+        present = isinstance(column, str) and column in row
+        value = row.get(column) if present else None
+    else:
+        index = source.header.get(column) if isinstance(column, str) and source.header else column
+        present = isinstance(index, int) and -len(row) <= index < len(row)
+        value = row[index] if present else None
+    if present or flag is None:
+        return value
+    fields = f"fields: {', '.join(sorted(row))}" if isinstance(row, dict) else f"{len(row)} columns"
+    raise DataError(f"no {column!r} in this record ({fields}); fix the record or name another with {flag}",
+                    source.path, number)
+
+
+def _id_text(value: Any, source: SourceFile, number: int) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+        raise DataError(f"an id must be a non-empty string or an integer, got {value!r}; fix the record",
+                        source.path, number)
+    return str(value)
+
+
+def shard_chunks(records: Iterable[Record], shard_size: int,
+                 wanted: Callable[[int], bool]) -> Iterator[tuple[int, int, list[Record] | None]]:
+    """(shard index, record count, its records when `wanted(index)` else None) for every shard, in order;
+    the records of unwanted shards are counted and dropped as they are read."""
+    stream = iter(records)
+    for index in itertools.count():
+        chunk = list(itertools.islice(stream, shard_size)) if wanted(index) else None
+        count = len(chunk) if chunk is not None else sum(1 for _ in itertools.islice(stream, shard_size))
+        if not count:
+            return
+        yield index, count, chunk
+
+
+# --- processes -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place among the torchrun processes (a single process: rank 0 of 1)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls) -> Ranks:
+        """RANK, WORLD_SIZE and LOCAL_RANK as torchrun sets them (absent: a single process)."""
+        values = [os.environ.get(name) or default for name, default in (("RANK", "0"), ("WORLD_SIZE", "1"),
+                                                                        ("LOCAL_RANK", "0"))]
+        if not all(value.isdigit() for value in values) or int(values[0]) >= int(values[1]):
+            raise ConfigError(f"RANK={values[0]!r}, WORLD_SIZE={values[1]!r}, LOCAL_RANK={values[2]!r} must be "
+                              "integers with RANK < WORLD_SIZE; launch with torchrun, which sets them")
+        return cls(*map(int, values))
+
+    def owns(self, shard: int) -> bool:
+        return shard % self.world_size == self.rank
+
+    def device(self, device: str) -> torch.device:
+        """The device this rank embeds on: under torchrun a bare "cuda" (or "auto" on a GPU machine) means
+        the GPU of its LOCAL_RANK."""
+        resolved = runtime.resolve_device(device)
+        if self.world_size > 1 and resolved.type == "cuda" and resolved.index is None:
+            return torch.device("cuda", self.local_rank % max(1, torch.cuda.device_count()))
+        return resolved
+
+
+class Group:
+    """The gloo process group of the ranks, for the few collectives the run needs (none in one process)."""
+
+    def __init__(self, ranks: Ranks):
+        self.ranks, self.created = ranks, False
+
+    def __enter__(self) -> Group:
+        if self.ranks.world_size > 1 and not dist.is_initialized():
+            dist.init_process_group("gloo", rank=self.ranks.rank, world_size=self.ranks.world_size,
+                                    timeout=GROUP_TIMEOUT)
+            self.created = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.created:
+            dist.destroy_process_group()
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's `value`, in rank order (waits for all of them)."""
+        gathered = [value] * self.ranks.world_size
+        self.collective(dist.all_gather_object, gathered, value)
+        return gathered
+
+    def collective(self, call: Callable[..., Any], *args: Any) -> None:
+        if self.ranks.world_size == 1:
+            return
+        try:
+            call(*args)
+        except RuntimeError:  # gloo's word for "a peer is gone": that rank has printed why
+            raise ConfigError(f"rank {self.ranks.rank}: another rank stopped (its error is above); fix that and "
+                              "rerun the same command to resume") from None
+
+    def from_main(self, work: Callable[[], Any]) -> Any:
+        """`work()` run on rank 0; its result, or the user error it raised, on every rank."""
+        outcome: list[Any] = [None]
+        if self.ranks.rank == 0:
+            try:
+                outcome = [(None, work())]
+            except BertforgeError as error:
+                if self.ranks.world_size == 1:
+                    raise
+                outcome = [(error, None)]
+        self.collective(dist.broadcast_object_list, outcome, 0)
+        if outcome[0][0] is not None:
+            raise outcome[0][0]
+        return outcome[0][1]
+
+
+# --- the output folder -----------------------------------------------------------------------------------
+
+def model_fingerprint(model_dir: str | os.PathLike) -> str:
+    """sha256 over the files that decide a model's vectors (config, tokenizer, weights): a moved copy of the
+    same model has the same fingerprint, a retrained one another."""
+    folder = Path(model_dir)
+    files = {weights_file(folder), *(path for pattern in MODEL_FILES for path in folder.glob(pattern))}
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(f"{path.relative_to(folder).as_posix()}\0{path.stat().st_size}\0".encode())
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def identity(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What a resume must match: the model's files, the embedding options, the output's dtype and shard
+    size, how the input is read and the input files themselves (the batch size and device may change: they
+    move vectors only by float rounding)."""
+    return {"format": [manifest["format"], manifest["version"]], "model": manifest["model"]["fingerprint"],
+            "embedding": manifest["embedding"], "dtype": manifest["dtype"], "shard_size": manifest["shard_size"],
+            "input settings": manifest["input"]["settings"], "input files": manifest["input"]["files"]}
+
+
+def describe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Plain phrases for the identity keys that differ between a manifest and this run."""
+    changes = []
+    for key, was in identity(old).items():
+        now = identity(new)[key]
+        if was == now:
+            continue
+        if key == "model":
+            changes.append(f"another model (the folder's was {old['model']['path']})")
+        elif key == "input files":
+            before, after = ({f["name"]: f for f in files} for files in (was, now))
+            names = sorted(set(before) ^ set(after)) or [n for n in after if before[n] != after[n]]
+            changes.append(f"the input files changed ({', '.join(names[:3])})")
+        elif isinstance(was, dict):
+            changes += [f"{name} {was.get(name)!r} -> {now.get(name)!r}" for name in sorted(set(was) | set(now))
+                        if was.get(name) != now.get(name)]
+        else:
+            changes.append(f"{key} {was!r} -> {now!r}")
+    return changes
+
+
+def new_manifest(model_dir: str | os.PathLike, pipeline: EmbedPipeline, options: dict[str, Any], prompt: str,
+                 inputs: str | os.PathLike, sources: Sequence[SourceFile], settings: CorpusSettings,
+                 shard_size: int, dtype: str) -> dict[str, Any]:
+    """The manifest of a run before any shard: its identity, "complete": false. The width of the vectors is
+    that of a probe's (pooling modes may be concatenated)."""
+    stats = [(source.name, source.path.stat()) for source in sources]
+    files = [{"name": name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns} for name, stat in stats]
+    return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "complete": False,
+            "model": {"path": str(Path(model_dir).resolve()), "fingerprint": model_fingerprint(model_dir)},
+            "embedding": {**options, "prompt": prompt, "max_length": pipeline.max_length,
+                          "precision": pipeline.precision},
+            "similarity": "cosine" if options["normalize"] else "dot",
+            "dim": int(pipeline.encode(["probe"], prompt=prompt, **options).shape[1]),
+            "dtype": dtype, "shard_size": shard_size,
+            "input": {"path": str(Path(inputs).resolve()), "files": files,
+                      "settings": {**asdict(settings), "single_file": Path(inputs).is_file()}},
+            "count": None, "tokens": None, "shards": []}
+
+
+def read_manifest(out: Path) -> dict[str, Any] | None:
+    """The folder's manifest, None when it has none."""
+    try:
+        manifest = storage.read_json(out / MANIFEST_NAME, what="embedding manifest")
+    except FileNotFoundError:
+        return None
+    except ValueError as error:
+        raise ConfigError(f"{error}; delete the folder to start over") from None
+    try:
+        identity(manifest)
+    except (KeyError, TypeError):
+        raise ConfigError(f"{out / MANIFEST_NAME} is not a bertforge embedding manifest (of this version); "
+                          "choose another folder") from None
+    return manifest
+
+
+def start_output(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Check the output folder against this run and prepare it (rank 0, before any rank writes): a new
+    folder gets the manifest, a folder of the same run loses the temporary files a killed run left behind.
+
+    Returns:
+        The manifest in force: the folder's own when it is complete and all its shards are present.
+
+    Raises:
+        ConfigError: the folder holds another run's vectors (the message says what differs) or other files.
+    """
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file; --out names the folder to write the shards into")
+    out.mkdir(parents=True, exist_ok=True)
+    existing = read_manifest(out)
+    if existing is None:
+        foreign = [p.name for p in out.iterdir() if not p.name.endswith(".tmp")]
+        if foreign:
+            raise ConfigError(f"{out} is not empty ({', '.join(sorted(foreign)[:3])} ...) and holds no "
+                              f"{MANIFEST_NAME}; choose a new or empty --out folder")
+    else:
+        changes = describe_changes(existing, manifest)
+        if changes:
+            raise ConfigError(f"{out} holds vectors made differently ({'; '.join(changes)}); rerun with the same "
+                              "model, options and input to resume, or choose another --out (or delete the folder) "
+                              "to start over")
+        if existing["complete"] and all(finished(out, shard["index"]) for shard in existing["shards"]):
+            return existing
+    for stale in [*out.glob(".*.tmp"), *(out / PROGRESS_DIR).glob(".*.tmp")]:
+        stale.unlink(missing_ok=True)  # a killed run's half-written file; its shard is redone
+    storage.write_json(out / MANIFEST_NAME, manifest)
+    return manifest
+
+
+def finished(out: Path, index: int) -> dict[str, Any] | None:
+    """The record of shard `index` when it is done (record present, both files of the recorded sizes)."""
+    try:
+        record = json.loads(progress_path(out, index).read_text(encoding="utf-8"))
+        for kind in ("vectors", "ids"):
+            if (out / record[kind]).stat().st_size != record["bytes"][kind]:
+                return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return record
+
+
+def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray, dtype: str,
+                tokens: int) -> dict[str, Any]:
+    """Write one shard's vectors, then its ids, then its record (each atomically); return the record."""
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(vectors, dtype=dtype), allow_pickle=False)
+    data = buffer.getvalue()
+    id_data = "".join(json.dumps(ident, ensure_ascii=False) + "\n" for ident in ids).encode("utf-8")
+    storage.write_bytes(out / VECTORS_NAME.format(index), data)
+    storage.write_bytes(out / IDS_NAME.format(index), id_data)
+    record = {"index": index, "vectors": VECTORS_NAME.format(index), "ids": IDS_NAME.format(index),
+              "count": len(ids), "tokens": tokens, "bytes": {"vectors": len(data), "ids": len(id_data)},
+              "sha256": {"vectors": hashlib.sha256(data).hexdigest(), "ids": hashlib.sha256(id_data).hexdigest()}}
+    storage.write_json(progress_path(out, index), record)
+    return record
+
+
+def finish_output(out: Path, manifest: dict[str, Any], shards: int) -> dict[str, Any]:
+    """The final manifest (rank 0, once every rank is done): every shard's record, read back from disk.
+
+    Raises:
+        ConfigError: a shard is missing (on several nodes: the folder is not on a filesystem they share).
+    """
+    records: list[Any] = [finished(out, index) for index in range(shards)]
+    missing = [index for index, record in enumerate(records) if record is None]
+    if missing:
+        raise ConfigError(f"{out}: shards {missing[:5]} are missing after every rank finished; on several nodes "
+                          "--out must be a folder every node sees (a shared filesystem); rerun to finish them")
+    final = {**manifest, "complete": True, "count": sum(r["count"] for r in records),
+             "tokens": sum(r["tokens"] for r in records), "shards": records}
+    storage.write_json(out / MANIFEST_NAME, final)
+    return final
+
+
+# --- running ---------------------------------------------------------------------------------------------
+
+def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, records: Sequence[Record],
+                settings: CorpusSettings, single_file: bool) -> tuple[list[str], np.ndarray, int]:
+    """(ids, vectors [n, D] float32, tokens) of one shard, as `pipeline.encode(texts, prompt=prompt)` makes
+    them; every record is parsed and checked before the model runs, whose batches go by length
+    (`evaluation.run_features`)."""
+    ids, parsed = [], []
+    for record in records:
+        ident, text = parse_record(record, settings, single_file)
+        try:
+            parsed.append(prompt + pipeline.parse(text))
+        except InputError as error:
+            raise DataError(f"{error} (blank lines are skipped; this one holds only invisible characters or is "
+                            "an empty field): fix or remove it", record[0].path, record[1]) from None
+        ids.append(ident)
+    features = pipeline.features(parsed)
+    tokens = sum(pipelines.feature_tokens(feature) for feature in features)
+    vectors = torch.stack(pipeline.forward(features, options)).numpy()  # [n, D], as `encode` returns
+    return ids, vectors, tokens
+
+
+def run_shards(out: Path, pipeline: EmbedPipeline, options: dict[str, Any], sources: Sequence[SourceFile],
+               settings: CorpusSettings, manifest: dict[str, Any], ranks: Ranks) -> tuple[int, int]:
+    """Embed this rank's shards that are not done yet; return (records, shards) of the whole corpus."""
+    records, shards, done = 0, 0, np.zeros(3)  # done: this rank's texts, tokens, seconds
+    single = manifest["input"]["settings"]["single_file"]
+
+    def wanted(index: int) -> bool:
+        return ranks.owns(index) and finished(out, index) is None
+
+    chunks = shard_chunks(read_records(sources, settings), manifest["shard_size"], wanted)
+    for index, count, chunk in chunks:
+        records, shards = records + count, index + 1
+        if chunk is None:
+            continue
+        started = time.perf_counter()
+        ids, vectors, tokens = embed_shard(pipeline, options, manifest["embedding"]["prompt"], chunk, settings,
+                                           single)
+        write_shard(out, index, ids, vectors, manifest["dtype"], tokens)
+        done += (count, tokens, time.perf_counter() - started)
+        if ranks.rank == 0:  # the progress of one rank of N: the others run at the same pace
+            log.info("shard %d: %d texts, %d tokens; rank 0 of %d: %.0f texts/s, %.0f tokens/s", index, count,
+                     tokens, ranks.world_size, done[0] / done[2], done[1] / done[2])
+    return records, shards
+
+
+def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_dir: str | os.PathLike, *,
+                 settings: CorpusSettings | None = None, shard_size: int = DEFAULT_SHARD_SIZE,
+                 dtype: str = "float32", batch_size: int = pipelines.DEFAULT_BATCH_SIZE, max_length: int | None = None,
+                 device: str = "auto", precision: str = pipelines.DEFAULT_PRECISION, pooling: str | None = None,
+                 normalize: bool | None = None, prompt_name: str | None = None,
+                 prompt: str | None = None) -> dict[str, Any]:
+    """Embed every record of `inputs` into shards under `out_dir`; a rerun resumes (see the module docstring).
+    Under torchrun every rank calls it with the same arguments and embeds its share of the shards.
+
+    Args:
+        model_dir: a saved model directory (any model's encoder embeds).
+        inputs: a text, TSV, CSV or JSONL file, or a folder of them (recursive, sorted).
+        out_dir: the output folder (created; a rerun of the same run resumes in it).
+        settings: how records become texts and ids (default: `CorpusSettings()`).
+        shard_size: records per shard; dtype: "float32" or "float16" on disk (computed in float32).
+        batch_size, max_length, device, precision: the pipeline's (`load_pipeline`).
+        pooling, normalize: embedding options (None: the model's, e.g. a sentence-transformers directory's).
+        prompt_name, prompt: a prefix before every text (`EmbedPipeline.prompt_text`; default: the model's).
+
+    Returns:
+        The final manifest (on every rank): {"count", "dim", "dtype", "shards": [...], ...}.
+
+    Raises:
+        DataError: a bad input line (file:line), before the model runs on its shard.
+        ConfigError: the folder holds another run's vectors, or a setting is invalid.
+    """
+    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
+        raise ConfigError(f"shard_size must be a positive integer, got {shard_size!r}")
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype {dtype!r} is not supported; use one of {DTYPES}")
+    settings = settings or CorpusSettings()
+    out = Path(out_dir)
+    ranks = Ranks.from_env()
+    with Group(ranks) as group:
+        sources = source_files(inputs, settings)
+        pipeline = pipelines.load_pipeline(model_dir, "embed", device=ranks.device(device), precision=precision,
+                                 batch_size=batch_size, max_length=max_length)
+        given = {name: value for name, value in (("pooling", pooling), ("normalize", normalize)) if value is not None}
+        options, prefix = pipeline.check_options(given), pipeline.prompt_text(prompt_name, prompt)
+        manifest = group.from_main(lambda: start_output(out, new_manifest(
+            model_dir, pipeline, options, prefix, inputs, sources, settings, shard_size, dtype)))
+        if manifest["complete"]:
+            return manifest
+        records, shards = run_shards(out, pipeline, options, sources, settings, manifest, ranks)
+        if len(set(group.gather(records))) > 1:  # also the barrier before the final manifest
+            raise DataError("the ranks read different numbers of records: every rank must see the same --input "
+                            "(on several nodes, a shared filesystem)", inputs)
+        if records == 0:
+            raise DataError("no texts to embed (only blank lines or headers); is this the right input?", inputs)
+        return group.from_main(lambda: finish_output(out, manifest, shards))
+
+
+__all__ = ["DEFAULT_SHARD_SIZE", "DTYPES", "INPUT_FORMATS", "MANIFEST_NAME", "CorpusSettings", "Ranks",
+           "embed_corpus", "read_manifest", "read_records"]

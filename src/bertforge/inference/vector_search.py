@@ -1,0 +1,208 @@
+"""Exact top-k search over the vector shards `embed_corpus` writes: every stored vector is scored, none is
+skipped or approximated.
+
+Owns: opening an embedding folder for search (`VectorIndex`: the complete manifest, its shards memory-mapped
+one at a time), the running top-k (`top_k_merge`, `search_vectors`), mapping winning rows back to their ids
+(`ids_at`), and `search`, which embeds query texts with the model and options the manifest records and
+returns (id, score) lists.
+
+Score: the dot product of the query vector and the stored vector, in float32 (float16 shards are widened
+block by block). When the corpus was embedded with `normalize` (the manifest's "similarity": "cosine"), both
+sides are unit vectors and the score is their cosine; without it, it is the plain dot product. Equal scores
+rank the earlier record (lower shard, lower row) first, so the answer does not depend on the shard layout.
+
+Memory: one block of one shard (at most `BLOCK_ROWS` rows, as float32), the queries' block of scores, and k
+(score, row) pairs per query; ids are read only for the winners, one ids file at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertforge.errors import ConfigError, InputError
+from bertforge.inference.embed_corpus import MANIFEST_NAME, model_fingerprint, read_manifest
+from bertforge.inference.pipelines import DEFAULT_BATCH_SIZE, load_pipeline
+
+# Rows of a shard scored at once (float32 copies of float16 shards, and the [queries, rows] score block).
+BLOCK_ROWS = 16_384
+# Queries scored together against a block: bounds the score block at QUERY_BLOCK x BLOCK_ROWS floats.
+QUERY_BLOCK = 256
+DEFAULT_TOP_K = 10
+
+
+def top_k_merge(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best (score, row) of each query among candidates, best first; equal scores: lower row first.
+
+    Args:
+        scores: [Q, C] candidate scores.
+        rows: [Q, C] their global row numbers (int64).
+        k: how many to keep (at most C).
+
+    Returns:
+        ([Q, k] scores, [Q, k] rows).
+    """
+    order = np.lexsort((rows, -scores), axis=1)[:, :k]
+    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(rows, order, axis=1)
+
+
+def block_top_k(scores: np.ndarray, first_row: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best of one block of scores [Q, n] (rows first_row .. first_row + n - 1), ties included exactly:
+    every candidate scoring at least the k-th best is kept before the tie-breaking sort."""
+    count = scores.shape[1]
+    rows = np.broadcast_to(np.arange(first_row, first_row + count, dtype=np.int64), scores.shape)
+    if k >= count:
+        return top_k_merge(scores, np.ascontiguousarray(rows), count)
+    kth = np.partition(scores, count - k, axis=1)[:, count - k][:, None]  # [Q, 1] the k-th best score
+    query, column = np.nonzero(scores >= kth)  # row-major: grouped by query
+    # Rank candidates inside each query (score desc, row asc); keep the first k of each.
+    order = np.lexsort((column, -scores[query, column], query))
+    query, column = query[order], column[order]
+    starts = np.searchsorted(query, np.arange(scores.shape[0]))
+    keep = np.arange(len(query)) - starts[query] < k
+    query, column = query[keep], column[keep]
+    return scores[query, column].reshape(-1, k), (column + first_row).astype(np.int64).reshape(-1, k)
+
+
+def check_top_k(top_k: int) -> None:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise InputError(f"top_k must be a positive integer, got {top_k!r}")
+
+
+class VectorIndex:
+    """A complete embedding folder, opened for search (nothing is loaded until `search_vectors` scans it).
+
+    Args:
+        directory: the `--out` folder of `bertforge embed`.
+
+    Raises:
+        ConfigError: no manifest, an unfinished run, or a shard file missing.
+    """
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        manifest = read_manifest(self.directory) if self.directory.is_dir() else None
+        if manifest is None:
+            raise ConfigError(f"{self.directory}: no {MANIFEST_NAME}; give the folder `bertforge embed --out` wrote")
+        if not manifest["complete"]:
+            raise ConfigError(f"{self.directory}: the embedding run has not finished; rerun the same `bertforge "
+                              "embed` command to complete it")
+        for shard in manifest["shards"]:
+            for kind in ("vectors", "ids"):
+                if not (self.directory / shard[kind]).is_file():
+                    raise ConfigError(f"{self.directory / shard[kind]} is missing; rerun `bertforge embed` to "
+                                      "rewrite it")
+        self.manifest = manifest
+        self.shards: list[dict[str, Any]] = manifest["shards"]
+        self.offsets = np.cumsum([0] + [shard["count"] for shard in self.shards])  # global row of each shard
+        self.count = int(self.offsets[-1])
+        self.dim = int(manifest["dim"])
+
+    @property
+    def similarity(self) -> str:
+        """"cosine" (the vectors are normalized) or "dot"."""
+        return self.manifest["similarity"]
+
+    def shard_vectors(self, index: int) -> np.ndarray:
+        """Shard `index`'s vectors [n, H], memory-mapped (read from disk as they are used)."""
+        return np.load(self.directory / self.shards[index]["vectors"], mmap_mode="r", allow_pickle=False)
+
+    def search_vectors(self, queries: np.ndarray, top_k: int = DEFAULT_TOP_K) -> tuple[np.ndarray, np.ndarray]:
+        """The exact top-k rows of every query vector, scanning the shards one at a time.
+
+        Args:
+            queries: [Q, H] float32 query vectors (embedded as the corpus was).
+            top_k: hits per query (capped at the number of vectors).
+
+        Returns:
+            ([Q, k] scores, [Q, k] global row numbers), best first.
+        """
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        if queries.ndim != 2 or queries.shape[1] != self.dim:
+            raise InputError(f"query vectors must be [Q, {self.dim}], got {list(queries.shape)}")
+        check_top_k(top_k)
+        k = min(top_k, self.count)
+        best = (np.full((len(queries), 0), -np.inf, np.float32), np.zeros((len(queries), 0), np.int64))
+        for index in range(len(self.shards)):
+            vectors = self.shard_vectors(index)
+            for start in range(0, len(vectors), BLOCK_ROWS):
+                block = np.asarray(vectors[start:start + BLOCK_ROWS], dtype=np.float32)  # [n, H]
+                first = int(self.offsets[index]) + start
+                best = self._merge_block(queries, block, first, best, k)
+        return best
+
+    def _merge_block(self, queries: np.ndarray, block: np.ndarray, first: int,
+                     best: tuple[np.ndarray, np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
+        scores, rows = [], []
+        for q in range(0, len(queries), QUERY_BLOCK):
+            found = block_top_k(queries[q:q + QUERY_BLOCK] @ block.T, first, k)  # [q, n] -> [q, k']
+            merged = top_k_merge(np.concatenate([best[0][q:q + QUERY_BLOCK], found[0]], axis=1),
+                                 np.concatenate([best[1][q:q + QUERY_BLOCK], found[1]], axis=1), k)
+            scores.append(merged[0])
+            rows.append(merged[1])
+        return np.concatenate(scores), np.concatenate(rows)
+
+    def ids_at(self, rows: np.ndarray) -> list[list[str]]:
+        """The ids of global rows [Q, k], reading only the ids files that hold one of them."""
+        wanted = sorted({int(row) for row in np.asarray(rows).ravel()})
+        found: dict[int, str] = {}
+        shard_of = np.searchsorted(self.offsets, wanted, side="right") - 1
+        for shard in sorted(set(shard_of.tolist())):
+            needed = {row - int(self.offsets[shard]) for row, s in zip(wanted, shard_of) if s == shard}
+            with open(self.directory / self.shards[shard]["ids"], encoding="utf-8") as handle:
+                for line_index, line in enumerate(handle):
+                    if line_index in needed:
+                        found[line_index + int(self.offsets[shard])] = json.loads(line)
+        return [[found[int(row)] for row in query_rows] for query_rows in np.asarray(rows)]
+
+
+def search(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
+           model: str | os.PathLike | None = None, device: str = "auto", batch_size: int = DEFAULT_BATCH_SIZE,
+           prompt_name: str | None = None, prompt: str | None = None) -> list[list[tuple[str, float]]]:
+    """The top-k (id, score) of each query text in an embedding folder, best first.
+
+    The queries are embedded as the corpus was: the manifest's pooling, normalize, layer, max_length and
+    precision, with its model (or `model`, which must hold the same files: a moved copy). Their prompt is
+    their own: `prompt_name` / `prompt`, else the model's default prompt (`EmbedPipeline.prompt_text`), so an
+    asymmetric model embeds its corpus with e.g. prompt_name="document" and its queries with "query".
+
+    Args:
+        directory: the `--out` folder of `bertforge embed`.
+        queries: query texts.
+        top_k: hits per query.
+        model: the model directory (default: the manifest's path).
+        device, batch_size: where and in what batches the queries are embedded.
+        prompt_name, prompt: the queries' prefix (default: the model's default prompt).
+
+    Raises:
+        ConfigError: the folder is not a complete index, or `model` is another model than the corpus's.
+    """
+    index = VectorIndex(directory)
+    check_top_k(top_k)
+    if not queries:
+        return []
+    manifest = index.manifest
+    model_dir = Path(model) if model is not None else Path(manifest["model"]["path"])
+    if not model_dir.is_dir():
+        raise ConfigError(f"{model_dir}: the model that embedded {index.directory} is not there; pass --model DIR "
+                          "with a copy of it")
+    if model_fingerprint(model_dir) != manifest["model"]["fingerprint"]:
+        raise ConfigError(f"{model_dir} is not the model that embedded {index.directory} ({manifest['model']['path']}"
+                          "); queries must be embedded by the same model")
+    embedding = dict(manifest["embedding"])
+    embedding.pop("prompt")  # the corpus's; the queries have their own
+    pipeline = load_pipeline(model_dir, "embed", device=device, precision=embedding.pop("precision"),
+                             batch_size=batch_size, max_length=embedding.pop("max_length"))
+    vectors = pipeline.encode(list(queries), prompt_name=prompt_name, prompt=prompt, **embedding)  # [Q, D]
+    scores, rows = index.search_vectors(vectors, top_k)
+    ids = index.ids_at(rows)
+    return [[(ident, float(score)) for ident, score in zip(query_ids, query_scores)]
+            for query_ids, query_scores in zip(ids, scores)]
+
+
+__all__ = ["DEFAULT_TOP_K", "VectorIndex", "block_top_k", "search", "top_k_merge"]
