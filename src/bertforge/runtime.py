@@ -67,6 +67,15 @@ def choose_precision(precision: str, device: torch.device | str) -> tuple[str, s
     return precision, "requested"
 
 
+def check_user_precision(precision: str, device: torch.device | str, where: str) -> None:
+    """Refuse, before any work, a precision a user asked for that the device cannot honour: fp16 off a CUDA
+    GPU (its loss scaling and fast kernels are CUDA's; on a CPU it would only be slower and less exact).
+    `where` names the setting ("--precision", "finetune.training.precision")."""
+    if precision == "fp16" and torch.device(device).type != "cuda":
+        raise ConfigError(f"{where} fp16 needs a CUDA GPU, and this run is on {torch.device(device).type}; use fp32 "
+                          "(the default) or bf16 there")
+
+
 def resolve_precision(precision: str, device: torch.device | str) -> str:
     """The concrete precision `choose_precision` picks (without the reason)."""
     return choose_precision(precision, device)[0]

@@ -57,14 +57,17 @@ DOC_COMMANDS = {
     "pretraining.md": ("vocab", "prepare", "pretrain", "plot"), "chinese.md": ("vocab", "prepare", "pretrain"),
     "finetuning.md": ("finetune", "evaluate"), "glue.md": ("glue", "finetune"),
     "serving.md": ("predict", "serve", "attention", "export"), "benchmarks.md": ("pretrain",),
+    "embeddings.md": ("predict", "finetune", "retrieval-set", "evaluate-embeddings", "embed", "search", "serve"),
 }
 # Which arguments of a command are files it reads, and which it writes.
 INPUTS = {"vocab": ("corpus",), "prepare": ("corpus", "tokenizer"), "pretrain": ("data", "tokenizer", "model"),
           "finetune": ("model", "train", "dev", "data_root"), "evaluate": ("model", "data"),
           "glue": ("model", "data_root"), "predict": ("model", "input"), "serve": ("model",),
           "attention": ("model",), "plot": ("run_dir",), "convert": ("source", "tokenizer"), "export": ("model",),
-          "info": ("model",)}
-OUTPUTS = ("out", "output")
+          "info": ("model",), "retrieval-set": ("squad",), "evaluate-embeddings": ("model", "retrieval", "sts",
+                                                                                     "paraphrase", "rerank_model"),
+          "embed": ("model", "input"), "search": ("index", "queries", "model")}
+OUTPUTS = ("out", "output", "train_pairs")
 OVERRIDE_COMMANDS = ("pretrain", "finetune", "evaluate")
 
 
@@ -333,7 +336,9 @@ BASE = {"vocab": ["--corpus", "c", "--vocab-size", "10", "--out", "o"],
         "finetune": ["--task", "sst2"],
         "evaluate": ["--model", "m", "--data", "d"], "glue": ["--model", "m"],
         "predict": ["--model", "m", "--task", "classify"], "serve": ["--model", "m"], "convert": ["s", "--out", "o"],
-        "export": ["--model", "m"], "attention": ["--model", "m", "text"], "plot": ["run"]}
+        "export": ["--model", "m"], "attention": ["--model", "m", "text"], "plot": ["run"],
+        "retrieval-set": ["--squad", "s", "--out", "o"], "evaluate-embeddings": ["--model", "m", "--sts", "s"],
+        "embed": ["--model", "m", "--input", "i", "--out", "o"], "search": ["--index", "i", "--query", "q"]}
 
 
 def is_placeholder(value: str) -> bool:
@@ -581,9 +586,10 @@ DEFAULT_RUNS = {
     "docs/glue.md": ("glue",),
     "docs/faq.md": ("convert", "finetune"),
     "docs/serving.md": ("predict",),
+    "docs/embeddings.md": ("retrieval-set", "finetune", "evaluate-embeddings", "embed", "search"),
 }
 RUN_ORDER = ["docs/pretraining.md", "docs/chinese.md", "docs/finetuning.md", "docs/glue.md", "docs/faq.md",
-             "README.md", "docs/serving.md"]
+             "README.md", "docs/serving.md", "docs/embeddings.md"]
 
 
 def runnable(commands: list[DocCommand]) -> list[DocCommand]:

@@ -312,3 +312,18 @@ def test_feature_batches_split_between_ranks(tokenizer):
     assert [len(r) for r in ranks] == [2, 2]  # 5 batches: both ranks take 2, the same number
     seen = [i for r in ranks for b in r for i in b.feature_index.tolist()]
     assert len(seen) == len(set(seen)) == 8
+
+
+def test_data_report_logs_windowing_as_information_and_cuts_as_warnings(caplog):
+    import logging
+
+    from bertforge.data.finetuning import DataReport
+
+    report = DataReport()
+    report.note("windowed_inputs", "dev.json:3", amount=158)
+    report.note("truncated_questions", "dev.json:9")
+    with caplog.at_level(logging.INFO):
+        report.log_warnings("drcd dev")
+    levels = {record.getMessage().split(": ")[1]: record.levelno for record in caplog.records}
+    assert levels == {"windowed_inputs": logging.INFO, "truncated_questions": logging.WARNING}
+    assert any("windowed_inputs: 158" in record.getMessage() for record in caplog.records)

@@ -11,31 +11,12 @@ import pytest
 from bertforge.errors import InputError
 from bertforge.metrics import embedding as m
 
-# --- correlations ----------------------------------------------------------------------------------------
-
-
-def test_average_ranks_ties_share_their_mean_rank():
-    assert m.average_ranks([10, 20, 20, 30]).tolist() == [1.0, 2.5, 2.5, 4.0]
-    assert m.average_ranks([3, 1, 3, 3]).tolist() == [3.0, 1.0, 3.0, 3.0]
-
-
-def test_pearson_correlation_hand_computed():
-    # dx = (-1, 0, 1), dy = (-7/3, -1/3, 8/3): cov 5, |dx| sqrt 2, |dy| sqrt(114)/3.
-    assert m.pearson_correlation([1, 2, 3], [2, 4, 7]) == pytest.approx(15 / math.sqrt(228), abs=1e-15)
-    assert m.pearson_correlation([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
-
-
-def test_spearman_correlation_ties_hand_computed():
-    # Ranks (1, 2.5, 2.5, 4) and (1, 2, 3, 4): cov 4.5 over sqrt(4.5 * 5).
-    assert m.spearman_correlation([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(3 / math.sqrt(10), abs=1e-15)
-
-
-def test_correlations_constant_side_is_zero():
-    assert m.pearson_correlation([1, 1, 1], [1, 2, 3]) == 0.0
-    assert m.spearman_correlation([1, 2, 3], [5, 5, 5]) == 0.0
+# --- correlations (one home: metrics.classification's, which STS scoring uses) --------------------------
 
 
 def test_correlations_match_scipy_on_random_data():
+    from bertforge.metrics.classification import pearson, spearman
+
     stats = pytest.importorskip("scipy.stats")
     rng = np.random.default_rng(0)
     for trial in range(40):
@@ -43,17 +24,8 @@ def test_correlations_match_scipy_on_random_data():
         predicted = rng.normal(size=300) + 0.3 * gold
         if trial % 2:
             predicted = np.round(predicted, 1)  # ties on both sides
-        assert m.pearson_correlation(gold, predicted) == pytest.approx(stats.pearsonr(gold, predicted)[0], abs=1e-12)
-        assert m.spearman_correlation(gold, predicted) == pytest.approx(stats.spearmanr(gold, predicted)[0],
-                                                                        abs=1e-12)
-
-
-def test_correlations_reject_bad_input():
-    for x, y in (([], []), ([1, 2], [1, 2, 3]), ([1, float("nan")], [1, 2]), ([1], [1])):
-        with pytest.raises(InputError):
-            m.pearson_correlation(x, y)
-    with pytest.raises(InputError):
-        m.spearman_correlation([1, 2, float("inf")], [1, 2, 3])
+        assert pearson(predicted, gold) == pytest.approx(stats.pearsonr(gold, predicted)[0], abs=1e-12)
+        assert spearman(predicted, gold) == pytest.approx(stats.spearmanr(gold, predicted)[0], abs=1e-12)
 
 
 # --- STS -------------------------------------------------------------------------------------------------

@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 
 # How many locations a report keeps per kind of event (the count is always complete).
 REPORT_SAMPLES = 5
-# Report kinds that are plain tallies rather than something done to the data.
-INFORMATIONAL = ("rows:", "features:", "limited_from:", "rows_without_labels:")
+# Report kinds that are plain tallies rather than something done to the data. Windowing a long input is
+# expected behaviour (every window is used), not an alarm: information, with its count.
+INFORMATIONAL = ("rows:", "features:", "limited_from:", "rows_without_labels:", "windowed_inputs:", "windows:")
 
 
 @dataclass
@@ -81,7 +82,7 @@ class DataReport:
         return {"counts": dict(sorted(self.counts.items())), "samples": dict(sorted(self.samples.items()))}
 
     def log_warnings(self, what: str) -> None:
-        """Log the counts: plain tallies at INFO, anything dropped, changed, cut or windowed at WARNING."""
+        """Log the counts: plain tallies and windowing at INFO, anything dropped, changed or cut at WARNING."""
         for line in self.lines():
             level = logging.INFO if line.startswith(INFORMATIONAL) else logging.WARNING
             log.log(level, "%s: %s", what, line)

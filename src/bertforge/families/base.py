@@ -250,6 +250,8 @@ class Family:
         formats: the `--format` names that read a file of this family, and the problem kind each gives.
         export_outputs: ONNX output names and their dynamic axes.
         example_inputs: typical inputs (the server's OpenAPI examples).
+        settings: the fine-tuning settings (dotted `FinetuneConfig` keys) that only some families use and this
+            one honours; a run of another family that sets one is refused (`run_settings` per kind).
     """
 
     name: ClassVar[str] = ""
@@ -264,8 +266,13 @@ class Family:
     formats: ClassVar[dict[str, str | None]] = {}
     export_outputs: ClassVar[dict[str, dict[int, str]]] = {}
     example_inputs: ClassVar[list[Any]] = []
+    settings: ClassVar[frozenset[str]] = frozenset()
 
     # --- configuration ------------------------------------------------------------------------------
+    def run_settings(self, kind: str | None) -> frozenset[str]:
+        """The family-specific settings (`settings`) a run of this problem kind honours."""
+        return self.settings
+
     def check_model(self, config: BertConfig) -> None:
         """Raise CheckpointError when a model of this family lacks what decoding needs (label names...)."""
 

@@ -227,6 +227,8 @@ class Classification(Family):
     kinds = (SINGLE_LABEL, MULTI_LABEL, REGRESSION)
     formats = {"classification": SINGLE_LABEL, "pair": SINGLE_LABEL, "multilabel": MULTI_LABEL,
                "regression": REGRESSION}
+    settings = frozenset({"head.class_weights", "head.balanced_class_weights", "head.focal_gamma", "head.thresholds",
+                          "data.multi_label", "data.label_separator"})
     export_outputs = {"logits": {0: "batch"}}
     example_inputs = ["This film was a delight from start to finish.",
                     {"text": "A man is playing a guitar.", "text_pair": "Someone is making music."},
@@ -291,6 +293,15 @@ class Classification(Family):
         if problem_type(config) != REGRESSION and not config.id2label:
             raise CheckpointError("the model's config.json has no id2label (label names); add them, e.g. "
                                   "\"id2label\": {\"0\": \"negative\", \"1\": \"positive\"}")
+
+    def run_settings(self, kind):
+        """Class weights and focal loss weigh single-label cross-entropy; thresholds and the label separator
+        are multi-label's; regression has none of them."""
+        if kind == SINGLE_LABEL:
+            return frozenset({"head.class_weights", "head.balanced_class_weights", "head.focal_gamma"})
+        if kind == MULTI_LABEL:
+            return frozenset({"head.thresholds", "data.multi_label", "data.label_separator"})
+        return frozenset()
 
     def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> ClassificationObjective:
         self.refuse_contrastive(loss)

@@ -179,6 +179,8 @@ class Embedding(Family):
     input_axes = {0: "batch", 1: "sequence"}
     options = {"pooling": "mean", "normalize": False, "layer": -1}
     formats = dict.fromkeys(FORMAT_COLUMNS)
+    settings = frozenset({"head.loss", "head.scale", "head.symmetric", "head.mini_batch_size", "head.matryoshka_dims",
+                          "features.pooling", "features.normalize", "data.negative_column"})
     # A bare encoder exports what it computes; pooling a sentence vector happens outside the graph.
     export_outputs = {"last_hidden_state": {0: "batch", 1: "sequence"}, "pooled_output": {0: "batch"}}
     example_inputs = ["A man is eating food.", "A cat sits on the mat.", "The stock market fell sharply today."]

@@ -139,6 +139,7 @@ class MultipleChoice(Family):
     example_inputs = [{"context": "She opened the umbrella.", "endings": ["It was raining.", "It was sunny."]}]
 
     formats = {"choice": None}
+    settings = frozenset({"data.context_column", "data.start_column", "data.ending_columns"})
 
     def read(self, path, *, part, task, report, labelled=True):
         reader = task.reader

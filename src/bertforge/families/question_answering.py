@@ -323,6 +323,8 @@ class QuestionAnswering(Family):
     default_metrics = ("f1", "exact_match")
 
     formats = {"qa": None}
+    settings = frozenset({"features.max_query_length", "features.max_answer_length", "features.n_best_size",
+                          "features.version_2_with_negative", "features.null_score_diff_threshold"})
 
     def read(self, path, *, part, task, report, labelled=True):
         articles = None

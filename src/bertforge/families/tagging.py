@@ -351,6 +351,9 @@ class Tagging(Family):
 
     default_metrics = ("f1", "precision", "recall")
     formats = {"ner": None}
+    settings = frozenset({"head.crf", "features.tag_scheme", "features.label_policy", "head.class_weights",
+                          "head.balanced_class_weights", "head.focal_gamma", "data.token_column", "data.tag_column",
+                          "data.separator", "data.bio_errors"})
 
     def check_model(self, config: BertConfig) -> None:
         if not config.id2label:

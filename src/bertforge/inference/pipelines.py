@@ -302,7 +302,8 @@ class Pipeline:
         return worst
 
     def choose_precision(self, requested: str) -> tuple[str, str]:
-        """(precision, why): the one rule of every path, `runtime.choose_precision`."""
+        """(precision, why): the one rule of every path, `runtime.choose_precision` (fp16 off a GPU refused)."""
+        runtime.check_user_precision(requested, self.device, "precision")
         return runtime.choose_precision(requested, self.device)
 
     def describe(self) -> dict[str, Any]:
@@ -358,11 +359,17 @@ class EmbedPipeline(Pipeline):
         `prompt` put a prefix before every text (see `prompt_text`)."""
         merged = self.check_options(options)
         prefix = self.prompt_text(prompt_name, prompt)
-        parsed = [prefix + self.parse(t) for t in texts]
+        return self.encode_parsed([prefix + self.parse(t) for t in texts], merged)[0]
+
+    def encode_parsed(self, parsed: Sequence[str], options: dict[str, Any]) -> tuple[np.ndarray, int]:
+        """(vectors [N, D] float32, tokens run) of texts already validated by `parse` (prompts included),
+        with options already checked: `encode`'s steps, for callers that count tokens (`embed_corpus`)."""
         if not parsed:
-            width = self.config.hidden_size * len(merged["pooling"].split("+"))
-            return np.zeros((0, width), dtype=np.float32)
-        return torch.stack(self.forward(self.features(parsed), merged)).numpy()
+            width = self.config.hidden_size * len(options["pooling"].split("+"))
+            return np.zeros((0, width), dtype=np.float32), 0
+        features = self.features(parsed)
+        tokens = sum(feature_tokens(feature) for feature in features)
+        return torch.stack(self.forward(features, options)).numpy(), tokens
 
 
 # Routes whose pipeline is a subclass (constructed as `cls(model, tokenizer, **options)`); the others use

@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from bertforge.errors import InputError
+from bertforge.metrics.classification import pearson, spearman
 
 # Every figure of `retrieval_scores`: accuracy/precision/recall at `k_values`, the others at their own ks.
 DEFAULT_K_VALUES = (1, 5, 10, 100)
@@ -127,66 +128,6 @@ def cosine_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.einsum("nh,nh->n", a, b) / norms
 
 
-# --- correlations ----------------------------------------------------------------------------------------
-
-def average_ranks(values: object) -> np.ndarray:
-    """1-based ranks where tied values share the mean of the ranks they span (scipy's "average" method).
-
-    Example: [10, 20, 20, 30] -> [1.0, 2.5, 2.5, 4.0].
-
-    Args:
-        values: [N] numbers.
-
-    Returns:
-        [N] float64.
-    """
-    array = check_vector(values, "values")
-    order = np.argsort(array, kind="stable")
-    ordered = array[order]
-    # A run of equal values spans ranks start+1 .. end; each gets their mean.
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-    ends = np.r_[starts[1:], ordered.size]
-    run_ranks = (starts + 1 + ends) / 2.0
-    ranks = np.empty(array.size, dtype=np.float64)
-    ranks[order] = np.repeat(run_ranks, ends - starts)
-    return ranks
-
-
-def pearson_correlation(x: object, y: object) -> float:
-    """Pearson correlation of two equally long sequences (float64, as scipy.stats.pearsonr).
-
-    Args:
-        x, y: [N] numbers, N >= 2.
-
-    Returns:
-        A float in [-1, 1]; 0.0 when either side is constant (undefined there; scipy says NaN).
-    """
-    xs = check_vector(x, "x")
-    ys = check_vector(y, "y", xs.size)
-    if xs.size < 2:
-        raise InputError("a correlation needs at least two pairs")
-    if (xs == xs[0]).all() or (ys == ys[0]).all():
-        return 0.0
-    dx, dy = xs - xs.mean(), ys - ys.mean()
-    # Normalize before the dot product (as scipy does) so large values cannot overflow; clip the rounding.
-    return float(np.clip(np.dot(dx / np.linalg.norm(dx), dy / np.linalg.norm(dy)), -1.0, 1.0))
-
-
-def spearman_correlation(x: object, y: object) -> float:
-    """Spearman rank correlation: Pearson of the average ranks (ties share their mean rank), as
-    scipy.stats.spearmanr.
-
-    Args:
-        x, y: [N] numbers, N >= 2.
-
-    Returns:
-        A float in [-1, 1]; 0.0 when either side is constant.
-    """
-    xs = check_vector(x, "x")
-    ys = check_vector(y, "y", xs.size)
-    return pearson_correlation(average_ranks(xs), average_ranks(ys))
-
-
 def sts_scores(embeddings_a: np.ndarray, embeddings_b: np.ndarray, gold: object) -> dict[str, float]:
     """Semantic textual similarity: correlation of each pair's cosine with its gold score.
 
@@ -199,7 +140,10 @@ def sts_scores(embeddings_a: np.ndarray, embeddings_b: np.ndarray, gold: object)
     """
     cosine = cosine_pairs(embeddings_a, embeddings_b)
     gold = check_vector(gold, "scores", cosine.size)
-    return {"pearson_cosine": pearson_correlation(gold, cosine), "spearman_cosine": spearman_correlation(gold, cosine)}
+    if cosine.size < 2:
+        raise InputError("a correlation needs at least two pairs")
+    # The correlations of regression scoring (`metrics.classification`): one home, exact sums.
+    return {"pearson_cosine": pearson(gold, cosine), "spearman_cosine": spearman(gold, cosine)}
 
 
 # --- ranking ---------------------------------------------------------------------------------------------

@@ -38,11 +38,11 @@ from bertforge.evaluation import Evaluation
 from bertforge.families import registry
 from bertforge.families.task import DataSource, TaskDescription
 from bertforge.metrics import LOWER_IS_BETTER
-from bertforge.runtime import resolve_device, set_seed
+from bertforge.runtime import check_user_precision, resolve_device, set_seed
 from bertforge.storage import write_json, write_jsonl
 from bertforge.tokenization import Tokenizer
 from bertforge.training import distributed
-from bertforge.training.finetune_config import FinetuneConfig, describe
+from bertforge.training.finetune_config import FinetuneConfig, check_family_settings, describe
 from bertforge.training.finetune_results import (
     EvaluationLog,
     FinetuneResult,
@@ -157,6 +157,9 @@ def check_before_training(config: FinetuneConfig) -> TaskDescription:
     set (unless `--no-dev`), early stopping without evaluations, a metric the task cannot report, missing
     test files."""
     task = describe(config)
+    check_family_settings(config, task)
+    check_user_precision(config.training.precision, resolve_device(config.training.device),
+                         "finetune.training.precision (--precision)")
     if not config.model:
         raise ConfigError("finetune.model is empty: pass --model DIR, a BERT model directory (config.json, "
                           "weights, vocab.txt)")

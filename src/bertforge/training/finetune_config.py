@@ -279,6 +279,36 @@ TABLES: dict[str, type] = {"data": DataConfig, "features": FeatureConfig, "head"
                            "training": FinetuneTrainingConfig}
 
 
+def family_settings() -> dict[str, list[str]]:
+    """Every family-specific setting (`Family.settings`) -> who honours it ("tagging", "single label
+    classification"), by family and problem kind (`Family.run_settings`)."""
+    users: dict[str, list[str]] = {}
+    for family in registry.FINETUNING_FAMILIES:
+        for kind in family.kinds or (None,):
+            who = family.name if kind is None else kind.replace("_", " ")
+            for key in sorted(family.run_settings(kind)):
+                users.setdefault(key, []).append(who)
+    return users
+
+
+def check_family_settings(config: FinetuneConfig, task: TaskDescription) -> None:
+    """Refuse a setting that only other families (or other problem kinds) use, set away from its default: it
+    would be accepted and do nothing. The message names the flag, the setting and who uses it."""
+    honoured = task.family.run_settings(task.kind)
+    for key, users in family_settings().items():
+        if key in honoured:
+            continue
+        table, name = key.split(".")
+        section = getattr(config, table)
+        declared = next(f for f in dataclasses.fields(section) if f.name == name)
+        unset = declared.default if declared.default is not dataclasses.MISSING else declared.default_factory()
+        if getattr(section, name) == unset:
+            continue
+        this = task.kind.replace("_", " ") if task.kind else task.family.name
+        raise ConfigError(f"--{name.replace('_', '-')} (finetune.{key}) applies to {' and '.join(users)}; this run "
+                          f"({task.name}) is {this}, where it would do nothing: remove it")
+
+
 def where_is(name: str) -> str | None:
     """The table a key belongs to, for the hint of an "unknown key" error ("lr" -> "training.lr")."""
     for table, cls in TABLES.items():

@@ -33,7 +33,7 @@ from bertforge.families.pretraining import FAMILY as PRETRAINING
 from bertforge.families.pretraining import BertForPretraining
 from bertforge.model.config import PRESETS, BertConfig
 from bertforge.model.fast_paths import set_fast_paths
-from bertforge.runtime import set_seed
+from bertforge.runtime import check_user_precision, resolve_device, set_seed
 from bertforge.storage import write_text
 from bertforge.tokenization.tokenizer import Tokenizer
 from bertforge.training import distributed
@@ -124,6 +124,8 @@ def run_pretraining(config: PretrainConfig) -> TrainResult:
     Under torchrun every process calls this; each reads its rank's slice of every global batch.
     """
     training = config.training
+    check_user_precision(training.precision, resolve_device(training.device),
+                         "pretrain.training.precision (--precision)")
     context = distributed.setup(training.device)
     index = ShardIndex.load(config.data_dir)
     tokenizer = load_pretraining_tokenizer(config)
