@@ -178,3 +178,22 @@ def test_submission_names_and_predictions_as_the_leaderboard_expects(tmp_path):
     assert path.read_text(encoding="utf-8") == "index\tprediction\n0\tentailment\n1\tnot_entailment\n"
     with pytest.raises(ValueError):
         write_submission(path, ["0"], ["entailment", "not_entailment"])
+
+
+def test_glue_row_collapse_is_marked_in_the_table_and_the_json(tmp_path):
+    from bertforge.metrics.classification import prediction_collapse
+    from bertforge.training.glue import GLUE_ROWS, GlueResult, GlueRowResult
+
+    mrpc = next(row for row in GLUE_ROWS if row.name == "MRPC")
+    collapsed = GlueRowResult(mrpc, metrics={"f1": 0.812, "accuracy": 0.684}, submission=tmp_path / "MRPC.tsv",
+                              test_rows=1725)
+    collapsed.notes.append(f"dev: {prediction_collapse(['1'] * 408)}")
+    healthy = GlueRowResult(next(row for row in GLUE_ROWS if row.name == "RTE"), metrics={"accuracy": 0.6})
+    result = GlueResult([collapsed, healthy], tmp_path, tmp_path / "submission", tmp_path)
+    table = result.table()
+    line = next(text for text in table.splitlines() if text.startswith("MRPC"))
+    assert "81.2/68.4 !" in line and "COLLAPSED" in line and "do not submit" in line
+    assert "COLLAPSED" not in next(text for text in table.splitlines() if text.startswith("RTE"))
+    rows = {row["task"]: row for row in result.to_dict()["rows"]}
+    assert rows["MRPC"]["collapsed"] is True and "collapsed to one class" in rows["MRPC"]["notes"][0]
+    assert rows["RTE"]["collapsed"] is False

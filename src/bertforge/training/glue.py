@@ -40,6 +40,7 @@ from bertforge.data.classification import read_classification
 from bertforge.errors import ConfigError, DataError
 from bertforge.evaluation.saved_model import evaluate
 from bertforge.families.tasks import TASKS
+from bertforge.metrics.classification import prediction_collapse
 from bertforge.storage import write_json
 from bertforge.training.finetune import run_finetuning
 from bertforge.training.finetune_config import load_finetune_config
@@ -192,6 +193,12 @@ class GlueRowResult:
     skipped: str | None = None
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def collapsed(self) -> bool:
+        """Whether the best model predicted one class for every dev or test example (said in `notes`): a
+        submission of such a row scores the majority class, however plausible its dev figure looks."""
+        return any("collapsed" in note for note in self.notes)
+
     def score(self) -> float | None:
         """The row's one number: the mean of its shown metrics (None without a dev score)."""
         values = [self.metrics[m] for m in self.row.metrics if m in self.metrics]
@@ -203,6 +210,8 @@ class GlueRowResult:
             return self.row.name, metric, "-", f"skipped: {self.skipped}"
         dev = "/".join(f"{100 * self.metrics[m]:.1f}" for m in self.row.metrics if m in self.metrics) or "-"
         test = f"{self.submission.name} ({self.test_rows} rows)" if self.submission else "no test file"
+        if self.collapsed:
+            dev, test = f"{dev} !", f"{test}  ! COLLAPSED to one class: do not submit (glue_results.json notes)"
         return self.row.name, metric, dev, test
 
 
@@ -241,7 +250,7 @@ class GlueResult:
                 "rows": [{"task": r.row.name, "key": r.row.key, "metrics": r.metrics, "shown": list(r.row.metrics),
                           "submission": os.fspath(r.submission) if r.submission else None, "test_rows": r.test_rows,
                           "model_dir": os.fspath(r.model_dir) if r.model_dir else None, "skipped": r.skipped,
-                          "notes": r.notes} for r in self.rows]}
+                          "collapsed": r.collapsed, "notes": r.notes} for r in self.rows]}
 
 
 def _missing(root: Path, paths: Sequence[str]) -> str | None:
@@ -293,10 +302,14 @@ def run_glue(model: str | os.PathLike, *, data_root: str | os.PathLike | None = 
         counts = run.data_report.get("counts", {})
         skipped = [f"{split}: {counts[key]} rows skipped ({reason.removeprefix('skipped_')})"
                    for key in sorted(counts) for split, _, reason in [key.partition(".")] if ".skipped_" in key]
+        # The best evaluation's warnings (a collapse among them) belong in the table, not only in the log.
+        best_warnings = [w.partition(": ")[2] for w in run.warnings if w.startswith(f"step {run.best_step}: ")]
         for row in task_rows:
             result = results[row.name]
             result.model_dir = best
             result.notes.extend(f"{note} (on_invalid={config.data.on_invalid})" for note in skipped)
+            if row.dev == spec.dev[0].path:
+                result.notes.extend(f"dev: {warning}" for warning in best_warnings)
             if row.dev is not None and row.dev == spec.dev[0].path:
                 result.metrics = dict(run.best_metrics)
             elif row.dev is not None:
@@ -318,6 +331,10 @@ def run_glue(model: str | os.PathLike, *, data_root: str | os.PathLike | None = 
                 raise DataError(f"{row.name}: {len(predicted.predictions)} predictions for {len(ids)} rows", path)
             labels = None if spec.regression else (spec.labels or None)
             lines = [format_prediction(row, record, labels) for record in predicted.predictions]
+            collapse = None if spec.regression else prediction_collapse(lines)
+            if collapse:
+                result.notes.append(f"test submission: {collapse}")
+                log.warning("%s: test submission: %s", row.name, collapse)
             result.submission = submission_dir / f"{row.name}.tsv"
             result.test_rows = len(ids)
             write_submission(result.submission, ids, lines)
