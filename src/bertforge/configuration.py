@@ -26,12 +26,21 @@ import os
 import tomllib
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from bertforge.errors import ConfigError
 
 T = TypeVar("T")
+
+
+def settings_source(path: str | os.PathLike | None, values: dict[str, Any] | None, overrides: Sequence[str]) -> str:
+    """Where a run's settings came from, for its errors: the run file, the command line, both, or defaults."""
+    typed = bool(values) or bool(overrides)
+    if path is None:
+        return "the command line" if typed else "defaults"
+    return f"{os.fspath(path)} and the command line" if typed else os.fspath(path)
 
 
 def load_config(cls: type[T], path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (),
@@ -51,9 +60,8 @@ def load_config(cls: type[T], path: str | os.PathLike | None = None, overrides: 
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"load_config needs a dataclass, got {cls!r}")
     tree: dict[str, Any] = {}
-    source = "defaults"
+    source = settings_source(path, values, overrides)
     if path is not None:
-        source = os.fspath(path)
         tree = read_toml(path)
     if values:
         merge(tree, values)

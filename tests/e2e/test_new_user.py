@@ -49,3 +49,25 @@ def test_new_user_predict_fp16_on_a_cpu_is_refused(tiny_minilm_model, tmp_path, 
                  "--device", "cpu", "--precision", "fp16"])
     error = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and "fp16 needs a CUDA GPU" in error[-1]
+
+
+def test_new_user_labels_given_that_the_file_does_not_use_name_the_file_labels(tiny_minilm_model, tmp_path, capsys):
+    data = tmp_path / "pairs.tsv"
+    data.write_text("text_a\ttext_b\tlabel\na b\tc d\t0\ne f\tg h\t1\n", encoding="utf-8")
+    code = main(["finetune", "--format", "pair", "--train", str(data), "--dev", str(data), "--labels", "yes,no",
+                 "--model", str(tiny_minilm_model), "--out", str(tmp_path / "run")])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(error) == 1
+    assert "not among the labels given with --labels" in error[0] and "--labels 0,1" in error[0]
+    assert "never seen in training" not in error[0]
+
+
+def test_new_user_a_bad_flag_value_is_one_line_naming_the_flag(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_code:
+        main(["finetune", "--task", "sst2", "--model", str(tmp_path), "--lr", "abc"])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert exit_code.value.code == 2 and len(error) == 1 and "--lr: invalid float value: 'abc'" in error[0]
+    assert main(["finetune", "--task", "sst2", "--model", str(tmp_path), "--epochs", "-1"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "the command line: --epochs (finetune.training.epochs)=-1.0 is invalid" in error
+    assert "defaults" not in error

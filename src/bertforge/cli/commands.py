@@ -9,11 +9,12 @@ file, the typed values of the flags (`cli.flags`), then the free-form `--section
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bertforge.cli.flags import config_values
+from bertforge.cli.flags import FINETUNE_FLAGS, PRETRAIN_FLAGS, config_values
 from bertforge.cli.overrides import split_overrides
 from bertforge.errors import ConfigError
 
@@ -78,12 +79,32 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
 
 # --- pretrain --------------------------------------------------------------------------------------------
 
+def name_flags(message: str, values: dict[str, Any], command: str, common: dict[str, str]) -> str:
+    """`message` with each setting a flag gave named by its flag as well, as the user typed it
+    ("--epochs (finetune.training.epochs)=-1.0 is invalid ...")."""
+    def dotted(tree: dict[str, Any], prefix: str = "") -> list[str]:
+        keys = []
+        for name, value in tree.items():
+            keys += dotted(value, f"{prefix}{name}.") if isinstance(value, dict) else [prefix + name]
+        return keys
+
+    for key in dotted(values):
+        flag = common.get(key) or "--" + key.rsplit(".", 1)[-1].replace("_", "-")
+        pattern = rf"(?<![\w.-])((?:{command}\.)?{re.escape(key)})="
+        message = re.sub(pattern, lambda match, flag=flag: f"{flag} ({match.group(1)})=", message)
+    return message
+
+
 def pretrain_config(args: argparse.Namespace, extra: list[str]) -> PretrainConfig:
     """The `PretrainConfig` the command line describes: run file, then flags, then overrides."""
     from bertforge.configuration import load_config
     from bertforge.training.pretraining import PretrainConfig
 
-    return load_config(PretrainConfig, args.run_file, split_overrides(extra), values=config_values(args))
+    values = config_values(args)
+    try:
+        return load_config(PretrainConfig, args.run_file, split_overrides(extra), values=values)
+    except ConfigError as error:
+        raise ConfigError(name_flags(str(error), values, "pretrain", PRETRAIN_FLAGS)) from None
 
 
 def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> None:
@@ -98,7 +119,11 @@ def finetune_config(args: argparse.Namespace, extra: list[str]) -> FinetuneConfi
     """The `FinetuneConfig` the command line describes: run file, then flags, then overrides."""
     from bertforge.training.finetune_config import load_finetune_config
 
-    return load_finetune_config(args.run_file, split_overrides(extra), values=config_values(args))
+    values = config_values(args)
+    try:
+        return load_finetune_config(args.run_file, split_overrides(extra), values=values)
+    except ConfigError as error:
+        raise ConfigError(name_flags(str(error), values, "finetune", FINETUNE_FLAGS)) from None
 
 
 def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> None:

@@ -39,6 +39,32 @@ METAVARS = {int: "N", float: "X", str: "TEXT"}
 LIST_METAVARS = {int: "N,N", float: "X,X", str: "A,B"}
 
 
+# `bertforge pretrain`'s common settings, shown first in --help: PretrainConfig key -> its flag. Each is also
+# spelled as its field's own flag (--data-dir, --out-dir).
+PRETRAIN_FLAGS = {
+    "data_dir": "--data", "tokenizer": "--tokenizer", "model": "--model", "training.out_dir": "--out",
+    "training.steps": "--steps", "training.batch_size": "--batch-size",
+    "training.grad_accumulation": "--grad-accumulation", "training.lr": "--lr", "training.optimizer": "--optimizer",
+    "training.precision": "--precision", "training.device": "--device", "training.seed": "--seed",
+    "training.resume": "--resume", "masking.whole_word_masking": "--whole-word-masking",
+    "pack_sequences": "--pack-sequences",
+}
+
+# `bertforge finetune`'s common settings, shown first in --help: FinetuneConfig key -> its flag (also spelled
+# as its field's own flag: --out-dir, --text-a-column, --classifier-hidden-sizes).
+FINETUNE_FLAGS = {
+    "data.task": "--task", "data.format": "--format", "data.train": "--train", "data.dev": "--dev",
+    "model": "--model", "training.out_dir": "--out", "data.text_a_column": "--text-a",
+    "data.text_b_column": "--text-b", "data.label_column": "--label", "training.epochs": "--epochs",
+    "training.batch_size": "--batch-size", "training.lr": "--lr", "training.warmup_ratio": "--warmup-ratio",
+    "features.max_seq_length": "--max-seq-length", "training.seed": "--seed", "seeds": "--seeds",
+    "training.device": "--device", "training.precision": "--precision", "data.train_limit": "--train-limit",
+    "data.dev_limit": "--dev-limit", "data.data_root": "--data-root", "head.freeze_encoder": "--freeze-encoder",
+    "head.feature_layers": "--feature-layers", "head.classifier_hidden_sizes": "--classifier-hidden",
+    "head.fresh_head": "--fresh-head", "training.resume": "--resume",
+}
+
+
 def read_bool(text: str) -> bool:
     word = text.strip().lower()
     if word in TRUE_WORDS + FALSE_WORDS:

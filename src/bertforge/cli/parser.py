@@ -11,43 +11,33 @@ from __future__ import annotations
 import argparse
 
 from bertforge.cli import commands, corpus_commands, retrieval_commands
-from bertforge.cli.flags import ConfigFlag, add_config_flags, add_field_flag, field_of
+from bertforge.cli.flags import (
+    FINETUNE_FLAGS,
+    PRETRAIN_FLAGS,
+    ConfigFlag,
+    add_config_flags,
+    add_field_flag,
+    field_of,
+)
 
 # One precision rule for every command (`runtime.choose_precision`); training flags say it in their field help.
 AUTO_RULE = "auto = bf16 on a CUDA GPU with bf16 support, else fp32"
-
-# `bertforge pretrain`'s common settings, shown first in --help: PretrainConfig key -> its flag. Each is also
-# spelled as its field's own flag (--data-dir, --out-dir).
-PRETRAIN_FLAGS = {
-    "data_dir": "--data", "tokenizer": "--tokenizer", "model": "--model", "training.out_dir": "--out",
-    "training.steps": "--steps", "training.batch_size": "--batch-size",
-    "training.grad_accumulation": "--grad-accumulation", "training.lr": "--lr", "training.optimizer": "--optimizer",
-    "training.precision": "--precision", "training.device": "--device", "training.seed": "--seed",
-    "training.resume": "--resume", "masking.whole_word_masking": "--whole-word-masking",
-    "pack_sequences": "--pack-sequences",
-}
-
-# `bertforge finetune`'s common settings, shown first in --help: FinetuneConfig key -> its flag (also spelled
-# as its field's own flag: --out-dir, --text-a-column, --classifier-hidden-sizes).
-FINETUNE_FLAGS = {
-    "data.task": "--task", "data.format": "--format", "data.train": "--train", "data.dev": "--dev",
-    "model": "--model", "training.out_dir": "--out", "data.text_a_column": "--text-a",
-    "data.text_b_column": "--text-b", "data.label_column": "--label", "training.epochs": "--epochs",
-    "training.batch_size": "--batch-size", "training.lr": "--lr", "training.warmup_ratio": "--warmup-ratio",
-    "features.max_seq_length": "--max-seq-length", "training.seed": "--seed", "seeds": "--seeds",
-    "training.device": "--device", "training.precision": "--precision", "data.train_limit": "--train-limit",
-    "data.dev_limit": "--dev-limit", "data.data_root": "--data-root", "head.freeze_encoder": "--freeze-encoder",
-    "head.feature_layers": "--feature-layers", "head.classifier_hidden_sizes": "--classifier-hidden",
-    "head.fresh_head": "--fresh-head", "training.resume": "--resume",
-}
 
 # `bertforge evaluate`'s column flags: the saved task's reader settings they replace (`reader.<name>`).
 EVALUATE_READER_FLAGS = {"text_a_column": "--text-a", "text_b_column": "--text-b", "label_column": "--label",
                          "id_column": "--id-column"}
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, with a mistake said in one line (argparse prints the whole usage block first, which
+    for `finetune` is 40 lines above the one that matters); `--help` still shows everything."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bertforge", description="BERT end to end: vocab, prepare, pretrain, "
+    parser = Parser(prog="bertforge", description="BERT end to end: vocab, prepare, pretrain, "
                                      "finetune, evaluate, predict, serve.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -273,12 +273,30 @@ def label_list(examples: Sequence[ClassificationExample]) -> list[str]:
     return sorted_labels(names)
 
 
-def check_labels(examples: Sequence[ClassificationExample], label2id: dict[str, int]) -> None:
-    """Raise a DataError for the first label that the model does not know (e.g. a dev label absent in train)."""
+def unknown_label_message(name: str, known: Sequence[str], found: Sequence[str], origin: str, what: str = "label"
+                          ) -> str:
+    """What to say of a `what` ("label", "tag") `name` outside `known`, given where `known` came from (`origin`:
+    "training", "given" by --labels, a named "task"'s, or the saved "model") and the file's own names
+    (`found`)."""
+    if origin in ("given", "task"):
+        where = "given with --labels / data.labels" if origin == "given" else "of the named task"
+        return (f"{what} {name!r} is not among the labels {where} ({list(known)}); this file's labels are "
+                f"{list(found)}: list those (--labels {','.join(found)}), or fix the file")
+    if origin == "model":
+        return (f"{what} {name!r} is not one the model was fine-tuned with ({list(known)}); this file's labels are "
+                f"{list(found)}: evaluate a file with the model's labels, or fine-tune on these")
+    return (f"{what} {name!r} was never seen in training (known: {sorted(known)}); fix the row, add training "
+            f"examples of it, or list every label in --labels")
+
+
+def check_labels(examples: Sequence[ClassificationExample], label2id: dict[str, int], origin: str = "training"
+                 ) -> None:
+    """Raise a DataError for the first label that the model does not know (e.g. a dev label absent in train);
+    the message's fix follows where the known labels came from (`unknown_label_message`)."""
     for example in examples:
         names = example.label if isinstance(example.label, tuple) else (example.label,)
         for name in names:
             if name is not None and name not in label2id:
                 path, _, line = example.source.rpartition(":")
-                raise DataError(f"label {name!r} was never seen in training (known labels: {sorted(label2id)}); "
-                                "fix the row, add training examples of it, or list it in --labels", path, int(line))
+                raise DataError(unknown_label_message(name, list(label2id), label_list(examples), origin), path,
+                                int(line))

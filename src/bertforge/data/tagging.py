@@ -21,7 +21,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bertforge.data.classification import sorted_labels
+from bertforge.data.classification import sorted_labels, unknown_label_message
 from bertforge.data.files import check_on_invalid, invalid, iter_lines, no_rows
 from bertforge.data.finetuning import DataReport
 from bertforge.errors import ConfigError, DataError, InputError
@@ -209,8 +209,10 @@ def scheme_tags(tags: Sequence[str], tag_scheme: str = "BIO") -> list[str]:
     return ["O", *sorted_labels([f"{prefix}-{kind}" for kind in types for prefix in "BIES"])]
 
 
-def check_tag_labels(examples: Sequence[TaggingExample], label2id: dict[str, int], tag_scheme: str = "BIO") -> None:
-    """DataError for the first tag the model does not know (e.g. an entity type absent from training)."""
+def check_tag_labels(examples: Sequence[TaggingExample], label2id: dict[str, int], tag_scheme: str = "BIO",
+                     origin: str = "training") -> None:
+    """DataError for the first tag the model does not know (e.g. an entity type absent from training); the
+    fix the message gives follows where the known tags came from (`origin`)."""
     for example in examples:
         if example.tags is None:
             continue
@@ -218,5 +220,9 @@ def check_tag_labels(examples: Sequence[TaggingExample], label2id: dict[str, int
         for offset, tag in enumerate(tags):
             if tag not in label2id:
                 path, _, line = example.source.rpartition(":")
-                raise DataError(f"tag {tag!r} was never seen in training (known: {sorted(label2id)}); fix the "
-                                "line or add training sentences with it", path, int(line) + offset)
+                if origin == "training":
+                    raise DataError(f"tag {tag!r} was never seen in training (known: {sorted(label2id)}); fix the "
+                                    "line or add training sentences with it", path, int(line) + offset)
+                found = sorted({t for e in examples if e.tags for t in e.tags})
+                raise DataError(unknown_label_message(tag, list(label2id), found, origin, "tag"), path,
+                                int(line) + offset)

@@ -66,7 +66,7 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
     if not examples:
         raise DataError("no examples to evaluate", data_file)
     if labelled and not task.regression and directory.config.id2label:
-        family.check_labels(examples, directory.config.label_names, task.inputs)
+        family.check_labels(examples, directory.config.label_names, task.inputs, "model")
     task = task.replace(options=family.options_for_data(task.options, examples))
     run_device = resolve_device(device)
     model, _ = registry.load_model(directory, family.model_class, device=run_device)

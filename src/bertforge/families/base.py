@@ -344,8 +344,10 @@ class Family:
         return None
 
     def check_labels(self, examples: Sequence[Any], label_names: Sequence[str] | None,
-                     settings: InputSettings) -> None:
-        """DataError naming the first example whose label the model does not know."""
+                     settings: InputSettings, origin: str = "training") -> None:
+        """DataError naming the first example whose label the model does not know. `origin` says where the
+        label names came from, for the message's fix: "training" (the training file's), "given" (the run's
+        --labels) or "model" (a saved model's config)."""
 
     def head_config(self, label_names: Sequence[str] | None, kind: str | None = None) -> dict[str, Any]:
         """Config changes that shape this family's head for a run (label names, problem type)."""

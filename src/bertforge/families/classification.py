@@ -269,9 +269,9 @@ class Classification(Family):
     def label_names(self, examples, given, settings, kind=None):
         return None if kind == REGRESSION else list(given or label_list(examples))
 
-    def check_labels(self, examples, label_names, settings):
+    def check_labels(self, examples, label_names, settings, origin="training"):
         if label_names is not None:
-            check_labels(examples, {name: i for i, name in enumerate(label_names)})
+            check_labels(examples, {name: i for i, name in enumerate(label_names)}, origin)
 
     def head_config(self, label_names, kind=None):
         if kind == REGRESSION:

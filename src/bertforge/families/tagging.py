@@ -377,8 +377,8 @@ class Tagging(Family):
         # A named task's (or --labels') tag set is complete even when a small --train-limit misses some tags.
         return scheme_tags(given, settings.tag_scheme) if given else tag_list(examples, settings.tag_scheme)
 
-    def check_labels(self, examples, label_names, settings):
-        check_tag_labels(examples, {name: i for i, name in enumerate(label_names)}, settings.tag_scheme)
+    def check_labels(self, examples, label_names, settings, origin="training"):
+        check_tag_labels(examples, {name: i for i, name in enumerate(label_names)}, settings.tag_scheme, origin)
 
     def label_counts(self, examples, label_names, settings):
         """Training words per tag, in the model's scheme (what the loss counts with label_policy "first")."""

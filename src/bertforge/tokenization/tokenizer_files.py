@@ -160,7 +160,8 @@ def _google_config(directory: Path, do_lower_case: bool | None) -> TokenizerConf
         positions = None
     if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0:
         values["model_max_length"] = positions
-    log.info("%s: Google directory without %s; do_lower_case=%s (%s); pass do_lower_case= to override",
+    log.info("%s: Google directory without %s; do_lower_case=%s (%s); to override it pass --casing lower|cased "
+             "(bertforge convert), or do_lower_case= from Python",
              directory, TOKENIZER_CONFIG_NAME, do_lower_case, source)
     return TokenizerConfig(**values)
 

@@ -103,12 +103,13 @@ def prepare_data(config: FinetuneConfig, task: TaskDescription, directory: Model
             limit = min(limit, directory.sentence.max_seq_length)  # the window it was trained and is used with
         task = task.replace(inputs=dataclasses.replace(task.inputs, max_seq_length=min(task.inputs.max_seq_length,
                                                                                          limit)))
+    origin = "given" if config.data.labels else "task" if task.labels else "training"
     labels = family.label_names(train_examples, task.labels, task.inputs, task.kind)
     task = task.replace(labels=None if labels is None else tuple(labels),
                         options=family.options_for_data(task.options, [*train_examples, *dev_examples]))
     if labels is not None:
-        family.check_labels(train_examples, labels, task.inputs)
-        family.check_labels(dev_examples, labels, task.inputs)
+        family.check_labels(train_examples, labels, task.inputs, origin)
+        family.check_labels(dev_examples, labels, task.inputs, origin)
     head = directory.config.replace(**family.head_config(labels, task.kind))
     tokenizer = directory.require_tokenizer()
     train_features = family.features(train_examples, tokenizer, task.inputs, config=head, report=train_report,

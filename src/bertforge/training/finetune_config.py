@@ -38,6 +38,7 @@ from bertforge.configuration import (
     read_toml,
     set_dotted,
     setting,
+    settings_source,
     shared_data_root,
 )
 from bertforge.data.tagging import LABEL_POLICIES, TAG_SCHEMES
@@ -326,7 +327,7 @@ def load_finetune_config(path: str | os.PathLike | None = None, overrides: Seque
         ConfigError: unreadable file, unknown key (with the table it belongs in, when it belongs in one),
             value of the wrong kind, or a table's own validation.
     """
-    source = os.fspath(path) if path is not None else "defaults"
+    source = settings_source(path, values, overrides)
     tree: dict[str, Any] = read_toml(path) if path is not None else {}
     if values:
         merge(tree, dict(values))
