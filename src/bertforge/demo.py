@@ -40,6 +40,7 @@ from bertforge.training.pretraining import PretrainConfig, run_pretraining
 log = logging.getLogger("bertforge.demo")
 SEQUENCE_LENGTH = 64
 MIN_PRETRAIN_STEPS = 300  # past the early plateau of predicting only frequent tokens (~250-300 steps here)
+DEFAULT_MINUTES = 3.5  # the pretraining budget when none is given
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,12 @@ def seconds_per_step(config: BertConfig, batch: int, tokens: int) -> float:
 
 
 def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path | None = None,
-             minutes: float = 3.5, model: str = "mini", seed: int = 0) -> dict:
-    """Run the whole demo; returns the figures it printed (also in `out/report/summary.json`)."""
+             minutes: float | None = None, model: str = "mini", seed: int = 0) -> dict:
+    """Run the whole demo; returns the figures it printed (also in `out/report/summary.json`).
+
+    `minutes` is the pretraining time budget. Without it the budget is `DEFAULT_MINUTES`, and the demo
+    pretrains at least `MIN_PRETRAIN_STEPS` (longer on a slow machine, said up front); a budget given is kept
+    even when it allows fewer steps, and the demo says what that costs."""
     if lang not in LANGUAGES:
         raise DataError(f"no demo for language {lang!r}; choose one of {sorted(LANGUAGES)}")
     spec = LANGUAGES[lang]
@@ -173,21 +178,33 @@ def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path
     return summary
 
 
-def _pretrain(config: BertConfig, initial: BertForPretraining, out: Path, model: str, minutes: float, seed: int,
-              summary: dict) -> Path | None:
-    """Step 4: pretrain for as many steps as the time budget allows (at least MIN_PRETRAIN_STEPS); the
-    checkpoint directory."""
+def pretraining_steps(minutes: float | None, step_seconds: float) -> tuple[int, str]:
+    """(steps, what to say of them) for a budget of `minutes` (None: the default budget and the step floor)
+    at `step_seconds` per step, 10% of the budget kept for evaluation and saving."""
+    budget = DEFAULT_MINUTES if minutes is None else minutes
+    budget_steps = max(1, int(budget * 60 * 0.9 / step_seconds))
+    # Fewer steps than MIN_PRETRAIN_STEPS leave the model on its plateau and the classifier after it collapses
+    # to one class, which shows nothing: by default a slow or busy machine takes longer instead; a budget the
+    # user gave is theirs to keep.
+    if minutes is None and budget_steps < MIN_PRETRAIN_STEPS:
+        return MIN_PRETRAIN_STEPS, (f"; more than the default {budget:g} min, which would allow only {budget_steps} "
+                                    "steps: pass --minutes to keep to a budget")
+    if budget_steps < MIN_PRETRAIN_STEPS:
+        return budget_steps, (f"; --minutes {budget:g} allows fewer than {MIN_PRETRAIN_STEPS} steps: expect fill-mask "
+                              "to guess frequent tokens and the book classifier to stay near chance")
+    return budget_steps, ""
+
+
+def _pretrain(config: BertConfig, initial: BertForPretraining, out: Path, model: str, minutes: float | None,
+              seed: int, summary: dict) -> Path | None:
+    """Step 4: pretrain for as many steps as the time budget allows (without a budget given, at least
+    MIN_PRETRAIN_STEPS); the checkpoint directory."""
     batch = 32
     step_seconds = seconds_per_step(config, batch, SEQUENCE_LENGTH)
-    budget_steps = int(minutes * 60 * 0.9 / step_seconds)
-    # Fewer steps than MIN_PRETRAIN_STEPS leave the model on its plateau and the classifier after it collapses
-    # to one class, which shows nothing: on a slow or busy machine the demo takes longer instead.
-    steps = max(MIN_PRETRAIN_STEPS, budget_steps)
+    steps, note = pretraining_steps(minutes, step_seconds)
     estimate = steps * step_seconds / 60 / 0.9
     print(f"[4/6] pretraining {model} ({sum(p.numel() for p in initial.parameters()) / 1e6:.1f}M parameters) for "
-          f"{steps} steps of {batch} (about {estimate:.1f} min on this machine"
-          + (f"; more than the {minutes:g} min budget, which would allow only {budget_steps} steps)"
-             if budget_steps < MIN_PRETRAIN_STEPS else ")"))
+          f"{steps} steps of {batch} (about {estimate:.1f} min on this machine{note})")
     training = TrainingConfig(steps=steps, batch_size=batch, lr=1e-3, warmup_ratio=0.06, log_every=max(1, steps // 20),
                               eval_every=max(1, steps // 5), save_every=0, keep_last=1, seed=seed,
                               out_dir=str(out / "pretrain"), precision="fp32", device="cpu")

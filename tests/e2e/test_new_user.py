@@ -71,3 +71,13 @@ def test_new_user_a_bad_flag_value_is_one_line_naming_the_flag(tmp_path, capsys)
     error = capsys.readouterr().err.strip()
     assert "the command line: --epochs (finetune.training.epochs)=-1.0 is invalid" in error
     assert "defaults" not in error
+
+
+def test_new_user_demo_minutes_are_kept_and_the_cost_said():
+    from bertforge.demo import MIN_PRETRAIN_STEPS, pretraining_steps
+
+    steps, note = pretraining_steps(None, step_seconds=2.0)  # a slow machine, no budget given: the floor
+    assert steps == MIN_PRETRAIN_STEPS and "pass --minutes" in note
+    steps, note = pretraining_steps(1.0, step_seconds=2.0)  # a budget given is kept: 27 steps, said
+    assert steps == 27 and "fewer than 300 steps" in note
+    assert pretraining_steps(10.0, step_seconds=0.5) == (1080, "")
