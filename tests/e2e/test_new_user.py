@@ -81,3 +81,19 @@ def test_new_user_demo_minutes_are_kept_and_the_cost_said():
     steps, note = pretraining_steps(1.0, step_seconds=2.0)  # a budget given is kept: 27 steps, said
     assert steps == 27 and "fewer than 300 steps" in note
     assert pretraining_steps(10.0, step_seconds=0.5) == (1080, "")
+
+
+def test_new_user_usual_jsonl_shape_reads_without_flags(tiny_minilm_model, tmp_path, capsys):
+    rows = ['{"text": "John lives in Paris.", "labels": ["LOC", "PER"]}', '{"text": "It rained.", "labels": []}',
+            '{"text": "Acme hired Mary.", "labels": ["ORG", "PER"]}', '{"text": "Berlin is big.", "labels": ["LOC"]}']
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(rows * 2) + "\n", encoding="utf-8")
+    assert main(["finetune", "--format", "multilabel", "--train", str(data), "--dev", str(data), "--model",
+                 str(tiny_minilm_model), "--out", str(tmp_path / "run"), "--epochs", "1", "--batch-size", "4"]) == 0
+    capsys.readouterr()
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"body": "x", "labels": ["LOC"]}\n', encoding="utf-8")
+    assert main(["finetune", "--format", "multilabel", "--train", str(other), "--dev", str(other), "--model",
+                 str(tiny_minilm_model), "--out", str(tmp_path / "run2")]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "keys ['body', 'labels']" in error[0] and "--text-a" in error[0]

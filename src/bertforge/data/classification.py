@@ -34,6 +34,13 @@ from bertforge.data.finetuning import DataReport
 from bertforge.errors import ConfigError, DataError
 
 Label = str | float | tuple[str, ...]
+# The names a role's column has in the files people export, tried in order when the role's own default name
+# (`text_a`, `text_b`, `label`) is not in the file: a multi-label JSONL of {"text": ..., "labels": [...]}, a
+# CSV with a `sentence` column, reads without flags. Used only where exactly one alias is present.
+COLUMN_ALIASES = {"text_a": ("text", "sentence", "sentence1", "question1"),
+                  "text_b": ("text_pair", "sentence2", "question2"), "label": ("labels", "label_id", "target")}
+# The flag that names each role's column.
+ROLE_FLAGS = {"text_a": "--text-a", "text_b": "--text-b", "label": "--label", "id": "--id-column"}
 # (reason, message) of a malformed row: the `skipped_<reason>` kind and the error's text.
 Problem = tuple[str, str]
 
@@ -131,6 +138,8 @@ def read_classification(
         if layout.header and layout.names is None:
             _read_header(path, line, row, layout)
             continue
+        if not records and isinstance(row, dict):  # JSON Lines: the first object's keys decide the aliases
+            layout.columns.update(use_aliases(layout.columns, list(row)))
         records += 1
         example, problem = _example(path, line, row, layout, rule, report)
         if problem is not None:
@@ -157,16 +166,33 @@ def _layout(path: str | os.PathLike, file_format: str, header: bool | None, colu
     return _Layout(columns, header, id_named)
 
 
+def use_aliases(columns: dict[str, Column | None], names: Sequence[str]) -> dict[str, str]:
+    """For each role whose column is its own default name (`text_a` ...) and absent from `names`, the one
+    alias of `COLUMN_ALIASES` that is present: {role: alias}; a role with no or several aliases present is left
+    alone (the missing column is then reported, naming the file's columns and the flag)."""
+    present = set(names)
+    chosen = {}
+    for role, aliases in COLUMN_ALIASES.items():
+        if columns.get(role) == role and role not in present:
+            found = [alias for alias in aliases if alias in present]
+            if len(found) == 1:
+                chosen[role] = found[0]
+    return chosen
+
+
 def _read_header(path: str | os.PathLike, line: int, row: list[str] | dict, layout: _Layout) -> None:
-    """Take the header row's names and width; the default id column; DataError for a column it lacks."""
+    """Take the header row's names and width (default column names the file spells another usual way are
+    read under that name: `use_aliases`); the default id column; DataError for a column it lacks."""
     layout.header_line = line
     layout.names = {str(name).strip(): i for i, name in enumerate(row)}
+    layout.columns.update(use_aliases(layout.columns, list(layout.names)))
     if layout.columns["id"] is None:
         layout.columns["id"] = default_id_column(layout.names, layout.columns)
     layout.width = len(row)
     for role, column in layout.columns.items():
         if isinstance(column, str) and column not in layout.names:
-            raise DataError(f"no column named {column!r} for {role}; the header has {list(layout.names)}",
+            raise DataError(f"no column named {column!r} for {role}; the header has {list(layout.names)}: name "
+                            f"the column with {ROLE_FLAGS[role]} (e.g. {ROLE_FLAGS[role]} {next(iter(layout.names))})",
                             path, line)
 
 
@@ -186,11 +212,15 @@ def _shape_problem(row: list[str] | dict, layout: _Layout) -> Problem | None:
     return None
 
 
-def _text_problem(first: object, second: object, pair: bool) -> Problem | None:
+def _text_problem(first: object, second: object, pair: bool, row: list[str] | dict) -> Problem | None:
+    keys = f" (this line has keys {sorted(row)}: name the text's key with --text-a)" \
+        if isinstance(row, dict) and first is None else ""
     if not isinstance(first, str) or not first.strip():
-        return ("empty_text", "text_a is missing or empty")
+        return ("empty_text", f"text_a is missing or empty{keys}")
     if pair and (not isinstance(second, str) or not second.strip()):
-        return ("empty_text", "text_b is missing or empty")
+        return ("empty_text", "text_b is missing or empty" + (f" (this line has keys {sorted(row)}: name the "
+                                                              "second text's key with --text-b)"
+                                                              if isinstance(row, dict) and second is None else ""))
     return None
 
 
@@ -223,7 +253,7 @@ def _example(path: str | os.PathLike, line: int, row: list[str] | dict, layout: 
               for role, column in columns.items()}
     first, second = values["text_a"], values["text_b"]
     pair = columns["text_b"] is not None
-    problem = _text_problem(first, second, pair)
+    problem = _text_problem(first, second, pair, row)
     value: Label | None = None
     if problem is None and columns["label"] is not None:
         value, problem = _label_value(values["label"], rule)
