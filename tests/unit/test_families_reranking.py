@@ -67,8 +67,13 @@ def test_rerank_refuses_bad_inputs(tokenizer, item, message):
         pipe(item)
 
 
-def test_rerank_served_by_one_or_two_label_classifiers_only(tokenizer):
+def test_rerank_served_by_one_or_two_label_classifiers_only(tmp_path, tokenizer):
     assert "rerank" in supported_tasks(cross_encoder(tokenizer, ["LABEL_0"]))
+    # A two-label classifier may be a sentiment model: it reranks when asked, not by default.
+    two = cross_encoder(tokenizer, ["irrelevant", "relevant"])
+    assert "rerank" not in supported_tasks(two)
+    two.save_pretrained(tmp_path / "two", tokenizer=tokenizer)
+    assert load_pipeline(tmp_path / "two", "rerank").task == "rerank"
     assert "rerank" not in supported_tasks(cross_encoder(tokenizer, ["a", "b", "c"]))
     with pytest.raises(CheckpointError, match="one output or two labels"):
         Pipeline("rerank", cross_encoder(tokenizer, ["a", "b", "c"]), tokenizer)

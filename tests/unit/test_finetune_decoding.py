@@ -175,12 +175,16 @@ def test_decode_answers_finds_the_span_across_windows(tokenizer):
     starts, ends = logits_for(features, "paris", example.context)
     result = answer(example, features, starts, ends)
     assert result["answer"] == "paris" and example.context[result["start"]:result["end"]] == "paris"
-    assert 0 < result["score"] <= 1 and "null_margin" not in result
+    assert 0 < result["probability"] <= 1 and "null_margin" not in result and "score" not in result
     best = result["nbest"][0]
-    assert example.context[best["start"]:best["end"]] == "paris" and best["score"] == pytest.approx(10.0)
+    assert example.context[best["start"]:best["end"]] == "paris" and best["logit_score"] == pytest.approx(10.0)
+    # One name, one meaning: the answer's fields are its best candidate's, probability and logit sum alike.
+    assert (result["probability"], result["logit_score"]) == (best["probability"], best["logit_score"])
+    assert all("score" not in c for c in result["nbest"])
     texts = [c["text"] for c in result["nbest"]]
     assert len(set(texts)) == len(texts)  # n-best texts are distinct
-    assert [c["score"] for c in result["nbest"]] == sorted((c["score"] for c in result["nbest"]), reverse=True)
+    logits = [c["logit_score"] for c in result["nbest"]]
+    assert logits == sorted(logits, reverse=True)
 
 
 def test_decode_answers_rules_out_bad_spans(tokenizer):

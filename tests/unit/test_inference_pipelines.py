@@ -338,10 +338,10 @@ def test_answer_finds_span_in_long_context_with_offsets(tokenizer, config, monke
     starts = [next(o for o in f.offsets if o is not None)[0] for f in features]
     assert all(b > a for a, b in zip(starts, starts[1:]))  # windows move forward over the context
     result = pipe(question)
-    assert {"answer", "start", "end", "score", "nbest"} <= set(result)
+    assert {"answer", "start", "end", "probability", "logit_score", "nbest"} <= set(result)
     assert result["answer"] == "John Smith"
     assert context[result["start"]:result["end"]] == "John Smith"
-    assert 0 < result["score"] <= 1
+    assert 0 < result["probability"] <= 1
     assert result["nbest"][0]["text"] == "John Smith"
 
 
@@ -360,7 +360,7 @@ def test_answer_real_model_and_validation(tokenizer, config):
     pipe = P.Pipeline("answer", build(BertForQuestionAnswering, config), tokenizer, precision="fp32")
     context = "John Smith lives in London, the capital."
     result = pipe({"question": "where does john live?", "context": context})
-    assert context[result["start"]:result["end"]] == result["answer"] and 0 < result["score"] <= 1
+    assert context[result["start"]:result["end"]] == result["answer"] and 0 < result["probability"] <= 1
     with pytest.raises(InputError, match="missing field"):
         pipe({"question": "where?"})
     with pytest.raises(InputError, match="context is empty"):
@@ -441,7 +441,7 @@ def test_score_deviation_compares_the_scores_of_every_family(tokenizer, config, 
     moved = json.loads(json.dumps(reference))
     scored = {"tag": lambda r: r["entities"][0], "fill-mask": lambda r: r["masks"][0]["predictions"][0],
               "classify": lambda r: r, "answer": lambda r: r}[task](moved[0])
-    scored["score"] -= 0.2
+    scored["probability" if task == "answer" else "score"] -= 0.2
     assert pipe.score_deviation(reference, moved) == pytest.approx(0.2, abs=1e-6)
     if task == "tag":  # an entity more or less is no small deviation
         moved[0]["entities"].pop()

@@ -276,6 +276,11 @@ class Family:
     def check_model(self, config: BertConfig) -> None:
         """Raise CheckpointError when a model of this family lacks what decoding needs (label names...)."""
 
+    def serves_by_default(self, config: BertConfig) -> bool:
+        """Whether a model of this config offers this family's route without being asked for it (the server's
+        routes, `load_pipelines` without tasks): yes, unless the family says otherwise."""
+        return True
+
     def check_options(self, options: Mapping[str, Any], config: BertConfig | None = None) -> dict[str, Any]:
         """Defaults merged with `options`; unknown names or bad values raise InputError."""
         unknown = sorted(set(options) - set(self.options))

@@ -224,8 +224,11 @@ def decode_answers(examples: Sequence[QAExample], features: Sequence[Feature],
 
     Returns:
         Per question {"answer", "start", "end" (character offsets, end exclusive; None for no answer),
-        "score" (probability), "nbest" (up to 5 candidates, best first), and with `version_2_with_negative`
-        "null_margin" (null score - best span score)}.
+        "probability" (p(start) * p(end) of the answer's window, or of [CLS] for no answer), "logit_score"
+        (start logit + end logit, what candidates are ranked by), "nbest" (up to 5 candidates, best first, each
+        with its "text", "start", "end", "probability" and "logit_score"), and with `version_2_with_negative`
+        "null_margin" (null logit score - best span logit score)}. One name, one meaning: a probability is
+        always "probability", a logit sum always "logit_score".
     """
     by_example: dict[int, list[int]] = {}
     for index, feature in enumerate(features):
@@ -270,21 +273,24 @@ def decode_answers(examples: Sequence[QAExample], features: Sequence[Feature],
                 continue
             seen.add(text)
             start_probs, end_probs = probabilities[index]
-            kept.append({"text": text, "start": begin, "end": end, "logit_score": score,
-                         "score": float(start_probs[s] * end_probs[e])})
+            kept.append({"text": text, "start": begin, "end": end, "probability": float(start_probs[s] * end_probs[e]),
+                         "logit_score": score})
             if len(kept) >= n_best_size:
                 break
         best = kept[0] if kept else None
-        result: dict[str, Any] = {"answer": "", "start": None, "end": None, "score": null_probability}
+        no_answer = {"answer": "", "start": None, "end": None, "probability": null_probability,
+                     "logit_score": null_score if null_score != float("inf") else None}
+        result: dict[str, Any] = dict(no_answer)
         if best is not None:
-            result = {"answer": best["text"], "start": best["start"], "end": best["end"], "score": best["score"]}
+            result = {"answer": best["text"], "start": best["start"], "end": best["end"],
+                      "probability": best["probability"], "logit_score": best["logit_score"]}
         if version_2_with_negative:
             margin = null_score - (best["logit_score"] if best else float("-inf"))
             result["null_margin"] = margin
             if margin > null_score_diff_threshold:
-                result.update(answer="", start=None, end=None, score=null_probability)
-        result["nbest"] = [{"text": c["text"], "score": c["logit_score"], "start": c["start"], "end": c["end"]}
-                           for c in kept[:5]]
+                result.update(no_answer)
+        result["nbest"] = [{"text": c["text"], "start": c["start"], "end": c["end"], "probability": c["probability"],
+                            "logit_score": c["logit_score"]} for c in kept[:5]]
         results.append(result)
     return results
 

@@ -67,6 +67,11 @@ class Reranking(Family):
             raise CheckpointError(f"reranking needs a pair classifier with one output or two labels (relevant last); "
                                   f"this one has {config.num_labels} labels")
 
+    def serves_by_default(self, config: BertConfig) -> bool:
+        """A one-output classifier is a cross-encoder; a two-label one may be any binary classifier (sentiment),
+        so it reranks only when asked (`load_pipeline(dir, "rerank")`, `serve --tasks rerank`)."""
+        return config.num_labels == 1
+
     def validate_options(self, options: dict[str, Any]) -> None:
         if options["top_n"] is not None:
             check_number(options, "top_n", 1, None, integer=True)

@@ -286,7 +286,7 @@ class Pipeline:
                 return [float(value)]
             if isinstance(value, Mapping):
                 return [n for k, v in value.items()
-                        if k in ("score", "scores", "value", "predictions", "entities", "masks")
+                        if k in ("score", "scores", "probability", "value", "predictions", "entities", "masks")
                         for n in numbers(v)]
             if isinstance(value, list):
                 return [n for v in value for n in numbers(v)]
@@ -388,14 +388,16 @@ def make_pipeline(task: str, model: BertPretrainedModel, tokenizer, **options: A
 
 
 def supported_tasks(model: BertPretrainedModel) -> list[str]:
-    """The tasks a loaded model can serve, in `TASKS` order (always including embed): its class serves the
-    family, and the family accepts its config (rerank: a classifier with one output or two labels)."""
+    """The tasks a loaded model serves unless told otherwise, in `TASKS` order (always including embed): its
+    class serves the family, which accepts its config and offers itself (rerank: a one-output classifier)."""
     def accepts(family: Family) -> bool:
+        if family is registry.for_model(model):
+            return True  # its own family: loading says what is missing, if anything
         try:
             family.check_model(model.config)
         except CheckpointError:
-            return family is registry.for_model(model)  # its own family: let loading say what is missing
-        return True
+            return False
+        return family.serves_by_default(model.config)
 
     return [task for task in TASKS if serves(type(model), registry.for_task(task)) and accepts(registry.for_task(task))]
 
@@ -432,7 +434,7 @@ def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None,
     available = supported_tasks(model)
     chosen = list(tasks) if tasks else available
     for task in chosen:
-        if task not in available:
+        if not serves(type(model), registry.for_task(task)):
             raise CheckpointError(f"{model_dir}: a {type(model).__name__} cannot serve {task}; it supports "
                                   f"{available}")
     pipelines = {}
