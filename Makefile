@@ -1,6 +1,6 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   install, then run the main job (pretrain + fine-tune a small BERT on the bundled books)
-#   make test   install, then lint and run the whole default test suite
+#   make test   install, then lint and run the whole default test suite (make test-quick: the unit tests only)
 PYTHON ?= python3
 VENV ?= .venv
 # torch is installed first and pinned, so pip never resolves an unpinned (multi-GB CUDA) build.
@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-zh test test-slow lint bench clean
+.PHONY: install demo demo-zh test test-quick test-slow lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest
+
+# A first check in a minute or two: ruff, then the unit tests (no end-to-end runs, no parity against the
+# reference libraries, no multi-process tests).
+test-quick: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest tests/unit -q -x
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
