@@ -137,7 +137,9 @@ def main() -> None:
     parser.add_argument("--train-limit", type=int, help="cosent: first N STS-B pairs (default all 5,749)")
     parser.add_argument("--mnrl-limit", type=int, default=2000, help="mnrl: first N SQuAD pairs (default 2,000)")
     parser.add_argument("--out", default="runs/bench-embedding-training")
+    parser.add_argument("--seed", type=int, default=RECIPE["seed"], help="the seed of both sides (default 42)")
     args = parser.parse_args()
+    RECIPE["seed"] = args.seed
     out = Path(args.out)
     results = []
     if args.task in ("cosent", "both"):

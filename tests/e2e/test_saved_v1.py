@@ -34,14 +34,37 @@ def same_ids(records: list[dict], here: Path) -> list[dict]:
     return [{**r, "id": r["id"].replace(MADE_AT, str(here))} for r in records]
 
 
+def renamed(record: dict) -> dict:
+    """An earlier release's QA record under today's field names (issue #23: one meaning per field): the answer's
+    `score` (a probability) is `probability`, an n-best candidate's `score` (a logit sum) is `logit_score`,
+    (the answer's logit_score and each candidate's probability are new: `without_new_fields`)."""
+    if "nbest" not in record:
+        return record
+    nbest = [{**{k: v for k, v in c.items() if k != "score"}, "logit_score": c["score"]} for c in record["nbest"]]
+    answer = {k: v for k, v in record.items() if k not in ("score", "nbest")}
+    return {**answer, "probability": record["score"], "nbest": nbest}
+
+
+def without_new_fields(record: dict) -> dict:
+    """A QA record without the fields this release added (the answer's logit_score, each candidate's
+    probability), for comparison with an earlier release's."""
+    if "nbest" not in record:
+        return record
+    nbest = [{k: v for k, v in c.items() if k != "probability"} for c in record["nbest"]]
+    return {**{k: v for k, v in record.items() if k != "logit_score"}, "nbest": nbest}
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_saved_v1_models_score_identically(name, tmp_path):
     model, data = copied(tmp_path, name)
     scored = evaluate(model, data, out_dir=tmp_path / "eval", device="cpu")
     expected = EXPECTED[name]
-    assert scored.metrics == pytest.approx(expected["metrics"], abs=1e-6)
+    # The regression fixture's model predicts almost a constant (std 2.4e-5): a 4e-9 rounding difference of
+    # another CPU's kernels moves its Pearson by 2e-5, so metrics get that much room; predictions stay at 1e-5.
+    assert scored.metrics == pytest.approx(expected["metrics"], abs=1e-4 if name == "regression" else 1e-6)
     assert set(scored.metrics) == set(expected["metrics"])
-    assert _close(json.loads(json.dumps(scored.predictions)), same_ids(expected["predictions"], tmp_path))
+    predictions = [without_new_fields(r) for r in json.loads(json.dumps(scored.predictions))]
+    assert _close(predictions, same_ids([renamed(r) for r in expected["predictions"]], tmp_path))
 
 
 def _close(a, b, tol=1e-5) -> bool:

@@ -277,22 +277,30 @@ def decode_answers(examples: Sequence[QAExample], features: Sequence[Feature],
                          "logit_score": score})
             if len(kept) >= n_best_size:
                 break
-        best = kept[0] if kept else None
-        no_answer = {"answer": "", "start": None, "end": None, "probability": null_probability,
-                     "logit_score": null_score if null_score != float("inf") else None}
-        result: dict[str, Any] = dict(no_answer)
-        if best is not None:
-            result = {"answer": best["text"], "start": best["start"], "end": best["end"],
-                      "probability": best["probability"], "logit_score": best["logit_score"]}
-        if version_2_with_negative:
-            margin = null_score - (best["logit_score"] if best else float("-inf"))
-            result["null_margin"] = margin
-            if margin > null_score_diff_threshold:
-                result.update(no_answer)
-        result["nbest"] = [{"text": c["text"], "start": c["start"], "end": c["end"], "probability": c["probability"],
-                            "logit_score": c["logit_score"]} for c in kept[:5]]
-        results.append(result)
+        results.append(answer_record(kept, null_score, null_probability, version_2_with_negative,
+                                     null_score_diff_threshold))
     return results
+
+
+def answer_record(kept: Sequence[dict[str, Any]], null_score: float, null_probability: float,
+                  version_2_with_negative: bool, null_score_diff_threshold: float) -> dict[str, Any]:
+    """A question's result from its ranked candidates (best first) and its no-answer scores (see
+    `decode_answers`)."""
+    best = kept[0] if kept else None
+    no_answer = {"answer": "", "start": None, "end": None, "probability": null_probability,
+                 "logit_score": null_score if null_score != float("inf") else None}
+    result: dict[str, Any] = dict(no_answer)
+    if best is not None:
+        result = {"answer": best["text"], "start": best["start"], "end": best["end"],
+                  "probability": best["probability"], "logit_score": best["logit_score"]}
+    if version_2_with_negative:
+        margin = null_score - (best["logit_score"] if best else float("-inf"))
+        result["null_margin"] = margin
+        if margin > null_score_diff_threshold:
+            result.update(no_answer)
+    result["nbest"] = [{"text": c["text"], "start": c["start"], "end": c["end"], "probability": c["probability"],
+                        "logit_score": c["logit_score"]} for c in kept[:5]]
+    return result
 
 
 class SpanObjective(Objective):

@@ -211,7 +211,7 @@ class GlueRowResult:
         dev = "/".join(f"{100 * self.metrics[m]:.1f}" for m in self.row.metrics if m in self.metrics) or "-"
         test = f"{self.submission.name} ({self.test_rows} rows)" if self.submission else "no test file"
         if self.collapsed:
-            dev, test = f"{dev} !", f"{test}  ! COLLAPSED to one class: do not submit (glue_results.json notes)"
+            test = f"{test}  COLLAPSED to one class: do not submit (see the notes in glue_results.json)"
         return self.row.name, metric, dev, test
 
 
@@ -256,6 +256,32 @@ class GlueResult:
 def _missing(root: Path, paths: Sequence[str]) -> str | None:
     absent = [p for p in paths if not (root / p).is_file()]
     return f"{', '.join(absent)} not found under {root}" if absent else None
+
+
+def submit(result: GlueRowResult, root: Path, eval_dir: Path, submission_dir: Path,
+           evaluation: Mapping[str, Any]) -> None:
+    """Predict the row's test file with its best model and write its submission file (a model that predicts
+    one class for every test row is noted: such a file scores the majority class)."""
+    row, spec = result.row, TASKS[result.row.task]
+    path = find_test_file(row, root)
+    if path is None:
+        result.notes.append(f"{' or '.join(row.test)} not found under {root}: no submission file")
+        log.warning("%s: no test file (%s) under %s", row.name, " or ".join(row.test), root)
+        return
+    predicted = evaluate(result.model_dir, path, out_dir=eval_dir, labelled=False,
+                         overrides=dict(row.test_overrides) or None, **evaluation)
+    ids = read_test_ids(path, row.index_column)
+    if len(ids) != len(predicted.predictions):
+        raise DataError(f"{row.name}: {len(predicted.predictions)} predictions for {len(ids)} rows", path)
+    labels = None if spec.regression else (spec.labels or None)
+    lines = [format_prediction(row, record, labels) for record in predicted.predictions]
+    collapse = None if spec.regression else prediction_collapse(lines)
+    if collapse:
+        result.notes.append(f"test submission: {collapse}")
+        log.warning("%s: test submission: %s", row.name, collapse)
+    result.submission = submission_dir / f"{row.name}.tsv"
+    result.test_rows = len(ids)
+    write_submission(result.submission, ids, lines)
 
 
 def run_glue(model: str | os.PathLike, *, data_root: str | os.PathLike | None = None,
@@ -319,25 +345,7 @@ def run_glue(model: str | os.PathLike, *, data_root: str | os.PathLike | None = 
                     result.metrics = dict(scored.metrics)
                 else:
                     result.notes.append(f"{row.dev} not found under {root}: no dev score")
-            path = find_test_file(row, root)
-            if path is None:
-                result.notes.append(f"{' or '.join(row.test)} not found under {root}: no submission file")
-                log.warning("%s: no test file (%s) under %s", row.name, " or ".join(row.test), root)
-                continue
-            predicted = evaluate(best, path, out_dir=out / task / f"test-{row.name}", labelled=False,
-                                 overrides=dict(row.test_overrides) or None, **evaluation)
-            ids = read_test_ids(path, row.index_column)
-            if len(ids) != len(predicted.predictions):
-                raise DataError(f"{row.name}: {len(predicted.predictions)} predictions for {len(ids)} rows", path)
-            labels = None if spec.regression else (spec.labels or None)
-            lines = [format_prediction(row, record, labels) for record in predicted.predictions]
-            collapse = None if spec.regression else prediction_collapse(lines)
-            if collapse:
-                result.notes.append(f"test submission: {collapse}")
-                log.warning("%s: test submission: %s", row.name, collapse)
-            result.submission = submission_dir / f"{row.name}.tsv"
-            result.test_rows = len(ids)
-            write_submission(result.submission, ids, lines)
+            submit(result, root, out / task / f"test-{row.name}", submission_dir, evaluation)
     glue = GlueResult([results[row.name] for row in rows], out, submission_dir, root)
     out.mkdir(parents=True, exist_ok=True)
     (out / "glue_table.txt").write_text(glue.table() + "\n", encoding="utf-8")
