@@ -6,6 +6,8 @@ when the package is missing instead of failing it.
 
 from __future__ import annotations
 
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +79,23 @@ def finetune_values(**settings):
         assert dotted is not None, f"no fine-tuning setting is called {key!r}"
         set_dotted(tree, dotted, value)
     return tree
+
+
+def free_port() -> int:
+    """A free TCP port on localhost, for a process group's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spawn_workers(worker, args: tuple, nprocs: int, timeout_s: float) -> None:
+    """Run `worker(rank, *args)` in `nprocs` spawned processes; fail the test (killing them) past `timeout_s`."""
+    import torch.multiprocessing as mp
+
+    processes = mp.spawn(worker, args=args, nprocs=nprocs, join=False)
+    deadline = time.monotonic() + timeout_s
+    while not processes.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in processes.processes:
+                process.kill()
+            pytest.fail(f"the {nprocs} worker processes did not finish within {timeout_s} s")

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+
+from conftest import free_port, spawn_workers
 
 # The synthetic batch source and tiny model live with the loop's unit tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
@@ -31,12 +30,6 @@ STEPS = 5
 BATCHES_PER_EPOCH = 4  # 5 steps cross an epoch boundary
 TOLERANCE = 1e-5  # fp32; only the order of summation differs
 TIMEOUT_S = 240  # spawn + torch import per worker; generous for a loaded 2-core CI machine
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
@@ -55,13 +48,7 @@ def worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
 
 def test_ddp_two_processes_match_one_process_with_double_batch(tmp_path):
-    processes = mp.spawn(worker, args=(2, free_port(), str(tmp_path / "ddp")), nprocs=2, join=False)
-    deadline = time.monotonic() + TIMEOUT_S
-    while not processes.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in processes.processes:
-                process.kill()
-            pytest.fail(f"DDP workers did not finish within {TIMEOUT_S} s")
+    spawn_workers(worker, (2, free_port(), str(tmp_path / "ddp")), 2, TIMEOUT_S)
 
     single = train(tiny_model(seed=0), SyntheticSource(BATCHES_PER_EPOCH, 2 * BATCH), PretrainingObjective(),
                    config_for(tmp_path / "single", steps=STEPS, batch_size=2 * BATCH))

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+
+from conftest import free_port, spawn_workers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_training_recipes import Objective, Source, config_for, tiny_classifier, train_values  # noqa: E402
@@ -34,12 +33,6 @@ BATCHES_PER_EPOCH = 3  # 4 steps cross an epoch boundary
 TOLERANCE = 1e-5  # fp32; only the order of summation differs
 TIMEOUT_S = 240  # spawn + torch import per worker; generous for a loaded 2-core CI machine
 RECIPES = dict(fgm_epsilon=0.5, rdrop_alpha=1.0, ema_decay=0.9, layer_lr_decay=0.8)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
@@ -60,13 +53,7 @@ def worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
 
 def test_ddp_recipes_match_one_process_with_accumulation(tmp_path):
-    processes = mp.spawn(worker, args=(2, free_port(), str(tmp_path / "ddp")), nprocs=2, join=False)
-    deadline = time.monotonic() + TIMEOUT_S
-    while not processes.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in processes.processes:
-                process.kill()
-            pytest.fail(f"DDP workers did not finish within {TIMEOUT_S} s")
+    spawn_workers(worker, (2, free_port(), str(tmp_path / "ddp")), 2, TIMEOUT_S)
 
     torch.set_num_threads(1)
     single = train(tiny_classifier(seed=0), Source(2 * BATCHES_PER_EPOCH, BATCH), Objective(),

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
@@ -22,16 +19,11 @@ from test_families_contrastive import groups_batch  # noqa: E402
 
 from bertforge.families.contrastive import ContrastiveLoss, ContrastiveObjective  # noqa: E402
 from bertforge.families.embedding import BertForSentenceEmbedding  # noqa: E402
+from conftest import free_port, spawn_workers  # noqa: E402
 
 BATCH = 6  # per process
 TOLERANCE = 1e-5
 TIMEOUT_S = 240
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run(settings: ContrastiveLoss, rank: int, world: int, texts: int) -> tuple[float, dict[str, list[float]]]:
@@ -78,13 +70,7 @@ def test_embedding_two_processes_gather_negatives_like_one_with_double_batch(tmp
     torch.set_num_threads(1)
     single_loss, single_grads = run(ContrastiveLoss(loss="mnrl", symmetric=symmetric), 0, 1, texts)
     out = tmp_path / "ddp.json"
-    processes = mp.spawn(worker, args=(2, free_port(), str(out), symmetric, texts), nprocs=2, join=False)
-    deadline = time.monotonic() + TIMEOUT_S
-    while not processes.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in processes.processes:
-                process.kill()
-            pytest.fail(f"the 2-process run did not finish in {TIMEOUT_S} s")
+    spawn_workers(worker, (2, free_port(), str(out), symmetric, texts), 2, TIMEOUT_S)
     result = json.loads(out.read_text(encoding="utf-8"))
     assert result["loss"] == pytest.approx(single_loss, abs=TOLERANCE)
     assert result["grads"].keys() == single_grads.keys()
