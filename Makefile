@@ -35,7 +35,7 @@ test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest
 
-# A first check in a minute or two: ruff, then the unit tests (no end-to-end runs, no parity against the
+# A first check in a minute and a half: ruff, then the unit tests (no end-to-end runs, no parity against the
 # reference libraries, no multi-process tests).
 test-quick: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
