@@ -8,7 +8,8 @@ cosent: CoSENT on the official STS-B train TSV -> Spearman of cosine on STS-B de
 mnrl:   multiple-negatives ranking on SQuAD v1.1 dev question -> paragraph pairs (`bertforge retrieval-set`,
         whole articles held apart) -> nDCG@10 of the held-apart questions against every paragraph.
 
-Needs the benchmark extras (sentence-transformers, datasets, accelerate) and ../shared/data. Not imported by the
+Needs sentence-transformers (a dev dependency), the `bench` extra (`pip install -e ".[bench]"`: datasets and
+accelerate, which its trainer needs) and ../shared/data. Not imported by the
 package; absolute times depend on the machine, the ratios are what to compare.
 """
 
