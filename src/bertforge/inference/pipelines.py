@@ -47,6 +47,7 @@ import torch.nn.functional as F
 
 from bertforge import checkpoint_format, runtime
 from bertforge.checkpoint_format import LoadReport
+from bertforge.data.files import UntrustedJson, decode_json
 from bertforge.data.finetuning import Feature, FinetuneBatch
 from bertforge.errors import CheckpointError, ConfigError, DataError, InputError
 from bertforge.evaluation import run_features
@@ -462,12 +463,15 @@ def rerank_scores(pipeline: Pipeline, query: str, texts: Sequence[str]) -> np.nd
 def read_line(line: str, source: str, number: int) -> Any:
     """A JSONL object line as a dict, any other line as raw text (trailing newline removed)."""
     text = line.rstrip("\r\n")
+    if not text.lstrip().startswith("{") and any("\ud800" <= char <= "\udfff" for char in text):
+        raise DataError("the line holds a lone surrogate, which is not a character; send valid Unicode text",
+                        source, number)
     if text.lstrip().startswith("{"):
         try:
-            value = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise DataError(f"line starts with '{{' but is not valid JSON ({error.msg}); fix it or send plain "
-                            "text", source, number) from None
+            value = decode_json(text)
+        except UntrustedJson as error:
+            raise DataError(f"line starts with '{{' but was refused: {error}; fix it or send plain text", source,
+                            number) from None
         if not isinstance(value, dict):
             raise DataError("expected a JSON object", source, number)
         return value

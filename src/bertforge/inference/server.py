@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -33,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bertforge.data.files import UntrustedJson, decode_json
 from bertforge.errors import ConfigError, InputError
 from bertforge.inference.pipelines import DEFAULT_PRECISION, Pipeline, load_pipelines
 from bertforge.inference.scheduler import (
@@ -144,9 +144,11 @@ class InferenceService:
         if not raw.strip():
             raise RequestError(400, 'empty request body; send JSON like {"inputs": ["some text"]}')
         try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise RequestError(400, f"request body is not valid JSON ({error})") from None
+            return decode_json(raw.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise RequestError(400, f"request body is not UTF-8 ({error.reason} at byte {error.start})") from None
+        except UntrustedJson as error:
+            raise RequestError(400, f"request body refused: {error}") from None
 
     def validate(self, task: str, body: Any) -> tuple[list[Any], dict[str, Any]]:
         """The parsed inputs and checked options of a request body; RequestError (4xx) naming the first problem."""
