@@ -278,9 +278,27 @@ def read_weights(path: str | os.PathLike, *, step: int | None = None) -> dict[st
     return _read_stored(path, step)[0]
 
 
+def check_finite(tensors: dict[str, torch.Tensor], source: Path) -> None:
+    """CheckpointError naming the first stored tensor that holds NaN or infinity: a file corrupted behind a
+    valid header (or a diverged run's save) would otherwise load and answer every request with NaN."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise CheckpointError(f"{source}: tensor {name} holds {bad} NaN or infinite values of {tensor.numel()}; "
+                                  "the file is corrupt or was saved from a diverged run: re-save or re-download it")
+
+
 def _read_stored(path: str | os.PathLike, step: int | None = None) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """(tensors, stored names skipped before translation: a Google checkpoint's optimizer state)."""
-    file = reading = weights_file(path, step=step)
+    """(tensors, stored names skipped before translation: a Google checkpoint's optimizer state), every
+    floating tensor checked finite (`check_finite`)."""
+    file = weights_file(path, step=step)
+    tensors, skipped = _read_files(file)
+    check_finite(tensors, file)
+    return tensors, skipped
+
+
+def _read_files(file: Path) -> tuple[dict[str, torch.Tensor], list[str]]:
+    reading = file
     if file.name.endswith(google_tf.INDEX_SUFFIX):
         return _read_google(file)
     try:

@@ -40,3 +40,28 @@ def test_predict_refuses_a_lone_surrogate_line_naming_it(tiny_minilm_model, tmp_
                  "--output", str(tmp_path / "out.jsonl"), "--device", "cpu"])
     error = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and "in.jsonl:2" in error[-1] and "lone surrogate" in error[-1]
+
+
+def test_a_model_with_nan_weights_is_refused_by_predict_and_serve(tiny_minilm_model, tmp_path, capsys):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from bertforge.errors import CheckpointError
+    from bertforge.inference.server import create_app
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_minilm_model, broken)
+    tensors = load_file(str(broken / "model.safetensors"))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].clone().fill_(float("nan"))
+    save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    source = tmp_path / "in.txt"
+    source.write_text("hello\n", encoding="utf-8")
+    code = main(["predict", "--model", str(broken), "--task", "embed", "--input", str(source), "--output",
+                 str(tmp_path / "out.jsonl"), "--device", "cpu"])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and f"tensor {name} holds" in error[-1]
+    assert not (tmp_path / "out.jsonl").exists()
+    with pytest.raises(CheckpointError, match=f"tensor {name} holds"):
+        create_app(broken, device="cpu")

@@ -329,3 +329,16 @@ def test_checkpoint_format_read_config_returns_architecture(tmp_path, tiny_confi
     BertForPretraining(tiny_config).save_pretrained(tmp_path)
     config, architecture = read_config(tmp_path)
     assert architecture == "BertForPretraining" and config == tiny_config
+
+
+def test_checkpoint_format_weights_with_nan_are_refused_naming_the_tensor(tmp_path, tiny_config):
+    from safetensors.torch import load_file, save_file
+
+    BertModel(tiny_config).save_pretrained(tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    tensors = load_file(str(weights))
+    name = next(k for k in tensors if k.endswith("attention.self.query.weight"))
+    tensors[name][0, 0] = float("nan")
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=rf"tensor {name} holds 1 NaN or infinite values"):
+        BertModel.from_pretrained(tmp_path / "m")
