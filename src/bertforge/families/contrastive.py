@@ -16,6 +16,7 @@ their token ids.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -169,6 +170,9 @@ class ContrastiveObjective(Objective):
 
     def __init__(self, settings: ContrastiveLoss):
         self.settings = settings
+        # The full-width ranking's correct count of the last output `loss_terms` scored, so that `metrics` on
+        # the same output does not rank (and, under DDP, gather) a second time.
+        self.scored: tuple[Any, torch.Tensor] | None = None
 
     def loss_of(self, batch) -> str:
         """The loss of this batch: the settings' own, or for "auto" cosent when the batch has scores."""
@@ -192,12 +196,21 @@ class ContrastiveObjective(Objective):
         if self.loss_of(batch) == "cosent":
             total = sum(cosent_loss(v, batch.labels.float(), self.settings.scale) for v in self.widths(vectors))
         else:
-            total = sum(mnrl_terms(v, batch.input_ids, self.settings)[0] for v in self.widths(vectors))
+            total = 0.0
+            for v in self.widths(vectors):
+                loss, correct = mnrl_terms(v, batch.input_ids, self.settings)
+                total = total + loss
+                if v.shape[-1] == vectors.shape[-1]:
+                    self.scored = (output, correct.detach())
         return {"contrastive": (total, count)}
 
     def metrics(self, output, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         if self.loss_of(batch) == "cosent":
             return {}
-        with torch.no_grad():
-            _, correct = mnrl_terms(output.embeddings.detach().float(), batch.input_ids, self.settings)
+        if self.scored is not None and self.scored[0] is output:
+            correct = self.scored[1]
+        else:
+            with torch.no_grad():
+                _, correct = mnrl_terms(output.embeddings.detach().float(), batch.input_ids, self.settings)
+        self.scored = None
         return {"accuracy": (correct, correct.new_tensor(float(batch.input_ids.shape[0])))}

@@ -28,7 +28,7 @@ from bertforge.errors import ConfigError, InputError
 from bertforge.families.base import Family, InputSettings, LossSettings, text_of
 from bertforge.families.contrastive import ContrastiveLoss, ContrastiveObjective
 from bertforge.interop.sentence_transformers import SentenceSettings, settings_files
-from bertforge.metrics.embedding import rank_documents, retrieval_scores, sts_scores
+from bertforge.metrics.embedding import normalize_rows, rank_documents, retrieval_scores, sts_scores
 from bertforge.model.bert import BertModel, BertOutput
 from bertforge.model.config import BertConfig
 from bertforge.tokenization.tokenizer import Tokenizer
@@ -307,8 +307,7 @@ class Embedding(Family):
         doc_ids = [f"d{i}" for i in documents.values()]
         corpus = vectors[list(documents.values()), 1]  # [M, D]
         queries = vectors[:, 0]
-        scores = (queries / np.linalg.norm(queries, axis=1, keepdims=True)) @ \
-            (corpus / np.linalg.norm(corpus, axis=1, keepdims=True)).T  # [N, M]
+        scores = normalize_rows(queries) @ normalize_rows(corpus).T  # [N, M] cosines
         query_ids = [f"q{i}" for i in range(len(examples))]
         qrels = {q: {f"d{documents[e.texts[1]]}": 1.0} for q, e in zip(query_ids, examples)}
         ranked = rank_documents(scores, query_ids, doc_ids, 10)

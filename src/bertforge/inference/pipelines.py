@@ -171,8 +171,9 @@ class Pipeline:
         saved = saved_task(model, self.family, record)
         self.options = dict(saved.options) if saved is not None else dict(self.family.options)
         self.sentence = sentence
-        self.options.update(self.family.directory_options(sentence))
-        if sentence is not None and self.family.directory_options(sentence):
+        adopted = self.family.directory_options(sentence)
+        self.options.update(adopted)
+        if adopted:  # the family embeds as the directory says: its window too
             max_length = max_length or sentence.max_seq_length
         self.settings = input_settings(model, tokenizer, self.family, saved, max_length, doc_stride)
         self.max_length = self.settings.max_seq_length
