@@ -1,0 +1,57 @@
+"""The error body of each API style the server speaks, chosen by the request's path.
+
+One refusal can be made in several places (a guard before the route runs, the route's validation, the
+scheduler), and the client must get it in the envelope its API documents, whoever refused:
+
+- OpenAI style (`/v1/embeddings`, `/v1/models`): ``{"error": {"message", "type", "param", "code"}}``,
+  as the OpenAI API documents its errors;
+- text-embeddings-inference style (`/embed`, `/embed_all`, `/rerank`, `/predict`, `/tokenize`, `/decode`,
+  `/info`): ``{"error": message, "error_type": kind}``, TEI's `ErrorResponse`;
+- bertforge's own routes (everything else): ``{"error": message}``.
+
+No web framework is imported here: the server and its guards both call `error_payload`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+Style = Literal["openai", "tei", "bertforge"]
+
+OPENAI_PATHS = ("/v1/embeddings", "/v1/models")
+TEI_PATHS = ("/embed", "/embed_all", "/embed_sparse", "/rerank", "/predict", "/tokenize", "/decode", "/info")
+
+# The OpenAI error `type` for each status (its documented families of errors).
+OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+                415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+                499: "client_closed_request", 503: "server_error", 500: "server_error"}
+# TEI's `error_type` for each status (its ErrorType names: Validation, Tokenizer, Overloaded, Unhealthy,
+# Backend, Empty); statuses TEI never sends get the closest one.
+TEI_TYPES = {400: "Validation", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "Validation",
+             413: "Validation", 415: "Validation", 422: "Validation", 429: "Overloaded", 499: "Cancelled",
+             503: "Unhealthy", 500: "Backend"}
+
+
+def style_of(path: str) -> Style:
+    """The API style of a request path (a path prefixed by `/models/<name>` has the style of its rest)."""
+    if path.startswith("/models/"):
+        rest = path.split("/", 3)
+        path = "/" + rest[3] if len(rest) > 3 else "/"
+    if any(path == p or path.startswith(p + "/") for p in OPENAI_PATHS):
+        return "openai"
+    if path in TEI_PATHS:
+        return "tei"
+    return "bertforge"
+
+
+def error_payload(path: str, status: int, message: str, *, param: str | None = None,
+                  code: str | None = None) -> dict[str, Any]:
+    """The JSON body of a refusal with `status` and `message`, in the envelope of `path`'s API style."""
+    style = style_of(path)
+    if style == "openai":
+        return {"error": {"message": message, "type": OPENAI_TYPES.get(status, "invalid_request_error"),
+                          "param": param, "code": code}}
+    if style == "tei":
+        return {"error": message, "error_type": TEI_TYPES.get(status, "Backend")}
+    return {"error": message}
