@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
@@ -318,16 +319,69 @@ class Pipeline:
 
 # --- embed -----------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class EmbedText:
+    """One input of the wire-format embedding routes (OpenAI, text-embeddings-inference): a text, or token ids
+    of this model's vocabulary, and what to do when it does not fit the window. `truncate` False: an input
+    over the window is refused naming the limit (TEI's rule); True: cut from `direction`'s end."""
+
+    text: str | None = None
+    ids: tuple[int, ...] | None = None
+    truncate: bool = False
+    direction: str = "right"
+
+
 class EmbedPipeline(Pipeline):
     """The `embed` route: sentence vectors from any model's encoder (the embedding family does the work).
 
     What it adds to `Pipeline`: the call's options reach the family's forward (pooling and layer shape the
-    model run, not only the decoding), bf16 is held to the cosine contract (`BF16_COSINE_TOLERANCE`), and
-    `encode` returns one float32 array.
+    model run, not only the decoding), bf16 is held to the cosine contract (`BF16_COSINE_TOLERANCE`),
+    `encode` returns one float32 array, and `EmbedText` inputs (token ids; a refusal instead of a silent cut)
+    for the wire routes, whose results also say how many tokens ran (`"tokens"`, OpenAI's usage).
+
+    `matryoshka_dims`: the leading widths the model was trained to be cut to (the `matryoshka_dims` of its
+    `finetuning.json`); empty: its vectors are not to be cut.
     """
 
     def __init__(self, model: BertPretrainedModel, tokenizer, **kwargs: Any):
         super().__init__("embed", model, tokenizer, **kwargs)
+        record = kwargs.get("record")
+        widths = record.get("matryoshka_dims") if isinstance(record, Mapping) else None
+        self.matryoshka_dims = tuple(int(d) for d in widths or ()
+                                     if isinstance(d, int) and not isinstance(d, bool) and d > 0)
+
+    def features(self, parsed: Sequence[Any]) -> list[Feature]:
+        """`Pipeline.features` for texts; an `EmbedText` is encoded (or taken as ids), checked against the
+        window and cut as it asks, then framed by the one post-processor. A right-cut text gives the same
+        window as the family's (a test holds them equal)."""
+        plain = [(i, item) for i, item in enumerate(parsed) if not isinstance(item, EmbedText)]
+        features = []
+        for feature in super().features([item for _, item in plain]) if plain else []:
+            feature.example_index = plain[feature.example_index][0]
+            features.append(feature)
+        room = self.max_length - self.tokenizer.post_processor.added(False)
+        for index, item in enumerate(parsed):
+            if not isinstance(item, EmbedText):
+                continue
+            ids = list(item.ids) if item.ids is not None else \
+                self.tokenizer.encode(item.text, add_special_tokens=False).ids
+            if len(ids) > room:
+                if not item.truncate:
+                    raise InputError(f"input {index} has {len(ids)} tokens; this model takes at most {room} "
+                                     f"(max_input_length {self.max_length} with [CLS] and [SEP]): shorten it or "
+                                     "ask for truncation")
+                ids = ids[:room] if item.direction == "right" else ids[len(ids) - room:]
+            features.append(Feature(index, *self.tokenizer.post_processor.assemble(ids)))
+        features.sort(key=lambda feature: feature.example_index)
+        return features
+
+    def decode(self, parsed: Sequence[Any], features: Sequence[Feature], outputs: Sequence[Any],
+               options: dict[str, Any]) -> list[dict[str, Any]]:
+        results = super().decode(parsed, features, outputs, options)
+        for result, item, feature in zip(results, parsed, features):
+            if isinstance(item, EmbedText):
+                result["tokens"] = len(feature.input_ids)
+        return results
 
     @property
     def bf16_tolerance(self) -> float:
@@ -535,7 +589,7 @@ def predict_stream(pipeline: Pipeline, lines: Iterable[str], out: IO[str], *, so
 
 
 __all__ = [
-    "BF16_COSINE_TOLERANCE", "BF16_PROBABILITY_TOLERANCE", "DEFAULT_PRECISION", "EmbedPipeline", "Pipeline", "TASKS",
+    "BF16_COSINE_TOLERANCE", "BF16_PROBABILITY_TOLERANCE", "DEFAULT_PRECISION", "EmbedPipeline", "EmbedText", "Pipeline", "TASKS",
     "feature_tokens", "load_pipeline", "rerank_scores",
     "load_pipelines", "make_pipeline", "predict_stream", "supported_tasks",
 ]

@@ -1,21 +1,19 @@
-"""HTTP serving of a model directory: the FastAPI app, its routes, request validation, the mapping of every
-refusal to a status code, offline API documentation.
+"""HTTP serving of one or several model directories: the assembly of the FastAPI app and `serve`.
 
-One route per task the model supports (`POST /v1/fill-mask`, `/v1/classify`, `/v1/tag`, `/v1/answer`,
-`/v1/choose` for a multiple-choice model, `/v1/embed`), each taking ``{"inputs": [...], "parameters": {...}}``
-and answering ``{"outputs": [...]}`` in input order; `GET /health`, `GET /metrics` (Prometheus text, see
-`inference.serving_metrics`) and the OpenAPI pages (`/docs`, `/redoc`, `/openapi.json`), whose scripts and
-styles are served from the package (the `fastapi-offline` wheel of the serve extra), so they work without a
-network. Any other path answers 404 with ``{"error": ...}`` naming the routes this model serves (a route of a
-task the model cannot do, e.g. `/v1/answer` on a classifier, is simply not there); a known path with the
-wrong method answers 405 naming the method it takes.
+Which module holds what (see also docs/serving.md):
 
-A request is read and validated in the event loop (body size, JSON, fields, sizes, the pipeline's `parse`
-and `check_options`) and, if valid, handed to the `inference.scheduler.Scheduler`, which owns the queue, the
-micro-batching worker, the token budgets and the dropping of given-up work; it is told when the client
-leaves (`client_gone`). Its failures come back as kinds, which `FAILURE_STATUS` maps to HTTP: 413 over
-`max_request_tokens`, 422 for an input the model cannot take, 429 when `max_queue` requests wait, 503 past
-`request_timeout_s`, 499 when the client left. The server listens on loopback unless told otherwise.
+- `model_service`: `ServerSettings`, one served model (`InferenceService`: read, validate, schedule, map
+  failures to statuses), the set of served models and which one answers (`ModelSet.pick`), loading them;
+- `task_routes`: our own `POST /v1/<task>` routes (`fill-mask`, `classify`, `tag`, `answer`, `choose`,
+  `embed`), each also under `/models/<name>/...`;
+- `openai_routes`: OpenAI's `POST /v1/embeddings` and `GET /v1/models`;
+- `tei_routes`: text-embeddings-inference's `/embed`, `/rerank`, `/predict`, `/tokenize`, `/decode`,
+  `/info`, and `/v1/rerank` (ours and the Cohere/Infinity shape on one path);
+- `envelopes`: the error body of each API style, by path;
+- here: the app (lifespan starting every model's scheduler, the 404/405/422 handlers in the route's
+  envelope, `/health`, `/metrics`, the offline `/docs` and `/redoc`), `create_app` and `serve`.
+
+The server listens on loopback unless told otherwise.
 
 Needs the `serve` extra: fastapi, uvicorn, fastapi-offline (the documentation assets), prometheus_client;
 httpx for the tests and the load benchmark.
@@ -23,33 +21,26 @@ httpx for the tests and the load benchmark.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from bertforge.data.files import UntrustedJson, decode_json
-from bertforge.errors import ConfigError, InputError
-from bertforge.inference.pipelines import DEFAULT_PRECISION, Pipeline, load_pipelines
-from bertforge.inference.scheduler import (
-    Failure,
-    JobFailed,
-    Scheduler,
-    SchedulerSettings,
-    check_positive,
-)
+from bertforge.errors import ConfigError
+from bertforge.inference.pipelines import DEFAULT_PRECISION, Pipeline
 
 try:
     import fastapi_offline
     import uvicorn
     from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
     from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
     from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
     from fastapi.staticfiles import StaticFiles
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.registry import Collector
     from starlette.exceptions import HTTPException
 
     from bertforge.inference.serving_metrics import CONTENT_TYPE, ServingMetrics
@@ -57,239 +48,121 @@ except ImportError as missing:  # the serve extra is optional; say how to get it
     raise ConfigError(f"serving needs the 'serve' extra ({missing.name} is not installed): "
                       "pip install 'bertforge[serve]'") from None
 
+from bertforge.inference.model_service import (  # noqa: E402 (after the check of the serve extra)
+    FAILURE_STATUS,
+    InferenceService,
+    ModelSet,
+    RequestError,
+    ServerSettings,
+    check_sizes,
+    client_gone,
+    load_model_set,
+    model_name_of,
+    refusal,
+)
+from bertforge.inference.openai_routes import add_openai_routes  # noqa: E402
+from bertforge.inference.task_routes import add_task_routes  # noqa: E402
+from bertforge.inference.tei_routes import DUAL_ROUTES, add_tei_routes  # noqa: E402
+from bertforge.inference.wire_schemas import validation_message, with_wire_schemas  # noqa: E402
+
 log = logging.getLogger(__name__)
 
 # Swagger UI and ReDoc scripts, styles and icon, from the fastapi-offline wheel: /docs needs no CDN.
 DOCS_ASSETS = Path(fastapi_offline.__file__).parent / "static"
 DOCS_ASSETS_URL = "/docs-assets"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-@dataclass
-class ServerSettings(SchedulerSettings):
-    """Limits of the server: the scheduler's (`SchedulerSettings`: max_batch_size, max_wait_ms,
-    max_batch_tokens, max_request_tokens, max_queue, micro_batching, request_timeout_s) and the sizes a
-    request may have before it is read into the queue.
-
-    Attributes:
-        max_items: inputs per request (more: 413).
-        max_chars: characters per text field (more: 413).
-        max_body_bytes: request body size (more: 413).
-    """
-
-    max_items: int = 64
-    max_chars: int = 100_000
-    max_body_bytes: int = 8 * 1024 * 1024
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_positive(self, ("max_items", "max_chars", "max_body_bytes"))
-
-
-# The status of each way the scheduler gives up a request (a test holds it to `scheduler.FAILURES`).
-FAILURE_STATUS: dict[Failure, int] = {
-    "invalid": 422,  # an input the model cannot take (too long for fill-mask, no window ...)
-    "too_large": 413,  # over max_request_tokens
-    "busy": 429,  # max_queue requests already waiting
-    "timeout": 503,
-    # Nobody reads the answer; 499 ("client closed request", as nginx logs it) keeps the metrics honest.
-    "disconnect": 499,
-    "shutdown": 503,
-    "internal": 500,
-}
-
-
-class RequestError(Exception):
-    """A request the server refuses before it reaches the scheduler: HTTP status and a message for the client."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def check_sizes(item: Any, index: int, max_chars: int) -> None:
-    """413 for a text field longer than `max_chars` (checked before any tokenization)."""
-    fields = item.items() if isinstance(item, Mapping) else enumerate(item) if isinstance(item, list) else [("", item)]
-    for name, value in fields:
-        if isinstance(value, str) and len(value) > max_chars:
-            where = f"inputs[{index}]" + (f".{name}" if isinstance(name, str) and name else
-                                          f"[{name}]" if name != "" else "")
-            raise RequestError(413, f"{where} has {len(value)} characters; this server accepts at most "
-                                    f"{max_chars} per text")
-
-
-class InferenceService:
-    """The request handling behind the routes: read, validate, hand to the scheduler, map the outcome."""
-
-    def __init__(self, pipelines: dict[str, Pipeline], settings: ServerSettings, model_name: str):
-        self.pipelines = pipelines
-        self.settings = settings
-        self.model_name = model_name
-        self.metrics = ServingMetrics(settings.max_batch_size, settings.max_batch_tokens,
-                                      queue_depth=lambda: self.scheduler.queue_depth)
-        self.scheduler = Scheduler(pipelines, settings, events=self.metrics)
-
-    async def read_body(self, request: Request) -> Any:
-        limit = self.settings.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise RequestError(413, f"request body of {declared} bytes is larger than the limit of {limit}")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise RequestError(413, f"request body is larger than the limit of {limit} bytes")
-            chunks.append(chunk)
-        raw = b"".join(chunks)
-        if not raw.strip():
-            raise RequestError(400, 'empty request body; send JSON like {"inputs": ["some text"]}')
-        try:
-            return decode_json(raw.decode("utf-8"))
-        except UnicodeDecodeError as error:
-            raise RequestError(400, f"request body is not UTF-8 ({error.reason} at byte {error.start})") from None
-        except UntrustedJson as error:
-            raise RequestError(400, f"request body refused: {error}") from None
-
-    def validate(self, task: str, body: Any) -> tuple[list[Any], dict[str, Any]]:
-        """The parsed inputs and checked options of a request body; RequestError (4xx) naming the first problem."""
-        pipeline = self.pipelines[task]
-        if not isinstance(body, dict):
-            raise RequestError(400, f'expected a JSON object like {{"inputs": [...]}}, got {type(body).__name__}')
-        unknown = sorted(set(body) - {"inputs", "parameters"})
-        if unknown:
-            raise RequestError(422, f"unknown field(s) {unknown}; a request has 'inputs' and optional 'parameters'")
-        if "inputs" not in body:
-            raise RequestError(422, "missing field 'inputs' (a list of inputs)")
-        inputs = body["inputs"]
-        if not isinstance(inputs, list):
-            raise RequestError(422, f"'inputs' must be a list, got {type(inputs).__name__}")
-        if not inputs:
-            raise RequestError(422, "'inputs' is empty; send at least one input")
-        if len(inputs) > self.settings.max_items:
-            raise RequestError(413, f"{len(inputs)} inputs in one request; this server accepts at most "
-                                    f"{self.settings.max_items} (split the request)")
-        parameters = body.get("parameters") or {}
-        if not isinstance(parameters, dict):
-            raise RequestError(422, f"'parameters' must be an object, got {type(parameters).__name__}")
-        try:
-            options = pipeline.check_options(parameters)
-        except InputError as error:
-            raise RequestError(422, f"parameters: {error}") from None
-        parsed = []
-        for index, item in enumerate(inputs):
-            check_sizes(item, index, self.settings.max_chars)
-            try:
-                parsed.append(pipeline.parse(item))
-            except InputError as error:
-                raise RequestError(422, f"inputs[{index}]: {error}") from None
-        return parsed, options
-
-    async def handle(self, task: str, request: Request) -> tuple[int, dict[str, Any]]:
-        """(status, JSON payload) for one request of `task`: its outputs, or an error naming the problem."""
-        # From its first byte the request counts as on its way in: the worker may wait for it to join a batch.
-        with self.scheduler.incoming():
-            try:
-                parsed, options = self.validate(task, await self.read_body(request))
-                job = self.scheduler.submit(task, parsed, options)
-                return 200, {"outputs": await self.scheduler.result(job, gone=client_gone(request))}
-            except RequestError as error:
-                return error.status, {"error": error.message}
-            except JobFailed as error:
-                return FAILURE_STATUS[error.kind], {"error": error.message}
-
-    def health(self) -> dict[str, Any]:
-        return {"status": "ok", "model": self.model_name, "tasks": list(self.pipelines),
-                "queue_depth": self.scheduler.queue_depth,
-                "running": len(self.scheduler.running),
-                "pipelines": {task: p.describe() for task, p in self.pipelines.items()},
-                "settings": asdict(self.settings)}
-
-
-async def client_gone(request: Request) -> None:
-    """Return once the client has closed its connection (the ASGI server says so through `receive`)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-        await asyncio.sleep(0.05)  # the body was read already: anything else is not news; do not spin
-
-
-# --- the app ---------------------------------------------------------------------------------------------
-
-REQUEST_SCHEMA = {
-    "type": "object", "required": ["inputs"],
-    "properties": {"inputs": {"type": "array", "minItems": 1, "items": {}},
-                   "parameters": {"type": "object"}},
-}
-
-
-def build_app(pipelines: dict[str, Pipeline], settings: ServerSettings | None = None,
+def build_app(models: ModelSet | Mapping[str, Pipeline], settings: ServerSettings | None = None,
               model_name: str = "model") -> FastAPI:
-    """A FastAPI app serving already-loaded pipelines (see `create_app`)."""
+    """A FastAPI app serving already-loaded models (see `create_app`); a plain mapping task -> pipeline is one
+    model called `model_name`."""
     settings = settings or ServerSettings()
-    service = InferenceService(pipelines, settings, model_name)
+    if not isinstance(models, ModelSet):
+        models = ModelSet({model_name: InferenceService(dict(models), settings, model_name)})
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        await service.scheduler.start()
+        await models.start()
         try:
             yield
         finally:
-            await service.scheduler.stop()
+            await models.stop()
 
     # FastAPI's own /docs and /redoc load their scripts from a CDN (blank offline): ours serve them from the
     # package (`add_docs`).
-    app = FastAPI(title="bertforge", description=f"BERT inference for {model_name}: " + ", ".join(pipelines),
-                  lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.service = service
+    described = "; ".join(f"{name}: {', '.join(s.pipelines)}" for name, s in models.services.items())
+    app = FastAPI(title="bertforge", description=f"BERT inference ({described})", lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
+    app.state.models = models
+    app.state.service = models.first  # the first model (the only one, usually)
     add_docs(app)
 
-    def add_route(task: str) -> None:
-        route = f"/v1/{task}"
-
-        async def endpoint(request: Request) -> JSONResponse:
-            began = time.perf_counter()
-            status, payload = await service.handle(task, request)
-            service.metrics.record_request(route, status, time.perf_counter() - began)
-            return JSONResponse(payload, status_code=status)
-
-        endpoint.__name__ = task.replace("-", "_")
-        app.add_api_route(
-            route, endpoint, methods=["POST"], summary=f"{task} ({pipelines[task].family_name})",
-            description=pipelines[task].description,
-            responses={400: {"description": "malformed JSON"}, 413: {"description": "too large"},
-                       422: {"description": "invalid input"}, 429: {"description": "queue full"}},
-            openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-                "schema": REQUEST_SCHEMA, "example": pipelines[task].example}}}})
-
-    for task in pipelines:
-        add_route(task)
-
-    served = [f"POST /v1/{task}" for task in pipelines] + ["GET /health", "GET /metrics", "GET /docs",
-                                                           "GET /redoc", "GET /openapi.json"]
+    # The routes, in the order a reader looks for them: ours, then the compatible ones.
+    served = (add_task_routes(app, models, elsewhere=DUAL_ROUTES) + add_tei_routes(app, models)
+              + add_openai_routes(app, models))
+    served += ["GET /health", "GET /metrics", "GET /docs", "GET /redoc", "GET /openapi.json"]
+    app.state.served = served
+    with_wire_schemas(app)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
-        # FastAPI's own 404/405 say only "Not Found": say what this model serves instead.
+        # FastAPI's own 404/405 say only "Not Found": say what this server serves instead.
         path = request.url.path
         if error.status_code == 404:
-            message = f"no route {request.method} {path}; this model serves: {', '.join(served)}"
+            message = f"no route {request.method} {path}; this server serves: {', '.join(served)}"
         elif error.status_code == 405:
             allowed = [route for route in served if route.split(" ", 1)[1] == path]
             message = f"{request.method} is not allowed on {path}; use {' or '.join(allowed) or 'another route'}"
         else:
             message = str(error.detail)
-        return JSONResponse({"error": message}, status_code=error.status_code, headers=error.headers)
+        return refusal(request, error.status_code, message, headers=error.headers)
 
-    @app.get("/health", summary="model, tasks, device, precision, queue depth")
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
+        # Raised for a route that declares its body as a pydantic model; our wire routes validate the body
+        # they read themselves (`wire_schemas.check_body`), with the same message.
+        message, param = validation_message(error.errors())
+        return refusal(request, 422, message, param=param)
+
+    @app.get("/health", summary="each served model: tasks, device, precision, queue depth")
     async def health() -> dict[str, Any]:
-        return service.health()
+        reports = {name: service.health() for name, service in models.services.items()}
+        # One model: its report at the top level as before, and under `models` like several.
+        top = dict(reports[models.names[0]]) if len(reports) == 1 else {"status": "ok"}
+        return {**top, "models": reports}
 
     @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(service.metrics.render(), media_type=CONTENT_TYPE)
+        return PlainTextResponse(render_metrics(models), media_type=CONTENT_TYPE)
 
+    # Guards (`http_guards`: keys, Host, Content-Type, CORS, request ids) are installed here, around every
+    # route above: they refuse through `envelopes.error_payload` like the routes.
     return app
+
+
+def render_metrics(models: ModelSet) -> bytes:
+    """The Prometheus text of every model: one model's metrics as they are; several models' each with a
+    `model` label (one family per metric name, as scrapers require)."""
+    if len(models.services) == 1:
+        return models.first.metrics.render()
+    return generate_latest(ModelLabelled({name: s.metrics for name, s in models.services.items()}))
+
+
+class ModelLabelled(Collector):
+    """Several models' metrics as one set: each sample gains a `model` label, families of one name merged."""
+
+    def __init__(self, metrics: Mapping[str, ServingMetrics]):
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for name, metrics in self.metrics.items():
+            for family in metrics.exposed.collect():
+                into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type,
+                                                             family.unit))
+                into.samples += [sample._replace(labels={"model": name, **sample.labels}) for sample in family.samples]
+        yield from merged.values()
 
 
 def add_docs(app: FastAPI) -> None:
@@ -320,31 +193,48 @@ def add_docs(app: FastAPI) -> None:
                               redoc_favicon_url=f"{root}{DOCS_ASSETS_URL}/favicon.png", with_google_fonts=False)
 
 
-def create_app(model_dir: str | Path, *, tasks: list[str] | None = None, device: str = "auto",
-               precision: str = DEFAULT_PRECISION, batch_size: int = 32, max_length: int | None = None,
-               **settings: Any) -> FastAPI:
-    """Load `model_dir` once and build the app serving every task it supports (or `tasks`).
+def model_directories(model: str | Path | Mapping[str, str | Path]) -> dict[str, str | Path]:
+    """name -> directory from one directory (named after its folder) or a mapping."""
+    if isinstance(model, Mapping):
+        return dict(model)
+    return {model_name_of(model): model}
+
+
+def create_app(model: str | Path | Mapping[str, str | Path], *, tasks: list[str] | None = None,
+               device: str = "auto", precision: str = DEFAULT_PRECISION, batch_size: int = 32,
+               max_length: int | None = None, **settings: Any) -> FastAPI:
+    """Load the model directories once and build the app serving every task each supports (or `tasks`).
 
     Args:
-        model_dir: a saved model directory.
-        tasks: restrict the routes to these tasks.
+        model: a saved model directory, or a mapping name -> directory to serve several (each with its own
+            scheduler and token budget; requests pick one by name, see `ModelSet.pick`).
+        tasks: restrict the routes to these tasks (every model must serve them).
         device, precision, batch_size, max_length: pipeline options (see `Pipeline`; precision fp32 unless
             asked, as `bertforge evaluate`).
         **settings: `ServerSettings` fields (max_batch_size, max_wait_ms, max_queue, ...).
+
+    Raises:
+        ConfigError / CheckpointError: a setting is unknown, or a model directory cannot be served (one line
+            naming the model and its directory).
     """
     try:
         server_settings = ServerSettings(**settings)
     except TypeError as error:
         raise ConfigError(f"unknown server setting: {error}") from None
-    pipelines = load_pipelines(model_dir, tasks, device=device, precision=precision, batch_size=batch_size,
-                               max_length=max_length)
-    return build_app(pipelines, server_settings, model_name=str(model_dir))
+    models = load_model_set(model_directories(model), server_settings, tasks=tasks, device=device,
+                            precision=precision, batch_size=batch_size, max_length=max_length)
+    return build_app(models, server_settings)
 
 
-def serve(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-          **options: Any) -> None:
-    """Run the server until interrupted (`bertforge serve --model DIR`). Loopback only unless `host` says otherwise."""
-    app = create_app(model_dir, **options)
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("listening on %s: the server is reachable from other machines and has no authentication", host)
+def serve(model: str | Path | Mapping[str, str | Path], *, host: str = "127.0.0.1", port: int = 8000,
+          log_level: str = "info", **options: Any) -> None:
+    """Run the server until interrupted (`bertforge serve --model [NAME=]DIR ...`). Loopback only unless `host`
+    says otherwise."""
+    app = create_app(model, **options)
+    if host not in LOOPBACK:
+        log.warning("listening on %s: the server is reachable from other machines", host)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+__all__ = ["FAILURE_STATUS", "InferenceService", "ModelSet", "RequestError", "ServerSettings", "build_app",
+           "check_sizes", "client_gone", "create_app", "serve"]

@@ -1,0 +1,347 @@
+"""The request handling behind every HTTP route, for one served model and for the set of them.
+
+`InferenceService` is one model: its pipelines (one per task it serves), its own `Scheduler` (queue,
+micro-batching worker, token budgets), its own `ServingMetrics`. It reads a request body under the limits
+(`read_body`: size, JSON through the untrusted-JSON decoder), validates our own ``{"inputs", "parameters"}``
+bodies (`validate`), hands parsed inputs to the scheduler (`run`) and maps its failures to statuses
+(`FAILURE_STATUS`). The wire-format routes (`openai_routes`, `tei_routes`) build parsed inputs their own way
+and call the same `run`: one path from input to answer, whatever the API.
+
+`ModelSet` is the served models by name, and the one rule of which model answers a request (`pick`): the
+model named (OpenAI's `model` field, or the `/models/<name>/...` path prefix); with no name, the only model
+that serves the route's task; with several candidates, a 400 listing their names (a silent default would
+answer with the wrong model without anyone noticing).
+
+Every refusal is a `RequestError` (status, message, OpenAI's `param`), turned into the body of the route's
+API style by `refusal` through `envelopes.error_payload`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bertforge.data.files import UntrustedJson, decode_json
+from bertforge.errors import BertforgeError, CheckpointError, ConfigError, InputError
+from bertforge.inference.envelopes import error_payload
+from bertforge.inference.pipelines import DEFAULT_PRECISION, Pipeline, load_pipelines
+from bertforge.inference.scheduler import Failure, JobFailed, Scheduler, SchedulerSettings, check_positive
+
+try:
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
+    from bertforge.inference.serving_metrics import ServingMetrics
+except ImportError as missing:  # the serve extra is optional; say how to get it when it is needed
+    raise ConfigError(f"serving needs the 'serve' extra ({missing.name} is not installed): "
+                      "pip install 'bertforge[serve]'") from None
+
+# A model name as it may appear in a path (/models/<name>/...) and in OpenAI's `model` field.
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+@dataclass
+class ServerSettings(SchedulerSettings):
+    """Limits of the server: the scheduler's (`SchedulerSettings`: max_batch_size, max_wait_ms,
+    max_batch_tokens, max_request_tokens, max_queue, micro_batching, request_timeout_s) and the sizes a
+    request may have before it is read into the queue. Each served model has its own scheduler with these.
+
+    Attributes:
+        max_items: inputs per request (more: 413; TEI's `max_client_batch_size`).
+        max_chars: characters per text field (more: 413).
+        max_body_bytes: request body size (more: 413).
+    """
+
+    max_items: int = 64
+    max_chars: int = 100_000
+    max_body_bytes: int = 8 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive(self, ("max_items", "max_chars", "max_body_bytes"))
+
+
+# The status of each way the scheduler gives up a request (a test holds it to `scheduler.FAILURES`).
+FAILURE_STATUS: dict[Failure, int] = {
+    "invalid": 422,  # an input the model cannot take (too long for fill-mask, no window ...)
+    "too_large": 413,  # over max_request_tokens
+    "busy": 429,  # max_queue requests already waiting
+    "timeout": 503,
+    # Nobody reads the answer; 499 ("client closed request", as nginx logs it) keeps the metrics honest.
+    "disconnect": 499,
+    "shutdown": 503,
+    "unhealthy": 503,  # the model gave non-finite outputs: /ready fails, every request is refused
+    "internal": 500,
+}
+
+
+class RequestError(Exception):
+    """A request the server refuses: HTTP status, a message for the client, and the field at fault (OpenAI's
+    `param`) when there is one."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def refusal(request: Request, status: int, message: str, *, param: str | None = None,
+            code: str | None = None, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """The response refusing `request`, in the error envelope of its path's API style."""
+    return JSONResponse(error_payload(request.url.path, status, message, param=param, code=code),
+                        status_code=status, headers=dict(headers or {}))
+
+
+def check_sizes(item: Any, index: int, max_chars: int) -> None:
+    """413 for a text field longer than `max_chars` (checked before any tokenization)."""
+    fields = item.items() if isinstance(item, Mapping) else enumerate(item) if isinstance(item, list) else [("", item)]
+    for name, value in fields:
+        if isinstance(value, str) and len(value) > max_chars:
+            where = f"inputs[{index}]" + (f".{name}" if isinstance(name, str) and name else
+                                          f"[{name}]" if name != "" else "")
+            raise RequestError(413, f"{where} has {len(value)} characters; this server accepts at most "
+                                    f"{max_chars} per text")
+
+
+async def read_body(request: Request, settings: ServerSettings) -> Any:
+    """The request's JSON body, read under `max_body_bytes` and through the untrusted-JSON decoder (nesting
+    depth, number size, lone surrogates); RequestError (400/413) naming the problem."""
+    limit = settings.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"request body of {declared} bytes is larger than the limit of {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"request body is larger than the limit of {limit} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        raise RequestError(400, "empty request body; send a JSON object")
+    try:
+        return decode_json(raw.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise RequestError(400, f"request body is not UTF-8 ({error.reason} at byte {error.start})") from None
+    except UntrustedJson as error:
+        raise RequestError(400, f"request body refused: {error}") from None
+
+
+async def client_gone(request: Request) -> None:
+    """Return once the client has closed its connection (the ASGI server says so through `receive`)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+        await asyncio.sleep(0.05)  # the body was read already: anything else is not news; do not spin
+
+
+class InferenceService:
+    """One served model: its pipelines, scheduler and metrics, and the handling of a request to it."""
+
+    def __init__(self, pipelines: dict[str, Pipeline], settings: ServerSettings, model_name: str,
+                 directory: str | Path | None = None):
+        self.pipelines = pipelines
+        self.settings = settings
+        self.model_name = model_name
+        self.directory = str(directory) if directory is not None else model_name
+        self.metrics = ServingMetrics(settings.max_batch_size, settings.max_batch_tokens,
+                                      queue_depth=lambda: self.scheduler.queue_depth)
+        self.scheduler = Scheduler(pipelines, settings, events=self.metrics)
+
+    def validate(self, task: str, body: Any) -> tuple[list[Any], dict[str, Any]]:
+        """The parsed inputs and checked options of one of our ``{"inputs", "parameters"}`` bodies;
+        RequestError (4xx) naming the first problem."""
+        if not isinstance(body, dict):
+            raise RequestError(400, f'expected a JSON object like {{"inputs": [...]}}, got {type(body).__name__}')
+        unknown = sorted(set(body) - {"inputs", "parameters"})
+        if unknown:
+            raise RequestError(422, f"unknown field(s) {unknown}; a request has 'inputs' and optional 'parameters'")
+        if "inputs" not in body:
+            raise RequestError(422, "missing field 'inputs' (a list of inputs)")
+        inputs = body["inputs"]
+        if not isinstance(inputs, list):
+            raise RequestError(422, f"'inputs' must be a list, got {type(inputs).__name__}")
+        if not inputs:
+            raise RequestError(422, "'inputs' is empty; send at least one input")
+        self.check_count(len(inputs))
+        parameters = body.get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise RequestError(422, f"'parameters' must be an object, got {type(parameters).__name__}")
+        options = self.check_options(task, parameters)
+        parsed = []
+        for index, item in enumerate(inputs):
+            check_sizes(item, index, self.settings.max_chars)
+            parsed.append(self.parse(task, item, f"inputs[{index}]"))
+        return parsed, options
+
+    def check_count(self, count: int, field: str = "inputs") -> None:
+        if count > self.settings.max_items:
+            raise RequestError(413, f"{count} inputs in one request; this server accepts at most "
+                                    f"{self.settings.max_items} (split the request)", param=field)
+
+    def check_options(self, task: str, parameters: Mapping[str, Any], field: str = "parameters") -> dict[str, Any]:
+        try:
+            return self.pipelines[task].check_options(parameters)
+        except InputError as error:
+            raise RequestError(422, f"{field}: {error}", param=field) from None
+
+    def parse(self, task: str, item: Any, where: str) -> Any:
+        try:
+            return self.pipelines[task].parse(item)
+        except InputError as error:
+            raise RequestError(422, f"{where}: {error}", param=where.split("[")[0]) from None
+
+    async def run(self, task: str, parsed: list[Any], options: dict[str, Any], request: Request) -> list[Any]:
+        """The pipeline's results for inputs already parsed and options already checked, through this model's
+        scheduler; RequestError with the status of a failure (`FAILURE_STATUS`)."""
+        try:
+            job = self.scheduler.submit(task, parsed, options)
+            return await self.scheduler.result(job, gone=client_gone(request))
+        except JobFailed as error:
+            raise RequestError(FAILURE_STATUS[error.kind], error.message) from None
+
+    async def handle(self, task: str, request: Request, body: Any = None) -> tuple[int, dict[str, Any]]:
+        """(status, bertforge-style payload) for one of our `/v1/<task>` requests (`body`: already read)."""
+        # From its first byte the request counts as on its way in: the worker may wait for it to join a batch.
+        with self.scheduler.incoming():
+            try:
+                if body is None:
+                    body = await read_body(request, self.settings)
+                parsed, options = self.validate(task, body)
+                return 200, {"outputs": await self.run(task, parsed, options, request)}
+            except RequestError as error:
+                return error.status, error_payload(request.url.path, error.status, error.message)
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok", "model": self.model_name, "directory": self.directory, "tasks": list(self.pipelines),
+                "queue_depth": self.scheduler.queue_depth,
+                "running": len(self.scheduler.running),
+                "pipelines": {task: p.describe() for task, p in self.pipelines.items()},
+                "settings": asdict(self.settings)}
+
+
+class ModelSet:
+    """The served models by name (in the order given), and which one answers a request (`pick`)."""
+
+    def __init__(self, services: Mapping[str, InferenceService]):
+        if not services:
+            raise ConfigError("no model to serve; give at least one --model NAME=DIR")
+        self.services = dict(services)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.services)
+
+    @property
+    def first(self) -> InferenceService:
+        return next(iter(self.services.values()))
+
+    def tasks(self) -> list[str]:
+        """Every task some model serves, in first-seen order."""
+        return list(dict.fromkeys(task for s in self.services.values() for task in s.pipelines))
+
+    def serving(self, task: str) -> list[str]:
+        return [name for name, s in self.services.items() if task in s.pipelines]
+
+    def pick(self, name: str | None, task: str, *, field: str = "model", lenient: bool = False) -> InferenceService:
+        """The model that answers a request for `task`.
+
+        Args:
+            name: the model the request names (OpenAI's `model`, the path's `/models/<name>`), or None.
+            task: the pipeline the route runs; the model must serve it.
+            field: how the request named the model (for messages and OpenAI's `param`).
+            lenient: with a single model served, an unknown name still picks it (OpenAI clients send a name
+                of their own, e.g. a hard-coded "text-embedding-3-small", as text-embeddings-inference allows).
+        """
+        if name is not None and name not in self.services:
+            if lenient and len(self.services) == 1:
+                name = None
+            else:
+                raise RequestError(404, f"model {name!r} is not served here; served models: {self.names}",
+                                   param=field, code="model_not_found")
+        if name is not None:
+            service = self.services[name]
+            if task not in service.pipelines:
+                raise RequestError(404 if field == "path" else 400,
+                                   f"model {name!r} does not serve {task}; it serves {list(service.pipelines)}"
+                                   f" (models serving {task}: {self.serving(task)})", param=field)
+            return service
+        candidates = self.serving(task)
+        if len(candidates) > 1:
+            # Every model's encoder serves embed: unnamed, it is the model that serves nothing else's to answer.
+            candidates = [n for n in candidates if list(self.services[n].pipelines) == [task]] or candidates
+        if len(candidates) == 1:
+            return self.services[candidates[0]]
+        if not candidates:
+            raise RequestError(404, f"no served model serves {task}; served models: {self.names}", param=field)
+        raise RequestError(400, f"several served models serve {task} ({candidates}); name one with "
+                                f"{'the model field' if field == 'model' else '/models/<name>/...'}",
+                           param=field)
+
+    def named(self, name: str | None, field: str = "path") -> InferenceService:
+        """The model of a request that runs no task (TEI's /info, /tokenize, /decode): the one named, else the
+        only one served."""
+        if name is None:
+            if len(self.services) == 1:
+                return self.first
+            raise RequestError(400, f"several models are served ({self.names}); name one with /models/<name>/...",
+                               param=field)
+        if name not in self.services:
+            raise RequestError(404, f"model {name!r} is not served here; served models: {self.names}",
+                               param=field, code="model_not_found")
+        return self.services[name]
+
+    async def start(self) -> None:
+        for service in self.services.values():
+            await service.scheduler.start()
+
+    async def stop(self) -> None:
+        for service in self.services.values():
+            await service.scheduler.stop()
+
+
+def model_name_of(directory: str | Path) -> str:
+    """The name a model directory is served under when none is given: its folder name."""
+    name = Path(directory).resolve().name or "model"
+    return name if MODEL_NAME.fullmatch(name) else re.sub(r"[^A-Za-z0-9._-]", "-", name)[:64].lstrip("._-") or "model"
+
+
+def parse_model_option(value: str) -> tuple[str, str]:
+    """`--model NAME=DIR` as (name, directory); a plain `DIR` is named after its folder."""
+    name, sep, directory = value.partition("=")
+    if not sep:
+        return model_name_of(value), value
+    if not MODEL_NAME.fullmatch(name):
+        raise ConfigError(f"--model {value}: the name {name!r} must be letters, digits, '.', '_' or '-' "
+                          "(at most 64, starting with a letter or digit), e.g. --model embedder=models/minilm")
+    if not directory:
+        raise ConfigError(f"--model {value}: no directory after '='; use --model NAME=DIR")
+    return name, directory
+
+
+def load_model_set(models: Mapping[str, str | Path], settings: ServerSettings, *, tasks: list[str] | None = None,
+                   device: str = "auto", precision: str = DEFAULT_PRECISION, batch_size: int = 32,
+                   max_length: int | None = None) -> ModelSet:
+    """Load every named model directory (each its own pipelines, scheduler and metrics). A directory that
+    cannot be served fails the start with one line naming the model and its directory."""
+    services = {}
+    for name, directory in models.items():
+        if not MODEL_NAME.fullmatch(name):
+            raise ConfigError(f"model name {name!r} must be letters, digits, '.', '_' or '-' (at most 64)")
+        try:
+            pipelines = load_pipelines(directory, tasks, device=device, precision=precision, batch_size=batch_size,
+                                       max_length=max_length)
+        except (BertforgeError, OSError) as error:
+            reason = str(error).replace(str(directory) + ": ", "")
+            # The kind of error stays (a corrupt checkpoint is a CheckpointError); the message names the model.
+            kind = type(error) if isinstance(error, CheckpointError | ConfigError | InputError) else ConfigError
+            raise kind(f"model {name} ({directory}) cannot be served: {reason}") from None
+        services[name] = InferenceService(pipelines, settings, name, directory)
+    return ModelSet(services)

@@ -1,0 +1,80 @@
+"""bertforge's own task routes: `POST /v1/<task>` for every task a served model supports (`fill-mask`,
+`classify`, `tag`, `answer`, `choose`, `embed`, `rerank`), each also under `/models/<name>/v1/<task>`.
+
+A body is ``{"inputs": [...], "parameters": {...}}`` and the answer ``{"outputs": [...]}`` in input order
+(`InferenceService.handle`). Without a model in the path, the only served model that supports the task
+answers; with several, a 400 names them (`ModelSet.pick`). `/v1/rerank` is registered by `tei_routes`,
+which accepts this shape and the Cohere one on the same path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+# First: without the serve extra it raises the ConfigError saying how to install it.
+from bertforge.inference.model_service import ModelSet, RequestError, refusal  # isort: skip
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+MODEL_PREFIX = "/models/{model}"
+# The statuses our routes document (the guards add theirs: 401, 415 ...).
+TASK_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"description": "malformed JSON, or several models serve the task and none is named"},
+    404: {"description": "no served model of that name serves the task"},
+    413: {"description": "too large"}, 422: {"description": "invalid input"}, 429: {"description": "queue full"},
+    503: {"description": "timed out or shutting down"}}
+REQUEST_SCHEMA = {
+    "type": "object", "required": ["inputs"],
+    "properties": {"inputs": {"type": "array", "minItems": 1, "items": {}},
+                   "parameters": {"type": "object"}},
+}
+
+
+async def answer_task(models: ModelSet, task: str, request: Request, name: str | None, route: str) -> JSONResponse:
+    """One of our task requests, to the model `name` (None: the only one serving `task`)."""
+    began = time.perf_counter()
+    try:
+        service = models.pick(name, task, field="path")
+    except RequestError as error:
+        return refusal(request, error.status, error.message)
+    status, payload = await service.handle(task, request)
+    service.metrics.record_request(route, status, time.perf_counter() - began)
+    return JSONResponse(payload, status_code=status)
+
+
+def task_endpoint(models: ModelSet, task: str, route: str, prefixed: bool) -> Callable[..., Any]:
+    if prefixed:
+        async def endpoint(request: Request, model: str) -> JSONResponse:
+            return await answer_task(models, task, request, model, route)
+    else:
+        async def endpoint(request: Request) -> JSONResponse:
+            return await answer_task(models, task, request, None, route)
+    endpoint.__name__ = task.replace("-", "_") + ("_of_model" if prefixed else "")
+    return endpoint
+
+
+def task_route_options(models: ModelSet, task: str) -> dict[str, Any]:
+    """The OpenAPI description of `/v1/<task>`: the first serving model's pipeline's description and example."""
+    pipeline = models.services[models.serving(task)[0]].pipelines[task]
+    return dict(summary=f"{task} ({pipeline.family_name})", description=pipeline.description,
+                responses=TASK_RESPONSES,
+                openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                    "schema": REQUEST_SCHEMA, "example": pipeline.example}}}})
+
+
+def add_task_routes(app: FastAPI, models: ModelSet, elsewhere: tuple[str, ...] = ()) -> list[str]:
+    """`POST /v1/<task>` and `POST /models/{model}/v1/<task>` for every served task but those routed
+    `elsewhere` (rerank: `tei_routes`); the routes added, as "METHOD path"."""
+    added = []
+    for task in models.tasks():
+        if task in elsewhere:
+            continue
+        for prefixed in (False, True):
+            route = (MODEL_PREFIX if prefixed else "") + f"/v1/{task}"
+            app.add_api_route(route, task_endpoint(models, task, route, prefixed), methods=["POST"],
+                              **task_route_options(models, task))
+            added.append(f"POST {route}")
+    return added

@@ -1,0 +1,426 @@
+"""text-embeddings-inference's routes with TEI's request, response and error shapes (its `openapi.json`):
+`POST /embed`, `/rerank`, `/predict`, `/tokenize`, `/decode`, `GET /info`, each also under
+`/models/<name>/...` (a TEI client's base URL per model), and `POST /v1/rerank`, which takes bertforge's
+``{"inputs", "parameters"}`` body and the Cohere/Infinity one (``{"query", "documents", "top_n",
+"return_documents"}``) on one path, told apart by their fields.
+
+Every route runs the served model's pipelines through its scheduler (`InferenceService.run`): /embed the
+`embed` pipeline (`EmbedText`: TEI's truncation rule, an over-long input without `truncate` is a 422 naming
+the limit), /rerank the `rerank` pipeline (candidates are cut to the window as that pipeline always does),
+/predict the `classify` pipeline (long inputs windowed as evaluate does). A route whose task no served model
+has answers 424, as TEI does for a model of the wrong kind. Refusals use TEI's `{"error", "error_type"}`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal
+
+from bertforge.inference.model_service import (  # isort: skip  (first: the serve-extra check)
+    InferenceService,
+    ModelSet,
+    RequestError,
+    read_body,
+    refusal,
+)
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from bertforge import __version__
+from bertforge.inference.openai_routes import check_ids, shorten
+from bertforge.inference.pipelines import EmbedText
+from bertforge.inference.task_routes import MODEL_PREFIX, task_route_options
+from bertforge.inference.wire_schemas import WireModel, check_body, register, request_body
+
+# The pipelines the TEI routes run (the routes are bound to them: /embed embeds, /rerank reranks ...).
+EMBED, RERANK, CLASSIFY = "embed", "rerank", "classify"
+# Our task routes this module serves on their path too (`/v1/rerank`: ours and Cohere's shape).
+DUAL_ROUTES = (RERANK,)
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+Direction = Literal["right", "left", "Right", "Left"]
+Text = Annotated[str, Field(min_length=1)]
+
+
+@register
+class EmbedRequest(WireModel):
+    inputs: Text | TokenIds | Annotated[list[Text | TokenIds], Field(min_length=1)]
+    normalize: bool = True
+    truncate: bool | None = False
+    truncation_direction: Direction = "right"
+    prompt_name: str | None = None
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+
+
+@register
+class RerankRequest(WireModel):
+    query: Text
+    texts: Annotated[list[Text], Field(min_length=1)]
+    truncate: bool | None = False
+    truncation_direction: Direction = "right"
+    raw_scores: bool = False
+    return_text: bool = False
+
+
+@register
+class PredictRequest(WireModel):
+    inputs: Text | Annotated[list[Text], Field(min_length=2, max_length=2)] | Annotated[
+        list[Annotated[list[Text], Field(min_length=1, max_length=2)]], Field(min_length=1)]
+    truncate: bool | None = False
+    truncation_direction: Direction = "right"
+    raw_scores: bool = False
+
+
+@register
+class TokenizeRequest(WireModel):
+    inputs: Text | Annotated[list[Text], Field(min_length=1)]
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+
+
+@register
+class DecodeRequest(WireModel):
+    ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
+    skip_special_tokens: bool = True
+
+
+@register
+class CohereRerankRequest(WireModel):
+    """The Cohere / Infinity rerank request."""
+
+    query: Text
+    documents: Annotated[list[Text | dict[str, str]], Field(min_length=1)]
+    model: str | None = None
+    top_n: Annotated[int, Field(ge=1)] | None = None
+    return_documents: bool = False
+    max_chunks_per_doc: int | None = Field(None, description="accepted and ignored")
+
+
+class Rank(BaseModel):
+    index: int
+    score: float
+    text: str | None = None
+
+
+class Prediction(BaseModel):
+    label: str
+    score: float
+
+
+class SimpleToken(BaseModel):
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
+
+
+class Info(BaseModel):
+    model_id: str
+    model_sha: str | None = None
+    model_dtype: str
+    model_type: dict[str, Any]
+    max_concurrent_requests: int
+    max_input_length: int
+    max_batch_tokens: int
+    max_batch_requests: int | None = None
+    max_client_batch_size: int
+    auto_truncate: bool
+    tokenization_workers: int
+    version: str
+
+
+class TEIError(BaseModel):
+    error: str
+    error_type: str
+
+
+class CohereResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: dict[str, str] | None = None
+
+
+class CohereRerankResponse(BaseModel):
+    id: str
+    model: str
+    results: list[CohereResult]
+
+
+TEI_ERRORS = {status: {"model": TEIError, "description": text} for status, text in (
+    (400, "malformed JSON, or several models and none named"), (404, "model not served"),
+    (413, "batch size error"), (422, "validation or tokenization error (input over max_input_length)"),
+    (424, "no served model is of this kind"), (429, "model is overloaded"), (503, "timed out"))}
+
+
+# --- answers (each: validated request -> JSON value) -------------------------------------------------------
+
+def tei_inputs(value: Any) -> list[Any]:
+    """TEI's `inputs` (one input, or a list) as a list: a string or token ids is one input."""
+    if isinstance(value, str) or (isinstance(value, list) and value and isinstance(value[0], int)):
+        return [value]
+    return list(value)
+
+
+async def embed(service: InferenceService, call: EmbedRequest, request: Request) -> Any:
+    pipeline = service.pipelines[EMBED]
+    items = tei_inputs(call.inputs)
+    service.check_count(len(items))
+    try:
+        prefix = pipeline.prompt_text(call.prompt_name)
+    except Exception as error:  # InputError: an unknown prompt name
+        raise RequestError(422, f"prompt_name: {error}", param="prompt_name") from None
+    direction = call.truncation_direction.lower()
+    parsed = []
+    for index, item in enumerate(items):
+        if isinstance(item, str):
+            text = service.parse(EMBED, prefix + item, f"inputs[{index}]")
+            parsed.append(EmbedText(text=text, truncate=bool(call.truncate), direction=direction))
+        else:
+            ids = check_ids(tuple(item), pipeline.tokenizer.vocab_size, f"inputs[{index}]")
+            parsed.append(EmbedText(ids=ids, truncate=bool(call.truncate), direction=direction))
+    options = service.check_options(EMBED, {"normalize": call.normalize})
+    results = await service.run(EMBED, parsed, options, request)
+    vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)
+    try:
+        vectors = shorten(vectors, call.dimensions, pipeline.matryoshka_dims)
+    except RequestError as error:
+        raise RequestError(422, error.message, param="dimensions") from None
+    return vectors.tolist()
+
+
+async def rerank(service: InferenceService, call: RerankRequest, request: Request) -> Any:
+    service.check_count(len(call.texts), "texts")
+    parsed = [service.parse(RERANK, {"query": call.query, "texts": call.texts}, "texts")]
+    options = service.check_options(RERANK, {"return_text": call.return_text})
+    ranked = (await service.run(RERANK, parsed, options, request))[0]["results"]
+    # raw_scores: the relevant output's logit, else the relevance in [0, 1]; best first either way.
+    return [{"index": r["index"], "score": r["logit"] if call.raw_scores else r["score"],
+             **({"text": r["text"]} if call.return_text else {})} for r in ranked]
+
+
+def predictions(result: dict[str, Any], raw_scores: bool, labels: list[str]) -> list[dict[str, Any]]:
+    """TEI's predictions of one input (every label, best first) from the classify pipeline's result."""
+    if "value" in result:  # a one-output model: TEI's score is the sigmoid of the logit
+        value = float(result["value"])
+        return [{"label": labels[0] if labels else "LABEL_0",
+                 "score": value if raw_scores else float(1 / (1 + np.exp(-value)))}]
+    if raw_scores:
+        raise RequestError(422, "raw_scores: this server returns probabilities only for a model with several "
+                                "labels; send raw_scores false", param="raw_scores")
+    return sorted(({"label": label, "score": float(score)} for label, score in result["scores"].items()),
+                  key=lambda p: -p["score"])
+
+
+async def predict(service: InferenceService, call: PredictRequest, request: Request) -> Any:
+    single = isinstance(call.inputs, str) or (call.inputs and isinstance(call.inputs[0], str))
+    items = [call.inputs] if single else list(call.inputs)
+    service.check_count(len(items))
+    parsed = [service.parse(CLASSIFY, item if isinstance(item, str) else list(item), f"inputs[{index}]")
+              for index, item in enumerate(items)]
+    results = await service.run(CLASSIFY, parsed, service.check_options(CLASSIFY, {}), request)
+    config = service.pipelines[CLASSIFY].config
+    labels = [config.id2label[i] for i in sorted(config.id2label)] if config.id2label else []
+    answers = [predictions(result, call.raw_scores, labels) for result in results]
+    return answers[0] if single else answers
+
+
+def tokenize(service: InferenceService, call: TokenizeRequest) -> Any:
+    pipeline = next(iter(service.pipelines.values()))
+    items = [call.inputs] if isinstance(call.inputs, str) else call.inputs
+    service.check_count(len(items))
+    prefix = ""
+    if call.prompt_name is not None:
+        if EMBED not in service.pipelines:
+            raise RequestError(422, "prompt_name: this model has no prompts", param="prompt_name")
+        try:
+            prefix = service.pipelines[EMBED].prompt_text(call.prompt_name)
+        except Exception as error:  # InputError: an unknown prompt name
+            raise RequestError(422, f"prompt_name: {error}", param="prompt_name") from None
+    answers = []
+    for index, item in enumerate(items):
+        text = prefix + service.parse(EMBED, item, f"inputs[{index}]") if EMBED in service.pipelines else item
+        encoding = pipeline.tokenizer.encode(text, add_special_tokens=call.add_special_tokens)
+        tokens = []
+        for token_id, token, special, (start, stop) in zip(encoding.ids, encoding.tokens,
+                                                             encoding.special_tokens_mask, encoding.offsets):
+            tokens.append({"id": token_id, "text": token if special else text[start:stop], "special": bool(special),
+                           "start": None if special else start, "stop": None if special else stop})
+        answers.append(tokens)
+    return answers
+
+
+def decode(service: InferenceService, call: DecodeRequest) -> Any:
+    tokenizer = next(iter(service.pipelines.values())).tokenizer
+    batches = [call.ids] if call.ids and isinstance(call.ids[0], int) else call.ids
+    service.check_count(len(batches), "ids")
+    return [tokenizer.decode(check_ids(tuple(ids), tokenizer.vocab_size, f"ids[{index}]"),
+                             skip_special_tokens=call.skip_special_tokens) for index, ids in enumerate(batches)]
+
+
+def info(service: InferenceService) -> dict[str, Any]:
+    pipelines = service.pipelines
+    config = next(iter(pipelines.values())).config
+    labels = {"id2label": {str(k): v for k, v in (config.id2label or {}).items()},
+              "label2id": dict(config.label2id or {})}
+    if RERANK in pipelines:
+        kind = {"reranker": labels}
+    elif CLASSIFY in pipelines:
+        kind = {"classifier": labels}
+    else:
+        kind = {"embedding": {"pooling": pipelines[EMBED].defaults["pooling"] if EMBED in pipelines else "cls"}}
+    first = pipelines.get(EMBED) or next(iter(pipelines.values()))
+    settings = service.settings
+    return {"model_id": service.model_name, "model_sha": None,
+            "model_dtype": {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(first.precision,
+                                                                                          first.precision),
+            "model_type": kind, "max_concurrent_requests": settings.max_queue, "max_input_length": first.max_length,
+            "max_batch_tokens": settings.max_batch_tokens, "max_batch_requests": settings.max_batch_size,
+            "max_client_batch_size": settings.max_items, "auto_truncate": False, "tokenization_workers": 1,
+            "version": __version__, "tasks": list(pipelines)}
+
+
+async def cohere_rerank(models: ModelSet, call: CohereRerankRequest, request: Request) -> dict[str, Any]:
+    service = models.pick(call.model, RERANK, lenient=True)
+    texts = [d if isinstance(d, str) else d.get("text") for d in call.documents]
+    missing = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if missing is not None:
+        raise RequestError(422, f'documents[{missing}]: a document is a string or {{"text": "..."}}',
+                           param="documents")
+    service.check_count(len(texts), "documents")
+    parsed = [service.parse(RERANK, {"query": call.query, "texts": texts}, "documents")]
+    options = service.check_options(RERANK, {"top_n": call.top_n})
+    ranked = (await service.run(RERANK, parsed, options, request))[0]["results"]
+    return {"id": str(uuid.uuid4()), "model": service.model_name,
+            "results": [{"index": r["index"], "relevance_score": r["score"],
+                         **({"document": {"text": texts[r["index"]]}} if call.return_documents else {})}
+                        for r in ranked]}
+
+
+# --- routes ---------------------------------------------------------------------------------------------
+
+async def answer(request: Request, models: ModelSet, run: Callable[[Any], Awaitable[Any]], route: str) -> JSONResponse:
+    """Run one wire request, recording its metrics; any refusal in the route's envelope."""
+    began = time.perf_counter()
+    recorder: list[InferenceService] = []
+    try:
+        response = JSONResponse(await run(recorder))
+    except RequestError as error:
+        response = refusal(request, error.status, error.message, param=error.param, code=error.code)
+    if recorder:
+        recorder[0].metrics.record_request(route, response.status_code, time.perf_counter() - began)
+    return response
+
+
+TEI_ROUTES: dict[str, tuple[str | None, type[BaseModel] | None, Any, str]] = {
+    # path: (task the model must serve, request model, answer function, summary)
+    "/embed": (EMBED, EmbedRequest, embed, "TEI: embeddings of one or several inputs"),
+    "/rerank": (RERANK, RerankRequest, rerank, "TEI: texts ranked by relevance to a query (cross-encoder)"),
+    "/predict": (CLASSIFY, PredictRequest, predict, "TEI: label scores of texts or text pairs"),
+    "/tokenize": (None, TokenizeRequest, tokenize, "TEI: tokens with character offsets"),
+    "/decode": (None, DecodeRequest, decode, "TEI: text of token ids"),
+}
+RESPONSES = {"/embed": list[list[float]], "/rerank": list[Rank], "/predict": list[Prediction] | list[list[Prediction]],
+             "/tokenize": list[list[SimpleToken]], "/decode": list[str]}
+
+
+def tei_endpoint(models: ModelSet, path: str, route: str, prefixed: bool) -> Callable[..., Any]:
+    task, model_class, function, _ = TEI_ROUTES[path]
+
+    async def run(request: Request, name: str | None) -> JSONResponse:
+        async def work(recorder: list[InferenceService]) -> Any:
+            body = await read_body(request, models.first.settings)
+            call = check_body(model_class, body)
+            if task is not None and not models.serving(task):
+                raise RequestError(424, f"no served model does {task} ({path}); served models: "
+                                        f"{ {n: list(s.pipelines) for n, s in models.services.items()} }")
+            service = models.pick(name, task, field="path") if task else models.named(name)
+            recorder.append(service)
+            if task is None:
+                return function(service, call)
+            with service.scheduler.incoming():
+                return await function(service, call, request)
+        return await answer(request, models, work, route)
+
+    if prefixed:
+        async def endpoint(request: Request, model: str) -> JSONResponse:
+            return await run(request, model)
+    else:
+        async def endpoint(request: Request) -> JSONResponse:
+            return await run(request, None)
+    endpoint.__name__ = "tei_" + path.strip("/") + ("_of_model" if prefixed else "")
+    return endpoint
+
+
+def add_tei_routes(app: FastAPI, models: ModelSet) -> list[str]:
+    """TEI's routes (and their `/models/{model}` forms), and `/v1/rerank` where a model reranks."""
+    added = []
+    for path, (_, model_class, _, summary) in TEI_ROUTES.items():
+        for prefixed in (False, True):
+            route = (MODEL_PREFIX if prefixed else "") + path
+            app.add_api_route(route, tei_endpoint(models, path, route, prefixed), methods=["POST"], summary=summary,
+                              response_model=RESPONSES[path], responses=TEI_ERRORS,
+                              openapi_extra=request_body(model_class))
+            added.append(f"POST {route}")
+
+    async def info_of(request: Request, name: str | None) -> JSONResponse:
+        try:
+            return JSONResponse(info(models.named(name)))
+        except RequestError as error:
+            return refusal(request, error.status, error.message)
+
+    @app.get("/info", response_model=Info, summary="TEI: the served model, its limits", responses=TEI_ERRORS)
+    async def tei_info(request: Request) -> JSONResponse:
+        return await info_of(request, None)
+
+    @app.get(MODEL_PREFIX + "/info", response_model=Info, summary="TEI: a served model, its limits",
+             responses=TEI_ERRORS)
+    async def tei_info_of_model(request: Request, model: str) -> JSONResponse:
+        return await info_of(request, model)
+
+    added += ["GET /info", f"GET {MODEL_PREFIX}/info"]
+    if models.serving(RERANK):
+        added += add_dual_rerank(app, models)
+    return added
+
+
+def add_dual_rerank(app: FastAPI, models: ModelSet) -> list[str]:
+    """`/v1/rerank`: bertforge's body (``inputs``) or Cohere's (``query`` + ``documents``), one path."""
+    options = task_route_options(models, RERANK)
+    schema = {"oneOf": [options["openapi_extra"]["requestBody"]["content"]["application/json"]["schema"],
+                        {"$ref": "#/components/schemas/CohereRerankRequest"}]}
+    options["openapi_extra"] = {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": schema, "example": options["openapi_extra"]["requestBody"]["content"]["application/json"][
+            "example"]}}}, "x-request-model": "CohereRerankRequest"}
+    options["description"] += ("\n\nAlso takes the Cohere/Infinity body {query, documents, top_n, return_documents,"
+                               " model} and then answers {id, model, results: [{index, relevance_score, document}]}.")
+
+    async def rerank_either(request: Request, name: str | None, route: str) -> JSONResponse:
+        began = time.perf_counter()
+        try:
+            body = await read_body(request, models.first.settings)
+            if isinstance(body, dict) and "inputs" in body:
+                service = models.pick(name, RERANK, field="path")
+                status, payload = await service.handle(RERANK, request, body)
+                service.metrics.record_request(route, status, time.perf_counter() - began)
+                return JSONResponse(payload, status_code=status)
+            call = check_body(CohereRerankRequest, body)
+            if name is not None:
+                call = call.model_copy(update={"model": name})
+            return JSONResponse(await cohere_rerank(models, call, request))
+        except RequestError as error:
+            return refusal(request, error.status, error.message, param=error.param)
+
+    async def v1_rerank(request: Request) -> JSONResponse:
+        return await rerank_either(request, None, "/v1/rerank")
+
+    async def v1_rerank_of_model(request: Request, model: str) -> JSONResponse:
+        return await rerank_either(request, model, MODEL_PREFIX + "/v1/rerank")
+
+    app.add_api_route("/v1/rerank", v1_rerank, methods=["POST"], **options)
+    app.add_api_route(MODEL_PREFIX + "/v1/rerank", v1_rerank_of_model, methods=["POST"], **options)
+    return ["POST /v1/rerank", f"POST {MODEL_PREFIX}/v1/rerank"]
