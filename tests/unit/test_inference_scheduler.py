@@ -10,11 +10,13 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import math
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,7 +25,9 @@ from bertforge.errors import ConfigError, InputError
 from bertforge.inference.scheduler import JobFailed, Scheduler, SchedulerEvents, SchedulerSettings
 
 WEB_FRAMEWORKS = ("fastapi", "starlette", "uvicorn", "pydantic")
-SCHEDULER_SOURCE = Path(__file__).resolve().parents[2] / "src" / "bertforge" / "inference" / "scheduler.py"
+INFERENCE = Path(__file__).resolve().parents[2] / "src" / "bertforge" / "inference"
+# The scheduler and the modules it is made of (its vocabulary, its admission checks).
+SCHEDULER_SOURCES = [INFERENCE / name for name in ("scheduler.py", "jobs.py", "admission.py")]
 EMBEDDING_TOLERANCE = 1e-5  # fp32: one window's output does not depend on the windows sharing its call
 
 
@@ -124,8 +128,9 @@ def failure(job) -> JobFailed:
 
 # --- no web framework -----------------------------------------------------------------------------------------
 
-def test_scheduler_source_imports_no_web_framework():
-    tree = ast.parse(SCHEDULER_SOURCE.read_text(encoding="utf-8"))
+@pytest.mark.parametrize("source", SCHEDULER_SOURCES, ids=lambda path: path.name)
+def test_scheduler_source_imports_no_web_framework(source):
+    tree = ast.parse(source.read_text(encoding="utf-8"))
     imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
     imported += [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
     assert imported and not [name for name in imported if name.split(".")[0] in WEB_FRAMEWORKS + ("prometheus_client",)]
@@ -440,3 +445,183 @@ def test_scheduler_runs_a_real_pipeline_split_over_calls_as_the_pipeline_answers
     assert len(events.model_calls) > 1  # the request was split
     for got, expected in zip(answers, pipeline.run(texts), strict=True):
         assert got["embedding"] == pytest.approx(expected["embedding"], abs=EMBEDDING_TOLERANCE)
+
+
+# --- admission: refusals decided before any model work (issue #20) --------------------------------------------
+
+@dataclass
+class Pair:
+    """A parsed classification input, as the windowing families' floor reads it."""
+
+    text_a: str
+    text_b: str | None = None
+
+
+class Family:
+    name = "classification"
+
+
+class WindowingFake(FakePipeline):
+    """The fake pipeline posing as a windowing family, counting the windows it was asked to build."""
+
+    family = Family()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.windowed: list[Any] = []
+
+    def features(self, parsed):
+        self.windowed += parsed
+        return super().features([item.text_a if isinstance(item, Pair) else item for item in parsed])
+
+
+def test_scheduler_refuses_a_request_whose_words_are_over_the_budget_before_windowing_it():
+    async def main() -> None:
+        fake = WindowingFake()
+        scheduler = Scheduler({"t": fake}, SchedulerSettings(max_request_tokens=50))
+        await scheduler.start(run_worker=False)
+        try:
+            with pytest.raises(JobFailed) as refused:
+                scheduler.submit("t", [Pair(words("big", 30)), Pair("a", words("pair", 40))], {})
+            assert refused.value.kind == "too_large" and "at most 50 per request" in refused.value.message
+            assert scheduler.queue_depth == 0 and fake.windowed == []  # never reached the model thread
+            scheduler.submit("t", [Pair(words("fits", 20))], {})  # under the floor: counted exactly later
+            assert scheduler.queue_depth == 1
+        finally:
+            await scheduler.stop()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("text", [
+    "plain ascii words, with punctuation!", "a\x0bb\x0cc\x1cd", "\u200b \u200b word \u200b", "caf\u0065\u0301 na\u00efve",
+    "\u4e2d\u6587\u5b57 and latin", "\x00\x01 \x7f x", "a\u2028b\u2029c", "w" * 300 + " short", "__ -- ..", "e\u0301 \u0301",
+])
+def test_admission_word_floor_never_exceeds_the_tokenizer(minilm_path, text):
+    from bertforge.inference.admission import word_floor
+    from bertforge.tokenization import Tokenizer
+
+    tokenizer = Tokenizer.from_pretrained(minilm_path)
+    assert word_floor(text) <= len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def test_admission_token_floor_is_zero_for_families_that_truncate_and_for_short_requests():
+    from bertforge.inference.admission import token_floor
+
+    long = words("w", 5000)
+    assert token_floor("embedding", [long], 100) == 0  # truncated to one window: bounded by it
+    assert token_floor("classification", [Pair("short text")], 100) == 0  # fewer characters than the limit
+    assert token_floor("classification", [Pair("x", long)], 100) > 100  # the longer segment is windowed
+    assert token_floor("question_answering", [SimpleNamespace(question=long, context="c")], 100) == 0
+
+
+def test_scheduler_full_queue_refusal_says_when_to_retry():
+    async def test(scheduler, fake, events):
+        scheduler.submit("t", ["first"], {})
+        with pytest.raises(JobFailed) as refused:
+            scheduler.submit("t", ["second"], {})
+        assert refused.value.kind == "busy" and refused.value.retry_after_s == 1  # no throughput measured yet
+
+    scenario(test, max_queue=1)
+
+
+def test_scheduler_refuses_when_the_expected_wait_passes_max_queue_wait_s():
+    async def test(scheduler, fake, events):
+        scheduler.throughput.tokens_per_s = 10.0  # as measured from recent model calls
+        scheduler.submit("t", [words("a", 40)], {})  # 79 characters: 79 // 4 + 2 = 21 tokens, 2.1 s of work
+        scheduler.submit("t", [words("b", 40)], {})  # would wait 2.1 s: within the limit
+        with pytest.raises(JobFailed) as refused:
+            scheduler.submit("t", ["third"], {})  # would wait 4.2 s > 3
+        assert refused.value.kind == "busy" and "max_queue_wait_s=3" in refused.value.message
+        assert refused.value.retry_after_s == 2  # ceil(4.2 - 3)
+        assert scheduler.queue_depth == 2
+
+    scenario(test, max_queue_wait_s=3.0)
+
+
+class NanPipeline(FakePipeline):
+    """Windows of a text starting "nan" give a NaN output."""
+
+    def forward(self, features, options):
+        outputs = super().forward(features, options)
+        return [math.nan if w.owner.startswith("nan") else out for w, out in zip(features, outputs)]
+
+
+def test_scheduler_non_finite_outputs_mark_the_model_unhealthy_and_refuse_later_requests():
+    async def main() -> None:
+        scheduler = Scheduler({"t": NanPipeline()}, SchedulerSettings())
+        await scheduler.start()
+        try:
+            await scheduler.warm_up({"t": (["fine"], {})})
+            assert scheduler.ready
+            with pytest.raises(JobFailed) as failed:
+                await ask(scheduler, "t", ["nan please"])
+            assert failed.value.kind == "unhealthy" and "non-finite" in failed.value.message
+            assert not scheduler.ready
+            with pytest.raises(JobFailed) as later:
+                await ask(scheduler, "t", ["fine"])
+            assert later.value.kind == "unhealthy"
+        finally:
+            await scheduler.stop()
+
+    asyncio.run(main())
+
+
+def test_scheduler_warm_up_with_non_finite_outputs_is_never_ready():
+    async def main() -> None:
+        scheduler = Scheduler({"t": NanPipeline()}, SchedulerSettings())
+        await scheduler.start()
+        try:
+            await scheduler.warm_up({"t": (["nan"], {})})
+            assert not scheduler.warmed and not scheduler.ready and "non-finite" in scheduler.unhealthy
+        finally:
+            await scheduler.stop()
+
+    asyncio.run(main())
+
+
+def test_scheduler_drain_finishes_accepted_requests_and_refuses_new_ones():
+    async def main() -> None:
+        fake = FakePipeline(window_words=1)
+        original = fake.forward
+
+        def slow(features, options):
+            time.sleep(0.01)
+            return original(features, options)
+
+        fake.forward = slow
+        scheduler = Scheduler({"t": fake}, SchedulerSettings(max_batch_tokens=2))
+        await scheduler.start()
+        accepted = [asyncio.ensure_future(ask(scheduler, "t", [words(f"r{i}", 10)])) for i in range(3)]
+        await asyncio.sleep(0.02)  # accepted, some running
+        drained = asyncio.ensure_future(scheduler.drain(timeout_s=10))
+        await asyncio.sleep(0)
+        with pytest.raises(JobFailed) as refused:
+            scheduler.submit("t", ["late"], {})
+        assert refused.value.kind == "shutdown"
+        assert await drained is True
+        assert [answer[0]["tokens"] for answer in await asyncio.gather(*accepted)] == [10, 10, 10]
+
+    asyncio.run(main())
+
+
+def test_scheduler_records_where_a_request_spent_its_time():
+    async def test(scheduler, fake, events):
+        job = scheduler.submit("t", [words("a", 8)], {})
+        while not job.gone:
+            await scheduler.step()
+        assert job.timing.queue_s >= 0 and job.timing.tokenization_s >= 0 and job.timing.inference_s > 0
+        assert scheduler.throughput.tokens_per_s > 0
+
+    scenario(test, max_batch_tokens=4)
+
+
+def test_all_finite_reads_every_kind_of_model_output():
+    import numpy as np
+    import torch
+
+    from bertforge.inference.scheduler import all_finite
+
+    assert all_finite([np.ones(3), (torch.zeros(2), torch.ones(1)), {"a": 1.0}, 3, "text"])
+    for bad in (np.array([1.0, np.inf]), (torch.zeros(2), torch.tensor([math.nan])), [{"a": math.nan}]):
+        assert not all_finite(bad)

@@ -191,6 +191,23 @@ def _json_depth(text: str) -> int:
     return int(np.cumsum(steps).max(initial=0))
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _value_depth(value: Any) -> int:
+    """The deepest nesting of lists and dicts in a decoded JSON value (iterative: no recursion to exhaust)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list):
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in item if isinstance(child, dict | list))
+    return deepest
+
+
 def _number(text: str, kind: type) -> Any:
     if len(text) > MAX_NUMBER_DIGITS:
         raise UntrustedJson(f"a number of {len(text)} characters (at most {MAX_NUMBER_DIGITS})")
@@ -205,14 +222,23 @@ def decode_json(text: str) -> Any:
             `MAX_NUMBER_DIGITS`; a string holding a lone UTF-16 surrogate (JSON's "\\ud800" escape), which is
             not text, cannot be written back as UTF-8 and is refused rather than replaced.
     """
-    depth = _json_depth(text)
-    if depth > MAX_JSON_DEPTH:
-        raise UntrustedJson(f"JSON nested {depth} levels deep (at most {MAX_JSON_DEPTH})")
+    # The C decoder itself stops at the interpreter's recursion limit; only then is the text measured (slowly),
+    # for the message. Otherwise the decoded value is measured, which costs one step per container, not per
+    # character: a body of megabytes of text is decided in milliseconds (an over-budget request must be).
     try:
         value = json.loads(text, parse_int=lambda s: _number(s, int), parse_float=lambda s: _number(s, float),
                            parse_constant=lambda name: _refuse_constant(name))
+    except RecursionError:
+        value, depth = None, _json_depth(text)
     except json.JSONDecodeError as error:
         raise UntrustedJson(f"not valid JSON ({error.msg}, line {error.lineno} column {error.colno})") from None
+    else:
+        depth = _value_depth(value)
+    if depth > MAX_JSON_DEPTH:
+        raise UntrustedJson(f"JSON nested {depth} levels deep (at most {MAX_JSON_DEPTH})")
+    # A lone surrogate can only come from a \\uD800-\\uDFFF escape (the text itself is decoded UTF-8).
+    if _SURROGATE_ESCAPE.search(text) is None:
+        return value
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as error:

@@ -8,7 +8,8 @@ can be run and tested with only the core install. One turn of the worker (`Sched
   (only while other requests are on their way in, see `Scheduler.incoming`, so an idle server adds no
   delay) up to `max_batch_size` inputs; while a request is in progress, only those already waiting;
 - build each new request's windows (`Pipeline.features`) and count their tokens; a request over
-  `max_request_tokens` is refused before any model call;
+  `max_request_tokens` is refused before any model call (one whose words alone are over it is refused earlier
+  still, in `submit`, before it costs the model thread anything: `inference.admission.token_floor`);
 - forget requests nobody waits for any more (client gone, timed out): their windows not run yet never run;
 - plan and run one model call (`Pipeline.forward`) of at most `max_batch_tokens` tokens of windows of
   requests with the same task and parameters, least-served first, so a large request is split over several
@@ -18,7 +19,13 @@ can be run and tested with only the core install. One turn of the worker (`Sched
 
 Everything done with the model runs in one model thread, so the model is never used concurrently and the
 event loop stays free. A bad input fails only its own request, and a failed model call is retried request
-by request, so the worker never stops.
+by request, so the worker never stops. A model call whose outputs are not finite (NaN or infinity: corrupt
+weights, an overflow) marks the model unhealthy: its requests and every later one fail ("unhealthy", 503)
+and readiness (`Scheduler.ready`) is false until the server is restarted.
+
+Admission (`submit`) refuses at once, with a Retry-After: when `max_queue` requests wait, or when the work
+already accepted would make a new request wait longer than `max_queue_wait_s` at the recent throughput
+(`inference.admission.Throughput`). `drain` (at shutdown) refuses new requests and lets accepted ones finish.
 """
 
 from __future__ import annotations
@@ -27,144 +34,38 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, TypeVar
 
-from bertforge.errors import BertforgeError, ConfigError
+from bertforge.errors import BertforgeError
+from bertforge.inference.admission import Throughput, estimate_tokens, token_floor
+
+# The scheduler's vocabulary lives in `inference.jobs`; these names are imported from here as well.
+from bertforge.inference.jobs import (
+    CANCEL_REASONS,
+    FAILURES,
+    Failure,
+    Job,
+    JobFailed,
+    JobTiming,
+    ModelSteps,
+    SchedulerEvents,
+    SchedulerSettings,
+    Step,
+    all_finite,
+    check_positive,
+    retry_after,
+)
 from bertforge.inference.pipelines import feature_tokens
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Why a request got no answer; the server maps each to an HTTP status.
-Failure = Literal["invalid", "too_large", "busy", "timeout", "disconnect", "shutdown", "internal"]
-FAILURES: tuple[Failure, ...] = ("invalid", "too_large", "busy", "timeout", "disconnect", "shutdown", "internal")
-# Reasons a request is given up by its waiter (the labels of the server's cancelled counter).
-CANCEL_REASONS: tuple[Failure, ...] = ("disconnect", "timeout")
-
-
-class ModelSteps(Protocol):
-    """What the scheduler needs of a pipeline: its three steps (see `inference.pipelines.Pipeline`)."""
-
-    def features(self, parsed: Sequence[Any]) -> list[Any]: ...
-
-    def forward(self, features: Sequence[Any], options: dict[str, Any]) -> list[Any]: ...
-
-    def decode(self, parsed: Sequence[Any], features: Sequence[Any], outputs: Sequence[Any],
-               options: dict[str, Any]) -> list[Any]: ...
-
-
-@dataclass
-class SchedulerSettings:
-    """Queue, batching and budgets of the scheduler.
-
-    Attributes:
-        max_batch_size: inputs gathered from the queue before a model call.
-        max_wait_ms: how long an idle worker waits for more requests before running what it has.
-        max_batch_tokens: tokens (window lengths, after tokenization and windowing) in one model call; a
-            request with more is split over several calls, and other requests run in between.
-        max_request_tokens: tokens one request may make after windowing (more: refused, "too_large").
-        max_queue: requests waiting for the worker; beyond it requests are refused at once ("busy").
-        micro_batching: False runs every request alone (for comparison in benchmarks).
-        request_timeout_s: a request not answered in this time fails ("timeout") and its remaining work is
-            dropped (0: no limit).
-    """
-
-    max_batch_size: int = 32
-    max_wait_ms: float = 5.0
-    max_batch_tokens: int = 4096
-    max_request_tokens: int = 524_288
-    max_queue: int = 256
-    micro_batching: bool = True
-    request_timeout_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        check_positive(self, ("max_batch_size", "max_batch_tokens", "max_request_tokens", "max_queue"))
-        for name in ("max_wait_ms", "request_timeout_s"):
-            if not float(getattr(self, name)) >= 0:
-                raise ConfigError(f"server {name} must be >= 0, got {getattr(self, name)!r}")
-
-
-def check_positive(settings: object, names: Sequence[str]) -> None:
-    """ConfigError naming the first of `names` on `settings` that is not a positive integer."""
-    for name in names:
-        value = getattr(settings, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"server {name} must be a positive integer, got {value!r}")
-
-
-class JobFailed(Exception):
-    """Why a request got no answer: a `Failure` kind (the server's status code) and a message for the client."""
-
-    def __init__(self, kind: Failure, message: str):
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-
-
-class SchedulerEvents:
-    """What the scheduler reports as it works (the server counts these as metrics); by default nothing.
-
-    Called from the event loop thread only.
-    """
-
-    def model_call(self, windows: int, tokens: int) -> None:
-        """One model call ran `windows` windows of `tokens` tokens in all."""
-
-    def answered(self, task: str, inputs: int) -> None:
-        """A request of `inputs` inputs got its answer."""
-
-    def cancelled(self, reason: Failure) -> None:
-        """A request was given up by its waiter (`CANCEL_REASONS`)."""
-
-    def dropped(self, windows: int) -> None:
-        """`windows` windows of given-up requests will never run."""
-
-
-@dataclass(eq=False)  # a job is itself: compared and found by identity
-class Job:
-    """One request: its validated inputs, then (in the worker) its windows and their outputs so far."""
-
-    task: str
-    key: str  # task + canonical parameters: only jobs with equal keys share a model call
-    parsed: list[Any]
-    options: dict[str, Any]
-    future: asyncio.Future
-    arrival: float = 0.0
-    features: list[Any] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)  # per feature
-    todo: list[int] = field(default_factory=list)  # features not run yet, the order they will run in
-    outputs: list[Any] = field(default_factory=list)  # per feature, None until run
-    served: int = 0  # tokens run so far: the worker serves the least-served requests first
-    error: BaseException | None = None  # why its windows could not be built
-
-    @property
-    def gone(self) -> bool:
-        """Nobody waits for the answer any more (answered, failed, timed out or the client left)."""
-        return self.future.done()
-
-    def fail(self, kind: Failure, message: str) -> None:
-        if not self.future.done():
-            self.future.set_exception(JobFailed(kind, message))
-
-
-@dataclass
-class Step:
-    """One model call: windows of jobs with the same task and parameters, at most `max_batch_tokens` tokens."""
-
-    parts: list[tuple[Job, list[int]]]  # (job, its feature indices in this call)
-
-    @property
-    def features(self) -> list[Any]:
-        return [job.features[i] for job, indices in self.parts for i in indices]
-
-    @property
-    def tokens(self) -> int:
-        return sum(job.tokens[i] for job, indices in self.parts for i in indices)
-
+__all__ = ["CANCEL_REASONS", "FAILURES", "Failure", "Job", "JobFailed", "JobTiming", "ModelSteps", "Scheduler",
+           "SchedulerEvents", "SchedulerSettings", "Step", "all_finite", "check_positive", "retry_after"]
 
 class Scheduler:
     """The queue, the worker and the model thread for already-loaded pipelines (one per task)."""
@@ -184,6 +85,11 @@ class Scheduler:
         # Requests whose windows are built and some still to run, in arrival order.
         self.running: list[Job] = []
         self.fresh_turn = False  # whether the last model call was for requests not started before it
+        self.throughput = Throughput()
+        self.queued_estimate = 0  # `Job.estimate` of the requests waiting in the queue
+        self.unhealthy: str | None = None  # why the model cannot be trusted any more (non-finite outputs)
+        self.warmed = False  # one request of each task has run (`warm_up`)
+        self.draining = False  # shutting down: new requests are refused, accepted ones finish
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     async def start(self, *, run_worker: bool = True) -> None:
@@ -214,10 +120,51 @@ class Scheduler:
             self.executor.shutdown(wait=True)
             self.executor = None
 
+    async def drain(self, timeout_s: float | None = None) -> bool:
+        """Refuse new requests ("shutdown") and wait, at most `timeout_s` (default `drain_timeout_s`), until
+        every accepted request is answered; then `stop`. Returns whether all of them finished in time."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.settings.drain_timeout_s if timeout_s is None else timeout_s)
+        while (self.active or self.running or self.queue_depth) and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        finished = not (self.active or self.running or self.queue_depth)
+        if not finished:
+            log.warning("shutdown: %d requests still in progress after %.1f s fail", self.active,
+                        self.settings.drain_timeout_s if timeout_s is None else timeout_s)
+        await self.stop()
+        return finished
+
+    async def warm_up(self, requests: Mapping[str, tuple[list[Any], dict[str, Any]]]) -> None:
+        """Run one request (parsed inputs, checked options) of each task through the worker, so the first
+        client does not pay for the first call, and a model that answers NaN is found before any client
+        asks (`unhealthy`). Sets `warmed` when they all succeed; a failure is logged, never raised."""
+        for task, (parsed, options) in requests.items():
+            try:
+                with self.incoming():
+                    await self.result(self.submit(task, parsed, options))
+            except JobFailed as error:
+                log.error("warm-up request of %s failed: %s", task, error.message)
+                return
+        self.warmed = True
+
+    @property
+    def ready(self) -> bool:
+        """Whether the model takes requests: warmed up, healthy and not shutting down."""
+        return self.warmed and self.unhealthy is None and not self.draining and self.worker is not None
+
     @property
     def queue_depth(self) -> int:
         """Requests waiting for the worker."""
         return self.queue.qsize() if self.queue is not None else 0
+
+    def expected_wait_s(self) -> float | None:
+        """Seconds a request arriving now would wait for its first model call, at the recent throughput: the
+        requests not started yet run first (`plan` gives them calls of their own), and a started one takes
+        every other call (at most `max_batch_tokens`). None before any model call was timed."""
+        waiting = self.queued_estimate + sum(sum(job.tokens) for job in self.running if not job.served)
+        started = self.settings.max_batch_tokens if any(job.served for job in self.running) else 0
+        return self.throughput.seconds_for(waiting + started)
 
     # --- the side of the requests ------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -234,17 +181,45 @@ class Scheduler:
         """Queue a request of inputs already validated by the task's pipeline (`parse`, `check_options`).
 
         Raises:
-            JobFailed: "busy" when `max_queue` requests are already waiting.
+            JobFailed: "shutdown" while draining; "unhealthy" once the model gave non-finite outputs;
+                "too_large" when its words alone are over `max_request_tokens`; "busy" (with a retry delay)
+                when `max_queue` requests already wait or the expected wait is over `max_queue_wait_s`.
         """
+        settings = self.settings
+        if self.draining or self.queue is None:
+            raise JobFailed("shutdown", "the server is shutting down; retry on another instance or after restart")
+        if self.unhealthy is not None:
+            raise JobFailed("unhealthy", f"the model is unhealthy: {self.unhealthy}; this server answers no "
+                                         "more requests until it is restarted with a sound model")
+        family = getattr(getattr(self.pipelines[task], "family", None), "name", "")
+        floor = token_floor(family, parsed, settings.max_request_tokens)
+        if floor > settings.max_request_tokens:
+            raise JobFailed("too_large", f"the inputs make {floor} tokens after windowing or more (counted from "
+                                         f"their words, before tokenizing); this server runs at most "
+                                         f"{settings.max_request_tokens} per request (max_request_tokens; raise "
+                                         "it with `bertforge serve --max-request-tokens`), so split the request "
+                                         "or send shorter texts")
+        wait = self.expected_wait_s()
+        if self.queue.full():
+            raise JobFailed("busy", f"server busy: {settings.max_queue} requests are already waiting; retry "
+                                    "shortly", retry_after(wait))
+        if settings.max_queue_wait_s and wait is not None and wait > settings.max_queue_wait_s:
+            raise JobFailed("busy", f"server busy: a request now would wait about {wait:.1f} s at the recent "
+                                    f"throughput, more than max_queue_wait_s={settings.max_queue_wait_s:g}; retry "
+                                    "shortly", retry_after(wait - settings.max_queue_wait_s))
         loop = asyncio.get_running_loop()
         key = task + json.dumps(options, sort_keys=True)
-        job = Job(task, key, parsed, options, loop.create_future(), arrival=loop.time())
-        try:
-            self.queue.put_nowait(job)
-        except asyncio.QueueFull:
-            raise JobFailed("busy", f"server busy: {self.settings.max_queue} requests are already waiting; "
-                                    "retry shortly") from None
+        job = Job(task, key, parsed, options, loop.create_future(), arrival=loop.time(),
+                  estimate=estimate_tokens(parsed))
+        self.queue.put_nowait(job)
+        self.queued_estimate += job.estimate
         self.arrived.set()
+        return job
+
+    def taken(self, job: Job) -> Job:
+        """`job` leaves the queue for the worker."""
+        self.queued_estimate -= job.estimate
+        job.timing.queue_s = asyncio.get_running_loop().time() - job.arrival
         return job
 
     async def result(self, job: Job, gone: Awaitable[Any] | None = None) -> Any:
@@ -293,10 +268,13 @@ class Scheduler:
         if self.running:
             fresh = self.take_waiting()
         else:
-            fresh = await self.gather(await self.queue.get())
+            fresh = await self.gather(self.taken(await self.queue.get()))
         fresh = [job for job in fresh if not job.gone]
         if fresh:
+            began = time.perf_counter()
             await self.in_model_thread(self.prepare, fresh)
+            for job in fresh:
+                job.timing.tokenization_s = time.perf_counter() - began
             self.admit(fresh)
         self.drop_gone()
         if self.running:
@@ -314,7 +292,7 @@ class Scheduler:
         deadline = loop.time() + self.settings.max_wait_ms / 1000
         while count < self.settings.max_batch_size:
             while count < self.settings.max_batch_size and not self.queue.empty():
-                job = self.queue.get_nowait()
+                job = self.taken(self.queue.get_nowait())
                 jobs.append(job)
                 count += len(job.parsed)
             remaining = deadline - loop.time()
@@ -335,7 +313,7 @@ class Scheduler:
         jobs, count = [], 0
         limit = self.settings.max_batch_size if self.settings.micro_batching else 1
         while not self.queue.empty() and count < limit:
-            job = self.queue.get_nowait()
+            job = self.taken(self.queue.get_nowait())
             jobs.append(job)
             count += len(job.parsed) if self.settings.micro_batching else 1
         return jobs
@@ -421,8 +399,10 @@ class Scheduler:
         """Run one model call; decode each request whose windows have now all run."""
         first = step.parts[0][0]
         pipeline = self.pipelines[first.task]
+        began = time.perf_counter()
         try:
             outputs = await self.in_model_thread(pipeline.forward, step.features, first.options)
+            finite = await self.in_model_thread(all_finite, outputs)
         except Exception as error:
             if len(step.parts) > 1:
                 # Find the culprit: every other request still gets its answer.
@@ -432,9 +412,16 @@ class Scheduler:
             self.fail_job(first, error)
             self.running.remove(first)
             return
+        elapsed = time.perf_counter() - began
+        if not finite:
+            self.mark_unhealthy(f"a model call gave non-finite outputs (NaN or infinity) for the {first.task} "
+                                "task")
+            return
+        self.throughput.record(step.tokens, elapsed)
         self.events.model_call(len(outputs), step.tokens)
         position, finished = 0, []
         for job, indices in step.parts:
+            job.timing.inference_s += elapsed
             for index in indices:
                 job.outputs[index] = outputs[position]
                 job.served += job.tokens[index]
@@ -452,6 +439,18 @@ class Scheduler:
             elif not job.gone:
                 self.events.answered(job.task, len(job.parsed))
                 job.future.set_result(answer)
+
+    def mark_unhealthy(self, reason: str) -> None:
+        """The model cannot be trusted: every request in progress or waiting fails ("unhealthy"), and so does
+        every later one (`submit`); readiness turns false."""
+        log.error("model unhealthy: %s", reason)
+        self.unhealthy = reason
+        message = f"the model is unhealthy: {reason}; this server answers no more requests until it is restarted"
+        for job in self.running:
+            job.fail("unhealthy", message)
+        self.running = []
+        while self.queue is not None and not self.queue.empty():
+            self.taken(self.queue.get_nowait()).fail("unhealthy", message)
 
     def decode(self, jobs: list[Job]) -> list[tuple[Job, Any]]:
         """(Model thread.) Each job's results from all its windows' outputs, or the error decoding raised."""

@@ -1,0 +1,134 @@
+"""What the scheduler decides about a request before it joins the queue, in the event loop and cheaply.
+
+Two questions are answered here without tokenizing anything:
+
+- **Can it fit the token budget at all?** `token_floor` is a lower bound of the tokens a request makes after
+  windowing, read from its characters in linear time (C-speed string operations; for plain ASCII text one
+  pass of `bytes.split`). A request whose floor is over `max_request_tokens` is refused at once, so a refused
+  request of megabytes costs milliseconds, not seconds of tokenizing and windowing on the model thread while
+  other clients wait. The floor is exact as a bound, never an estimate: a request under it is windowed and
+  counted exactly on the model thread as before.
+- **How long would it wait?** `Throughput` keeps the recent rate of model calls (tokens per second), and
+  `estimate_tokens` a rough size of a waiting request; the scheduler divides the work already accepted by the
+  rate to refuse (429, with a Retry-After) a request that would wait longer than `max_queue_wait_s`.
+
+Why the floor holds: a window holds every token of the text it windows at least once, plus [CLS] and [SEP].
+Google's tokenizer splits words at its separators (`tokenization.normalizer.separator_characters`: whitespace
+that cleaning keeps) and never deletes a letter, digit or underscore (cleaning deletes controls and, with
+accent stripping, combining marks only). So every separator-delimited chunk holding one such character gives at
+least one token. Only the families that window a text (classification, tagging, extractive QA) get a floor;
+the others truncate their inputs to one window, so their size is bounded by the window anyway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator, Sequence
+from functools import lru_cache
+from typing import Any
+
+from bertforge.tokenization.normalizer import separator_characters
+
+# Rough characters per token of a waiting request (English WordPiece is about 4); only for the wait estimate.
+CHARS_PER_TOKEN = 4
+# Special tokens every window holds ([CLS] and [SEP]).
+SPECIAL_TOKENS = 2
+# The weight of the newest model call in the throughput average.
+THROUGHPUT_SMOOTHING = 0.2
+# Printable ASCII with tab, newline and carriage return: an ASCII text of only these has no character that
+# cleaning deletes, so its `bytes.split()` chunks are exactly the tokenizer's words.
+_PLAIN_ASCII = bytes(range(32, 127)) + b"\t\n\r"
+
+
+@lru_cache(maxsize=1)
+def word_pattern() -> re.Pattern[str]:
+    """A chunk between separators that holds a letter, digit or underscore (matched from that character on)."""
+    separators = "".join(f"\\U{ord(char):08x}" for char in separator_characters())
+    return re.compile(f"\\w[^{separators}]*")
+
+
+def word_floor(text: str, enough: int | None = None) -> int:
+    """At least this many WordPiece tokens come from `text` (see the module docstring); counting may stop
+    once past `enough`."""
+    if text.isascii():
+        raw = text.encode("ascii")
+        if not raw.translate(None, _PLAIN_ASCII):  # nothing deleted by cleaning: chunks are words
+            return len(raw.split())
+    count = 0
+    for count, _ in enumerate(word_pattern().finditer(text), start=1):
+        if enough is not None and count > enough:
+            break
+    return count
+
+
+def windowed_texts(family: str, item: Any) -> list[str]:
+    """The texts of one parsed input whose every token lands in a window, by family; empty for a family that
+    truncates (embed, rerank, multiple choice) or refuses (fill-mask) a long input instead of windowing it."""
+    if family == "classification":  # windows over the longer segment: its tokens are at least either's
+        texts = [getattr(item, "text_a", None), getattr(item, "text_b", None)]
+        return [max((t for t in texts if isinstance(t, str)), key=len, default="")]
+    if family == "tagging":
+        text = getattr(item, "text", None)
+        return [text] if isinstance(text, str) else []
+    if family == "question_answering":
+        context = getattr(item, "context", None)
+        return [context] if isinstance(context, str) else []
+    return []
+
+
+def token_floor(family: str, parsed: Sequence[Any], limit: int) -> int:
+    """A lower bound of the tokens `parsed` makes after windowing in `family` (0 when the family does not
+    window); counting stops once past `limit`. Costs nothing for a request whose characters are within it."""
+    texts = [(text, index) for index, item in enumerate(parsed) for text in windowed_texts(family, item)]
+    if sum(len(text) for text, _ in texts) + SPECIAL_TOKENS * len(parsed) <= limit:
+        return 0  # a token holds at least one character: this request cannot be over the limit
+    floor, counted = 0, set()
+    for text, index in texts:
+        floor += word_floor(text, enough=limit - floor) + (SPECIAL_TOKENS if index not in counted else 0)
+        counted.add(index)
+        if floor > limit:
+            break
+    return floor
+
+
+def strings_of(value: Any) -> Iterator[str]:
+    """Every string inside a parsed input (a string, a dataclass, a mapping or a sequence of them)."""
+    if isinstance(value, str):
+        yield value
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            yield from strings_of(getattr(value, field.name))
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from strings_of(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from strings_of(item)
+
+
+def estimate_tokens(parsed: Sequence[Any]) -> int:
+    """A rough size of a request (its characters / `CHARS_PER_TOKEN`, plus the special tokens), for the wait
+    estimate only: never used to refuse a request for its size."""
+    return sum(sum(len(text) for text in strings_of(item)) // CHARS_PER_TOKEN + SPECIAL_TOKENS for item in parsed)
+
+
+class Throughput:
+    """The recent speed of the model: an exponential average of tokens per second over model calls."""
+
+    def __init__(self, smoothing: float = THROUGHPUT_SMOOTHING):
+        self.smoothing = smoothing
+        self.tokens_per_s: float | None = None  # None until a call has been timed
+
+    def record(self, tokens: int, seconds: float) -> None:
+        if tokens <= 0 or seconds <= 0:
+            return
+        rate = tokens / seconds
+        previous = self.tokens_per_s
+        self.tokens_per_s = rate if previous is None else previous + self.smoothing * (rate - previous)
+
+    def seconds_for(self, tokens: int) -> float | None:
+        """Expected seconds to run `tokens` tokens at the recent rate (None before any call was timed)."""
+        if self.tokens_per_s is None:
+            return None
+        return tokens / self.tokens_per_s
