@@ -18,16 +18,20 @@ This module knows no model class. It is handed one (`load_model(path, cls)`) and
 above the models, by `bertforge.families.registry`. Loading returns the model *and* a `LoadReport` (what
 started fresh, what was skipped); nothing is attached to the module.
 
-Saving writes a temporary directory and renames it, so a crash never leaves half a model behind.
+Saving builds the directory aside and puts it in place with one rename (`storage.atomic_directory`), so a
+crash never leaves half a model behind and a directory being replaced (`best/`) is complete at every instant;
+a full disk is one `CheckpointError`. `checksums.json` records the sha256 of the weights file; loading
+verifies it first (`storage.verify_checksum`; BERTFORGE_SKIP_CHECKSUM=1 skips), then refuses tensors holding
+NaN or infinity, a vocabulary that cannot belong to the model's embedding table, and warns about a
+classifier whose config.json names no labels.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pickle
-import shutil
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,8 +54,17 @@ from bertforge.interop import google_tf
 from bertforge.interop import huggingface as hf
 from bertforge.interop import sentence_transformers as st
 from bertforge.model.config import BertConfig
-from bertforge.storage import read_json, write_json
+from bertforge.storage import (
+    atomic_directory,
+    read_json,
+    record_checksums,
+    verify_checksum,
+    write_bytes,
+    write_json,
+    write_text,
+)
 from bertforge.tokenization.tokenizer import Tokenizer
+from bertforge.tokenization.vocab import check_fits_embeddings
 
 log = logging.getLogger(__name__)
 
@@ -103,35 +116,20 @@ class ModelDirectory:
 # --- writing ---------------------------------------------------------------------------------------------
 
 def replace_directory(build, path: str | os.PathLike) -> Path:
-    """Run `build(tmp_dir)` in a fresh sibling directory, then swap it into `path` atomically.
+    """Run `build(tmp_dir)` in a fresh sibling directory, then put it at `path` in one rename (replacing a
+    directory there: see `storage.atomic_directory`).
 
-    An existing directory at `path` is replaced only after the new one is complete; if the swap itself
-    fails, the old directory is put back.
+    Raises:
+        CheckpointError: the disk is full or not writable (OSError, or safetensors' error for it); nothing
+            was changed at `path`.
     """
     path = Path(path)
-    # A plain mkdir, not tempfile.mkdtemp: mkdtemp makes the folder private (mode 0700), and the saved
-    # model would then be unreadable to anyone else (a server running as another user).
-    unique = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    tmp, old = path.parent / f".{path.name}.tmp-{unique}", path.parent / f".{path.name}.old-{unique}"
-    moved_away = False
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir()
-        build(tmp)
-        if path.exists():
-            os.replace(path, old)
-            moved_away = True
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if moved_away and not path.exists():
-            os.replace(old, path)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise CheckpointError(f"{path}: could not write the model directory ({exc}); check free disk "
-                                  "space and permissions — nothing was changed at that path") from None
-        raise
-    if moved_away:
-        shutil.rmtree(old, ignore_errors=True)
+        with atomic_directory(path) as tmp:
+            build(tmp)
+    except (OSError, SafetensorError) as exc:
+        raise CheckpointError(f"{path}: could not write the model directory ({exc}); check free disk "
+                              "space and permissions — nothing was changed at that path") from None
     return path
 
 
@@ -150,26 +148,30 @@ def tokenizer_json(tokenizer: Tokenizer) -> str:
                              mask_token=config.mask_token)
 
 
+def write_model_files(model: torch.nn.Module, folder: Path, tokenizer=None,
+                      extra_files: dict[str, str | bytes] | None = None) -> None:
+    """The files of a model directory, written into the existing `folder` (see `save_model`), with the
+    weights' checksum last."""
+    write_json(folder / CONFIG_NAME, hf.config_to_hf(model.config.to_dict(), type(model).__name__), sort_keys=True)
+    save_file(hf_state_dict(model), str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+    files = dict(getattr(model, "directory_files", dict)())
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+        files[st.TOKENIZER_JSON_NAME] = tokenizer_json(tokenizer)
+    for name, content in {**files, **(extra_files or {})}.items():
+        if isinstance(content, bytes):
+            write_bytes(folder / name, content)
+        else:
+            write_text(folder / name, content)
+    record_checksums(folder, [WEIGHTS_NAME])
+
+
 def save_model(model: torch.nn.Module, path: str | os.PathLike, tokenizer=None,
                extra_files: dict[str, str | bytes] | None = None) -> Path:
     """Save `model` (and its tokenizer, with its `tokenizer.json`) as a Hugging Face compatible BERT
     directory, atomically. A model class may add files of its own (`directory_files()`: the
     sentence-transformers modules of an embedding model); `extra_files` names may hold a subfolder."""
-
-    def build(tmp: Path) -> None:
-        write_json(tmp / CONFIG_NAME, hf.config_to_hf(model.config.to_dict(), type(model).__name__), sort_keys=True)
-        save_file(hf_state_dict(model), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
-        files = dict(getattr(model, "directory_files", dict)())
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-            files[st.TOKENIZER_JSON_NAME] = tokenizer_json(tokenizer)
-        for name, content in {**files, **(extra_files or {})}.items():
-            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            mode = "wb" if isinstance(content, bytes) else "w"
-            with open(tmp / name, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as handle:
-                handle.write(content)
-
-    return replace_directory(build, path)
+    return replace_directory(lambda tmp: write_model_files(model, tmp, tokenizer, extra_files), path)
 
 
 # --- reading ---------------------------------------------------------------------------------------------
@@ -220,8 +222,38 @@ def read_config(path: str | os.PathLike, *, step: int | None = None) -> tuple[Be
     if is_google_directory(path):
         return _read_google_config(Path(path), step)
     file = Path(path) / CONFIG_NAME
-    fields, architecture = hf.config_from_hf(read_json_object(file, "config.json"), str(file))
-    return BertConfig.from_dict(fields, source=str(file)), architecture
+    data = read_json_object(file, "config.json")
+    fields, architecture = hf.config_from_hf(data, str(file))
+    config = BertConfig.from_dict(fields, source=str(file))
+    if not ({"id2label", "label2id"} & set(data)) and data.get("problem_type") != "regression" \
+            and any(str(name).endswith(LABELLED_HEADS) for name in data.get("architectures") or []):
+        warn_once(f"{file}: a classifier without label names (no id2label): its {config.num_labels} outputs are "
+                  f"called {', '.join(config.label_names[:3])}...; add \"id2label\": {{\"0\": \"<label 0>\", ...}} "
+                  "to config.json, listing the labels in the order the model was trained with")
+    return config, architecture
+
+
+# Hugging Face architectures whose outputs are named by config.json's id2label.
+LABELLED_HEADS = ("ForSequenceClassification", "ForTokenClassification")
+
+
+@functools.cache
+def warn_once(message: str) -> None:
+    """Log a warning about a file once per process (a server loads a directory more than once)."""
+    log.warning(message)
+
+
+def check_tokenizer_fits(folder: Path, config: BertConfig, tokenizer: Tokenizer) -> None:
+    """CheckpointError when the directory's vocab.txt cannot belong to its model (`check_fits_embeddings`)."""
+    added, added_file = 0, folder / "added_tokens.json"
+    if added_file.is_file():
+        try:
+            table = read_json(added_file, what="added tokens file")
+        except ValueError:
+            table = {}
+        size = len(tokenizer.vocab)
+        added = sum(1 for i in table.values() if isinstance(i, int) and i >= size) if isinstance(table, dict) else 0
+    check_fits_embeddings(len(tokenizer.vocab), config.vocab_size, folder / VOCAB_NAME, added)
 
 
 def read_directory(path: str | os.PathLike, *, do_lower_case: bool | None = None) -> ModelDirectory:
@@ -233,6 +265,8 @@ def read_directory(path: str | os.PathLike, *, do_lower_case: bool | None = None
     folder = Path(path)
     tokenizer = Tokenizer.from_pretrained(folder, do_lower_case=do_lower_case) \
         if (folder / VOCAB_NAME).exists() else None
+    if tokenizer is not None:
+        check_tokenizer_fits(folder, config, tokenizer)
     record_file = folder / FINETUNING_NAME
     record = read_json_object(record_file, FINETUNING_NAME) if record_file.exists() else None
     return ModelDirectory(folder, config, architecture, tokenizer, record, st.read_settings(folder))
@@ -244,7 +278,10 @@ def load_tokenizer(path: str | os.PathLike, *, do_lower_case: bool | None = None
     if not (folder / VOCAB_NAME).exists():
         raise CheckpointError(f"{folder}: no {VOCAB_NAME}; this model directory was saved without a tokenizer "
                               f"(copy the vocab.txt and {TOKENIZER_CONFIG_NAME} it was trained with into it)")
-    return Tokenizer.from_pretrained(folder, do_lower_case=do_lower_case)
+    tokenizer = Tokenizer.from_pretrained(folder, do_lower_case=do_lower_case)
+    if (folder / CONFIG_NAME).is_file():
+        check_tokenizer_fits(folder, read_config(folder)[0], tokenizer)
+    return tokenizer
 
 
 def weights_file(path: str | os.PathLike, *, step: int | None = None) -> Path:
@@ -301,6 +338,7 @@ def _read_files(file: Path) -> tuple[dict[str, torch.Tensor], list[str]]:
     reading = file
     if file.name.endswith(google_tf.INDEX_SUFFIX):
         return _read_google(file)
+    verify_checksum(file)
     try:
         if file.name == WEIGHTS_NAME:
             return load_file(str(file)), []
@@ -311,6 +349,7 @@ def _read_files(file: Path) -> tuple[dict[str, torch.Tensor], list[str]]:
         tensors: dict[str, torch.Tensor] = {}
         for shard in shards:
             reading = file.parent / shard
+            verify_checksum(reading)
             tensors.update(load_file(str(reading)))
         return tensors, []
     except (SafetensorError, OSError, RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError) as exc:
@@ -395,8 +434,10 @@ def load_model(path: str | os.PathLike | ModelDirectory, cls: type, *,
                   for k, v in ours.items() if k in expected and v.shape != expected[k].shape]
     if mismatched:
         head_shapes = any(not is_encoder_key(m.split(":")[0]) for m in mismatched)
-        hint = ("; the head has a different number of labels — pass fresh_head=True (CLI: --fresh-head) to "
-                "start a new head" if head_shapes else "; config.json does not match the weights")
+        hint = (f"; the head has another number of outputs than the {config.num_labels} labels config.json's "
+                "id2label names: to use this model, make id2label list its labels; to fine-tune a new head for "
+                "other labels, pass fresh_head=True (CLI: --fresh-head)" if head_shapes
+                else "; config.json does not match the weights")
         raise CheckpointError(f"{source}: mis-shaped tensors {mismatched[:4]}{hint}")
     unexpected = sorted(set(ours) - set(expected))
     if unexpected:

@@ -20,6 +20,8 @@ TORCH_WEIGHTS_NAME = "pytorch_model.bin"
 VOCAB_NAME = "vocab.txt"
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 TRAINING_STATE_NAME = "training_state.pt"
+# sha256 and size of each weights file (and training state), written by bertforge, verified on load.
+CHECKSUMS_NAME = "checksums.json"
 # How a fine-tuned model built its inputs (max length, windows, label scheme): read back by evaluate/predict.
 FINETUNING_NAME = "finetuning.json"
 

@@ -56,6 +56,7 @@ def test_a_model_with_nan_weights_is_refused_by_predict_and_serve(tiny_minilm_mo
     name = sorted(tensors)[0]
     tensors[name] = tensors[name].clone().fill_(float("nan"))
     save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    (broken / "checksums.json").unlink()  # as a directory from elsewhere: no checksum refuses the edit first
     source = tmp_path / "in.txt"
     source.write_text("hello\n", encoding="utf-8")
     code = main(["predict", "--model", str(broken), "--task", "embed", "--input", str(source), "--output",

@@ -219,6 +219,7 @@ def test_embed_corpus_refuses_a_changed_input_model_or_option(tiny_minilm_model,
     name = next(iter(tensors))
     tensors[name] = tensors[name] + 1.0
     save_file(tensors, weights)
+    (other / "checksums.json").unlink()  # as another tool's save: bertforge's checksum would refuse the edit
     with pytest.raises(ConfigError, match="another model"):
         run(other, path, out)
     with open(path, "a", encoding="utf-8") as handle:

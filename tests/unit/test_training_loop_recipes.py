@@ -418,6 +418,7 @@ def test_resume_of_a_checkpoint_without_recipe_state(tmp_path):
     del state["stopped_early"]
     del state["best"]["stale"]
     torch.save(state, file)
+    (file.parent / "checksums.json").unlink()  # an older checkpoint: saved without checksums
     resumed = train(tiny_classifier(dropout=0.1), Source(3, 4), Objective(), config_for(run, resume="auto", **config),
                     eval_fn=ScriptedEval(scores), best=BestCheckpoint("score", False, tmp_path / "best"))
     assert resumed.start_step == 2 and resumed.step == 4 and resumed.best_step == 4

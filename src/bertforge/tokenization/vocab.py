@@ -2,17 +2,29 @@
 
 `vocab.txt` holds one token per line; a token's id is its 0-based line number. This is the format of Google's
 released checkpoints and of Hugging Face BERT directories, so a saved vocabulary is usable by either.
+
+`check_fits_embeddings` is the loading check of a vocabulary against the model it came with: a token id must
+index a row of the embedding table, and a table much larger than the vocabulary means a truncated file.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from bertforge.constants import UNK_TOKEN
-from bertforge.errors import DataError
+from bertforge.errors import CheckpointError, DataError
 from bertforge.storage import write_text
+
+log = logging.getLogger(__name__)
+
+# Released checkpoints may pad the embedding table beyond vocab.txt to a round size (NVIDIA's BERT to a
+# multiple of 8: 30528 rows for 30522 tokens; others to 64 or 128). Fewer rows than this without a token are
+# such padding; more mean a truncated vocab.txt or one of another model. Google's and Hugging Face's own
+# releases match exactly (bert-base-uncased 30522, bert-base-chinese 21128, multilingual 119547).
+PADDING_ROWS = 128
 
 
 class Vocab:
@@ -125,6 +137,36 @@ class Vocab:
 
     def __repr__(self) -> str:
         return f"Vocab({len(self._tokens)} tokens, unk_token={self.unk_token!r})"
+
+
+def check_fits_embeddings(tokens: int, vocab_size: int, vocab_file: str | os.PathLike, added: int = 0) -> None:
+    """Whether a vocabulary of `tokens` lines (plus `added` tokens of Hugging Face's added_tokens.json, which
+    this tokenizer does not read) belongs to a model whose embedding table has `vocab_size` rows.
+
+    Raises:
+        CheckpointError: more tokens than rows (their ids would index past the table), or more than
+            `PADDING_ROWS` rows without a token and no added tokens to account for them (a truncated file).
+    """
+    fix = "copy in the vocab.txt the model was trained with"
+    if tokens > vocab_size:
+        raise CheckpointError(f"{vocab_file}: {tokens} tokens, but config.json's vocab_size is {vocab_size}: ids "
+                              f"{vocab_size}..{tokens - 1} would index past the embedding table; this vocabulary "
+                              f"belongs to another model: {fix}")
+    spare = vocab_size - tokens
+    if spare == 0:
+        return
+    if added and tokens + added <= vocab_size and spare - added < PADDING_ROWS:
+        log.warning("%s: %d tokens for vocab_size %d; the other %d are added tokens (added_tokens.json), which "
+                    "bertforge's tokenizer does not read: text holding them is split into word pieces", vocab_file,
+                    tokens, vocab_size, added)
+        return
+    if spare < PADDING_ROWS:
+        log.info("%s: %d tokens for vocab_size %d: the last %d embedding rows are padding", vocab_file, tokens,
+                 vocab_size, spare)
+        return
+    raise CheckpointError(f"{vocab_file}: {tokens} tokens, but config.json's vocab_size is {vocab_size} ({spare} "
+                          f"rows without a token): the vocabulary is truncated or belongs to another model; {fix} "
+                          f"(a released vocabulary matches vocab_size, or pads it by fewer than {PADDING_ROWS} rows)")
 
 
 def _index_tokens(tokens: list[str], source: Path | None) -> dict[str, int]:

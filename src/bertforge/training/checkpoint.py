@@ -4,8 +4,11 @@
 when given), so `from_pretrained` loads it directly, plus `training_state.pt`: optimizer, scheduler and
 loss-scaler state, the step, every rank's RNG states and data position (the batch source's `state_dict()`,
 so a resume continues from the next unseen batch in O(1) instead of replaying the stream). The directory is
-built aside and renamed into place, so a crash or a full disk never leaves a half-written checkpoint and
-never touches the older ones; only the last `keep_last` are kept.
+built aside and renamed into place in one step (`storage.atomic_directory`), so a crash or a full disk never
+leaves a half-written checkpoint and never touches the older ones; its `checksums.json` holds the sha256 of
+the weights and of the training state, verified when they are read. Only the last `keep_last` are kept; a
+pruned one is renamed aside before it is deleted, so no half-deleted checkpoint is ever visible.
+`tidy_run_directory` removes what crashed saves left behind (the run calls it at every start).
 
 The loop's recipes add to the state (each key is optional, so older checkpoints still resume): `best`
 carries `stale`, the evaluations since the last improvement by more than `min_delta` (early stopping);
@@ -20,7 +23,6 @@ import logging
 import os
 import pickle
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,10 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 
-from bertforge.checkpoint_format import replace_directory, save_model
+from bertforge.checkpoint_format import replace_directory, write_model_files
 from bertforge.constants import TRAINING_STATE_NAME
 from bertforge.errors import CheckpointError
+from bertforge.storage import record_checksums, remove_directory, remove_stale_temporaries, verify_checksum
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +117,11 @@ def save_checkpoint(out_dir: str | os.PathLike, step: int, model, state: dict[st
     payload = plain({**state, "step": step, "format_version": STATE_FORMAT_VERSION})
 
     def build(tmp: Path) -> None:
-        # save_model swaps a complete artifact into `tmp` (empty at this point); the state file joins it,
-        # and replace_directory then renames the whole directory into place.
-        save_model(model, tmp, tokenizer=tokenizer)
+        # The model directory's files, then the state beside them; replace_directory renames the whole
+        # directory into place.
+        write_model_files(model, tmp, tokenizer)
         torch.save(payload, tmp / TRAINING_STATE_NAME)
+        record_checksums(tmp, [TRAINING_STATE_NAME])
 
     try:
         replace_directory(build, path)
@@ -138,8 +142,15 @@ def prune_checkpoints(out_dir: str | os.PathLike, keep_last: int, keep: Path | N
     found = list_checkpoints(out_dir)
     doomed = [path for _, path in found[:-keep_last] if path != keep]
     for path in doomed:
-        shutil.rmtree(path, ignore_errors=True)
+        remove_directory(path)
     return doomed
+
+
+def tidy_run_directory(out_dir: str | os.PathLike) -> list[Path]:
+    """Remove what interrupted saves left in the run directory (only bertforge's own temporary names, of
+    processes that are gone: `storage.remove_stale_temporaries`), putting back a `best/` caught between the
+    two renames of the fallback swap. Returns what was removed or put back."""
+    return remove_stale_temporaries(out_dir) if Path(out_dir).is_dir() else []
 
 
 def load_training_state(path: str | os.PathLike) -> dict[str, Any]:
@@ -147,6 +158,7 @@ def load_training_state(path: str | os.PathLike) -> dict[str, Any]:
     file = Path(path) / TRAINING_STATE_NAME
     if not file.is_file():
         raise CheckpointError(f"{file}: missing; {path} is a model directory but not a training checkpoint")
+    verify_checksum(file)
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:

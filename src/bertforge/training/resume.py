@@ -33,6 +33,7 @@ from bertforge.training.checkpoint import (
     plain,
     resolve_resume,
     save_checkpoint,
+    tidy_run_directory,
 )
 from bertforge.training.config import TrainingConfig
 from bertforge.training.recipes import BestSoFar, WeightAverage, averaged
@@ -41,13 +42,16 @@ log = logging.getLogger("bertforge.training")
 
 
 def resume_point(config: TrainingConfig, context: distributed.DistributedContext) -> Path | None:
-    """The checkpoint the run continues from (`config.resume`), or None for a fresh run.
+    """The checkpoint the run continues from (`config.resume`), or None for a fresh run. The main process
+    first removes what crashed saves left in the run directory (`checkpoint.tidy_run_directory`).
 
     Raises:
         ConfigError: a fresh run (`resume` never) in a directory that holds an earlier run's checkpoints.
         CheckpointError: `resume` names a directory that is not a training checkpoint.
     """
     out_dir = Path(config.out_dir)
+    if context.is_main:
+        tidy_run_directory(out_dir)  # leftovers of a crashed save (and a best/ it caught mid-swap)
     # Rank 0 looks at the directory; every rank then acts on the same answer (or raises the same error).
     found = (resolve_resume(config.resume, out_dir), find_latest(out_dir)) if context.is_main else None
     resume_from, existing = distributed.broadcast_object(found)
