@@ -458,7 +458,10 @@ class Pair:
 
 
 class Family:
-    name = "classification"
+    """Windows the first text of a pair, as classification windows the longer one."""
+
+    def windowed_texts(self, example):
+        return [max((t for t in (example.text_a, example.text_b) if t is not None), key=len)]
 
 
 class WindowingFake(FakePipeline):
@@ -506,13 +509,16 @@ def test_admission_word_floor_never_exceeds_the_tokenizer(minilm_path, text):
 
 
 def test_admission_token_floor_is_zero_for_families_that_truncate_and_for_short_requests():
+    from bertforge.families import registry
     from bertforge.inference.admission import token_floor
 
     long = words("w", 5000)
-    assert token_floor("embedding", [long], 100) == 0  # truncated to one window: bounded by it
-    assert token_floor("classification", [Pair("short text")], 100) == 0  # fewer characters than the limit
-    assert token_floor("classification", [Pair("x", long)], 100) > 100  # the longer segment is windowed
-    assert token_floor("question_answering", [SimpleNamespace(question=long, context="c")], 100) == 0
+    assert token_floor(registry.for_task("embed"), [long], 100) == 0  # truncated to one window: bounded by it
+    classification = registry.for_task("classify")
+    assert token_floor(classification, [Pair("short text")], 100) == 0  # fewer characters than the limit
+    assert token_floor(classification, [Pair("x", long)], 100) > 100  # the longer segment is windowed
+    question = SimpleNamespace(question=long, context="c")
+    assert token_floor(registry.for_task("answer"), [question], 100) == 0  # the question is cut, not windowed
 
 
 def test_scheduler_full_queue_refusal_says_when_to_retry():

@@ -367,6 +367,11 @@ class Family:
         """One JSON input (string, list or object) as an example; InputError naming the problem."""
         raise InputError(f"the {self.name} family takes no inputs from predict or the server")
 
+    def windowed_texts(self, example: Any) -> list[str]:
+        """The texts of a parsed example whose every token lands in some window of `features` (the server's
+        cheap token floor, `inference.admission`); none for a family that truncates or refuses a long input."""
+        return []
+
     def features(self, examples: Sequence[Any], tokenizer: Tokenizer, settings: InputSettings, *,
                  config: BertConfig, report: DataReport | None = None, training: bool = False) -> list[Feature]:
         """Model inputs of `examples`: one or more windows each (`Feature.example_index` points back)."""

@@ -332,6 +332,10 @@ class Classification(Family):
         raise InputError(f"expected a string, [text, text_pair] or {{\"text\": ..., \"text_pair\": ...}}, "
                          f"got {type(item).__name__}")
 
+    def windowed_texts(self, example):
+        # The longer segment is windowed (`build_features`): its tokens are at least either segment's.
+        return [max((t for t in (example.text_a, example.text_b) if t is not None), key=len)]
+
     def features(self, examples, tokenizer, settings, *, config, report=None, training=False):
         kind = problem_type(config)
         return build_features(examples, tokenizer, settings, label2id=config.label2id if kind != REGRESSION else None,

@@ -388,6 +388,9 @@ class QuestionAnswering(Family):
         return QAExample(str(item.get("id", "input")), check_text(item["question"], "question"),
                          check_text(item["context"], "context"), [], None, None)
 
+    def windowed_texts(self, example):
+        return [example.context]  # the question is cut to max_query_length; the context is windowed
+
     def features(self, examples, tokenizer, settings, *, config, report=None, training=False):
         return build_features(examples, tokenizer, settings, training=training, report=report)
 

@@ -427,6 +427,9 @@ class Tagging(Family):
             raise InputError(f"expected a string, {{\"text\": ...}} or {{\"words\": [...]}}, got {type(item).__name__}")
         return TaggingExample([], None, " ", "input", original=check_text(item, "text"))
 
+    def windowed_texts(self, example):
+        return [example.text]
+
     def features(self, examples, tokenizer, settings, *, config, report=None, training=False):
         for example in examples:
             if example.original is not None and not example.words:

@@ -17,7 +17,8 @@ Google's tokenizer splits words at its separators (`tokenization.normalizer.sepa
 that cleaning keeps) and never deletes a letter, digit or underscore (cleaning deletes controls and, with
 accent stripping, combining marks only). So every separator-delimited chunk holding one such character gives at
 least one token. Only the families that window a text (classification, tagging, extractive QA) get a floor;
-the others truncate their inputs to one window, so their size is bounded by the window anyway.
+the others truncate their inputs to one window, so their size is bounded by the window anyway. Which text a
+family windows is the family's to say (`Family.windowed_texts`).
 """
 
 from __future__ import annotations
@@ -62,31 +63,20 @@ def word_floor(text: str, enough: int | None = None) -> int:
     return count
 
 
-def windowed_texts(family: str, item: Any) -> list[str]:
-    """The texts of one parsed input whose every token lands in a window, by family; empty for a family that
-    truncates (embed, rerank, multiple choice) or refuses (fill-mask) a long input instead of windowing it."""
-    if family == "classification":  # windows over the longer segment: its tokens are at least either's
-        texts = [getattr(item, "text_a", None), getattr(item, "text_b", None)]
-        return [max((t for t in texts if isinstance(t, str)), key=len, default="")]
-    if family == "tagging":
-        text = getattr(item, "text", None)
-        return [text] if isinstance(text, str) else []
-    if family == "question_answering":
-        context = getattr(item, "context", None)
-        return [context] if isinstance(context, str) else []
-    return []
-
-
-def token_floor(family: str, parsed: Sequence[Any], limit: int) -> int:
+def token_floor(family: Any, parsed: Sequence[Any], limit: int) -> int:
     """A lower bound of the tokens `parsed` makes after windowing in `family` (0 when the family does not
-    window); counting stops once past `limit`. Costs nothing for a request whose characters are within it."""
-    texts = [(text, index) for index, item in enumerate(parsed) for text in windowed_texts(family, item)]
-    if sum(len(text) for text, _ in texts) + SPECIAL_TOKENS * len(parsed) <= limit:
+    window: `Family.windowed_texts`); counting stops once past `limit`. Costs nothing for a request whose
+    characters are within the limit."""
+    windowed = getattr(family, "windowed_texts", None)
+    if windowed is None:
+        return 0
+    texts = [windowed(item) for item in parsed]
+    if sum(len(text) for item in texts for text in item) + SPECIAL_TOKENS * len(parsed) <= limit:
         return 0  # a token holds at least one character: this request cannot be over the limit
-    floor, counted = 0, set()
-    for text, index in texts:
-        floor += word_floor(text, enough=limit - floor) + (SPECIAL_TOKENS if index not in counted else 0)
-        counted.add(index)
+    floor = 0
+    for item in texts:
+        if item:
+            floor += SPECIAL_TOKENS + sum(word_floor(text, enough=limit - floor) for text in item)
         if floor > limit:
             break
     return floor

@@ -191,8 +191,7 @@ class Scheduler:
         if self.unhealthy is not None:
             raise JobFailed("unhealthy", f"the model is unhealthy: {self.unhealthy}; this server answers no "
                                          "more requests until it is restarted with a sound model")
-        family = getattr(getattr(self.pipelines[task], "family", None), "name", "")
-        floor = token_floor(family, parsed, settings.max_request_tokens)
+        floor = token_floor(getattr(self.pipelines[task], "family", None), parsed, settings.max_request_tokens)
         if floor > settings.max_request_tokens:
             raise JobFailed("too_large", f"the inputs make {floor} tokens after windowing or more (counted from "
                                          f"their words, before tokenizing); this server runs at most "
