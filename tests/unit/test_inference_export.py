@@ -45,7 +45,7 @@ def test_export_onnx_tiny_models_match_pytorch(tmp_path, cls, names):
 
 def test_export_onnx_minilm_parity_and_summary(tmp_path):
     report = export_onnx(gt_minilm.get_model_path(), tmp_path / "minilm.onnx", **FAST)
-    assert report.outputs == ["last_hidden_state", "pooled_output"]
+    assert report.outputs == ["last_hidden_state", "pooled_output", "sentence_embedding"]
     assert max(report.max_abs_diff.values()) <= FP32_TOLERANCE
     assert "ONNX Runtime" in report.summary()
 

@@ -281,9 +281,13 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
 def cmd_demo(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.demo import run_demo
 
+        from bertforge.inference.onnx_optimize import export_optimized
     run_demo(lang=args.lang, out=args.out, corpus=args.corpus, minutes=args.minutes, model=args.model,
              seed=args.seed)
 
+    if args.optimize or args.quantize:
+        print(export_optimized(args.model, out, quantize=args.quantize).summary())
+        return
 
 # --- info ------------------------------------------------------------------------------------------------
 

@@ -239,6 +239,11 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="mini", help="preset to pretrain")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=commands.cmd_demo)
+    p.add_argument("--optimize", action="store_true",
+                   help="also write ONNX Runtime's fused graph (Attention, EmbedLayerNormalization, ...) beside --out "
+                        "and its parity report")
+    p.add_argument("--quantize", choices=["int8"],
+                   help="also write the optimized graph quantized to int8 (implies --optimize)")
 
 
 def add_info(sub: argparse._SubParsersAction) -> None:

@@ -12,32 +12,48 @@ sequence] for multiple choice); outputs are named after the model's output field
 `start_logits`/`end_logits`, `last_hidden_state`/`pooled_output`, `mlm_logits`/`nsp_logits`). Both come
 from the model's family (`families.registry.for_model`: a bare encoder is the embedding family), which
 declares them (`export_outputs`, `input_axes`).
+The graph is traced from the plain path (padded, separate query/key/value projections: the fused-QKV and
+padding-free fast paths are never exported) in the form ONNX Runtime's BERT optimizer recognizes
+(`graph_form`): attention as HF's eager attention spells it (scores / sqrt(D) + (1 - mask) * min, softmax,
+@ V) instead of one scaled-dot-product call whose boolean mask its matcher does not know, and position ids
+expanded to the input's shape. `onnx_optimize.export_optimized` then fuses it (Attention, EmbedLayer-
+Normalization, SkipLayerNormalization, BiasGelu) and quantizes it. The embedding family also exports its
+sentence vector (`sentence_embedding`: the directory's pooling, normalized when it says so).
 Needs the `export` extra: onnx, onnxruntime.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from bertforge.errors import BertforgeError, ConfigError
 from bertforge.families import registry
 from bertforge.families.base import Family
-from bertforge.model.bert import BertPretrainedModel
+from bertforge.families.embedding import Embedding, pool
+from bertforge.interop.sentence_transformers import SentenceSettings, read_settings
+from bertforge.model.bert import BertPretrainedModel, Embeddings, SelfAttention
+from bertforge.model.fast_paths import FusedSelfAttention, Variant, variant
+from bertforge.model.layouts import Padded
 
 FP32_TOLERANCE = 1e-4
 DEFAULT_OPSET = 17
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
+SENTENCE_OUTPUT = "sentence_embedding"
 
 
 @dataclass
@@ -77,16 +93,97 @@ def output_axes(model: BertPretrainedModel, family: Family) -> dict[str, dict[in
 
 
 class OnnxModule(nn.Module):
-    """Positional tensors in, a tuple of named output tensors out: the signature ONNX tracing wants."""
+    """Positional tensors in, a tuple of named output tensors out: the signature ONNX tracing wants.
 
-    def __init__(self, model: BertPretrainedModel, names: list[str]):
+    With `sentence` (pooling name, normalize) the last output is the sentence vector [B, D] pooled from
+    `last_hidden_state` by `families.embedding.pool`, the function the `embed` pipeline runs.
+    """
+
+    def __init__(self, model: BertPretrainedModel, names: list[str], sentence: tuple[str, bool] | None = None):
         super().__init__()
         self.model = model
         self.names = names
+        self.sentence = sentence
 
     def forward(self, input_ids, token_type_ids, attention_mask):
         out = self.model(input_ids, token_type_ids, attention_mask)
-        return tuple(getattr(out, name) for name in self.names)
+        outputs = [getattr(out, name) for name in self.names if name != SENTENCE_OUTPUT]
+        if self.sentence is not None:
+            pooling, normalize = self.sentence
+            vectors = pool(out.last_hidden_state, attention_mask, pooling)  # [B, T, H] -> [B, D]
+            outputs.append(F.normalize(vectors, dim=-1) if normalize else vectors)
+        return tuple(outputs)
+
+
+def sentence_output(model_dir: str | os.PathLike, family: Family,
+                    axes: dict[str, dict[int, str]]) -> tuple[str, bool] | None:
+    """The embedding family's (pooling, normalize): the directory's sentence-transformers settings, else the
+    family's defaults (mean, not normalized); None for other families."""
+    if not isinstance(family, Embedding) or "last_hidden_state" not in axes:
+        return None
+    settings = read_settings(model_dir) or SentenceSettings(pooling=family.options["pooling"],
+                                                            normalize=family.options["normalize"])
+    return settings.pooling, settings.normalize
+
+
+class OnnxAttention(Variant):
+    """Self-attention spelled the way ONNX Runtime's BERT optimizer recognizes it (its `FusionAttention`).
+
+    The plain path calls scaled dot-product attention with a boolean mask; traced, that becomes a
+    Where(mask, 0, -inf) the matcher knows in none of its patterns, and no Attention node is fused. This form
+    is Hugging Face's eager BERT attention: MatMul(Q, K^T) / sqrt(D) + (1 - mask) * min, Softmax, MatMul V,
+    over the three separate projections. Same numbers as the plain path up to rounding (the export's parity
+    check holds every output within 1e-4); used only while tracing (`graph_form`).
+    """
+
+    prefix = "Onnx"
+
+    def forward(self, x: torch.Tensor, layout: Padded, return_probs: bool = False):
+        if not isinstance(layout, Padded):
+            raise BertforgeError("ONNX export traces the padded plain path; load the model with fast_path=False")
+        q, k, v = self.projections(x)  # [B, T, H] each
+        batch, tokens, hidden = q.shape
+        size = hidden // self.num_heads
+
+        def split(t: torch.Tensor) -> torch.Tensor:
+            return t.view(batch, tokens, self.num_heads, size).transpose(1, 2)  # [B, T, H] -> [B, N, T, D]
+
+        scores = split(q) @ split(k).transpose(-1, -2) / math.sqrt(size)  # [B, N, T, T]
+        if layout.mask is not None:  # bool [B, 1, 1, T] -> additive 0 / min
+            scores = scores + (1.0 - layout.mask.to(scores.dtype)) * torch.finfo(scores.dtype).min
+        context = scores.softmax(dim=-1) @ split(v)  # [B, N, T, D]
+        context = context.transpose(1, 2).reshape(batch, tokens, hidden)  # [B, N, T, D] -> [B, T, H]
+        return self.norm(x + self.dropout(self.output(context))), None
+
+
+class OnnxEmbeddings(Variant):
+    """Embeddings whose position ids are expanded to the shape of `input_ids` ([1, T] -> [B, T]): the position
+    path ONNX Runtime's `FusionEmbedLayerNormalization` matches (Range -> Unsqueeze -> Expand(Shape(ids)))."""
+
+    prefix = "Onnx"
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor):
+        return super().forward(input_ids, token_type_ids, position_ids.expand_as(input_ids))
+
+
+@contextmanager
+def graph_form(model: nn.Module) -> Iterator[nn.Module]:
+    """Within the block, `model`'s attention and embedding modules are their ONNX forms (same parameters,
+    same numbers); afterwards the plain classes again."""
+    swapped = []
+    for module in model.modules():
+        if isinstance(module, FusedSelfAttention):
+            raise BertforgeError("ONNX export needs separate query/key/value projections: load the model with "
+                                 "fast_path=False")
+        for mixin, plain in ((OnnxAttention, SelfAttention), (OnnxEmbeddings, Embeddings)):
+            if type(module) is plain:
+                module.__class__ = variant(mixin, plain)
+                swapped.append((module, plain))
+    try:
+        yield model
+    finally:
+        for module, plain in swapped:
+            module.__class__ = plain
 
 
 def example_inputs(model: BertPretrainedModel, family: Family, batch: int, tokens: int, seed: int,
@@ -121,7 +218,9 @@ def time_ms(run, repeats: int) -> float:
 
 
 def write_onnx(wrapper: OnnxModule, family: Family, axes: dict[str, dict[int, str]], out: Path, opset: int) -> None:
-    """Trace `wrapper` into `out` (atomically: a checked temporary file, then renamed)."""
+    """Trace `wrapper` in its ONNX form (`graph_form`) into `out` (atomically: a checked temporary file, then
+    renamed). The TorchScript exporter (`dynamo=False`): its graph keeps the Q/K/V MatMul -> Add -> Reshape
+    -> Transpose chains ONNX Runtime's matcher walks, and it needs no `onnxscript`."""
     import onnx
 
     input_axes = dict(family.input_axes)
@@ -129,7 +228,7 @@ def write_onnx(wrapper: OnnxModule, family: Family, axes: dict[str, dict[int, st
     handle, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
     os.close(handle)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), graph_form(wrapper.model):
             # The tracer warns about the encoder's Python-side input checks; they are checks, not data flow.
             warnings.simplefilter("ignore")
             torch.onnx.export(wrapper, example_inputs(wrapper.model, family, 2, 16, seed=0), tmp,
@@ -144,23 +243,32 @@ def write_onnx(wrapper: OnnxModule, family: Family, axes: dict[str, dict[int, st
         raise
 
 
-def check_parity(wrapper: OnnxModule, family: Family, session: Any, report: ExportReport, tolerance: float) -> None:
-    """Record the largest |ONNX Runtime - PyTorch| of every output in `report`; raise above `tolerance`."""
-    positions = wrapper.model.config.max_position_embeddings
-    # Shapes other than the traced (2, 16) prove the axes are dynamic; row 1 is padded.
+def parity_inputs(model: BertPretrainedModel, family: Family) -> Iterator[tuple[torch.Tensor, ...]]:
+    """The check inputs: shapes other than the traced (2, 16), so the axes must be dynamic; row 1 padded."""
+    positions = model.config.max_position_embeddings
     for batch, tokens, seed in ((3, 37, 1), (1, 9, 2)):
         tokens = min(tokens, positions)
-        inputs = example_inputs(wrapper.model, family, batch, tokens, seed, pad_from=tokens - 5)
+        yield example_inputs(model, family, batch, tokens, seed, pad_from=tokens - 5)
+
+
+def max_differences(reference: OnnxModule, family: Family, session: Any) -> dict[str, float]:
+    """Per output, the largest |ONNX Runtime - PyTorch| over `parity_inputs`."""
+    worst: dict[str, float] = {}
+    for inputs in parity_inputs(reference.model, family):
         with torch.inference_mode():
-            expected = wrapper(*inputs)
-        got = session.run(wrapper.names, feeds(inputs))
-        for name, ours, theirs in zip(wrapper.names, expected, got):
-            diff = float(np.abs(ours.numpy() - theirs).max())
-            report.max_abs_diff[name] = max(report.max_abs_diff.get(name, 0.0), diff)
-    worst = max(report.max_abs_diff.values())
+            expected = reference(*inputs)
+        got = session.run(reference.names, feeds(inputs))
+        for name, ours, theirs in zip(reference.names, expected, got):
+            worst[name] = max(worst.get(name, 0.0), float(np.abs(ours.numpy() - theirs).max()))
+    return worst
+
+
+def check_parity(path: Path, differences: dict[str, float], tolerance: float) -> None:
+    """Raise when any output differs from PyTorch by more than `tolerance`."""
+    worst = max(differences.values())
     if worst > tolerance:
-        raise BertforgeError(f"{report.path}: ONNX Runtime differs from PyTorch by {worst:.2e} (> {tolerance:.0e}); "
-                             f"per output {report.max_abs_diff}. Do not deploy this file; report the model and "
+        raise BertforgeError(f"{path}: ONNX Runtime differs from PyTorch by {worst:.2e} (> {tolerance:.0e}); "
+                             f"per output {differences}. Do not deploy this file; report the model and "
                              "versions")
 
 
@@ -177,6 +285,37 @@ def time_runtimes(wrapper: OnnxModule, family: Family, session: Any, report: Exp
 
     report.torch_ms = time_ms(run_torch, repeats)
     report.onnxruntime_ms = time_ms(lambda: session.run(wrapper.names, arrays), repeats)
+
+
+def session_of(path: Path) -> Any:
+    """An ONNX Runtime CPU session on `path` (ConfigError when onnxruntime is missing)."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ConfigError("the parity check needs onnxruntime: pip install 'bertforge[export]' "
+                          "(or pass check=False)") from None
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def traced_model(model_dir: str | os.PathLike, out: Path, opset: int) -> tuple[OnnxModule, Family]:
+    """Load `model_dir` on the plain path, write its ONNX graph to `out`; the PyTorch reference wrapper and
+    the model's family."""
+    try:
+        import onnx  # noqa: F401  (checked here, before the model loads; `write_onnx` uses it)
+    except ImportError:
+        raise ConfigError("ONNX export needs the 'export' extra: pip install 'bertforge[export]'") from None
+    # The plain path: tracing records one graph, and the padding-free layout's per-sequence loop is not one;
+    # ONNX Runtime's matcher needs the three separate projections, not the fused QKV matmul.
+    model, _ = registry.load_model(model_dir, fast_path=False)
+    model = model.float().eval()
+    family = registry.for_model(model)
+    axes = output_axes(model, family)
+    sentence = sentence_output(model_dir, family, axes)
+    if sentence is not None:
+        axes[SENTENCE_OUTPUT] = {0: "batch"}
+    wrapper = OnnxModule(model, list(axes), sentence).eval()
+    write_onnx(wrapper, family, axes, out, opset)
+    return wrapper, family
 
 
 def export_onnx(model_dir: str | os.PathLike, out_path: str | os.PathLike, *, opset: int = DEFAULT_OPSET,
@@ -199,28 +338,14 @@ def export_onnx(model_dir: str | os.PathLike, out_path: str | os.PathLike, *, op
         BertforgeError: the outputs differ by more than `tolerance` (the file is still written, for
             inspection). ConfigError: onnx / onnxruntime are missing.
     """
-    try:
-        import onnx  # noqa: F401  (checked here, before the model loads; `write_onnx` uses it)
-    except ImportError:
-        raise ConfigError("ONNX export needs the 'export' extra: pip install 'bertforge[export]'") from None
-    # The plain path: tracing records one graph, and the padding-free layout's per-sequence loop is not one.
-    model, _ = registry.load_model(model_dir, fast_path=False)
-    model = model.float().eval()
-    family = registry.for_model(model)
-    axes = output_axes(model, family)
-    wrapper = OnnxModule(model, list(axes)).eval()
     out = Path(out_path)
-    write_onnx(wrapper, family, axes, out, opset)
-    report = ExportReport(out, list(axes), speed_shape=speed_shape)
+    wrapper, family = traced_model(model_dir, out, opset)
+    report = ExportReport(out, list(wrapper.names), speed_shape=speed_shape)
     if not check:
         return report
-    try:
-        import onnxruntime
-    except ImportError:
-        raise ConfigError("the parity check needs onnxruntime: pip install 'bertforge[export]' "
-                          "(or pass check=False)") from None
-    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    check_parity(wrapper, family, session, report, tolerance)
+    session = session_of(out)
+    report.max_abs_diff = max_differences(wrapper, family, session)
+    check_parity(out, report.max_abs_diff, tolerance)
     time_runtimes(wrapper, family, session, report, repeats)
     return report
 
