@@ -62,16 +62,26 @@ def cmd_vocab(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.data.preparation import prepare_corpus
+    from bertforge.data.preparation_parts import Part, merge_parts
     from bertforge.data.pretraining import jieba_segmenter
     from bertforge.tokenization.tokenizer import Tokenizer
 
+    if args.merge is not None:
+        print(merge_parts(args.merge).summary())
+        return
+    missing = [flag for flag, value in (("--corpus", args.corpus), ("--tokenizer", args.tokenizer),
+                                        ("--out", args.out)) if value is None]
+    if missing:
+        raise ConfigError(f"prepare needs {', '.join(missing)} (or --merge OUT to merge finished parts)")
+    part = Part.parse(args.part) if args.part is not None else Part.from_env()
+    sizes = {} if args.shard_size is None else {"shard_size": args.shard_size}
     tokenizer = Tokenizer.from_pretrained(args.tokenizer)
     report = prepare_corpus(
         args.corpus, tokenizer, args.out, max_seq_length=args.max_seq_length, short_seq_prob=args.short_seq_prob,
         dupe_factor=args.dupe_factor, seed=args.seed, workers=args.workers,
         heldout_fraction=args.heldout_fraction, heldout_documents=args.heldout_documents,
         resume=not args.no_resume, format=args.format,
-        segmenter=jieba_segmenter() if args.segmenter == "jieba" else None)
+        segmenter=jieba_segmenter() if args.segmenter == "jieba" else None, part=part, **sizes)
     # The data directory carries its vocabulary, so `pretrain --data DIR` needs nothing else.
     tokenizer.save_pretrained(args.out)
     print(report.summary())
@@ -229,13 +239,19 @@ def cmd_predict(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     try:
+        from bertforge.inference.model_service import parse_model_option
         from bertforge.inference.server import serve
     except ImportError as exc:
         raise ConfigError(f"serving needs the [serve] extra ({exc}); pip install 'bertforge[serve]'") from None
     # Settings left unset keep ServerSettings' defaults (the one place they are written down).
     limits = {name: getattr(args, name) for name in ("max_batch_tokens", "max_request_tokens", "request_timeout_s")
               if getattr(args, name) is not None}
-    serve(args.model, host=args.host, port=args.port, device=args.device, precision=args.precision,
+    named = [parse_model_option(value) for value in args.model]
+    models = dict(named)
+    if len(models) < len(named):
+        twice = sorted({name for name, _ in named if [n for n, _ in named].count(name) > 1})
+        raise ConfigError(f"--model: the name(s) {twice} are given twice; name each model once (NAME=DIR)")
+    serve(models, host=args.host, port=args.port, device=args.device, precision=args.precision,
           max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
           micro_batching=not args.no_batching, **limits)
 
@@ -265,9 +281,13 @@ def cmd_convert(args: argparse.Namespace, extra: list[str]) -> None:
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
     try:
         from bertforge.inference.export import export_onnx
+        from bertforge.inference.onnx_optimize import export_optimized
     except ImportError as exc:
         raise ConfigError(f"export needs the [export] extra ({exc}); pip install 'bertforge[export]'") from None
     out = args.out or str(Path(args.model) / "model.onnx")
+    if args.optimize or args.quantize:
+        print(export_optimized(args.model, out, quantize=args.quantize).summary())
+        return
     report = export_onnx(args.model, out)
     print(f"wrote {report.path}")
     for name, diff in report.max_abs_diff.items():
@@ -281,13 +301,9 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
 def cmd_demo(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.demo import run_demo
 
-        from bertforge.inference.onnx_optimize import export_optimized
     run_demo(lang=args.lang, out=args.out, corpus=args.corpus, minutes=args.minutes, model=args.model,
              seed=args.seed)
 
-    if args.optimize or args.quantize:
-        print(export_optimized(args.model, out, quantize=args.quantize).summary())
-        return
 
 # --- info ------------------------------------------------------------------------------------------------
 

@@ -85,7 +85,8 @@ def add_prompt_flags(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
-    from bertforge.inference.embed_corpus import CorpusSettings, Ranks, embed_corpus
+    from bertforge.inference.embed_corpus import CorpusSettings, embed_corpus
+    from bertforge.processes import Ranks
 
     settings = CorpusSettings(file_format=args.format, text_column=args.text_column, id_column=args.id_column)
     manifest = embed_corpus(args.model, args.input, args.out, settings=settings, shard_size=args.shard_size,

@@ -69,15 +69,26 @@ def add_vocab(sub: argparse._SubParsersAction) -> None:
 
 
 def add_prepare(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("prepare", help="turn a corpus into pretraining instance shards")
-    p.add_argument("--corpus", nargs="+", required=True)
-    p.add_argument("--tokenizer", required=True, help="directory with vocab.txt (e.g. from `bertforge vocab`)")
-    p.add_argument("--out", required=True)
+    p = sub.add_parser("prepare", help="turn a corpus into pretraining instance shards",
+                       description="Turn a corpus into pretraining shards. Split across processes or machines "
+                       "with --part i/n (or under torchrun), the parts write the shards one process writes; the "
+                       "last part to finish writes index.json, or `bertforge prepare --merge OUT` does.")
+    p.add_argument("--corpus", nargs="+", help="files, folders or glob patterns of UTF-8 text (required unless "
+                   "--merge)")
+    p.add_argument("--tokenizer", help="directory with vocab.txt (e.g. from `bertforge vocab`; required unless "
+                   "--merge)")
+    p.add_argument("--out", help="the data directory (required unless --merge)")
+    p.add_argument("--part", help="prepare only part i of n (i counts from 0, e.g. 0/4 ... 3/4), one per process "
+                   "or machine, all writing into the same --out (default under torchrun: RANK/WORLD_SIZE)")
+    p.add_argument("--merge", metavar="OUT", help="only merge the finished parts' indexes in OUT into its "
+                   "index.json (names the parts still missing)")
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--short-seq-prob", type=float, default=0.1)
     p.add_argument("--dupe-factor", type=int, default=1)
     p.add_argument("--seed", type=int, default=12345)
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--shard-size", type=int, default=None, help="characters of input text per shard (default "
+                   "4000000, about 1M English tokens); more shards than parts keeps the parts busy")
     p.add_argument("--heldout-fraction", type=float, default=0.0)
     p.add_argument("--heldout-documents", type=int, default=None)
     p.add_argument("--format", choices=["auto", "sentences", "text", "documents"], default="auto")
@@ -174,7 +185,9 @@ def add_predict(sub: argparse._SubParsersAction) -> None:
 
 def add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="HTTP server with micro-batching (needs the [serve] extra)")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, action="append", metavar="[NAME=]DIR",
+                   help="a model directory to serve, optionally named (repeat to serve several: "
+                        "--model embedder=DIR --model reranker=DIR); a plain DIR is named after its folder")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", default="auto")
@@ -226,6 +239,11 @@ def add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--format", choices=["onnx"], default="onnx")
     p.add_argument("--out")
+    p.add_argument("--optimize", action="store_true",
+                   help="also write ONNX Runtime's fused graph (Attention, EmbedLayerNormalization, ...) beside --out "
+                        "and its parity report")
+    p.add_argument("--quantize", choices=["int8"],
+                   help="also write the optimized graph quantized to int8 (implies --optimize)")
     p.set_defaults(func=commands.cmd_export)
 
 
@@ -239,11 +257,6 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="mini", help="preset to pretrain")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=commands.cmd_demo)
-    p.add_argument("--optimize", action="store_true",
-                   help="also write ONNX Runtime's fused graph (Attention, EmbedLayerNormalization, ...) beside --out "
-                        "and its parity report")
-    p.add_argument("--quantize", choices=["int8"],
-                   help="also write the optimized graph quantized to int8 (implies --optimize)")
 
 
 def add_info(sub: argparse._SubParsersAction) -> None:

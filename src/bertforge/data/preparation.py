@@ -9,14 +9,15 @@ pass. Hence:
   worker in flight), never the corpus. Random NSP segments come from the same group (see `data.pretraining`).
 - Parallel and deterministic: groups go to `workers` processes; each group's randomness is derived from
   ``(seed, split, group, pass)`` only, so the output is byte-for-byte the same for the same inputs and seed,
-  whatever the number of workers.
+  whatever the number of workers, and it can be split into parts across processes and machines
+  (``part=``, `data.preparation_parts`) whose shards and merged index are the same bytes again.
 - Resumable: each completed shard is recorded in ``index.json`` (written atomically after every shard);
   a rerun with the same settings skips recorded shards without tokenizing their text again.
 - Held-out documents (`heldout_fraction` or `heldout_documents`, spread evenly over the corpus) go to a
   separate ``heldout`` split for evaluation; random B segments never cross between the splits.
 
-This module owns that driver: settings checks, the held-out rule, the group stream, the worker pool and the
-`PrepareReport` with its warnings.
+This module owns that driver: settings checks, the held-out rule, the group stream and the worker pool
+(`data.preparation_report` sums a run up in its `PrepareReport`).
 """
 
 from __future__ import annotations
@@ -26,13 +27,10 @@ import multiprocessing
 import os
 import pickle
 import random
-import resource
-import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,8 @@ from typing import Any
 import numpy as np
 
 from bertforge.data.corpus import DEFAULT_MAX_DOCUMENT_SENTENCES, CorpusStats, Document, read_documents
+from bertforge.data.preparation_parts import Part, all_parts_finished, merge_parts
+from bertforge.data.preparation_report import PrepareReport, finish_index, report_of
 from bertforge.data.pretraining import (
     Segmenter,
     create_instances,
@@ -47,6 +47,7 @@ from bertforge.data.pretraining import (
     validate_instance_settings,
 )
 from bertforge.data.shards import (
+    INDEX_NAME,
     SPLITS,
     completed_shards,
     index_document,
@@ -66,59 +67,10 @@ log = logging.getLogger(__name__)
 DEFAULT_SHARD_SIZE = 4_000_000
 # Groups queued or running per worker process: enough to keep workers busy, few enough to bound memory.
 IN_FLIGHT_PER_WORKER = 2
-UNK_WARN_RATIO = 0.01
 
 
 def _derive_seed(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1, np.uint64)[0])
-
-@dataclass
-class PrepareReport:
-    """What `prepare_corpus` did.
-
-    Attributes:
-        documents, heldout_documents: documents in the train and held-out splits.
-        instances, heldout_instances: instances written (all dupe passes).
-        tokens: tokens in all instances of both splits (special tokens included).
-        input_bytes: size of the input files.
-        seconds: wall time.
-        mb_per_s: input megabytes (10^6 bytes) per second, counting skipped (resumed) shards' text too.
-        peak_rss_mb: peak resident memory of this process and of its worker processes (MiB, the larger).
-        shards_written, shards_skipped: shards written now, and found complete from an earlier run.
-        empty_documents: documents whose text produced no token.
-        unk_tokens: ``[UNK]`` tokens among the documents' tokens (first pass).
-        warnings: problems found (duplicates, missing document breaks, [UNK] rate ...), each with its fix.
-        corpus: the `CorpusStats` summary.
-    """
-
-    out_dir: str
-    documents: int = 0
-    heldout_documents: int = 0
-    instances: int = 0
-    heldout_instances: int = 0
-    tokens: int = 0
-    input_bytes: int = 0
-    seconds: float = 0.0
-    mb_per_s: float = 0.0
-    peak_rss_mb: float = 0.0
-    shards_written: int = 0
-    shards_skipped: int = 0
-    empty_documents: int = 0
-    unk_tokens: int = 0
-    warnings: list[str] = field(default_factory=list)
-    corpus: dict = field(default_factory=dict)
-
-    def summary(self) -> str:
-        """A few human-readable lines."""
-        lines = [
-            f"{self.out_dir}: {self.documents} train / {self.heldout_documents} held-out documents -> "
-            f"{self.instances} / {self.heldout_instances} instances, {self.tokens} tokens",
-            f"{self.input_bytes / 1e6:.1f} MB in {self.seconds:.1f} s ({self.mb_per_s:.2f} MB/s), "
-            f"peak RSS {self.peak_rss_mb:.0f} MiB, shards written {self.shards_written}, "
-            f"skipped {self.shards_skipped}",
-        ]
-        lines += [f"warning: {warning}" for warning in self.warnings]
-        return "\n".join(lines)
 
 class _GroupBuilder:
     """Turns one group of documents into shard files; runs in the main process or in a worker."""
@@ -216,13 +168,6 @@ def _is_heldout(index: int, rate: Fraction) -> bool:
     return ((index + 1) * numerator + rate.denominator) // denominator > before
 
 
-def _peak_rss_mb() -> float:
-    scale = 1.0 if sys.platform == "darwin" else 1024.0  # ru_maxrss: bytes on macOS, KiB on Linux
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return max(own, children) * scale / 2**20
-
-
 def _settings(files: list[Path], tokenizer: Any, **values: Any) -> dict:
     return {
         "inputs": [{"path": str(path), "bytes": path.stat().st_size} for path in files],
@@ -252,12 +197,14 @@ def _check_settings(max_seq_length: int, short_seq_prob: float, dupe_factor: int
 class _ShardRecords:
     """The shard records of one preparation: those an earlier run completed plus those written now.
 
-    ``index.json`` is rewritten (atomically, marked incomplete) after every finished group, so an interrupted
-    run loses at most the groups in flight.
+    ``index.json`` (a part's own index, for one part of a split preparation) is rewritten (atomically, marked
+    incomplete) after every finished group, so an interrupted run loses at most the groups in flight.
     """
 
-    def __init__(self, out_dir: Path, settings: dict, vocab_size: int, checksum: str, done: dict[str, dict]):
+    def __init__(self, out_dir: Path, settings: dict, vocab_size: int, checksum: str, done: dict[str, dict],
+                 index_name: str = INDEX_NAME):
         self.out_dir = out_dir
+        self.index_name = index_name
         self.settings = settings
         self.vocab_size = vocab_size
         self.checksum = checksum
@@ -270,7 +217,7 @@ class _ShardRecords:
             for record in result:
                 self.records[record["name"]] = record
                 self.written += 1
-        write_index(self.out_dir, self.index(complete=False))
+        write_index(self.out_dir, self.index(complete=False), self.index_name)
 
     def index(self, complete: bool, corpus: dict | None = None) -> dict:
         return index_document(self.settings, self.vocab_size, self.checksum, self.records, complete, corpus)
@@ -331,10 +278,12 @@ def _groups(documents: Iterable[Document], rate: Fraction, shard_size: int) -> I
             yield split, group["index"], group["documents"]
 
 
-def _build_groups(groups: Iterator[tuple[str, int, list]], dispatcher: _GroupDispatcher) -> None:
+def _build_groups(groups: Iterator[tuple[str, int, list]], dispatcher: _GroupDispatcher,
+                  part: Part | None) -> None:
     try:
         for split, group, documents in groups:
-            dispatcher.submit(split, group, documents)
+            if part is None or part.owns(group):
+                dispatcher.submit(split, group, documents)
         dispatcher.drain()
     except BrokenProcessPool:
         raise BertforgeError(
@@ -344,58 +293,6 @@ def _build_groups(groups: Iterator[tuple[str, int, list]], dispatcher: _GroupDis
         ) from None
     finally:
         dispatcher.close()
-
-
-def _warnings(stats: CorpusStats, empty: int, unk: int, document_tokens: int, heldout_missing: bool) -> list[str]:
-    """The corpus warnings plus the ones tokenizing found; the latter are logged here (read_documents has
-    logged the corpus's own)."""
-    corpus = stats.warnings()
-    warnings = list(corpus)
-    if empty:
-        warnings.append(f"{empty} documents produced no token (only whitespace or control characters); skipped")
-    if document_tokens and unk > UNK_WARN_RATIO * document_tokens:
-        warnings.append(
-            f"{100.0 * unk / document_tokens:.1f}% of tokens are [UNK]: the vocabulary does not fit this corpus "
-            "(another language or casing?); build one with bertforge.tokenization.build_vocab"
-        )
-    if heldout_missing:
-        warnings.append("the held-out split is empty: raise heldout_fraction or heldout_documents")
-    for warning in warnings[len(corpus):]:
-        log.warning(warning)
-    return warnings
-
-
-def _finish(records: _ShardRecords, stats: CorpusStats, rate: Fraction, files: list[Path],
-            started: float) -> PrepareReport:
-    """Write the complete index (with the corpus report) and sum up the run."""
-    totals = records.index(complete=True)["splits"]
-    # Documents are counted on the first pass only: every dupe pass sees the same documents.
-    first = [record for record in records.records.values() if record["dupe"] == 0]
-    empty = sum(record["empty_documents"] for record in first)
-    unk = sum(record["unk_tokens"] for record in first)
-    document_tokens = sum(record["document_tokens"] for record in first)
-    warnings = _warnings(stats, empty, unk, document_tokens, bool(rate) and totals["heldout"]["instances"] == 0)
-    write_index(records.out_dir, records.index(complete=True, corpus={**stats.to_dict(), "warnings": warnings}))
-    seconds = time.perf_counter() - started
-    input_bytes = sum(path.stat().st_size for path in files)
-    return PrepareReport(
-        out_dir=str(records.out_dir),
-        documents=totals["train"]["documents"],
-        heldout_documents=totals["heldout"]["documents"],
-        instances=totals["train"]["instances"],
-        heldout_instances=totals["heldout"]["instances"],
-        tokens=totals["train"]["tokens"] + totals["heldout"]["tokens"],
-        input_bytes=input_bytes,
-        seconds=seconds,
-        mb_per_s=input_bytes / 1e6 / max(seconds, 1e-9),
-        peak_rss_mb=_peak_rss_mb(),
-        shards_written=records.written,
-        shards_skipped=len(records.done),
-        empty_documents=empty,
-        unk_tokens=unk,
-        warnings=warnings,
-        corpus=stats.to_dict(),
-    )
 
 
 def prepare_corpus(
@@ -415,6 +312,7 @@ def prepare_corpus(
     format: str = "auto",
     max_document_sentences: int = DEFAULT_MAX_DOCUMENT_SENTENCES,
     segmenter: Segmenter | None = None,
+    part: Part | None = None,
 ) -> PrepareReport:
     """Turn a text corpus into pretraining shards (module docstring), streaming in bounded memory.
 
@@ -437,9 +335,12 @@ def prepare_corpus(
         max_document_sentences: longer documents are cut into pieces of this many sentences.
         segmenter: ``text -> words`` for Chinese whole-word masking (e.g. `jieba_segmenter()`); must be
             picklable when workers > 1.
+        part: prepare only this part of a preparation split across processes or machines
+            (`data.preparation_parts`); the last part to finish writes ``index.json``.
 
     Returns:
-        A `PrepareReport`; its warnings are also logged.
+        A `PrepareReport`; its warnings are also logged. A part's report counts the part's shards, and its
+        `merged` says whether ``index.json`` was written by this call.
 
     Raises:
         ConfigError: a setting is out of range. DataError: an input cannot be read as UTF-8 text, the corpus
@@ -458,13 +359,31 @@ def prepare_corpus(
         max_document_sentences=max_document_sentences,
         segmenter=None if segmenter is None else getattr(segmenter, "__qualname__", type(segmenter).__name__),
     )
+    owns, index_name = (None, INDEX_NAME) if part is None else (part.owns, part.index_name)
     records = _ShardRecords(out_dir, settings, tokenizer.vocab_size, checksum,
-                            completed_shards(out_dir, settings, resume))
+                            completed_shards(out_dir, settings, resume, owns, index_name), index_name)
     builder = _GroupBuilder(tokenizer, segmenter, out_dir, seed, max_seq_length, short_seq_prob)
     dispatcher = _GroupDispatcher(builder, records, workers, dupe_factor)
     stats = CorpusStats()
     documents = read_documents(files, format=format, max_document_sentences=max_document_sentences, stats=stats)
-    _build_groups(_groups(documents, rate, shard_size), dispatcher)
+    _build_groups(_groups(documents, rate, shard_size), dispatcher, part)
     if stats.documents == 0:
         raise DataError(f"no text found in {len(files)} input file(s) ({files[0]}, ...): every file is empty")
-    return _finish(records, stats, rate, files, started)
+    run = {"input_bytes": sum(path.stat().st_size for path in files), "started": started,
+           "written": records.written, "skipped": len(records.done)}
+    if part is None:
+        return finish_index(out_dir, records.index(complete=True), stats.to_dict(), **run)
+    return _finish_part(records, stats, part, run)
+
+
+def _finish_part(records: _ShardRecords, stats: CorpusStats, part: Part, run: dict) -> PrepareReport:
+    """Mark the part's index complete, with the whole corpus's report (every part read all of it) for the
+    merge; merge when every part has finished."""
+    write_index(records.out_dir, records.index(complete=True, corpus=stats.to_dict()), records.index_name)
+    report = report_of(records.out_dir, records.index(complete=True), stats.to_dict(), part=True, **run)
+    report.part, report.merged = str(part), all_parts_finished(records.out_dir, part.count)
+    if report.merged:
+        merge_parts(records.out_dir, part.count)
+    else:
+        log.info("part %s of %s done; index.json is written when the last part finishes", part, records.out_dir)
+    return report

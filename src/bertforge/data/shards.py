@@ -12,11 +12,17 @@ Layout of a data directory::
     train-00000-00.word_starts.npy  uint8 [tokens]: 1 where a word starts (whole-word masking)
     train-00000-00.instances.npy    int64 [instances, 4]: start, segment-B start, end, NSP label
     heldout-00000-00.*.npy          the same for the held-out split
+    index.part-00001-of-00004.json  a part's own index, when preparation is split (`--part 1/4`)
 
 A shard is named ``<split>-<group>-<dupe pass>``. Every file is written atomically and ``index.json`` is
 rewritten after every shard, so a directory is always either complete or resumable. Masking is not stored: it
 is applied when batches are made (`data.masking`, `data.datasets`), so `dupe_factor` only multiplies the
 NSP/segment variations, never disk use for masks.
+
+Preparation split into parts (`data.preparation_parts`): part i of n writes the shards of the groups g with
+``g % n == i`` and records them in its own ``index.part-<i>-of-<n>.json`` (the same document as
+``index.json``, holding only its shards); merging the n part indexes gives the ``index.json`` one process
+writes.
 """
 
 from __future__ import annotations
@@ -38,9 +44,10 @@ from bertforge.storage import open_atomic
 FORMAT_VERSION = 1
 INDEX_NAME = "index.json"
 SPLITS = ("train", "heldout")
-SHARD_FILE = re.compile(r"(train|heldout)-\d{5,}-\d{2,}\.(tokens|word_starts|instances)\.npy")
+SHARD_FILE = re.compile(r"(train|heldout)-(\d{5,})-\d{2,}\.(tokens|word_starts|instances)\.npy")
+PART_INDEX_FILE = re.compile(r"index\.part-(\d{5,})-of-(\d{5,})\.json")
 # Temporary files of an interrupted atomic write (see `_write_atomic`).
-PARTIAL_FILE = re.compile(r"\.?(index\.json|(train|heldout)-\d{5,}-\d{2,}\.\w+\.npy)\..+\.tmp")
+PARTIAL_FILE = re.compile(r"\.?(index(\.part-\d{5,}-of-\d{5,})?\.json|(train|heldout)-\d{5,}-\d{2,}\.\w+\.npy)\..+\.tmp")
 ARRAYS = ("tokens", "word_starts", "instances")
 
 
@@ -59,6 +66,17 @@ def shard_name(split: str, group: int, dupe: int) -> str:
     return f"{split}-{group:05d}-{dupe:02d}"
 
 
+def part_index_name(part: int, parts: int) -> str:
+    """The index file of part `part` (0-based) of `parts`."""
+    return f"index.part-{part:05d}-of-{parts:05d}.json"
+
+
+def file_group(name: str) -> int | None:
+    """The group number of a shard file or of its temporary file (None for any other name)."""
+    match = re.search(r"(?:train|heldout)-(\d{5,})-\d{2,}\.", name)
+    return int(match.group(1)) if match and (SHARD_FILE.fullmatch(name) or PARTIAL_FILE.fullmatch(name)) else None
+
+
 def _write_atomic(path: Path, write: Callable[[BinaryIO], Any]) -> None:
     with open_atomic(path, "wb") as handle:
         write(handle)
@@ -69,9 +87,10 @@ def _write_json(path: Path, data: dict) -> None:
     _write_atomic(path, lambda handle: handle.write(text.encode("utf-8")))
 
 
-def write_index(out_dir: Path, document: dict) -> None:
-    """(Re)write ``index.json`` atomically: a reader sees the previous index or this one, never half of one."""
-    _write_json(out_dir / INDEX_NAME, document)
+def write_index(out_dir: Path, document: dict, name: str = INDEX_NAME) -> None:
+    """(Re)write ``index.json`` (or a part's index `name`) atomically: a reader sees the previous index or
+    this one, never half of one."""
+    _write_json(out_dir / name, document)
 
 
 def write_shard(out_dir: Path, name: str, arrays: dict[str, np.ndarray]) -> None:
@@ -80,25 +99,50 @@ def write_shard(out_dir: Path, name: str, arrays: dict[str, np.ndarray]) -> None
         _write_atomic(out_dir / f"{name}.{key}.npy", lambda handle, array=array: np.save(handle, array))
 
 
-def remove_shards(out_dir: Path) -> None:
-    """Delete the index and every shard file of `out_dir` (other files are left alone)."""
+def remove_shards(out_dir: Path, owns: Callable[[int], bool] | None = None, index_name: str = INDEX_NAME) -> None:
+    """Delete the indexes and every shard file of `out_dir` (other files are left alone); with `owns` (a
+    part's test of a group number), only that part's shards and index `index_name`, and the merged index."""
     for path in out_dir.iterdir():
-        if path.name == INDEX_NAME or SHARD_FILE.fullmatch(path.name):
-            path.unlink()
+        group = file_group(path.name)
+        if owns is None:
+            doomed = path.name == INDEX_NAME or PART_INDEX_FILE.fullmatch(path.name) or SHARD_FILE.fullmatch(path.name)
+        else:
+            doomed = path.name in (INDEX_NAME, index_name) or (SHARD_FILE.fullmatch(path.name) and owns(group))
+        if doomed:
+            path.unlink(missing_ok=True)  # another part may remove the merged index at the same moment
 
 
-def completed_shards(out_dir: Path, settings: dict, resume: bool) -> dict[str, dict]:
-    """Records of shards an earlier run with the same settings finished (resume), or a clean directory."""
+def completed_shards(out_dir: Path, settings: dict, resume: bool, owns: Callable[[int], bool] | None = None,
+                     index_name: str = INDEX_NAME) -> dict[str, dict]:
+    """Records of shards an earlier run with the same settings finished (resume), or a clean directory.
+
+    With `owns` (a part's test of a group number; its records live in `index_name`) only that part's shards
+    and temporary files are looked at: the other parts may be writing into the same directory right now. A
+    part also takes its shards from a merged ``index.json`` of the same settings.
+    """
     for path in out_dir.iterdir():
         if PARTIAL_FILE.fullmatch(path.name):
-            path.unlink()
-    index_path = out_dir / INDEX_NAME
-    if not index_path.exists():
+            group = file_group(path.name)
+            if owns is None or (group is not None and owns(group)) or path.name.startswith(f".{index_name}."):
+                path.unlink(missing_ok=True)
+    names = [INDEX_NAME] if owns is None else [index_name, INDEX_NAME]
+    existing = [out_dir / name for name in names if (out_dir / name).exists()]
+    if not existing:
         return {}
     if not resume:
-        remove_shards(out_dir)
+        remove_shards(out_dir, owns, index_name)
         return {}
-    index = _read_index_file(index_path)
+    done: dict[str, dict] = {}
+    for index_path in existing:
+        for name, record in _recorded_shards(out_dir, index_path, settings).items():
+            if owns is None or owns(record["group"]):
+                done[name] = record
+    return done
+
+
+def _recorded_shards(out_dir: Path, index_path: Path, settings: dict) -> dict[str, dict]:
+    """The records of an index whose shard files are all present; refuses another version or settings."""
+    index = read_index_file(index_path)
     if index.get("format_version") != FORMAT_VERSION:
         raise DataError(
             f"holds shards of data format version {index.get('format_version')!r}; this bertforge writes "
@@ -148,7 +192,7 @@ def index_document(settings: dict, vocab_size: int, checksum: str, records: dict
     return document
 
 
-def _read_index_file(path: Path) -> dict:
+def read_index_file(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
@@ -188,11 +232,14 @@ class ShardIndex:
         data_dir = Path(data_dir)
         path = data_dir / INDEX_NAME
         if not path.is_file():
+            if data_dir.is_dir() and any(PART_INDEX_FILE.fullmatch(p.name) for p in data_dir.iterdir()):
+                raise DataError(f"no {INDEX_NAME}, only the indexes of parts of a split preparation: once every "
+                                f"part has finished, merge them with `bertforge prepare --merge {data_dir}`", data_dir)
             raise DataError(
                 f"no {INDEX_NAME}: not a prepared pretraining data directory; create one with prepare_corpus",
                 data_dir,
             )
-        data = _read_index_file(path)
+        data = read_index_file(path)
         version = data.get("format_version")
         if version != FORMAT_VERSION:
             raise DataError(
@@ -286,5 +333,5 @@ class SplitReader:
 def load_report(data_dir: str | os.PathLike) -> dict:
     """The corpus report stored in a data directory's index (counts, formats, warnings)."""
     index_path = Path(data_dir) / INDEX_NAME
-    return dict(_read_index_file(index_path).get("corpus", {}))
+    return dict(read_index_file(index_path).get("corpus", {}))
 

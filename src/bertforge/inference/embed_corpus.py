@@ -2,8 +2,9 @@
 torchrun processes, the same shards whatever the number of processes (docs/embeddings.md).
 
 Owns: the output folder and its manifest (`start_output`, `finish_output`), what a resume must match
-(`identity`), which process embeds which shard (`Ranks`, `Group`), and `embed_corpus`. How files become
-(id, text) records and shards is `data.corpus_records`; `vector_search` reads the output.
+(`identity`), and `embed_corpus`. Which process embeds which shard is `bertforge.processes` (`Ranks`,
+`Group`); how files become (id, text) records and shards is `data.corpus_records`; `vector_search` reads
+the output.
 
 Output: per shard `vectors-00000.npy` ([n, D], record order), `ids-00000.jsonl` (JSON strings), then
 `progress/shard-00000.json` (count, tokens, sizes, sha256), each atomically (`storage`): a shard is done when
@@ -19,29 +20,25 @@ mtimes) is refused, naming what changed.
 Processes: rank r of N embeds shards r, r+N, ...; every rank reads every line to count records but parses
 and tokenizes only its own. The ranks meet in a gloo group (CPU collectives, whatever the device) after rank
 0 has prepared the folder, and at the end, when rank 0 checks every shard's record and writes the manifest;
-nodes must share the folder. Inference does not import `training`, so the env and collective helpers are
-here (they belong in a shared module). Memory is flat in the corpus size: one shard at a time.
+nodes must share the folder. Memory is flat in the corpus size: one shard at a time.
 """
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import io
 import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-import torch.distributed as dist
 
-from bertforge import runtime, storage
+from bertforge import storage
 from bertforge.checkpoint_format import weights_file
 from bertforge.data.corpus_records import (
     INPUT_FORMATS,
@@ -53,9 +50,10 @@ from bertforge.data.corpus_records import (
     shard_chunks,
     source_files,
 )
-from bertforge.errors import BertforgeError, ConfigError, DataError, InputError
+from bertforge.errors import ConfigError, DataError, InputError
 from bertforge.inference import pipelines
 from bertforge.inference.pipelines import EmbedPipeline
+from bertforge.processes import Group, Ranks
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +66,6 @@ DTYPES = ("float32", "float16")
 # Files of a model directory that decide its vectors (a README or an ONNX export beside them do not).
 MODEL_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "*.safetensors", "*.safetensors.index.json",
                "pytorch_model*.bin")
-# The collectives wait for the slowest rank, which may be a whole shard behind; a rank that dies is
-# reaped by torchrun (which stops the others), so a long wait never hangs a failed run.
-GROUP_TIMEOUT = datetime.timedelta(hours=24)
 
 
 
@@ -80,86 +75,6 @@ IDS_NAME = "ids-{:05d}.jsonl"
 
 def progress_path(out: Path, index: int) -> Path:
     return out / PROGRESS_DIR / f"shard-{index:05d}.json"
-
-
-# --- processes -------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Ranks:
-    """This process's place among the torchrun processes (a single process: rank 0 of 1)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @classmethod
-    def from_env(cls) -> Ranks:
-        """RANK, WORLD_SIZE and LOCAL_RANK as torchrun sets them (absent: a single process)."""
-        values = [os.environ.get(name) or default for name, default in (("RANK", "0"), ("WORLD_SIZE", "1"),
-                                                                        ("LOCAL_RANK", "0"))]
-        if not all(value.isdigit() for value in values) or int(values[0]) >= int(values[1]):
-            raise ConfigError(f"RANK={values[0]!r}, WORLD_SIZE={values[1]!r}, LOCAL_RANK={values[2]!r} must be "
-                              "integers with RANK < WORLD_SIZE; launch with torchrun, which sets them")
-        return cls(*map(int, values))
-
-    def owns(self, shard: int) -> bool:
-        return shard % self.world_size == self.rank
-
-    def device(self, device: str) -> torch.device:
-        """The device this rank embeds on: under torchrun a bare "cuda" (or "auto" on a GPU machine) means
-        the GPU of its LOCAL_RANK."""
-        resolved = runtime.resolve_device(device)
-        if self.world_size > 1 and resolved.type == "cuda" and resolved.index is None:
-            return torch.device("cuda", self.local_rank % max(1, torch.cuda.device_count()))
-        return resolved
-
-
-class Group:
-    """The gloo process group of the ranks, for the few collectives the run needs (none in one process)."""
-
-    def __init__(self, ranks: Ranks):
-        self.ranks, self.created = ranks, False
-
-    def __enter__(self) -> Group:
-        if self.ranks.world_size > 1 and not dist.is_initialized():
-            dist.init_process_group("gloo", rank=self.ranks.rank, world_size=self.ranks.world_size,
-                                    timeout=GROUP_TIMEOUT)
-            self.created = True
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.created:
-            dist.destroy_process_group()
-
-    def gather(self, value: Any) -> list[Any]:
-        """Every rank's `value`, in rank order (waits for all of them)."""
-        gathered = [value] * self.ranks.world_size
-        self.collective(dist.all_gather_object, gathered, value)
-        return gathered
-
-    def collective(self, call: Callable[..., Any], *args: Any) -> None:
-        if self.ranks.world_size == 1:
-            return
-        try:
-            call(*args)
-        except RuntimeError:  # gloo's word for "a peer is gone": that rank has printed why
-            raise ConfigError(f"rank {self.ranks.rank}: another rank stopped (its error is above); fix that and "
-                              "rerun the same command to resume") from None
-
-    def from_main(self, work: Callable[[], Any]) -> Any:
-        """`work()` run on rank 0; its result, or the user error it raised, on every rank."""
-        outcome: list[Any] = [None]
-        if self.ranks.rank == 0:
-            try:
-                outcome = [(None, work())]
-            except BertforgeError as error:
-                if self.ranks.world_size == 1:
-                    raise
-                outcome = [(error, None)]
-        self.collective(dist.broadcast_object_list, outcome, 0)
-        if outcome[0][0] is not None:
-            raise outcome[0][0]
-        return outcome[0][1]
 
 
 # --- the output folder -----------------------------------------------------------------------------------
