@@ -28,6 +28,7 @@ from typing import Any
 from bertforge.data.files import UntrustedJson, decode_json
 from bertforge.errors import BertforgeError, CheckpointError, ConfigError, InputError
 from bertforge.inference.envelopes import error_payload
+from bertforge.inference.http_guards import check_guard_settings, note_retry_after, note_timing
 from bertforge.inference.pipelines import DEFAULT_PRECISION, Pipeline, load_pipelines
 from bertforge.inference.scheduler import Failure, JobFailed, Scheduler, SchedulerSettings, check_positive
 
@@ -53,16 +54,25 @@ class ServerSettings(SchedulerSettings):
     Attributes:
         max_items: inputs per request (more: 413; TEI's `max_client_batch_size`).
         max_chars: characters per text field (more: 413).
-        max_body_bytes: request body size (more: 413).
+        max_body_bytes: request body size (more: 413, before it is read: `http_guards`).
+        api_keys: bearer keys a request must hold one of (401 without); empty: no key needed.
+        allowed_hosts: Host header names answered (421 for others; DNS rebinding); empty: any.
+        cors_origins: origins a browser page may call the server from (CORS); empty: CORS off.
     """
 
     max_items: int = 64
     max_chars: int = 100_000
     max_body_bytes: int = 8 * 1024 * 1024
+    api_keys: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive(self, ("max_items", "max_chars", "max_body_bytes"))
+        check_guard_settings(self)
+        self.api_keys, self.allowed_hosts, self.cors_origins = (
+            tuple(self.api_keys), tuple(self.allowed_hosts), tuple(self.cors_origins))
 
 
 # The status of each way the scheduler gives up a request (a test holds it to `scheduler.FAILURES`).
@@ -83,12 +93,14 @@ class RequestError(Exception):
     """A request the server refuses: HTTP status, a message for the client, and the field at fault (OpenAI's
     `param`) when there is one."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: Mapping[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = dict(headers or {})  # e.g. Retry-After of a 429
 
 
 def refusal(request: Request, status: int, message: str, *, param: str | None = None,
@@ -133,6 +145,13 @@ async def read_body(request: Request, settings: ServerSettings) -> Any:
         raise RequestError(400, f"request body refused: {error}") from None
 
 
+def json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type (what the client sent, in its words)."""
+    names = {type(None): "null", bool: "boolean", int: "number", float: "number", str: "string", list: "array",
+             dict: "object"}
+    return names.get(type(value), type(value).__name__)
+
+
 async def client_gone(request: Request) -> None:
     """Return once the client has closed its connection (the ASGI server says so through `receive`)."""
     while True:
@@ -171,14 +190,19 @@ class InferenceService:
         if not inputs:
             raise RequestError(422, "'inputs' is empty; send at least one input")
         self.check_count(len(inputs))
-        parameters = body.get("parameters") or {}
-        if not isinstance(parameters, dict):
-            raise RequestError(422, f"'parameters' must be an object, got {type(parameters).__name__}")
+        parameters = body.get("parameters", {})
+        if not isinstance(parameters, dict):  # null, [] and false too: a client that sends them meant something
+            raise RequestError(422, f"'parameters' must be an object, got {json_type(parameters)}",
+                               param="parameters")
         options = self.check_options(task, parameters)
         parsed = []
         for index, item in enumerate(inputs):
             check_sizes(item, index, self.settings.max_chars)
             parsed.append(self.parse(task, item, f"inputs[{index}]"))
+        # Then the route's strict model: unknown fields inside an input, parameters of the wrong JSON type.
+        from bertforge.inference.task_schemas import check_task_body
+
+        check_task_body(task, body)
         return parsed, options
 
     def check_count(self, count: int, field: str = "inputs") -> None:
@@ -203,9 +227,12 @@ class InferenceService:
         scheduler; RequestError with the status of a failure (`FAILURE_STATUS`)."""
         try:
             job = self.scheduler.submit(task, parsed, options)
-            return await self.scheduler.result(job, gone=client_gone(request))
+            results = await self.scheduler.result(job, gone=client_gone(request))
         except JobFailed as error:
-            raise RequestError(FAILURE_STATUS[error.kind], error.message) from None
+            retry = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s is not None else None
+            raise RequestError(FAILURE_STATUS[error.kind], error.message, headers=retry) from None
+        note_timing(request.scope, job.timing.queue_s, job.timing.tokenization_s, job.timing.inference_s)
+        return results
 
     async def handle(self, task: str, request: Request, body: Any = None) -> tuple[int, dict[str, Any]]:
         """(status, bertforge-style payload) for one of our `/v1/<task>` requests (`body`: already read)."""
@@ -217,10 +244,28 @@ class InferenceService:
                 parsed, options = self.validate(task, body)
                 return 200, {"outputs": await self.run(task, parsed, options, request)}
             except RequestError as error:
+                note_retry_after(request.scope, error.headers)
                 return error.status, error_payload(request.url.path, error.status, error.message)
 
+    async def warm_up(self) -> None:
+        """One request of each task (its documented example) through the scheduler (`Scheduler.warm_up`)."""
+        requests = {}
+        for task, pipeline in self.pipelines.items():
+            example = pipeline.example
+            try:
+                requests[task] = ([pipeline.parse(item) for item in example["inputs"]],
+                                  pipeline.check_options(example["parameters"]))
+            except InputError:  # an example this model cannot take: warm up with the others
+                continue
+        await self.scheduler.warm_up(requests)
+
+    def readiness(self) -> dict[str, Any]:
+        scheduler = self.scheduler
+        return {"ready": scheduler.ready, "warmed": scheduler.warmed, "unhealthy": scheduler.unhealthy,
+                "draining": scheduler.draining}
+
     def health(self) -> dict[str, Any]:
-        return {"status": "ok", "model": self.model_name, "directory": self.directory, "tasks": list(self.pipelines),
+        return {"status": "ok", "ready": self.scheduler.ready, "model": self.model_name, "directory": self.directory, "tasks": list(self.pipelines),
                 "queue_depth": self.scheduler.queue_depth,
                 "running": len(self.scheduler.running),
                 "pipelines": {task: p.describe() for task, p in self.pipelines.items()},
@@ -234,6 +279,7 @@ class ModelSet:
         if not services:
             raise ConfigError("no model to serve; give at least one --model NAME=DIR")
         self.services = dict(services)
+        self.warming: list[asyncio.Task] = []  # the warm-up of each model (`start`)
 
     @property
     def names(self) -> list[str]:
@@ -299,12 +345,22 @@ class ModelSet:
         return self.services[name]
 
     async def start(self) -> None:
+        """Start every model's scheduler, and warm each up in the background (`/ready` waits for it; `/health`,
+        liveness, does not)."""
         for service in self.services.values():
             await service.scheduler.start()
+        self.warming = [asyncio.create_task(service.warm_up()) for service in self.services.values()]
 
     async def stop(self) -> None:
+        """Drain every model's scheduler (accepted requests finish, new ones get 503; `drain_timeout_s`)."""
+        for task in self.warming:
+            task.cancel()
         for service in self.services.values():
-            await service.scheduler.stop()
+            await service.scheduler.drain()
+
+    def readiness(self) -> dict[str, dict[str, Any]]:
+        """Per model: whether it takes requests, and why not (`Scheduler.ready`)."""
+        return {name: service.readiness() for name, service in self.services.items()}
 
 
 def model_name_of(directory: str | Path) -> str:
@@ -316,7 +372,7 @@ def model_name_of(directory: str | Path) -> str:
 def parse_model_option(value: str) -> tuple[str, str]:
     """`--model NAME=DIR` as (name, directory); a plain `DIR` is named after its folder."""
     name, sep, directory = value.partition("=")
-    if not sep:
+    if not sep or (not MODEL_NAME.fullmatch(name) and Path(value).is_dir()):  # a directory with '=' in its path
         return model_name_of(value), value
     if not MODEL_NAME.fullmatch(name):
         raise ConfigError(f"--model {value}: the name {name!r} must be letters, digits, '.', '_' or '-' "

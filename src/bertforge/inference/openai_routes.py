@@ -42,7 +42,7 @@ TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 class EmbeddingsRequest(WireModel):
     """OpenAI's create-embeddings request."""
 
-    input: str | list[str] | TokenIds | list[TokenIds] = Field(
+    input: str | Annotated[list[str], Field(min_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1)] = Field(
         description="text, list of texts, token ids (of this model's vocabulary), or a list of such lists")
     model: str = Field(description="a served model's name (GET /v1/models)")
     encoding_format: Literal["float", "base64"] = "float"

@@ -368,8 +368,8 @@ class EmbedPipeline(Pipeline):
             if len(ids) > room:
                 if not item.truncate:
                     raise InputError(f"input {index} has {len(ids)} tokens; this model takes at most {room} "
-                                     f"(max_input_length {self.max_length} with [CLS] and [SEP]): shorten it or "
-                                     "ask for truncation")
+                                     f"(max_input_length {self.max_length} with [CLS] and [SEP]): shorten it, or ask "
+                                     "for truncation where the route offers it (TEI: truncate true)")
                 ids = ids[:room] if item.direction == "right" else ids[len(ids) - room:]
             features.append(Feature(index, *self.tokenizer.post_processor.assemble(ids)))
         features.sort(key=lambda feature: feature.example_index)

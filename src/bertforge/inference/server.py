@@ -48,6 +48,7 @@ except ImportError as missing:  # the serve extra is optional; say how to get it
     raise ConfigError(f"serving needs the 'serve' extra ({missing.name} is not installed): "
                       "pip install 'bertforge[serve]'") from None
 
+from bertforge.inference.http_guards import LOOPBACK_HOSTS, install_guards  # noqa: E402
 from bertforge.inference.model_service import (  # noqa: E402 (after the check of the serve extra)
     FAILURE_STATUS,
     InferenceService,
@@ -101,7 +102,7 @@ def build_app(models: ModelSet | Mapping[str, Pipeline], settings: ServerSetting
     # The routes, in the order a reader looks for them: ours, then the compatible ones.
     served = (add_task_routes(app, models, elsewhere=DUAL_ROUTES) + add_tei_routes(app, models)
               + add_openai_routes(app, models))
-    served += ["GET /health", "GET /metrics", "GET /docs", "GET /redoc", "GET /openapi.json"]
+    served += ["GET /health", "GET /ready", "GET /metrics", "GET /docs", "GET /redoc", "GET /openapi.json"]
     app.state.served = served
     with_wire_schemas(app)
 
@@ -132,12 +133,24 @@ def build_app(models: ModelSet | Mapping[str, Pipeline], settings: ServerSetting
         top = dict(reports[models.names[0]]) if len(reports) == 1 else {"status": "ok"}
         return {**top, "models": reports}
 
+    @app.get("/ready", summary="readiness: every model loaded, warmed up and giving finite outputs (else 503)",
+             responses={503: {"description": "not ready: warming up, unhealthy (non-finite outputs) or draining"}})
+    async def ready() -> JSONResponse:
+        readiness = models.readiness()
+        if all(state["ready"] for state in readiness.values()):
+            return JSONResponse({"status": "ready", "models": readiness})
+        waiting = [f"{name}: {state['unhealthy'] or ('shutting down' if state['draining'] else 'warming up')}"
+                   for name, state in readiness.items() if not state["ready"]]
+        return JSONResponse({"error": "not ready (" + "; ".join(waiting) + ")", "models": readiness},
+                            status_code=503)
+
     @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics")
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(render_metrics(models), media_type=CONTENT_TYPE)
 
-    # Guards (`http_guards`: keys, Host, Content-Type, CORS, request ids) are installed here, around every
-    # route above: they refuse through `envelopes.error_payload` like the routes.
+    # Guards (`http_guards`: keys, Host, Content-Type, body size, CORS, request ids, timing headers) are
+    # installed here, around every route above: they refuse through `envelopes.error_payload` like the routes.
+    install_guards(app, settings)
     return app
 
 
@@ -229,11 +242,18 @@ def create_app(model: str | Path | Mapping[str, str | Path], *, tasks: list[str]
 def serve(model: str | Path | Mapping[str, str | Path], *, host: str = "127.0.0.1", port: int = 8000,
           log_level: str = "info", **options: Any) -> None:
     """Run the server until interrupted (`bertforge serve --model [NAME=]DIR ...`). Loopback only unless `host`
-    says otherwise."""
+    says otherwise; on loopback, only loopback host names are answered unless `allowed_hosts` says otherwise
+    (a web page on a rebound DNS name cannot reach it). SIGTERM (or Ctrl-C) stops taking connections, lets
+    the requests in progress finish (at most `drain_timeout_s`), then exits."""
+    if host in LOOPBACK and not options.get("allowed_hosts"):
+        options["allowed_hosts"] = LOOPBACK_HOSTS
     app = create_app(model, **options)
     if host not in LOOPBACK:
-        log.warning("listening on %s: the server is reachable from other machines", host)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+        log.warning("listening on %s: the server is reachable from other machines%s", host,
+                    "" if options.get("api_keys") else " and needs no key (--api-key)")
+    settings = app.state.service.settings
+    uvicorn.run(app, host=host, port=port, log_level=log_level,
+                timeout_graceful_shutdown=int(settings.drain_timeout_s) or None)
 
 
 __all__ = ["FAILURE_STATUS", "InferenceService", "ModelSet", "RequestError", "ServerSettings", "build_app",

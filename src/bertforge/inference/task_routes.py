@@ -18,14 +18,20 @@ from bertforge.inference.model_service import ModelSet, RequestError, refusal  #
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 MODEL_PREFIX = "/models/{model}"
 # The statuses our routes document (the guards add theirs: 401, 415 ...).
-TASK_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"description": "malformed JSON, or several models serve the task and none is named"},
-    404: {"description": "no served model of that name serves the task"},
-    413: {"description": "too large"}, 422: {"description": "invalid input"}, 429: {"description": "queue full"},
-    503: {"description": "timed out or shutting down"}}
+class TaskError(BaseModel):
+    """bertforge's error body: one line naming the problem and the fix."""
+
+    error: str
+
+
+TASK_RESPONSES: dict[int | str, dict[str, Any]] = {status: {"model": TaskError, "description": text} for status, text in (
+    (400, "malformed JSON, or several models serve the task and none is named"),
+    (404, "no served model of that name serves the task"), (413, "too large"), (422, "invalid input"),
+    (429, "queue full"), (503, "timed out or shutting down"))}
 REQUEST_SCHEMA = {
     "type": "object", "required": ["inputs"],
     "properties": {"inputs": {"type": "array", "minItems": 1, "items": {}},
