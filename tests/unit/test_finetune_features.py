@@ -296,7 +296,7 @@ def test_feature_batches_shuffle_per_epoch_and_resume(tokenizer):
     iterator = iter(again)
     assert next(iterator).feature_index.tolist() == first[0]
     state = again.state_dict()
-    assert state == {"epoch": 0, "position": 1, "seed": 7}
+    assert state == {"epoch": 0, "consumed": 3, "seed": 7}
     resumed = FeatureBatches(features, 3, tokenizer.pad_token_id, shuffle=True, seed=7)
     resumed.load_state_dict(state)
     assert [b.feature_index.tolist() for b in resumed] == first[1:]

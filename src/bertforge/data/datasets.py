@@ -9,13 +9,21 @@ written by `prepare_corpus`. Its contracts, which the training loop relies on:
   exactly the instances one rank with batch ``world_size * B`` sees, in the same order (rank 0's slice
   first): DDP is equivalent to one large batch. (With ``drop_last=False`` the epoch is padded by repeating
   its first instances to a multiple of `world_size`, so only the last, partial step can differ.)
+- **Steps.** With ``grad_accumulation = A`` an optimizer step takes A consecutive global batches, and an
+  epoch ends on a step: the instances left after the last whole step of ``batch_size * world_size * A`` are
+  not used that epoch (``drop_last``). So every layout of one global step size (4 ranks x batch 8, 2 ranks
+  x batch 8 x accumulation 2, 1 rank x batch 32) sees the same instances in every step, epochs included.
 - **Masks.** The masks of instance i in epoch e come from a generator seeded with ``(seed, e, i)`` (i is
   the instance's index in the split, not its place in a batch), so they do not depend on batch size, rank
   layout or resumption. With ``static_masks = k`` they come from ``(seed, e mod k, i)`` instead.
 - **Resume.** `state_dict` is a small JSON-able dict (epoch and position in the epoch); after
   `load_state_dict` the next batches are exactly those the uninterrupted stream would have produced, at
-  O(1) cost (nothing is replayed). The position counts instances, so a run may resume with another world
-  size or batch size.
+  O(1) cost (nothing is replayed). The position counts instances of the whole (global) stream, not
+  batches of one rank, so a run may resume with another world size or batch size (see
+  `training.resume.keep_global_batch`).
+- **Record.** With the environment variable ``BERTFORGE_RECORD_EXAMPLES=DIR`` (a debugging and test hook),
+  every training batch appends ``{"epoch", "ids"}`` (the indices of its instances or features) as one line to
+  ``DIR/examples-rank<r>.jsonl``: which examples each rank consumed, in order (`record_examples`).
 
 `evaluation_batches` is the fixed evaluation stream (held-out split): every instance once, in order, with
 masks from the seed alone, so held-out metrics are comparable from one evaluation to the next.
@@ -23,6 +31,7 @@ masks from the seed alone, so held-out metrics are comparable from one evaluatio
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Iterator
 
@@ -35,6 +44,19 @@ from bertforge.errors import ConfigError, DataError
 
 # Stream tags mixed into every seed so that shuffling, dynamic, static and evaluation masks never share draws.
 _SHUFFLE, _DYNAMIC, _STATIC, _EVALUATION = 0, 1, 2, 3
+RECORD_ENV = "BERTFORGE_RECORD_EXAMPLES"
+
+
+def record_examples(rank: int, epoch: int, ids: Iterable[int]) -> None:
+    """Append one training batch's example ids to ``$BERTFORGE_RECORD_EXAMPLES/examples-rank<rank>.jsonl``
+    (nothing when the variable is unset): the hook that lets a test check which examples every rank consumed
+    over a run, across kills and resumes."""
+    folder = os.environ.get(RECORD_ENV)
+    if not folder:
+        return
+    line = json.dumps({"epoch": int(epoch), "ids": [int(i) for i in ids]})
+    with open(os.path.join(folder, f"examples-rank{rank}.jsonl"), "a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
 
 
 def _check_int(name: str, value, low: int) -> int:
@@ -57,7 +79,9 @@ class PretrainingData:
         special_ids: ids never masked nor used as random replacements (``tokenizer.all_special_ids``).
         mask_id: id of ``[MASK]``.
         pad_id: id of ``[PAD]``.
-        drop_last: skip the last partial global batch of each epoch (keeps every step the same size).
+        drop_last: skip the last partial optimizer step of each epoch (keeps every step the same size).
+        grad_accumulation: global batches per optimizer step (the run's accumulation), so an epoch ends on a
+            step.
         pad_to_multiple_of: round the padded length up to a multiple of this (8 for tensor cores).
         vocab_checksum: when given, the shards must have been written with this vocabulary
             (`data.shards.vocab_checksum(tokenizer)`).
@@ -88,8 +112,10 @@ class PretrainingData:
         pad_to_multiple_of: int | None = None,
         vocab_checksum: str | None = None,
         pack_sequences: bool = False,
+        grad_accumulation: int = 1,
     ):
         self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.grad_accumulation = _check_int("grad_accumulation", grad_accumulation, 1)
         self.world_size = _check_int("world_size", world_size, 1)
         self.rank = _check_int("rank", rank, 0)
         self.seed = _check_int("seed", seed, 0)
@@ -125,6 +151,7 @@ class PretrainingData:
             )
         self.epoch = 0
         self.position = 0
+        self.micro = 0  # global batches of the current optimizer step already yielded
         self._order_epoch = -1
         self._order = np.zeros(0, dtype=np.int64)
 
@@ -138,9 +165,17 @@ class PretrainingData:
         return self.batch_size * self.world_size
 
     @property
+    def step_size(self) -> int:
+        """Instances per optimizer step over all ranks and accumulated batches."""
+        return self.global_batch_size * self.grad_accumulation
+
+    @property
     def steps_per_epoch(self) -> int:
+        """Batches per epoch on this rank (optimizer steps times `grad_accumulation`)."""
+        if self.drop_last:
+            return self.num_instances // self.step_size * self.grad_accumulation
         full, rest = divmod(self.num_instances, self.global_batch_size)
-        return full + (0 if self.drop_last or rest == 0 else 1)
+        return full + (0 if rest == 0 else 1)
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """The instance order of `epoch` (padded to a multiple of world_size when drop_last is off)."""
@@ -175,7 +210,9 @@ class PretrainingData:
     def __next__(self) -> PretrainingBatch:
         order = self.epoch_order(self.epoch)
         remaining = len(order) - self.position
-        if remaining <= 0 or (self.drop_last and remaining < self.global_batch_size):
+        # An epoch ends on an optimizer step: a new step starts only where a whole one fits (drop_last).
+        whole = self.step_size if self.micro == 0 else self.global_batch_size
+        if remaining <= 0 or (self.drop_last and remaining < whole):
             self.epoch += 1
             self.position = 0
             order = self.epoch_order(self.epoch)
@@ -184,10 +221,13 @@ class PretrainingData:
         mine = step[self.rank * share:(self.rank + 1) * share]
         epoch = self.epoch
         self.position += len(step)
+        self.micro = (self.micro + 1) % self.grad_accumulation
+        record_examples(self.rank, epoch, mine)
         return self._collate([self.example(int(index), self._mask_generator(epoch, int(index))) for index in mine])
 
     def state_dict(self) -> dict:
-        """Where the stream is: ``{"epoch", "position", "seed", "num_instances"}`` (JSON-able)."""
+        """Where the stream is: ``{"epoch", "position", "seed", "num_instances"}`` (JSON-able); `position`
+        counts the epoch's instances all ranks consumed, so it is the same on every rank and any world size."""
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
                 "num_instances": self.num_instances}
 
@@ -209,7 +249,7 @@ class PretrainingData:
             )
         if epoch < 0 or position < 0:
             raise DataError(f"data-stream state has a negative epoch or position: {state!r}")
-        self.epoch, self.position = epoch, position
+        self.epoch, self.position, self.micro = epoch, position, 0
 
     def evaluation_batches(self, max_batches: int | None = None) -> Iterator[PretrainingBatch]:
         """The fixed evaluation stream: every instance once, in order, with masks fixed by the seed.

@@ -209,28 +209,42 @@ def collate_features(features: Sequence[Feature], indices: Sequence[int], pad_to
 class FeatureBatches:
     """In-memory batch source over a feature list: what the training loop and the evaluation iterate.
 
-    Each pass over the object is one epoch. With `shuffle`, epoch e visits the features in the order of a
-    permutation drawn from `numpy.random.default_rng([seed, e])`, so any epoch's order is reproducible on
-    its own; without, features come sorted by length (less padding; evaluation decodes by feature index).
-    `state_dict()` records (epoch, batches already yielded); loading it resumes at the next batch, in O(1).
-    Under data parallelism each of `world_size` ranks takes every `world_size`-th batch of the same epoch
-    order, and all ranks yield the same number of batches (the last few of an epoch may be left to the
-    next epoch's reshuffle) so that no rank waits for another at a collective.
+    Each pass over the object is (the rest of) one epoch. With `shuffle`, epoch e visits the features in the
+    order of a permutation drawn from `numpy.random.default_rng([seed, e])`, so any epoch's order is
+    reproducible on its own; without, features come sorted by length (less padding; evaluation decodes by
+    feature index).
+
+    The order is cut into optimizer steps of ``batch_size * world_size * grad_accumulation`` features; within
+    a step, micro-batch a of rank r takes slice ``a * world_size + r`` of ``batch_size``. So every layout of
+    one global step size (4 ranks, 2 ranks x accumulation 2, 1 rank with a 4x batch) takes the same features
+    in every step, and all ranks yield the same number of batches (no rank waits for another at a
+    collective). An epoch ends on a step: a last, partial step of R features is split as evenly as possible
+    over its ``world_size * grad_accumulation`` micro-batches when R is at least that number (always, in one
+    process), else left to the next epoch's reshuffle; `drop_last` drops it always.
+
+    `state_dict()` records (epoch, features of the epoch consumed by whole steps over all ranks): a position
+    of the global stream, so a run saved at one world size resumes at another in O(1) (the same global step
+    size then gives exactly the uninterrupted run's steps). `data.datasets.record_examples` records each
+    training batch's feature indices when asked.
 
     Args:
         features: the features.
-        batch_size: features per batch.
+        batch_size: features per micro-batch.
         pad_token_id: the tokenizer's [PAD] id.
         shuffle: reshuffle every epoch (training) or keep a fixed order (evaluation).
         seed: seed of the shuffling.
-        drop_last: drop a final short batch.
+        drop_last: drop a final partial step.
         rank, world_size: this process's share under data parallelism (default: everything).
+        grad_accumulation: micro-batches per optimizer step (the run's accumulation).
     """
 
     def __init__(self, features: Sequence[Feature], batch_size: int, pad_token_id: int, *, shuffle: bool = False,
-                 seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1):
+                 seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1,
+                 grad_accumulation: int = 1):
         if batch_size <= 0:
             raise ConfigError(f"batch_size={batch_size} must be positive")
+        if grad_accumulation <= 0:
+            raise ConfigError(f"grad_accumulation={grad_accumulation} must be positive")
         if not features:
             raise ConfigError("no features to batch: the data file gave no usable examples")
         self.features = list(features)
@@ -243,38 +257,76 @@ class FeatureBatches:
             raise ConfigError(f"rank {rank} is outside world_size {world_size}")
         self.rank = rank
         self.world_size = world_size
+        self.grad_accumulation = grad_accumulation
         self.epoch = 0
-        self.position = 0
+        self.consumed = 0  # features of this epoch taken by whole optimizer steps, over all ranks
         self._by_length = sorted(range(len(self.features)), key=lambda i: len(self.features[i]))
 
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per optimizer step over all ranks."""
+        return self.world_size * self.grad_accumulation
+
+    @property
+    def step_size(self) -> int:
+        """Features per whole optimizer step over all ranks."""
+        return self.batch_size * self.micro_batches
+
     def total_batches(self) -> int:
-        """Batches per epoch over all ranks."""
-        full, rest = divmod(len(self.features), self.batch_size)
-        return full if self.drop_last or not rest else full + 1
+        """Micro-batches per epoch over all ranks."""
+        return len(self) * self.world_size
 
     def __len__(self) -> int:
-        total = self.total_batches()
-        return total if self.world_size == 1 else max(1, total // self.world_size)
+        """Micro-batches per epoch on this rank (optimizer steps times `grad_accumulation`)."""
+        full, rest = divmod(len(self.features), self.step_size)
+        partial = not self.drop_last and rest >= self.micro_batches
+        return (full + partial) * self.grad_accumulation
 
     def order(self, epoch: int) -> list[int]:
         if not self.shuffle:
             return self._by_length
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.features)).tolist()
 
+    def step_slices(self, order: list[int], start: int) -> tuple[list[list[int]], int] | None:
+        """This rank's micro-batches of the step starting at feature `start` of `order`, and the step's size
+        over all ranks; None when no step starts there (the epoch is over)."""
+        remaining = len(order) - start
+        if remaining >= self.step_size:
+            chunk = order[start:start + self.step_size]
+            slices = [chunk[i * self.batch_size:(i + 1) * self.batch_size] for i in range(self.micro_batches)]
+        elif not self.drop_last and remaining >= self.micro_batches:
+            parts = np.array_split(np.asarray(order[start:], dtype=np.int64), self.micro_batches)
+            slices = [part.tolist() for part in parts]
+        else:
+            return None
+        mine = [slices[a * self.world_size + self.rank] for a in range(self.grad_accumulation)]
+        return mine, min(remaining, self.step_size)
+
     def __iter__(self) -> Iterator[FinetuneBatch]:
+        from bertforge.data.datasets import record_examples
+
         order = self.order(self.epoch)
-        for b in range(self.position, len(self)):
-            global_batch = (b * self.world_size + self.rank) % self.total_batches()
-            indices = order[global_batch * self.batch_size:(global_batch + 1) * self.batch_size]
-            self.position = b + 1
-            yield collate_features([self.features[i] for i in indices], indices, self.pad_token_id)
+        while (step := self.step_slices(order, self.consumed)) is not None:
+            mine, size = step
+            for a, indices in enumerate(mine):
+                if a == len(mine) - 1:
+                    self.consumed += size  # the state after a step's last batch is the next step's start
+                if self.shuffle:
+                    record_examples(self.rank, self.epoch, indices)
+                yield collate_features([self.features[i] for i in indices], indices, self.pad_token_id)
         self.epoch += 1
-        self.position = 0
+        self.consumed = 0
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+        """``{"epoch", "consumed", "seed"}``: the same on every rank and for any world size."""
+        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue after the step `state` was taken at. A state of the earlier format (``position``: batches
+        this rank yielded, with the same world size and no accumulation) is read too."""
         self.epoch = int(state["epoch"])
-        self.position = int(state["position"])
+        if "consumed" in state:
+            self.consumed = int(state["consumed"])
+        else:
+            self.consumed = min(int(state["position"]) * self.batch_size * self.world_size, len(self.features))
         self.seed = int(state.get("seed", self.seed))

@@ -49,6 +49,9 @@ class TrainingConfig:
                                      "fp16 (with dynamic loss scaling)", choices=PRECISION_NAMES)
     device: str = setting("auto", "auto (cuda if available), cpu, cuda or cuda:N; under torchrun each rank uses "
                                   "cuda:LOCAL_RANK")
+    distributed_timeout_s: float = setting(600.0, "under torchrun: how long a collective waits for a rank that "
+                                                  "stopped answering before every rank stops with an error naming "
+                                                  "it (a rank that dies is noticed at once)")
     log_every: int = setting(50, "optimizer steps between training log lines (loss terms, metrics, lr, "
                                  "tokens/s)")
     eval_every: int = setting(0, "steps between evaluations; 0 = only at the end")
@@ -120,6 +123,9 @@ class TrainingConfig:
              "give two numbers in [0, 1), e.g. [0.9, 0.999]")
         self.betas = [float(b) for b in self.betas]
         need(self.eps > 0, "eps", "use a small positive number such as 1e-6")
+        need(isinstance(self.distributed_timeout_s, int | float) and not isinstance(self.distributed_timeout_s, bool)
+             and 0 < self.distributed_timeout_s < math.inf, "distributed_timeout_s",
+             "use a positive number of seconds, e.g. 600")
         need(self.max_grad_norm >= 0, "max_grad_norm", "use a positive norm such as 1.0, or 0 to disable clipping")
         need(self.precision in PRECISION_NAMES, "precision", f"use one of {PRECISION_NAMES}")
         need(bool(self.out_dir), "out_dir", "name a directory for checkpoints and logs")

@@ -22,7 +22,10 @@ with batch B, and batch B with 2 accumulation steps take the same step.
 The batch source is an object with `__iter__` (one epoch of batches; a new `iter()` starts the next one),
 optionally `__len__` (batches per epoch on this rank; needed for `epochs`), and `state_dict()` /
 `load_state_dict()` describing the position of the next batch it will yield — it must count batches it
-has *yielded*, not produced ahead. Batches have `.to(device)`, `.model_inputs()` (keyword arguments of the
+has *yielded*, not produced ahead; a position of the global stream (the same on every rank) lets a run
+resume on another number of processes, where the accumulation adapts to keep the global batch
+(`resume.keep_global_batch`). A source with a `grad_accumulation` attribute gets the run's, so that its
+epochs end on an optimizer step. Batches have `.to(device)`, `.model_inputs()` (keyword arguments of the
 model's forward) and `num_tokens`.
 
 Around the model the loop applies: device placement, DDP, torch.compile, autocast (bf16/fp16) and fp16
@@ -77,7 +80,7 @@ from bertforge.training.recipes import (
     describe_recipes,
     word_embedding_weight,
 )
-from bertforge.training.resume import Restored, RunState, resume_point
+from bertforge.training.resume import Restored, RunState, keep_global_batch, resume_point, saved_layout
 
 log = logging.getLogger("bertforge.training")
 
@@ -208,9 +211,14 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
             layer-wise decay without an encoder), before any step.
     """
     check_recipes(config, task, eval_fn, best)
-    context = context or distributed.setup(config.device)
+    context = context or distributed.setup(config.device, config.distributed_timeout_s)
     precision = resolve_precision(config.precision, context.device)
     resume_from = resume_point(config, context)
+    if resume_from is not None:  # another world size: the accumulation adapts to keep the global batch
+        config = keep_global_batch(config, saved_layout(resume_from), context.world_size, str(resume_from),
+                                   announce=context.is_main)
+    if hasattr(batches, "grad_accumulation"):
+        batches.grad_accumulation = config.grad_accumulation  # so that the source's epochs end on a step
 
     set_seed(config.seed + context.rank, config.deterministic)
     model.to(context.device)
@@ -274,8 +282,12 @@ def run_steps(state: RunState, restored: Restored, stream: Iterator, window_step
                 report.stop_early(step, done.lr, window_step)
             if cadence.saves(step, stop):
                 report.result.checkpoint = state.save(step, report.window, updater.skipped, restored.kept, stop)
+            distributed.inject_fault(step, state.context)  # a test hook: BERTFORGE_FAULT
             if stop:
                 break
+    except Exception as exc:
+        distributed.raise_if_rank_lost(exc, state.context, config.distributed_timeout_s)
+        raise
     finally:
         report.close()
     if state.ema is not None:

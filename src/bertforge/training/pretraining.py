@@ -126,7 +126,7 @@ def run_pretraining(config: PretrainConfig) -> TrainResult:
     training = config.training
     check_user_precision(training.precision, resolve_device(training.device),
                          "pretrain.training.precision (--precision)")
-    context = distributed.setup(training.device)
+    context = distributed.setup(training.device, training.distributed_timeout_s)
     index = ShardIndex.load(config.data_dir)
     tokenizer = load_pretraining_tokenizer(config)
     index.check_vocab(tokenizer)
@@ -144,7 +144,8 @@ def run_pretraining(config: PretrainConfig) -> TrainResult:
               "special_ids": tokenizer.all_special_ids, "mask_id": tokenizer.mask_token_id,
               "pad_id": tokenizer.pad_token_id, "pad_to_multiple_of": config.pad_to_multiple_of,
               "vocab_checksum": vocab_checksum(tokenizer), "pack_sequences": config.pack_sequences}
-    batches = PretrainingData(index, split="train", batch_size=training.batch_size, **common)
+    batches = PretrainingData(index, split="train", batch_size=training.batch_size,
+                              grad_accumulation=training.grad_accumulation, **common)
     eval_fn = None
     task = PRETRAINING
     if sum(int(record["instances"]) for record in index.shards("heldout")) > 0:

@@ -65,6 +65,72 @@ def resume_point(config: TrainingConfig, context: distributed.DistributedContext
     return resume_from
 
 
+def saved_layout(path: Path) -> tuple[int, int, int] | None:
+    """(batch_size, grad_accumulation, world_size) a training checkpoint was written with, or None when its
+    state does not say. Reads the state memory-mapped: the optimizer's tensors are not loaded."""
+    try:
+        state = torch.load(Path(path) / TRAINING_STATE_NAME, map_location="cpu", weights_only=True, mmap=True)
+        saved = state.get("config") or {}
+        return int(saved["batch_size"]), int(saved["grad_accumulation"]), int(state.get("world_size", 1))
+    except (OSError, RuntimeError, KeyError, TypeError, ValueError, AttributeError):
+        return None  # an unreadable state is refused, with its message, when the run restores it
+
+
+def keep_global_batch(config: TrainingConfig, saved: tuple[int, int, int] | None, world_size: int,
+                      where: str = "the checkpoint", announce: bool = True) -> TrainingConfig:
+    """The config a resumed run trains with, so that the global batch stays what the checkpoint's run had.
+
+    The global batch is `batch_size * grad_accumulation * world_size`. When the number of processes changed
+    since the checkpoint (`saved` = its (batch_size, grad_accumulation, world_size)) and `batch_size` did not,
+    the accumulation adapts: a 4-process run of batch 8 resumed on 2 processes accumulates 2 micro-batches,
+    on 1 process 4, and takes exactly the uninterrupted run's steps (the data position is global). A changed
+    `batch_size` (or, at the same world size, a changed `grad_accumulation`) is the user's choice of a new
+    global batch: it is kept, and what changes is logged.
+
+    Raises:
+        ConfigError: no whole accumulation keeps the global batch with this many processes.
+    """
+    if saved is None:
+        return config
+    batch, accumulation, saved_world = saved
+    before = batch * accumulation * saved_world
+    now = config.batch_size * config.grad_accumulation * world_size
+    if now == before:
+        return config
+    layout = (f"{before} examples per step (batch {batch} x accumulation {accumulation} x {saved_world} "
+              f"processes)")
+    if config.batch_size != batch or saved_world == world_size:
+        if announce:
+            log.warning("%s was trained with %s; this run takes %d (batch %d x accumulation %d x %d processes), as "
+                        "its settings say: the data continues at the same example, the steps and the schedule "
+                        "keep their count but each step now sees %d examples", where, layout, now,
+                        config.batch_size, config.grad_accumulation, world_size, now)
+        return config
+    if before % (batch * world_size):
+        raise ConfigError(f"{where} was trained with {layout}; with {world_size} processes and batch {batch} no "
+                          "whole training.grad_accumulation keeps that: choose another --training.batch_size, "
+                          f"with batch_size x grad_accumulation x {world_size} = {before} to keep it or any other "
+                          "product to change the global batch (what changes is then logged)")
+    adapted = before // (batch * world_size)
+    if announce:
+        log.info("%s was trained with %s; resuming on %d processes with accumulation %d keeps every step's %d "
+                 "examples (the data position is global)", where, layout, world_size, adapted, before)
+    return dataclasses.replace(config, grad_accumulation=adapted)
+
+
+def resumed_config(config: TrainingConfig, world_size: int, announce: bool = True) -> TrainingConfig:
+    """`config` with the accumulation adapted to the checkpoint the run will resume from (`config.resume`;
+    `keep_global_batch`); unchanged for a fresh run. Every rank reads the checkpoint itself (no collective:
+    callers use this before the process group exists)."""
+    try:
+        path = resolve_resume(config.resume, Path(config.out_dir))
+    except CheckpointError:
+        return config  # refused, with its message, when the loop resolves it
+    if path is None:
+        return config
+    return keep_global_batch(config, saved_layout(path), world_size, str(path), announce)
+
+
 @dataclass
 class Restored:
     """Where a run continues: what `RunState.restore` read from a checkpoint (a fresh run: the defaults)."""
