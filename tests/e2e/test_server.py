@@ -52,6 +52,10 @@ def running(app):
         time.sleep(0.01)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            # The server warms each model up at start (one request per task); the tests count calls after it.
+            while client.get("/ready").status_code != 200:
+                assert time.monotonic() < deadline, "server never became ready"
+                time.sleep(0.01)
             yield client
     finally:
         server.should_exit = True

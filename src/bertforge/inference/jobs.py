@@ -140,6 +140,7 @@ class Job:
     error: BaseException | None = None  # why its windows could not be built
     estimate: int = 0  # rough tokens before windowing (`admission.estimate_tokens`), for the wait estimate
     timing: JobTiming = field(default_factory=JobTiming)
+    silent: bool = False  # the server's own warm-up: not reported to the events (metrics count clients' work)
 
     @property
     def gone(self) -> bool:

@@ -142,7 +142,7 @@ class Scheduler:
         for task, (parsed, options) in requests.items():
             try:
                 with self.incoming():
-                    await self.result(self.submit(task, parsed, options))
+                    await self.result(self.submit(task, parsed, options, silent=True))
             except JobFailed as error:
                 log.error("warm-up request of %s failed: %s", task, error.message)
                 return
@@ -177,8 +177,9 @@ class Scheduler:
         finally:
             self.active -= 1
 
-    def submit(self, task: str, parsed: list[Any], options: dict[str, Any]) -> Job:
-        """Queue a request of inputs already validated by the task's pipeline (`parse`, `check_options`).
+    def submit(self, task: str, parsed: list[Any], options: dict[str, Any], *, silent: bool = False) -> Job:
+        """Queue a request of inputs already validated by the task's pipeline (`parse`, `check_options`);
+        `silent`: the server's own (warm-up), not reported to `events`.
 
         Raises:
             JobFailed: "shutdown" while draining; "unhealthy" once the model gave non-finite outputs;
@@ -209,7 +210,7 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         key = task + json.dumps(options, sort_keys=True)
         job = Job(task, key, parsed, options, loop.create_future(), arrival=loop.time(),
-                  estimate=estimate_tokens(parsed))
+                  estimate=estimate_tokens(parsed), silent=silent)
         self.queue.put_nowait(job)
         self.queued_estimate += job.estimate
         self.arrived.set()
@@ -417,7 +418,8 @@ class Scheduler:
                                 "task")
             return
         self.throughput.record(step.tokens, elapsed)
-        self.events.model_call(len(outputs), step.tokens)
+        if not all(job.silent for job, _ in step.parts):
+            self.events.model_call(len(outputs), step.tokens)
         position, finished = 0, []
         for job, indices in step.parts:
             job.timing.inference_s += elapsed
@@ -436,7 +438,8 @@ class Scheduler:
             if isinstance(answer, BaseException):
                 self.fail_job(job, answer)
             elif not job.gone:
-                self.events.answered(job.task, len(job.parsed))
+                if not job.silent:
+                    self.events.answered(job.task, len(job.parsed))
                 job.future.set_result(answer)
 
     def mark_unhealthy(self, reason: str) -> None:

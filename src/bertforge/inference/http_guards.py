@@ -1,0 +1,249 @@
+"""The checks every HTTP request passes before any route runs, as one pure ASGI middleware (`Guards`), and what
+it adds to every answer. No route has code of its own for these.
+
+In order, a request is refused with:
+
+- **421** when `allowed_hosts` is set and its Host header is not one of them (DNS rebinding: a web page whose
+  name an attacker points at 127.0.0.1 reaches the server with that name in Host). `bertforge serve` on a
+  loopback address allows only the loopback names unless told otherwise (`--allowed-host`).
+- **401** with ``WWW-Authenticate: Bearer`` when `api_keys` is set and ``Authorization: Bearer <key>`` does not
+  hold one of them (each compared in constant time; a key is never logged). `OPEN_PATHS` (liveness,
+  readiness, the API documentation and its assets) stay open, so probes and browsers need no key; `/metrics`
+  is not open (Prometheus sends a bearer token).
+- **415** for a POST (PUT, PATCH) whose Content-Type is not JSON (`application/json` or `*/*+json`). A web
+  page can post `text/plain` to any address without asking (a "simple" cross-origin request); it cannot post
+  JSON without a CORS preflight, which this server does not grant unless `cors_origins` says so.
+- **413** for a body over `max_body_bytes`: from Content-Length before a byte is read, or as soon as a chunked
+  body passes the limit. The route gets the body already read (so it never holds more than the limit).
+
+Every answer carries ``X-Request-Id`` (the client's, when it is 1 to 128 characters of letters, digits and
+``._:-``; else a new one), also written in the log line of the request, and TEI's timing headers in whole
+milliseconds: ``x-total-time`` always, and ``x-tokenization-time``, ``x-queue-time``, ``x-inference-time``
+when the route ran model work (`note_timing`). CORS is off unless `cors_origins` lists origins.
+
+Refusals are written with `envelopes.error_payload`, so each API style gets its own error envelope.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from typing import Any
+
+from bertforge.errors import ConfigError
+from bertforge.inference.envelopes import error_payload
+
+log = logging.getLogger("bertforge.http")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+# Paths answered without a key: probes (liveness, readiness) and the API documentation a browser loads.
+OPEN_PATHS = ("/health", "/ready", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect")
+OPEN_PREFIXES = ("/docs-assets/",)
+# Host names of the loopback interface: what `serve` allows by default when it listens on one.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+BODY_METHODS = ("POST", "PUT", "PATCH")
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# Scope keys (ASGI lets an application keep its own values in the scope).
+REQUEST_ID_KEY = "bertforge.request_id"
+TIMING_KEY = "bertforge.timing"
+RETRY_AFTER_KEY = "bertforge.retry_after"
+TIMING_HEADERS = {"tokenization_s": "x-tokenization-time", "queue_s": "x-queue-time",
+                  "inference_s": "x-inference-time"}
+
+
+def check_guard_settings(settings: Any) -> None:
+    """ConfigError naming a guard setting that cannot work: `api_keys`, `allowed_hosts`, `cors_origins` (each a
+    tuple of non-empty strings; a key without spaces, of at least 8 characters)."""
+    for name in ("api_keys", "allowed_hosts", "cors_origins"):
+        values = getattr(settings, name)
+        if isinstance(values, str) or not isinstance(values, Sequence):
+            raise ConfigError(f"server {name} must be a list of strings, got {type(values).__name__}")
+        for value in values:
+            if not isinstance(value, str) or not value.strip():
+                raise ConfigError(f"server {name} holds an empty or non-string value")
+    for key in settings.api_keys:
+        # Said without the key itself: it must not reach a log.
+        if len(key) < 8 or any(char.isspace() for char in key):
+            raise ConfigError("an API key must be at least 8 characters with no spaces (--api-key / "
+                              "BERTFORGE_API_KEYS); generate one with: python -c 'import secrets; "
+                              "print(secrets.token_urlsafe(32))'")
+
+
+def split_keys(values: Iterable[str]) -> tuple[str, ...]:
+    """API keys from repeated options and comma-separated lists (`--api-key a,b --api-key c`), in order."""
+    keys: list[str] = []
+    for value in values:
+        keys += [key.strip() for key in value.split(",") if key.strip() and key.strip() not in keys]
+    return tuple(keys)
+
+
+def note_timing(scope: Scope, queue_s: float, tokenization_s: float, inference_s: float) -> None:
+    """A route's model work, for the timing headers of its answer (seconds)."""
+    scope[TIMING_KEY] = {"queue_s": queue_s, "tokenization_s": tokenization_s, "inference_s": inference_s}
+
+
+def note_retry_after(scope: Scope, headers: MutableMapping[str, str] | dict[str, str]) -> None:
+    """A refusal's Retry-After (from its headers), for the answer of a route that returns no headers itself."""
+    value = headers.get("Retry-After")
+    if value is not None:
+        scope[RETRY_AFTER_KEY] = value
+
+
+def request_id_of(scope: Scope) -> str | None:
+    return scope.get(REQUEST_ID_KEY)
+
+
+class Guards:
+    """The ASGI middleware (see the module docstring). `settings` has `api_keys`, `allowed_hosts` and
+    `max_body_bytes` (`ServerSettings`)."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], settings: Any):
+        self.app = app
+        self.keys = [key.encode("utf-8") for key in settings.api_keys]
+        self.hosts = {host.lower().strip("[]") for host in settings.allowed_hosts}
+        self.max_body_bytes = int(settings.max_body_bytes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        began = time.perf_counter()
+        headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+        given = headers.get("x-request-id", "")
+        request_id = given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        scope[REQUEST_ID_KEY] = request_id
+        status = 0
+
+        async def answer(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                extra = [(b"x-request-id", request_id.encode("ascii")),
+                         (b"x-total-time", milliseconds(time.perf_counter() - began))]
+                extra += [(header.encode("ascii"), milliseconds(seconds))
+                          for key, header in TIMING_HEADERS.items()
+                          if (seconds := scope.get(TIMING_KEY, {}).get(key)) is not None]
+                given = {name.lower() for name, _ in message.get("headers", [])}
+                if status == 429 and b"retry-after" not in given:  # every 429 says when to come back
+                    extra.append((b"retry-after", str(scope.get(RETRY_AFTER_KEY, "1")).encode("ascii")))
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        try:
+            refusal = self.refusal(scope, headers)
+            if refusal is None:
+                body, refusal = await self.read_body(headers, receive)
+            if refusal is not None:
+                await respond(scope, answer, *refusal)
+            else:
+                await self.app(scope, replay(body, receive), answer)
+        finally:
+            log.info("%s %s %s %d %.1f ms", request_id, scope["method"], scope["path"], status,
+                     1000 * (time.perf_counter() - began))
+
+    def refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str, list[tuple[str, str]]] | None:
+        """(status, message, headers) of the first check the request fails, or None."""
+        if self.hosts:
+            host = host_name(headers.get("host", ""))
+            if host not in self.hosts and "*" not in self.hosts:
+                return 421, (f"this server does not answer for the host name {host!r}; start it with "
+                             f"--allowed-host {host} to allow it"), []
+        path = scope["path"]
+        if self.keys and not (path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)):
+            scheme, _, token = headers.get("authorization", "").partition(" ")
+            if not token.strip() or scheme.lower() != "bearer":
+                return 401, ("this server needs an API key: send the header 'Authorization: Bearer <key>'",
+                             [("www-authenticate", 'Bearer realm="bertforge"')])
+            # Every key is compared, in constant time each: the answer's timing tells nothing of which matched.
+            matched = [hmac.compare_digest(token.strip().encode("utf-8"), key) for key in self.keys]
+            if not any(matched):
+                return 401, ("the API key is not valid for this server",
+                             [("www-authenticate", 'Bearer realm="bertforge", error="invalid_token"')])
+        if scope["method"] in BODY_METHODS:
+            media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+            if media != "application/json" and not media.endswith("+json"):
+                return 415, (f"send the body as JSON with the header 'Content-Type: application/json' "
+                             f"(got {media or 'no Content-Type'!r})"), []
+        return None
+
+    async def read_body(self, headers: dict[str, str], receive: Receive
+                        ) -> tuple[bytes, tuple[int, str, list[tuple[str, str]]] | None]:
+        """The whole request body, or a 413 refusal as soon as it is known to be over the limit."""
+        limit = self.max_body_bytes
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            return b"", (413, f"request body of {int(declared)} bytes is larger than the limit of {limit} bytes "
+                              "(max_body_bytes; split the request)", [])
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return b"", (413, f"request body is larger than the limit of {limit} bytes (max_body_bytes; "
+                                  "split the request)", [])
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks), None
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that gives the body already read, then whatever the client sends next (its disconnect)."""
+    given = False
+
+    async def receive_again() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return receive_again
+
+
+async def respond(scope: Scope, send: Send, status: int, message: str, headers: list[tuple[str, str]]) -> None:
+    """Answer a refusal in the error envelope of the request path's API style."""
+    body = json.dumps(error_payload(scope["path"], status, message)).encode("utf-8")
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode("ascii"))]
+    raw += [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
+    if status == 413:  # the rest of the body is not read: the connection cannot carry another request
+        raw.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+def host_name(host: str) -> str:
+    """The name of a Host header, lower case, without its port (`[::1]:8000` -> `::1`)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].split("]", 1)[0]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def milliseconds(seconds: float) -> bytes:
+    """Whole milliseconds, as TEI writes its timing headers."""
+    return str(int(seconds * 1000)).encode("ascii")
+
+
+def install_guards(app: Any, settings: Any) -> None:
+    """Put `Guards` (and, when `settings.cors_origins` lists origins, CORS outside it, so a preflight needs no
+    key) in front of every route of a Starlette/FastAPI `app`."""
+    app.add_middleware(Guards, settings=settings)
+    if settings.cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
+                           expose_headers=["X-Request-Id", "x-total-time", *TIMING_HEADERS.values()], max_age=600)
