@@ -251,9 +251,11 @@ def check_paths(command: DocCommand, args: argparse.Namespace, written: set[str]
     values = []
     for key in INPUTS.get(command.command, ()):
         value = getattr(args, key, None)
-        if value is None or (key == "model" and value in PRESETS):
+        if value is None or (key == "model" and not isinstance(value, list) and value in PRESETS):
             continue
         values.extend(value if isinstance(value, list) else [value])
+    if command.command == "serve":  # `--model NAME=DIR` (repeatable) names the directory DIR
+        values = [re.sub(r"^[A-Za-z0-9][A-Za-z0-9._-]*=", "", value) for value in values]
     if command.stdin:
         values.append(command.stdin)
     problems = [problem for value in values if (problem := input_problem(value, written))]
