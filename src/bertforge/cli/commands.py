@@ -206,6 +206,7 @@ def cmd_predict(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.data.files import not_utf8, open_text
     from bertforge.errors import DataError
     from bertforge.inference.pipelines import load_pipeline, predict_stream
+    from bertforge.processes import Ranks
 
     options = {}
     if args.top_k is not None:
@@ -217,6 +218,13 @@ def cmd_predict(args: argparse.Namespace, extra: list[str]) -> None:
     if args.output != "-" and not Path(args.output).resolve().parent.is_dir():
         raise DataError(f"the folder {Path(args.output).resolve().parent} does not exist; create it or choose "
                         "another --output", args.output)
+    if source is not sys.stdin and args.output != "-":
+        source.close()
+        predict_file(args, options)
+        return
+    if Ranks.from_env().world_size > 1:
+        raise ConfigError("under torchrun, predict reads --input FILE and writes --output FILE (not - for "
+                          "standard input or output): the processes split the file and merge their results")
     try:
         pipeline = load_pipeline(args.model, args.task, device=args.device, precision=args.precision,
                                  batch_size=args.batch_size, max_length=args.max_length, doc_stride=args.doc_stride)
@@ -235,6 +243,20 @@ def cmd_predict(args: argparse.Namespace, extra: list[str]) -> None:
         if source is not sys.stdin:
             source.close()
     print(f"{count} predictions written", file=sys.stderr)
+
+
+def predict_file(args: argparse.Namespace, options: dict[str, Any]) -> None:
+    """File to file: split among torchrun processes, resumable, the output written whole at the end."""
+    from bertforge.inference.predict_corpus import predict_corpus
+    from bertforge.processes import Ranks
+
+    if args.chunk_lines is not None:
+        options = {**options, "chunk_lines": args.chunk_lines}
+    count = predict_corpus(args.model, args.task, args.input, args.output, device=args.device,
+                           precision=args.precision, batch_size=args.batch_size, max_length=args.max_length,
+                           doc_stride=args.doc_stride, **options)
+    if Ranks.from_env().rank == 0:
+        print(f"{count} predictions written", file=sys.stderr)
 
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:

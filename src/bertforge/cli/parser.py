@@ -180,6 +180,9 @@ def add_predict(sub: argparse._SubParsersAction) -> None:
                    " (default: the model directory's sentence-transformers pooling, else mean)")
     p.add_argument("--max-length", type=int, help="tokens per window (default: as the model was fine-tuned)")
     p.add_argument("--doc-stride", type=int, help="step between window starts of long inputs (default: as fine-tuned)")
+    p.add_argument("--chunk-lines", type=int,
+                   help="file to file: input lines per chunk, the unit torchrun processes share and a rerun "
+                   "resumes (default 10000); chunks wait in OUTPUT.parts/ until the output is written whole")
     p.set_defaults(func=commands.cmd_predict)
 
 
@@ -202,6 +205,21 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                    help="tokens of windows one request may make; more is refused with 413 (default 524288)")
     p.add_argument("--request-timeout-s", type=float,
                    help="a request not answered by then gets 503 (default 60; 0: no limit)")
+    p.add_argument("--max-queue-wait-s", type=float,
+                   help="refuse (429, Retry-After) a request that would wait longer than this at the recent "
+                        "throughput (default 10; 0: no limit)")
+    p.add_argument("--drain-timeout-s", type=float,
+                   help="on SIGTERM, how long requests in progress may take to finish (default 30)")
+    p.add_argument("--max-body-bytes", type=int, help="request body limit; larger gets 413 (default 8 MiB)")
+    p.add_argument("--api-key", action="append", default=[], metavar="KEY[,KEY...]",
+                   help="require 'Authorization: Bearer KEY' (repeat or comma-separate for several keys; also "
+                        "read from the environment variable BERTFORGE_API_KEYS); /health and /ready stay open")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="answer only requests whose Host header is NAME (repeat; default on loopback: "
+                        "127.0.0.1, localhost, ::1; '*' allows any)")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let browser pages from ORIGIN (e.g. https://app.example.com) call the server; "
+                        "CORS is off without it")
     p.add_argument("--no-batching", action="store_true")
     p.set_defaults(func=commands.cmd_serve)
 

@@ -534,12 +534,13 @@ def read_line(line: str, source: str, number: int) -> Any:
 
 
 def predict_stream(pipeline: Pipeline, lines: Iterable[str], out: IO[str], *, source: str = "<stdin>",
-                   chunk_size: int = 256, **options: Any) -> int:
+                   chunk_size: int = 256, first_line: int = 1, **options: Any) -> int:
     """Run `pipeline` over lines of text or JSONL and write one JSON result per input line.
 
     Each non-blank line is either raw text or a JSON object (`{"text": ...}`, `{"text": ..., "text_pair": ...}`,
     `{"question": ..., "context": ...}`); blank lines are skipped. An object's "id" field is copied into its
     result. Lines are processed in chunks of `chunk_size`, so memory stays bounded on endless input.
+    `first_line` is the number of the first of `lines` in `source` (a part of a file, `predict_corpus`).
 
     Returns:
         The number of results written.
@@ -573,7 +574,7 @@ def predict_stream(pipeline: Pipeline, lines: Iterable[str], out: IO[str], *, so
         written += len(pending)
         pending.clear()
 
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(lines, start=first_line):
         if not line.strip():
             continue
         value = read_line(line, source, number)
