@@ -173,7 +173,8 @@ async def create_embeddings(models: ModelSet, request: Request) -> JSONResponse:
         response = JSONResponse(payload)
     except RequestError as error:
         status = 400 if error.status == 422 else error.status
-        response = refusal(request, status, error.message, param=error.param, code=error.code)
+        response = refusal(request, status, error.message, param=error.param, code=error.code,
+                           headers=error.headers)
     if service is not None:
         service.metrics.record_request("/v1/embeddings", response.status_code, time.perf_counter() - began)
     return response

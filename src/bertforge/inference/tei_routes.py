@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from bertforge import __version__
+from bertforge.errors import InputError
 from bertforge.inference.openai_routes import check_ids, shorten
 from bertforge.inference.pipelines import EmbedText
 from bertforge.inference.task_routes import MODEL_PREFIX, task_route_options
@@ -166,14 +167,24 @@ def tei_inputs(value: Any) -> list[Any]:
     return list(value)
 
 
+def prompt_of(service: InferenceService, name: str | None) -> str:
+    """The prefix TEI's `prompt_name` names (the directory's sentence-transformers prompts); none without a
+    name, as TEI documents."""
+    if name is None:
+        return ""
+    if EMBED not in service.pipelines:
+        raise RequestError(422, "prompt_name: this model has no prompts", param="prompt_name")
+    try:
+        return service.pipelines[EMBED].prompt_text(name)
+    except InputError as error:  # an unknown prompt name
+        raise RequestError(422, f"prompt_name: {error}", param="prompt_name") from None
+
+
 async def embed(service: InferenceService, call: EmbedRequest, request: Request) -> Any:
     pipeline = service.pipelines[EMBED]
     items = tei_inputs(call.inputs)
     service.check_count(len(items))
-    try:
-        prefix = pipeline.prompt_text(call.prompt_name)
-    except Exception as error:  # InputError: an unknown prompt name
-        raise RequestError(422, f"prompt_name: {error}", param="prompt_name") from None
+    prefix = prompt_of(service, call.prompt_name)
     direction = call.truncation_direction.lower()
     parsed = []
     for index, item in enumerate(items):
@@ -233,14 +244,7 @@ def tokenize(service: InferenceService, call: TokenizeRequest) -> Any:
     pipeline = next(iter(service.pipelines.values()))
     items = [call.inputs] if isinstance(call.inputs, str) else call.inputs
     service.check_count(len(items))
-    prefix = ""
-    if call.prompt_name is not None:
-        if EMBED not in service.pipelines:
-            raise RequestError(422, "prompt_name: this model has no prompts", param="prompt_name")
-        try:
-            prefix = service.pipelines[EMBED].prompt_text(call.prompt_name)
-        except Exception as error:  # InputError: an unknown prompt name
-            raise RequestError(422, f"prompt_name: {error}", param="prompt_name") from None
+    prefix = prompt_of(service, call.prompt_name)
     answers = []
     for index, item in enumerate(items):
         text = prefix + service.parse(EMBED, item, f"inputs[{index}]") if EMBED in service.pipelines else item
@@ -310,7 +314,8 @@ async def answer(request: Request, models: ModelSet, run: Callable[[Any], Awaita
     try:
         response = JSONResponse(await run(recorder))
     except RequestError as error:
-        response = refusal(request, error.status, error.message, param=error.param, code=error.code)
+        response = refusal(request, error.status, error.message, param=error.param, code=error.code,
+                           headers=error.headers)
     if recorder:
         recorder[0].metrics.record_request(route, response.status_code, time.perf_counter() - began)
     return response
@@ -413,7 +418,7 @@ def add_dual_rerank(app: FastAPI, models: ModelSet) -> list[str]:
                 call = call.model_copy(update={"model": name})
             return JSONResponse(await cohere_rerank(models, call, request))
         except RequestError as error:
-            return refusal(request, error.status, error.message, param=error.param)
+            return refusal(request, error.status, error.message, param=error.param, headers=error.headers)
 
     async def v1_rerank(request: Request) -> JSONResponse:
         return await rerank_either(request, None, "/v1/rerank")
