@@ -353,8 +353,14 @@ def _read_files(file: Path) -> tuple[dict[str, torch.Tensor], list[str]]:
             tensors.update(load_file(str(reading)))
         return tensors, []
     except (SafetensorError, OSError, RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError) as exc:
-        raise CheckpointError(f"{reading}: weights are unreadable or corrupt ({type(exc).__name__}: {exc}); "
+        raise CheckpointError(f"{reading}: weights are unreadable or corrupt ({brief(exc)}); "
                               "re-save or re-download the checkpoint") from None
+
+
+def brief(exc: BaseException) -> str:
+    """A library's exception as one line for a one-line error (torch's unpickling errors run to ten)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def is_encoder_key(name: str) -> bool:
@@ -433,10 +439,10 @@ def load_model(path: str | os.PathLike | ModelDirectory, cls: type, *,
     mismatched = [f"{hf.to_hf_key(k)}: stored {tuple(v.shape)}, model {tuple(expected[k].shape)}"
                   for k, v in ours.items() if k in expected and v.shape != expected[k].shape]
     if mismatched:
-        head_shapes = any(not is_encoder_key(m.split(":")[0]) for m in mismatched)
-        hint = (f"; the head has another number of outputs than the {config.num_labels} labels config.json's "
-                "id2label names: to use this model, make id2label list its labels; to fine-tune a new head for "
-                "other labels, pass fresh_head=True (CLI: --fresh-head)" if head_shapes
+        head_shapes = not any(is_encoder_key(m.split(":")[0]) for m in mismatched)
+        hint = (f"; the head has another number of outputs than config.json's {config.num_labels} labels (its "
+                "id2label): to use this model, make id2label list its labels; to fine-tune a new head for other "
+                "labels, pass fresh_head=True (CLI: --fresh-head)" if head_shapes
                 else "; config.json does not match the weights")
         raise CheckpointError(f"{source}: mis-shaped tensors {mismatched[:4]}{hint}")
     unexpected = sorted(set(ours) - set(expected))

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from bertforge import checkpoint_format
+from bertforge import checkpoint_format, storage
 from bertforge.checkpoint_format import LoadReport, load_model, load_tokenizer, read_config, save_model
 from bertforge.errors import CheckpointError, ConfigError
 from bertforge.families import registry
@@ -154,17 +154,25 @@ def test_checkpoint_format_save_interrupted_by_other_error_keeps_previous_direct
     assert sorted(os.listdir(saved)) == before and leftovers(saved.parent) == []
 
 
-def test_checkpoint_format_save_failure_on_swap_restores_previous_directory(monkeypatch, saved, tiny_config):
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "two-renames"])
+def test_checkpoint_format_save_failure_on_swap_restores_previous_directory(monkeypatch, saved, tiny_config, exchange):
     before = (saved / "config.json").read_text()
-    real_replace = os.replace
+    real_rename = os.rename
+
+    def cross_device(*args):
+        raise OSError(18, "Invalid cross-device link")
 
     def fail_second_rename(src, dst):
         if ".tmp-" in os.fspath(src):
-            raise OSError(18, "Invalid cross-device link")
-        return real_replace(src, dst)
+            cross_device()
+        return real_rename(src, dst)
 
-    monkeypatch.setattr(checkpoint_format.os, "replace", fail_second_rename)
-    with pytest.raises(CheckpointError, match="nothing was changed"):
+    if exchange:
+        monkeypatch.setattr(storage, "exchange", cross_device)
+    else:
+        monkeypatch.setattr(storage, "exchange", lambda a, b: False)
+        monkeypatch.setattr(storage.os, "rename", fail_second_rename)
+    with pytest.raises(CheckpointError, match="Invalid cross-device link.*nothing was changed"):
         BertModel(tiny_config.replace(hidden_act="relu")).save_pretrained(saved)
     assert (saved / "config.json").read_text() == before
     assert leftovers(saved.parent) == []
@@ -326,7 +334,7 @@ def test_checkpoint_format_token_level_checkpoint_feeds_classifier_with_fresh_po
 
 def test_checkpoint_format_head_with_other_label_count_needs_fresh_head(tmp_path, tiny_config):
     BertForSequenceClassification(tiny_config.with_labels(["a", "b", "c"])).save_pretrained(tmp_path)
-    with pytest.raises(CheckpointError, match="another number of outputs than the 2 labels.*id2label.*fresh_head=True"):
+    with pytest.raises(CheckpointError, match="another number of outputs than config.json's 2 labels.*id2label.*fresh_head=True"):
         registry.load_model(tmp_path, config_overrides={"id2label": {0: "x", 1: "y"}})
     model, report = registry.load_model(tmp_path, config_overrides={"id2label": {0: "x", 1: "y"}}, fresh_head=True)
     assert type(model) is BertForSequenceClassification

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 
-from bertforge.checkpoint_format import replace_directory, write_model_files
+from bertforge.checkpoint_format import brief, replace_directory, write_model_files
 from bertforge.constants import TRAINING_STATE_NAME
 from bertforge.errors import CheckpointError
 from bertforge.storage import record_checksums, remove_directory, remove_stale_temporaries, verify_checksum
@@ -162,7 +162,7 @@ def load_training_state(path: str | os.PathLike) -> dict[str, Any]:
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
-        raise CheckpointError(f"{file}: unreadable or corrupt ({type(exc).__name__}: {exc}); resume from an "
+        raise CheckpointError(f"{file}: unreadable or corrupt ({brief(exc)}); resume from an "
                               "older checkpoint (pass its directory as --training.resume)") from None
     if not isinstance(state, dict) or state.get("format_version") != STATE_FORMAT_VERSION:
         raise CheckpointError(f"{file}: not a bertforge training state of format {STATE_FORMAT_VERSION}")
