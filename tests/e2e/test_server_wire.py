@@ -244,6 +244,10 @@ def test_tei_info_golden_fields(client):
     ("/embed", {"inputs": "x", "normalize": "yes"}, 422),
     ("/models/nope/embed", {"inputs": "x"}, 404),
     ("/models/tagger/rerank", {"query": "q", "texts": ["a"]}, 404),
+    ("/embed", {"inputs": "x" * 100_001}, 413),  # max_chars, before any tokenization
+    ("/rerank", {"query": "q", "texts": ["x" * 100_001]}, 413),
+    ("/predict", {"inputs": ["q", "x" * 100_001]}, 413),
+    ("/models/tagger/tokenize", {"inputs": "x" * 100_001}, 413),
 ])
 def test_tei_refusals_use_the_tei_envelope(client, path, body, status):
     response = client.post(path, json=body)

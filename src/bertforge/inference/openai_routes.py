@@ -111,6 +111,15 @@ def embedding_inputs(value: str | list[Any]) -> list[str | tuple[int, ...]]:
     return [tuple(item) if isinstance(item, list) else item for item in value]
 
 
+def check_length(text: str, max_chars: int, where: str) -> str:
+    """A text of at most `max_chars` characters (`ServerSettings.max_chars`), checked before any tokenization;
+    RequestError (413) naming the field."""
+    if len(text) > max_chars:
+        raise RequestError(413, f"{where} has {len(text)} characters; this server accepts at most {max_chars} "
+                                "per text", param=where.split("[")[0].split(".")[0])
+    return text
+
+
 def check_ids(ids: tuple[int, ...], vocab_size: int, where: str) -> tuple[int, ...]:
     """Token ids of the model's vocabulary; RequestError (422) naming the first one outside it."""
     outside = next((i for i in ids if i >= vocab_size), None)
@@ -155,9 +164,7 @@ async def create_embeddings(models: ModelSet, request: Request) -> JSONResponse:
         parsed = []
         for index, item in enumerate(items):
             if isinstance(item, str):
-                if len(item) > service.settings.max_chars:
-                    raise RequestError(413, f"input[{index}] has {len(item)} characters; this server accepts at "
-                                            f"most {service.settings.max_chars}", param="input")
+                check_length(item, service.settings.max_chars, f"input[{index}]")
                 parsed.append(EmbedText(text=service.parse("embed", item, f"input[{index}]")))
             else:
                 parsed.append(EmbedText(ids=check_ids(item, pipeline.tokenizer.vocab_size, f"input[{index}]")))

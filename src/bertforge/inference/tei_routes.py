@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field
 
 from bertforge import __version__
 from bertforge.errors import InputError
-from bertforge.inference.openai_routes import check_ids, shorten
+from bertforge.inference.openai_routes import check_ids, check_length, shorten
 from bertforge.inference.pipelines import EmbedText
 from bertforge.inference.task_routes import MODEL_PREFIX, task_route_options
 from bertforge.inference.wire_schemas import WireModel, check_body, register, request_body
@@ -189,6 +189,7 @@ async def embed(service: InferenceService, call: EmbedRequest, request: Request)
     parsed = []
     for index, item in enumerate(items):
         if isinstance(item, str):
+            check_length(item, service.settings.max_chars, f"inputs[{index}]")
             text = service.parse(EMBED, prefix + item, f"inputs[{index}]")
             parsed.append(EmbedText(text=text, truncate=bool(call.truncate), direction=direction))
         else:
@@ -206,6 +207,8 @@ async def embed(service: InferenceService, call: EmbedRequest, request: Request)
 
 async def rerank(service: InferenceService, call: RerankRequest, request: Request) -> Any:
     service.check_count(len(call.texts), "texts")
+    for where, text in (("query", call.query), *((f"texts[{i}]", t) for i, t in enumerate(call.texts))):
+        check_length(text, service.settings.max_chars, where)
     parsed = [service.parse(RERANK, {"query": call.query, "texts": call.texts}, "texts")]
     options = service.check_options(RERANK, {"return_text": call.return_text})
     ranked = (await service.run(RERANK, parsed, options, request))[0]["results"]
@@ -231,6 +234,9 @@ async def predict(service: InferenceService, call: PredictRequest, request: Requ
     single = isinstance(call.inputs, str) or (call.inputs and isinstance(call.inputs[0], str))
     items = [call.inputs] if single else list(call.inputs)
     service.check_count(len(items))
+    for index, item in enumerate(items):
+        for text in [item] if isinstance(item, str) else item:
+            check_length(text, service.settings.max_chars, f"inputs[{index}]")
     parsed = [service.parse(CLASSIFY, item if isinstance(item, str) else list(item), f"inputs[{index}]")
               for index, item in enumerate(items)]
     results = await service.run(CLASSIFY, parsed, service.check_options(CLASSIFY, {}), request)
@@ -247,6 +253,7 @@ def tokenize(service: InferenceService, call: TokenizeRequest) -> Any:
     prefix = prompt_of(service, call.prompt_name)
     answers = []
     for index, item in enumerate(items):
+        check_length(item, service.settings.max_chars, f"inputs[{index}]")
         text = prefix + service.parse(EMBED, item, f"inputs[{index}]") if EMBED in service.pipelines else item
         encoding = pipeline.tokenizer.encode(text, add_special_tokens=call.add_special_tokens)
         tokens = []
@@ -296,6 +303,8 @@ async def cohere_rerank(models: ModelSet, call: CohereRerankRequest, request: Re
         raise RequestError(422, f'documents[{missing}]: a document is a string or {{"text": "..."}}',
                            param="documents")
     service.check_count(len(texts), "documents")
+    for where, text in (("query", call.query), *((f"documents[{i}]", t) for i, t in enumerate(texts))):
+        check_length(text, service.settings.max_chars, where)
     parsed = [service.parse(RERANK, {"query": call.query, "texts": texts}, "documents")]
     options = service.check_options(RERANK, {"top_n": call.top_n})
     ranked = (await service.run(RERANK, parsed, options, request))[0]["results"]
