@@ -9,6 +9,8 @@ file, the typed values of the flags (`cli.flags`), then the free-form `--section
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
 import sys
 from pathlib import Path
@@ -207,6 +209,7 @@ def cmd_predict(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.errors import DataError
     from bertforge.inference.pipelines import load_pipeline, predict_stream
     from bertforge.processes import Ranks
+    from bertforge.storage import open_atomic
 
     options = {}
     if args.top_k is not None:
@@ -228,17 +231,15 @@ def cmd_predict(args: argparse.Namespace, extra: list[str]) -> None:
     try:
         pipeline = load_pipeline(args.model, args.task, device=args.device, precision=args.precision,
                                  batch_size=args.batch_size, max_length=args.max_length, doc_stride=args.doc_stride)
-        sink = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
-        try:
-            count = predict_stream(pipeline, source, sink, source="<stdin>" if args.input == "-" else args.input,
-                                   **options)
-        except UnicodeDecodeError as error:
-            if source is sys.stdin:
-                raise DataError(f"standard input is not UTF-8 text ({error.reason})", "<stdin>") from None
-            raise not_utf8(args.input, error) from None
-        finally:
-            if sink is not sys.stdout:
-                sink.close()
+        # A file is written whole or not at all (a failure on any line leaves no partial file behind).
+        with contextlib.nullcontext(sys.stdout) if args.output == "-" else open_atomic(args.output) as sink:
+            try:
+                count = predict_stream(pipeline, source, sink, **options,
+                                       source="<stdin>" if args.input == "-" else args.input)
+            except UnicodeDecodeError as error:
+                if source is sys.stdin:
+                    raise DataError(f"standard input is not UTF-8 text ({error.reason})", "<stdin>") from None
+                raise not_utf8(args.input, error) from None
     finally:
         if source is not sys.stdin:
             source.close()
@@ -266,8 +267,15 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     except ImportError as exc:
         raise ConfigError(f"serving needs the [serve] extra ({exc}); pip install 'bertforge[serve]'") from None
     # Settings left unset keep ServerSettings' defaults (the one place they are written down).
-    limits = {name: getattr(args, name) for name in ("max_batch_tokens", "max_request_tokens", "request_timeout_s")
+    limits = {name: getattr(args, name) for name in ("max_batch_tokens", "max_request_tokens", "request_timeout_s",
+                                                     "max_queue_wait_s", "drain_timeout_s", "max_body_bytes")
               if getattr(args, name) is not None}
+    from bertforge.inference.http_guards import split_keys
+
+    # Keys from the environment too, so they need not appear in the process list (`ps`) or shell history.
+    limits["api_keys"] = split_keys([*args.api_key, os.environ.get("BERTFORGE_API_KEYS", "")])
+    limits["allowed_hosts"] = tuple(args.allowed_host)
+    limits["cors_origins"] = tuple(args.cors_origin)
     named = [parse_model_option(value) for value in args.model]
     models = dict(named)
     if len(models) < len(named):

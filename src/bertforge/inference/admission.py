@@ -40,6 +40,7 @@ THROUGHPUT_SMOOTHING = 0.2
 # Printable ASCII with tab, newline and carriage return: an ASCII text of only these has no character that
 # cleaning deletes, so its `bytes.split()` chunks are exactly the tokenizer's words.
 _PLAIN_ASCII = bytes(range(32, 127)) + b"\t\n\r"
+_WHITESPACE_TO_SPACE = bytes.maketrans(b"\t\n\r", b"   ")
 
 
 @lru_cache(maxsize=1)
@@ -55,7 +56,10 @@ def word_floor(text: str, enough: int | None = None) -> int:
     if text.isascii():
         raw = text.encode("ascii")
         if not raw.translate(None, _PLAIN_ASCII):  # nothing deleted by cleaning: chunks are words
-            return len(raw.split())
+            raw = raw.translate(_WHITESPACE_TO_SPACE).strip(b" ")
+            if b"  " in raw:  # runs of spaces: split (allocates a word each, still linear)
+                return len(raw.split())
+            return raw.count(b" ") + 1 if raw else 0  # one word more than the single spaces between them
     count = 0
     for count, _ in enumerate(word_pattern().finditer(text), start=1):
         if enough is not None and count > enough:

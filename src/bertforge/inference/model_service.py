@@ -27,6 +27,7 @@ from typing import Any
 
 from bertforge.data.files import UntrustedJson, decode_json
 from bertforge.errors import BertforgeError, CheckpointError, ConfigError, InputError
+from bertforge.inference.admission import CHARS_PER_TOKEN, estimate_tokens
 from bertforge.inference.envelopes import error_payload
 from bertforge.inference.http_guards import check_guard_settings, note_retry_after, note_timing
 from bertforge.inference.pipelines import DEFAULT_PRECISION, Pipeline, load_pipelines
@@ -121,6 +122,14 @@ def check_sizes(item: Any, index: int, max_chars: int) -> None:
                                     f"{max_chars} per text")
 
 
+# A body larger than this is decoded in a worker thread, so the event loop keeps serving other clients.
+LARGE_BODY_BYTES = 256 * 1024
+
+
+def decode_body(raw: bytes) -> Any:
+    return decode_json(raw.decode("utf-8"))
+
+
 async def read_body(request: Request, settings: ServerSettings) -> Any:
     """The request's JSON body, read under `max_body_bytes` and through the untrusted-JSON decoder (nesting
     depth, number size, lone surrogates); RequestError (400/413) naming the problem."""
@@ -138,7 +147,9 @@ async def read_body(request: Request, settings: ServerSettings) -> Any:
     if not raw.strip():
         raise RequestError(400, "empty request body; send a JSON object")
     try:
-        return decode_json(raw.decode("utf-8"))
+        if len(raw) > LARGE_BODY_BYTES:  # megabytes take tens of milliseconds: not on the event loop
+            return await asyncio.to_thread(decode_body, raw)
+        return decode_body(raw)
     except UnicodeDecodeError as error:
         raise RequestError(400, f"request body is not UTF-8 ({error.reason} at byte {error.start})") from None
     except UntrustedJson as error:
@@ -226,7 +237,11 @@ class InferenceService:
         """The pipeline's results for inputs already parsed and options already checked, through this model's
         scheduler; RequestError with the status of a failure (`FAILURE_STATUS`)."""
         try:
-            job = self.scheduler.submit(task, parsed, options)
+            floor = None
+            if estimate_tokens(parsed) * CHARS_PER_TOKEN > self.settings.max_request_tokens:
+                # Possibly over the token budget: its words are counted off the event loop.
+                floor = await asyncio.to_thread(self.scheduler.token_floor, task, parsed)
+            job = self.scheduler.submit(task, parsed, options, floor=floor)
             results = await self.scheduler.result(job, gone=client_gone(request))
         except JobFailed as error:
             retry = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s is not None else None

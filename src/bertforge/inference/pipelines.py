@@ -566,10 +566,17 @@ def predict_stream(pipeline: Pipeline, lines: Iterable[str], out: IO[str], *, so
                 except InputError as single:
                     raise DataError(str(single).removeprefix("input 0: "), source, number) from None
             raise DataError(str(error), source) from None
-        for (_, _, ident), result in zip(pending, results):
+        lines = []
+        for (number, _, ident), result in zip(pending, results):
             if ident is not None:
                 result = {"id": ident, **result}
-            out.write(json.dumps(result, ensure_ascii=False) + "\n")
+            try:  # NaN or infinity is not JSON: a broken model must not write an unreadable file
+                lines.append(json.dumps(result, ensure_ascii=False, allow_nan=False) + "\n")
+            except ValueError:
+                raise DataError("the model gave a non-finite output (NaN or infinity) for this line; its weights "
+                                "or its precision are broken, so nothing more is written (check the model "
+                                "directory, or try --precision fp32)", source, number) from None
+        out.writelines(lines)
         out.flush()
         written += len(pending)
         pending.clear()

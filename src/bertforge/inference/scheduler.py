@@ -177,9 +177,16 @@ class Scheduler:
         finally:
             self.active -= 1
 
-    def submit(self, task: str, parsed: list[Any], options: dict[str, Any], *, silent: bool = False) -> Job:
+    def token_floor(self, task: str, parsed: list[Any]) -> int:
+        """A lower bound of the tokens of `parsed` after windowing (`admission.token_floor`), counted at most
+        to just past `max_request_tokens`. Pure: the server may count it in another thread."""
+        return token_floor(getattr(self.pipelines[task], "family", None), parsed, self.settings.max_request_tokens)
+
+    def submit(self, task: str, parsed: list[Any], options: dict[str, Any], *, silent: bool = False,
+               floor: int | None = None) -> Job:
         """Queue a request of inputs already validated by the task's pipeline (`parse`, `check_options`);
-        `silent`: the server's own (warm-up), not reported to `events`.
+        `silent`: the server's own (warm-up), not reported to `events`; `floor`: its `token_floor`, when
+        the caller counted it already.
 
         Raises:
             JobFailed: "shutdown" while draining; "unhealthy" once the model gave non-finite outputs;
@@ -192,7 +199,7 @@ class Scheduler:
         if self.unhealthy is not None:
             raise JobFailed("unhealthy", f"the model is unhealthy: {self.unhealthy}; this server answers no "
                                          "more requests until it is restarted with a sound model")
-        floor = token_floor(getattr(self.pipelines[task], "family", None), parsed, settings.max_request_tokens)
+        floor = self.token_floor(task, parsed) if floor is None else floor
         if floor > settings.max_request_tokens:
             raise JobFailed("too_large", f"the inputs make {floor} tokens after windowing or more (counted from "
                                          f"their words, before tokenizing); this server runs at most "

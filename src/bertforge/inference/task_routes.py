@@ -16,6 +16,9 @@ from typing import Any
 # First: without the serve extra it raises the ConfigError saying how to install it.
 from bertforge.inference.model_service import ModelSet, RequestError, refusal  # isort: skip
 
+from bertforge.inference.task_schemas import REQUEST_MODELS, RESPONSE_MODELS  # isort: skip
+from bertforge.inference.wire_schemas import request_body  # isort: skip
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
@@ -65,6 +68,11 @@ def task_endpoint(models: ModelSet, task: str, route: str, prefixed: bool) -> Ca
 def task_route_options(models: ModelSet, task: str) -> dict[str, Any]:
     """The OpenAPI description of `/v1/<task>`: the first serving model's pipeline's description and example."""
     pipeline = models.services[models.serving(task)[0]].pipelines[task]
+    if task in REQUEST_MODELS:  # the strict models (`task_schemas`): every input and output field described
+        return dict(summary=f"{task} ({pipeline.family_name})", description=pipeline.description,
+                    responses={200: {"model": RESPONSE_MODELS[task], "description": "one output per input, in order"},
+                               **TASK_RESPONSES},
+                    openapi_extra=request_body(REQUEST_MODELS[task], pipeline.example))
     return dict(summary=f"{task} ({pipeline.family_name})", description=pipeline.description,
                 responses=TASK_RESPONSES,
                 openapi_extra={"requestBody": {"required": True, "content": {"application/json": {

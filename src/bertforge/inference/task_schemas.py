@@ -14,9 +14,11 @@ every route's documented example to its model.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Union
 
-from bertforge.inference.wire_schemas import WireModel, check_body, register  # isort: skip (serve-extra check)
+from bertforge.inference.model_service import RequestError  # isort: skip (first: the serve-extra check)
+from bertforge.inference.wire_schemas import WireModel, check_body, register  # isort: skip
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
@@ -218,5 +220,17 @@ def check_task_body(task: str, body: Any) -> None:
     """422 (RequestError) naming the first field of `body` the strict model of `/v1/<task>` refuses; a task
     without a model (served elsewhere) passes."""
     model = REQUEST_MODELS.get(task)
-    if model is not None:
+    if model is None:
+        return
+    try:
         check_body(model, body)
+    except RequestError as error:
+        error.message = readable_location(error.message)
+        raise
+
+
+def readable_location(message: str) -> str:
+    """pydantic's `inputs.0.object.TextInput.x` as the request's own path, `inputs[0].x`."""
+    message = re.sub(r"\.(?:text|list|object)(?=[.:\s])", "", message)
+    message = re.sub(r"\.[A-Z]\w*Input(?=[.:\s])", "", message)
+    return re.sub(r"\.(\d+)", r"[\1]", message)
