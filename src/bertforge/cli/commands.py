@@ -281,7 +281,10 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     if len(models) < len(named):
         twice = sorted({name for name, _ in named if [n for n, _ in named].count(name) > 1})
         raise ConfigError(f"--model: the name(s) {twice} are given twice; name each model once (NAME=DIR)")
-    serve(models, host=args.host, port=args.port, device=args.device, precision=args.precision,
+    # One plain `--model DIR` stays a directory (served under its folder's name).
+    plain = len(args.model) == 1 and named[0][1] == args.model[0]
+    serve(args.model[0] if plain else models, host=args.host, port=args.port, device=args.device,
+          precision=args.precision,
           max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
           micro_batching=not args.no_batching, **limits)
 
