@@ -316,7 +316,7 @@ async def cohere_rerank(models: ModelSet, call: CohereRerankRequest, request: Re
 
 # --- routes ---------------------------------------------------------------------------------------------
 
-async def answer(request: Request, models: ModelSet, run: Callable[[Any], Awaitable[Any]], route: str) -> JSONResponse:
+async def answer(request: Request, run: Callable[[Any], Awaitable[Any]], route: str) -> JSONResponse:
     """Run one wire request, recording its metrics; any refusal in the route's envelope."""
     began = time.perf_counter()
     recorder: list[InferenceService] = []
@@ -358,7 +358,7 @@ def tei_endpoint(models: ModelSet, path: str, route: str, prefixed: bool) -> Cal
                 return function(service, call)
             with service.scheduler.incoming():
                 return await function(service, call, request)
-        return await answer(request, models, work, route)
+        return await answer(request, work, route)
 
     if prefixed:
         async def endpoint(request: Request, model: str) -> JSONResponse:
