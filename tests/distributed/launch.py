@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -54,18 +56,34 @@ def node_command(nodes: int, node: int, port: int, run_id: str, per_node: int = 
 
 def start_nodes(nodes: int, args: list[str], env: dict[str, str] | None = None, per_node: int = 1,
                 run_id: str = "test") -> list[subprocess.Popen]:
-    """`nodes` torchrun processes (one per "node", `per_node` workers each) running `bertforge args`."""
+    """`nodes` torchrun processes (one per "node", `per_node` workers each) running `bertforge args`. Node 0
+    starts first and hosts the rendezvous store, as the node named by --rdzv_endpoint does on a cluster."""
     port = free_port()
-    return [subprocess.Popen(node_command(nodes, node, port, run_id, per_node) + args, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env=env or environment())
-            for node in range(nodes)]
+    launched = []
+    for node in range(nodes):
+        launched.append(subprocess.Popen(node_command(nodes, node, port, run_id, per_node) + args,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                         env=env or environment(), start_new_session=True))
+        if node == 0:
+            wait_for_port(port, launched[0])
+    return launched
+
+
+def wait_for_port(port: int, process: subprocess.Popen, timeout_s: float = 120) -> None:
+    """Until something listens on `port` of localhost (or `process` ended, or the time is up)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
 
 
 def start_standalone(processes: int, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
     """A plain one-node torchrun of `processes` workers."""
     command = [torchrun_path(), "--standalone", "--nproc_per_node", str(processes), "-m", "bertforge", *args]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env or environment())
+                            env=env or environment(), start_new_session=True)
 
 
 def finish(launched: list[subprocess.Popen], timeout_s: float = RUN_TIMEOUT_S) -> list[tuple[int, str]]:
@@ -78,10 +96,33 @@ def finish(launched: list[subprocess.Popen], timeout_s: float = RUN_TIMEOUT_S) -
             results.append((process.returncode, output))
     except subprocess.TimeoutExpired:
         for process in launched:
-            process.kill()
+            kill_session(process)
             process.communicate()
         pytest.fail(f"the torchrun processes did not finish within {timeout_s} s")
     return results
+
+
+def kill_session(process: subprocess.Popen) -> None:
+    """SIGKILL a launched torchrun and its workers (torchrun starts each worker in a session of its own, so
+    they are found as its descendants first)."""
+    for pid in [*descendants(process.pid), process.pid]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (from /proc), deepest last."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
 
 
 def run_nodes(nodes: int, args: list[str], **options) -> list[tuple[int, str]]:

@@ -8,6 +8,7 @@ streams differ). Each rank logs its place once; only rank 0 writes checkpoints a
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -69,3 +70,34 @@ def test_multinode_two_nodes_finetune_like_one_process_with_the_same_global_batc
     assert [e["step"] for e in results_nodes["history"]] == [e["step"] for e in results_one["history"]] == [9, 18, 20]
     for a, b in zip(results_nodes["history"], results_one["history"], strict=True):
         assert a["metrics"] == pytest.approx(b["metrics"], abs=TOLERANCE)
+
+
+def test_multinode_slurm_script_torchrun_line_parses(monkeypatch):
+    # scripts/slurm_*.sbatch: torchrun's options parse with torchrun's own parser, and the bertforge command
+    # with ours, its overrides included (as tests/e2e/test_docs_commands.py checks the docs' commands).
+    import shlex
+    import sys
+    from pathlib import Path
+
+    from torch.distributed.run import get_args_parser
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+    from test_docs_commands import check_values, command_from, parse, subparsers
+
+    scripts = sorted((Path(__file__).resolve().parents[2] / "scripts").glob("slurm_*.sbatch"))
+    assert scripts
+    for name, value in {"SLURM_NNODES": "4", "SLURM_JOB_ID": "77", "MASTER_ADDR": "n1", "MASTER_PORT": "29500",
+                        "DATA": "runs/en/data", "OUT": "runs/en/pretrain-cluster"}.items():
+        monkeypatch.setenv(name, value)
+    for script in scripts:
+        text = script.read_text(encoding="utf-8").replace("\\\n", " ")
+        lines = [line for line in text.splitlines() if "torchrun " in line and not line.lstrip().startswith("#")]
+        assert len(lines) == 1, script
+        line = os.path.expandvars(lines[0])
+        words = shlex.split(line)
+        launcher = get_args_parser().parse_args(words[words.index("torchrun") + 1:])
+        assert (launcher.nnodes, launcher.rdzv_backend, launcher.rdzv_endpoint) == ("4", "c10d", "n1:29500")
+        assert launcher.module and launcher.training_script == "bertforge"
+        command = command_from(line[line.index("torchrun"):], script.name, 1, True, set(subparsers()))
+        assert command is not None and command.command == "pretrain"
+        check_values(command, *parse(command))

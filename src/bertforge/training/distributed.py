@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import re
 import signal
 import socket
 import time
@@ -171,7 +172,8 @@ def rank_lost_error(exc: BaseException, context: DistributedContext, timeout_s: 
     if not parts:
         parts.append("the lost rank could not be named (the rendezvous store is unreachable: the node of rank 0 "
                      "may be the lost one)")
-    cause = " ".join(str(exc).split())[:200]
+    # The backend's own words, without its source location: "Connection reset by peer", "Timed out ...".
+    cause = re.sub(r"\[[^\]]*\.(?:cc|cpp|hpp):\d+\]\s*", "", " ".join(str(exc).split()))[:160]
     return RankLostError(f"rank {context.rank} of {context.world_size}: a collective failed ({cause}); "
                          f"{'; '.join(parts)}. Stopping this rank (training.distributed_timeout_s="
                          f"{timeout_s:g}); the last complete checkpoint is intact: restart with "

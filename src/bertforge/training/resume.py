@@ -253,8 +253,9 @@ class RunState:
                                   "source keeps a separate position per rank; resume with the same number of "
                                   "processes, or start a new run from this model directory")
         # A global data position (the same on every rank) carries over; the random streams cannot.
-        log.warning("resuming a %d-process run with %d processes: same data position, but dropout draws differ "
-                    "from the uninterrupted run", saved_world, world)
+        if self.context.is_main:
+            log.warning("resuming a %d-process run with %d processes: same data position, but dropout draws "
+                        "differ from the uninterrupted run", saved_world, world)
         return None, None if data_states is None else data_states[0]
 
 
