@@ -161,7 +161,8 @@ def run_pretraining(config: PretrainConfig) -> TrainResult:
 
     if context.is_main:
         log.info("pretraining data: %d training instances of up to %d tokens, %d per step, %d steps per epoch",
-                 batches.num_instances, max_seq_length, batches.global_batch_size, batches.steps_per_epoch)
+                 batches.num_instances, max_seq_length, batches.step_size,
+                 batches.steps_per_epoch // batches.grad_accumulation)
         out_dir = Path(training.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         write_text(out_dir / RUN_CONFIG_NAME, dumps_toml(config))
