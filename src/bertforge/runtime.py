@@ -1,13 +1,16 @@
 """Where and how tensors run: device choice, precision (dtype + autocast), seeding and RNG state capture.
 
-Precision names are `fp32`, `bf16` and `fp16`, and `auto`. `choose_precision` is the one rule that turns a
-requested name into a concrete one for every path (training, `evaluate`, `predict`, the pipelines, the
-server): `auto` is bf16 on a CUDA device that supports bf16 (Ampere or newer) and fp32 everywhere else,
+Precision names are `fp32`, `bf16`, `fp16` and `int8`, and `auto`. `choose_precision` is the one rule that
+turns a requested name into a concrete one for every path (training, `evaluate`, `predict`, the pipelines,
+`embed`, the server): `auto` is bf16 on a CUDA device that supports bf16 (Ampere or newer) and fp32 everywhere else,
 CPUs included, with no probe, so the same model on the same machine runs at the same precision whichever
 command loads it. bf16 and fp16 run under autocast, so parameters, LayerNorm, softmax and the losses stay
 in fp32 while the matrix products run in half precision; fp16 additionally needs a loss scaler (the
-training loop owns it). How far bf16 results may move from fp32 ones is stated in docs/design.md
-("Precision").
+training loop owns it). int8 is an inference precision on the CPU: the encoder's linear layers are
+quantized (`model.quantization.quantize_int8`, applied once to the loaded model by `evaluate` and the
+pipelines) and everything else runs in fp32, so its autocast is a no-op; training never takes it (its
+config has its own names). How far bf16 and int8 results may move from fp32 ones is stated in
+docs/cpu_inference.md.
 
 `capture_rng_state` / `restore_rng_state` cover every generator a training step draws from (Python,
 NumPy, torch CPU, all CUDA devices), in a form `torch.load(weights_only=True)` reads back, so a resumed
@@ -26,8 +29,11 @@ import torch
 
 from bertforge.errors import ConfigError
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
+# The dtype activations flow in between the matmuls (int8's matmuls quantize and dequantize inside).
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
+# Precisions that change the model itself (applied to a loaded model), rather than running it under autocast.
+QUANTIZED_PRECISIONS = ("int8",)
 
 
 def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
@@ -52,8 +58,10 @@ def choose_precision(precision: str, device: torch.device | str) -> tuple[str, s
     emulated on most CPUs, and where it is native it would still make `predict` answer differently from an
     fp32 `evaluate` of the same model on another machine). Any other name is checked against the device.
 
+    int8 runs on the CPU only (PyTorch's dynamic int8 kernels are CPU kernels).
+
     Raises:
-        ConfigError: an unknown name, or bf16 on a GPU without bf16.
+        ConfigError: an unknown name, bf16 on a GPU without bf16, or int8 off the CPU.
     """
     device = torch.device(device)
     if precision not in PRECISIONS:
@@ -62,6 +70,9 @@ def choose_precision(precision: str, device: torch.device | str) -> tuple[str, s
         if device.type == "cuda" and torch.cuda.is_bf16_supported():
             return "bf16", "auto: bf16 on a CUDA device with bf16 support"
         return "fp32", f"auto: fp32 (bf16 is chosen only on a CUDA device with bf16 support; this is {device.type})"
+    if precision == "int8" and device.type != "cpu":
+        raise ConfigError(f"precision int8 runs on the CPU only (PyTorch's dynamic int8 kernels), and this run is "
+                          f"on {device.type}; use --device cpu, or bf16 / fp16 on a GPU")
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ConfigError("precision bf16 needs a GPU with bfloat16 support (Ampere or newer); use fp16 or fp32")
     return precision, "requested"
@@ -82,15 +93,17 @@ def resolve_precision(precision: str, device: torch.device | str) -> str:
 
 
 def precision_dtype(precision: str) -> torch.dtype:
-    """The compute dtype of a concrete precision name (`fp32`, `bf16`, `fp16`)."""
+    """The compute dtype of a concrete precision name (`fp32`, `bf16`, `fp16`; `int8`: fp32 between its
+    quantized matmuls)."""
     if precision not in DTYPES:
         raise ConfigError(f"unknown precision {precision!r}; use one of {tuple(DTYPES)}")
     return DTYPES[precision]
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """A context in which forward passes run at `precision` (a no-op context for fp32)."""
-    if precision == "fp32":
+    """A context in which forward passes run at `precision` (a no-op context for fp32, and for int8, whose
+    model is quantized instead: `model.quantization.apply_precision`)."""
+    if precision in ("fp32", *QUANTIZED_PRECISIONS):
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=precision_dtype(precision))
 

@@ -59,11 +59,58 @@ def subcommand(name: str) -> argparse.ArgumentParser:
     return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
 
 
-@pytest.mark.parametrize("command", ["evaluate", "predict", "serve", "pretrain", "finetune", "glue"])
+@pytest.mark.parametrize("command", ["evaluate", "predict", "serve", "embed", "pretrain", "finetune", "glue"])
 def test_choose_precision_every_command_takes_the_same_names(command):
     action = subcommand(command)._option_string_actions["--precision"]
-    assert tuple(action.choices) == PRECISIONS
+    # Commands that train take every name but the quantized ones (int8 is an inference precision).
+    trains = command in ("pretrain", "finetune", "glue")
+    expected = tuple(p for p in PRECISIONS if p not in runtime.QUANTIZED_PRECISIONS) if trains else PRECISIONS
+    assert tuple(action.choices) == expected
     assert "auto = bf16 on a CUDA GPU with bf16 support, else fp32" in " ".join(action.help.split())
+
+
+def test_choose_precision_int8_is_cpu_only():
+    assert choose_precision("int8", CPU) == ("int8", "requested")
+    with pytest.raises(ConfigError, match="int8 runs on the CPU only"):
+        choose_precision("int8", CUDA)
+    assert runtime.precision_dtype("int8") is torch.float32  # activations between the int8 matmuls
+
+
+def save_classifier(directory: Path, encoder_dir: Path) -> Path:
+    """A tiny random two-label classifier with the tiny MiniLM model's tokenizer and config."""
+    from bertforge.checkpoint_format import read_directory
+    from bertforge.families.classification import BertForSequenceClassification
+
+    source = read_directory(encoder_dir)
+    torch.manual_seed(0)
+    config = source.config.replace(id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1})
+    BertForSequenceClassification(config).save_pretrained(directory, tokenizer=source.require_tokenizer())
+    return directory
+
+
+def test_choose_precision_int8_flows_into_evaluate(tmp_path, tiny_minilm_model: Path):
+    """`evaluate --precision int8` scores the quantized model and records the precision it scored at."""
+    import json
+
+    from bertforge.evaluation import saved_model
+    from bertforge.model.quantization import is_quantized
+
+    seen = []
+    real = saved_model.Evaluation.__call__
+
+    def spy(self, model):
+        seen.append((self.precision, is_quantized(model)))
+        return real(self, model)
+
+    data = tmp_path / "dev.tsv"
+    data.write_text("sentence\tlabel\ngood film\tpos\nbad film\tneg\n")
+    model_dir = save_classifier(tmp_path / "clf", tiny_minilm_model)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(saved_model.Evaluation, "__call__", spy)
+        saved_model.evaluate(model_dir, data, out_dir=tmp_path / "out", device="cpu", precision="int8",
+                             overrides={"reader": {"text_a_column": "sentence", "label_column": "label"}})
+    assert seen == [("int8", True)]
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["precision"] == "int8"
 
 
 def test_choose_precision_is_what_evaluate_and_training_call():

@@ -50,9 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def precision_choices() -> tuple[str, ...]:
+    """The precisions of the inference commands (evaluate, predict, serve, embed, search)."""
     from bertforge.runtime import PRECISIONS
 
     return PRECISIONS
+
+
+def training_precision_choices() -> tuple[str, ...]:
+    """The precisions a command that trains takes: not the quantized ones (int8 is for inference)."""
+    from bertforge.runtime import PRECISIONS, QUANTIZED_PRECISIONS
+
+    return tuple(name for name in PRECISIONS if name not in QUANTIZED_PRECISIONS)
 
 
 def add_vocab(sub: argparse._SubParsersAction) -> None:
@@ -157,7 +165,7 @@ def add_glue(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dev-limit", type=int, help="score only the first N dev examples (test files: all rows)")
     p.add_argument("--seed", type=int)
     p.add_argument("--device")
-    p.add_argument("--precision", choices=precision_choices(), help=f"default auto ({AUTO_RULE})")
+    p.add_argument("--precision", choices=training_precision_choices(), help=f"default auto ({AUTO_RULE})")
     p.add_argument("--on-invalid", choices=["error", "skip"], help="malformed rows (default: error; QQP skip)")
     p.add_argument("--eval-batch-size", type=int)
     p.set_defaults(func=commands.cmd_glue)

@@ -20,6 +20,7 @@ from bertforge.errors import ConfigError, DataError
 from bertforge.evaluation.runner import EvalResult, Evaluation
 from bertforge.families import registry
 from bertforge.families.task import DataSource, task_of
+from bertforge.model.quantization import apply_precision
 from bertforge.runtime import resolve_device, resolve_precision
 from bertforge.storage import write_json, write_jsonl
 
@@ -69,21 +70,23 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
         family.check_labels(examples, directory.config.label_names, task.inputs, "model")
     task = task.replace(options=family.options_for_data(task.options, examples))
     run_device = resolve_device(device)
+    precision = resolve_precision(precision, run_device)  # before loading: int8 off the CPU is refused first
     model, _ = registry.load_model(directory, family.model_class, device=run_device)
+    model = apply_precision(model, precision)  # the precision the model will be served at (int8: quantized)
     features = family.features(examples, tokenizer, task.inputs, config=model.config, report=report)
     report.log_warnings(os.fspath(data_file))
     # The metric that picked this model is reported too, where this file's evaluation can report it.
     chosen = task.metric if task.metric in family.metric_names(task, examples) else None
     evaluator = Evaluation.for_task(task, examples, features, config=model.config, tokenizer=tokenizer,
                                     batch_size=batch_size, chosen=chosen, device=run_device,
-                                    precision=resolve_precision(precision, run_device))
+                                    precision=precision)
     result = evaluator(model)
     for warning in result.warnings:
         log.warning("%s: %s", os.fspath(data_file), warning)
     target = Path(out_dir) if out_dir is not None else model_dir / f"eval-{Path(data_file).stem}"
     write_jsonl(target / "predictions.jsonl", result.predictions)
     write_json(target / "metrics.json", {"model": os.fspath(model_dir), "data": os.fspath(data_file),
-                                         "metrics": result.metrics, "warnings": result.warnings,
+                                         "metrics": result.metrics, "precision": precision, "warnings": result.warnings,
                                          "details": result.details, "examples": len(examples),
                                          "data_report": report.to_dict()})
     return result

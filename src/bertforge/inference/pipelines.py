@@ -28,7 +28,8 @@ training-time evaluation, so that by default `predict`, the pipelines and the se
 answers evaluate scored (same labels, spans and scores within 1e-5 on any machine; bf16 would move scores by
 up to 1e-2 and can flip near-ties). bf16 is opt-in: `precision="bf16"` forces it, and `precision="auto"`
 follows `runtime.choose_precision`, the rule of evaluate and training too: bf16 on a CUDA device with bf16
-support, fp32 everywhere else. What bf16 is allowed to change is stated here and tested: probabilities by
+support, fp32 everywhere else. `precision="int8"` (CPU only) quantizes the encoder's linear layers once, at
+construction (docs/cpu_inference.md states its accuracy budget). What bf16 is allowed to change is stated here and tested: probabilities by
 at most `BF16_PROBABILITY_TOLERANCE`, embeddings down to cosine 1 - `BF16_COSINE_TOLERANCE` against fp32
 (`score_deviation` measures it). `describe()` (the server's /health) reports the precision chosen and why.
 """
@@ -58,6 +59,7 @@ from bertforge.families.task import TaskDescription, read_description
 from bertforge.interop.sentence_transformers import SentenceSettings
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.fast_paths import set_fast_paths
+from bertforge.model.quantization import apply_precision
 
 # The stated bf16 contract: against fp32, no probability moves by more than this (absolute), and no
 # embedding's cosine similarity to its fp32 value drops below 1 - this.
@@ -133,8 +135,9 @@ class Pipeline:
             paths on).
         tokenizer: the model directory's tokenizer.
         device: "auto" (CUDA when available), "cpu", "cuda:0" ...
-        precision: "fp32" (the default, as evaluate), "bf16", or "auto" (`runtime.choose_precision`: bf16 on a
-            CUDA device with bf16 support, else fp32).
+        precision: "fp32" (the default, as evaluate), "bf16", "int8" (CPU: the encoder's linear layers
+            quantized, `model.quantization`), or "auto" (`runtime.choose_precision`: bf16 on a CUDA device with
+            bf16 support, else fp32).
         batch_size: windows per model call.
         max_length: tokens per window, special tokens included (default: the fine-tuning record's, else
             the family's default capped by the model's limit).
@@ -179,6 +182,7 @@ class Pipeline:
         self.settings = input_settings(model, tokenizer, self.family, saved, max_length, doc_stride)
         self.max_length = self.settings.max_seq_length
         self.precision, self.precision_report = self.choose_precision(precision)
+        self.model = apply_precision(self.model, self.precision)  # int8: the encoder's linears quantized
 
     @property
     def defaults(self) -> dict[str, Any]:

@@ -29,6 +29,8 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
+from bertforge.errors import ConfigError
+
 PROJECTIONS = ("query", "key", "value")
 
 
@@ -119,8 +121,8 @@ class FusedSelfAttention(Variant):
 
 def fuse_qkv(attention: nn.Module) -> None:
     """Turn one self-attention module into its fused variant, holding the same numbers."""
-    if isinstance(attention, FusedSelfAttention):
-        return
+    if isinstance(attention, FusedSelfAttention) or getattr(attention, "quantized", False):
+        return  # already one projection (an int8 one is fused: model/quantization.py)
     parts = [getattr(attention, name) for name in PROJECTIONS]
     with torch.no_grad():
         weight = torch.cat([p.weight for p in parts])  # 3 x [H, H] -> [3H, H]
@@ -135,6 +137,9 @@ def fuse_qkv(attention: nn.Module) -> None:
 
 def unfuse_qkv(attention: nn.Module) -> None:
     """Turn a fused self-attention back into its plain class (three `nn.Linear`s, same numbers)."""
+    if getattr(attention, "quantized", False):
+        raise ConfigError("an int8-quantized model has no float QKV weights to un-fuse; load the model again "
+                          "for the plain fp32 path")
     if not isinstance(attention, FusedSelfAttention):
         return
     weight, bias = attention.qkv_weight, attention.qkv_bias

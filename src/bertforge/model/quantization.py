@@ -1,0 +1,240 @@
+"""int8 inference on CPU: dynamic quantization of the encoder's linear layers, applied from outside the model.
+
+`quantize_int8(model)` replaces, in every encoder layer, the fused query/key/value projection, the
+attention output projection and the feed-forward's up and down projections by `Int8Linear`: weights int8
+with one scale per output channel (symmetric), activations quantized per tensor at run time from their own
+range, int32 accumulation, fp32 output with the fp32 bias added. Embeddings, LayerNorms, the softmax
+(scaled-dot-product attention), the pooler and every task head stay fp32: they are a small share of the
+time and the most sensitive to rounding.
+
+Why this kernel: `torch.ops.quantized.linear_dynamic` (PyTorch's fbgemm / oneDNN dynamic quantized
+linear, the kernel behind `torch.ao.quantization.quantize_dynamic`) was measured on the 2-core AMD EPYC
+(AVX2, no AVX-512, no VNNI, no AMX) this project runs on, against the alternatives PyTorch 2.13 offers on a
+CPU (docs/cpu_inference.md, "Choosing the int8 kernel"): `torch._int_mm` and
+`aten._weight_int8pack_mm` fall back to reference loops there (10-100x slower than fp32), and the
+inductor int8 flow needs the PT2E quantizer, which PyTorch no longer ships (it moved to torchao). We call
+the operator directly rather than through `quantize_dynamic` because the fused QKV projection is a
+parameter pair, not an `nn.Linear`, and so the quantized model keeps the encoder's own classes.
+
+Activations use the full 8 bits (`REDUCE_RANGE = False`). PyTorch's own default for x86 is 7 bits, because
+on AVX2 without VNNI the int8 dot product (vpmaddubsw) sums pairs in saturating int16; measured here, the
+kernel's 8-bit outputs equal a float simulation of the same rounding (no saturation seen) and 7 bits doubled
+the error (MiniLM embeddings: min cosine 0.972 with 7 bits, 0.992 with 8).
+
+With per-tensor activation scales, BERT's few outlier channels at the output of its LayerNorms set the
+range and crush the other channels; SmoothQuant's rescaling (`smoothing_scales`) moves them into the
+weights for the two projections that read a LayerNorm (QKV and feed-forward up), with activation ranges
+from a synthetic calibration batch (`input_ranges`). The attention output and feed-forward down
+projections read the context and the GELU output, whose ranges a synthetic batch does not predict; they
+are quantized without it.
+
+A quantized model is for inference only: it has no int8 training path and refuses to be saved (save the
+fp32 model; quantize at load with `--precision int8`). `is_quantized` tells a quantized model;
+`int8_linears` lists its int8 layers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from bertforge.errors import ConfigError
+from bertforge.model.fast_paths import Variant, fuse_qkv, is_attention, is_encoder, is_layer, variant
+
+# The packed weights' engine: PyTorch's x86 engine (fbgemm or oneDNN per shape), else fbgemm, else the first
+# one this build supports.
+PREFERRED_ENGINES = ("x86", "fbgemm", "onednn")
+REDUCE_RANGE = False
+# SmoothQuant's migration strength, and the synthetic calibration batch [B, T] its activation ranges come from.
+SMOOTHING_ALPHA = 0.75
+CALIBRATION_SHAPE = (8, 64)
+CALIBRATION_FIRST_ID = 1000
+
+
+def quantization_engine() -> str:
+    """The quantized engine `quantize_int8` packs for; ConfigError where this PyTorch build has none."""
+    supported = torch.backends.quantized.supported_engines
+    for engine in PREFERRED_ENGINES:
+        if engine in supported:
+            return engine
+    raise ConfigError("precision int8 needs PyTorch's x86/fbgemm quantized engine, which this PyTorch build "
+                      f"lacks (it has {supported}); use --precision fp32")
+
+
+@contextlib.contextmanager
+def engine(name: str) -> Iterator[None]:
+    previous = torch.backends.quantized.engine
+    torch.backends.quantized.engine = name
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = previous
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T + b with W int8 per output channel and x quantized per tensor at run time.
+
+    Args:
+        weight: float [O, I]; bias: float [O] or None; engine: the quantized engine to pack for.
+    Input [..., I] float32, output [..., O] float32.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, engine_name: str,
+                 smoothing: torch.Tensor | None = None):
+        super().__init__()
+        weight = weight.detach().float()
+        # x W^T = (x / s)(W s)^T: dividing the input's channels by s moves their outliers into the weights.
+        self.register_buffer("input_scale", None if smoothing is None else (1.0 / smoothing).float(), persistent=False)
+        if smoothing is not None:
+            weight = weight * smoothing  # [O, I] * [I]
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        # Symmetric per-channel scales; an all-zero row gets scale 1 (its int8 row is zeros either way).
+        scales = weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0  # [O]
+        with warnings.catch_warnings(), engine(engine_name):
+            # PyTorch 2.13 marks quantized-tensor constructors deprecated; they are still the input the
+            # packing operator takes (pinned torch==2.13.0).
+            warnings.simplefilter("ignore", UserWarning)
+            qweight = torch.quantize_per_channel(weight, scales.double(), torch.zeros_like(scales, dtype=torch.long),
+                                                 0, torch.qint8)
+            self._packed = torch.ops.quantized.linear_prepack(qweight, None if bias is None else bias.detach().float())
+        self.engine = engine_name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:
+            x = x.float()  # under an outer autocast the int8 kernel still takes fp32 activations
+        if self.input_scale is not None:
+            x = x * self.input_scale  # [..., I]
+        return torch.ops.quantized.linear_dynamic(x, self._packed, REDUCE_RANGE)  # [..., I] -> [..., O]
+
+    def int8_weight(self) -> torch.Tensor:
+        """The packed weight as an int8 tensor [O, I] (for tests and inspection)."""
+        weight, _ = torch.ops.quantized.linear_unpack(self._packed)
+        return weight.int_repr()
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        raise ConfigError("an int8-quantized model cannot be saved (its weights are packed for one CPU engine); "
+                          "save the fp32 model and load it with --precision int8")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, engine={self.engine}, int8"
+
+
+class Int8SelfAttention(Variant):
+    """A fused self-attention whose [3H, H] query/key/value projection is one `Int8Linear` (`qkv`)."""
+
+    prefix = "Int8"
+    quantized = True  # fast_paths leaves it fused (its float weights are gone)
+
+    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # [..., 3H] -> 3 x [..., H]
+        return q, k, v
+
+
+def input_ranges(model: nn.Module, seed: int = 0) -> dict[nn.Module, torch.Tensor]:
+    """Per-channel max |x| [H] at the input of every self-attention and feed-forward inside `model`, from one
+    fp32 pass of each encoder over a synthetic batch of random vocabulary ids (`CALIBRATION_SHAPE`, a fixed
+    seed: the same model always gets the same scales). No data is needed: BERT's outlier channels are a
+    property of the weights (the LayerNorms before these inputs), and show on any input."""
+    ranges: dict[nn.Module, torch.Tensor] = {}
+
+    def record(module: nn.Module, args: tuple) -> None:
+        x = args[0].detach()
+        amax = x.abs().reshape(-1, x.shape[-1]).amax(0)  # [..., H] -> [H]
+        ranges[module] = torch.maximum(ranges[module], amax) if module in ranges else amax
+
+    targets = [m for m in model.modules() if is_attention(m)]
+    targets += [m.feed_forward for m in model.modules() if is_layer(m)]
+    hooks = [m.register_forward_pre_hook(record) for m in targets]
+    generator = torch.Generator().manual_seed(seed)
+    try:
+        with torch.inference_mode():
+            for encoder in [m for m in model.modules() if is_encoder(m)]:
+                vocab = encoder.config.vocab_size
+                low = min(CALIBRATION_FIRST_ID, vocab // 2)  # past BERT vocabularies' specials and [unused]
+                encoder(torch.randint(low, vocab, CALIBRATION_SHAPE, generator=generator))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return ranges
+
+
+def smoothing_scales(input_max: torch.Tensor, weight: torch.Tensor, alpha: float | None = None) -> torch.Tensor:
+    """SmoothQuant's per-input-channel s = max|x|^alpha / max|W|^(1 - alpha), [I] (Xiao et al., 2023);
+    alpha defaults to `SMOOTHING_ALPHA`."""
+    alpha = SMOOTHING_ALPHA if alpha is None else alpha
+    weight_max = weight.detach().abs().amax(dim=0).float().clamp_min(1e-5)  # [O, I] -> [I]
+    return (input_max.float().clamp_min(1e-5) ** alpha / weight_max ** (1 - alpha)).clamp(1e-2, 1e2)
+
+
+def quantize_int8(model: nn.Module, *, smooth: bool = True) -> nn.Module:
+    """Quantize, in place, every encoder layer's linear layers inside `model` (see the module docstring).
+
+    `smooth` (default on) rescales the inputs of the QKV and feed-forward-up projections (the outputs of a
+    LayerNorm, whose outlier channels dominate a per-tensor int8 range) by `smoothing_scales`. Idempotent.
+    The model is put in eval mode with gradients off: a quantized model only infers.
+
+    Raises:
+        ConfigError: the model is not on the CPU, or PyTorch has no quantized engine.
+    """
+    devices = {p.device.type for p in model.parameters()}
+    if devices - {"cpu"}:
+        raise ConfigError(f"precision int8 runs on the CPU only (PyTorch's dynamic int8 kernels are CPU kernels); "
+                          f"this model is on {', '.join(sorted(devices - {'cpu'}))}: use --device cpu, or "
+                          "--precision bf16 / fp16 on a GPU")
+    name = quantization_engine()
+    model.eval().requires_grad_(False)
+    if is_quantized(model):
+        return model
+    ranges = input_ranges(model) if smooth else {}
+    for module in list(model.modules()):
+        if is_attention(module):
+            fuse_qkv(module)
+            scale = smoothing_scales(ranges[module], module.qkv_weight) if module in ranges else None
+            qkv = Int8Linear(module.qkv_weight, module.qkv_bias, name, scale)  # [3H, H]
+            del module.qkv_weight, module.qkv_bias
+            module.__class__ = variant(Int8SelfAttention, type(module).plain)  # the attention's own class
+            module.qkv = qkv
+            module.output = Int8Linear(module.output.weight, module.output.bias, name)
+        if is_layer(module):
+            ff = module.feed_forward
+            scale = smoothing_scales(ranges[ff], ff.up.weight) if ff in ranges else None
+            ff.up = Int8Linear(ff.up.weight, ff.up.bias, name, scale)
+            ff.down = Int8Linear(ff.down.weight, ff.down.bias, name)
+    return model
+
+
+def apply_precision(model: nn.Module, precision: str) -> nn.Module:
+    """The model to run at a concrete precision (`runtime.choose_precision`'s answer): quantized in place for
+    int8; as it is for the autocast precisions (fp32, bf16, fp16)."""
+    return quantize_int8(model) if precision == "int8" else model
+
+
+def check_precision(model: nn.Module, precision: str) -> None:
+    """Refuse to run a model at a precision it was not prepared for (`apply_precision`), so a figure labelled
+    int8 is always one measured with int8 layers, and an fp32 one never with them."""
+    if (precision == "int8") != is_quantized(model):
+        state = "is" if is_quantized(model) else "is not"
+        raise ConfigError(f"precision {precision} was asked for, but the model {state} int8-quantized; prepare it "
+                          "with bertforge.model.quantization.apply_precision(model, precision) first")
+
+
+def int8_linears(model: nn.Module) -> list[str]:
+    """Names of the `Int8Linear` modules inside `model`."""
+    return [name for name, module in model.named_modules() if isinstance(module, Int8Linear)]
+
+
+def is_quantized(model: nn.Module) -> bool:
+    return any(isinstance(module, Int8Linear) for module in model.modules())
+
+
+def float_linears(model: nn.Module) -> list[str]:
+    """Names of the float `nn.Linear` modules left inside `model` (pooler, heads)."""
+    return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+
+
+__all__ = ["Int8Linear", "apply_precision", "check_precision", "Int8SelfAttention", "float_linears", "int8_linears",
+           "is_quantized", "quantization_engine", "quantize_int8"]
