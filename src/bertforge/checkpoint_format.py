@@ -28,7 +28,6 @@ classifier whose config.json names no labels.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import pickle
@@ -41,6 +40,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from bertforge.checkpoint_integrity import brief, check_finite, warn_without_labels
 from bertforge.constants import (
     CONFIG_NAME,
     FINETUNING_NAME,
@@ -225,35 +225,8 @@ def read_config(path: str | os.PathLike, *, step: int | None = None) -> tuple[Be
     data = read_json_object(file, "config.json")
     fields, architecture = hf.config_from_hf(data, str(file))
     config = BertConfig.from_dict(fields, source=str(file))
-    if not ({"id2label", "label2id"} & set(data)) and data.get("problem_type") != "regression" \
-            and any(str(name).endswith(LABELLED_HEADS) for name in data.get("architectures") or []):
-        warn_once(f"{file}: a classifier without label names (no id2label): its {config.num_labels} outputs are "
-                  f"called {', '.join(config.label_names[:3])}...; add \"id2label\": {{\"0\": \"<label 0>\", ...}} "
-                  "to config.json, listing the labels in the order the model was trained with")
+    warn_without_labels(data, config, file)
     return config, architecture
-
-
-# Hugging Face architectures whose outputs are named by config.json's id2label.
-LABELLED_HEADS = ("ForSequenceClassification", "ForTokenClassification")
-
-
-@functools.cache
-def warn_once(message: str) -> None:
-    """Log a warning about a file once per process (a server loads a directory more than once)."""
-    log.warning(message)
-
-
-def check_tokenizer_fits(folder: Path, config: BertConfig, tokenizer: Tokenizer) -> None:
-    """CheckpointError when the directory's vocab.txt cannot belong to its model (`check_fits_embeddings`)."""
-    added, added_file = 0, folder / "added_tokens.json"
-    if added_file.is_file():
-        try:
-            table = read_json(added_file, what="added tokens file")
-        except ValueError:
-            table = {}
-        size = len(tokenizer.vocab)
-        added = sum(1 for i in table.values() if isinstance(i, int) and i >= size) if isinstance(table, dict) else 0
-    check_fits_embeddings(len(tokenizer.vocab), config.vocab_size, folder / VOCAB_NAME, added)
 
 
 def read_directory(path: str | os.PathLike, *, do_lower_case: bool | None = None) -> ModelDirectory:
@@ -266,7 +239,7 @@ def read_directory(path: str | os.PathLike, *, do_lower_case: bool | None = None
     tokenizer = Tokenizer.from_pretrained(folder, do_lower_case=do_lower_case) \
         if (folder / VOCAB_NAME).exists() else None
     if tokenizer is not None:
-        check_tokenizer_fits(folder, config, tokenizer)
+        check_fits_embeddings(len(tokenizer.vocab), config.vocab_size, folder / VOCAB_NAME)
     record_file = folder / FINETUNING_NAME
     record = read_json_object(record_file, FINETUNING_NAME) if record_file.exists() else None
     return ModelDirectory(folder, config, architecture, tokenizer, record, st.read_settings(folder))
@@ -280,7 +253,7 @@ def load_tokenizer(path: str | os.PathLike, *, do_lower_case: bool | None = None
                               f"(copy the vocab.txt and {TOKENIZER_CONFIG_NAME} it was trained with into it)")
     tokenizer = Tokenizer.from_pretrained(folder, do_lower_case=do_lower_case)
     if (folder / CONFIG_NAME).is_file():
-        check_tokenizer_fits(folder, read_config(folder)[0], tokenizer)
+        check_fits_embeddings(len(tokenizer.vocab), read_config(folder)[0].vocab_size, folder / VOCAB_NAME)
     return tokenizer
 
 
@@ -315,16 +288,6 @@ def read_weights(path: str | os.PathLike, *, step: int | None = None) -> dict[st
     return _read_stored(path, step)[0]
 
 
-def check_finite(tensors: dict[str, torch.Tensor], source: Path) -> None:
-    """CheckpointError naming the first stored tensor that holds NaN or infinity: a file corrupted behind a
-    valid header (or a diverged run's save) would otherwise load and answer every request with NaN."""
-    for name, tensor in tensors.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            bad = int((~torch.isfinite(tensor)).sum())
-            raise CheckpointError(f"{source}: tensor {name} holds {bad} NaN or infinite values of {tensor.numel()}; "
-                                  "the file is corrupt or was saved from a diverged run: re-save or re-download it")
-
-
 def _read_stored(path: str | os.PathLike, step: int | None = None) -> tuple[dict[str, torch.Tensor], list[str]]:
     """(tensors, stored names skipped before translation: a Google checkpoint's optimizer state), every
     floating tensor checked finite (`check_finite`)."""
@@ -355,12 +318,6 @@ def _read_files(file: Path) -> tuple[dict[str, torch.Tensor], list[str]]:
     except (SafetensorError, OSError, RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError) as exc:
         raise CheckpointError(f"{reading}: weights are unreadable or corrupt ({brief(exc)}); "
                               "re-save or re-download the checkpoint") from None
-
-
-def brief(exc: BaseException) -> str:
-    """A library's exception as one line for a one-line error (torch's unpickling errors run to ten)."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def is_encoder_key(name: str) -> bool:

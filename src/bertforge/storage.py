@@ -23,7 +23,7 @@ writer (safetensors writes 0600): saved models and data are meant to be shared.
 Checksums: `record_checksums` stores the sha256 and size of named files of a directory in its
 `checksums.json`; `verify_checksum` compares a file with it before it is read (a missing manifest or entry
 is fine: Hugging Face's directories and older saves have none). BERTFORGE_SKIP_CHECKSUM=1 skips the
-verification (hashing reads the whole file once more: about a second per GB).
+verification (hashing reads the whole file once more: 0.7 s for 256 MiB on the 2-core test machine).
 """
 
 from __future__ import annotations
@@ -403,16 +403,29 @@ def verify_checksum(file: str | os.PathLike) -> bool:
     entry = (read_checksums(file.parent) or {}).get(file.name)
     if not isinstance(entry, dict):
         return False
-    fix = (f"re-save or re-download it; if the file was replaced on purpose, delete {CHECKSUMS_NAME} beside "
-           f"it (or set {SKIP_CHECKSUM_ENV}=1 to load without verification)")
+    problem = _differs(file, entry)
+    if problem is not None:
+        # A reader racing a save of the same directory (a server reloading best/ while training replaces it)
+        # may have read the manifest of one version and the file of the next: compare once more with what
+        # the directory holds now, and report only a difference that stays.
+        again = (read_checksums(file.parent) or {}).get(file.name)
+        if again != entry and isinstance(again, dict):
+            problem = _differs(file, again)
+    if problem is not None:
+        raise CheckpointError(f"{file}: {problem}; re-save or re-download it; if the file was replaced on purpose, "
+                              f"delete {CHECKSUMS_NAME} beside it (or set {SKIP_CHECKSUM_ENV}=1 to load without "
+                              "verification)")
+    return True
+
+
+def _differs(file: Path, entry: dict[str, Any]) -> str | None:
+    """How `file` differs from its manifest entry, or None when it matches."""
     try:
         size = file.stat().st_size
     except FileNotFoundError:
-        raise CheckpointError(f"{file}: missing, though {CHECKSUMS_NAME} lists it; {fix}") from None
+        return f"missing, though {CHECKSUMS_NAME} lists it"
     if size != entry.get("bytes"):
-        raise CheckpointError(f"{file}: {size} bytes, but {entry.get('bytes')} were saved (truncated or "
-                              f"damaged); {fix}")
+        return f"{size} bytes, but {entry.get('bytes')} were saved (truncated or damaged)"
     if file_sha256(file) != entry.get("sha256"):
-        raise CheckpointError(f"{file}: its sha256 differs from the one saved in {CHECKSUMS_NAME} (the file is "
-                              f"damaged); {fix}")
-    return True
+        return f"its sha256 differs from the one saved in {CHECKSUMS_NAME} (the file is damaged)"
+    return None

@@ -31,6 +31,7 @@ ROWS = {
     "interop": 0,
     "model.config": 0,
     "checkpoint_format": 1,
+    "checkpoint_integrity": 0,
     "processes": 1,
     "model": 2,
     "data": 2,

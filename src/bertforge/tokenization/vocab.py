@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bertforge.constants import UNK_TOKEN
 from bertforge.errors import CheckpointError, DataError
-from bertforge.storage import write_text
+from bertforge.storage import read_json, write_text
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 # such padding; more mean a truncated vocab.txt or one of another model. Google's and Hugging Face's own
 # releases match exactly (bert-base-uncased 30522, bert-base-chinese 21128, multilingual 119547).
 PADDING_ROWS = 128
+# Hugging Face's list of tokens added to a vocabulary after training (their ids follow vocab.txt's).
+ADDED_TOKENS_NAME = "added_tokens.json"
 
 
 class Vocab:
@@ -139,15 +141,17 @@ class Vocab:
         return f"Vocab({len(self._tokens)} tokens, unk_token={self.unk_token!r})"
 
 
-def check_fits_embeddings(tokens: int, vocab_size: int, vocab_file: str | os.PathLike, added: int = 0) -> None:
-    """Whether a vocabulary of `tokens` lines (plus `added` tokens of Hugging Face's added_tokens.json, which
-    this tokenizer does not read) belongs to a model whose embedding table has `vocab_size` rows.
+def check_fits_embeddings(tokens: int, vocab_size: int, vocab_file: str | os.PathLike) -> None:
+    """Whether the `vocab_file` of `tokens` lines belongs to a model whose embedding table has `vocab_size`
+    rows. The tokens of an added_tokens.json beside it (Hugging Face's, which this tokenizer does not read)
+    may account for rows beyond vocab.txt, with a warning.
 
     Raises:
         CheckpointError: more tokens than rows (their ids would index past the table), or more than
             `PADDING_ROWS` rows without a token and no added tokens to account for them (a truncated file).
     """
     fix = "copy in the vocab.txt the model was trained with"
+    added = count_added_tokens(Path(vocab_file).parent / ADDED_TOKENS_NAME, tokens)
     if tokens > vocab_size:
         raise CheckpointError(f"{vocab_file}: {tokens} tokens, but config.json's vocab_size is {vocab_size}: ids "
                               f"{vocab_size}..{tokens - 1} would index past the embedding table; this vocabulary "
@@ -167,6 +171,17 @@ def check_fits_embeddings(tokens: int, vocab_size: int, vocab_file: str | os.Pat
     raise CheckpointError(f"{vocab_file}: {tokens} tokens, but config.json's vocab_size is {vocab_size} ({spare} "
                           f"rows without a token): the vocabulary is truncated or belongs to another model; {fix} "
                           f"(a released vocabulary matches vocab_size, or pads it by fewer than {PADDING_ROWS} rows)")
+
+
+def count_added_tokens(file: Path, tokens: int) -> int:
+    """How many ids at or after `tokens` an added_tokens.json ({token: id}) assigns; 0 without a readable one."""
+    if not file.is_file():
+        return 0
+    try:
+        table = read_json(file, what="added tokens file")
+    except ValueError:
+        return 0
+    return sum(1 for i in table.values() if isinstance(i, int) and i >= tokens) if isinstance(table, dict) else 0
 
 
 def _index_tokens(tokens: list[str], source: Path | None) -> dict[str, int]:

@@ -30,7 +30,8 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 
-from bertforge.checkpoint_format import brief, replace_directory, write_model_files
+from bertforge.checkpoint_format import replace_directory, write_model_files
+from bertforge.checkpoint_integrity import brief
 from bertforge.constants import TRAINING_STATE_NAME
 from bertforge.errors import CheckpointError
 from bertforge.storage import record_checksums, remove_directory, remove_stale_temporaries, verify_checksum
