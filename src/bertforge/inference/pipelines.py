@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
@@ -56,6 +55,7 @@ from bertforge.evaluation import run_features
 from bertforge.families import registry
 from bertforge.families.base import Family, InputSettings
 from bertforge.families.task import TaskDescription, read_description
+from bertforge.inference.embed_inputs import EmbedText, count_tokens, embed_features
 from bertforge.interop.sentence_transformers import SentenceSettings
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.fast_paths import set_fast_paths
@@ -323,18 +323,6 @@ class Pipeline:
 
 # --- embed -----------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class EmbedText:
-    """One input of the wire-format embedding routes (OpenAI, text-embeddings-inference): a text, or token ids
-    of this model's vocabulary, and what to do when it does not fit the window. `truncate` False: an input
-    over the window is refused naming the limit (TEI's rule); True: cut from `direction`'s end."""
-
-    text: str | None = None
-    ids: tuple[int, ...] | None = None
-    truncate: bool = False
-    direction: str = "right"
-
-
 class EmbedPipeline(Pipeline):
     """The `embed` route: sentence vectors from any model's encoder (the embedding family does the work).
 
@@ -355,37 +343,12 @@ class EmbedPipeline(Pipeline):
                                      if isinstance(d, int) and not isinstance(d, bool) and d > 0)
 
     def features(self, parsed: Sequence[Any]) -> list[Feature]:
-        """`Pipeline.features` for texts; an `EmbedText` is encoded (or taken as ids), checked against the
-        window and cut as it asks, then framed by the one post-processor. A right-cut text gives the same
-        window as the family's (a test holds them equal)."""
-        plain = [(i, item) for i, item in enumerate(parsed) if not isinstance(item, EmbedText)]
-        features = []
-        for feature in super().features([item for _, item in plain]) if plain else []:
-            feature.example_index = plain[feature.example_index][0]
-            features.append(feature)
-        room = self.max_length - self.tokenizer.post_processor.added(False)
-        for index, item in enumerate(parsed):
-            if not isinstance(item, EmbedText):
-                continue
-            ids = list(item.ids) if item.ids is not None else \
-                self.tokenizer.encode(item.text, add_special_tokens=False).ids
-            if len(ids) > room:
-                if not item.truncate:
-                    raise InputError(f"input {index} has {len(ids)} tokens; this model takes at most {room} "
-                                     f"(max_input_length {self.max_length} with [CLS] and [SEP]): shorten it, or ask "
-                                     "for truncation where the route offers it (TEI: truncate true)")
-                ids = ids[:room] if item.direction == "right" else ids[len(ids) - room:]
-            features.append(Feature(index, *self.tokenizer.post_processor.assemble(ids)))
-        features.sort(key=lambda feature: feature.example_index)
-        return features
+        """`Pipeline.features` for texts; `EmbedText` inputs windowed by `embed_inputs.embed_features`."""
+        return embed_features(parsed, super().features, self.tokenizer, self.max_length)
 
     def decode(self, parsed: Sequence[Any], features: Sequence[Feature], outputs: Sequence[Any],
                options: dict[str, Any]) -> list[dict[str, Any]]:
-        results = super().decode(parsed, features, outputs, options)
-        for result, item, feature in zip(results, parsed, features):
-            if isinstance(item, EmbedText):
-                result["tokens"] = len(feature.input_ids)
-        return results
+        return count_tokens(super().decode(parsed, features, outputs, options), parsed, features)
 
     @property
     def bf16_tolerance(self) -> float:
