@@ -9,7 +9,10 @@ Which module holds what (see also docs/serving.md):
 - `openai_routes`: OpenAI's `POST /v1/embeddings` and `GET /v1/models`;
 - `tei_routes`: text-embeddings-inference's `/embed`, `/rerank`, `/predict`, `/tokenize`, `/decode`,
   `/info`, and `/v1/rerank` (ours and the Cohere/Infinity shape on one path);
-- `envelopes`: the error body of each API style, by path;
+- `wire_schemas`: the strict pydantic models' helpers (a body checked against one, its place in
+  `/openapi.json`); `embed_inputs`: the wire routes' embedding inputs (token ids, TEI's truncation rule);
+- `envelopes`: the error body of each API style, by path; `http_guards`: keys, Host, Content-Type, CORS,
+  request ids and timing headers, around every route;
 - here: the app (lifespan starting every model's scheduler, the 404/405/422 handlers in the route's
   envelope, `/health`, `/metrics`, the offline `/docs` and `/redoc`), `create_app` and `serve`.
 
