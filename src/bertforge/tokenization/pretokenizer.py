@@ -15,13 +15,16 @@ two splits:
 from __future__ import annotations
 
 import re
+import unicodedata
 from functools import lru_cache
 
 from bertforge.tokenization.normalizer import (
     ASCII_PUNCTUATION,
     CJK_RANGES,
     Normalizer,
+    is_cjk,
     is_punctuation,
+    is_removed,
     separator_characters,
 )
 
@@ -36,6 +39,34 @@ def is_plain_ascii(chunk: str) -> bool:
     A chunk holds no separators, so for ASCII "printable" means exactly "no control characters".
     """
     return chunk.isascii() and chunk.isprintable()
+
+
+def _typographic_punctuation() -> str:
+    """The characters among common typographic punctuation (curly quotes, dashes, ellipsis, guillemets,
+    inverted marks, bullets, primes) that behave exactly as ASCII punctuation in Google's algorithm, checked
+    with the normaliser's own rules: kept by cleaning, not a separator, unchanged by lower-casing, NFD and
+    accent stripping, not a CJK ideograph, and punctuation (so each is a word of its own)."""
+    candidates = ("\u00a1\u00ab\u00b7\u00bb\u00bf\u2010\u2011\u2012\u2013\u2014\u2015\u2018\u2019\u201a"
+                  "\u201b\u201c\u201d\u201e\u201f\u2022\u2026\u2032\u2033\u2039\u203a")
+    separators = separator_characters()
+    return "".join(char for char in candidates
+                   if is_punctuation(char) and not is_removed(char) and char not in separators
+                   and char.lower() == char and unicodedata.normalize("NFD", char) == char
+                   and unicodedata.category(char) != "Mn" and not is_cjk(ord(char)))
+
+
+TYPOGRAPHIC_PUNCTUATION = _typographic_punctuation()
+# Each typographic mark as an ASCII stand-in, so `str.isascii` (C code) can test a whole chunk.
+_AS_ASCII = str.maketrans(dict.fromkeys(TYPOGRAPHIC_PUNCTUATION, "'"))
+# In a `is_simple` chunk these matches are its punctuation-split words, and they tile it (as ASCII_WORD).
+SIMPLE_WORD = re.compile(r"[A-Za-z0-9]+|[" + re.escape(ASCII_PUNCTUATION + TYPOGRAPHIC_PUNCTUATION) + "]")
+
+
+def is_simple(chunk: str) -> bool:
+    """Whether a chunk is plain ASCII (`is_plain_ascii`) save for `TYPOGRAPHIC_PUNCTUATION`: English prose's
+    “quoted” and don’t chunks. Normalisation leaves such a chunk as it is (ASCII lower-casing aside) and its
+    words are the `SIMPLE_WORD` matches, so the tokenizer takes its fast path on them."""
+    return chunk.isprintable() and (chunk.isascii() or chunk.translate(_AS_ASCII).isascii())
 
 
 # Chunks whose words `words` remembers before forgetting them all (bounded memory on large corpora).
