@@ -10,7 +10,9 @@ only what the formats promise is compared (order, lengths, unit norms, agreement
 from __future__ import annotations
 
 import base64
+import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -26,6 +28,7 @@ from bertforge.cli import main  # noqa: E402
 from bertforge.errors import BertforgeError, ConfigError  # noqa: E402
 from bertforge.families.classification import BertForSequenceClassification  # noqa: E402
 from bertforge.families.tagging import BertForTokenClassification  # noqa: E402
+from bertforge.families.task import DESCRIPTION_VERSION  # noqa: E402
 from bertforge.inference.model_service import parse_model_option  # noqa: E402
 from bertforge.inference.pipelines import EmbedText, load_pipeline  # noqa: E402
 from bertforge.inference.server import create_app  # noqa: E402
@@ -119,20 +122,23 @@ def test_openai_embeddings_refusals_use_the_openai_envelope(client, body, status
     assert error["param"] == param
 
 
-def test_openai_embeddings_dimensions_cut_and_renormalize_where_the_model_allows(client):
-    pipeline = client.app.state.models.services["embedder"].pipelines["embed"]
-    pipeline.matryoshka_dims = (8, 16)  # as a finetuning.json recording Matryoshka widths sets it
-    try:
-        body = {"input": ["a b c", "d e f"], "model": "embedder"}
-        full = client.post("/v1/embeddings", json=body).json()["data"]
-        cut = client.post("/v1/embeddings", json={**body, "dimensions": 8}).json()["data"]
-        too_wide = client.post("/v1/embeddings", json={**body, "dimensions": 64})
-    finally:
-        pipeline.matryoshka_dims = ()
-    for short, long in zip(cut, full):
+def test_openai_embeddings_dimensions_cut_and_renormalize_where_the_model_allows(model_dirs, tmp_path):
+    # A model trained with Matryoshka widths records them in its finetuning.json; it may then be cut.
+    trained = tmp_path / "matryoshka"
+    shutil.copytree(model_dirs["embedder"], trained)
+    (trained / "finetuning.json").write_text(json.dumps({"version": DESCRIPTION_VERSION, "family": "embedding",
+                                                         "matryoshka_dims": [8, 16]}), encoding="utf-8")
+    body = {"input": ["a b c", "d e f"], "model": "matryoshka"}
+    with TestClient(create_app(trained, device="cpu")) as single:
+        full = single.post("/v1/embeddings", json=body).json()["data"]
+        cut = single.post("/v1/embeddings", json={**body, "dimensions": 8}).json()["data"]
+        tei = single.post("/embed", json={"inputs": body["input"], "dimensions": 8, "normalize": False}).json()
+        too_wide = single.post("/v1/embeddings", json={**body, "dimensions": 64})
+    for short, long, tei_short in zip(cut, full, tei):
         assert len(short["embedding"]) == 8 and math.isclose(np.linalg.norm(short["embedding"]), 1, rel_tol=1e-5)
         head = np.array(long["embedding"][:8])
         assert np.abs(np.array(short["embedding"]) - head / np.linalg.norm(head)).max() < 1e-5
+        assert np.abs(np.array(tei_short) - head).max() < 1e-5  # TEI with normalize false: cut only
     assert too_wide.status_code == 400 and too_wide.json()["error"]["param"] == "dimensions"
 
 

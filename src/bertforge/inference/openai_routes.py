@@ -129,8 +129,10 @@ def check_ids(ids: tuple[int, ...], vocab_size: int, where: str) -> tuple[int, .
     return ids
 
 
-def shorten(vectors: np.ndarray, dimensions: int | None, widths: tuple[int, ...]) -> np.ndarray:
-    """The first `dimensions` of each vector, renormalized (Matryoshka), where the model allows it."""
+def shorten(vectors: np.ndarray, dimensions: int | None, widths: tuple[int, ...],
+            renormalize: bool = True) -> np.ndarray:
+    """The first `dimensions` of each vector (Matryoshka), renormalized to unit length unless told not to
+    (TEI's `normalize: false`), where the model allows it."""
     full = vectors.shape[1]
     if dimensions is None or dimensions == full:
         return vectors
@@ -141,7 +143,7 @@ def shorten(vectors: np.ndarray, dimensions: int | None, widths: tuple[int, ...]
     if dimensions > full:
         raise RequestError(400, f"dimensions={dimensions} is more than the model's {full}", param="dimensions")
     cut = vectors[:, :dimensions]
-    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
+    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12) if renormalize else cut
 
 
 def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:

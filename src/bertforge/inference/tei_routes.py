@@ -199,7 +199,7 @@ async def embed(service: InferenceService, call: EmbedRequest, request: Request)
     results = await service.run(EMBED, parsed, options, request)
     vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)
     try:
-        vectors = shorten(vectors, call.dimensions, pipeline.matryoshka_dims)
+        vectors = shorten(vectors, call.dimensions, pipeline.matryoshka_dims, renormalize=call.normalize)
     except RequestError as error:
         raise RequestError(422, error.message, param="dimensions") from None
     return vectors.tolist()
