@@ -86,3 +86,15 @@ def test_finetune_embedding_refuses_a_loss_that_cannot_apply(tmp_path, tiny_mini
     assert finetune(tiny_minilm_model, tmp_path / "run", *flags, "--train", str(data), "--dev", str(data)) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and message in error[0]
+
+
+def test_finetune_embedding_records_matryoshka_dims_for_the_served_dimensions(tmp_path, tiny_minilm_model):
+    from bertforge.inference.pipelines import load_pipelines
+
+    data = write_pairs(tmp_path / "train.tsv")
+    assert finetune(tiny_minilm_model, tmp_path / "run", "--format", "embedding-pairs", "--train", str(data),
+                    "--dev", str(data), "--matryoshka-dims", "16,8") == 0
+    best = tmp_path / "run" / "best"
+    assert json.loads((best / "finetuning.json").read_text())["matryoshka_dims"] == [16, 8]
+    # The embed pipeline (behind OpenAI's and TEI's `dimensions`) reads the widths it may cut to.
+    assert load_pipelines(best, ["embed"])["embed"].matryoshka_dims == (16, 8)

@@ -246,7 +246,10 @@ class DevEvaluations:
         task = prepared.task
         self.task, self.steps_per_epoch = task, steps_per_epoch
         self.best_dir = Path(config.training.out_dir) / "best"
-        self.extra = {FINETUNING_NAME: json.dumps(task.to_json(), indent=2, ensure_ascii=False) + "\n"}
+        record = task.to_json()
+        if config.head.matryoshka_dims:  # the widths its vectors were trained to be cut to (served `dimensions`)
+            record["matryoshka_dims"] = list(config.head.matryoshka_dims)
+        self.extra = {FINETUNING_NAME: json.dumps(record, indent=2, ensure_ascii=False) + "\n"}
         self.log = EvaluationLog()
         # Prediction records of the latest evaluation and of the best one (the loop says which is best).
         self.records: dict[int, list[dict[str, Any]]] = {}
