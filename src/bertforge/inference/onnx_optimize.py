@@ -174,13 +174,16 @@ def text_inputs(model_dir: str | os.PathLike, family: Family) -> tuple[torch.Ten
 def int8_figures(reference: OnnxModule, token_level: set[str], fp32: Any, int8: Any, result: OptimizedExport,
                  inputs: tuple[torch.Tensor, ...]) -> None:
     """int8 against fp32 ONNX Runtime on `inputs`, into `result`; outputs in `token_level` ([B, T, ...]) count
-    real tokens only (what padding positions hold is never read)."""
+    real tokens only (what padding positions hold is never read): a vector per real token, or per row for
+    [B, T] outputs."""
     arrays = feeds(inputs)
     real = inputs[2].reshape(-1, inputs[2].shape[-1]).numpy().astype(bool)  # [B(*C), T]
     for name, a, b in zip(reference.names, fp32.run(reference.names, arrays), int8.run(reference.names, arrays)):
         a, b = a.astype(np.float64), b.astype(np.float64)
-        if name in token_level:
-            a, b = a[real], b[real]  # [B, T, ...] -> [R, ...]
+        if name in token_level and a.ndim == 2:  # [B, T] (QA's start/end): one vector per row, padding zeroed
+            a, b = np.where(real, a, 0.0), np.where(real, b, 0.0)
+        elif name in token_level:
+            a, b = a[real], b[real]  # [B, T, ...] -> [R, ...]: one vector per real token
         a, b = a.reshape(len(a), -1), b.reshape(len(b), -1)  # one vector per row or token
         result.int8_max_abs_diff[name] = float(np.abs(a - b).max())
         norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
