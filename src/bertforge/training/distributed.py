@@ -173,7 +173,8 @@ def rank_lost_error(exc: BaseException, context: DistributedContext, timeout_s: 
         parts.append("the lost rank could not be named (the rendezvous store is unreachable: the node of rank 0 "
                      "may be the lost one)")
     # The backend's own words, without its source location: "Connection reset by peer", "Timed out ...".
-    cause = re.sub(r"\[[^\]]*\.(?:cc|cpp|hpp):\d+\]\s*", "", " ".join(str(exc).split()))[:160]
+    cause = re.sub(r"\[[^\]]*\.(?:cc|cpp|hpp):\d+\]\s*", "", " ".join(str(exc).split()))
+    cause = cause.split(". ", 1)[0].rstrip(".")[:160]
     return RankLostError(f"rank {context.rank} of {context.world_size}: a collective failed ({cause}); "
                          f"{'; '.join(parts)}. Stopping this rank (training.distributed_timeout_s="
                          f"{timeout_s:g}); the last complete checkpoint is intact: restart with "
