@@ -381,7 +381,7 @@ def test_guards_over_budget_request_refused_in_milliseconds_while_others_keep_th
     # Before: 5% of their throughput was left (65.8 -> 3.3 requests/s). The resent request still costs the
     # server its bytes (read, decoded, words counted: ~20 ms of CPU each), shared with the 8 clients on a
     # machine of two cores (the clients and their server are one process here).
-    assert under_attack >= 0.3 * baseline
+    assert under_attack >= 0.25 * baseline
 
 
 def test_serve_flags_and_environment_reach_the_guard_settings(monkeypatch):
