@@ -165,7 +165,7 @@ def test_server_answers_in_input_order_like_the_pipeline(client, classifier_dir)
     (b'{"inputs": [{"txt": "a"}]}', 422, "missing field 'text'"),
     (b'{"inputs": ["a"], "parameters": {"top_k": 3}}', 422, "unknown option"),
     (b'{"inputs": ["a"], "parameters": [1]}', 422, "'parameters' must be an object"),
-    (json.dumps({"inputs": ["a"] * 9}).encode(), 413, "at most 8"),
+    (json.dumps({"inputs": ["a"] * 9}).encode(), 422, "at most 8"),  # max_items: 422, as #20 asks
     (json.dumps({"inputs": ["x" * 501]}).encode(), 413, "501 characters"),
     (json.dumps({"inputs": [{"text": "a", "text_pair": "y" * 600}]}).encode(), 413, r"inputs\[0\]\.text_pair"),
     (json.dumps({"inputs": ["z " * 15_000]}).encode(), 413, "larger than the limit"),

@@ -171,7 +171,7 @@ def test_server_soak_fixed_request_count_memory_flat(every_task):
                 ("/models/clf/embed", {"inputs": ["embed me"]}),
                 ("/v1/embeddings", {"input": ["embed me too"], "model": "clf"}),
                 ("/models/ranker/rerank", {"query": "capital", "texts": ["Paris is the capital.", "A cat."]}),
-                ("/models/clf/v1/classify", {"inputs": ["x"] * 9})]  # refused (413): refusals must not leak either
+                ("/models/clf/v1/classify", {"inputs": ["x"] * 9})]  # refused (422): refusals must not leak either
     samples = []
     for index in range(SOAK_REQUESTS):
         path, body = requests[index % len(requests)]

@@ -53,7 +53,8 @@ class ServerSettings(SchedulerSettings):
     request may have before it is read into the queue. Each served model has its own scheduler with these.
 
     Attributes:
-        max_items: inputs per request (more: 413; TEI's `max_client_batch_size`).
+        max_items: inputs per request (more: 422 on our routes, TEI's 413 on its routes, OpenAI's 400;
+            TEI's `max_client_batch_size`).
         max_chars: characters per text field (more: 413).
         max_body_bytes: request body size (more: 413, before it is read: `http_guards`).
         api_keys: bearer keys a request must hold one of (401 without); empty: no key needed.
@@ -216,10 +217,12 @@ class InferenceService:
         check_task_body(task, body)
         return parsed, options
 
-    def check_count(self, count: int, field: str = "inputs") -> None:
+    def check_count(self, count: int, field: str = "inputs", status: int = 422) -> None:
+        """Refuse more inputs than `max_items`, naming the limit. 422 on our routes (an input the server cannot
+        take as sent); the wire routes pass their API's documented status (TEI: 413, OpenAI: 400)."""
         if count > self.settings.max_items:
-            raise RequestError(413, f"{count} inputs in one request; this server accepts at most "
-                                    f"{self.settings.max_items} (split the request)", param=field)
+            raise RequestError(status, f"{count} inputs in one request; this server accepts at most "
+                                       f"{self.settings.max_items} (max_items: split the request)", param=field)
 
     def check_options(self, task: str, parameters: Mapping[str, Any], field: str = "parameters") -> dict[str, Any]:
         try:

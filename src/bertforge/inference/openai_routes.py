@@ -162,7 +162,7 @@ async def create_embeddings(models: ModelSet, request: Request) -> JSONResponse:
         service = models.pick(call.model, "embed", lenient=True)
         pipeline = service.pipelines["embed"]
         items = embedding_inputs(call.input)
-        service.check_count(len(items), "input")
+        service.check_count(len(items), "input", status=400)
         parsed = []
         for index, item in enumerate(items):
             if isinstance(item, str):

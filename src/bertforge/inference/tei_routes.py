@@ -183,7 +183,7 @@ def prompt_of(service: InferenceService, name: str | None) -> str:
 async def embed(service: InferenceService, call: EmbedRequest, request: Request) -> Any:
     pipeline = service.pipelines[EMBED]
     items = tei_inputs(call.inputs)
-    service.check_count(len(items))
+    service.check_count(len(items), status=413)
     prefix = prompt_of(service, call.prompt_name)
     direction = call.truncation_direction.lower()
     parsed = []
@@ -206,7 +206,7 @@ async def embed(service: InferenceService, call: EmbedRequest, request: Request)
 
 
 async def rerank(service: InferenceService, call: RerankRequest, request: Request) -> Any:
-    service.check_count(len(call.texts), "texts")
+    service.check_count(len(call.texts), "texts", status=413)
     for where, text in (("query", call.query), *((f"texts[{i}]", t) for i, t in enumerate(call.texts))):
         check_length(text, service.settings.max_chars, where)
     parsed = [service.parse(RERANK, {"query": call.query, "texts": call.texts}, "texts")]
@@ -233,7 +233,7 @@ def predictions(result: dict[str, Any], raw_scores: bool, labels: list[str]) -> 
 async def predict(service: InferenceService, call: PredictRequest, request: Request) -> Any:
     single = isinstance(call.inputs, str) or (call.inputs and isinstance(call.inputs[0], str))
     items = [call.inputs] if single else list(call.inputs)
-    service.check_count(len(items))
+    service.check_count(len(items), status=413)
     for index, item in enumerate(items):
         for text in [item] if isinstance(item, str) else item:
             check_length(text, service.settings.max_chars, f"inputs[{index}]")
@@ -249,7 +249,7 @@ async def predict(service: InferenceService, call: PredictRequest, request: Requ
 def tokenize(service: InferenceService, call: TokenizeRequest) -> Any:
     pipeline = next(iter(service.pipelines.values()))
     items = [call.inputs] if isinstance(call.inputs, str) else call.inputs
-    service.check_count(len(items))
+    service.check_count(len(items), status=413)
     prefix = prompt_of(service, call.prompt_name)
     answers = []
     for index, item in enumerate(items):
@@ -268,7 +268,7 @@ def tokenize(service: InferenceService, call: TokenizeRequest) -> Any:
 def decode(service: InferenceService, call: DecodeRequest) -> Any:
     tokenizer = next(iter(service.pipelines.values())).tokenizer
     batches = [call.ids] if call.ids and isinstance(call.ids[0], int) else call.ids
-    service.check_count(len(batches), "ids")
+    service.check_count(len(batches), "ids", status=413)
     return [tokenizer.decode(check_ids(tuple(ids), tokenizer.vocab_size, f"ids[{index}]"),
                              skip_special_tokens=call.skip_special_tokens) for index, ids in enumerate(batches)]
 
