@@ -50,7 +50,9 @@ PLACEHOLDERS = {
 }
 # Options of other programs that the docs name in passing (inline), with the program.
 FOREIGN_OPTIONS = {"--doc_stride": "Google's run_squad.py", "--only": "benchmarks/finetune_vs_reference.py",
-                   "--help": "every command", "--index-url": "pip", "--write-docs": "python -m benchmarks.run"}
+                   "--help": "every command", "--index-url": "pip", "--write-docs": "python -m benchmarks.run",
+                   "--book": "benchmarks/tokenizer_speed.py", "--repeats": "benchmarks/tokenizer_speed.py",
+                   "--tiny": "benchmarks/serve_models.py"}
 # For an option named on its own in a doc's prose, the commands it may belong to.
 DOC_COMMANDS = {
     "README.md": None, "faq.md": None, "design.md": None,  # None: any subcommand
