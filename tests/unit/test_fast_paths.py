@@ -61,6 +61,29 @@ def test_unpad_equals_padded_at_real_positions():
     assert torch.count_nonzero(fast.last_hidden_state[~real]) == 0
 
 
+def test_unpad_many_sequences_attends_in_one_masked_call_equal_to_padded(monkeypatch):
+    """Above `PER_SEQUENCE_ATTENTION_MAX` sequences the CPU unpadded layout attends in one masked call (fewer
+    kernels: the contention fix of issue #21); it still equals the padded path at real positions."""
+    from bertforge.model import layouts
+
+    torch.manual_seed(0)
+    model = plain(BertModel(BertConfig.preset("mini", vocab_size=500)).eval())
+    lengths = [37, 5, 20, 1, 12, 30]
+    assert len(lengths) > layouts.PER_SEQUENCE_ATTENTION_MAX
+    ids, types, mask = ragged_batch(500, lengths, 37)
+    calls = []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(layouts.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real_sdpa(*a, **k))
+    with torch.no_grad():
+        reference = model(ids, types, mask).last_hidden_state
+        set_fast_paths(model, unpad=True, fused_qkv=True)
+        calls.clear()
+        fast = model(ids, types, mask).last_hidden_state
+    assert len(calls) == model.config.num_hidden_layers  # one call per layer, not one per sequence
+    real = mask.bool()
+    assert torch.allclose(reference[real], fast[real], atol=FP32_ATOL)
+
+
 def test_fused_qkv_equals_separate_projections():
     torch.manual_seed(1)
     model = plain(BertModel(BertConfig.preset("tiny", vocab_size=300)).eval())

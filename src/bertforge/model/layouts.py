@@ -56,6 +56,10 @@ def packed_positions(sequence_ids: torch.Tensor) -> torch.Tensor:
     return index - first
 
 
+# Above this many sequences in a batch, CPU attention runs as one masked call over the padded layout.
+PER_SEQUENCE_ATTENTION_MAX = 4
+
+
 class Padded:
     """Tokens laid out as [B, T, H]; attention masks padded keys.  The plain, reference path."""
 
@@ -143,9 +147,11 @@ class Unpadded:
             context = varlen_attention(q.view(shape), k.view(shape), v.view(shape), self.cu_seqlens,
                                        self.cu_seqlens, self.max_len, self.max_len)
             return context.reshape(real, hidden), None  # [R, N, D] -> [R, H]
-        if self.lengths is not None and not return_probs:
-            # CPU: one unmasked SDPA call per sequence over its own L tokens, which picks the fused
-            # kernel (a masked call falls back to the math path) and costs L^2 rather than T^2.
+        if self.lengths is not None and not return_probs and len(self.lengths) <= PER_SEQUENCE_ATTENTION_MAX:
+            # CPU, few sequences: one unmasked SDPA call per sequence over its own L tokens (L^2 rather than
+            # T^2). Many sequences take the one masked call below instead: per-sequence calls are ~30 small
+            # kernels per sequence and layer, each a thread barrier, and on shared cores (other processes
+            # running) every barrier waits for a descheduled thread (docs/cpu_inference.md, "Contention").
             contexts = []
             for qs, ks, vs in zip(q.split(self.lengths), k.split(self.lengths), v.split(self.lengths)):
                 length = qs.shape[0]
