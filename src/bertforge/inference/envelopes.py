@@ -9,12 +9,17 @@ scheduler), and the client must get it in the envelope its API documents, whoeve
   `/info`): ``{"error": message, "error_type": kind}``, TEI's `ErrorResponse`;
 - bertforge's own routes (everything else): ``{"error": message}``.
 
-No web framework is imported here: the server and its guards both call `error_payload`.
+`RequestError` is a refusal on its way to the client (status, message, the field at fault, headers such as
+Retry-After); every server room raises it and `model_service.refusal` answers it in the path's envelope.
+No web framework is imported here: the server, its guards and its request models all reach down to it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
+
+from bertforge.errors import ConfigError
 
 Style = Literal["openai", "tei", "bertforge"]
 
@@ -55,3 +60,23 @@ def error_payload(path: str, status: int, message: str, *, param: str | None = N
     if style == "tei":
         return {"error": message, "error_type": TEI_TYPES.get(status, "Backend")}
     return {"error": message}
+
+
+class RequestError(Exception):
+    """A request the server refuses: HTTP status, a message for the client, and the field at fault (OpenAI's
+    `param`) when there is one."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: Mapping[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})  # e.g. Retry-After of a 429
+
+
+def serve_extra_missing(missing: ImportError) -> ConfigError:
+    """The one error for a server module imported without the optional `serve` extra."""
+    return ConfigError(f"serving needs the 'serve' extra ({missing.name} is not installed): "
+                       "pip install 'bertforge[serve]'")

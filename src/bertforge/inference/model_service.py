@@ -28,7 +28,7 @@ from typing import Any
 from bertforge.data.files import UntrustedJson, decode_json
 from bertforge.errors import BertforgeError, CheckpointError, ConfigError, InputError
 from bertforge.inference.admission import CHARS_PER_TOKEN, estimate_tokens
-from bertforge.inference.envelopes import error_payload
+from bertforge.inference.envelopes import RequestError, error_payload, serve_extra_missing
 from bertforge.inference.http_guards import check_guard_settings, note_retry_after, note_timing
 from bertforge.inference.pipelines import DEFAULT_PRECISION, Pipeline, load_pipelines
 from bertforge.inference.scheduler import Failure, JobFailed, Scheduler, SchedulerSettings, check_positive
@@ -39,8 +39,7 @@ try:
 
     from bertforge.inference.serving_metrics import ServingMetrics
 except ImportError as missing:  # the serve extra is optional; say how to get it when it is needed
-    raise ConfigError(f"serving needs the 'serve' extra ({missing.name} is not installed): "
-                      "pip install 'bertforge[serve]'") from None
+    raise serve_extra_missing(missing) from None
 
 # A model name as it may appear in a path (/models/<name>/...) and in OpenAI's `model` field.
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -89,20 +88,6 @@ FAILURE_STATUS: dict[Failure, int] = {
     "unhealthy": 503,  # the model gave non-finite outputs: /ready fails, every request is refused
     "internal": 500,
 }
-
-
-class RequestError(Exception):
-    """A request the server refuses: HTTP status, a message for the client, and the field at fault (OpenAI's
-    `param`) when there is one."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: Mapping[str, str] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.headers = dict(headers or {})  # e.g. Retry-After of a 429
 
 
 def refusal(request: Request, status: int, message: str, *, param: str | None = None,

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import ConfigError
+from bertforge.inference.envelopes import serve_extra_missing
 from bertforge.inference.pipelines import DEFAULT_PRECISION, Pipeline
 
 try:
@@ -48,8 +49,7 @@ try:
 
     from bertforge.inference.serving_metrics import CONTENT_TYPE, ServingMetrics
 except ImportError as missing:  # the serve extra is optional; say how to get it when it is needed
-    raise ConfigError(f"serving needs the 'serve' extra ({missing.name} is not installed): "
-                      "pip install 'bertforge[serve]'") from None
+    raise serve_extra_missing(missing) from None
 
 from bertforge.inference.http_guards import LOOPBACK_HOSTS, install_guards  # noqa: E402
 from bertforge.inference.model_service import (  # noqa: E402 (after the check of the serve extra)

@@ -12,10 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from bertforge.inference.model_service import RequestError  # isort: skip  (first: the serve-extra check)
+from bertforge.inference.envelopes import RequestError, serve_extra_missing
 
-from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, ValidationError
+try:
+    from fastapi import FastAPI
+    from pydantic import BaseModel, ConfigDict, ValidationError
+except ImportError as missing:  # the serve extra is optional; say how to get it when it is needed
+    raise serve_extra_missing(missing) from None
 
 WIRE_CONFIG = ConfigDict(extra="forbid", strict=True)
 SCHEMA_REF = "#/components/schemas/{model}"
