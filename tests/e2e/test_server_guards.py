@@ -382,8 +382,10 @@ def test_guards_over_budget_request_refused_in_milliseconds_while_others_keep_th
         assert min(server_ms) < 100
     # Before: 5% of their throughput was left (65.8 -> 3.3 requests/s). The resent request still costs the
     # server its bytes (read, decoded, words counted: ~20 ms of CPU each), shared with the 8 clients on a
-    # machine of two cores (the clients and their server are one process here).
-    assert under_attack >= 0.25 * baseline
+    # machine of two cores (the clients and their server are one process here). Measured 24% on an idle box
+    # (214.7 -> 51.0/s: the clients' own baseline is fastest there) and 36-63% on a busy one: the floor sits
+    # between those and the 5% before the fix, so the test tells the two apart without flaking.
+    assert under_attack >= 0.15 * baseline
 
 
 def test_serve_flags_and_environment_reach_the_guard_settings(monkeypatch):
