@@ -1,17 +1,19 @@
 """This process's place among torchrun processes (`Ranks`) and the gloo group of a few collectives (`Group`).
 
-Shared by every command that splits work across torchrun processes without training a model: `embed` and
-`predict` (`inference`) take their share of a corpus by rank and meet in a gloo group at the start and the
-end. Without torchrun's variables everything degrades to one process (rank 0 of 1; collectives do nothing).
-Training's DDP setup (`training.distributed`) reads the same variables for its own process group.
+`Ranks.from_env` is the one reader of torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK,
+MASTER_ADDR, MASTER_PORT) and the one place that checks them. `embed` and `predict` (`inference`) take their
+share of a corpus by rank and meet in a gloo group at the start and the end; training's DDP setup
+(`training.distributed`) joins its own process group with the same `Ranks`. Without torchrun's variables
+everything degrades to one process (rank 0 of 1; collectives do nothing).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,23 +27,51 @@ from bertforge.errors import BertforgeError, ConfigError
 GROUP_TIMEOUT = datetime.timedelta(hours=24)
 
 
+# torchrun writes plain decimal numbers; `int()` alone would also take "-1", " 2" or "1_0".
+_WHOLE_NUMBER = re.compile(r"[0-9]+")
+_LAUNCH_HINT = "launch with torchrun, which sets them, or unset RANK and WORLD_SIZE to run as one process"
+
+
+def _env_number(name: str) -> int | None:
+    """The whole number in environment variable `name` (None when unset or empty)."""
+    value = os.environ.get(name, "")
+    if value == "":
+        return None
+    if not _WHOLE_NUMBER.fullmatch(value):
+        raise ConfigError(f"environment variable {name}={value!r} must be a whole number (0, 1, ...); launch "
+                          "with torchrun, which sets it")
+    return int(value)
+
+
 @dataclass(frozen=True)
 class Ranks:
-    """This process's place among the torchrun processes (a single process: rank 0 of 1)."""
+    """This process's place among the torchrun processes (a single process: rank 0 of 1). `node` (torchrun's
+    GROUP_RANK) and `master` (MASTER_ADDR:MASTER_PORT) describe the place in messages; they are None outside
+    torchrun and take no part in comparisons."""
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    node: int | None = field(default=None, compare=False)
+    master: str | None = field(default=None, compare=False)
 
     @classmethod
     def from_env(cls) -> Ranks:
-        """RANK, WORLD_SIZE and LOCAL_RANK as torchrun sets them (absent: a single process)."""
-        values = [os.environ.get(name) or default for name, default in (("RANK", "0"), ("WORLD_SIZE", "1"),
-                                                                        ("LOCAL_RANK", "0"))]
-        if not all(value.isdigit() for value in values) or int(values[0]) >= int(values[1]):
-            raise ConfigError(f"RANK={values[0]!r}, WORLD_SIZE={values[1]!r}, LOCAL_RANK={values[2]!r} must be "
-                              "integers with RANK < WORLD_SIZE; launch with torchrun, which sets them")
-        return cls(*map(int, values))
+        """RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK, MASTER_ADDR and MASTER_PORT as torchrun sets them (absent:
+        a single process). A value torchrun could not have written is one `ConfigError` naming the variables."""
+        rank, world_size, local_rank = _env_number("RANK"), _env_number("WORLD_SIZE"), _env_number("LOCAL_RANK")
+        if world_size == 0:
+            raise ConfigError("environment variable WORLD_SIZE=0 must be at least 1; " + _LAUNCH_HINT)
+        if rank is None and world_size is not None and world_size > 1:
+            raise ConfigError(f"WORLD_SIZE={world_size} but RANK is not set: every process needs its own RANK; "
+                              + _LAUNCH_HINT)
+        rank, world_size = rank or 0, world_size or 1
+        if rank >= world_size:
+            raise ConfigError(f"RANK={rank} must be below WORLD_SIZE={world_size} (ranks count from 0); "
+                              + _LAUNCH_HINT)
+        address, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        master = f"{address or '?'}:{port or '?'}" if address or port else None
+        return cls(rank, world_size, local_rank or 0, node=_env_number("GROUP_RANK"), master=master)
 
     def owns(self, shard: int) -> bool:
         """Rank r of N takes shards r, r + N, r + 2N, ..."""

@@ -290,7 +290,7 @@ def test_embed_corpus_ranks_come_from_torchrun_environment(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert E.Ranks.from_env() == E.Ranks(2, 4, 0)
     monkeypatch.setenv("RANK", "4")
-    with pytest.raises(ConfigError, match="RANK < WORLD_SIZE; launch with torchrun"):
+    with pytest.raises(ConfigError, match="RANK=4 must be below WORLD_SIZE=4 .*; launch with torchrun"):
         E.Ranks.from_env()
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name)

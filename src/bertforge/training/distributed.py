@@ -3,11 +3,11 @@ collectives the loop needs, and what a run says when a rank is lost.
 
 Launch with `torchrun --nproc_per_node=N -m bertforge ...` on one machine, or on each of several machines
 `torchrun --nnodes M --node_rank i --nproc_per_node N --rdzv_backend c10d --rdzv_endpoint HOST:PORT ...`:
-torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK (the node), MASTER_ADDR and MASTER_PORT, and `setup`
-joins the group (NCCL on GPUs, gloo on CPU) with the run's collective timeout, and every rank logs its place
-once. Without those variables everything here degrades to a single process: collectives return their
-input, `is_main()` is True. Model code stays single-device; `wrap_model` puts DistributedDataParallel
-around it.
+torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK (the node), MASTER_ADDR and MASTER_PORT (read and
+checked by `processes.Ranks.from_env`, as for `embed` and `predict`), `setup` joins the group (NCCL on GPUs,
+gloo on CPU) with the run's collective timeout, and every rank logs its place once. Without those variables
+everything here degrades to a single process: collectives return their input, `is_main()` is True. Model
+code stays single-device; `wrap_model` puts DistributedDataParallel around it.
 
 A rank that dies (or hangs past the timeout) makes a collective fail on the others; the loop turns that
 failure into one `RankLostError` line naming the lost rank(s) and their host (`raise_if_rank_lost`): each
@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bertforge.errors import BertforgeError, ConfigError
+from bertforge.processes import Ranks
 from bertforge.runtime import resolve_device
 
 log = logging.getLogger("bertforge.training")
@@ -49,12 +50,15 @@ class RankLostError(BertforgeError, RuntimeError):
 
 @dataclass(frozen=True)
 class DistributedContext:
-    """Where this process sits: its rank among `world_size` processes and the device it trains on."""
+    """Where this process sits: its rank among `world_size` processes and the device it trains on; `node`
+    and `master` as `Ranks` has them (None outside torchrun)."""
 
     rank: int
     world_size: int
     local_rank: int
     device: torch.device
+    node: int | None = None
+    master: str | None = None
 
     @property
     def is_distributed(self) -> bool:
@@ -63,16 +67,6 @@ class DistributedContext:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-def env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f"environment variable {name}={value!r} must be an integer (set by torchrun)") from None
 
 
 def setup(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistributedContext:
@@ -84,9 +78,8 @@ def setup(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> Distrib
         timeout_s: how long a collective may wait for a straggler before failing
             (`training.distributed_timeout_s`).
     """
-    world_size = env_int("WORLD_SIZE", 1)
-    rank = env_int("RANK", 0)
-    local_rank = env_int("LOCAL_RANK", 0)
+    ranks = Ranks.from_env()
+    rank, world_size, local_rank = ranks.rank, ranks.world_size, ranks.local_rank
     base = resolve_device(device)
     if world_size > 1 and base.type == "cuda":
         if local_rank >= torch.cuda.device_count():
@@ -102,9 +95,10 @@ def setup(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> Distrib
         joined = True
     if dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
-    context = DistributedContext(rank=rank, world_size=world_size, local_rank=local_rank, device=base)
+    context = DistributedContext(rank=rank, world_size=world_size, local_rank=local_rank, device=base,
+                                 node=ranks.node, master=ranks.master)
     if joined:
-        store_call("set", f"place/{rank}", f"host {socket.gethostname()}, node {os.environ.get('GROUP_RANK', '?')}, "
+        store_call("set", f"place/{rank}", f"host {socket.gethostname()}, node {_shown(context.node)}, "
                                            f"local rank {local_rank}")
         log.info("%s; collective timeout %g s", describe_place(context), timeout_s)
     return context
@@ -112,11 +106,15 @@ def setup(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> Distrib
 
 def describe_place(context: DistributedContext) -> str:
     """This process's place, as every rank logs it once: rank, local rank, world size, node, host, master."""
-    master = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-    node = os.environ.get("GROUP_RANK", "?")
     backend = dist.get_backend() if dist.is_initialized() else "none"
-    return (f"rank {context.rank} of {context.world_size} (local rank {context.local_rank}, node {node}, host "
-            f"{socket.gethostname()}, master {master}, {backend} on {context.device})")
+    return (f"rank {context.rank} of {context.world_size} (local rank {context.local_rank}, node "
+            f"{_shown(context.node)}, host {socket.gethostname()}, master {_shown(context.master, '?:?')}, "
+            f"{backend} on {context.device})")
+
+
+def _shown(value: Any, missing: str = "?") -> str:
+    """`value` as a message shows it: `missing` where torchrun did not say."""
+    return missing if value is None else str(value)
 
 
 def store_call(method: str, key: str, *args: Any) -> Any:

@@ -38,6 +38,7 @@ from bertforge.evaluation import Evaluation
 from bertforge.families import registry
 from bertforge.families.task import DataSource, TaskDescription
 from bertforge.metrics import LOWER_IS_BETTER
+from bertforge.processes import Ranks
 from bertforge.runtime import check_user_precision, resolve_device, set_seed
 from bertforge.storage import write_json, write_jsonl
 from bertforge.tokenization import Tokenizer
@@ -208,12 +209,12 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
     log.info("%s: %d train examples -> %d features, %d dev examples -> %d features; %s", task.name,
              len(prepared.train_examples), len(prepared.train_features), len(prepared.dev_examples),
              len(prepared.dev_features), "; ".join(prepared.report.lines()))
-    world_size = distributed.env_int("WORLD_SIZE", 1)
+    ranks = Ranks.from_env()
     # Resumed on another number of processes: the accumulation adapts to keep the global batch.
-    settings = resumed_config(config.training, world_size, announce=distributed.env_int("RANK", 0) == 0)
+    settings = resumed_config(config.training, ranks.world_size, announce=ranks.rank == 0)
     batches = FeatureBatches(prepared.train_features, settings.batch_size, prepared.tokenizer.pad_token_id,
-                             shuffle=True, seed=settings.seed, rank=distributed.env_int("RANK", 0),
-                             world_size=world_size, grad_accumulation=settings.grad_accumulation)
+                             shuffle=True, seed=settings.seed, rank=ranks.rank,
+                             world_size=ranks.world_size, grad_accumulation=settings.grad_accumulation)
     steps_per_epoch = max(1, math.ceil(len(batches) / settings.grad_accumulation))
     # Fine-tuning evaluates and checkpoints every epoch unless told otherwise; epoch ends are always saved.
     training = dataclasses.replace(settings, eval_every=settings.eval_every or steps_per_epoch,
