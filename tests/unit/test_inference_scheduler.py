@@ -20,6 +20,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bertforge.errors import ConfigError, InputError
 from bertforge.inference.scheduler import JobFailed, Scheduler, SchedulerEvents, SchedulerSettings
@@ -501,11 +503,41 @@ def test_scheduler_refuses_a_request_whose_words_are_over_the_budget_before_wind
     "\u4e2d\u6587\u5b57 and latin", "\x00\x01 \x7f x", "a\u2028b\u2029c", "w" * 300 + " short", "__ -- ..", "e\u0301 \u0301",
 ])
 def test_admission_word_floor_never_exceeds_the_tokenizer(minilm_path, text):
-    from bertforge.inference.admission import word_floor
+    from bertforge.inference.admission import quick_floor, word_floor
     from bertforge.tokenization import Tokenizer
 
     tokenizer = Tokenizer.from_pretrained(minilm_path)
-    assert word_floor(text) <= len(tokenizer.encode(text, add_special_tokens=False).ids)
+    tokens = len(tokenizer.encode(text, add_special_tokens=False).ids)
+    assert word_floor(text) <= tokens and quick_floor(text) <= tokens
+
+
+# Characters where a quick count could go wrong: separators (ASCII, NBSP, ideographic space, line separator),
+# characters cleaning deletes (controls, zero-width space, BOM, combining marks), CJK and its neighbours
+# (Yijing hexagrams U+4DC0.., CJK extension A, fullwidth forms), punctuation, accented and Cyrillic letters.
+QUICK_ALPHABET = ("ab Z9_ \t\n\r\x0b\x0c\x1c\x7f\x00.,!-'\"\u00a0\u3000\u2028\u200b\ufeff\u0301\u0300"
+                  "\u4e2d\u6587\u9fa5\u5000\u4dc0\u4e00\u3400\uff01\uff21\u00e9\u00c5\u0416\u0436\ufffd")
+
+
+TOKENIZERS: dict[Path, Any] = {}
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(alphabet=QUICK_ALPHABET, max_size=40))
+def test_admission_quick_floor_never_exceeds_the_tokenizer(minilm_path, text):
+    from bertforge.inference.admission import quick_floor
+    from bertforge.tokenization import Tokenizer
+
+    tokenizer = TOKENIZERS.get(minilm_path) or TOKENIZERS.setdefault(minilm_path, Tokenizer.from_pretrained(minilm_path))
+    assert quick_floor(text) <= len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def test_admission_quick_floor_counts_ascii_words_and_cjk_ideographs():
+    from bertforge.inference.admission import quick_floor
+
+    assert quick_floor("caf\u00e9 na\u00efve  x") == 3  # accented words keep their ASCII letters
+    assert quick_floor("\u4e2d\u6587\u5b57 and latin") == 2 + 2  # 中 is below U+5000: not counted
+    assert quick_floor("\u00e9\u00e9 \u0416") == 0  # no ASCII, no CJK: the regular expression decides
+    assert quick_floor("a\x0bb c") == 2  # a deleted control joins, it does not separate
 
 
 def test_admission_token_floor_is_zero_for_families_that_truncate_and_for_short_requests():

@@ -4,7 +4,8 @@ Two questions are answered here without tokenizing anything:
 
 - **Can it fit the token budget at all?** `token_floor` is a lower bound of the tokens a request makes after
   windowing, read from its characters in linear time (C-speed string operations; for plain ASCII text one
-  pass of `bytes.split`). A request whose floor is over `max_request_tokens` is refused at once, so a refused
+  pass of `bytes.split`; for other text first `quick_floor`, bytes passes that count ASCII words and CJK
+  ideographs, and only if that is not already over the limit a regular expression). A request whose floor is over `max_request_tokens` is refused at once, so a refused
   request of megabytes costs milliseconds, not seconds of tokenizing and windowing on the model thread while
   other clients wait. The floor is exact as a bound, never an estimate: a request under it is windowed and
   counted exactly on the model thread as before.
@@ -29,6 +30,8 @@ from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 from bertforge.tokenization.normalizer import separator_characters
 
 # Rough characters per token of a waiting request (English WordPiece is about 4); only for the wait estimate.
@@ -41,6 +44,12 @@ THROUGHPUT_SMOOTHING = 0.2
 # cleaning deletes, so its `bytes.split()` chunks are exactly the tokenizer's words.
 _PLAIN_ASCII = bytes(range(32, 127)) + b"\t\n\r"
 _WHITESPACE_TO_SPACE = bytes.maketrans(b"\t\n\r", b"   ")
+# For `quick_floor`: tab, newline and carriage return read as spaces; ASCII controls (deleted by cleaning) and
+# every non-ASCII byte dropped, so a chunk left non-empty holds a printable ASCII character.
+_QUICK_DELETE = bytes([*range(0, 9), 11, 12, *range(14, 32), 127, *range(128, 256)])
+# UTF-8 lead bytes of U+5000..U+9FFF: CJK unified ideographs only, each one token of its own.
+_CJK_LEADS = (0xE5, 0xE9)
+SPACE = ord(" ")
 
 
 @lru_cache(maxsize=1)
@@ -50,21 +59,47 @@ def word_pattern() -> re.Pattern[str]:
     return re.compile(f"\\w[^{separators}]*")
 
 
+def space_chunks(raw: bytes) -> int:
+    """The non-empty chunks of `raw` between spaces: the spaces followed by something else, counted in two
+    vectorized passes (no bytes object per chunk)."""
+    if not raw:
+        return 0
+    space = np.frombuffer(raw, dtype=np.uint8) == SPACE
+    return int(np.count_nonzero(space[:-1] & ~space[1:])) + (not space[0])
+
+
 def word_floor(text: str, enough: int | None = None) -> int:
     """At least this many WordPiece tokens come from `text` (see the module docstring); counting may stop
     once past `enough`."""
     if text.isascii():
         raw = text.encode("ascii")
         if not raw.translate(None, _PLAIN_ASCII):  # nothing deleted by cleaning: chunks are words
-            raw = raw.translate(_WHITESPACE_TO_SPACE).strip(b" ")
-            if b"  " in raw:  # runs of spaces: split (allocates a word each, still linear)
-                return len(raw.split())
-            return raw.count(b" ") + 1 if raw else 0  # one word more than the single spaces between them
+            if b"\t" in raw or b"\n" in raw or b"\r" in raw:  # (memchr each) other separators: as spaces
+                raw = raw.translate(_WHITESPACE_TO_SPACE)
+            return space_chunks(raw)
     count = 0
     for count, _ in enumerate(word_pattern().finditer(text), start=1):
         if enough is not None and count > enough:
             break
     return count
+
+
+
+
+def quick_floor(text: str) -> int:
+    """A lower bound of the WordPiece tokens of `text` from bytes operations only (a few C-speed passes, no
+    per-character Python), weaker than `word_floor` for text without ASCII or CJK characters.
+
+    Why it holds: splitting on ASCII separators only gives chunks that are unions of the tokenizer's words; a
+    chunk holding a printable ASCII character (never deleted, never a separator) gives at least one token
+    there; and a CJK ideograph is a token of its own, wherever it stands (one more than its chunk's ASCII word).
+    """
+    if text.isascii():
+        return word_floor(text)
+    raw = text.encode("utf-8")
+    kept = raw.translate(_WHITESPACE_TO_SPACE, _QUICK_DELETE)
+    codes = np.frombuffer(raw, dtype=np.uint8)
+    return space_chunks(kept) + int(np.count_nonzero((codes >= _CJK_LEADS[0]) & (codes <= _CJK_LEADS[1])))
 
 
 def token_floor(family: Any, parsed: Sequence[Any], limit: int) -> int:
@@ -77,13 +112,21 @@ def token_floor(family: Any, parsed: Sequence[Any], limit: int) -> int:
     texts = [windowed(item) for item in parsed]
     if sum(len(text) for item in texts for text in item) + SPECIAL_TOKENS * len(parsed) <= limit:
         return 0  # a token holds at least one character: this request cannot be over the limit
+    # First the quick bound of every text (bytes passes: milliseconds for megabytes); only a request it
+    # does not already put over the limit is counted word by word.
+    quick = 0
+    for item in texts:
+        if item:
+            quick += SPECIAL_TOKENS + sum(quick_floor(text) for text in item)
+        if quick > limit:
+            return quick
     floor = 0
     for item in texts:
         if item:
             floor += SPECIAL_TOKENS + sum(word_floor(text, enough=limit - floor) for text in item)
         if floor > limit:
             break
-    return floor
+    return max(floor, quick)
 
 
 def strings_of(value: Any) -> Iterator[str]:
