@@ -112,4 +112,8 @@ def test_preparation_parts_parse_and_environment(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert Part.from_env() == Part(1, 3)
     monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
     assert Part.from_env() is None
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ConfigError, match=r"WORLD_SIZE='two'.*torchrun.*or pass --part i/n"):
+        Part.from_env()

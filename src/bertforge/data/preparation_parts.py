@@ -37,6 +37,7 @@ from bertforge.data.shards import (
     read_index_file,
 )
 from bertforge.errors import ConfigError, DataError
+from bertforge.processes import Ranks
 
 _PART = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
 
@@ -68,14 +69,13 @@ class Part:
 
     @classmethod
     def from_env(cls) -> Part | None:
-        """The part torchrun's RANK and WORLD_SIZE describe; None outside torchrun or with one process."""
-        rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-        if not world or world == "1":
-            return None
-        if not (world.isdigit() and rank and rank.isdigit()):
-            raise ConfigError(f"RANK={rank!r}, WORLD_SIZE={world!r} must be integers; launch with torchrun, which "
-                              "sets them, or pass --part i/n")
-        return cls(int(rank), int(world))
+        """The part torchrun's RANK and WORLD_SIZE describe (read by `processes.Ranks.from_env`, their one
+        reader); None outside torchrun or with one process."""
+        try:
+            ranks = Ranks.from_env()
+        except ConfigError as error:
+            raise ConfigError(f"{error} (or pass --part i/n)") from None
+        return None if ranks.world_size == 1 else cls(ranks.rank, ranks.world_size)
 
     def owns(self, group: int) -> bool:
         return group % self.count == self.index
