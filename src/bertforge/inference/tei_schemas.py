@@ -1,0 +1,131 @@
+"""The request and response models of text-embeddings-inference's routes (its `openapi.json`) and of the
+Cohere / Infinity rerank body that `/v1/rerank` also takes: strict pydantic models (`wire_schemas.WireModel`:
+unknown fields refused, no coercion) that validate each body and describe it in `/openapi.json`; the routes
+that answer them are `tei_routes`.
+
+`truncate` absent or null means false, as TEI without `--auto-truncate` (what `/info` reports); the direction
+takes TEI's spellings ("Right"/"Left") and the lower-case ones its clients send.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from bertforge.inference.wire_schemas import WireModel, register  # isort: skip  (first: the serve-extra check)
+
+from pydantic import BaseModel, Field
+
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+Direction = Literal["right", "left", "Right", "Left"]
+Text = Annotated[str, Field(min_length=1)]
+
+
+@register
+class EmbedRequest(WireModel):
+    inputs: Text | TokenIds | Annotated[list[Text | TokenIds], Field(min_length=1)]
+    normalize: bool = True
+    truncate: bool | None = False
+    truncation_direction: Direction = "right"
+    prompt_name: str | None = None
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+
+
+@register
+class RerankRequest(WireModel):
+    query: Text
+    texts: Annotated[list[Text], Field(min_length=1)]
+    truncate: bool | None = False
+    truncation_direction: Direction = "right"
+    raw_scores: bool = False
+    return_text: bool = False
+
+
+@register
+class PredictRequest(WireModel):
+    inputs: Text | Annotated[list[Text], Field(min_length=2, max_length=2)] | Annotated[
+        list[Annotated[list[Text], Field(min_length=1, max_length=2)]], Field(min_length=1)]
+    truncate: bool | None = False
+    truncation_direction: Direction = "right"
+    raw_scores: bool = False
+
+
+@register
+class TokenizeRequest(WireModel):
+    inputs: Text | Annotated[list[Text], Field(min_length=1)]
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+
+
+@register
+class DecodeRequest(WireModel):
+    ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
+    skip_special_tokens: bool = True
+
+
+@register
+class CohereRerankRequest(WireModel):
+    """The Cohere / Infinity rerank request."""
+
+    query: Text
+    documents: Annotated[list[Text | dict[str, str]], Field(min_length=1)]
+    model: str | None = None
+    top_n: Annotated[int, Field(ge=1)] | None = None
+    return_documents: bool = False
+    max_chunks_per_doc: int | None = Field(None, description="accepted and ignored")
+
+
+class Rank(BaseModel):
+    index: int
+    score: float
+    text: str | None = None
+
+
+class Prediction(BaseModel):
+    label: str
+    score: float
+
+
+class SimpleToken(BaseModel):
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
+
+
+class Info(BaseModel):
+    model_id: str
+    model_sha: str | None = None
+    model_dtype: str
+    model_type: dict[str, Any]
+    max_concurrent_requests: int
+    max_input_length: int
+    max_batch_tokens: int
+    max_batch_requests: int | None = None
+    max_client_batch_size: int
+    auto_truncate: bool
+    tokenization_workers: int
+    version: str
+
+
+class TEIError(BaseModel):
+    error: str
+    error_type: str
+
+
+class CohereResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: dict[str, str] | None = None
+
+
+class CohereRerankResponse(BaseModel):
+    id: str
+    model: str
+    results: list[CohereResult]
+
+
+TEI_ERRORS = {status: {"model": TEIError, "description": text} for status, text in (
+    (400, "malformed JSON, or several models and none named"), (404, "model not served"),
+    (413, "batch size error"), (422, "validation or tokenization error (input over max_input_length)"),
+    (424, "no served model is of this kind"), (429, "model is overloaded"), (503, "timed out"))}
