@@ -33,7 +33,7 @@ from bertforge.families.classification import BertForSequenceClassification  # n
 from bertforge.families.tagging import BertForTokenClassification  # noqa: E402
 from bertforge.families.task import DESCRIPTION_VERSION  # noqa: E402
 from bertforge.inference.model_service import parse_model_option  # noqa: E402
-from bertforge.inference.pipelines import EmbedText, load_pipeline  # noqa: E402
+from bertforge.inference.pipelines import EmbedText, TruncatedInput, load_pipeline  # noqa: E402
 from bertforge.inference.server import create_app  # noqa: E402
 from bertforge.inference.wire_inputs import fit_tokens  # noqa: E402
 from bertforge.model.bert import BertModel  # noqa: E402
@@ -452,6 +452,18 @@ def test_tei_truncation_cuts_a_pair_longest_first_from_the_named_side():
     with pytest.raises(InputError, match="texts\\[2\\] has 50 tokens; this model takes at most 40 "
                                          "\\(max_input_length 43"):
         fit_tokens(first, second, 40, truncate=False, direction="right", name="texts[2]", max_length=43)
+
+
+def test_tei_truncated_input_holds_its_texts_once_for_the_size_estimate(tei_dirs):
+    # The scheduler's wait estimate reads every string of a parsed input: the pairs are a function of the
+    # example, not a second copy of the query (once per text) and the texts.
+    from bertforge.inference.admission import estimate_tokens
+    from bertforge.inference.tei_routes import query_pairs
+
+    query = load_pipeline(tei_dirs["reranker"], "rerank", device="cpu").parse({"query": TEI_QUERY * 20,
+                                                                               "texts": [LONG] * 8})
+    wrapped = TruncatedInput(query, query_pairs, "texts[{position}] with the query", truncate=True)
+    assert estimate_tokens([query]) <= estimate_tokens([wrapped]) <= estimate_tokens([query]) + 10
 
 
 def test_tei_rerank_over_long_pair_without_truncate_is_refused_before_any_model_call(tei_loopback):
