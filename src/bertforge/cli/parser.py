@@ -219,6 +219,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drain-timeout-s", type=float,
                    help="on SIGTERM, how long requests in progress may take to finish (default 30)")
     p.add_argument("--max-body-bytes", type=int, help="request body limit; larger gets 413 (default 8 MiB)")
+    p.add_argument("--refusal-cooldown-s", type=float,
+                   help="after a 413 to a body of 256 KiB or more, large bodies from that address get 429 for "
+                        "this long, unread (default 1; 0: never)")
     p.add_argument("--api-key", action="append", default=[], metavar="KEY[,KEY...]",
                    help="require 'Authorization: Bearer KEY' (repeat or comma-separate for several keys; also "
                         "read from the environment variable BERTFORGE_API_KEYS); /health and /ready stay open")

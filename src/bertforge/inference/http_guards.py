@@ -15,6 +15,11 @@ In order, a request is refused with:
   JSON without a CORS preflight, which this server does not grant unless `cors_origins` says so.
 - **413** for a body over `max_body_bytes`: from Content-Length before a byte is read, or as soon as a chunked
   body passes the limit. The route gets the body already read (so it never holds more than the limit).
+- **429** with ``Retry-After`` for a large body (`LARGE_BODY_BYTES` or more, from Content-Length) from a client
+  address whose last large body got a 413 less than `refusal_cooldown_s` ago, before a byte of it is read.
+  A refused request of megabytes still costs the server its bytes (read, decoded, its words counted: tens of
+  milliseconds of CPU); a client resending it in a loop would take a core from everyone else. Small requests
+  from that address, and large ones once the cooldown has passed, are answered as usual.
 
 Every answer carries ``X-Request-Id`` (the client's, when it is 1 to 128 characters of letters, digits and
 ``._:-``; else a new one), also written in the log line of the request, and TEI's timing headers in whole
@@ -29,9 +34,11 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
 import re
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 
@@ -58,6 +65,11 @@ TIMING_KEY = "bertforge.timing"
 RETRY_AFTER_KEY = "bertforge.retry_after"
 TIMING_HEADERS = {"tokenization_s": "x-tokenization-time", "queue_s": "x-queue-time",
                   "inference_s": "x-inference-time"}
+# A body this large costs milliseconds to read and decode: decoded off the event loop (`model_service`), and
+# not taken again from an address whose last one was refused as too large (the cooldown above).
+LARGE_BODY_BYTES = 256 * 1024
+# Addresses remembered for the cooldown; the oldest are forgotten past this many.
+COOLDOWN_MEMORY = 4096
 
 
 def check_guard_settings(settings: Any) -> None:
@@ -111,6 +123,8 @@ class Guards:
         self.keys = [key.encode("utf-8") for key in settings.api_keys]
         self.hosts = {host.lower().strip("[]") for host in settings.allowed_hosts}
         self.max_body_bytes = int(settings.max_body_bytes)
+        self.cooldown_s = float(settings.refusal_cooldown_s)
+        self.cooling: OrderedDict[str, float] = OrderedDict()  # address -> when its cooldown ends (monotonic)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -127,6 +141,8 @@ class Guards:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                if status == 413:
+                    self.start_cooldown(scope, headers)
                 extra = [(b"x-request-id", request_id.encode("ascii")),
                          (b"x-total-time", milliseconds(time.perf_counter() - began))]
                 extra += [(header.encode("ascii"), milliseconds(seconds))
@@ -173,7 +189,31 @@ class Guards:
             if media != "application/json" and not media.endswith("+json"):
                 return 415, (f"send the body as JSON with the header 'Content-Type: application/json' "
                              f"(got {media or 'no Content-Type'!r})"), []
+            return self.cooling_refusal(scope, headers)
         return None
+
+    def start_cooldown(self, scope: Scope, headers: dict[str, str]) -> None:
+        """After a 413 to a large body: the address's large bodies are refused for `cooldown_s`."""
+        if self.cooldown_s <= 0 or declared_length(headers) < LARGE_BODY_BYTES or not scope.get("client"):
+            return
+        address = scope["client"][0]
+        self.cooling.pop(address, None)
+        self.cooling[address] = time.monotonic() + self.cooldown_s
+        while len(self.cooling) > COOLDOWN_MEMORY:
+            self.cooling.popitem(last=False)
+
+    def cooling_refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str, list[tuple[str, str]]] | None:
+        if not self.cooling or declared_length(headers) < LARGE_BODY_BYTES or not scope.get("client"):
+            return None
+        address = scope["client"][0]
+        left = self.cooling.get(address, 0.0) - time.monotonic()
+        if left <= 0:
+            self.cooling.pop(address, None)
+            return None
+        wait = max(1, math.ceil(left))
+        return 429, (f"the last large request from this address was refused as too large (413); its large "
+                     f"requests are refused for {self.cooldown_s:g} s after that (refusal_cooldown_s): split or "
+                     f"shorten the request, and retry after {wait} s"), [("retry-after", str(wait))]
 
     async def read_body(self, headers: dict[str, str], receive: Receive
                         ) -> tuple[bytes, tuple[int, str, list[tuple[str, str]]] | None]:
@@ -218,10 +258,16 @@ async def respond(scope: Scope, send: Send, status: int, message: str, headers: 
     body = json.dumps(error_payload(scope["path"], status, message)).encode("utf-8")
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode("ascii"))]
     raw += [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
-    if status == 413:  # the rest of the body is not read: the connection cannot carry another request
+    if status in (413, 429):  # the rest of the body is not read: the connection cannot carry another request
         raw.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
+
+
+def declared_length(headers: dict[str, str]) -> int:
+    """The Content-Length a request declares (0 when absent or not a number)."""
+    declared = headers.get("content-length", "")
+    return int(declared) if declared.isdigit() else 0
 
 
 def host_name(host: str) -> str:

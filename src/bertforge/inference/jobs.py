@@ -68,10 +68,15 @@ class SchedulerSettings:
 
     def __post_init__(self) -> None:
         check_positive(self, ("max_batch_size", "max_batch_tokens", "max_request_tokens", "max_queue"))
-        for name in ("max_wait_ms", "request_timeout_s", "max_queue_wait_s", "drain_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-                raise ConfigError(f"server {name} must be >= 0 (a finite number of seconds), got {value!r}")
+        check_seconds(self, ("max_wait_ms", "request_timeout_s", "max_queue_wait_s", "drain_timeout_s"))
+
+
+def check_seconds(settings: object, names: Sequence[str]) -> None:
+    """ConfigError naming the first of `names` on `settings` that is not a finite number >= 0."""
+    for name in names:
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+            raise ConfigError(f"server {name} must be >= 0 (a finite number of seconds), got {value!r}")
 
 
 def check_positive(settings: object, names: Sequence[str]) -> None:

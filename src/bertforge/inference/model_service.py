@@ -29,7 +29,13 @@ from bertforge.data.files import UntrustedJson, decode_json
 from bertforge.errors import BertforgeError, CheckpointError, ConfigError, InputError
 from bertforge.inference.admission import CHARS_PER_TOKEN, estimate_tokens
 from bertforge.inference.envelopes import RequestError, error_payload, serve_extra_missing
-from bertforge.inference.http_guards import check_guard_settings, note_retry_after, note_timing
+from bertforge.inference.http_guards import (
+    LARGE_BODY_BYTES,
+    check_guard_settings,
+    note_retry_after,
+    note_timing,
+)
+from bertforge.inference.jobs import check_seconds
 from bertforge.inference.pipelines import DEFAULT_PRECISION, Pipeline, load_pipelines
 from bertforge.inference.scheduler import Failure, JobFailed, Scheduler, SchedulerSettings, check_positive
 
@@ -59,6 +65,8 @@ class ServerSettings(SchedulerSettings):
         api_keys: bearer keys a request must hold one of (401 without); empty: no key needed.
         allowed_hosts: Host header names answered (421 for others; DNS rebinding); empty: any.
         cors_origins: origins a browser page may call the server from (CORS); empty: CORS off.
+        refusal_cooldown_s: after a 413 to a large body, how long large bodies from that address get 429 before
+            they are read (`http_guards`); 0: never.
     """
 
     max_items: int = 64
@@ -67,10 +75,12 @@ class ServerSettings(SchedulerSettings):
     api_keys: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
     cors_origins: tuple[str, ...] = ()
+    refusal_cooldown_s: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive(self, ("max_items", "max_chars", "max_body_bytes"))
+        check_seconds(self, ("refusal_cooldown_s",))
         check_guard_settings(self)
         self.api_keys, self.allowed_hosts, self.cors_origins = (
             tuple(self.api_keys), tuple(self.allowed_hosts), tuple(self.cors_origins))
@@ -107,9 +117,6 @@ def check_sizes(item: Any, index: int, max_chars: int) -> None:
             raise RequestError(413, f"{where} has {len(value)} characters; this server accepts at most "
                                     f"{max_chars} per text")
 
-
-# A body larger than this is decoded in a worker thread, so the event loop keeps serving other clients.
-LARGE_BODY_BYTES = 256 * 1024
 
 
 def decode_body(raw: bytes) -> Any:
