@@ -20,7 +20,10 @@ ONNX Runtime's fusions and quantizer need only the `export` extra (onnx, onnxrun
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,17 +131,34 @@ def sibling(path: Path, kind: str, suffix: str = ".onnx") -> Path:
     return path.with_name(f"{path.stem}.{kind}{suffix}")
 
 
+@contextlib.contextmanager
+def quiet_onnxruntime() -> Iterator[None]:
+    """ONNX Runtime's optimizer and quantizer log every fusion and tensor at INFO (the quantizer on the root
+    logger, with a warning to pre-process a graph that is already optimized): dozens of lines that say nothing
+    to a user. Errors still show; the counts and the parity that matter are in our own report."""
+    loggers = [logging.getLogger(), logging.getLogger("onnxruntime")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 def fuse(plain: Path, out: Path, num_heads: int, hidden_size: int) -> dict[str, int]:
     """Run ONNX Runtime's BERT optimizer on `plain` into `out` (atomically); the fused operator counts."""
     from onnxruntime.transformers import optimizer
 
     # Python fusions only (opt_level 0): ONNX Runtime's own graph optimizations run when a session loads the
     # file, and a file optimized for this machine's instruction set would not be portable.
-    model = optimizer.optimize_model(str(plain), model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
-                                     opt_level=0)
-    statistics = model.get_fused_operator_statistics()
-    with atomic_path(out) as tmp:
-        model.save_model_to_file(str(tmp))
+    with quiet_onnxruntime():
+        model = optimizer.optimize_model(str(plain), model_type="bert", num_heads=num_heads,
+                                         hidden_size=hidden_size, opt_level=0)
+        statistics = model.get_fused_operator_statistics()
+        with atomic_path(out) as tmp:
+            model.save_model_to_file(str(tmp))
     return {op: int(statistics.get(op, 0)) for op in FUSED_OPERATORS}
 
 
@@ -151,7 +171,7 @@ def quantize_int8(optimized: Path, out: Path) -> None:
     # was 0.988 per channel against 0.953 per tensor (and 0.846 with reduce_range). ONNX's shape inference
     # does not know the fused com.microsoft operators, so the quantizer cannot infer the type of their
     # outputs; in this graph every such activation is float32.
-    with atomic_path(out) as tmp:
+    with atomic_path(out) as tmp, quiet_onnxruntime():
         quantize_dynamic(str(optimized), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
                          extra_options={"DefaultTensorType": TensorProto.FLOAT})
 
