@@ -74,6 +74,10 @@ def test_quantize_int8_makes_every_encoder_linear_int8(tiny_config):
     for module in model.modules():
         if isinstance(module, Int8Linear):
             assert module.int8_weight().dtype == torch.int8
+    # SmoothQuant rescales the inputs of the projections that read a LayerNorm (QKV, up) or the GELU (down).
+    smoothed = {name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                if isinstance(module, Int8Linear) and module.input_scale is not None}
+    assert smoothed == {"qkv", "up", "down"}
     # Embeddings, LayerNorms, the pooler and the head stay float.
     assert sorted(float_linears(model)) == ["bert.pooler.dense", "classifier"]
     assert model.bert.embeddings.word.weight.dtype == torch.float32
