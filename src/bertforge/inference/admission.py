@@ -5,8 +5,8 @@ Two questions are answered here without tokenizing anything:
 - **Can it fit the token budget at all?** `token_floor` is a lower bound of the tokens a request makes after
   windowing, read from its characters in linear time (C-speed string operations; for plain ASCII text one
   pass of `bytes.split`; for other text first `quick_floor`, bytes passes that count ASCII words and CJK
-  ideographs, and only if that is not already over the limit a regular expression). A request whose floor is over `max_request_tokens` is refused at once, so a refused
-  request of megabytes costs milliseconds, not seconds of tokenizing and windowing on the model thread while
+  ideographs, and only if that is not already over the limit a regular expression). A request whose floor
+  is over `max_request_tokens` is refused at once, so a refused request of megabytes costs milliseconds, not seconds of tokenizing and windowing on the model thread while
   other clients wait. The floor is exact as a bound, never an estimate: a request under it is windowed and
   counted exactly on the model thread as before.
 - **How long would it wait?** `Throughput` keeps the recent rate of model calls (tokens per second), and
@@ -84,8 +84,6 @@ def word_floor(text: str, enough: int | None = None) -> int:
     return count
 
 
-
-
 def quick_floor(text: str) -> int:
     """A lower bound of the WordPiece tokens of `text` from bytes operations only (a few C-speed passes, no
     per-character Python), weaker than `word_floor` for text without ASCII or CJK characters.
@@ -113,20 +111,23 @@ def token_floor(family: Any, parsed: Sequence[Any], limit: int) -> int:
     if sum(len(text) for item in texts for text in item) + SPECIAL_TOKENS * len(parsed) <= limit:
         return 0  # a token holds at least one character: this request cannot be over the limit
     # First the quick bound of every text (bytes passes: milliseconds for megabytes); only a request it
-    # does not already put over the limit is counted word by word.
-    quick = 0
+    # does not already put over the limit has its non-ASCII texts counted again by the regular expression
+    # (for ASCII text the quick bound is `word_floor` already).
+    quick: list[list[int]] = []
+    total = 0
     for item in texts:
-        if item:
-            quick += SPECIAL_TOKENS + sum(quick_floor(text) for text in item)
-        if quick > limit:
-            return quick
+        quick.append([quick_floor(text) for text in item])
+        total += SPECIAL_TOKENS + sum(quick[-1]) if item else 0
+        if total > limit:
+            return total
     floor = 0
-    for item in texts:
+    for item, counts in zip(texts, quick):
         if item:
-            floor += SPECIAL_TOKENS + sum(word_floor(text, enough=limit - floor) for text in item)
+            floor += SPECIAL_TOKENS + sum(count if text.isascii() else max(count, word_floor(text, limit - floor))
+                                          for text, count in zip(item, counts))
         if floor > limit:
             break
-    return max(floor, quick)
+    return floor
 
 
 def strings_of(value: Any) -> Iterator[str]:

@@ -219,9 +219,9 @@ class Guards:
                         ) -> tuple[bytes, tuple[int, str, list[tuple[str, str]]] | None]:
         """The whole request body, or a 413 refusal as soon as it is known to be over the limit."""
         limit = self.max_body_bytes
-        declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            return b"", (413, f"request body of {int(declared)} bytes is larger than the limit of {limit} bytes "
+        declared = declared_length(headers)
+        if declared > limit:
+            return b"", (413, f"request body of {declared} bytes is larger than the limit of {limit} bytes "
                               "(max_body_bytes; split the request)", [])
         chunks, size = [], 0
         while True:
