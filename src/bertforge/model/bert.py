@@ -23,7 +23,7 @@ from torch import nn
 from bertforge import checkpoint_format
 from bertforge.errors import InputError
 from bertforge.model.config import BertConfig
-from bertforge.model.fast_paths import set_fast_paths
+from bertforge.model.fast_paths import ROW_CHUNK_TOKENS, set_fast_paths
 from bertforge.model.layouts import Padded, Unpadded, choose_layout, packed_positions
 
 
@@ -62,6 +62,20 @@ class BertOutput:
     pooled_output: torch.Tensor | None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
+
+    @classmethod
+    def concatenate(cls, parts: list[BertOutput]) -> BertOutput:
+        """The outputs of consecutive row chunks as one batch's (every field joined along its first axis)."""
+        def join(tensors):
+            return None if tensors[0] is None else torch.cat(tensors)
+
+        def join_each(tuples):
+            return None if tuples[0] is None else tuple(torch.cat(layer) for layer in zip(*tuples))
+
+        return cls(last_hidden_state=join([p.last_hidden_state for p in parts]),
+                   pooled_output=join([p.pooled_output for p in parts]),
+                   hidden_states=join_each([p.hidden_states for p in parts]),
+                   attentions=join_each([p.attentions for p in parts]))
 
 
 class Embeddings(nn.Module):
@@ -216,7 +230,9 @@ class BertPretrainedModel(nn.Module):
 class BertModel(BertPretrainedModel):
     """The BERT encoder with its pooler (`add_pooling_layer=False` drops it: token-level tasks do not need it).
 
-    `unpad` (default True) skips padding tokens in every matmul; `fast_paths.set_fast_paths` switches it.
+    `unpad` (default True) skips padding tokens in every matmul; `row_chunk_tokens` (default
+    `ROW_CHUNK_TOKENS`; 0 = off) splits a large CPU inference batch into row chunks; `fast_paths.set_fast_paths`
+    switches both.
     """
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
@@ -225,6 +241,7 @@ class BertModel(BertPretrainedModel):
         self.encoder = Encoder(config)
         self.pooler = Pooler(config) if add_pooling_layer else None
         self.unpad = True
+        self.row_chunk_tokens = ROW_CHUNK_TOKENS
         self.init_weights()
 
     def check_inputs(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> None:
@@ -247,11 +264,43 @@ class BertModel(BertPretrainedModel):
             raise InputError(f"token_type_ids must lie in [0, {types}); BERT uses 0 for segment A and 1 for "
                              "segment B")
 
+    def rows_per_chunk(self, input_ids: torch.Tensor) -> int:
+        """Rows per chunk when this batch runs in row chunks (0: in one piece). Only CPU inference without
+        gradients is split: rows never see each other, so the chunks give the rows' own results (an int8
+        model's per-tensor activation ranges are then each chunk's own)."""
+        batch, tokens = input_ids.shape
+        budget = getattr(self, "row_chunk_tokens", 0)  # a model pickled before row chunks has none
+        if not budget or batch * tokens <= budget or torch.is_grad_enabled() or input_ids.device.type != "cpu" \
+                or torch.compiler.is_compiling() or torch.jit.is_tracing():
+            return 0  # a traced or compiled graph keeps one shape-independent path
+        return max(1, budget // tokens)
+
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False,
                 sequence_ids: torch.Tensor | None = None) -> BertOutput:
-        """Encode a batch.
+        """Encode a batch (in row chunks where `rows_per_chunk` says so; see `encode`)."""
+        self.check_inputs(input_ids, token_type_ids)
+        step = self.rows_per_chunk(input_ids)
+        if not step:
+            return self.encode(input_ids, token_type_ids, attention_mask, position_ids, output_hidden_states,
+                               output_attentions, sequence_ids)
+        batch = input_ids.shape[0]
+
+        def rows(t: torch.Tensor | None, start: int) -> torch.Tensor | None:
+            # [B, T] inputs are split; None, and position ids shared by every row ([T] or [1, T]), are not.
+            return t[start:start + step] if t is not None and t.dim() == 2 and t.shape[0] == batch else t
+
+        parts = [self.encode(rows(input_ids, i), rows(token_type_ids, i), rows(attention_mask, i),
+                             rows(position_ids, i), output_hidden_states, output_attentions, rows(sequence_ids, i))
+                 for i in range(0, batch, step)]
+        return BertOutput.concatenate(parts)
+
+    def encode(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+               attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+               output_hidden_states: bool = False, output_attentions: bool = False,
+               sequence_ids: torch.Tensor | None = None) -> BertOutput:
+        """Encode a batch in one piece.
 
         Args:
             input_ids, token_type_ids: long [B, T]; types are 0 for segment A and 1 for B (default all 0).
@@ -261,7 +310,6 @@ class BertModel(BertPretrainedModel):
                 k > 0 for the k-th sequence of its row, 0 for padding. Each sequence attends only to itself;
                 the pooled output has one row per sequence, [S, H], in row-major order.
         """
-        self.check_inputs(input_ids, token_type_ids)
         token_type_ids = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
         in_sequence = None if sequence_ids is None else packed_positions(sequence_ids)  # [B, T]
         if position_ids is None:
