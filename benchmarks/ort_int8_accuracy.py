@@ -32,10 +32,9 @@ import numpy as np
 import torch
 
 from bertforge.checkpoint_format import read_directory
-from bertforge.data.finetuning import DataReport
 from bertforge.evaluation.runner import EvalResult, Evaluation
+from bertforge.evaluation.saved_model import prepare_evaluation
 from bertforge.families import registry
-from bertforge.families.task import DataSource, task_of
 from bertforge.model.quantization import apply_precision
 from bertforge.storage import write_json
 
@@ -70,23 +69,10 @@ class OrtTaskModel(torch.nn.Module):
 
 def evaluation_for(model_dir: str | os.PathLike, data_file: str | os.PathLike, batch_size: int = 64,
                    limit: int | None = None) -> tuple[Evaluation, dict]:
-    """The evaluation `bertforge evaluate MODEL DATA` runs (`evaluation.saved_model.evaluate`'s steps: the
-    directory's task description with DATA as its dev file, its reader, the family's features and the
-    run's Evaluation), without loading a model; and the data report's counts."""
-    directory = read_directory(model_dir)
-    family = registry.for_model(registry.model_class(directory.architecture))
-    task = task_of(directory, family).replace(dev=(DataSource(os.fspath(data_file)),))
-    tokenizer = directory.require_tokenizer()
-    report = DataReport()
-    examples = task.read(task.dev, report)
-    if limit is not None:
-        examples = examples[:limit]
-    task = task.replace(options=family.options_for_data(task.options, examples))
-    features = family.features(examples, tokenizer, task.inputs, config=directory.config, report=report)
-    chosen = task.metric if task.metric in family.metric_names(task, examples) else None
-    evaluation = Evaluation.for_task(task, examples, features, config=directory.config, tokenizer=tokenizer,
-                                     batch_size=batch_size, chosen=chosen, device="cpu", precision="fp32")
-    return evaluation, report.to_dict().get("counts", {})
+    """The evaluation `bertforge evaluate MODEL DATA` runs (`evaluation.saved_model.prepare_evaluation`), on
+    the CPU at fp32, and the data report's counts."""
+    prepared = prepare_evaluation(model_dir, data_file, batch_size=batch_size, limit=limit)
+    return prepared.evaluation, prepared.report.to_dict().get("counts", {})
 
 
 def export_graphs(model_dir: str | os.PathLike, work: Path, per_channel: bool = False) -> tuple[dict[str, Path], dict]:

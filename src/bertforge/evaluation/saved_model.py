@@ -11,10 +11,11 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bertforge.checkpoint_format import read_directory
+from bertforge.checkpoint_format import ModelDirectory, read_directory
 from bertforge.data.finetuning import DataReport
 from bertforge.errors import ConfigError, DataError
 from bertforge.evaluation.runner import EvalResult, Evaluation
@@ -25,6 +26,50 @@ from bertforge.runtime import resolve_device, resolve_precision
 from bertforge.storage import write_json, write_jsonl
 
 log = logging.getLogger("bertforge.evaluate")
+
+
+@dataclass(frozen=True)
+class PreparedEvaluation:
+    """A data file read, featurized and ready to score against any model of the directory: `evaluation(model)`
+    scores a model (a bertforge task model, or anything whose forward returns the same outputs)."""
+
+    directory: ModelDirectory
+    evaluation: Evaluation
+    report: DataReport
+
+
+def prepare_evaluation(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, labelled: bool = True,
+                       batch_size: int = 64, device: str = "cpu", precision: str = "fp32",
+                       overrides: Mapping[str, Mapping[str, Any]] | None = None,
+                       limit: int | None = None) -> PreparedEvaluation:
+    """`evaluate`'s steps up to the model: the directory's task description with `data_file` as its dev file,
+    its reader, the family's features and the run's `Evaluation`, for a concrete device and precision
+    (`runtime.resolve_device` / `resolve_precision` turn a user's "auto"). Arguments as for `evaluate`.
+    A benchmark that scores another runtime on the same path (benchmarks/ort_int8_accuracy.py) starts here."""
+    model_dir = Path(model_dir)
+    directory = read_directory(model_dir)
+    family = registry.for_model(registry.model_class(directory.architecture))
+    if family not in registry.FINETUNING_FAMILIES:
+        raise ConfigError(f"{model_dir}: config.json names {directory.architecture or 'BertModel'}, which has no "
+                          "fine-tuned head to evaluate; pass a directory saved by `bertforge finetune`")
+    task = task_of(directory, family).overridden(overrides or {}, where=f"evaluate {model_dir}")
+    task = task.replace(dev=(DataSource(os.fspath(data_file)),))
+    tokenizer = directory.require_tokenizer()
+    report = DataReport()
+    examples = task.read(task.dev, report, labelled=labelled)
+    if limit is not None:
+        examples = examples[:limit]
+    if not examples:
+        raise DataError("no examples to evaluate", data_file)
+    if labelled and not task.regression and directory.config.id2label:
+        family.check_labels(examples, directory.config.label_names, task.inputs, "model")
+    task = task.replace(options=family.options_for_data(task.options, examples))
+    features = family.features(examples, tokenizer, task.inputs, config=directory.config, report=report)
+    # The metric that picked this model is reported too, where this file's evaluation can report it.
+    chosen = task.metric if task.metric in family.metric_names(task, examples) else None
+    evaluation = Evaluation.for_task(task, examples, features, config=directory.config, tokenizer=tokenizer,
+                                     batch_size=batch_size, chosen=chosen, device=device, precision=precision)
+    return PreparedEvaluation(directory, evaluation, report)
 
 
 def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_dir: str | os.PathLike | None = None,
@@ -51,42 +96,21 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
         DataError: unreadable data, or a label the model does not know. ConfigError: an unknown override.
         CheckpointError: not a model directory.
     """
-    model_dir = Path(model_dir)
-    directory = read_directory(model_dir)
-    family = registry.for_model(registry.model_class(directory.architecture))
-    if family not in registry.FINETUNING_FAMILIES:
-        raise ConfigError(f"{model_dir}: config.json names {directory.architecture or 'BertModel'}, which has no "
-                          "fine-tuned head to evaluate; pass a directory saved by `bertforge finetune`")
-    task = task_of(directory, family).overridden(overrides or {}, where=f"evaluate {model_dir}")
-    task = task.replace(dev=(DataSource(os.fspath(data_file)),))
-    tokenizer = directory.require_tokenizer()
-    report = DataReport()
-    examples = task.read(task.dev, report, labelled=labelled)
-    if limit is not None:
-        examples = examples[:limit]
-    if not examples:
-        raise DataError("no examples to evaluate", data_file)
-    if labelled and not task.regression and directory.config.id2label:
-        family.check_labels(examples, directory.config.label_names, task.inputs, "model")
-    task = task.replace(options=family.options_for_data(task.options, examples))
     run_device = resolve_device(device)
-    precision = resolve_precision(precision, run_device)  # before loading: int8 off the CPU is refused first
-    model, _ = registry.load_model(directory, family.model_class, device=run_device)
+    precision = resolve_precision(precision, run_device)  # before any work: int8 off the CPU is refused first
+    prepared = prepare_evaluation(model_dir, data_file, labelled=labelled, batch_size=batch_size, device=run_device,
+                                  precision=precision, overrides=overrides, limit=limit)
+    prepared.report.log_warnings(os.fspath(data_file))
+    family = registry.for_model(registry.model_class(prepared.directory.architecture))
+    model, _ = registry.load_model(prepared.directory, family.model_class, device=run_device)
     model = apply_precision(model, precision)  # the precision the model will be served at (int8: quantized)
-    features = family.features(examples, tokenizer, task.inputs, config=model.config, report=report)
-    report.log_warnings(os.fspath(data_file))
-    # The metric that picked this model is reported too, where this file's evaluation can report it.
-    chosen = task.metric if task.metric in family.metric_names(task, examples) else None
-    evaluator = Evaluation.for_task(task, examples, features, config=model.config, tokenizer=tokenizer,
-                                    batch_size=batch_size, chosen=chosen, device=run_device,
-                                    precision=precision)
-    result = evaluator(model)
+    result = prepared.evaluation(model)
     for warning in result.warnings:
         log.warning("%s: %s", os.fspath(data_file), warning)
-    target = Path(out_dir) if out_dir is not None else model_dir / f"eval-{Path(data_file).stem}"
+    target = Path(out_dir) if out_dir is not None else Path(model_dir) / f"eval-{Path(data_file).stem}"
     write_jsonl(target / "predictions.jsonl", result.predictions)
     write_json(target / "metrics.json", {"model": os.fspath(model_dir), "data": os.fspath(data_file),
                                          "metrics": result.metrics, "precision": precision, "warnings": result.warnings,
-                                         "details": result.details, "examples": len(examples),
-                                         "data_report": report.to_dict()})
+                                         "details": result.details, "examples": len(prepared.evaluation.examples),
+                                         "data_report": prepared.report.to_dict()})
     return result
