@@ -583,3 +583,15 @@ def test_row_chunks_only_for_cpu_inference_without_gradients():
         assert model.rows_per_chunk(ids) == 0  # the plain path
     set_fast_paths(model, unpad=False, fused_qkv=False, row_chunks=True)
     assert fast_paths_enabled(model)["row_chunks"] and not fast_paths_enabled(model)["unpad"]
+
+
+def test_row_chunk_tokens_hold_the_feed_forward_activation_at_the_byte_budget():
+    from bertforge.model.fast_paths import ROW_CHUNK_BYTES, row_chunk_tokens
+
+    assert row_chunk_tokens(BertConfig.preset("base", vocab_size=100)) == 1024  # I = 3,072
+    assert row_chunk_tokens(BertConfig(vocab_size=100, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                                       intermediate_size=1536)) == 2048  # all-MiniLM-L6-v2
+    assert row_chunk_tokens(BertConfig.preset("large", vocab_size=100)) == 768  # I = 4,096
+    config = BertConfig.preset("tiny", vocab_size=100)
+    model = BertModel(config)
+    assert model.row_chunk_tokens == ROW_CHUNK_BYTES // (4 * config.intermediate_size)

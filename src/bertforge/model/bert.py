@@ -23,7 +23,7 @@ from torch import nn
 from bertforge import checkpoint_format
 from bertforge.errors import InputError
 from bertforge.model.config import BertConfig
-from bertforge.model.fast_paths import ROW_CHUNK_TOKENS, set_fast_paths
+from bertforge.model.fast_paths import row_chunk_tokens, set_fast_paths
 from bertforge.model.layouts import Padded, Unpadded, choose_layout, packed_positions
 
 
@@ -231,7 +231,7 @@ class BertModel(BertPretrainedModel):
     """The BERT encoder with its pooler (`add_pooling_layer=False` drops it: token-level tasks do not need it).
 
     `unpad` (default True) skips padding tokens in every matmul; `row_chunk_tokens` (default
-    `ROW_CHUNK_TOKENS`; 0 = off) splits a large CPU inference batch into row chunks; `fast_paths.set_fast_paths`
+    `fast_paths.row_chunk_tokens(config)`; 0 = off) splits a large CPU inference batch into row chunks; `fast_paths.set_fast_paths`
     switches both.
     """
 
@@ -241,7 +241,7 @@ class BertModel(BertPretrainedModel):
         self.encoder = Encoder(config)
         self.pooler = Pooler(config) if add_pooling_layer else None
         self.unpad = True
-        self.row_chunk_tokens = ROW_CHUNK_TOKENS
+        self.row_chunk_tokens = row_chunk_tokens(config)
         self.init_weights()
 
     def check_inputs(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> None:

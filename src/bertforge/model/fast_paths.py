@@ -34,13 +34,19 @@ from torch import nn
 from bertforge.errors import ConfigError
 
 PROJECTIONS = ("query", "key", "value")
-# A CPU inference batch larger than this many (padded) tokens runs in row chunks of at most this many tokens
-# (`BertModel.rows_per_chunk`): every intermediate of a layer then stays <= 25 MB for BERT-base (the
-# [tokens, I] feed-forward activation), small enough to stay in cache and, below glibc's 32 MB mmap
-# threshold, to reuse freed memory. One 32 x 512 batch in one piece instead allocates fresh 100-200 MB tensors
-# in every layer, which the kernel must fault in and zero page by page: measured on the 2-core EPYC,
-# MiniLM int8 at 32 x 512 ran 1.2-1.5x faster in chunks of 2,048 tokens (docs/cpu_inference.md, "Row chunks").
-ROW_CHUNK_TOKENS = 2048
+# A CPU inference batch runs in row chunks (`BertModel.rows_per_chunk`) whose largest intermediate, the
+# [tokens, I] feed-forward activation, holds at most this many bytes in fp32: 2,048 tokens for MiniLM
+# (I = 1,536), 1,024 for BERT-base (3,072), 768 for BERT-large. In one piece, a 32 x 512 batch makes fresh
+# 100-200 MB tensors in every layer, above glibc's 32 MB mmap threshold: each is new memory the kernel faults
+# in and zeroes page by page, and none of it is in cache. Measured on the 2-core EPYC, int8, one 32 x 512
+# batch (docs/cpu_inference.md, "Row chunks"): MiniLM 2.93 s in chunks of 4,096 tokens, 2.44 at 2,048, 2.45
+# at 1,024, 2.66 at 512; BERT-base 14.1 s at 2,048, 13.2-13.5 at 1,024 and 512.
+ROW_CHUNK_BYTES = 12 * 2**20
+
+
+def row_chunk_tokens(config) -> int:
+    """The token budget of one row chunk for a model of this config (`ROW_CHUNK_BYTES`)."""
+    return max(1, ROW_CHUNK_BYTES // (4 * config.intermediate_size))
 
 
 class Variant:
@@ -190,11 +196,11 @@ def set_fast_paths(model: nn.Module, *, unpad: bool = True, fused_qkv: bool = Tr
 
     Idempotent; `unpad=False, fused_qkv=False` restores the plain reference path (weights un-fused).
     """
-    chunks = ROW_CHUNK_TOKENS if (unpad if row_chunks is None else row_chunks) else 0
+    chunks = unpad if row_chunks is None else row_chunks
     for module in model.modules():
         if is_encoder(module):
             module.unpad = bool(unpad)
-            module.row_chunk_tokens = chunks
+            module.row_chunk_tokens = row_chunk_tokens(module.config) if chunks else 0
     for module in list(model.modules()):
         if is_attention(module):
             (fuse_qkv if fused_qkv else unfuse_qkv)(module)
