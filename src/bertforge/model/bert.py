@@ -231,8 +231,8 @@ class BertModel(BertPretrainedModel):
     """The BERT encoder with its pooler (`add_pooling_layer=False` drops it: token-level tasks do not need it).
 
     `unpad` (default True) skips padding tokens in every matmul; `row_chunk_tokens` (default
-    `fast_paths.row_chunk_tokens(config)`; 0 = off) splits a large CPU inference batch into row chunks; `fast_paths.set_fast_paths`
-    switches both.
+    `fast_paths.row_chunk_tokens(config)`; 0 = off) splits a large CPU inference batch into row chunks;
+    `fast_paths.set_fast_paths` switches both.
     """
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
@@ -300,7 +300,7 @@ class BertModel(BertPretrainedModel):
                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                output_hidden_states: bool = False, output_attentions: bool = False,
                sequence_ids: torch.Tensor | None = None) -> BertOutput:
-        """Encode a batch in one piece.
+        """Encode a batch in one piece (`forward` checks the inputs first: call `forward`).
 
         Args:
             input_ids, token_type_ids: long [B, T]; types are 0 for segment A and 1 for B (default all 0).
