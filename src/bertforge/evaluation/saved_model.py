@@ -20,6 +20,7 @@ from bertforge.data.finetuning import DataReport
 from bertforge.errors import ConfigError, DataError
 from bertforge.evaluation.runner import EvalResult, Evaluation
 from bertforge.families import registry
+from bertforge.families.base import Family
 from bertforge.families.task import DataSource, task_of
 from bertforge.model.quantization import apply_precision
 from bertforge.runtime import resolve_device, resolve_precision
@@ -34,6 +35,7 @@ class PreparedEvaluation:
     scores a model (a bertforge task model, or anything whose forward returns the same outputs)."""
 
     directory: ModelDirectory
+    family: Family
     evaluation: Evaluation
     report: DataReport
 
@@ -69,7 +71,7 @@ def prepare_evaluation(model_dir: str | os.PathLike, data_file: str | os.PathLik
     chosen = task.metric if task.metric in family.metric_names(task, examples) else None
     evaluation = Evaluation.for_task(task, examples, features, config=directory.config, tokenizer=tokenizer,
                                      batch_size=batch_size, chosen=chosen, device=device, precision=precision)
-    return PreparedEvaluation(directory, evaluation, report)
+    return PreparedEvaluation(directory, family, evaluation, report)
 
 
 def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_dir: str | os.PathLike | None = None,
@@ -101,8 +103,7 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
     prepared = prepare_evaluation(model_dir, data_file, labelled=labelled, batch_size=batch_size, device=run_device,
                                   precision=precision, overrides=overrides, limit=limit)
     prepared.report.log_warnings(os.fspath(data_file))
-    family = registry.for_model(registry.model_class(prepared.directory.architecture))
-    model, _ = registry.load_model(prepared.directory, family.model_class, device=run_device)
+    model, _ = registry.load_model(prepared.directory, prepared.family.model_class, device=run_device)
     model = apply_precision(model, precision)  # the precision the model will be served at (int8: quantized)
     result = prepared.evaluation(model)
     for warning in result.warnings:

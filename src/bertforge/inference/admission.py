@@ -6,8 +6,8 @@ Two questions are answered here without tokenizing anything:
   windowing, read from its characters in linear time (C-speed string operations; for plain ASCII text one
   pass of `bytes.split`; for other text first `quick_floor`, bytes passes that count ASCII words and CJK
   ideographs, and only if that is not already over the limit a regular expression). A request whose floor
-  is over `max_request_tokens` is refused at once, so a refused request of megabytes costs milliseconds, not seconds of tokenizing and windowing on the model thread while
-  other clients wait. The floor is exact as a bound, never an estimate: a request under it is windowed and
+  is over `max_request_tokens` is refused at once, so a refused request of megabytes costs milliseconds, not
+  seconds of tokenizing and windowing on the model thread while other clients wait. The floor is exact as a bound, never an estimate: a request under it is windowed and
   counted exactly on the model thread as before.
 - **How long would it wait?** `Throughput` keeps the recent rate of model calls (tokens per second), and
   `estimate_tokens` a rough size of a waiting request; the scheduler divides the work already accepted by the

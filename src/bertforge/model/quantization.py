@@ -138,8 +138,8 @@ class Int8SelfAttention(Variant):
 
 def input_ranges(model: nn.Module, seed: int = 0) -> dict[nn.Module, torch.Tensor]:
     """Per-channel max |x| at the input of every self-attention and feed-forward [H] and of every feed-forward's
-    down projection [I] inside `model`, from one fp32 pass of each encoder over a synthetic batch of random vocabulary ids (`CALIBRATION_SHAPE`, a fixed
-    seed: the same model always gets the same scales). No data is needed: BERT's outlier channels are a
+    down projection [I] inside `model`, from one fp32 pass of each encoder over a synthetic batch of random
+    vocabulary ids (`CALIBRATION_SHAPE`, a fixed seed: the same model always gets the same scales). No data is needed: BERT's outlier channels are a
     property of the weights (the LayerNorms before these inputs), and show on any input."""
     ranges: dict[nn.Module, torch.Tensor] = {}
 
