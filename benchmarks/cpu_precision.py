@@ -33,9 +33,11 @@ import torch.nn.functional as F
 
 from bertforge.checkpoint_format import read_directory
 from bertforge.model import BertConfig, BertModel
-from bertforge.model.quantization import Int8Linear, quantization_engine, quantize_int8
+from bertforge.model.precision import apply_precision
+from bertforge.model.quantization import Int8Linear, quantization_engine
 from bertforge.runtime import autocast
 
+SETTLE_SECONDS = 0.5  # idle time before each timed system (`measure`)
 CEILING_TOKENS_PER_S = 20_000  # BERT-base bf16 on 2 AMX cores (issue #21): ~4 TFLOP/s / 0.17 GFLOP per token
 SYSTEMS = ("transformers fp32", "ORT fp32 (HF export)", "ORT int8 (HF export)", "ORT fp32 (our export)",
            "ORT int8 (our export)", "bertforge fp32", "bertforge bf16", "bertforge int8")
@@ -86,9 +88,8 @@ def transformers_runner(directory: Path):
 
 
 def bertforge_runner(directory: Path, precision: str):
-    model = BertModel.from_pretrained(directory)  # fast paths on, as evaluate/predict/serve load it
-    if precision == "int8":
-        quantize_int8(model)
+    # Fast paths on and prepared for the precision (int8 quantized, bf16 packed), as evaluate/predict/serve do.
+    model = apply_precision(BertModel.from_pretrained(directory), precision)
 
     def run(ids, mask):
         with torch.inference_mode(), autocast(torch.device("cpu"), precision):
@@ -125,7 +126,7 @@ def our_export(directory: Path, path: Path) -> str:
         export.export_onnx(directory, path, check=False, optimize=True)
         return "bertforge export --optimize"
     export.export_onnx(directory, path, check=False)
-    return "bertforge export (plain: no optimized export in inference/export.py yet)"
+    return "bertforge export, then ONNX Runtime's BERT optimizer (what export --optimize runs)"
 
 
 def ort_runners(onnx_path: Path, config, threads: int) -> tuple[dict, dict]:
@@ -219,12 +220,17 @@ def time_calls(run, batches) -> float:
 
 
 def measure(runners: dict, batches, repeats: int) -> dict[str, list[float]]:
-    """Seconds per batch for every system, systems interleaved within each repeat (one warm-up first)."""
+    """Seconds per batch for every system, systems interleaved within each repeat (one warm-up first).
+
+    Each system is timed after a pause of `SETTLE_SECONDS`: ONNX Runtime's and OpenMP's worker threads spin
+    for a while after a run, and on 2 cores a spinning thread of the previous system takes a core from the
+    next (measured: bertforge fp32 right after ONNX Runtime read 16.9 ms at batch 1, 9 ms alone)."""
     for run in runners.values():
         run(*batches[0])
     seconds: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(repeats):
         for name, run in runners.items():
+            time.sleep(SETTLE_SECONDS)
             seconds[name].append(time_calls(run, batches))
     return seconds
 

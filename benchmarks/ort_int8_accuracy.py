@@ -35,7 +35,7 @@ from bertforge.checkpoint_format import read_directory
 from bertforge.evaluation.runner import EvalResult, Evaluation
 from bertforge.evaluation.saved_model import prepare_evaluation
 from bertforge.families import registry
-from bertforge.model.quantization import apply_precision
+from bertforge.model.precision import apply_precision
 from bertforge.storage import write_json
 
 # System name -> which graph of `export_graphs` it runs.

@@ -102,7 +102,7 @@ def precision_dtype(precision: str) -> torch.dtype:
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """A context in which forward passes run at `precision` (a no-op context for fp32, and for int8, whose
-    model is quantized instead: `model.quantization.apply_precision`)."""
+    model is quantized instead: `model.precision.apply_precision`)."""
     if precision in ("fp32", *QUANTIZED_PRECISIONS):
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=precision_dtype(precision))

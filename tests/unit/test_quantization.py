@@ -19,9 +19,9 @@ from bertforge.errors import ConfigError
 from bertforge.evaluation.runner import run_features
 from bertforge.model.bert import BertModel
 from bertforge.model.fast_paths import fast_paths_enabled, set_fast_paths
+from bertforge.model.precision import apply_precision
 from bertforge.model.quantization import (
     Int8Linear,
-    apply_precision,
     float_linears,
     int8_linears,
     is_quantized,
@@ -138,7 +138,7 @@ def test_run_features_refuses_int8_on_a_float_model(tiny_config):
     with pytest.raises(ConfigError, match="is not int8-quantized"):
         run_features(BertModel(tiny_config), features, lambda model, batch: [], batch_size=2, pad_token_id=0,
                      precision="int8")
-    with pytest.raises(ConfigError, match="is int8-quantized"):
+    with pytest.raises(ConfigError, match="is prepared for int8"):
         run_features(quantize_int8(BertModel(tiny_config)), features, lambda model, batch: [], batch_size=2,
                      pad_token_id=0, precision="fp32")
 

@@ -28,7 +28,7 @@ from bertforge.data.finetuning import Feature, FeatureBatches, FinetuneBatch
 from bertforge.families.base import Family
 from bertforge.families.task import TaskDescription
 from bertforge.model.config import BertConfig
-from bertforge.model.quantization import check_precision
+from bertforge.model.precision import check_precision
 from bertforge.runtime import autocast
 from bertforge.tokenization.tokenizer import Tokenizer
 
@@ -53,7 +53,7 @@ def run_features(model: torch.nn.Module, features: Sequence[Feature],
     """`forward(model, batch)` over every feature once, batched by length; one output per feature, in order.
 
     The model runs in eval mode under `torch.inference_mode` (its training mode is restored afterwards).
-    An int8 precision needs a model already quantized (`model.quantization.apply_precision`).
+    An int8 precision needs a model already quantized (`model.precision.apply_precision`).
     """
     if not features:
         return []

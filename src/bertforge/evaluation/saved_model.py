@@ -22,7 +22,7 @@ from bertforge.evaluation.runner import EvalResult, Evaluation
 from bertforge.families import registry
 from bertforge.families.base import Family
 from bertforge.families.task import DataSource, task_of
-from bertforge.model.quantization import apply_precision
+from bertforge.model.precision import apply_precision
 from bertforge.runtime import resolve_device, resolve_precision
 from bertforge.storage import write_json, write_jsonl
 

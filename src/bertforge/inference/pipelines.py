@@ -66,7 +66,7 @@ from bertforge.inference.wire_inputs import (
 from bertforge.interop.sentence_transformers import SentenceSettings
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.fast_paths import set_fast_paths
-from bertforge.model.quantization import apply_precision
+from bertforge.model.precision import apply_precision
 
 # The stated bf16 contract: against fp32, no probability moves by more than this (absolute), and no
 # embedding's cosine similarity to its fp32 value drops below 1 - this.

@@ -27,6 +27,8 @@ tensor, so it differs for the fused tensor.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.utils.checkpoint
 from torch import nn
@@ -134,10 +136,36 @@ class FusedSelfAttention(Variant):
                                       error_msgs)
 
 
+class PackedSelfAttention(Variant):
+    """A fused self-attention whose [3H, H] query/key/value projection is one inference-only module `qkv`
+    (an int8 `Int8Linear`, model/quantization.py, or a packed `Bf16Linear`, model/bf16.py): its float
+    weights are gone, so it stays fused."""
+
+    prefix = "Packed"
+    packed = True
+
+    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # [..., 3H] -> 3 x [..., H]
+        return q, k, v
+
+
+def pack_qkv(attention: nn.Module, make: Callable[[torch.Tensor, torch.Tensor], nn.Module]) -> None:
+    """Fuse `attention`'s projections, then replace the fused weight and bias by `make(weight, bias)`."""
+    fuse_qkv(attention)
+    qkv = make(attention.qkv_weight, attention.qkv_bias)  # [3H, H]
+    del attention.qkv_weight, attention.qkv_bias
+    attention.__class__ = variant(PackedSelfAttention, type(attention).plain)  # the attention's own class
+    attention.qkv = qkv
+
+
+def is_packed(module: nn.Module) -> bool:
+    return getattr(module, "packed", False)
+
+
 def fuse_qkv(attention: nn.Module) -> None:
     """Turn one self-attention module into its fused variant, holding the same numbers."""
-    if isinstance(attention, FusedSelfAttention) or getattr(attention, "quantized", False):
-        return  # already one projection (an int8 one is fused: model/quantization.py)
+    if isinstance(attention, FusedSelfAttention) or is_packed(attention):
+        return  # already one projection (a packed one is fused: `PackedSelfAttention`)
     parts = [getattr(attention, name) for name in PROJECTIONS]
     with torch.no_grad():
         weight = torch.cat([p.weight for p in parts])  # 3 x [H, H] -> [3H, H]
@@ -152,9 +180,9 @@ def fuse_qkv(attention: nn.Module) -> None:
 
 def unfuse_qkv(attention: nn.Module) -> None:
     """Turn a fused self-attention back into its plain class (three `nn.Linear`s, same numbers)."""
-    if getattr(attention, "quantized", False):
-        raise ConfigError("an int8-quantized model has no float QKV weights to un-fuse; load the model again "
-                          "for the plain fp32 path")
+    if is_packed(attention):
+        raise ConfigError("a model prepared for int8 or bf16 inference (model.precision.apply_precision) has no "
+                          "float QKV weights to un-fuse; load the model again for the plain fp32 path")
     if not isinstance(attention, FusedSelfAttention):
         return
     weight, bias = attention.qkv_weight, attention.qkv_bias

@@ -8,13 +8,14 @@ range, int32 accumulation, fp32 output with the fp32 bias added. Embeddings, Lay
 time and the most sensitive to rounding.
 
 Why this kernel: `torch.ops.quantized.linear_dynamic` (PyTorch's fbgemm / oneDNN dynamic quantized
-linear, the kernel behind `torch.ao.quantization.quantize_dynamic`) was measured on the 2-core AMD EPYC
-(AVX2, no AVX-512, no VNNI, no AMX) this project runs on, against the alternatives PyTorch 2.13 offers on a
+linear, the kernel behind `torch.ao.quantization.quantize_dynamic`) was measured on a 2-core AMD EPYC
+(AVX2, no AVX-512, no VNNI, no AMX) against the alternatives PyTorch 2.13 offers on a
 CPU (docs/cpu_inference.md, "Choosing the int8 kernel"): `torch._int_mm` and
 `aten._weight_int8pack_mm` fall back to reference loops there (10-100x slower than fp32), and the
 inductor int8 flow needs the PT2E quantizer, which PyTorch no longer ships (it moved to torchao). We call
 the operator directly rather than through `quantize_dynamic` because the fused QKV projection is a
-parameter pair, not an `nn.Linear`, and so the quantized model keeps the encoder's own classes.
+parameter pair, not an `nn.Linear`, and so the quantized model keeps the encoder's own classes. The
+engine the weights are packed for is chosen per CPU (`quantization_engine`): oneDNN where AMX is present.
 
 Activations use the full 8 bits (`REDUCE_RANGE = False`). PyTorch's own default for x86 is 7 bits, because
 on AVX2 without VNNI the int8 dot product (vpmaddubsw) sums pairs in saturating int16; measured here, the
@@ -45,11 +46,14 @@ import torch
 from torch import nn
 
 from bertforge.errors import ConfigError
-from bertforge.model.fast_paths import Variant, fuse_qkv, is_attention, is_encoder, is_layer, variant
+from bertforge.model.fast_paths import is_attention, is_encoder, is_layer, pack_qkv
 
-# The packed weights' engine: PyTorch's x86 engine (fbgemm or oneDNN per shape), else fbgemm, else the first
-# one this build supports.
+# The packed weights' engine, the first of these this build supports: oneDNN first on a CPU with AMX tiles
+# (its int8 matmul runs on them: 1.2-1.5x PyTorch's x86 engine end to end on BERT-base, 1.3-3.5x per matmul,
+# measured on a 2-core Sapphire Rapids-class Xeon, docs/cpu_inference.md); elsewhere PyTorch's x86 engine
+# (fbgemm's AVX2 / AVX-512 kernels), which oneDNN did not beat on the 2-core AVX2 EPYC.
 PREFERRED_ENGINES = ("x86", "fbgemm", "onednn")
+AMX_PREFERRED_ENGINES = ("onednn", "x86", "fbgemm")
 REDUCE_RANGE = False
 # SmoothQuant's migration strength, and the synthetic calibration batch [B, T] its activation ranges come from.
 SMOOTHING_ALPHA = 0.75
@@ -60,11 +64,17 @@ CALIBRATION_FIRST_ID = 1000
 def quantization_engine() -> str:
     """The quantized engine `quantize_int8` packs for; ConfigError where this PyTorch build has none."""
     supported = torch.backends.quantized.supported_engines
-    for engine in PREFERRED_ENGINES:
+    for engine in AMX_PREFERRED_ENGINES if has_amx() else PREFERRED_ENGINES:
         if engine in supported:
             return engine
     raise ConfigError("precision int8 needs PyTorch's x86/fbgemm quantized engine, which this PyTorch build "
                       f"lacks (it has {supported}); use --precision fp32")
+
+
+def has_amx() -> bool:
+    """Whether this CPU has AMX tiles (Intel Sapphire Rapids and later) that PyTorch's oneDNN can use."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private: absent from some builds
+    return bool(probe is not None and probe())
 
 
 @contextlib.contextmanager
@@ -123,17 +133,6 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, engine={self.engine}, int8"
-
-
-class Int8SelfAttention(Variant):
-    """A fused self-attention whose [3H, H] query/key/value projection is one `Int8Linear` (`qkv`)."""
-
-    prefix = "Int8"
-    quantized = True  # fast_paths leaves it fused (its float weights are gone)
-
-    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, k, v = self.qkv(x).chunk(3, dim=-1)  # [..., 3H] -> 3 x [..., H]
-        return q, k, v
 
 
 def input_ranges(model: nn.Module, seed: int = 0) -> dict[nn.Module, torch.Tensor]:
@@ -195,12 +194,9 @@ def quantize_int8(model: nn.Module, *, smooth: bool = True) -> nn.Module:
     ranges = input_ranges(model) if smooth else {}
     for module in list(model.modules()):
         if is_attention(module):
-            fuse_qkv(module)
-            scale = smoothing_scales(ranges[module], module.qkv_weight) if module in ranges else None
-            qkv = Int8Linear(module.qkv_weight, module.qkv_bias, name, scale)  # [3H, H]
-            del module.qkv_weight, module.qkv_bias
-            module.__class__ = variant(Int8SelfAttention, type(module).plain)  # the attention's own class
-            module.qkv = qkv
+            scale = ranges.get(module)
+            pack_qkv(module, lambda weight, bias, scale=scale: Int8Linear(
+                weight, bias, name, None if scale is None else smoothing_scales(scale, weight)))  # [3H, H]
             module.output = Int8Linear(module.output.weight, module.output.bias, name)
         if is_layer(module):
             ff = module.feed_forward
@@ -209,21 +205,6 @@ def quantize_int8(model: nn.Module, *, smooth: bool = True) -> nn.Module:
             scale = smoothing_scales(ranges[ff.down], ff.down.weight) if ff.down in ranges else None
             ff.down = Int8Linear(ff.down.weight, ff.down.bias, name, scale)
     return model
-
-
-def apply_precision(model: nn.Module, precision: str) -> nn.Module:
-    """The model to run at a concrete precision (`runtime.choose_precision`'s answer): quantized in place for
-    int8; as it is for the autocast precisions (fp32, bf16, fp16)."""
-    return quantize_int8(model) if precision == "int8" else model
-
-
-def check_precision(model: nn.Module, precision: str) -> None:
-    """Refuse to run a model at a precision it was not prepared for (`apply_precision`), so a figure labelled
-    int8 is always one measured with int8 layers, and an fp32 one never with them."""
-    if (precision == "int8") != is_quantized(model):
-        state = "is" if is_quantized(model) else "is not"
-        raise ConfigError(f"precision {precision} was asked for, but the model {state} int8-quantized; prepare it "
-                          "with bertforge.model.quantization.apply_precision(model, precision) first")
 
 
 def int8_linears(model: nn.Module) -> list[str]:
@@ -240,5 +221,4 @@ def float_linears(model: nn.Module) -> list[str]:
     return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
 
 
-__all__ = ["Int8Linear", "apply_precision", "check_precision", "Int8SelfAttention", "float_linears", "int8_linears",
-           "is_quantized", "quantization_engine", "quantize_int8"]
+__all__ = ["Int8Linear", "float_linears", "int8_linears", "is_quantized", "quantization_engine", "quantize_int8"]
