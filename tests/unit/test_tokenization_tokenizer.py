@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from bertforge.errors import CheckpointError, ConfigError, DataError, InputError
 from bertforge.tokenization import Encoding, Tokenizer, TokenizerConfig, Vocab
+from bertforge.tokenization.encoding import FIELDS
 from bertforge.tokenization.normalizer import Normalizer
 
 CORPUS = Path(__file__).parents[1] / "fixtures" / "tokenizer_corpus.txt"
@@ -455,9 +456,42 @@ def test_tokenizer_pickles_without_its_caches(tiny):
     assert copy.config == tiny.config and copy.vocab == tiny.vocab
 
 
-def test_tokenizer_encoding_is_a_plain_dataclass(tiny):
+def test_tokenizer_encoding_has_every_list_at_its_length(tiny):
     encoding = tiny.encode("a")
     assert isinstance(encoding, Encoding) and len(encoding) == 3
+    assert set(encoding.as_dict()) == set(FIELDS) and all(len(v) == 3 for v in encoding.as_dict().values())
+
+
+def test_encoding_lists_are_laid_out_on_read_and_pairs_match_the_layout(tiny):
+    pair = tiny.encode("hello world", "the fox")
+    assert pair.tokens == ["[CLS]", "hello", "world", "[SEP]", "the", "fox", "[SEP]"]
+    assert pair.type_ids == [0, 0, 0, 0, 1, 1, 1]
+    assert pair.offsets == [(0, 0), (0, 5), (6, 11), (0, 0), (0, 3), (4, 7), (0, 0)]
+    assert pair.word_ids == [None, 0, 1, None, 0, 1, None]
+    assert pair.sequence_ids == [None, 0, 0, None, 1, 1, None]
+    assert pair.special_tokens_mask == [1, 0, 0, 1, 0, 0, 1]
+    assert pair.attention_mask == [1] * 7
+    bare = tiny.encode("hello world", "the fox", add_special_tokens=False)
+    assert bare.offsets == [(0, 5), (6, 11), (0, 3), (4, 7)] and bare.type_ids == [0, 0, 1, 1]
+    assert bare.word_ids == [0, 1, 0, 1] and bare.special_tokens_mask == [0] * 4
+    # A read list is the caller's: changing it changes no later read.
+    pair.offsets[1] = (9, 9)
+    assert pair.offsets[1] == (0, 5)
+
+
+def test_encoding_assigned_list_is_kept_and_padded(tiny):
+    encoding = tiny.encode("hello")
+    encoding.offsets = [(0, 0), (1, 2), (0, 0)]
+    tiny._pad(encoding, 5)
+    assert encoding.offsets == [(0, 0), (1, 2), (0, 0), (0, 0), (0, 0)]
+    assert encoding.attention_mask == [1, 1, 1, 0, 0] and encoding.tokens[-1] == "[PAD]"
+
+
+def test_encoding_pickles_as_its_lists_without_the_vocabulary(tiny):
+    encoding = tiny.encode("hello world", "the fox", padding="max_length", max_length=9)
+    data = pickle.dumps(encoding)
+    assert len(data) < 2_000  # not the 30k-token vocabulary the token strings come from
+    assert pickle.loads(data) == encoding
 
 
 def test_tokenization_never_imports_torch():

@@ -9,8 +9,8 @@ sequence ids, masks), and padding. Long inputs that must be kept whole are windo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from itertools import accumulate, islice
 from typing import Literal
 
 from bertforge.errors import InputError
@@ -21,11 +21,14 @@ Padding = Literal["max_length", "longest"]
 TRUNCATIONS = ("longest_first", "only_first", "only_second")
 PADDINGS = ("max_length", "longest")
 
-# Per sequence, without special tokens: token ids, absolute (start, end) character offsets, word ids.
-SequenceTokens = tuple[list[int], list[tuple[int, int]], list[int]]
+# Per sequence, without special tokens: token ids; absolute character spans, flat (start, end of the first
+# token, then of the second, ...); 1 where a token starts a word, else 0. The spans are one list of ints, not
+# (start, end) tuples: ints are not tracked by the garbage collector, a million fresh tuples are, and
+# collecting after a batch cost more than encoding it. `Encoding` pairs them up (offsets) and counts the
+# word starts (word ids) when read.
+SequenceTokens = tuple[list[int], list[int], list[int]]
 
 
-@dataclass
 class Encoding:
     """One encoded sequence (or sequence pair), aligned position by position.
 
@@ -42,19 +45,140 @@ class Encoding:
         sequence_ids: 0 for tokens of the first text, 1 for the pair text, None for special and padding.
         special_tokens_mask: 1 for special and padding tokens, else 0.
         attention_mask: 1 for real tokens (specials included), 0 for padding.
+
+    `ids` is a list from the start. Every other list is laid out from the tokenized sequences each time it is
+    read, as the Rust library's encodings make a Python list on each read: a batch whose caller reads ids
+    and offsets pays for those two, and lists read once and dropped are freed young (kept, a batch's
+    million offset tuples cost the garbage collector more than encoding it did). Read a list once into a
+    local in a loop; a list assigned to an attribute is kept as given (and extended by `pad`).
     """
 
-    ids: list[int]
-    type_ids: list[int]
-    tokens: list[str]
-    offsets: list[tuple[int, int]]
-    word_ids: list[int | None]
-    sequence_ids: list[int | None]
-    special_tokens_mask: list[int]
-    attention_mask: list[int]
+    __slots__ = ("ids", "_first", "_second", "_special", "_padding", "_id_to_token", "_given")
+
+    def __init__(self, ids: list[int], first: SequenceTokens, second: SequenceTokens | None, special: bool,
+                 id_to_token: Sequence[str]):
+        self.ids = ids
+        self._first, self._second, self._special = first, second, special
+        self._padding = 0
+        self._id_to_token = id_to_token
+        self._given: dict[str, list] | None = None  # lists a caller assigned, by attribute name
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    # The layout of every per-token list: [CLS] A [SEP] (B [SEP]) with special tokens, else A (B); then
+    # `_padding` padding positions. `_laid_out` builds one list from what each part contributes.
+    def _laid_out(self, special, first, second, padding) -> list:
+        a, b = self._first, self._second
+        out = [special, *first(a), special] if self._special else list(first(a))
+        if b is not None:
+            out += second(b)
+            if self._special:
+                out.append(special)
+        if self._padding:
+            out += [padding] * self._padding
+        return out
+
+    def _set(self, name: str, value: list) -> None:
+        if self._given is None:
+            self._given = {}
+        self._given[name] = value
+
+    @property
+    def tokens(self) -> list[str]:
+        given = self._given.get("tokens") if self._given else None
+        return given if given is not None else list(map(self._id_to_token.__getitem__, self.ids))
+
+    @property
+    def type_ids(self) -> list[int]:
+        given = self._given.get("type_ids") if self._given else None
+        if given is not None:
+            return given
+        a, b = self._first, self._second
+        first = len(a[0]) + 2 * self._special
+        second = 0 if b is None else len(b[0]) + self._special
+        return [0] * first + [1] * second + [0] * self._padding
+
+    @property
+    def offsets(self) -> list[tuple[int, int]]:
+        if self._given and "offsets" in self._given:
+            return self._given["offsets"]
+        if self._second is None and self._special and not self._padding:
+            bounds = iter(self._first[1])  # the common read (one text, special tokens), without `_laid_out`
+            return [(0, 0), *zip(bounds, bounds), (0, 0)]
+        return self._laid_out((0, 0), _offsets_of, _offsets_of, (0, 0))
+
+    @property
+    def word_ids(self) -> list[int | None]:
+        given = self._given.get("word_ids") if self._given else None
+        return given if given is not None else self._laid_out(None, _words_of, _words_of, None)
+
+    @property
+    def sequence_ids(self) -> list[int | None]:
+        given = self._given.get("sequence_ids") if self._given else None
+        if given is not None:
+            return given
+        return self._laid_out(None, lambda a: [0] * len(a[0]), lambda b: [1] * len(b[0]), None)
+
+    @property
+    def special_tokens_mask(self) -> list[int]:
+        given = self._given.get("special_tokens_mask") if self._given else None
+        return given if given is not None else self._laid_out(1, _zeros, _zeros, 1)
+
+    @property
+    def attention_mask(self) -> list[int]:
+        given = self._given.get("attention_mask") if self._given else None
+        return given if given is not None else [1] * (len(self.ids) - self._padding) + [0] * self._padding
+
+    tokens = tokens.setter(lambda self, value: self._set("tokens", value))
+    type_ids = type_ids.setter(lambda self, value: self._set("type_ids", value))
+    offsets = offsets.setter(lambda self, value: self._set("offsets", value))
+    word_ids = word_ids.setter(lambda self, value: self._set("word_ids", value))
+    sequence_ids = sequence_ids.setter(lambda self, value: self._set("sequence_ids", value))
+    special_tokens_mask = special_tokens_mask.setter(lambda self, value: self._set("special_tokens_mask", value))
+    attention_mask = attention_mask.setter(lambda self, value: self._set("attention_mask", value))
+
+    def as_dict(self) -> dict[str, list]:
+        """Every per-token list by its attribute name."""
+        return {name: getattr(self, name) for name in FIELDS}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Encoding):
+            return NotImplemented
+        return self.as_dict() == other.as_dict()
+
+    def __repr__(self) -> str:
+        return "Encoding(" + ", ".join(f"{name}={value!r}" for name, value in self.as_dict().items()) + ")"
+
+    def __reduce__(self):
+        # Pickled (DataLoader workers) as its finished lists, without the vocabulary the tokens come from.
+        return _from_lists, (self.as_dict(),)
+
+
+# What each per-token list holds at a padding position (tokens: the vocabulary's padding token).
+PADDING_VALUES = {"type_ids": 0, "offsets": (0, 0), "word_ids": None, "sequence_ids": None, "special_tokens_mask": 1,
+                  "attention_mask": 0}
+FIELDS = ("ids", "type_ids", "tokens", "offsets", "word_ids", "sequence_ids", "special_tokens_mask", "attention_mask")
+
+
+def _offsets_of(sequence: SequenceTokens) -> Iterator[tuple[int, int]]:
+    bounds = iter(sequence[1])
+    return zip(bounds, bounds)  # start, end, start, end, ... -> (start, end), ...
+
+
+def _words_of(sequence: SequenceTokens) -> Iterator[int]:
+    return islice(accumulate(sequence[2], initial=-1), 1, None)  # word index: word starts so far, minus one
+
+
+def _zeros(sequence: SequenceTokens) -> list[int]:
+    return [0] * len(sequence[0])
+
+
+def _from_lists(lists: dict[str, list]) -> Encoding:
+    encoding = Encoding(lists["ids"], ([], [], []), None, False, ())
+    for name in FIELDS[1:]:
+        setattr(encoding, name, lists[name])
+    return encoding
 
 
 def check_truncation(truncation: Truncation | bool | None) -> Truncation | None:
@@ -80,7 +204,7 @@ def check_padding(padding: Padding | bool) -> Padding | None:
 
 
 def _cut(sequence: SequenceTokens, length: int) -> SequenceTokens:
-    return sequence[0][:length], sequence[1][:length], sequence[2][:length]
+    return sequence[0][:length], sequence[1][:2 * length], sequence[2][:length]
 
 
 def truncate(
@@ -147,37 +271,12 @@ def assemble(
     add_special_tokens: bool,
 ) -> Encoding:
     """The Encoding of one sequence or a pair: ``[CLS] A [SEP] (B [SEP])`` with specials, else ``A B``."""
-    ids_a, offsets_a, words_a = first
-    ids_b, offsets_b, words_b = second if second is not None else ([], [], [])
     if add_special_tokens:
-        # The layout comes from the post-processor; the other lists follow it position by position.
-        ids, type_ids = post.assemble(ids_a, None if second is None else ids_b)
-        offsets = [(0, 0), *offsets_a, (0, 0)]
-        word_ids: list[int | None] = [None, *words_a, None]
-        sequence_ids: list[int | None] = [None, *([0] * len(ids_a)), None]
-        special = [1, *([0] * len(ids_a)), 1]
-        if second is not None:
-            offsets += [*offsets_b, (0, 0)]
-            word_ids += [*words_b, None]
-            sequence_ids += [*([1] * len(ids_b)), None]
-            special += [*([0] * len(ids_b)), 1]
+        # The layout of the ids comes from the post-processor; `Encoding` lays out the other lists as it does.
+        ids = post.ids(first[0]) if second is None else post.assemble(first[0], second[0])[0]
     else:
-        ids = [*ids_a, *ids_b]
-        type_ids = [0] * len(ids_a) + [1] * len(ids_b)
-        offsets = [*offsets_a, *offsets_b]
-        word_ids = [*words_a, *words_b]
-        sequence_ids = [0] * len(ids_a) + [1] * len(ids_b)
-        special = [0] * len(ids)
-    return Encoding(
-        ids=ids,
-        type_ids=type_ids,
-        tokens=list(map(id_to_token.__getitem__, ids)),
-        offsets=offsets,
-        word_ids=word_ids,
-        sequence_ids=sequence_ids,
-        special_tokens_mask=special,
-        attention_mask=[1] * len(ids),
-    )
+        ids = first[0] + second[0] if second is not None else list(first[0])
+    return Encoding(ids, first, second, add_special_tokens, id_to_token)
 
 
 def pad(encoding: Encoding, target: int, pad_id: int, pad_token: str) -> None:
@@ -186,10 +285,7 @@ def pad(encoding: Encoding, target: int, pad_id: int, pad_token: str) -> None:
     if missing <= 0:
         return
     encoding.ids += [pad_id] * missing
-    encoding.type_ids += [0] * missing
-    encoding.tokens += [pad_token] * missing
-    encoding.offsets += [(0, 0)] * missing
-    encoding.word_ids += [None] * missing
-    encoding.sequence_ids += [None] * missing
-    encoding.special_tokens_mask += [1] * missing
-    encoding.attention_mask += [0] * missing
+    # Lists assigned by a caller are extended; the others are laid out with the padding when read.
+    for name, given in (encoding._given or {}).items():
+        given += [PADDING_VALUES[name] if name != "tokens" else pad_token] * missing
+    encoding._padding += missing

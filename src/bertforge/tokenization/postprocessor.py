@@ -24,6 +24,10 @@ class PostProcessor:
         """How many special tokens a single segment (2) or a pair (3) gets."""
         return 3 if pair else 2
 
+    def ids(self, first: Sequence[int]) -> list[int]:
+        """The input ids of ``[CLS] first [SEP]`` (a single segment's token types are all 0)."""
+        return [self.cls_id, *first, self.sep_id]
+
     def assemble(self, first: Sequence[int], second: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
         """(input ids, token type ids) of ``[CLS] first [SEP] (second [SEP])``."""
         ids = [self.cls_id, *first, self.sep_id]

@@ -69,16 +69,17 @@ class _Memo(dict):
 
 
 # Per chunk: token ids, 1 where a token starts a word, token starts and ends relative to the chunk, and the
-# chunk's length when it is a single token covering all of it (else 0).
-ChunkAnalysis = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], int]
+# chunk's length when it is a single token covering all of it (else 0). The spans are flat: start, end of the
+# first token, start, end of the second, ... (one tuple of ints; shifting all of them by a base is one map).
+ChunkAnalysis = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]
 
 _ids_of = itemgetter(0)
 _flags_of = itemgetter(1)
 
 
-def _analysis(ids: list[int], flags: list[int], starts: list[int], ends: list[int]) -> ChunkAnalysis:
-    whole = ends[0] if len(ids) == 1 and starts[0] == 0 else 0
-    return tuple(ids), tuple(flags), tuple(starts), tuple(ends), whole
+def _analysis(ids: list[int], flags: list[int], spans: list[int]) -> ChunkAnalysis:
+    whole = spans[1] if len(ids) == 1 and spans[0] == 0 else 0
+    return tuple(ids), tuple(flags), tuple(spans), whole
 
 
 class Tokenizer:
@@ -187,8 +188,7 @@ class Tokenizer:
         return _analysis(
             [piece[0] for piece in pieces],
             [1] + [0] * (len(pieces) - 1),
-            [piece[1] for piece in pieces],
-            [piece[2] for piece in pieces],
+            [bound for piece in pieces for bound in piece[1:]],
         )
 
     def _analyze_chunk(self, chunk: str) -> ChunkAnalysis:
@@ -196,8 +196,7 @@ class Tokenizer:
         words = self._words
         ids: list[int] = []
         flags: list[int] = []
-        starts: list[int] = []
-        ends: list[int] = []
+        spans: list[int] = []
         if is_simple(chunk):
             # Fast path (ASCII, maybe with typographic punctuation): no cleaning, one-to-one lower-casing, no
             # accents, and the words tile the chunk.
@@ -206,26 +205,19 @@ class Tokenizer:
                 return words[text]
             base = 0
             for piece in SIMPLE_WORD.findall(text):
-                word_ids, word_flags, word_starts, word_ends, whole = words[piece]
+                word_ids, word_flags, word_spans, whole = words[piece]
                 ids += word_ids
                 flags += word_flags
-                if whole:
-                    starts.append(base)
-                    ends.append(base + whole)
-                else:
-                    starts += [base + start for start in word_starts]
-                    ends += [base + end for end in word_ends]
+                spans += (base, base + whole) if whole else [base + bound for bound in word_spans]
                 base += len(piece)
-            return _analysis(ids, flags, starts, ends)
+            return _analysis(ids, flags, spans)
         for word in self._pretokenizer.split_chunk(chunk):
-            word_ids, word_flags, word_starts, word_ends, _ = words[word.text]
+            word_ids, word_flags, word_spans, _ = words[word.text]
             ids += word_ids
             flags += word_flags
-            for begin, end in zip(word_starts, word_ends):
-                start, stop = word.span(begin, end)
-                starts.append(start)
-                ends.append(stop)
-        return _analysis(ids, flags, starts, ends)
+            for begin, end in zip(word_spans[::2], word_spans[1::2]):
+                spans += word.span(begin, end)
+        return _analysis(ids, flags, spans)
 
     def _keys(self, text: str) -> str:
         if self._lower_ascii and text.isascii():
@@ -249,27 +241,23 @@ class Tokenizer:
         return ids, word_ids
 
     def _encode_sequence(self, text: str) -> SequenceTokens:
-        """Ids, absolute offsets and word ids of one text, without special tokens."""
+        """Ids, absolute token spans (flat) and word-start flags of one text, without special tokens."""
         if not isinstance(text, str):
             raise InputError(f"text to tokenize must be a string, got {type(text).__name__}")
         chunks = self._chunks
         ids: list[int] = []
         flags: list[int] = []
-        offsets: list[tuple[int, int]] = []
-        add_offset = offsets.append  # bound once: this loop runs once per chunk of every text
-        for match in self._chunk_finditer(self._keys(text)):
-            chunk_ids, chunk_flags, starts, ends, whole = chunks[match[0]]
+        spans: list[int] = []
+        if self._lower_ascii and text.isascii():
+            text = text.lower()  # `_keys`, inlined: this runs once per text of a batch
+        for match in self._chunk_finditer(text):
+            chunk_ids, chunk_flags, chunk_spans, whole = chunks[match[0]]
             ids += chunk_ids
             flags += chunk_flags
             base = match.start()
-            if whole:
-                # Most chunks are one token spanning the whole chunk: skip the per-token loop.
-                add_offset((base, base + whole))
-            else:
-                offsets += [(base + start, base + end) for start, end in zip(starts, ends)]
-        word_ids = list(accumulate(flags, initial=-1))
-        del word_ids[0]
-        return ids, offsets, word_ids
+            # Most chunks are one token spanning the whole chunk: no per-token shift.
+            spans += (base, base + whole) if whole else map(base.__add__, chunk_spans)
+        return ids, spans, flags
 
     def tokenize(self, text: str) -> list[str]:
         """The WordPiece tokens of `text` (no special tokens), e.g. ``["un", "##aff", "##able"]``."""
@@ -343,9 +331,8 @@ class Tokenizer:
         """`encode` over a batch; ``padding="longest"`` pads every encoding to the longest.
 
         The cyclic garbage collector is paused for the batch (its state restored after): each text allocates
-        some twenty lists and tuples, none in a reference cycle, and the collections they trigger, each
-        walking every encoding made so far, took 40-55% of the time on the lines of a book
-        (benchmarks/tokenizer_speed.py). (A `contextlib.contextmanager` around the loop measured slower than
+        a few lists, none in a reference cycle, and the collections they trigger, each walking every encoding
+        made so far, cost a batch of a book's lines 20-25% more time (benchmarks/tokenizer_speed.py). (A `contextlib.contextmanager` around the loop measured slower than
         this try/finally on CPython 3.11, 0.62 against 0.39 CPU seconds for one book.)
 
         Raises:
@@ -360,18 +347,24 @@ class Tokenizer:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            encodings = [
-                self.encode(
+            if pairs is None and max_length is None and not (truncation or per_item_padding):
+                # The common batch (single texts, nothing to cut): `encode`'s first branch, without its checks.
+                post, id_to_token, encode_sequence = self.post_processor, self._id_to_token, self._encode_sequence
+                encodings = [assemble(post, id_to_token, encode_sequence(text), None, add_special_tokens)
+                             for text in texts]
+            else:
+                encodings = [
+                    self.encode(
                     text,
-                    None if pairs is None else pairs[position],
-                    add_special_tokens=add_special_tokens,
-                    max_length=max_length,
-                    truncation=truncation,
-                    padding=per_item_padding,
-                    pad_to=pad_to,
-                )
-                for position, text in enumerate(texts)
-            ]
+                        None if pairs is None else pairs[position],
+                        add_special_tokens=add_special_tokens,
+                        max_length=max_length,
+                        truncation=truncation,
+                        padding=per_item_padding,
+                        pad_to=pad_to,
+                    )
+                    for position, text in enumerate(texts)
+                ]
         finally:
             if collecting:
                 gc.enable()
