@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from bertforge.checkpoint_format import read_directory
 from bertforge.model import BertConfig, BertModel
+from bertforge.model.bf16 import Bf16Linear
 from bertforge.model.precision import apply_precision
 from bertforge.model.quantization import Int8Linear, quantization_engine
 from bertforge.runtime import autocast
@@ -193,15 +194,18 @@ def encoder_flops(config, batches) -> float:
 
 
 def machine_peaks(threads: int) -> dict[str, float]:
-    """This machine's measured matmul rate (operations per second, best of 5): fp32 `torch.mm`, and int8
-    through the same kernel `--precision int8` uses (`Int8Linear`), on BERT-base's feed-forward shape with
-    2,048 tokens. The roofline the model's rate is a share of, for the precision it runs at."""
+    """This machine's measured matmul rate (operations per second, best of 5): fp32 `torch.mm`, bf16 through the
+    kernel `--precision bf16` uses on a CPU (`Bf16Linear`: packed for oneDNN where it has bf16 kernels), and
+    int8 through the one `--precision int8` uses (`Int8Linear`), on BERT-base's feed-forward shape with 2,048
+    tokens. The roofline the model's rate is a share of, for the precision it runs at."""
     torch.set_num_threads(threads)
     tokens, hidden, inner = 2048, 768, 3072
     x, weight = torch.randn(tokens, hidden), torch.randn(inner, hidden)
     int8 = Int8Linear(weight, None, quantization_engine())
+    bf16, x_bf16 = Bf16Linear(weight, None), x.bfloat16()
     peaks = {}
-    for name, run in (("fp32", lambda: torch.mm(x, weight.t())), ("int8", lambda: int8(x))):
+    for name, run in (("fp32", lambda: torch.mm(x, weight.t())), ("bf16", lambda: bf16(x_bf16)),
+                      ("int8", lambda: int8(x))):
         run()
         times = []
         for _ in range(5):
@@ -304,10 +308,10 @@ def main() -> None:
     for r in rows:
         base = reference[(r["model"], r["lengths"], r["batch"])]
         r["speedup"] = base["median_s"] / r["median_s"]
-        # The share of this machine's measured matmul rate at the system's precision (int8 systems: the int8
-        # kernel's; the others, bf16 emulated here included: fp32's), and for BERT-base also of the issue's
-        # assumed AMX ceiling.
-        r["share_of_peak"] = r["gflops_per_s"] * 1e9 / peaks["int8" if "int8" in r["system"] else "fp32"]
+        # The share of this machine's measured matmul rate at the system's precision (int8 and bf16 systems:
+        # their kernel's; the others: fp32's), and for BERT-base also of the issue's assumed AMX ceiling.
+        kind = "int8" if "int8" in r["system"] else "bf16" if "bf16" in r["system"] else "fp32"
+        r["share_of_peak"] = r["gflops_per_s"] * 1e9 / peaks[kind]
         share = f"{r['share_of_peak']:.0%} ({r['gflops_per_s']:.0f} GFLOP/s)"
         if r["model"] == "base":
             share += f"; {r['tokens_per_s'] / CEILING_TOKENS_PER_S:.1%} of 20k tok/s"
@@ -325,7 +329,8 @@ def main() -> None:
     for model_name, note in notes.items():
         print(f"{model_name}: {json.dumps(note)}")
     print(f"threads {args.threads}, median of {repeats} interleaved repeats; load average at end {load}; "
-          f"measured matmul peak fp32 {peaks['fp32'] / 1e9:.0f} GFLOP/s, int8 {peaks['int8'] / 1e9:.0f} GOP/s")
+          f"measured matmul peak fp32 {peaks['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s, "
+          f"int8 {peaks['int8'] / 1e9:.0f} GOP/s")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1))
