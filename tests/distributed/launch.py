@@ -96,10 +96,13 @@ def finish(launched: list[subprocess.Popen], timeout_s: float = RUN_TIMEOUT_S) -
             output, _ = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
             results.append((process.returncode, output))
     except subprocess.TimeoutExpired:
-        for process in launched:
+        tails = []
+        for index, process in enumerate(launched):
             kill_session(process)
-            process.communicate()
-        pytest.fail(f"the torchrun processes did not finish within {timeout_s} s")
+            output, _ = process.communicate()
+            tails.append(f"--- process {index}, exit code {process.returncode}:\n{(output or '')[-3000:]}")
+        # Each process's own last lines: when one died and the other waits in a collective, the cause is there.
+        pytest.fail(f"the torchrun processes did not finish within {timeout_s} s\n" + "\n".join(tails))
     return results
 
 
