@@ -155,3 +155,17 @@ def test_pipeline_int8_runs_quantized_and_says_so(tiny_minilm_model: Path):
     assert candidate.shape == reference.shape
     cosine = F.cosine_similarity(torch.as_tensor(reference), torch.as_tensor(candidate))
     assert cosine.min() >= 1 - INT8_COSINE_TOLERANCE
+
+
+def test_quantization_engine_prefers_onednn_on_amx_and_x86_elsewhere(monkeypatch):
+    import bertforge.model.quantization as quantization
+
+    supported = torch.backends.quantized.supported_engines
+    monkeypatch.setattr(quantization, "has_amx", lambda: True)
+    amx = quantization.quantization_engine()
+    monkeypatch.setattr(quantization, "has_amx", lambda: False)
+    other = quantization.quantization_engine()
+    if "onednn" in supported:
+        assert amx == "onednn"
+    if "x86" in supported:
+        assert other == "x86"
