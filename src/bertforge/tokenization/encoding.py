@@ -29,6 +29,25 @@ PADDINGS = ("max_length", "longest")
 SequenceTokens = tuple[list[int], list[int], list[int]]
 
 
+class _PerToken:
+    """A per-token list of `Encoding`: the list a caller assigned, if any, else laid out anew by the
+    encoding's `_<name>` method on each read."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.build = name, getattr(owner, f"_{name}")
+
+    def __get__(self, encoding: Encoding | None, owner: type | None = None):
+        if encoding is None:
+            return self
+        given = encoding._given
+        if given and self.name in given:
+            return given[self.name]
+        return self.build(encoding)
+
+    def __set__(self, encoding: Encoding, value: list) -> None:
+        encoding._set(self.name, value)
+
+
 class Encoding:
     """One encoded sequence (or sequence pair), aligned position by position.
 
@@ -84,59 +103,40 @@ class Encoding:
             self._given = {}
         self._given[name] = value
 
-    @property
-    def tokens(self) -> list[str]:
-        given = self._given.get("tokens") if self._given else None
-        return given if given is not None else list(map(self._id_to_token.__getitem__, self.ids))
+    def _tokens(self) -> list[str]:
+        return list(map(self._id_to_token.__getitem__, self.ids))
 
-    @property
-    def type_ids(self) -> list[int]:
-        given = self._given.get("type_ids") if self._given else None
-        if given is not None:
-            return given
+    def _type_ids(self) -> list[int]:
         a, b = self._first, self._second
         first = len(a[0]) + 2 * self._special
         second = 0 if b is None else len(b[0]) + self._special
         return [0] * first + [1] * second + [0] * self._padding
 
-    @property
-    def offsets(self) -> list[tuple[int, int]]:
-        if self._given and "offsets" in self._given:
-            return self._given["offsets"]
+    def _offsets(self) -> list[tuple[int, int]]:
         if self._second is None and self._special and not self._padding:
             bounds = iter(self._first[1])  # the common read (one text, special tokens), without `_laid_out`
             return [(0, 0), *zip(bounds, bounds), (0, 0)]
         return self._laid_out((0, 0), _offsets_of, _offsets_of, (0, 0))
 
-    @property
-    def word_ids(self) -> list[int | None]:
-        given = self._given.get("word_ids") if self._given else None
-        return given if given is not None else self._laid_out(None, _words_of, _words_of, None)
+    def _word_ids(self) -> list[int | None]:
+        return self._laid_out(None, _words_of, _words_of, None)
 
-    @property
-    def sequence_ids(self) -> list[int | None]:
-        given = self._given.get("sequence_ids") if self._given else None
-        if given is not None:
-            return given
+    def _sequence_ids(self) -> list[int | None]:
         return self._laid_out(None, lambda a: [0] * len(a[0]), lambda b: [1] * len(b[0]), None)
 
-    @property
-    def special_tokens_mask(self) -> list[int]:
-        given = self._given.get("special_tokens_mask") if self._given else None
-        return given if given is not None else self._laid_out(1, _zeros, _zeros, 1)
+    def _special_tokens_mask(self) -> list[int]:
+        return self._laid_out(1, _zeros, _zeros, 1)
 
-    @property
-    def attention_mask(self) -> list[int]:
-        given = self._given.get("attention_mask") if self._given else None
-        return given if given is not None else [1] * (len(self.ids) - self._padding) + [0] * self._padding
+    def _attention_mask(self) -> list[int]:
+        return [1] * (len(self.ids) - self._padding) + [0] * self._padding
 
-    tokens = tokens.setter(lambda self, value: self._set("tokens", value))
-    type_ids = type_ids.setter(lambda self, value: self._set("type_ids", value))
-    offsets = offsets.setter(lambda self, value: self._set("offsets", value))
-    word_ids = word_ids.setter(lambda self, value: self._set("word_ids", value))
-    sequence_ids = sequence_ids.setter(lambda self, value: self._set("sequence_ids", value))
-    special_tokens_mask = special_tokens_mask.setter(lambda self, value: self._set("special_tokens_mask", value))
-    attention_mask = attention_mask.setter(lambda self, value: self._set("attention_mask", value))
+    tokens = _PerToken()
+    type_ids = _PerToken()
+    offsets = _PerToken()
+    word_ids = _PerToken()
+    sequence_ids = _PerToken()
+    special_tokens_mask = _PerToken()
+    attention_mask = _PerToken()
 
     def as_dict(self) -> dict[str, list]:
         """Every per-token list by its attribute name."""

@@ -250,9 +250,7 @@ class Tokenizer:
         ids: list[int] = []
         flags: list[int] = []
         spans: list[int] = []
-        if self._lower_ascii and text.isascii():
-            text = text.lower()  # `_keys`, inlined: this runs once per text of a batch
-        for match in self._chunk_finditer(text):
+        for match in self._chunk_finditer(self._keys(text)):
             chunk_ids, chunk_flags, chunk_spans, whole = chunks[match[0]]
             ids += chunk_ids
             flags += chunk_flags
@@ -304,10 +302,9 @@ class Tokenizer:
             InputError: the input is too long without truncation, the budget left after special tokens and
                 the untruncated side is empty, or an option is invalid.
         """
-        first = self._encode_sequence(text)
         if pair is None and max_length is None and not (truncation or padding):
-            # The common single-text call: nothing to cut or pad.
-            return assemble(self.post_processor, self._id_to_token, first, None, add_special_tokens)
+            return self._encode_plain(text, add_special_tokens)  # the common single-text call
+        first = self._encode_sequence(text)
         truncation = check_truncation(truncation)
         padding = check_padding(padding)
         second = self._encode_sequence(pair) if pair is not None else None
@@ -318,6 +315,10 @@ class Tokenizer:
         if padding == "max_length":
             self._pad(encoding, pad_to or max_length or self.config.model_max_length)
         return encoding
+
+    def _encode_plain(self, text: str, add_special_tokens: bool) -> Encoding:
+        """`encode` of one text with nothing to cut or pad (no pair, no length limit, no padding)."""
+        return assemble(self.post_processor, self._id_to_token, self._encode_sequence(text), None, add_special_tokens)
 
     def encode_batch(
         self,
@@ -334,8 +335,9 @@ class Tokenizer:
 
         The cyclic garbage collector is paused for the batch (its state restored after): each text allocates
         a few lists, none in a reference cycle, and the collections they trigger, each walking every encoding
-        made so far, cost a batch of a book's lines 20-25% more time (benchmarks/tokenizer_speed.py). (A `contextlib.contextmanager` around the loop measured slower than
-        this try/finally on CPython 3.11, 0.62 against 0.39 CPU seconds for one book.)
+        made so far, cost a batch of a book's lines 20-25% more time (benchmarks/tokenizer_speed.py). (A
+        `contextlib.contextmanager` around the loop measured slower than this try/finally on CPython 3.11,
+        0.62 against 0.39 CPU seconds for one book.)
 
         Raises:
             InputError: `pairs` is given with a different length than `texts`, or as for `encode`.
@@ -350,14 +352,12 @@ class Tokenizer:
         gc.disable()
         try:
             if pairs is None and max_length is None and not (truncation or per_item_padding):
-                # The common batch (single texts, nothing to cut): `encode`'s first branch, without its checks.
-                post, id_to_token, encode_sequence = self.post_processor, self._id_to_token, self._encode_sequence
-                encodings = [assemble(post, id_to_token, encode_sequence(text), None, add_special_tokens)
-                             for text in texts]
+                plain = self._encode_plain  # the common batch: single texts, nothing to cut or pad
+                encodings = [plain(text, add_special_tokens) for text in texts]
             else:
                 encodings = [
                     self.encode(
-                    text,
+                        text,
                         None if pairs is None else pairs[position],
                         add_special_tokens=add_special_tokens,
                         max_length=max_length,
