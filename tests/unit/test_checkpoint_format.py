@@ -300,10 +300,10 @@ def test_checkpoint_format_registry_load_fast_path_switch(saved):
     # constructor's default layout (a fresh BertModel starts unpadded), so export can trace one graph.
     fast, _ = registry.load_model(saved)
     assert fast_paths_enabled(fast) == {"unpad": True, "fused_qkv": True, "row_chunks": True,
-                                          "activation_checkpointing": False}
+                                          "activation_checkpointing": False, "layer_graph": False}
     plain, _ = registry.load_model(saved, fast_path=False)
     assert fast_paths_enabled(plain) == {"unpad": False, "fused_qkv": False, "row_chunks": False,
-                                          "activation_checkpointing": False}
+                                          "activation_checkpointing": False, "layer_graph": False}
     assert plain.state_dict().keys() == fast.state_dict().keys()
 
 

@@ -157,7 +157,7 @@ def test_fused_qkv_unfuse_restores_plain_modules():
     for key, value in state.items():
         assert torch.equal(model.state_dict()[key], value), key
     assert fast_paths_enabled(model) == {"unpad": False, "fused_qkv": False, "row_chunks": False,
-                                          "activation_checkpointing": False}
+                                          "activation_checkpointing": False, "layer_graph": False}
 
 
 def test_fused_qkv_keeps_frozen_encoder_frozen():
@@ -510,10 +510,10 @@ def test_model_from_pretrained_fast_by_default(tmp_path):
     BertModel(BertConfig.preset("mini", vocab_size=500)).save_pretrained(tmp_path / "model")
     model = BertModel.from_pretrained(tmp_path / "model")
     assert fast_paths_enabled(model) == {"unpad": True, "fused_qkv": True, "row_chunks": True,
-                                          "activation_checkpointing": False}
+                                          "activation_checkpointing": False, "layer_graph": False}
     reference = BertModel.from_pretrained(tmp_path / "model", fast_path=False)
     assert fast_paths_enabled(reference) == {"unpad": False, "fused_qkv": False, "row_chunks": False,
-                                          "activation_checkpointing": False}
+                                          "activation_checkpointing": False, "layer_graph": False}
     assert not model.training
     for seed, lengths in enumerate(([37, 5, 20, 1], [12, 12, 3], [40])):
         ids, types, mask = ragged_batch(500, lengths, max(lengths), seed=seed)

@@ -157,10 +157,15 @@ class Encoder(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
+        self.graph = None  # the layer stack as one traced graph, where `fast_paths.trace_layers` made one
 
     def forward(self, x: torch.Tensor, layout: Padded | Unpadded, output_hidden_states: bool = False,
                 output_attentions: bool = False) -> tuple[torch.Tensor, list | None, list | None]:
         """x in the layout's shape -> (last layer's x, L + 1 hidden states [B, T, H], L maps [B, N, T, T])."""
+        graph = getattr(self, "graph", None)  # absent from a model pickled before layer graphs
+        if graph is not None and not (output_hidden_states or output_attentions or self.training) \
+                and graph.runs(x, layout):
+            return graph(x), None, None  # the same layers, traced: no Python between the operators
         hidden_states = [layout.leave(x)] if output_hidden_states else None
         attentions = [] if output_attentions else None
         for layer in self.layers:

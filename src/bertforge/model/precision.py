@@ -13,14 +13,16 @@ from torch import nn
 
 from bertforge.errors import ConfigError
 from bertforge.model.bf16 import is_bf16, pack_bf16
+from bertforge.model.fast_paths import trace_layers
 from bertforge.model.quantization import is_quantized, quantize_int8
 
 
 def apply_precision(model: nn.Module, precision: str) -> nn.Module:
-    """The model to run at a concrete precision: quantized in place for int8, its encoder linears packed in
-    bf16 for bf16 on the CPU, as it is otherwise."""
+    """The model to run at a concrete precision: quantized in place for int8 (its layer stack then traced as one
+    graph for unmasked input, `fast_paths.trace_layers`), its encoder linears packed in bf16 for bf16 on the
+    CPU, as it is otherwise."""
     if precision == "int8":
-        return quantize_int8(model)
+        return trace_layers(quantize_int8(model))
     if precision == "bf16" and {p.device.type for p in model.parameters()} == {"cpu"}:
         return pack_bf16(model)
     return model

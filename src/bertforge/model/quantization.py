@@ -16,6 +16,9 @@ inductor int8 flow needs the PT2E quantizer, which PyTorch no longer ships (it m
 the operator directly rather than through `quantize_dynamic` because the fused QKV projection is a
 parameter pair, not an `nn.Linear`, and so the quantized model keeps the encoder's own classes. The
 engine the weights are packed for is chosen per CPU (`quantization_engine`): oneDNN where AMX is present.
+On such a CPU each layer also keeps a pack for PyTorch's x86 engine, used for calls of few rows
+(`small_rows`): oneDNN's dynamic int8 linear costs some 30 us more per call than fbgemm's, which decides a
+batch-1 call of a short text.
 
 Activations use the full 8 bits (`REDUCE_RANGE = False`). PyTorch's own default for x86 is 7 bits, because
 on AVX2 without VNNI the int8 dot product (vpmaddubsw) sums pairs in saturating int16; measured here, the
@@ -55,10 +58,20 @@ from bertforge.model.fast_paths import is_attention, is_encoder, is_layer, pack_
 PREFERRED_ENGINES = ("x86", "fbgemm", "onednn")
 AMX_PREFERRED_ENGINES = ("onednn", "x86", "fbgemm")
 REDUCE_RANGE = False
+# On an AMX CPU, a call of at most SMALL_WORK / sqrt(in x out) rows runs on the x86 engine's pack (fbgemm), more
+# on oneDNN's. Measured per linear on a 2-core Sapphire Rapids-class Xeon (benchmarks/cpu_int8_rows.py): the
+# engines cross at 44 rows on [384 -> 1536] (MiniLM's feed-forward), 40 on [768 -> 768], 20 on [768 -> 3072]
+# (BERT-base's), 56 on [384 -> 1152]: about 32,768 / sqrt(in x out) each. One cutoff per model, from its
+# feed-forward shape (`small_rows`), so a batch runs every layer on one engine.
+SMALL_WORK = 32_768
 # SmoothQuant's migration strength, and the synthetic calibration batch [B, T] its activation ranges come from.
 SMOOTHING_ALPHA = 0.75
 CALIBRATION_SHAPE = (8, 64)
 CALIBRATION_FIRST_ID = 1000
+
+
+# The operator itself, not its overload packet: the packet's Python dispatch costs ~6 us a call.
+LINEAR_DYNAMIC = torch.ops.quantized.linear_dynamic.default
 
 
 def quantization_engine() -> str:
@@ -69,6 +82,14 @@ def quantization_engine() -> str:
             return engine
     raise ConfigError("precision int8 needs PyTorch's x86/fbgemm quantized engine, which this PyTorch build "
                       f"lacks (it has {supported}); use --precision fp32")
+
+
+def small_rows(config, engine_name: str) -> tuple[int, str | None]:
+    """(rows, engine): calls of at most `rows` rows run on `engine`'s pack (`SMALL_WORK`); (0, None) where
+    one engine serves every call (no AMX, or no x86 engine in this build)."""
+    if engine_name != "onednn" or "x86" not in torch.backends.quantized.supported_engines:
+        return 0, None
+    return int(SMALL_WORK / (config.hidden_size * config.intermediate_size) ** 0.5), "x86"
 
 
 def has_amx() -> bool:
@@ -96,7 +117,7 @@ class Int8Linear(nn.Module):
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, engine_name: str,
-                 smoothing: torch.Tensor | None = None):
+                 smoothing: torch.Tensor | None = None, small_rows: int = 0, small_engine: str | None = None):
         super().__init__()
         weight = weight.detach().float()
         # x W^T = (x / s)(W s)^T: dividing the input's channels by s moves their outliers into the weights.
@@ -112,15 +133,23 @@ class Int8Linear(nn.Module):
             warnings.simplefilter("ignore", UserWarning)
             qweight = torch.quantize_per_channel(weight, scales.double(), torch.zeros_like(scales, dtype=torch.long),
                                                  0, torch.qint8)
-            self._packed = torch.ops.quantized.linear_prepack(qweight, None if bias is None else bias.detach().float())
-        self.engine = engine_name
+            bias = None if bias is None else bias.detach().float()
+            self._packed = torch.ops.quantized.linear_prepack(qweight, bias)
+        self._small = None  # the same int8 weight packed for `small_engine`, for calls of <= small_rows rows
+        if small_rows and small_engine is not None and small_engine != engine_name:
+            with warnings.catch_warnings(), engine(small_engine):
+                warnings.simplefilter("ignore", UserWarning)
+                self._small = torch.ops.quantized.linear_prepack(qweight, bias)
+        self.small_rows = small_rows if self._small is not None else 0
+        self.engine, self.small_engine = engine_name, small_engine if self._small is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32:
             x = x.float()  # under an outer autocast the int8 kernel still takes fp32 activations
         if self.input_scale is not None:
             x = x * self.input_scale  # [..., I]
-        return torch.ops.quantized.linear_dynamic(x, self._packed, REDUCE_RANGE)  # [..., I] -> [..., O]
+        small = self._small is not None and x.numel() <= self.small_rows * self.in_features
+        return LINEAR_DYNAMIC(x, self._small if small else self._packed, REDUCE_RANGE)  # [..., I] -> [..., O]
 
     def int8_weight(self) -> torch.Tensor:
         """The packed weight as an int8 tensor [O, I] (for tests and inspection)."""
@@ -132,7 +161,8 @@ class Int8Linear(nn.Module):
                           "save the fp32 model and load it with --precision int8")
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, engine={self.engine}, int8"
+        small = f", {self.small_engine} up to {self.small_rows} rows" if self._small is not None else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, engine={self.engine}{small}, int8"
 
 
 def input_ranges(model: nn.Module, seed: int = 0) -> dict[nn.Module, torch.Tensor]:
@@ -192,18 +222,24 @@ def quantize_int8(model: nn.Module, *, smooth: bool = True) -> nn.Module:
     if is_quantized(model):
         return model
     ranges = input_ranges(model) if smooth else {}
-    for module in list(model.modules()):
-        if is_attention(module):
-            scale = ranges.get(module)
-            pack_qkv(module, lambda weight, bias, scale=scale: Int8Linear(
-                weight, bias, name, None if scale is None else smoothing_scales(scale, weight)))  # [3H, H]
-            module.output = Int8Linear(module.output.weight, module.output.bias, name)
-        if is_layer(module):
-            ff = module.feed_forward
-            scale = smoothing_scales(ranges[ff], ff.up.weight) if ff in ranges else None
-            ff.up = Int8Linear(ff.up.weight, ff.up.bias, name, scale)
-            scale = smoothing_scales(ranges[ff.down], ff.down.weight) if ff.down in ranges else None
-            ff.down = Int8Linear(ff.down.weight, ff.down.bias, name, scale)
+    for encoder in [m for m in model.modules() if is_encoder(m)]:
+        rows, small = small_rows(encoder.config, name)
+
+        def int8(weight, bias, scale=None, rows=rows, small=small):
+            return Int8Linear(weight, bias, name, scale, small_rows=rows, small_engine=small)
+
+        for module in list(encoder.modules()):
+            if is_attention(module):
+                scale = ranges.get(module)
+                pack_qkv(module, lambda weight, bias, scale=scale: int8(
+                    weight, bias, None if scale is None else smoothing_scales(scale, weight)))  # [3H, H]
+                module.output = int8(module.output.weight, module.output.bias)
+            if is_layer(module):
+                ff = module.feed_forward
+                ff.up = int8(ff.up.weight, ff.up.bias, smoothing_scales(ranges[ff], ff.up.weight) if ff in ranges
+                             else None)
+                ff.down = int8(ff.down.weight, ff.down.bias, smoothing_scales(ranges[ff.down], ff.down.weight)
+                               if ff.down in ranges else None)
     return model
 
 

@@ -1,0 +1,127 @@
+"""The traced layer stack (`fast_paths.LayerGraph`) and the int8 layers' kernel choice by row count.
+
+A graph must compute what the eager layers compute, bit for bit, on every shape and on both sides of a row
+cutoff; it must be used only for calls it can stand for, and never travel with a pickled model.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+import bertforge.model.quantization as quantization
+from bertforge.model.bert import BertModel
+from bertforge.model.fast_paths import fast_paths_enabled, set_fast_paths, trace_layers
+from bertforge.model.precision import apply_precision
+from bertforge.model.quantization import LINEAR_DYNAMIC, Int8Linear, small_rows
+
+ENGINES = torch.backends.quantized.supported_engines
+needs_both_engines = pytest.mark.skipif(not {"onednn", "x86"} <= set(ENGINES),
+                                        reason="needs PyTorch's onednn and x86 quantized engines")
+
+
+def eager(model: BertModel, ids: torch.Tensor, **kwargs) -> torch.Tensor:
+    """The model's output with its layer graph set aside (the eager forward)."""
+    graph, model.encoder.graph = model.encoder.graph, None
+    try:
+        return model(ids, **kwargs).last_hidden_state
+    finally:
+        model.encoder.graph = graph
+
+
+def int8_model(tiny_config, monkeypatch, cutoff: int | None = None) -> BertModel:
+    """A tiny int8 model; with `cutoff`, prepared as on an AMX CPU with x86 kernels up to `cutoff` rows."""
+    if cutoff is not None:
+        monkeypatch.setattr(quantization, "has_amx", lambda: True)
+        monkeypatch.setattr(quantization, "SMALL_WORK",
+                            (cutoff + 0.5) * (tiny_config.hidden_size * tiny_config.intermediate_size) ** 0.5)
+    torch.manual_seed(0)
+    return apply_precision(set_fast_paths(BertModel(tiny_config)), "int8")
+
+
+def test_layer_graph_equals_eager_bit_for_bit_on_any_shape(tiny_config, monkeypatch):
+    model = int8_model(tiny_config, monkeypatch)
+    assert fast_paths_enabled(model)["layer_graph"]
+    generator = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        for shape in [(1, 2), (1, 17), (3, 9), (1, 64), (2, 5)]:  # traced once, on the first shape
+            ids = torch.randint(5, tiny_config.vocab_size, shape, generator=generator)
+            assert torch.equal(model(ids).last_hidden_state, eager(model, ids)), shape
+    assert len(model.encoder.graph.graphs) >= 1
+
+
+@needs_both_engines
+def test_layer_graph_traces_each_side_of_a_row_cutoff(tiny_config, monkeypatch):
+    model = int8_model(tiny_config, monkeypatch, cutoff=6)
+    assert model.encoder.graph.cutoffs == [6]
+    generator = torch.Generator().manual_seed(2)
+    with torch.inference_mode():
+        for shape in [(1, 6), (1, 7), (2, 3), (2, 4), (1, 30), (1, 1)]:  # rows 6 | 7, 6 | 8, 30 | 1
+            ids = torch.randint(5, tiny_config.vocab_size, shape, generator=generator)
+            assert torch.equal(model(ids).last_hidden_state, eager(model, ids)), shape
+    assert sorted(model.encoder.graph.graphs) == [0, 1]  # one graph per interval, each traced once
+
+
+def test_layer_graph_runs_only_calls_it_can_stand_for(tiny_config, monkeypatch):
+    model = int8_model(tiny_config, monkeypatch)
+    graphs = model.encoder.graph.graphs
+    ids = torch.randint(5, tiny_config.vocab_size, (2, 8))
+    padded = torch.ones_like(ids)
+    padded[1, 5:] = 0
+    with torch.inference_mode():
+        model(ids, attention_mask=padded)  # padding: the unpadded layout, eager
+        model(ids, output_hidden_states=True)
+        model(ids, output_attentions=True)
+    with torch.no_grad():
+        model.train()
+        model(ids)  # training mode: eager (dropout)
+        model.eval()
+    assert not graphs
+    with torch.inference_mode():
+        model(ids, attention_mask=torch.ones_like(ids))  # no padding: the graph
+    assert len(graphs) == 1
+
+
+def test_layer_graph_is_left_out_of_a_pickled_model(tiny_config, monkeypatch):
+    model = int8_model(tiny_config, monkeypatch)
+    ids = torch.randint(5, tiny_config.vocab_size, (1, 12))
+    with torch.inference_mode():
+        expected = model(ids).last_hidden_state  # traced now
+        copy = pickle.loads(pickle.dumps(model))
+        assert copy.encoder.graph is None
+        assert torch.equal(copy(ids).last_hidden_state, expected)
+
+
+def test_trace_layers_is_idempotent_and_keeps_weights_shared(tiny_config):
+    torch.manual_seed(0)
+    model = trace_layers(set_fast_paths(BertModel(tiny_config)))
+    graph = model.encoder.graph
+    assert trace_layers(model).encoder.graph is graph
+    assert not model.training and not any(p.requires_grad for p in model.parameters())
+    ids = torch.randint(5, tiny_config.vocab_size, (1, 10))
+    with torch.inference_mode():
+        assert torch.equal(model(ids).last_hidden_state, eager(model, ids))  # fp32 traces too
+
+
+@needs_both_engines
+def test_int8_linear_runs_few_rows_on_the_small_pack(tiny_config):
+    torch.manual_seed(3)
+    weight, bias = torch.randn(48, 32) * 0.1, torch.randn(48)
+    linear = Int8Linear(weight, bias, "onednn", small_rows=4, small_engine="x86")
+    assert linear.small_rows == 4 and "x86 up to 4 rows" in repr(linear)
+    for rows in (1, 4, 5, 9):
+        x = torch.randn(rows, 32)
+        pack = linear._small if rows <= 4 else linear._packed
+        assert torch.equal(linear(x), LINEAR_DYNAMIC(x, pack, quantization.REDUCE_RANGE)), rows
+    single = Int8Linear(weight, bias, "x86", small_rows=4, small_engine="x86")  # one engine: one pack
+    assert single._small is None and single.small_rows == 0
+
+
+def test_small_rows_follows_the_feed_forward_shape(tiny_config):
+    config = tiny_config.replace(hidden_size=384, intermediate_size=1536, num_attention_heads=12)
+    rows, engine = small_rows(config, "onednn")
+    if "x86" in ENGINES:
+        assert (rows, engine) == (int(quantization.SMALL_WORK / 768), "x86") and rows == 42
+    assert small_rows(config, "x86") == (0, None)  # no AMX: fbgemm serves every call already
