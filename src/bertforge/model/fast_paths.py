@@ -19,7 +19,8 @@ and none changes `state_dict()` keys, so checkpoints and the Hugging Face key ta
 `BertPretrainedModel.from_pretrained` applies unpadding + fused QKV; `BertModel(config)` starts unpadded,
 unfused.
 
-This module imports nothing of the model: it finds what it transforms by the encoder's conventions (an
+This module imports nothing of the model but its token layouts (`layouts.Padded`, which the layer graph
+runs): it finds what it transforms by the encoder's conventions (an
 encoder has an `unpad` switch; an attention module has `projections()` and `query`/`key`/`value`
 projections; a layer has `attention` and `feed_forward`) and makes each fast variant as a subclass of the
 module's own class, so `model/bert.py` can offer `from_pretrained` on the fast path without a cycle. The plain reference path is one call away: `set_fast_paths(model, unpad=False, fused_qkv=False)`.

@@ -59,10 +59,10 @@ PREFERRED_ENGINES = ("x86", "fbgemm", "onednn")
 AMX_PREFERRED_ENGINES = ("onednn", "x86", "fbgemm")
 REDUCE_RANGE = False
 # On an AMX CPU, a call of at most SMALL_WORK / sqrt(in x out) rows runs on the x86 engine's pack (fbgemm), more
-# on oneDNN's. Measured per linear on a 2-core Sapphire Rapids-class Xeon (benchmarks/cpu_int8_rows.py): the
-# engines cross at 44 rows on [384 -> 1536] (MiniLM's feed-forward), 40 on [768 -> 768], 20 on [768 -> 3072]
-# (BERT-base's), 56 on [384 -> 1152]: about 32,768 / sqrt(in x out) each. One cutoff per model, from its
-# feed-forward shape (`small_rows`), so a batch runs every layer on one engine.
+# on oneDNN's. Measured per linear on a 2-core Sapphire Rapids-class Xeon (benchmarks/cpu_int8_rows.py): oneDNN
+# is the faster from 40 rows on [384 -> 1536] (MiniLM's feed-forward), 48 on [384 -> 1152], 40 on [768 -> 768],
+# 16-24 on [768 -> 3072] (BERT-base's): about 32,768 / sqrt(in x out) each. One cutoff per model, from its
+# feed-forward shape (`small_rows`), so a call runs every layer on one engine.
 SMALL_WORK = 32_768
 # SmoothQuant's migration strength, and the synthetic calibration batch [B, T] its activation ranges come from.
 SMOOTHING_ALPHA = 0.75
