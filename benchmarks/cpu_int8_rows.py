@@ -52,7 +52,7 @@ def main() -> None:
         times = {}
         for rows in ROWS:
             x = torch.randn(rows, inputs, generator=generator)
-            times[rows] = (per_call_us(lambda: onednn(x)), per_call_us(lambda: x86(x)))
+            times[rows] = tuple(per_call_us(lambda linear=linear, x=x: linear(x)) for linear in (onednn, x86))
         crossing = next((rows for rows, (a, b) in times.items() if a < b), None)
         cutoff = int(SMALL_WORK / (inputs * outputs) ** 0.5)
         results.append({"shape": [inputs, outputs], "us_onednn_x86": times, "onednn_faster_from": crossing,
