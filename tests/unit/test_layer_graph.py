@@ -49,6 +49,8 @@ def test_layer_graph_equals_eager_bit_for_bit_on_any_shape(tiny_config, monkeypa
         for shape in [(1, 2), (1, 17), (3, 9), (1, 64), (2, 5)]:  # traced once, on the first shape
             ids = torch.randint(5, tiny_config.vocab_size, shape, generator=generator)
             assert torch.equal(model(ids).last_hidden_state, eager(model, ids)), shape
+    with torch.no_grad():  # traced under inference mode, run outside it
+        assert torch.equal(model(ids).last_hidden_state, eager(model, ids))
     assert len(model.encoder.graph.graphs) >= 1
 
 

@@ -68,6 +68,15 @@ def test_tokenizer_word_cap_defaults_to_google_200(tiny):
     assert encoding.offsets == [(0, 1), (2, 203)]
 
 
+def test_tokenizer_vocabulary_word_over_the_cap_is_unknown():
+    # A word that is one vocabulary entry skips the WordPiece search, but not the length cap.
+    capped = Tokenizer(Vocab(TINY_TOKENS), TokenizerConfig(max_input_chars_per_word=4))
+    assert capped.tokenize("quick fox quick") == ["[UNK]", "fox", "[UNK]"]
+    assert capped.tokenize("hello, world") == ["[UNK]", ",", "[UNK]"]
+    assert Tokenizer(Vocab(TINY_TOKENS)).tokenize("quick fox, unaffable") == ["quick", "fox", ",", "un", "##aff",
+                                                                              "##able"]
+
+
 @pytest.mark.parametrize(
     "code_point",
     [0x4E00, 0x9FFF, 0x3400, 0x4DBF, 0x20000, 0x2A6DF, 0x2A700, 0x2B73F, 0x2B740, 0x2B81F, 0x2B820, 0x2CEAF,

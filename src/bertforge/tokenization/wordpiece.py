@@ -25,7 +25,7 @@ class WordPiece:
     def __init__(self, vocab: Mapping[str, int], unk_id: int, max_input_chars_per_word: int = 200):
         self.unk_id = unk_id
         self.max_input_chars_per_word = max_input_chars_per_word
-        self._initial = dict(vocab)
+        self._initial = self.initial = dict(vocab)  # looked up at the start of a word
         prefix = len(CONTINUATION_PREFIX)
         self._continuation = {
             token[prefix:]: index for token, index in vocab.items() if token.startswith(CONTINUATION_PREFIX)
