@@ -59,17 +59,24 @@ class Result:
     p99_ms: float
     mean_batch: float
     peak_rss_mib: float
+    idle_rss_mib: float = float("nan")
 
 
-def peak_rss_mib(pid: int) -> float:
-    """The server process's peak resident memory so far (VmHWM), to show memory stays bounded under load."""
+def peak_rss_mib(pid: int, field: str = "VmHWM") -> float:
+    """The server process's peak resident memory so far (VmHWM), to show memory stays bounded under load; with
+    `field="VmRSS"`, its resident memory now."""
     try:
         for line in open(f"/proc/{pid}/status", encoding="ascii"):
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
     return float("nan")
+
+
+# After each row the server is left idle this long, then its resident memory is read: the scheduler hands
+# freed heap memory back to the system after `release_memory_after_s` (2 s by default) without requests.
+IDLE_SECONDS = 3.0
 
 
 def load_texts(limit: int = 800) -> list[str]:
@@ -254,6 +261,8 @@ async def run_all(args: argparse.Namespace, texts: list[str]) -> list[Result]:
                 result = Result(mode, clients, args.seconds, len(latencies), errors, len(latencies) / args.seconds,
                                 1000 * percentile(latencies, 0.5), 1000 * percentile(latencies, 0.99),
                                 (after[0] - before[0]) / calls if calls else 0.0, peak_rss_mib(processes[mode].pid))
+                await asyncio.sleep(IDLE_SECONDS)
+                result.idle_rss_mib = peak_rss_mib(processes[mode].pid, "VmRSS")
                 print(format_row(result), flush=True)
                 results.append(result)
     finally:
@@ -350,7 +359,7 @@ def format_large_row(r: LargeResult) -> str:
 
 def format_row(r: Result) -> str:
     return (f"| {r.mode:>3} | {r.clients:>3} | {r.throughput:8.1f} | {r.p50_ms:8.1f} | {r.p99_ms:8.1f} | "
-            f"{r.mean_batch:5.1f} | {r.errors} | {r.peak_rss_mib:6.0f} |")
+            f"{r.mean_batch:5.1f} | {r.errors} | {r.peak_rss_mib:6.0f} | {r.idle_rss_mib:6.0f} |")
 
 
 def serve_forever(args: argparse.Namespace) -> None:
@@ -425,8 +434,9 @@ def benchmark_throughput(args: argparse.Namespace) -> None:
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"cuda={torch.cuda.is_available()}, task {args.task}, {args.seconds:g} s per row, "
           f"max_batch_size {args.max_batch_size}, max_wait_ms {args.max_wait_ms:g}")
-    print("| batching | clients | req/s | p50 ms | p99 ms | mean batch | errors | server peak RSS MiB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| batching | clients | req/s | p50 ms | p99 ms | mean batch | errors | server peak RSS MiB | RSS after "
+          f"{IDLE_SECONDS:g} s idle |")
+    print("|---|---|---|---|---|---|---|---|---|")
     results = asyncio.run(run_all(args, texts))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n", encoding="utf-8")

@@ -12,6 +12,9 @@ pipelines) and everything else runs in fp32, so its autocast is a no-op; trainin
 config has its own names). How far bf16 and int8 results may move from fp32 ones is stated in
 docs/cpu_inference.md.
 
+`release_freed_memory` hands the heap memory this process has freed back to the operating system (a
+long-running server calls it when idle).
+
 `capture_rng_state` / `restore_rng_state` cover every generator a training step draws from (Python,
 NumPy, torch CPU, all CUDA devices), in a form `torch.load(weights_only=True)` reads back, so a resumed
 run draws the same dropout masks as an uninterrupted one.
@@ -20,6 +23,8 @@ run draws the same dropout masks as an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
 import random
 from typing import Any
@@ -148,3 +153,26 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc; absent from musl, macOS and Windows C libraries
+    except (AttributeError, OSError):
+        return None
+
+
+def release_freed_memory() -> bool:
+    """Return the heap memory this process has freed to the operating system (glibc's `malloc_trim(0)`);
+    False where the C library has no such call.
+
+    Why: glibc keeps freed blocks for reuse, so a server's resident memory stays at its busiest moment. A
+    CPU server that met many batch shapes measured 1,013 MiB resident with int8, 688 MiB after one call
+    (15 ms; fp32 577 -> 433, bf16 1,151 -> 907; docs/serving.md, "Memory").
+    """
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True

@@ -11,6 +11,7 @@ import ast
 import asyncio
 import json
 import math
+import platform
 import subprocess
 import sys
 import time
@@ -425,6 +426,62 @@ def test_scheduler_worker_batches_concurrent_requests_and_answers_each_as_whole(
         assert len(fake.calls) < len(texts)  # requests shared model calls
 
     asyncio.run(main())
+
+
+def test_scheduler_releases_freed_memory_once_per_idle_spell_after_model_calls(monkeypatch):
+    import bertforge.inference.scheduler as scheduler_module
+
+    releases: list[float] = []
+    monkeypatch.setattr(scheduler_module, "release_freed_memory", lambda: releases.append(time.monotonic()) or True)
+
+    async def main() -> None:
+        fake = FakePipeline()
+        scheduler = Scheduler({"t": fake}, SchedulerSettings(release_memory_after_s=0.05))
+        await scheduler.start()
+        try:
+            await asyncio.sleep(0.2)
+            assert releases == []  # nothing ran yet: nothing to give back
+            assert await ask(scheduler, "t", ["one a"]) == whole(["one a"])
+            await asyncio.sleep(0.3)
+            assert len(releases) == 1  # one release per idle spell, not one per wait
+            answered = time.monotonic()
+            assert await ask(scheduler, "t", ["two b"]) == whole(["two b"])  # a request after the release runs
+            await asyncio.sleep(0.3)
+            assert len(releases) == 2 and releases[1] > answered
+        finally:
+            await scheduler.stop()
+
+    asyncio.run(main())
+
+
+def test_scheduler_never_releases_memory_when_the_setting_is_zero(monkeypatch):
+    import bertforge.inference.scheduler as scheduler_module
+
+    releases: list[int] = []
+    monkeypatch.setattr(scheduler_module, "release_freed_memory", lambda: releases.append(1) or True)
+
+    async def main() -> None:
+        scheduler = Scheduler({"t": FakePipeline()}, SchedulerSettings(release_memory_after_s=0))
+        await scheduler.start()
+        try:
+            await ask(scheduler, "t", ["one a"])
+            await asyncio.sleep(0.2)
+        finally:
+            await scheduler.stop()
+
+    asyncio.run(main())
+    assert releases == []
+    with pytest.raises(ConfigError, match="release_memory_after_s"):
+        SchedulerSettings(release_memory_after_s=-1)
+
+
+def test_release_freed_memory_returns_heap_to_the_system_where_glibc_has_malloc_trim():
+    from bertforge import runtime
+
+    released = runtime.release_freed_memory()
+    assert released is (runtime._malloc_trim() is not None)
+    if sys.platform == "linux" and platform.libc_ver()[0] == "glibc":
+        assert released
 
 
 def test_scheduler_runs_a_real_pipeline_split_over_calls_as_the_pipeline_answers(tiny_minilm_model):

@@ -54,6 +54,8 @@ class SchedulerSettings:
         max_queue_wait_s: a request that would wait longer than this before its first model call, at the
             recent throughput, is refused at once ("busy", with a Retry-After) instead of queued (0: no limit).
         drain_timeout_s: at shutdown, how long accepted requests may take to finish before they fail.
+        release_memory_after_s: once model calls have run, when no request arrives for this long, the heap
+            memory they freed is handed back to the operating system (`runtime.release_freed_memory`; 0: never).
     """
 
     max_batch_size: int = 32
@@ -65,10 +67,12 @@ class SchedulerSettings:
     request_timeout_s: float = 60.0
     max_queue_wait_s: float = 10.0
     drain_timeout_s: float = 30.0
+    release_memory_after_s: float = 2.0
 
     def __post_init__(self) -> None:
         check_positive(self, ("max_batch_size", "max_batch_tokens", "max_request_tokens", "max_queue"))
-        check_seconds(self, ("max_wait_ms", "request_timeout_s", "max_queue_wait_s", "drain_timeout_s"))
+        check_seconds(self, ("max_wait_ms", "request_timeout_s", "max_queue_wait_s", "drain_timeout_s",
+                             "release_memory_after_s"))
 
 
 def check_seconds(settings: object, names: Sequence[str]) -> None:

@@ -17,6 +17,10 @@ can be run and tested with only the core install. One turn of the worker (`Sched
 - decode (`Pipeline.decode`) each request whose windows have all run, so its answer is the same as if it
   had run whole.
 
+When model calls have run and no request arrives for `release_memory_after_s`, the worker hands the heap
+memory they freed back to the operating system (`runtime.release_freed_memory`, in the model thread), once
+per busy spell: a CPU server's resident memory otherwise stays at its busiest moment.
+
 Everything done with the model runs in one model thread, so the model is never used concurrently and the
 event loop stays free. A bad input fails only its own request, and a failed model call is retried request
 by request, so the worker never stops. A model call whose outputs are not finite (NaN or infinity: corrupt
@@ -60,6 +64,7 @@ from bertforge.inference.jobs import (
 )
 from bertforge.inference.pipelines import feature_tokens
 from bertforge.inference.wire_inputs import plain_inputs
+from bertforge.runtime import release_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +96,7 @@ class Scheduler:
         self.unhealthy: str | None = None  # why the model cannot be trusted any more (non-finite outputs)
         self.warmed = False  # one request of each task has run (`warm_up`)
         self.draining = False  # shutting down: new requests are refused, accepted ones finish
+        self.memory_to_release = False  # model calls ran since freed memory last went back (`next_request`)
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     async def start(self, *, run_worker: bool = True) -> None:
@@ -278,7 +284,7 @@ class Scheduler:
         if self.running:
             fresh = self.take_waiting()
         else:
-            fresh = await self.gather(self.taken(await self.queue.get()))
+            fresh = await self.gather(self.taken(await self.next_request()))
         fresh = [job for job in fresh if not job.gone]
         if fresh:
             began = time.perf_counter()
@@ -289,6 +295,26 @@ class Scheduler:
         self.drop_gone()
         if self.running:
             await self.run_step(self.plan())
+
+    async def next_request(self) -> Job:
+        """The next request from the queue; if model calls ran since the last release and none comes for
+        `release_memory_after_s`, freed memory goes back to the operating system first."""
+        idle = self.settings.release_memory_after_s
+        if not (self.memory_to_release and idle and self.queue.empty()):
+            return await self.queue.get()
+        getter = asyncio.ensure_future(self.queue.get())
+        try:
+            done, _ = await asyncio.wait({getter}, timeout=idle)
+            if not done:
+                self.memory_to_release = False
+                released = await self.in_model_thread(release_freed_memory)
+                log.debug("idle for %.1f s: freed memory %s", idle, "released" if released else "kept (no malloc_trim)")
+            return await getter
+        except asyncio.CancelledError:
+            if getter.done() and not getter.cancelled():
+                self.queue.put_nowait(getter.result())  # taken as the worker stopped: `stop` fails it with the rest
+            getter.cancel()
+            raise
 
     async def in_model_thread(self, function: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
@@ -423,6 +449,7 @@ class Scheduler:
             self.running.remove(first)
             return
         elapsed = time.perf_counter() - began
+        self.memory_to_release = True
         if not finite:
             self.mark_unhealthy(f"a model call gave non-finite outputs (NaN or infinity) for the {first.task} "
                                 "task")
