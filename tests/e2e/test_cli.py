@@ -327,3 +327,31 @@ def test_cli_predict_bad_files_are_one_clear_line(tmp_path, capsys, tiny_minilm_
         assert main(["predict", "--task", "embed", "--device", "cpu", *extra]) == 2
         err = capsys.readouterr().err
         assert expected in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+
+def test_cli_leaves_the_process_group_a_command_joined(tmp_path, monkeypatch):
+    # A gloo group left to the interpreter's exit aborted a finished torchrun rank now and then (SIGABRT,
+    # "terminate called without an active exception"); `main` leaves it once a command has succeeded.
+    import argparse
+
+    import torch.distributed as dist
+
+    from bertforge import cli
+
+    cli.leave_process_group()  # nothing joined: nothing to do
+
+    def joins(args, extra):  # a command that trains under torchrun joins the group
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command")
+    parser.add_argument("--verbose", action="store_true")
+    parser.set_defaults(func=joins)
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    try:
+        assert cli.main(["joins"]) == 0
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         if extra and args.command not in OVERRIDE_COMMANDS:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.func(args, extra)
+        leave_process_group()
     except BertforgeError as exc:
         print(f"bertforge {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -38,6 +39,15 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def leave_process_group() -> None:
+    """Leave the torch.distributed process group a command joined (training under torchrun), before the
+    interpreter exits: a gloo group left to the exit sequence aborted its process now and then ("terminate
+    called without an active exception", SIGABRT after a finished run), and torchrun then failed the run."""
+    dist = sys.modules.get("torch.distributed")  # never imported by commands that do not use it
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def entry() -> None:
