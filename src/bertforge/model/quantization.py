@@ -112,7 +112,10 @@ class Int8Linear(nn.Module):
     """y = x W^T + b with W int8 per output channel and x quantized per tensor at run time.
 
     Args:
-        weight: float [O, I]; bias: float [O] or None; engine: the quantized engine to pack for.
+        weight: float [O, I]; bias: float [O] or None; engine_name: the quantized engine to pack for.
+        smoothing: SmoothQuant's per-input-channel scales [I] (`smoothing_scales`), or None.
+        small_rows, small_engine: calls of at most `small_rows` rows (input elements / I) run on a second
+            pack for `small_engine` (`small_rows(config, engine)` chooses both; 0 / None: one pack).
     Input [..., I] float32, output [..., O] float32.
     """
 
