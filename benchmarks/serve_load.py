@@ -62,7 +62,7 @@ class Result:
     idle_rss_mib: float = float("nan")
 
 
-def peak_rss_mib(pid: int, field: str = "VmHWM") -> float:
+def resident_mib(pid: int, field: str = "VmHWM") -> float:
     """The server process's peak resident memory so far (VmHWM), to show memory stays bounded under load; with
     `field="VmRSS"`, its resident memory now."""
     try:
@@ -260,9 +260,9 @@ async def run_all(args: argparse.Namespace, texts: list[str]) -> list[Result]:
                 calls = after[1] - before[1]
                 result = Result(mode, clients, args.seconds, len(latencies), errors, len(latencies) / args.seconds,
                                 1000 * percentile(latencies, 0.5), 1000 * percentile(latencies, 0.99),
-                                (after[0] - before[0]) / calls if calls else 0.0, peak_rss_mib(processes[mode].pid))
+                                (after[0] - before[0]) / calls if calls else 0.0, resident_mib(processes[mode].pid))
                 await asyncio.sleep(IDLE_SECONDS)
-                result.idle_rss_mib = peak_rss_mib(processes[mode].pid, "VmRSS")
+                result.idle_rss_mib = resident_mib(processes[mode].pid, "VmRSS")
                 print(format_row(result), flush=True)
                 results.append(result)
     finally:

@@ -45,9 +45,10 @@ def leave_process_group() -> None:
     """Leave the torch.distributed process group a command joined (training under torchrun), before the
     interpreter exits: a gloo group left to the exit sequence aborted its process now and then ("terminate
     called without an active exception", SIGABRT after a finished run), and torchrun then failed the run."""
-    dist = sys.modules.get("torch.distributed")  # never imported by commands that do not use it
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if "torch.distributed" in sys.modules:  # a command that never loaded torch joined nothing
+        from bertforge.training.distributed import teardown
+
+        teardown()
 
 
 def entry() -> None:

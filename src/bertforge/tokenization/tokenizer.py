@@ -116,7 +116,6 @@ class Tokenizer:
         # Lower-casing ASCII text up front is safe (one character to one, no context) and merges cache keys.
         self._lower_ascii = self.config.do_lower_case
         self._wordpiece = WordPiece(vocab.as_dict(), vocab.unk_id, self.config.max_input_chars_per_word)
-        self._whole_words = self._wordpiece.initial  # token -> id, for words that are one vocabulary entry
         self._id_to_token = vocab.tokens
         self._cls_id = vocab[self.config.cls_token]
         self._sep_id = vocab[self.config.sep_token]
@@ -187,9 +186,8 @@ class Tokenizer:
     # ---------------------------------------------------------------------------------- tokenization
     def _analyze_word(self, word: str) -> ChunkAnalysis:
         """`_analyze_chunk` of one normalised word: its WordPiece ids and spans (memoised by `_words`)."""
-        index = self._whole_words.get(word)
-        if index is not None and len(word) <= self._wordpiece.max_input_chars_per_word:
-            # A vocabulary entry is its own longest match: one piece, the whole word (most words of a text).
+        index = self._wordpiece.whole(word)
+        if index is not None:  # one piece, the whole word (most words of a text): no search, no lists
             return (index,), (1,), (0, len(word)), len(word)
         pieces = self._wordpiece.tokenize(word)
         return _analysis(

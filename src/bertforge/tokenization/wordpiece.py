@@ -25,7 +25,7 @@ class WordPiece:
     def __init__(self, vocab: Mapping[str, int], unk_id: int, max_input_chars_per_word: int = 200):
         self.unk_id = unk_id
         self.max_input_chars_per_word = max_input_chars_per_word
-        self._initial = self.initial = dict(vocab)  # looked up at the start of a word
+        self._initial = dict(vocab)
         prefix = len(CONTINUATION_PREFIX)
         self._continuation = {
             token[prefix:]: index for token, index in vocab.items() if token.startswith(CONTINUATION_PREFIX)
@@ -34,6 +34,13 @@ class WordPiece:
         # the result is the same and long words stop costing quadratic time.
         self._max_initial = max((len(token) for token in self._initial), default=0)
         self._max_continuation = max((len(token) for token in self._continuation), default=0)
+
+    def whole(self, word: str) -> int | None:
+        """The id of `word` when it is one vocabulary entry within the length cap: then the greedy longest
+        match is the word itself, one piece (`tokenize` gives ``[(id, 0, len(word))]``); else None."""
+        if len(word) > self.max_input_chars_per_word:
+            return None
+        return self._initial.get(word)
 
     def tokenize(self, word: str) -> list[tuple[int, int, int]]:
         """Segment one word.
