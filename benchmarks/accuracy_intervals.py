@@ -1,0 +1,135 @@
+"""Paired-bootstrap intervals for the int8/bf16 accuracy budget (docs/cpu_inference.md, "Accuracy budget").
+
+A dev set is a sample: a change of 0.1 point between fp32 and int8 may be a few examples that flipped either
+way. This scores one fine-tuned model on one data file with every system of the budget — bertforge fp32, int8
+and bf16, ONNX Runtime int8 (`quantize_dynamic`'s defaults and the per-channel graph of `bertforge export
+--quantize int8`) — through `bertforge evaluate`'s own path (`prepare_evaluation`, the family's features,
+decoder and `score`; ONNX Runtime replaces only the model, as in `benchmarks/ort_int8_accuracy.py`). Then it
+draws B resamples of the examples with replacement, the same resample for every system (paired), scores each
+system on each resample with the family's `score`, and reports for every metric:
+
+* each system's change against fp32, with the 2.5th and 97.5th percentiles of the resampled changes (a 95%
+  interval: an interval that holds 0 is a change the dev set cannot tell from sampling);
+* bertforge int8's score minus each ONNX Runtime int8's — the budget's comparison ("a drop no larger than
+  ONNX Runtime's") as one figure with its interval.
+
+    python -m benchmarks.accuracy_intervals --model runs/budget/squad/best \\
+        --data runs/budget/squad/dev-eval-articles.json --out runs/budget/intervals/squad.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.ort_int8_accuracy import SYSTEMS, OrtTaskModel, crf_scores, export_graphs, session
+from bertforge.evaluation.saved_model import prepare_evaluation
+from bertforge.families import registry
+from bertforge.model.precision import apply_precision
+from bertforge.storage import write_json
+
+PRECISIONS = ("fp32", "int8", "bf16")
+REFERENCE = "bertforge fp32"
+INT8 = "bertforge int8"
+
+
+def system_results(model_dir, data_file, *, threads: int, batch_size: int, limit: int | None):
+    """(the fp32 evaluation, {system: one decoded result per example}) for every system of the budget."""
+    results: dict[str, list] = {}
+    reference = None
+    for precision in PRECISIONS:
+        prepared = prepare_evaluation(model_dir, data_file, batch_size=batch_size, device="cpu",
+                                      precision=precision, limit=limit)
+        model, _ = registry.load_model(prepared.directory, prepared.family.model_class, device="cpu")
+        results[f"bertforge {precision}"] = prepared.evaluation.results(apply_precision(model, precision))
+        reference = reference or prepared.evaluation
+    crf = crf_scores(model_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        graphs, _ = export_graphs(model_dir, Path(tmp), per_channel=True)
+        for name, graph in SYSTEMS.items():
+            if name != "ORT fp32":  # equal to bertforge fp32 on every budget task (docs); not needed here
+                results[name] = reference.results(OrtTaskModel(session(graphs[graph], threads), crf))
+    return reference, results
+
+
+def scores(evaluation, results: list, rows: np.ndarray) -> dict[str, float]:
+    """The family's metrics of `results` on the examples `rows` (indices, repeats allowed)."""
+    examples = [evaluation.examples[i] for i in rows]
+    chosen = [results[i] for i in rows]
+    metrics = evaluation.family.score(examples, chosen, evaluation.config, options=evaluation.options,
+                                      **evaluation.scoring)[0]
+    return {name: float(value) for name, value in metrics.items() if isinstance(value, (int, float))}
+
+
+def interval(values: list[float]) -> list[float]:
+    return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))]
+
+
+def paired_intervals(evaluation, results: dict[str, list], *, resamples: int, seed: int) -> dict:
+    """Point scores, and per metric each system's change against fp32 and int8 minus each ORT int8, each with
+    its 95% paired-bootstrap interval."""
+    count = len(evaluation.examples)
+    everything = np.arange(count)
+    point = {name: scores(evaluation, values, everything) for name, values in results.items()}
+    metrics = sorted(set.intersection(*(set(p) for p in point.values())))
+    comparisons = [(name, REFERENCE) for name in results if name != REFERENCE]
+    comparisons += [(INT8, name) for name in results if name.startswith("ORT")]
+    drawn: dict[tuple[str, str, str], list[float]] = {(a, b, m): [] for a, b in comparisons for m in metrics}
+    generator = np.random.default_rng(seed)
+    for _ in range(resamples):
+        rows = generator.integers(0, count, count)
+        resampled = {name: scores(evaluation, values, rows) for name, values in results.items()}
+        for a, b in comparisons:
+            for m in metrics:
+                drawn[(a, b, m)].append(resampled[a][m] - resampled[b][m])
+    changes = {m: {f"{a} - {b}": {"point": point[a][m] - point[b][m], "interval_95": interval(drawn[(a, b, m)])}
+                   for a, b in comparisons} for m in metrics}
+    return {"scores": point, "differences": changes}
+
+
+def table(report: dict) -> list[str]:
+    """Markdown rows: metric, comparison, point change and interval, in points (x100)."""
+    lines = ["| metric | comparison | change (points) | 95% interval |", "|---|---|---|---|"]
+    for metric, comparisons in report["differences"].items():
+        for name, figure in comparisons.items():
+            low, high = figure["interval_95"]
+            lines.append(f"| {metric} | {name} | {100 * figure['point']:+.2f} | [{100 * low:+.2f}, {100 * high:+.2f}] |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a directory saved by `bertforge finetune`")
+    parser.add_argument("--data", required=True, help="the file to score, as `bertforge evaluate --data` takes it")
+    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the resampling")
+    parser.add_argument("--threads", type=int, default=2, help="torch and ONNX Runtime intra-op threads")
+    parser.add_argument("--batch-size", type=int, default=64, help="as `bertforge evaluate --batch-size`")
+    parser.add_argument("--limit", type=int, help="score only the first N examples (a quick run)")
+    parser.add_argument("--out", help="also write the JSON here")
+    args = parser.parse_args(argv)
+    if args.resamples < 1:
+        parser.error("--resamples must be at least 1")
+    torch.set_num_threads(args.threads)
+    started = time.time()
+    evaluation, results = system_results(args.model, args.data, threads=args.threads, batch_size=args.batch_size,
+                                         limit=args.limit)
+    decoded = time.time()
+    report = paired_intervals(evaluation, results, resamples=args.resamples, seed=args.seed)
+    out = {"model": args.model, "data": args.data, "examples": len(evaluation.examples),
+           "resamples": args.resamples, "seed": args.seed,
+           "seconds": {"decode": decoded - started, "bootstrap": time.time() - decoded}, **report}
+    if args.out:
+        write_json(args.out, out)
+    print(json.dumps(out["scores"]))
+    print("\n".join(table(report)))
+
+
+if __name__ == "__main__":
+    main()
