@@ -11,7 +11,8 @@
 #
 # Prints one line per score (task, precision, metrics) and leaves every run's metrics.json under OUT/eval,
 # ONNX Runtime's scores under OUT/ort, and under OUT/intervals each change against fp32 with its 95%
-# paired-bootstrap interval (benchmarks/accuracy_intervals.py).
+# paired-bootstrap interval (benchmarks/accuracy_intervals.py; RESAMPLES, default 1000: a SQuAD resample
+# scores five systems in ~0.7 s).
 set -euo pipefail
 OUT=${1:-runs/budget}
 DATA=${2:-../shared/data}
@@ -34,7 +35,8 @@ score() {  # model data name
     echo "$name $p $(cat "$OUT/eval/$name-$p/metrics.json" | tr -d '\n ')"
   done
   $PY -m benchmarks.ort_int8_accuracy --model "$model" --data "$data" --per-channel --out "$OUT/ort/$name.json"
-  $PY -m benchmarks.accuracy_intervals --model "$model" --data "$data" --out "$OUT/intervals/$name.json"
+  $PY -m benchmarks.accuracy_intervals --model "$model" --data "$data" --resamples "${RESAMPLES:-1000}" \
+    --out "$OUT/intervals/$name.json"
 }
 
 if [ "${BUDGET:-quick}" = full ]; then

@@ -6,7 +6,8 @@ and bf16, ONNX Runtime int8 (`quantize_dynamic`'s defaults and the per-channel g
 --quantize int8`) — through `bertforge evaluate`'s own path (`prepare_evaluation`, the family's features,
 decoder and `score`; ONNX Runtime replaces only the model, as in `benchmarks/ort_int8_accuracy.py`). Then it
 draws B resamples of the examples with replacement, the same resample for every system (paired), scores each
-system on each resample with the family's `score`, and reports for every metric:
+system on each resample with the family's `score` (`bertforge.evaluation.intervals`, which `bertforge evaluate
+--against` uses too), and reports for every metric:
 
 * each system's change against fp32, with the 2.5th and 97.5th percentiles of the resampled changes (a 95%
   interval: an interval that holds 0 is a change the dev set cannot tell from sampling);
@@ -25,10 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from benchmarks.ort_int8_accuracy import SYSTEMS, OrtTaskModel, crf_scores, export_graphs, session
+from bertforge.evaluation.intervals import paired_changes
 from bertforge.evaluation.saved_model import prepare_evaluation
 from bertforge.families import registry
 from bertforge.model.precision import apply_precision
@@ -58,45 +59,17 @@ def system_results(model_dir, data_file, *, threads: int, batch_size: int, limit
     return reference, results
 
 
-def scores(evaluation, results: list, rows: np.ndarray) -> dict[str, float]:
-    """The family's metrics of `results` on the examples `rows` (indices, repeats allowed)."""
-    examples = [evaluation.examples[i] for i in rows]
-    chosen = [results[i] for i in rows]
-    metrics = evaluation.family.score(examples, chosen, evaluation.config, options=evaluation.options,
-                                      **evaluation.scoring)[0]
-    return {name: float(value) for name, value in metrics.items() if isinstance(value, (int, float))}
-
-
-def interval(values: list[float]) -> list[float]:
-    return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))]
-
-
-def paired_intervals(evaluation, results: dict[str, list], *, resamples: int, seed: int) -> dict:
-    """Point scores, and per metric each system's change against fp32 and int8 minus each ORT int8, each with
-    its 95% paired-bootstrap interval."""
-    count = len(evaluation.examples)
-    everything = np.arange(count)
-    point = {name: scores(evaluation, values, everything) for name, values in results.items()}
-    metrics = sorted(set.intersection(*(set(p) for p in point.values())))
+def budget_changes(evaluation, results: dict[str, list], *, resamples: int, seed: int) -> dict:
+    """Point scores, each system's change against fp32, and int8 minus each ORT int8, with 95% intervals."""
     comparisons = [(name, REFERENCE) for name in results if name != REFERENCE]
     comparisons += [(INT8, name) for name in results if name.startswith("ORT")]
-    drawn: dict[tuple[str, str, str], list[float]] = {(a, b, m): [] for a, b in comparisons for m in metrics}
-    generator = np.random.default_rng(seed)
-    for _ in range(resamples):
-        rows = generator.integers(0, count, count)
-        resampled = {name: scores(evaluation, values, rows) for name, values in results.items()}
-        for a, b in comparisons:
-            for m in metrics:
-                drawn[(a, b, m)].append(resampled[a][m] - resampled[b][m])
-    changes = {m: {f"{a} - {b}": {"point": point[a][m] - point[b][m], "interval_95": interval(drawn[(a, b, m)])}
-                   for a, b in comparisons} for m in metrics}
-    return {"scores": point, "differences": changes}
+    return paired_changes(evaluation, results, comparisons, resamples=resamples, seed=seed)
 
 
 def table(report: dict) -> list[str]:
     """Markdown rows: metric, comparison, point change and interval, in points (x100)."""
     lines = ["| metric | comparison | change (points) | 95% interval |", "|---|---|---|---|"]
-    for metric, comparisons in report["differences"].items():
+    for metric, comparisons in report["changes"].items():
         for name, figure in comparisons.items():
             low, high = figure["interval_95"]
             lines.append(f"| {metric} | {name} | {100 * figure['point']:+.2f} | [{100 * low:+.2f}, {100 * high:+.2f}] |")
@@ -121,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     evaluation, results = system_results(args.model, args.data, threads=args.threads, batch_size=args.batch_size,
                                          limit=args.limit)
     decoded = time.time()
-    report = paired_intervals(evaluation, results, resamples=args.resamples, seed=args.seed)
+    report = budget_changes(evaluation, results, resamples=args.resamples, seed=args.seed)
     out = {"model": args.model, "data": args.data, "examples": len(evaluation.examples),
            "resamples": args.resamples, "seed": args.seed,
            "seconds": {"decode": decoded - started, "bootstrap": time.time() - decoded}, **report}

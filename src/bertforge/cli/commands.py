@@ -183,9 +183,17 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> None:
 
     result = evaluate(args.model, args.data, out_dir=args.out, labelled=not args.unlabelled,
                       batch_size=args.batch_size, device=args.device, precision=args.precision,
-                      overrides=evaluate_overrides(args, extra) or None)
+                      overrides=evaluate_overrides(args, extra) or None, against=args.against,
+                      resamples=args.resamples)
+    against = result.details.get("against")
     for name, value in result.metrics.items():
-        print(f"{name}: {value:.4f}" if isinstance(value, float) else f"{name}: {value}")
+        line = f"{name}: {value:.4f}" if isinstance(value, float) else f"{name}: {value}"
+        if against and name in against["changes"]:
+            change = against["changes"][name]
+            low, high = change["interval_95"]
+            line += (f"  ({against['precision']}: {against['metrics'][name]:.4f}; change {change['point']:+.4f}, "
+                     f"95% interval [{low:+.4f}, {high:+.4f}])")
+        print(line)
     for warning in result.warnings:
         print(f"warning: {warning}")
 

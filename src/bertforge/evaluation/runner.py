@@ -37,13 +37,15 @@ from bertforge.tokenization.tokenizer import Tokenizer
 class EvalResult:
     """metrics: {name: value}; predictions: one JSON-ready record per example; warnings: plain sentences;
     details: extra structured results (per-type entity scores...); calibration: the config changes the
-    family tuned on this split (multi-label thresholds), which the metrics and predictions already use."""
+    family tuned on this split (multi-label thresholds), which the metrics and predictions already use;
+    results: the decoded result per example the records were made from (what `Evaluation.score` takes)."""
 
     metrics: dict[str, float]
     predictions: list[dict]
     warnings: list[str] = field(default_factory=list)
     details: dict = field(default_factory=dict)
     calibration: dict = field(default_factory=dict)
+    results: list[dict] = field(default_factory=list, repr=False)
 
 
 def run_features(model: torch.nn.Module, features: Sequence[Feature],
@@ -145,6 +147,16 @@ class Evaluation:
         """One decoded result per example (what predict returns for the same inputs)."""
         return self.decode(self.outputs(model))
 
+    def score(self, results: Sequence[dict[str, Any]], config: BertConfig | None = None,
+              rows: Sequence[int] | None = None) -> tuple[dict[str, float], dict, list[str]]:
+        """The family's (metrics, details, warnings) of `results` (one per example) against the gold labels;
+        `rows` scores those examples only (indices; repeats allowed, as in a bootstrap resample)."""
+        examples = self.examples
+        if rows is not None:
+            examples, results = [examples[i] for i in rows], [results[i] for i in rows]
+        return self.family.score(examples, results, self.config if config is None else config, options=self.options,
+                                 **self.scoring)
+
     def __call__(self, model: torch.nn.Module) -> EvalResult:
         outputs = self.outputs(model)
         config = self.config
@@ -155,14 +167,13 @@ class Evaluation:
             calibration = self.family.calibrate(self.examples, results, config, self.calibrate)
             if calibration:
                 # Scores with the settings as they were, then decode again with the tuned ones.
-                before = self.family.score(self.examples, results, config, options=self.options, **self.scoring)[0]
+                before = self.score(results, config)[0]
                 config = config.replace(**calibration)
                 results = self.decode(outputs, config)
         records = [{"id": example_id(e), **self.family.record(e, r)} for e, r in zip(self.examples, results)]
         if not self.labelled:
-            return EvalResult({}, records)
-        metrics, details, warnings = self.family.score(self.examples, results, config, options=self.options,
-                                                       **self.scoring)
+            return EvalResult({}, records, results=results)
+        metrics, details, warnings = self.score(results, config)
         if calibration:
             details = {**details, "calibration": calibration, "before_calibration": before}
-        return EvalResult(metrics, records, warnings, details, calibration)
+        return EvalResult(metrics, records, warnings, details, calibration, results)

@@ -18,6 +18,7 @@ from typing import Any
 from bertforge.checkpoint_format import ModelDirectory, read_directory
 from bertforge.data.finetuning import DataReport
 from bertforge.errors import ConfigError, DataError
+from bertforge.evaluation.intervals import RESAMPLES, paired_changes
 from bertforge.evaluation.runner import EvalResult, Evaluation
 from bertforge.families import registry
 from bertforge.families.base import Family
@@ -74,9 +75,37 @@ def prepare_evaluation(model_dir: str | os.PathLike, data_file: str | os.PathLik
     return PreparedEvaluation(directory, family, evaluation, report)
 
 
+def check_against(precision: str, against: str, labelled: bool, resamples: int) -> None:
+    """Refuse a comparison that cannot be made, before any model runs."""
+    if against == precision:
+        raise ConfigError(f"--against {against} names the precision being scored; compare with another one "
+                          "(e.g. --precision int8 --against fp32)")
+    if not labelled:
+        raise ConfigError("--against compares metrics, which need labels: drop --unlabelled or --against")
+    if resamples < 1:
+        raise ConfigError(f"--resamples must be at least 1, got {resamples}")
+
+
+def compare_precisions(model_dir, data_file, result: EvalResult, precision: str, against: str, *, batch_size: int,
+                       device, overrides, limit: int | None, resamples: int, seed: int) -> dict[str, Any]:
+    """The model scored at `against` on the same examples, and per metric `precision`'s score minus that one,
+    with its 95% paired-bootstrap interval."""
+    prepared = prepare_evaluation(model_dir, data_file, batch_size=batch_size, device=device, precision=against,
+                                  overrides=overrides, limit=limit)
+    model, _ = registry.load_model(prepared.directory, prepared.family.model_class, device=device)
+    results = prepared.evaluation.results(apply_precision(model, against))
+    del model
+    report = paired_changes(prepared.evaluation, {precision: result.results, against: results},
+                            [(precision, against)], resamples=resamples, seed=seed)
+    changes = {metric: figures[f"{precision} - {against}"] for metric, figures in report["changes"].items()}
+    return {"precision": against, "metrics": report["scores"][against], "changes": changes,
+            "resamples": resamples, "seed": seed}
+
+
 def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_dir: str | os.PathLike | None = None,
              labelled: bool = True, batch_size: int = 64, device: str = "auto", precision: str = "fp32",
-             overrides: Mapping[str, Mapping[str, Any]] | None = None, limit: int | None = None) -> EvalResult:
+             overrides: Mapping[str, Mapping[str, Any]] | None = None, limit: int | None = None,
+             against: str | None = None, resamples: int = RESAMPLES, seed: int = 0) -> EvalResult:
     """Score a fine-tuned model directory on a data file; write `predictions.jsonl` and `metrics.json`.
 
     How inputs are built (columns, max_seq_length, doc stride, tag scheme, decoding options) comes from the
@@ -93,13 +122,20 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
         batch_size, device, precision: how to run the model.
         overrides: reader / inputs / options settings that replace the stored ones.
         limit: score only the first N examples.
+        against: also score the model at this precision and report, per metric, `precision`'s score minus
+            its with a 95% paired-bootstrap interval (`evaluation.intervals`; `resamples`, `seed`): in
+            `details["against"]` and metrics.json. E.g. precision="int8", against="fp32": what int8 costs.
 
     Raises:
-        DataError: unreadable data, or a label the model does not know. ConfigError: an unknown override.
+        DataError: unreadable data, or a label the model does not know. ConfigError: an unknown override;
+            `against` without labels, or naming the precision being scored.
         CheckpointError: not a model directory.
     """
     run_device = resolve_device(device)
     precision = resolve_precision(precision, run_device)  # before any work: int8 off the CPU is refused first
+    if against is not None:
+        against = resolve_precision(against, run_device)
+        check_against(precision, against, labelled, resamples)
     prepared = prepare_evaluation(model_dir, data_file, labelled=labelled, batch_size=batch_size, device=run_device,
                                   precision=precision, overrides=overrides, limit=limit)
     prepared.report.log_warnings(os.fspath(data_file))
@@ -108,6 +144,11 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
     result = prepared.evaluation(model)
     for warning in result.warnings:
         log.warning("%s: %s", os.fspath(data_file), warning)
+    if against is not None:
+        del model  # one model in memory at a time
+        result.details["against"] = compare_precisions(model_dir, data_file, result, precision, against,
+                                                       batch_size=batch_size, device=run_device, overrides=overrides,
+                                                       limit=limit, resamples=resamples, seed=seed)
     target = Path(out_dir) if out_dir is not None else Path(model_dir) / f"eval-{Path(data_file).stem}"
     write_jsonl(target / "predictions.jsonl", result.predictions)
     write_json(target / "metrics.json", {"model": os.fspath(model_dir), "data": os.fspath(data_file),
