@@ -145,8 +145,9 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--precision", default="fp32", choices=precision_choices(), help=f"default fp32; {AUTO_RULE}")
     p.add_argument("--against", choices=precision_choices(),
-                   help="also score at this precision and print each metric's change with a 95%% paired-bootstrap "
-                        "interval (e.g. --precision int8 --against fp32: what int8 costs on this file)")
+                   help="also score at this precision and print each metric's change (--precision's score minus "
+                        "this one's) with a 95%% paired-bootstrap interval (e.g. --precision int8 --against fp32: "
+                        "what int8 costs on this file)")
     p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for --against (default 1000)")
     p.set_defaults(func=commands.cmd_evaluate)
 
