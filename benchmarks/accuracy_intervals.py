@@ -43,13 +43,12 @@ INT8 = "bertforge int8"
 def system_results(model_dir, data_file, *, threads: int, batch_size: int, limit: int | None):
     """(the fp32 evaluation, {system: one decoded result per example}) for every system of the budget."""
     results: dict[str, list] = {}
-    reference = None
+    prepared = prepare_evaluation(model_dir, data_file, batch_size=batch_size, device="cpu", limit=limit)
+    reference = prepared.evaluation
     for precision in PRECISIONS:
-        prepared = prepare_evaluation(model_dir, data_file, batch_size=batch_size, device="cpu",
-                                      precision=precision, limit=limit)
         model, _ = registry.load_model(prepared.directory, prepared.family.model_class, device="cpu")
-        results[f"bertforge {precision}"] = prepared.evaluation.results(apply_precision(model, precision))
-        reference = reference or prepared.evaluation
+        evaluation = reference.at_precision(precision)
+        results[f"bertforge {precision}"] = evaluation.results(apply_precision(model, precision))
     crf = crf_scores(model_dir)
     with tempfile.TemporaryDirectory() as tmp:
         graphs, _ = export_graphs(model_dir, Path(tmp), per_channel=True)

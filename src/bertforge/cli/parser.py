@@ -127,6 +127,7 @@ def add_finetune(sub: argparse._SubParsersAction) -> None:
 
 
 def add_evaluate(sub: argparse._SubParsersAction) -> None:
+    from bertforge.evaluation.intervals import RESAMPLES
     from bertforge.families.task import ReaderSettings
 
     p = sub.add_parser("evaluate", help="score a fine-tuned model on a file; writes predictions and metrics",
@@ -148,7 +149,8 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
                    help="also score at this precision and print each metric's change (--precision's score minus "
                         "this one's) with a 95%% paired-bootstrap interval (e.g. --precision int8 --against fp32: "
                         "what int8 costs on this file)")
-    p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for --against (default 1000)")
+    p.add_argument("--resamples", type=int, default=RESAMPLES,
+                   help=f"bootstrap resamples for --against (default {RESAMPLES})")
     p.set_defaults(func=commands.cmd_evaluate)
 
 

@@ -17,6 +17,7 @@ labels are withheld can be matched to its rows and submitted.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -146,6 +147,12 @@ class Evaluation:
     def results(self, model: torch.nn.Module) -> list[dict[str, Any]]:
         """One decoded result per example (what predict returns for the same inputs)."""
         return self.decode(self.outputs(model))
+
+    def at_precision(self, precision: str) -> Evaluation:
+        """The same examples and features, run at another precision (no second read of the data)."""
+        other = copy.copy(self)
+        other.precision = precision
+        return other
 
     def score(self, results: Sequence[dict[str, Any]], config: BertConfig | None = None,
               rows: Sequence[int] | None = None) -> tuple[dict[str, float], dict, list[str]]:

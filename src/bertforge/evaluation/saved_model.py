@@ -86,16 +86,15 @@ def check_against(precision: str, against: str, labelled: bool, resamples: int) 
         raise ConfigError(f"--resamples must be at least 1, got {resamples}")
 
 
-def compare_precisions(model_dir, data_file, result: EvalResult, precision: str, against: str, *, batch_size: int,
-                       device, overrides, limit: int | None, resamples: int, seed: int) -> dict[str, Any]:
-    """The model scored at `against` on the same examples, and per metric `precision`'s score minus that one,
-    with its 95% paired-bootstrap interval."""
-    prepared = prepare_evaluation(model_dir, data_file, batch_size=batch_size, device=device, precision=against,
-                                  overrides=overrides, limit=limit)
+def compare_precisions(prepared: PreparedEvaluation, result: EvalResult, precision: str, against: str, *,
+                       device, resamples: int, seed: int) -> dict[str, Any]:
+    """The model scored at `against` on the examples `result` was scored on, and per metric `precision`'s score
+    minus that one, with its 95% paired-bootstrap interval."""
+    evaluation = prepared.evaluation.at_precision(against)
     model, _ = registry.load_model(prepared.directory, prepared.family.model_class, device=device)
-    results = prepared.evaluation.results(apply_precision(model, against))
+    results = evaluation.results(apply_precision(model, against))
     del model
-    report = paired_changes(prepared.evaluation, {precision: result.results, against: results},
+    report = paired_changes(evaluation, {precision: result.results, against: results},
                             [(precision, against)], resamples=resamples, seed=seed)
     changes = {metric: figures[f"{precision} - {against}"] for metric, figures in report["changes"].items()}
     return {"precision": against, "metrics": report["scores"][against], "changes": changes,
@@ -146,9 +145,8 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
         log.warning("%s: %s", os.fspath(data_file), warning)
     if against is not None:
         del model  # one model in memory at a time
-        result.details["against"] = compare_precisions(model_dir, data_file, result, precision, against,
-                                                       batch_size=batch_size, device=run_device, overrides=overrides,
-                                                       limit=limit, resamples=resamples, seed=seed)
+        result.details["against"] = compare_precisions(prepared, result, precision, against, device=run_device,
+                                                       resamples=resamples, seed=seed)
     target = Path(out_dir) if out_dir is not None else Path(model_dir) / f"eval-{Path(data_file).stem}"
     write_jsonl(target / "predictions.jsonl", result.predictions)
     write_json(target / "metrics.json", {"model": os.fspath(model_dir), "data": os.fspath(data_file),
