@@ -2,8 +2,8 @@
 
 `quantize_int8(model)` replaces, in every encoder layer, the fused query/key/value projection, the
 attention output projection and the feed-forward's up and down projections by `Int8Linear`: weights int8
-with one scale per output channel (symmetric), activations quantized per tensor at run time from their own
-range, int32 accumulation, fp32 output with the fp32 bias added. Embeddings, LayerNorms, the softmax
+with one scale per output channel (symmetric), activations quantized at run time from their own range (per
+tensor; per token for the down projection, below), int32 accumulation, fp32 output with the fp32 bias added. Embeddings, LayerNorms, the softmax
 (scaled-dot-product attention), the pooler and every task head stay fp32: they are a small share of the
 time and the most sensitive to rounding.
 
@@ -25,14 +25,19 @@ on AVX2 without VNNI the int8 dot product (vpmaddubsw) sums pairs in saturating 
 kernel's 8-bit outputs equal a float simulation of the same rounding (no saturation seen) and 7 bits doubled
 the error (MiniLM embeddings: min cosine 0.972 with 7 bits, 0.992 with 8).
 
-With per-tensor activation scales, BERT's few outlier channels at the output of its LayerNorms set the
-range and crush the other channels; SmoothQuant's rescaling (`smoothing_scales`) moves them into the
-weights for the two projections that read a LayerNorm (QKV and feed-forward up) and for the feed-forward
-down projection, which reads the GELU output (a few of its channels are large too), with activation ranges
-from a synthetic calibration batch (`input_ranges`). Smoothing the down projection as well was measured on
-fine-tuned MiniLM models (docs/cpu_inference.md): STS-B Pearson 73.61 -> 75.26 (fp32 75.51), SQuAD F1 on
-four held-apart articles 21.68 -> 22.09 (fp32 22.52). The attention output projection, which reads the
-attention context, is quantized without it.
+The kernel quantizes its input with one scale per call (per tensor). That suits the three projections that
+read a LayerNorm's or the attention's output, whose tokens have similar ranges; it does not suit the
+feed-forward down projection, which reads the GELU's output: there a few tokens run far above the rest
+(all-MiniLM-L6-v2 on 32 SST-2 sentences: in layers 0-3 the largest value of a token is 14-25 for [CLS] and
+a median 2.3-3.5 for the others), and one scale for all gives a typical token about a seventh of the int8
+range. So the down projection's activations are quantized per token (`per_token`): each row is divided by its
+own max |x| before the kernel (which then quantizes rows already on one scale) and the output rows are
+multiplied back, bias added after: x W^T + b = r (x / r) W^T + b, exactly, for any r > 0. This was measured on
+the accuracy budget's fine-tuned MiniLM models (docs/cpu_inference.md, "Per-token scales for the down
+projection"): it took SQuAD exact match from -1.08 to -0.47 points of fp32 and STS-B Spearman from -0.89 to
+-0.20, for 3-5% of the int8 time; per token on all four projections changed little more and cost 18-34%.
+SmoothQuant's per-channel rescaling, which int8 used before, is gone: with per-token scales on the down
+projection it measured no better without it, and it needed a calibration pass at load.
 
 A quantized model is for inference only: it has no int8 training path and refuses to be saved (save the
 fp32 model; quantize at load with `--precision int8`). `is_quantized` tells a quantized model;
@@ -64,10 +69,8 @@ REDUCE_RANGE = False
 # 16-24 on [768 -> 3072] (BERT-base's): about 32,768 / sqrt(in x out) each. One cutoff per model, from its
 # feed-forward shape (`small_rows`), so a call runs every layer on one engine.
 SMALL_WORK = 32_768
-# SmoothQuant's migration strength, and the synthetic calibration batch [B, T] its activation ranges come from.
-SMOOTHING_ALPHA = 0.75
-CALIBRATION_SHAPE = (8, 64)
-CALIBRATION_FIRST_ID = 1000
+# A per-token scale's floor: a row of zeros divides by it (and stays zeros) instead of by 0.
+PER_TOKEN_FLOOR = 1e-12
 
 
 # The operator itself, not its overload packet: the packet's Python dispatch costs ~6 us a call.
@@ -109,24 +112,25 @@ def engine(name: str) -> Iterator[None]:
 
 
 class Int8Linear(nn.Module):
-    """y = x W^T + b with W int8 per output channel and x quantized per tensor at run time.
+    """y = x W^T + b with W int8 per output channel and x quantized at run time, per tensor or per token.
 
     Args:
         weight: float [O, I]; bias: float [O] or None; engine_name: the quantized engine to pack for.
-        smoothing: SmoothQuant's per-input-channel scales [I] (`smoothing_scales`), or None.
+        per_token: quantize each row of x on its own scale (see the module docstring), else one per call.
         small_rows, small_engine: calls of at most `small_rows` rows (input elements / I) run on a second
             pack for `small_engine` (`small_rows(config, engine)` chooses both; 0 / None: one pack).
     Input [..., I] float32, output [..., O] float32.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, engine_name: str,
-                 smoothing: torch.Tensor | None = None, small_rows: int = 0, small_engine: str | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, engine_name: str, *,
+                 per_token: bool = False, small_rows: int = 0, small_engine: str | None = None):
         super().__init__()
         weight = weight.detach().float()
-        # x W^T = (x / s)(W s)^T: dividing the input's channels by s moves their outliers into the weights.
-        self.register_buffer("input_scale", None if smoothing is None else (1.0 / smoothing).float(), persistent=False)
-        if smoothing is not None:
-            weight = weight * smoothing  # [O, I] * [I]
+        self.per_token = per_token
+        bias = None if bias is None else bias.detach().float()
+        # Per token, the bias is added after the rows are scaled back, so the packed weight goes without it.
+        self.register_buffer("bias", bias if per_token else None, persistent=False)
+        packed_bias = None if per_token else bias
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         # Symmetric per-channel scales; an all-zero row gets scale 1 (its int8 row is zeros either way).
         scales = weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0  # [O]
@@ -136,23 +140,25 @@ class Int8Linear(nn.Module):
             warnings.simplefilter("ignore", UserWarning)
             qweight = torch.quantize_per_channel(weight, scales.double(), torch.zeros_like(scales, dtype=torch.long),
                                                  0, torch.qint8)
-            bias = None if bias is None else bias.detach().float()
-            self._packed = torch.ops.quantized.linear_prepack(qweight, bias)
+            self._packed = torch.ops.quantized.linear_prepack(qweight, packed_bias)
         self._small = None  # the same int8 weight packed for `small_engine`, for calls of <= small_rows rows
         if small_rows and small_engine is not None and small_engine != engine_name:
             with warnings.catch_warnings(), engine(small_engine):
                 warnings.simplefilter("ignore", UserWarning)
-                self._small = torch.ops.quantized.linear_prepack(qweight, bias)
+                self._small = torch.ops.quantized.linear_prepack(qweight, packed_bias)
         self.small_rows = small_rows if self._small is not None else 0
         self.engine, self.small_engine = engine_name, small_engine if self._small is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32:
             x = x.float()  # under an outer autocast the int8 kernel still takes fp32 activations
-        if self.input_scale is not None:
-            x = x * self.input_scale  # [..., I]
         small = self._small is not None and x.numel() <= self.small_rows * self.in_features
-        return LINEAR_DYNAMIC(x, self._small if small else self._packed, REDUCE_RANGE)  # [..., I] -> [..., O]
+        packed = self._small if small else self._packed
+        if not self.per_token:
+            return LINEAR_DYNAMIC(x, packed, REDUCE_RANGE)  # [..., I] -> [..., O]
+        r = x.abs().amax(-1, keepdim=True).clamp_min_(PER_TOKEN_FLOOR)  # [..., 1]: each row's max |x|
+        y = LINEAR_DYNAMIC(x / r, packed, REDUCE_RANGE)  # rows on one scale -> [..., O]
+        return y * r if self.bias is None else torch.addcmul(self.bias, y, r)
 
     def int8_weight(self) -> torch.Tensor:
         """The packed weight as an int8 tensor [O, I] (for tests and inspection)."""
@@ -165,52 +171,15 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         small = f", {self.small_engine} up to {self.small_rows} rows" if self._small is not None else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, engine={self.engine}{small}, int8"
+        rows = ", per token" if self.per_token else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, engine={self.engine}{small}, "
+                f"int8{rows}")
 
 
-def input_ranges(model: nn.Module, seed: int = 0) -> dict[nn.Module, torch.Tensor]:
-    """Per-channel max |x| at the input of every self-attention and feed-forward [H] and of every feed-forward's
-    down projection [I] inside `model`, from one fp32 pass of each encoder over a synthetic batch of random
-    vocabulary ids (`CALIBRATION_SHAPE`, a fixed seed: the same model always gets the same scales). No data is needed: BERT's outlier channels are a
-    property of the weights (the LayerNorms before these inputs), and show on any input."""
-    ranges: dict[nn.Module, torch.Tensor] = {}
-
-    def record(module: nn.Module, args: tuple) -> None:
-        x = args[0].detach()
-        amax = x.abs().reshape(-1, x.shape[-1]).amax(0)  # [..., H] -> [H]
-        ranges[module] = torch.maximum(ranges[module], amax) if module in ranges else amax
-
-    targets = [m for m in model.modules() if is_attention(m)]
-    targets += [m.feed_forward for m in model.modules() if is_layer(m)]
-    targets += [m.feed_forward.down for m in model.modules() if is_layer(m)]  # the activation's output [..., I]
-    hooks = [m.register_forward_pre_hook(record) for m in targets]
-    generator = torch.Generator().manual_seed(seed)
-    try:
-        with torch.inference_mode():
-            for encoder in [m for m in model.modules() if is_encoder(m)]:
-                vocab = encoder.config.vocab_size
-                low = min(CALIBRATION_FIRST_ID, vocab // 2)  # past BERT vocabularies' specials and [unused]
-                encoder(torch.randint(low, vocab, CALIBRATION_SHAPE, generator=generator))
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return ranges
-
-
-def smoothing_scales(input_max: torch.Tensor, weight: torch.Tensor, alpha: float | None = None) -> torch.Tensor:
-    """SmoothQuant's per-input-channel s = max|x|^alpha / max|W|^(1 - alpha), [I] (Xiao et al., 2023);
-    alpha defaults to `SMOOTHING_ALPHA`."""
-    alpha = SMOOTHING_ALPHA if alpha is None else alpha
-    weight_max = weight.detach().abs().amax(dim=0).float().clamp_min(1e-5)  # [O, I] -> [I]
-    return (input_max.float().clamp_min(1e-5) ** alpha / weight_max ** (1 - alpha)).clamp(1e-2, 1e2)
-
-
-def quantize_int8(model: nn.Module, *, smooth: bool = True) -> nn.Module:
-    """Quantize, in place, every encoder layer's linear layers inside `model` (see the module docstring).
-
-    `smooth` (default on) rescales the inputs of the QKV and feed-forward-up projections (the outputs of a
-    LayerNorm, whose outlier channels dominate a per-tensor int8 range) by `smoothing_scales`. Idempotent.
-    The model is put in eval mode with gradients off: a quantized model only infers.
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """Quantize, in place, every encoder layer's linear layers inside `model` (see the module docstring): the
+    fused QKV, attention output and feed-forward up projections per tensor, the feed-forward down projection
+    per token. Idempotent. The model is put in eval mode with gradients off: a quantized model only infers.
 
     Raises:
         ConfigError: the model is not on the CPU, or PyTorch has no quantized engine.
@@ -224,25 +193,20 @@ def quantize_int8(model: nn.Module, *, smooth: bool = True) -> nn.Module:
     model.eval().requires_grad_(False)
     if is_quantized(model):
         return model
-    ranges = input_ranges(model) if smooth else {}
     for encoder in [m for m in model.modules() if is_encoder(m)]:
         rows, small = small_rows(encoder.config, name)
 
-        def int8(weight, bias, scale=None, rows=rows, small=small):
-            return Int8Linear(weight, bias, name, scale, small_rows=rows, small_engine=small)
+        def int8(weight, bias, per_token=False, rows=rows, small=small):
+            return Int8Linear(weight, bias, name, per_token=per_token, small_rows=rows, small_engine=small)
 
         for module in list(encoder.modules()):
             if is_attention(module):
-                scale = ranges.get(module)
-                pack_qkv(module, lambda weight, bias, scale=scale: int8(
-                    weight, bias, None if scale is None else smoothing_scales(scale, weight)))  # [3H, H]
+                pack_qkv(module, int8)  # [3H, H]
                 module.output = int8(module.output.weight, module.output.bias)
             if is_layer(module):
                 ff = module.feed_forward
-                ff.up = int8(ff.up.weight, ff.up.bias, smoothing_scales(ranges[ff], ff.up.weight) if ff in ranges
-                             else None)
-                ff.down = int8(ff.down.weight, ff.down.bias, smoothing_scales(ranges[ff.down], ff.down.weight)
-                               if ff.down in ranges else None)
+                ff.up = int8(ff.up.weight, ff.up.bias)
+                ff.down = int8(ff.down.weight, ff.down.bias, per_token=True)  # reads the GELU's output
     return model
 
 
