@@ -25,6 +25,7 @@ from bertforge.model.quantization import (
     float_linears,
     int8_linears,
     is_quantized,
+    least_value,
     quantization_engine,
     quantize_int8,
 )
@@ -130,6 +131,24 @@ def test_int8_linear_per_token_keeps_a_small_row_beside_a_large_one():
     assert error(per_tensor)[1] > 0.1, error(per_tensor)  # the small row, crushed
     zeros = Int8Linear(weight, bias, engine, per_token=True)(torch.zeros(3, 64))
     assert torch.equal(zeros, bias.expand(3, 16))  # a row of zeros: the bias, not NaN
+
+
+def test_least_value_of_the_feed_forward_activations():
+    assert least_value(F.gelu) == pytest.approx(-0.16997, abs=5e-4)
+    assert least_value(lambda x: F.gelu(x, approximate="tanh")) == pytest.approx(-0.17, abs=5e-4)
+    assert least_value(F.relu) == 0.0
+    assert least_value(lambda x: x) is None  # not bounded below: the per-token scale takes |x|
+
+
+def test_int8_linear_per_token_with_a_known_least_input_equals_the_plain_per_token_scale():
+    # GELU outputs whose rows all reach above 0.17: max(row max, 0.17) is each row's max |x| exactly.
+    torch.manual_seed(0)
+    weight, bias = torch.randn(16, 64), torch.randn(16)
+    x = F.gelu(3 * torch.randn(5, 64))
+    engine = quantization_engine()
+    bounded = Int8Linear(weight, bias, engine, per_token=True, least_input=least_value(F.gelu))
+    assert torch.equal(bounded(x), Int8Linear(weight, bias, engine, per_token=True)(x))
+    assert not bounded(torch.full((2, 64), -0.1)).isnan().any()  # rows below the floor stay finite
 
 
 def test_quantize_int8_is_idempotent_and_keeps_the_fast_paths(tiny_config):

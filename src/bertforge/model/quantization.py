@@ -117,16 +117,21 @@ class Int8Linear(nn.Module):
     Args:
         weight: float [O, I]; bias: float [O] or None; engine_name: the quantized engine to pack for.
         per_token: quantize each row of x on its own scale (see the module docstring), else one per call.
+        least_input: with per_token, the least value x can take, where known (`least_value`), or None.
         small_rows, small_engine: calls of at most `small_rows` rows (input elements / I) run on a second
             pack for `small_engine` (`small_rows(config, engine)` chooses both; 0 / None: one pack).
     Input [..., I] float32, output [..., O] float32.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, engine_name: str, *,
-                 per_token: bool = False, small_rows: int = 0, small_engine: str | None = None):
+                 per_token: bool = False, least_input: float | None = None, small_rows: int = 0,
+                 small_engine: str | None = None):
         super().__init__()
         weight = weight.detach().float()
         self.per_token = per_token
+        # Where the input is known to be >= least_input (an activation's output: GELU >= -0.17, ReLU >= 0), a
+        # row's scale max(row max, -least_input) bounds its |x| without computing |x| (one pass less).
+        self.floor = None if least_input is None else max(-least_input, PER_TOKEN_FLOOR)
         bias = None if bias is None else bias.detach().float()
         # Per token, the bias is added after the rows are scaled back, so the packed weight goes without it.
         self.register_buffer("bias", bias if per_token else None, persistent=False)
@@ -156,7 +161,10 @@ class Int8Linear(nn.Module):
         packed = self._small if small else self._packed
         if not self.per_token:
             return LINEAR_DYNAMIC(x, packed, REDUCE_RANGE)  # [..., I] -> [..., O]
-        r = x.abs().amax(-1, keepdim=True).clamp_min_(PER_TOKEN_FLOOR)  # [..., 1]: each row's max |x|
+        if self.floor is None:
+            r = x.abs().amax(-1, keepdim=True).clamp_min_(PER_TOKEN_FLOOR)  # [..., 1]: each row's max |x|
+        else:
+            r = x.amax(-1, keepdim=True).clamp_min_(self.floor)  # [..., 1]: >= each row's max |x|
         y = LINEAR_DYNAMIC(x / r, packed, REDUCE_RANGE)  # rows on one scale -> [..., O]
         return y * r if self.bias is None else torch.addcmul(self.bias, y, r)
 
@@ -196,8 +204,9 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     for encoder in [m for m in model.modules() if is_encoder(m)]:
         rows, small = small_rows(encoder.config, name)
 
-        def int8(weight, bias, per_token=False, rows=rows, small=small):
-            return Int8Linear(weight, bias, name, per_token=per_token, small_rows=rows, small_engine=small)
+        def int8(weight, bias, per_token=False, least_input=None, rows=rows, small=small):
+            return Int8Linear(weight, bias, name, per_token=per_token, least_input=least_input, small_rows=rows,
+                              small_engine=small)
 
         for module in list(encoder.modules()):
             if is_attention(module):
@@ -206,8 +215,21 @@ def quantize_int8(model: nn.Module) -> nn.Module:
             if is_layer(module):
                 ff = module.feed_forward
                 ff.up = int8(ff.up.weight, ff.up.bias)
-                ff.down = int8(ff.down.weight, ff.down.bias, per_token=True)  # reads the GELU's output
+                ff.down = int8(ff.down.weight, ff.down.bias, per_token=True, least_input=least_value(ff.act))
     return model
+
+
+def least_value(function) -> float | None:
+    """The least value an elementwise `function` takes (exact GELU -0.16997, ReLU 0), found on a grid of
+    [-50, 50]; None where the least value on the grid lies at its ends (not bounded below, as far as it shows)."""
+    grid = torch.linspace(-50.0, 50.0, 100_001)  # steps of 0.001
+    values = function(grid)
+    least = float(values.min())
+    if least >= 0:
+        return 0.0
+    if int(values.argmin()) in (0, grid.numel() - 1):
+        return None
+    return least * 1.001  # below the grid's least value by more than the grid can miss near a smooth minimum
 
 
 def int8_linears(model: nn.Module) -> list[str]:
