@@ -31,13 +31,14 @@ feed-forward down projection, which reads the GELU's output: there a few tokens 
 (all-MiniLM-L6-v2 on 32 SST-2 sentences: in layers 0-3 the largest value of a token is 14-25 for [CLS] and
 a median 2.3-3.5 for the others), and one scale for all gives a typical token about a seventh of the int8
 range. So the down projection's activations are quantized per token (`per_token`): each row is divided by its
-own max |x| before the kernel (which then quantizes rows already on one scale) and the output rows are
+own max |x| (`least_value` finds a cheaper bound where the input is an activation's output) before the kernel (which then quantizes rows already on one scale) and the output rows are
 multiplied back, bias added after: x W^T + b = r (x / r) W^T + b, exactly, for any r > 0. This was measured on
 the accuracy budget's fine-tuned MiniLM models (docs/cpu_inference.md, "Per-token scales for the down
-projection"): it took SQuAD exact match from -1.08 to -0.47 points of fp32 and STS-B Spearman from -0.89 to
--0.20, for 3-5% of the int8 time; per token on all four projections changed little more and cost 18-34%.
-SmoothQuant's per-channel rescaling, which int8 used before, is gone: with per-token scales on the down
-projection it measured no better without it, and it needed a calibration pass at load.
+projection"): SQuAD exact match went from -1.08 to -0.29 points of fp32 and STS-B Spearman from -0.89 to
+-0.21, for 3-7% more int8 time; per token on all four projections was little closer and cost 18-34%.
+SmoothQuant's per-channel rescaling, which int8 used before, is gone: once the down projection was per token,
+adding it back scored no better (STS-B Spearman -0.34 with it, -0.20 without), and it needed a calibration
+pass at load.
 
 A quantized model is for inference only: it has no int8 training path and refuses to be saved (save the
 fp32 model; quantize at load with `--precision int8`). `is_quantized` tells a quantized model;
