@@ -1,0 +1,116 @@
+"""Which int8 projection costs a fine-tuned model its accuracy, and what per-token activation scales buy.
+
+Scores one fine-tuned model on one data file through `bertforge evaluate`'s path (`prepare_evaluation`, the
+family's features, decoder and `score`) at fp32 and at int8 variants made of the same `Int8Linear`:
+
+    int8          bertforge's int8 (`quantize_int8`: per tensor, the feed-forward down projection per token)
+    per-tensor    every projection per tensor (one activation scale per call)
+    per-token     every projection per token
+    fp32-qkv, fp32-output, fp32-up, fp32-down
+                  bertforge's int8 with that one projection left in fp32
+
+and prints each variant's change against fp32 with its 95% paired-bootstrap interval
+(`bertforge.evaluation.intervals`, as `bertforge evaluate --against` and `benchmarks/accuracy_intervals.py`).
+docs/cpu_inference.md ("Per-token scales for the down projection") has what it measured on the accuracy
+budget's models.
+
+    python -m benchmarks.int8_variants --model runs/budget/stsb-full/best \\
+        --data ../shared/data/glue/STS-B/dev.tsv --variants int8 per-tensor fp32-down
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from torch import nn
+
+from bertforge.evaluation.intervals import paired_changes
+from bertforge.evaluation.saved_model import prepare_evaluation
+from bertforge.families import registry
+from bertforge.model.fast_paths import is_layer, trace_layers
+from bertforge.model.quantization import Int8Linear, quantization_engine, quantize_int8, small_rows
+from bertforge.storage import write_json
+
+PROJECTIONS = ("qkv", "output", "up", "down")
+VARIANTS = ("int8", "per-tensor", "per-token", *(f"fp32-{name}" for name in PROJECTIONS))
+
+
+def float_projections(layer: nn.Module) -> dict[str, nn.Linear]:
+    """A float layer's four projections as `nn.Linear`s, the query/key/value one fused ([3H, H])."""
+    attention, ff = layer.attention, layer.feed_forward
+    if hasattr(attention, "qkv_weight"):  # fused (`fast_paths.fuse_qkv`, the loaded default)
+        weight, bias = attention.qkv_weight, attention.qkv_bias
+    else:
+        weight = torch.cat([attention.query.weight, attention.key.weight, attention.value.weight])
+        bias = torch.cat([attention.query.bias, attention.key.bias, attention.value.bias])
+    qkv = nn.Linear(weight.shape[1], weight.shape[0])
+    with torch.no_grad():
+        qkv.weight.copy_(weight)
+        qkv.bias.copy_(bias)
+    return {"qkv": qkv, "output": attention.output, "up": ff.up, "down": ff.down}
+
+
+def install(layer: nn.Module, name: str, module: nn.Module) -> None:
+    owner = layer.attention if name in ("qkv", "output") else layer.feed_forward
+    setattr(owner, name, module)
+
+
+def variant_model(prepared, variant: str) -> nn.Module:
+    """The saved model loaded, quantized by `quantize_int8`, then changed as `variant` says (module docstring)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    model, _ = registry.load_model(prepared.directory, prepared.family.model_class, device="cpu")
+    reference, _ = registry.load_model(prepared.directory, prepared.family.model_class, device="cpu")
+    quantize_int8(model)
+    engine = quantization_engine()
+    rows, small = small_rows(prepared.directory.config, engine)
+    layers = [m for m in model.modules() if is_layer(m)]
+    float_layers = [m for m in reference.modules() if is_layer(m)]
+    for layer, float_layer in zip(layers, float_layers, strict=True):
+        for name, linear in float_projections(float_layer).items():
+            if variant in ("per-tensor", "per-token"):
+                install(layer, name, Int8Linear(linear.weight, linear.bias, engine, per_token=variant == "per-token",
+                                                small_rows=rows, small_engine=small))
+            elif variant == f"fp32-{name}":
+                install(layer, name, linear.eval())
+    return trace_layers(model)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a directory saved by `bertforge finetune`")
+    parser.add_argument("--data", required=True, help="the file to score, as `bertforge evaluate --data` takes it")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the resampling")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--batch-size", type=int, default=64, help="as `bertforge evaluate --batch-size`")
+    parser.add_argument("--limit", type=int, help="score only the first N examples (a quick run)")
+    parser.add_argument("--out", help="also write the JSON here")
+    args = parser.parse_args(argv)
+    if args.resamples < 1:
+        parser.error("--resamples must be at least 1")
+    torch.set_num_threads(args.threads)
+    prepared = prepare_evaluation(args.model, args.data, batch_size=args.batch_size, device="cpu", limit=args.limit)
+    reference = prepared.evaluation
+    model, _ = registry.load_model(prepared.directory, prepared.family.model_class, device="cpu")
+    results = {"fp32": reference.results(model)}
+    int8 = reference.at_precision("int8")
+    for variant in args.variants:
+        results[variant] = int8.results(variant_model(prepared, variant))
+    report = paired_changes(reference, results, [(name, "fp32") for name in args.variants],
+                            resamples=args.resamples, seed=args.seed)
+    if args.out:
+        write_json(args.out, {"model": args.model, "data": args.data, "examples": len(reference.examples),
+                              "resamples": args.resamples, "seed": args.seed, **report})
+    print(json.dumps({metric: round(100 * value, 2) for metric, value in report["scores"]["fp32"].items()}))
+    for metric, comparisons in report["changes"].items():
+        for name, figure in comparisons.items():
+            low, high = figure["interval_95"]
+            print(f"{metric:14s} {name:20s} {100 * figure['point']:+.2f} [{100 * low:+.2f}, {100 * high:+.2f}]")
+
+
+if __name__ == "__main__":
+    main()
