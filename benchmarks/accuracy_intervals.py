@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.ort_int8_accuracy import SYSTEMS, OrtTaskModel, crf_scores, export_graphs, session
+from benchmarks.scoring_args import add_scoring_arguments, check_scoring_arguments, table
 from bertforge.evaluation.intervals import paired_changes
 from bertforge.evaluation.saved_model import prepare_evaluation
 from bertforge.families import registry
@@ -65,29 +66,11 @@ def budget_changes(evaluation, results: dict[str, list], *, resamples: int, seed
     return paired_changes(evaluation, results, comparisons, resamples=resamples, seed=seed)
 
 
-def table(report: dict) -> list[str]:
-    """Markdown rows: metric, comparison, point change and interval, in points (x100)."""
-    lines = ["| metric | comparison | change (points) | 95% interval |", "|---|---|---|---|"]
-    for metric, comparisons in report["changes"].items():
-        for name, figure in comparisons.items():
-            low, high = figure["interval_95"]
-            lines.append(f"| {metric} | {name} | {100 * figure['point']:+.2f} | [{100 * low:+.2f}, {100 * high:+.2f}] |")
-    return lines
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="a directory saved by `bertforge finetune`")
-    parser.add_argument("--data", required=True, help="the file to score, as `bertforge evaluate --data` takes it")
-    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the resampling")
-    parser.add_argument("--threads", type=int, default=2, help="torch and ONNX Runtime intra-op threads")
-    parser.add_argument("--batch-size", type=int, default=64, help="as `bertforge evaluate --batch-size`")
-    parser.add_argument("--limit", type=int, help="score only the first N examples (a quick run)")
-    parser.add_argument("--out", help="also write the JSON here")
+    add_scoring_arguments(parser)
     args = parser.parse_args(argv)
-    if args.resamples < 1:
-        parser.error("--resamples must be at least 1")
+    check_scoring_arguments(parser, args)
     torch.set_num_threads(args.threads)
     started = time.time()
     evaluation, results = system_results(args.model, args.data, threads=args.threads, batch_size=args.batch_size,

@@ -26,6 +26,7 @@ import json
 import torch
 from torch import nn
 
+from benchmarks.scoring_args import add_scoring_arguments, check_scoring_arguments, table
 from bertforge.evaluation.intervals import paired_changes
 from bertforge.evaluation.saved_model import prepare_evaluation
 from bertforge.families import registry
@@ -80,18 +81,10 @@ def variant_model(prepared, variant: str) -> nn.Module:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="a directory saved by `bertforge finetune`")
-    parser.add_argument("--data", required=True, help="the file to score, as `bertforge evaluate --data` takes it")
+    add_scoring_arguments(parser)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the resampling")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    parser.add_argument("--batch-size", type=int, default=64, help="as `bertforge evaluate --batch-size`")
-    parser.add_argument("--limit", type=int, help="score only the first N examples (a quick run)")
-    parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
-    if args.resamples < 1:
-        parser.error("--resamples must be at least 1")
+    check_scoring_arguments(parser, args)
     torch.set_num_threads(args.threads)
     prepared = prepare_evaluation(args.model, args.data, batch_size=args.batch_size, device="cpu", limit=args.limit)
     reference = prepared.evaluation
@@ -106,10 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         write_json(args.out, {"model": args.model, "data": args.data, "examples": len(reference.examples),
                               "resamples": args.resamples, "seed": args.seed, **report})
     print(json.dumps({metric: round(100 * value, 2) for metric, value in report["scores"]["fp32"].items()}))
-    for metric, comparisons in report["changes"].items():
-        for name, figure in comparisons.items():
-            low, high = figure["interval_95"]
-            print(f"{metric:14s} {name:20s} {100 * figure['point']:+.2f} [{100 * low:+.2f}, {100 * high:+.2f}]")
+    print("\n".join(table(report)))
 
 
 if __name__ == "__main__":
