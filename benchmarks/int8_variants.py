@@ -63,8 +63,10 @@ def variant_model(prepared, variant: str) -> nn.Module:
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     model, _ = registry.load_model(prepared.directory, prepared.family.model_class, device="cpu")
-    reference, _ = registry.load_model(prepared.directory, prepared.family.model_class, device="cpu")
     quantize_int8(model)
+    if variant == "int8":
+        return trace_layers(model)
+    reference, _ = registry.load_model(prepared.directory, prepared.family.model_class, device="cpu")
     engine = quantization_engine()
     rows, small = small_rows(prepared.directory.config, engine)
     layers = [m for m in model.modules() if is_layer(m)]

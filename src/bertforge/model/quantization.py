@@ -3,9 +3,9 @@
 `quantize_int8(model)` replaces, in every encoder layer, the fused query/key/value projection, the
 attention output projection and the feed-forward's up and down projections by `Int8Linear`: weights int8
 with one scale per output channel (symmetric), activations quantized at run time from their own range (per
-tensor; per token for the down projection, below), int32 accumulation, fp32 output with the fp32 bias added. Embeddings, LayerNorms, the softmax
-(scaled-dot-product attention), the pooler and every task head stay fp32: they are a small share of the
-time and the most sensitive to rounding.
+tensor; per token for the down projection, below), int32 accumulation, fp32 output with the fp32 bias added.
+Embeddings, LayerNorms, the softmax (scaled-dot-product attention), the pooler and every task head stay fp32:
+they are a small share of the time and the most sensitive to rounding.
 
 Why this kernel: `torch.ops.quantized.linear_dynamic` (PyTorch's fbgemm / oneDNN dynamic quantized
 linear, the kernel behind `torch.ao.quantization.quantize_dynamic`) was measured on a 2-core AMD EPYC
@@ -31,8 +31,9 @@ feed-forward down projection, which reads the GELU's output: there a few tokens 
 (all-MiniLM-L6-v2 on 32 SST-2 sentences: in layers 0-3 the largest value of a token is 14-25 for [CLS] and
 a median 2.3-3.5 for the others), and one scale for all gives a typical token about a seventh of the int8
 range. So the down projection's activations are quantized per token (`per_token`): each row is divided by its
-own max |x| (`least_value` finds a cheaper bound where the input is an activation's output) before the kernel (which then quantizes rows already on one scale) and the output rows are
-multiplied back, bias added after: x W^T + b = r (x / r) W^T + b, exactly, for any r > 0. This was measured on
+own max |x| (or a cheaper bound from the activation's least value, `least_value`) before the kernel, which then
+quantizes rows already on one scale, and the output rows are multiplied back, bias added after:
+x W^T + b = r (x / r) W^T + b, exactly, for any r > 0. This was measured on
 the accuracy budget's fine-tuned MiniLM models (docs/cpu_inference.md, "Per-token scales for the down
 projection"): SQuAD exact match went from -1.08 to -0.29 points of fp32 and STS-B Spearman from -0.89 to
 -0.21, for 3-7% more int8 time; per token on all four projections was little closer and cost 18-34%.
@@ -204,6 +205,8 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         return model
     for encoder in [m for m in model.modules() if is_encoder(m)]:
         rows, small = small_rows(encoder.config, name)
+        layers = [m for m in encoder.modules() if is_layer(m)]
+        least = least_value(layers[0].feed_forward.act) if layers else None  # one activation per encoder
 
         def int8(weight, bias, per_token=False, least_input=None, rows=rows, small=small):
             return Int8Linear(weight, bias, name, per_token=per_token, least_input=least_input, small_rows=rows,
@@ -216,7 +219,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
             if is_layer(module):
                 ff = module.feed_forward
                 ff.up = int8(ff.up.weight, ff.up.bias)
-                ff.down = int8(ff.down.weight, ff.down.bias, per_token=True, least_input=least_value(ff.act))
+                ff.down = int8(ff.down.weight, ff.down.bias, per_token=True, least_input=least)
     return model
 
 
