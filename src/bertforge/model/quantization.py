@@ -12,7 +12,10 @@ linear, the kernel behind `torch.ao.quantization.quantize_dynamic`) was measured
 (AVX2, no AVX-512, no VNNI, no AMX) against the alternatives PyTorch 2.13 offers on a
 CPU (docs/cpu_inference.md, "Choosing the int8 kernel"): `torch._int_mm` and
 `aten._weight_int8pack_mm` fall back to reference loops there (10-100x slower than fp32), and the
-inductor int8 flow needs the PT2E quantizer, which PyTorch no longer ships (it moved to torchao). We call
+inductor int8 flow needs the PT2E quantizer, which PyTorch no longer ships (it moved to torchao). On the AMX
+Xeon `torch._int_mm` is the fastest int8 product (a third to two thirds of `linear_dynamic`'s time at 24-128
+rows), but quantizing its input and scaling its output back takes PyTorch operators that cost more than it
+saves (docs/cpu_inference.md, "The int8 matmul call is where short inputs lose"). We call
 the operator directly rather than through `quantize_dynamic` because the fused QKV projection is a
 parameter pair, not an `nn.Linear`, and so the quantized model keeps the encoder's own classes. The
 engine the weights are packed for is chosen per CPU (`quantization_engine`): oneDNN where AMX is present.
