@@ -21,7 +21,10 @@ from bertforge.model.bert import BertModel
 from bertforge.model.fast_paths import fast_paths_enabled, set_fast_paths
 from bertforge.model.precision import apply_precision
 from bertforge.model.quantization import (
+    LINEAR_DYNAMIC,
+    REDUCE_RANGE,
     Int8Linear,
+    bucket_rows,
     float_linears,
     int8_linears,
     is_quantized,
@@ -211,3 +214,38 @@ def test_quantization_engine_prefers_onednn_on_amx_and_x86_elsewhere(monkeypatch
         assert amx == "onednn"
     if "x86" in supported:
         assert other == "x86"
+
+
+def test_bucket_rows_pads_at_most_a_sixteenth_and_keeps_few_sizes():
+    buckets = [bucket_rows(rows) for rows in range(1, 16_385)]
+    for rows, bucket in enumerate(buckets, start=1):
+        assert bucket >= rows and bucket_rows(bucket) == bucket, rows
+        assert bucket - rows < max(8, rows / 16 + 1), rows  # 8-row steps, then at most 1/16 padding
+    assert [bucket_rows(r) for r in (1, 16, 17, 256, 257, 512, 513)] == [8, 16, 24, 256, 272, 512, 544]
+    assert len(set(buckets)) <= 130  # what oneDNN compiles, per projection shape (its cache holds 1,024)
+
+
+@pytest.mark.skipif("onednn" not in torch.backends.quantized.supported_engines, reason="no onednn engine")
+def test_int8_linear_pads_onednn_rows_to_their_bucket_without_changing_them():
+    torch.manual_seed(4)
+    weight, bias = torch.randn(40, 24) * 0.1, torch.randn(40)
+    linear = Int8Linear(weight, bias, "onednn")
+
+    class Holder(torch.nn.Module):  # a traced module, as the layer graph is: padding must follow each call's size
+        def __init__(self):
+            super().__init__()
+            self.linear = linear
+
+        def forward(self, x):
+            return self.linear(x)
+
+    with torch.inference_mode():
+        traced = torch.jit.trace(Holder(), torch.randn(1, 20, 24), check_trace=False)
+        for tokens in (20, 5, 32, 37, 300):
+            x = torch.randn(1, tokens, 24)
+            padded = F.pad(x[0], [0, 0, 0, bucket_rows(tokens) - tokens])
+            expected = LINEAR_DYNAMIC(padded, linear._packed, REDUCE_RANGE)[:tokens]  # zero rows change nothing
+            assert torch.equal(linear(x)[0], expected), tokens
+            assert torch.equal(traced(x)[0], expected), tokens
+            plain = LINEAR_DYNAMIC(x, linear._packed, REDUCE_RANGE)  # oneDNN's kernel at the unpadded count
+            torch.testing.assert_close(linear(x), plain, rtol=0, atol=1e-5)

@@ -80,6 +80,51 @@ PER_TOKEN_FLOOR = 1e-12
 
 # The operator itself, not its overload packet: the packet's Python dispatch costs ~6 us a call.
 LINEAR_DYNAMIC = torch.ops.quantized.linear_dynamic.default
+# oneDNN compiles a kernel for every new row count it sees (~0.65 ms per projection shape on the 2-core AMX Xeon:
+# a batch-1 MiniLM call at a length not seen before cost 2.6 ms more, and with lengths of 16-512 tokens the
+# 4 x ~500 row counts overflow oneDNN's cache of 1,024 kernels, so a server kept paying it; docs/cpu_inference.md).
+# Its calls are therefore padded with zero rows up to a bucket: steps of BUCKET_STEP rows below
+# 2 x BUCKET_STEP x BUCKETS_PER_OCTAVE (256) rows, then BUCKETS_PER_OCTAVE steps per doubling of the row count,
+# so at most 7 rows or 1/BUCKETS_PER_OCTAVE of a call is padding and a process meets a bounded set of row counts
+# (48 up to 512 rows, 128 up to 16,384, per projection shape). Zero rows change nothing in the real rows: the
+# kernel's input range always includes 0 (tested bit for bit against the same call on the padded input).
+BUCKET_STEP = 8
+BUCKETS_PER_OCTAVE = 16
+
+
+def bucket_rows(rows: int, step: int = BUCKET_STEP, per_octave: int = BUCKETS_PER_OCTAVE) -> int:
+    """The row count a oneDNN int8 call of `rows` rows is padded to (see BUCKET_STEP)."""
+    while step * per_octave * 2 <= rows:
+        step *= 2
+    return (rows + step - 1) // step * step
+
+
+def _bucketed_linear_dynamic(x: torch.Tensor, packed: torch.classes.quantized.LinearPackedParamsBase,
+                             reduce_range: bool) -> torch.Tensor:
+    """LINEAR_DYNAMIC on x's rows padded with zero rows to `bucket_rows`; the padding's output rows dropped.
+    Compiled by TorchScript (`bucketed_linear_dynamic`) so that a traced layer graph keeps the padding
+    computed from each call's size rather than from the size it was traced at."""
+    features = x.size(-1)
+    rows = x.numel() // features
+    padded = bucket_rows(rows)
+    if padded == rows:
+        return torch.ops.quantized.linear_dynamic(x, packed, reduce_range)
+    flat = torch.nn.functional.pad(x.reshape(rows, features), [0, 0, 0, padded - rows])  # [P, I]
+    y = torch.ops.quantized.linear_dynamic(flat, packed, reduce_range)  # [P, O]
+    shape = list(x.shape[:-1])
+    shape.append(y.size(-1))
+    return y[:rows].reshape(shape)  # [..., O]
+
+
+_BUCKETED: list = []  # the compiled function, made on first use (a few ms), so importing bertforge compiles nothing
+
+
+def bucketed_linear_dynamic(x: torch.Tensor, packed) -> torch.Tensor:
+    if not _BUCKETED:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TorchScript's deprecation notice (torch pinned at 2.13.0)
+            _BUCKETED.append(torch.jit.script(_bucketed_linear_dynamic))
+    return _BUCKETED[0](x, packed, REDUCE_RANGE)
 
 
 def quantization_engine() -> str:
@@ -164,13 +209,15 @@ class Int8Linear(nn.Module):
             x = x.float()  # under an outer autocast the int8 kernel still takes fp32 activations
         small = self._small is not None and x.numel() <= self.small_rows * self.in_features
         packed = self._small if small else self._packed
+        # oneDNN's calls go through row buckets (BUCKET_STEP); fbgemm compiles nothing per row count
+        linear = bucketed_linear_dynamic if (self.small_engine if small else self.engine) == "onednn" else _plain
         if not self.per_token:
-            return LINEAR_DYNAMIC(x, packed, REDUCE_RANGE)  # [..., I] -> [..., O]
+            return linear(x, packed)  # [..., I] -> [..., O]
         if self.floor is None:
             r = x.abs().amax(-1, keepdim=True).clamp_min_(PER_TOKEN_FLOOR)  # [..., 1]: each row's max |x|
         else:
             r = x.amax(-1, keepdim=True).clamp_min_(self.floor)  # [..., 1]: >= each row's max |x|
-        y = LINEAR_DYNAMIC(x / r, packed, REDUCE_RANGE)  # rows on one scale -> [..., O]
+        y = linear(x / r, packed)  # rows on one scale -> [..., O]
         return y * r if self.bias is None else torch.addcmul(self.bias, y, r)
 
     def int8_weight(self) -> torch.Tensor:
@@ -187,6 +234,10 @@ class Int8Linear(nn.Module):
         rows = ", per token" if self.per_token else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, engine={self.engine}{small}, "
                 f"int8{rows}")
+
+
+def _plain(x: torch.Tensor, packed) -> torch.Tensor:
+    return LINEAR_DYNAMIC(x, packed, REDUCE_RANGE)
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
