@@ -224,13 +224,17 @@ def time_calls(run, batches) -> float:
 
 
 def measure(runners: dict, batches, repeats: int) -> dict[str, list[float]]:
-    """Seconds per batch for every system, systems interleaved within each repeat (one warm-up first).
+    """Seconds per batch for every system, systems interleaved within each repeat, after one warm-up pass over all
+    the batches (a served model has met its lengths before: first-time costs such as tracing the int8 layer
+    graph or oneDNN compiling kernels for a new row count are one-time, docs/cpu_inference.md, and with one
+    batch of warm-up they fell into the first repeats: int8 MiniLM batch 1 read 20.4, 7.1, 5.5 ms in three).
 
     Each system is timed after a pause of `SETTLE_SECONDS`: ONNX Runtime's and OpenMP's worker threads spin
     for a while after a run, and on 2 cores a spinning thread of the previous system takes a core from the
     next (measured: bertforge fp32 right after ONNX Runtime read 16.9 ms at batch 1, 9 ms alone)."""
     for run in runners.values():
-        run(*batches[0])
+        for ids, mask in batches:
+            run(ids, mask)
     seconds: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(repeats):
         for name, run in runners.items():
