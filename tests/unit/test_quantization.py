@@ -9,6 +9,7 @@ docs/cpu_inference.md.
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 
 import pytest
@@ -239,7 +240,8 @@ def test_int8_linear_pads_onednn_rows_to_their_bucket_without_changing_them():
         def forward(self, x):
             return self.linear(x)
 
-    with torch.inference_mode():
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit.trace's deprecation notice; the layer graph silences it too
         traced = torch.jit.trace(Holder(), torch.randn(1, 20, 24), check_trace=False)
         for tokens in (20, 5, 32, 37, 300):
             x = torch.randn(1, tokens, 24)
