@@ -16,6 +16,7 @@ from bertforge.model.bert import BertModel
 from bertforge.model.fast_paths import fast_paths_enabled, set_fast_paths, trace_layers
 from bertforge.model.precision import apply_precision
 from bertforge.model.quantization import LINEAR_DYNAMIC, Int8Linear, small_rows
+from bertforge.model.row_buckets import bucket_rows
 
 ENGINES = torch.backends.quantized.supported_engines
 needs_both_engines = pytest.mark.skipif(not {"onednn", "x86"} <= set(ENGINES),
@@ -118,7 +119,7 @@ def test_int8_linear_runs_few_rows_on_the_small_pack(tiny_config):
         if rows <= 4:  # fbgemm's pack, called as is
             expected = LINEAR_DYNAMIC(x, linear._small, quantization.REDUCE_RANGE)
         else:  # oneDNN's pack, called on the rows padded to their bucket (quantization.bucket_rows)
-            padded = torch.nn.functional.pad(x, [0, 0, 0, quantization.bucket_rows(rows) - rows])
+            padded = torch.nn.functional.pad(x, [0, 0, 0, bucket_rows(rows) - rows])
             expected = LINEAR_DYNAMIC(padded, linear._packed, quantization.REDUCE_RANGE)[:rows]
         assert torch.equal(linear(x), expected), rows
     single = Int8Linear(weight, bias, "x86", small_rows=4, small_engine="x86")  # one engine: one pack

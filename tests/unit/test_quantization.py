@@ -25,7 +25,6 @@ from bertforge.model.quantization import (
     LINEAR_DYNAMIC,
     REDUCE_RANGE,
     Int8Linear,
-    bucket_rows,
     float_linears,
     int8_linears,
     is_quantized,
@@ -33,6 +32,7 @@ from bertforge.model.quantization import (
     quantization_engine,
     quantize_int8,
 )
+from bertforge.model.row_buckets import bucket_rows
 
 # Measured on 64 SST-2 dev sentences: min cosine 0.9913, mean 0.9955 (8-bit activations, per token for the
 # feed-forward down projection; 0.9814 / 0.9899 with SmoothQuant and one scale per call everywhere).
@@ -215,15 +215,6 @@ def test_quantization_engine_prefers_onednn_on_amx_and_x86_elsewhere(monkeypatch
         assert amx == "onednn"
     if "x86" in supported:
         assert other == "x86"
-
-
-def test_bucket_rows_pads_at_most_a_sixteenth_and_keeps_few_sizes():
-    buckets = [bucket_rows(rows) for rows in range(1, 16_385)]
-    for rows, bucket in enumerate(buckets, start=1):
-        assert bucket >= rows and bucket_rows(bucket) == bucket, rows
-        assert bucket - rows < max(8, rows / 16 + 1), rows  # 8-row steps, then at most 1/16 padding
-    assert [bucket_rows(r) for r in (1, 16, 17, 256, 257, 512, 513)] == [8, 16, 24, 256, 272, 512, 544]
-    assert len(set(buckets)) <= 130  # what oneDNN compiles, per projection shape (its cache holds 1,024)
 
 
 @pytest.mark.skipif("onednn" not in torch.backends.quantized.supported_engines, reason="no onednn engine")

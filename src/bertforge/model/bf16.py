@@ -22,6 +22,7 @@ from torch import nn
 
 from bertforge.errors import ConfigError
 from bertforge.model.fast_paths import is_attention, is_layer, pack_qkv
+from bertforge.model.row_buckets import rows_from_bucket, rows_to_bucket
 
 
 def onednn_bf16() -> bool:
@@ -50,8 +51,9 @@ class Bf16Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(torch.bfloat16)
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self._weight, self.bias, "none", [], "")  # [..., O]
+        if self.packed:  # oneDNN compiles a kernel per row count: run at the row bucket (`model.row_buckets`)
+            y = torch.ops.mkldnn._linear_pointwise(rows_to_bucket(x), self._weight, self.bias, "none", [], "")
+            return rows_from_bucket(y, x)  # [P, O] -> [..., O]
         return nn.functional.linear(x, self._weight, self.bias)  # [..., I] -> [..., O]
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):

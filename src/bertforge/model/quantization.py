@@ -60,6 +60,7 @@ from torch import nn
 
 from bertforge.errors import ConfigError
 from bertforge.model.fast_paths import is_attention, is_encoder, is_layer, pack_qkv
+from bertforge.model.row_buckets import rows_from_bucket, rows_to_bucket
 
 # The packed weights' engine, the first of these this build supports: oneDNN first on a CPU with AMX tiles
 # (its int8 matmul runs on them: 1.2-1.5x PyTorch's x86 engine end to end on BERT-base, 1.3-3.5x per matmul,
@@ -80,40 +81,15 @@ PER_TOKEN_FLOOR = 1e-12
 
 # The operator itself, not its overload packet: the packet's Python dispatch costs ~6 us a call.
 LINEAR_DYNAMIC = torch.ops.quantized.linear_dynamic.default
-# oneDNN compiles a kernel for every new row count it sees (~0.65 ms per projection shape on the 2-core AMX Xeon:
-# a batch-1 MiniLM call at a length not seen before cost 2.6 ms more, and with lengths of 16-512 tokens the
-# 4 x ~500 row counts overflow oneDNN's cache of 1,024 kernels, so a server kept paying it; docs/cpu_inference.md).
-# Its calls are therefore padded with zero rows up to a bucket: steps of BUCKET_STEP rows below
-# 2 x BUCKET_STEP x BUCKETS_PER_OCTAVE (256) rows, then BUCKETS_PER_OCTAVE steps per doubling of the row count,
-# so at most 7 rows or 1/BUCKETS_PER_OCTAVE of a call is padding and a process meets a bounded set of row counts
-# (48 up to 512 rows, 128 up to 16,384, per projection shape). Zero rows change nothing in the real rows: the
-# kernel's input range always includes 0 (tested bit for bit against the same call on the padded input).
-BUCKET_STEP = 8
-BUCKETS_PER_OCTAVE = 16
-
-
-def bucket_rows(rows: int, step: int = BUCKET_STEP, per_octave: int = BUCKETS_PER_OCTAVE) -> int:
-    """The row count a oneDNN int8 call of `rows` rows is padded to (see BUCKET_STEP)."""
-    while step * per_octave * 2 <= rows:
-        step *= 2
-    return (rows + step - 1) // step * step
 
 
 def _bucketed_linear_dynamic(x: torch.Tensor, packed: torch.classes.quantized.LinearPackedParamsBase,
                              reduce_range: bool) -> torch.Tensor:
-    """LINEAR_DYNAMIC on x's rows padded with zero rows to `bucket_rows`; the padding's output rows dropped.
-    Compiled by TorchScript (`bucketed_linear_dynamic`) so that a traced layer graph keeps the padding
-    computed from each call's size rather than from the size it was traced at."""
-    features = x.size(-1)
-    rows = x.numel() // features
-    padded = bucket_rows(rows)
-    if padded == rows:
-        return torch.ops.quantized.linear_dynamic(x, packed, reduce_range)
-    flat = torch.nn.functional.pad(x.reshape(rows, features), [0, 0, 0, padded - rows])  # [P, I]
-    y = torch.ops.quantized.linear_dynamic(flat, packed, reduce_range)  # [P, O]
-    shape = list(x.shape[:-1])
-    shape.append(y.size(-1))
-    return y[:rows].reshape(shape)  # [..., O]
+    """LINEAR_DYNAMIC on x's rows padded to their row bucket (`model.row_buckets`: oneDNN compiles a kernel per
+    row count). Compiled by TorchScript (`bucketed_linear_dynamic`) so that a traced layer graph pads each call
+    by its own size rather than by the size it was traced at."""
+    y = torch.ops.quantized.linear_dynamic(rows_to_bucket(x), packed, reduce_range)  # [P, I] -> [P, O]
+    return rows_from_bucket(y, x)  # [..., O]
 
 
 _BUCKETED: list = []  # the compiled function, made on first use (a few ms), so importing bertforge compiles nothing
@@ -209,7 +185,7 @@ class Int8Linear(nn.Module):
             x = x.float()  # under an outer autocast the int8 kernel still takes fp32 activations
         small = self._small is not None and x.numel() <= self.small_rows * self.in_features
         packed = self._small if small else self._packed
-        # oneDNN's calls go through row buckets (BUCKET_STEP); fbgemm compiles nothing per row count
+        # oneDNN's calls go through row buckets (`model.row_buckets`); fbgemm compiles nothing per row count
         linear = bucketed_linear_dynamic if (self.small_engine if small else self.engine) == "onednn" else _plain
         if not self.per_token:
             return linear(x, packed)  # [..., I] -> [..., O]
