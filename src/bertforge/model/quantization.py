@@ -52,6 +52,7 @@ fp32 model; quantize at load with `--precision int8`). `is_quantized` tells a qu
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Iterator
 
@@ -92,15 +93,26 @@ def _bucketed_linear_dynamic(x: torch.Tensor, packed: torch.classes.quantized.Li
     return rows_from_bucket(y, x)  # [..., O]
 
 
-_BUCKETED: list = []  # the compiled function, made on first use (a few ms), so importing bertforge compiles nothing
+@functools.cache
+def _compiled_bucketed():  # compiled on first use (a few ms), so importing bertforge compiles nothing
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TorchScript's deprecation notice (torch pinned at 2.13.0)
+        return torch.jit.script(_bucketed_linear_dynamic)
 
 
 def bucketed_linear_dynamic(x: torch.Tensor, packed) -> torch.Tensor:
-    if not _BUCKETED:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # TorchScript's deprecation notice (torch pinned at 2.13.0)
-            _BUCKETED.append(torch.jit.script(_bucketed_linear_dynamic))
-    return _BUCKETED[0](x, packed, REDUCE_RANGE)
+    """A oneDNN pack's call: at the row bucket, so oneDNN compiles no kernel for a new row count."""
+    return _compiled_bucketed()(x, packed, REDUCE_RANGE)
+
+
+def plain_linear_dynamic(x: torch.Tensor, packed) -> torch.Tensor:
+    """A fbgemm pack's call: fbgemm compiles nothing per row count, so no padding."""
+    return LINEAR_DYNAMIC(x, packed, REDUCE_RANGE)
+
+
+def engine_call(engine_name: str):
+    """How an `Int8Linear` calls a pack made for `engine_name`."""
+    return bucketed_linear_dynamic if engine_name == "onednn" else plain_linear_dynamic
 
 
 def quantization_engine() -> str:
@@ -179,14 +191,13 @@ class Int8Linear(nn.Module):
                 self._small = torch.ops.quantized.linear_prepack(qweight, packed_bias)
         self.small_rows = small_rows if self._small is not None else 0
         self.engine, self.small_engine = engine_name, small_engine if self._small is not None else None
+        self._call, self._small_call = engine_call(self.engine), engine_call(self.small_engine)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32:
             x = x.float()  # under an outer autocast the int8 kernel still takes fp32 activations
         small = self._small is not None and x.numel() <= self.small_rows * self.in_features
-        packed = self._small if small else self._packed
-        # oneDNN's calls go through row buckets (`model.row_buckets`); fbgemm compiles nothing per row count
-        linear = bucketed_linear_dynamic if (self.small_engine if small else self.engine) == "onednn" else _plain
+        packed, linear = (self._small, self._small_call) if small else (self._packed, self._call)
         if not self.per_token:
             return linear(x, packed)  # [..., I] -> [..., O]
         if self.floor is None:
@@ -210,10 +221,6 @@ class Int8Linear(nn.Module):
         rows = ", per token" if self.per_token else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, engine={self.engine}{small}, "
                 f"int8{rows}")
-
-
-def _plain(x: torch.Tensor, packed) -> torch.Tensor:
-    return LINEAR_DYNAMIC(x, packed, REDUCE_RANGE)
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
