@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.nn import functional as F
 
 from bertforge.errors import ConfigError
 from bertforge.evaluation.runner import run_features
@@ -36,6 +37,38 @@ def test_bf16_linear_equals_autocast_linear(packed):
     expected = _autocast_linear(x, weight, bias)
     assert out.dtype == torch.bfloat16 and out.shape == (3, 7, 48)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)  # same bf16 weights, same accumulation
+
+
+@pytest.mark.parametrize("packed", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not onednn_bf16(), reason="PyTorch's oneDNN has no bf16 kernels on this CPU"))])
+def test_bf16_linear_applies_its_activation_as_autocast_does(packed):
+    generator = torch.Generator().manual_seed(1)
+    weight, bias = torch.randn(64, 32, generator=generator), torch.randn(64, generator=generator)
+    x = torch.randn(5, 32, generator=generator)
+    for act in (F.gelu, F.relu):
+        linear = Bf16Linear(weight, bias, packed=packed, activation=act)
+        assert (linear.post_op != "none") == packed  # fused into oneDNN's call only on the packed path
+        with torch.inference_mode():
+            out = linear(x)
+        with torch.inference_mode(), autocast(CPU, "bf16"):
+            expected = act(_autocast_linear(x, weight, bias))
+        assert out.dtype == torch.bfloat16
+        if packed and act is F.gelu:  # GELU of the fp32 result, then one rounding: within a bf16 step
+            torch.testing.assert_close(out.float(), expected.float(), rtol=1e-2, atol=1e-2)
+            exact = F.gelu((x.bfloat16().float() @ weight.bfloat16().float().T) + bias.bfloat16().float())
+            assert (out.float() - exact).abs().max() <= (expected.float() - exact).abs().max() + 1e-6
+        else:  # ReLU commutes with rounding; unpacked, the same operators as autocast's
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_pack_bf16_moves_the_feed_forward_activation_into_the_up_projection(tiny_config):
+    torch.manual_seed(0)
+    model = pack_bf16(set_fast_paths(BertModel(tiny_config)))
+    for layer in model.encoder.layers:
+        ff = layer.feed_forward
+        assert isinstance(ff.act, torch.nn.Identity)
+        assert (ff.up.post_op, ff.up.activation) == (("gelu", None) if ff.up.packed else ("none", F.gelu))
+        assert ff.down.post_op == "none" and ff.down.activation is None
 
 
 def test_pack_bf16_model_equals_autocast_model(tiny_config):

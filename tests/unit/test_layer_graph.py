@@ -1,7 +1,8 @@
 """The traced layer stack (`fast_paths.LayerGraph`) and the int8 layers' kernel choice by row count.
 
-A graph must compute what the eager layers compute, bit for bit, on every shape and on both sides of a row
-cutoff; it must be used only for calls it can stand for, and never travel with a pickled model.
+A graph must compute what the eager layers compute, bit for bit, on every shape, on both sides of a row
+cutoff and at the precisions that trace (int8, bf16 packed for the CPU, each autocast state); it must be used
+only for calls it can stand for, and never travel with a pickled model.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from bertforge.model.fast_paths import fast_paths_enabled, set_fast_paths, trace
 from bertforge.model.precision import apply_precision
 from bertforge.model.quantization import LINEAR_DYNAMIC, Int8Linear, small_rows
 from bertforge.model.row_buckets import bucket_rows
+from bertforge.runtime import autocast
 
 ENGINES = torch.backends.quantized.supported_engines
 needs_both_engines = pytest.mark.skipif(not {"onednn", "x86"} <= set(ENGINES),
@@ -64,7 +66,7 @@ def test_layer_graph_traces_each_side_of_a_row_cutoff(tiny_config, monkeypatch):
         for shape in [(1, 6), (1, 7), (2, 3), (2, 4), (1, 30), (1, 1)]:  # rows 6 | 7, 6 | 8, 30 | 1
             ids = torch.randint(5, tiny_config.vocab_size, shape, generator=generator)
             assert torch.equal(model(ids).last_hidden_state, eager(model, ids)), shape
-    assert sorted(model.encoder.graph.graphs) == [0, 1]  # one graph per interval, each traced once
+    assert sorted(model.encoder.graph.graphs) == [(0, None), (1, None)]  # one graph per interval, traced once
 
 
 def test_layer_graph_runs_only_calls_it_can_stand_for(tiny_config, monkeypatch):
@@ -95,6 +97,33 @@ def test_layer_graph_is_left_out_of_a_pickled_model(tiny_config, monkeypatch):
         copy = pickle.loads(pickle.dumps(model))
         assert copy.encoder.graph is None
         assert torch.equal(copy(ids).last_hidden_state, expected)
+
+
+def test_layer_graph_of_a_bf16_model_equals_eager_bit_for_bit(tiny_config):
+    torch.manual_seed(0)
+    model = apply_precision(set_fast_paths(BertModel(tiny_config)), "bf16")  # packed where oneDNN has bf16
+    assert fast_paths_enabled(model)["layer_graph"]
+    generator = torch.Generator().manual_seed(3)
+    with torch.inference_mode(), autocast(torch.device("cpu"), "bf16"):
+        for shape in [(1, 9), (1, 2), (1, 33), (2, 7)]:  # row counts on and off a row bucket's size
+            ids = torch.randint(5, tiny_config.vocab_size, shape, generator=generator)
+            out = model(ids).last_hidden_state
+            assert out.dtype == torch.float32 and torch.equal(out, eager(model, ids)), shape
+    assert list(model.encoder.graph.graphs) == [(0, torch.bfloat16)]
+
+
+def test_layer_graph_keeps_a_graph_per_autocast_state(tiny_config):
+    torch.manual_seed(0)
+    model = trace_layers(set_fast_paths(BertModel(tiny_config)))  # fp32 weights: autocast casts them
+    ids = torch.randint(5, tiny_config.vocab_size, (1, 11))
+    with torch.inference_mode():
+        with autocast(torch.device("cpu"), "bf16"):
+            low = model(ids).last_hidden_state
+            assert torch.equal(low, eager(model, ids))
+        full = model(ids).last_hidden_state  # not the graph traced under autocast
+        assert torch.equal(full, eager(model, ids))
+    assert not torch.equal(low, full)
+    assert sorted(model.encoder.graph.graphs, key=str) == [(0, None), (0, torch.bfloat16)]
 
 
 def test_trace_layers_is_idempotent_and_keeps_weights_shared(tiny_config):

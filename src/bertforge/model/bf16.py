@@ -8,21 +8,28 @@ once took BERT-base batch 1 from 45 to 26 ms, and the packed weight halves a bat
 (BERT-base's [70, 768] x [768, 3072]: 390 -> 204 us).
 
 The numbers are autocast's: the same bf16-rounded weights and bias, the same oneDNN matmul with fp32
-accumulation, a bf16 output; tests hold a prepared model to the autocast-only one. The model still runs
+accumulation, a bf16 output; tests hold a prepared model to the autocast-only one. One difference, on the
+packed path: the feed-forward's activation (exact GELU, ReLU) runs inside the up projection's oneDNN call, on
+its fp32 result before the one rounding to bf16, where autocast rounds the matmul's output, applies GELU to it
+and rounds again. A bf16 GELU on its own cost more than the fp32 one (45 against 25 us at 72 x 1536 on 2 AMX
+cores), and fused, a MiniLM batch-1 call was 5% faster, with the outputs as close to fp32 as before
+(docs/cpu_inference.md, "bf16 at batch 1"). The model still runs
 under autocast (`runtime.autocast`): embeddings, LayerNorm, softmax, the pooler and the heads do what autocast
 does with them; only these linears skip the casts. `pack_bf16` is applied by
-`model.precision.apply_precision` for bf16 on the CPU; a packed model is for inference only (no gradients)
-and refuses to be saved (save the fp32 model; prepare it at load with `--precision bf16`).
+`model.precision.apply_precision` for bf16 on the CPU, which also gives the model a traced layer graph
+(`fast_paths.LayerGraph`, as int8 has): a packed model is for inference only (no gradients) and refuses to be
+saved (save the fp32 model; prepare it at load with `--precision bf16`).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from bertforge.errors import ConfigError
 from bertforge.model.fast_paths import is_attention, is_layer, pack_qkv
-from bertforge.model.row_buckets import rows_from_bucket, rows_to_bucket
+from bertforge.model.row_buckets import rows_from_bucket, rows_to_bucket, scripted
 
 
 def onednn_bf16() -> bool:
@@ -31,37 +38,64 @@ def onednn_bf16() -> bool:
     return torch.backends.mkldnn.is_available() and probe is not None and bool(probe())
 
 
+# Activations oneDNN applies inside its linear (`_linear_pointwise`'s post-op and its algorithm), by the function
+# `model.bert.activation` returns for a config's hidden_act; any other runs after the linear.
+POST_OPS = {F.gelu: ("gelu", "none"), F.relu: ("relu", "")}  # "none": the exact erf GELU, not tanh's
+
+
+def _bucketed_linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, post_op: str,
+                          algorithm: str) -> torch.Tensor:
+    """oneDNN's bf16 linear with a packed weight (and a post-op: "none", "gelu", "relu"), on x's rows padded to
+    their row bucket (oneDNN compiles a kernel per row count: `model.row_buckets`); compiled by
+    `row_buckets.scripted` so a traced layer graph pads each call by its own size.
+    [..., I] any float dtype -> [..., O] bf16."""
+    x = x.to(torch.bfloat16)
+    scalars: list[int | float | complex | None] = []  # the post-op's arguments: none (TorchScript's type)
+    y = torch.ops.mkldnn._linear_pointwise(rows_to_bucket(x), weight, bias, post_op, scalars, algorithm)  # [P, O]
+    return rows_from_bucket(y, x)
+
+
 class Bf16Linear(nn.Module):
-    """y = x W^T + b in bf16 (fp32 accumulation), W and b cast to bf16 once and W packed once for oneDNN.
+    """y = act(x W^T + b) in bf16 (fp32 accumulation), W and b cast to bf16 once and W packed once for oneDNN.
 
     Args:
         weight: float [O, I]; bias: float [O] or None; packed: pack W for oneDNN (default: where
-            `onednn_bf16`), else keep it as a plain bf16 tensor.
+            `onednn_bf16`), else keep it as a plain bf16 tensor; activation: None, or a function of the output
+            (`model.bert.activation`), run by oneDNN on the fp32 result where it is one of `POST_OPS` and W is
+            packed, else on the bf16 output.
     Input [..., I] any float dtype (cast to bf16), output [..., O] bf16.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool | None = None,
+                 activation=None):
         super().__init__()
         weight = weight.detach().to(torch.bfloat16).contiguous()
         self.out_features, self.in_features = weight.shape
         self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16), persistent=False)
         self.packed = onednn_bf16() if packed is None else packed
-        # The packed weight is an opaque oneDNN tensor: kept as a plain attribute, not a parameter or buffer.
-        self._weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.packed else weight
+        # A buffer (not saved) rather than a plain attribute: a traced layer graph reads buffers from the module,
+        # where it would have to copy a plain tensor into the graph as a constant (and cannot, for an opaque
+        # oneDNN tensor).
+        self.register_buffer("_weight", torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.packed
+                             else weight, persistent=False)
+        fused = self.packed and activation in POST_OPS
+        self.post_op, self.algorithm = POST_OPS[activation] if fused else ("none", "")
+        self.activation = None if fused else activation  # what still runs after the linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(torch.bfloat16)
-        if self.packed:  # oneDNN compiles a kernel per row count: run at the row bucket (`model.row_buckets`)
-            y = torch.ops.mkldnn._linear_pointwise(rows_to_bucket(x), self._weight, self.bias, "none", [], "")
-            return rows_from_bucket(y, x)  # [P, O] -> [..., O]
-        return nn.functional.linear(x, self._weight, self.bias)  # [..., I] -> [..., O]
+        if self.packed:  # [..., I] -> [..., O]
+            y = scripted(_bucketed_linear_bf16)(x, self._weight, self.bias, self.post_op, self.algorithm)
+        else:
+            y = F.linear(x.to(torch.bfloat16), self._weight, self.bias)
+        return y if self.activation is None else self.activation(y)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         raise ConfigError("a model prepared for bf16 inference cannot be saved (its weights are packed for this "
                           "CPU); save the fp32 model and load it with --precision bf16")
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed={self.packed}, bf16"
+        fused = f", {self.post_op} fused" if self.post_op != "none" else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed={self.packed}, bf16{fused}"
 
 
 def pack_bf16(model: nn.Module) -> nn.Module:
@@ -83,7 +117,8 @@ def pack_bf16(model: nn.Module) -> nn.Module:
             module.output = Bf16Linear(module.output.weight, module.output.bias)
         if is_layer(module):
             ff = module.feed_forward
-            ff.up = Bf16Linear(ff.up.weight, ff.up.bias)
+            ff.up = Bf16Linear(ff.up.weight, ff.up.bias, activation=ff.act)  # the activation moves into it
+            ff.act = nn.Identity()
             ff.down = Bf16Linear(ff.down.weight, ff.down.bias)
     return model
 

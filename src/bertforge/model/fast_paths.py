@@ -237,10 +237,12 @@ class LayerGraph:
     Tracing records one branch of every Python `if`. A module whose forward branches on the number of rows
     of its input (batch x tokens) says where, as `small_rows` (int8 layers pick their kernel so,
     `model.quantization.Int8Linear`); the stack gets one graph per interval between those cutoffs, traced on
-    the first call that falls in it. Only calls the graphs can stand for take them (`runs`): the unmasked
-    padded layout (`Padded(None)`), no hidden states or attention maps asked for, no gradients, eval mode;
-    every other call takes the eager forward. The graphs share the stack's weights, so they are made only for
-    a model whose layers no longer change (an int8 one). They are not pickled or copied: a copy runs eager.
+    the first call that falls in it. Tracing also records the casts autocast makes, so a graph is kept per
+    autocast state too (a graph traced under bf16 autocast is not run without it). Only calls the graphs can
+    stand for take them (`runs`): the unmasked padded layout (`Padded(None)`), no hidden states or attention
+    maps asked for, no gradients, eval mode; every other call takes the eager forward. The graphs share the
+    stack's weights, so they are made only for a model whose layers no longer change (an int8 one, a bf16 one
+    packed for the CPU). They are not pickled or copied: a copy runs eager.
     """
 
     def __init__(self, stack: nn.Module):
@@ -254,7 +256,8 @@ class LayerGraph:
 
         self.unmasked = Unmasked().eval()
         self.cutoffs = sorted({m.small_rows for m in stack.modules() if getattr(m, "small_rows", 0)})
-        self.graphs: dict[int, torch.jit.ScriptModule] = {}  # interval of rows (bisect of cutoffs) -> graph
+        # (interval of rows (bisect of cutoffs), autocast dtype or None) -> graph
+        self.graphs: dict[tuple[int, torch.dtype | None], torch.jit.ScriptModule] = {}
         self.lock = threading.Lock()  # a server's threads may meet the same new interval at once
 
     def runs(self, x: torch.Tensor, layout) -> bool:
@@ -264,15 +267,16 @@ class LayerGraph:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         interval = bisect.bisect_left(self.cutoffs, x.numel() // x.shape[-1])  # rows <= cutoff: that interval
-        graph = self.graphs.get(interval)
+        key = (interval, torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        graph = self.graphs.get(key)
         if graph is None:
             with self.lock, warnings.catch_warnings():
                 # torch.jit warns that TorchScript is deprecated; it is still PyTorch 2.13's (pinned) way to run
                 # a graph with the quantized operators' packed weights and no compiler (torch.compile breaks its
                 # graph at them and measured slower).
                 warnings.simplefilter("ignore")
-                graph = self.graphs.get(interval) or torch.jit.trace(self.unmasked, x, check_trace=False)
-                self.graphs[interval] = graph
+                graph = self.graphs.get(key) or torch.jit.trace(self.unmasked, x, check_trace=False)
+                self.graphs[key] = graph
         return graph(x)
 
     def __reduce__(self):

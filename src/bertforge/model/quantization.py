@@ -52,7 +52,6 @@ fp32 model; quantize at load with `--precision int8`). `is_quantized` tells a qu
 from __future__ import annotations
 
 import contextlib
-import functools
 import warnings
 from collections.abc import Iterator
 
@@ -61,7 +60,7 @@ from torch import nn
 
 from bertforge.errors import ConfigError
 from bertforge.model.fast_paths import is_attention, is_encoder, is_layer, pack_qkv
-from bertforge.model.row_buckets import rows_from_bucket, rows_to_bucket
+from bertforge.model.row_buckets import rows_from_bucket, rows_to_bucket, scripted
 
 # The packed weights' engine, the first of these this build supports: oneDNN first on a CPU with AMX tiles
 # (its int8 matmul runs on them: 1.2-1.5x PyTorch's x86 engine end to end on BERT-base, 1.3-3.5x per matmul,
@@ -87,22 +86,15 @@ LINEAR_DYNAMIC = torch.ops.quantized.linear_dynamic.default
 def _bucketed_linear_dynamic(x: torch.Tensor, packed: torch.classes.quantized.LinearPackedParamsBase,
                              reduce_range: bool) -> torch.Tensor:
     """LINEAR_DYNAMIC on x's rows padded to their row bucket (`model.row_buckets`: oneDNN compiles a kernel per
-    row count). Compiled by TorchScript (`bucketed_linear_dynamic`) so that a traced layer graph pads each call
+    row count). Compiled by TorchScript (`row_buckets.scripted`) so that a traced layer graph pads each call
     by its own size rather than by the size it was traced at."""
     y = torch.ops.quantized.linear_dynamic(rows_to_bucket(x), packed, reduce_range)  # [P, I] -> [P, O]
     return rows_from_bucket(y, x)  # [..., O]
 
 
-@functools.cache
-def _compiled_bucketed():  # compiled on first use (a few ms), so importing bertforge compiles nothing
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # TorchScript's deprecation notice (torch pinned at 2.13.0)
-        return torch.jit.script(_bucketed_linear_dynamic)
-
-
 def bucketed_linear_dynamic(x: torch.Tensor, packed) -> torch.Tensor:
     """A oneDNN pack's call: at the row bucket, so oneDNN compiles no kernel for a new row count."""
-    return _compiled_bucketed()(x, packed, REDUCE_RANGE)
+    return scripted(_bucketed_linear_dynamic)(x, packed, REDUCE_RANGE)
 
 
 def plain_linear_dynamic(x: torch.Tensor, packed) -> torch.Tensor:

@@ -12,11 +12,14 @@ of a call is padding and a process meets 48 row counts up to 512 rows, 128 up to
 The padding rows are zeros and their outputs are dropped. Each row of a linear's output depends on its own input
 row only, with one exception the int8 kernel has: it quantizes its input on one range for the whole call, and that
 range always includes 0, so zero rows leave it as it was. Both functions are TorchScript-compatible, so a traced
-layer graph that reaches them through a compiled function (`quantization.bucketed_linear_dynamic`) pads each call
-by its own size, not by the size it was traced at.
+layer graph that reaches them through a function compiled by `scripted` (`quantization.bucketed_linear_dynamic`,
+`bf16.Bf16Linear`) pads each call by its own size, not by the size it was traced at.
 """
 
 from __future__ import annotations
+
+import functools
+import warnings
 
 import torch
 
@@ -48,3 +51,15 @@ def rows_from_bucket(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     shape = list(x.shape[:-1])
     shape.append(y.size(-1))
     return y[:rows].reshape(shape)
+
+
+@functools.cache
+def scripted(function):
+    """`function` compiled by TorchScript, once, on first use (a few ms; importing bertforge compiles nothing).
+
+    Why: `torch.jit.trace` (the layer graph, `fast_paths.LayerGraph`) records a Python function's arithmetic on
+    sizes as constants of the call it traced; a compiled function called from the traced code keeps it live, so
+    each call pads by its own size."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TorchScript's deprecation notice (torch pinned at 2.13.0)
+        return torch.jit.script(function)
