@@ -131,10 +131,36 @@ def test_trace_layers_is_idempotent_and_keeps_weights_shared(tiny_config):
     model = trace_layers(set_fast_paths(BertModel(tiny_config)))
     graph = model.encoder.graph
     assert trace_layers(model).encoder.graph is graph
-    assert not model.training and not any(p.requires_grad for p in model.parameters())
+    assert not model.training and all(p.requires_grad for p in model.parameters())  # gradients: the caller's
     ids = torch.randint(5, tiny_config.vocab_size, (1, 10))
     with torch.inference_mode():
         assert torch.equal(model(ids).last_hidden_state, eager(model, ids))  # fp32 traces too
+    with torch.no_grad():  # the weights are the module's own: an in-place update reaches the graph
+        model.encoder.layers[0].feed_forward.up.weight.mul_(0.5)
+        assert torch.equal(model(ids).last_hidden_state, eager(model, ids))
+
+
+def test_apply_precision_gives_an_fp32_cpu_model_its_layer_graph(tiny_config):
+    torch.manual_seed(0)
+    model = apply_precision(set_fast_paths(BertModel(tiny_config)), "fp32")
+    assert fast_paths_enabled(model)["layer_graph"]
+    ids = torch.randint(5, tiny_config.vocab_size, (1, 13))
+    with torch.inference_mode():
+        assert torch.equal(model(ids).last_hidden_state, eager(model, ids))
+    assert list(model.encoder.graph.graphs) == [(0, None)]
+
+
+def test_set_fast_paths_makes_a_traced_stack_trace_again(tiny_config):
+    torch.manual_seed(0)
+    model = trace_layers(set_fast_paths(BertModel(tiny_config)))
+    ids = torch.randint(5, tiny_config.vocab_size, (1, 10))
+    with torch.inference_mode():
+        model(ids)  # traced with the fused QKV projection
+        set_fast_paths(model, unpad=False, fused_qkv=False)  # replaces the attention modules the graph held
+        assert not model.encoder.graph.graphs
+        with torch.no_grad():
+            model.encoder.layers[0].attention.query.weight.zero_()  # a change only the new modules see
+        assert torch.equal(model(ids).last_hidden_state, eager(model, ids))
 
 
 @needs_both_engines

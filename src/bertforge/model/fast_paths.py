@@ -241,8 +241,9 @@ class LayerGraph:
     autocast state too (a graph traced under bf16 autocast is not run without it). Only calls the graphs can
     stand for take them (`runs`): the unmasked padded layout (`Padded(None)`), no hidden states or attention
     maps asked for, no gradients, eval mode; every other call takes the eager forward. The graphs share the
-    stack's weights, so they are made only for a model whose layers no longer change (an int8 one, a bf16 one
-    packed for the CPU). They are not pickled or copied: a copy runs eager.
+    stack's weights, so they are made only for a model whose layers no longer change: one prepared for inference
+    by `model.precision.apply_precision` (int8, bf16 packed for the CPU, fp32 on the CPU). They are not pickled
+    or copied: a copy runs eager.
     """
 
     def __init__(self, stack: nn.Module):
@@ -289,8 +290,9 @@ def _no_graph() -> None:
 
 def trace_layers(model: nn.Module) -> nn.Module:
     """Give every encoder inside `model` a `LayerGraph` of its layer stack (in place; idempotent). Puts the model
-    in eval mode with gradients off: the graph is for inference."""
-    model.eval().requires_grad_(False)
+    in eval mode (the graph is for inference; it runs only calls made without gradients, so the parameters'
+    `requires_grad` is left as the caller has it)."""
+    model.eval()
     for module in model.modules():
         if is_encoder(module) and getattr(module.encoder, "graph", None) is None:
             module.encoder.graph = LayerGraph(module.encoder)
@@ -310,14 +312,25 @@ def set_fast_paths(model: nn.Module, *, unpad: bool = True, fused_qkv: bool = Tr
         if is_encoder(module):
             module.unpad = bool(unpad)
             module.row_chunk_tokens = row_chunk_tokens(module.config) if chunks else 0
+            forget_graphs(module)  # fusing or un-fusing QKV replaces modules a traced graph holds
     for module in list(model.modules()):
         if is_attention(module):
             (fuse_qkv if fused_qkv else unfuse_qkv)(module)
     return model
 
 
+def forget_graphs(encoder: nn.Module) -> None:
+    """Drop what an encoder's `LayerGraph` traced (its layers are about to change): the next call traces anew."""
+    graph = getattr(encoder.encoder, "graph", None)
+    if graph is not None:
+        graph.graphs.clear()
+
+
 def set_activation_checkpointing(model: nn.Module, enabled: bool = True) -> nn.Module:
     """Recompute every encoder layer inside `model` in the backward pass (or stop, with `enabled=False`)."""
+    for module in model.modules():
+        if is_encoder(module):
+            forget_graphs(module)
     for module in model.modules():
         if is_layer(module):
             plain = type(module).plain if isinstance(module, CheckpointedLayer) else type(module)
