@@ -330,8 +330,7 @@ def set_activation_checkpointing(model: nn.Module, enabled: bool = True) -> nn.M
     """Recompute every encoder layer inside `model` in the backward pass (or stop, with `enabled=False`)."""
     for module in model.modules():
         if is_encoder(module):
-            forget_graphs(module)
-    for module in model.modules():
+            forget_graphs(module)  # its layers change class below
         if is_layer(module):
             plain = type(module).plain if isinstance(module, CheckpointedLayer) else type(module)
             module.__class__ = variant(CheckpointedLayer, plain) if enabled else plain
