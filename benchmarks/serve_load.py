@@ -363,7 +363,7 @@ def format_row(r: Result) -> str:
 
 
 def serve_forever(args: argparse.Namespace) -> None:
-    from bertforge.inference.server import serve
+    from bertforge.serving.app import serve
 
     optional = {name: getattr(args, name) for name in OPTIONAL_SETTINGS if getattr(args, name) is not None}
     serve(args.model, port=args.port, log_level="warning", tasks=[args.task], precision=args.precision,

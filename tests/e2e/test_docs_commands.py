@@ -641,7 +641,7 @@ def test_docs_commands_all_run_on_small_data(workspace, monkeypatch):
 
 def test_docs_serve_flags_reach_the_server_settings(monkeypatch):
     # The settings table of docs/serving.md names a flag per setting; each must arrive in ServerSettings.
-    server = pytest.importorskip("bertforge.inference.server")
+    server = pytest.importorskip("bertforge.serving.app")
     seen = {}
     monkeypatch.setattr(server, "serve", lambda model, **options: seen.update(options, model=model))
     assert cli.main(["serve", "--model", "DIR", "--max-batch-tokens", "2048", "--max-request-tokens", "9000",

@@ -89,7 +89,7 @@ def served_results(directory: Path, task: str, inputs: list) -> list[dict]:
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from bertforge.inference.server import create_app
+    from bertforge.serving.app import create_app
 
     with TestClient(create_app(directory, device="cpu", precision="fp32")) as client:
         response = client.post(f"/v1/{task}", json={"inputs": inputs})

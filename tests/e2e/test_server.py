@@ -22,10 +22,12 @@ from bertforge.checkpoint_format import load_tokenizer  # noqa: E402
 from bertforge.families.classification import BertForSequenceClassification  # noqa: E402
 from bertforge.families.multiple_choice import BertForMultipleChoice  # noqa: E402
 from bertforge.families.pretraining import BertForPretraining  # noqa: E402
-from bertforge.inference import scheduler, server, serving_metrics  # noqa: E402
+from bertforge.inference import scheduler  # noqa: E402
 from bertforge.inference.pipelines import load_pipeline  # noqa: E402
-from bertforge.inference.server import create_app  # noqa: E402
 from bertforge.model.config import BertConfig  # noqa: E402
+from bertforge.serving import app as server  # noqa: E402
+from bertforge.serving import metrics as serving_metrics  # noqa: E402
+from bertforge.serving.app import create_app  # noqa: E402
 
 
 def tiny_model_dir(path, cls, **config):

@@ -40,7 +40,7 @@ from bertforge.families.multiple_choice import BertForMultipleChoice  # noqa: E4
 from bertforge.families.pretraining import BertForPretraining  # noqa: E402
 from bertforge.families.question_answering import BertForQuestionAnswering  # noqa: E402
 from bertforge.families.tagging import BertForTokenClassification  # noqa: E402
-from bertforge.inference.server import create_app  # noqa: E402
+from bertforge.serving.app import create_app  # noqa: E402
 
 # Generated requests per operation and mode (valid, invalid): about 30 operations, a few hundred requests.
 EXAMPLES_PER_OPERATION = 6

@@ -30,7 +30,7 @@ from tests.e2e.test_server import running, tiny_model_dir  # noqa: E402
 from bertforge.cli import main  # noqa: E402
 from bertforge.errors import ConfigError  # noqa: E402
 from bertforge.families.classification import BertForSequenceClassification  # noqa: E402
-from bertforge.inference.server import create_app  # noqa: E402
+from bertforge.serving.app import create_app  # noqa: E402
 
 KEYS = ("first-key-0123456789", "second-key-9876543210")
 
@@ -412,8 +412,8 @@ def test_guards_over_budget_request_refused_in_milliseconds_while_others_keep_th
 
 
 def test_serve_flags_and_environment_reach_the_guard_settings(monkeypatch):
-    from bertforge.inference import server
-    from bertforge.inference.model_service import ServerSettings
+    from bertforge.serving import app as server
+    from bertforge.serving.model_service import ServerSettings
 
     seen = {}
     monkeypatch.setattr(server, "serve", lambda model, **options: seen.update(options))

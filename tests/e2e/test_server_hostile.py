@@ -14,7 +14,7 @@ fastapi = pytest.importorskip("fastapi")
 def client(tiny_minilm_model):
     from fastapi.testclient import TestClient
 
-    from bertforge.inference.server import create_app
+    from bertforge.serving.app import create_app
 
     with TestClient(create_app(tiny_minilm_model, device="cpu")) as test_client:
         yield test_client
@@ -48,7 +48,7 @@ def test_a_model_with_nan_weights_is_refused_by_predict_and_serve(tiny_minilm_mo
     from safetensors.torch import load_file, save_file
 
     from bertforge.errors import CheckpointError
-    from bertforge.inference.server import create_app
+    from bertforge.serving.app import create_app
 
     broken = tmp_path / "broken"
     shutil.copytree(tiny_minilm_model, broken)

@@ -32,11 +32,11 @@ from bertforge.families import registry  # noqa: E402
 from bertforge.families.classification import BertForSequenceClassification  # noqa: E402
 from bertforge.families.tagging import BertForTokenClassification  # noqa: E402
 from bertforge.families.task import DESCRIPTION_VERSION  # noqa: E402
-from bertforge.inference.model_service import parse_model_option  # noqa: E402
 from bertforge.inference.pipelines import EmbedText, TruncatedInput, load_pipeline  # noqa: E402
-from bertforge.inference.server import create_app  # noqa: E402
 from bertforge.inference.wire_inputs import fit_tokens  # noqa: E402
 from bertforge.model.bert import BertModel  # noqa: E402
+from bertforge.serving.app import create_app  # noqa: E402
+from bertforge.serving.model_service import parse_model_option  # noqa: E402
 
 # The OpenAI API reference's create-embeddings example input, and TEI's openapi.json examples.
 OPENAI_INPUT = "The food was delicious and the waiter..."
@@ -458,7 +458,7 @@ def test_tei_truncated_input_holds_its_texts_once_for_the_size_estimate(tei_dirs
     # The scheduler's wait estimate reads every string of a parsed input: the pairs are a function of the
     # example, not a second copy of the query (once per text) and the texts.
     from bertforge.inference.admission import estimate_tokens
-    from bertforge.inference.tei_routes import query_pairs
+    from bertforge.serving.tei_routes import query_pairs
 
     query = load_pipeline(tei_dirs["reranker"], "rerank", device="cpu").parse({"query": TEI_QUERY * 20,
                                                                                "texts": [LONG] * 8})

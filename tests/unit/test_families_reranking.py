@@ -92,7 +92,7 @@ def test_rerank_route_is_served_for_a_cross_encoder(tmp_path, tokenizer):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from bertforge.inference.server import create_app
+    from bertforge.serving.app import create_app
 
     cross_encoder(tokenizer, ["LABEL_0"]).save_pretrained(tmp_path / "ce", tokenizer=tokenizer)
     with TestClient(create_app(tmp_path / "ce", device="cpu")) as client:

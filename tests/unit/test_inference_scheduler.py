@@ -186,7 +186,7 @@ async def main():
 
 answers = asyncio.run(main())
 try:
-    import bertforge.inference.server
+    import bertforge.serving.app
 except ConfigError as error:  # the blocker works: the server needs the serve extra
     server = str(error)
 else:

@@ -40,7 +40,7 @@ ROWS = {
     "conversion": 4,
     "training": 5,
     "inference": 5,
-    "inference.server": 6,
+    "serving": 6,
     "demo": 6,
     "cli": 7,
     "__main__": 8,
@@ -52,6 +52,10 @@ FORBIDDEN = {
     "data": ("bertforge.model",),
 }
 NEVER_IMPORTED = ("transformers",)
+# Third-party packages only some components may import (a component's submodules included): the web framework
+# is the server's alone, so the library, the CLI and the scheduler load without the `serve` extra.
+WEB_FRAMEWORK = ("fastapi", "fastapi_offline", "starlette", "uvicorn", "pydantic", "prometheus_client")
+ONLY = {package: ("serving",) for package in WEB_FRAMEWORK}
 # Folders of the repository that are not part of the installed package: importing them works only from a
 # checkout, so the package must not.
 OUTSIDE_PACKAGE = ("benchmarks", "tests")
@@ -158,6 +162,8 @@ def violations(imports: list[Import]) -> list[str]:
         top = item.target.split(".")[0]
         if top in NEVER_IMPORTED:
             problems.append(f"{item.where()} (the package never imports {top})")
+        if top in ONLY and not (source or "").startswith(ONLY[top]):
+            problems.append(f"{item.where()} (only {', '.join(ONLY[top])} may import {top})")
         if top in OUTSIDE_PACKAGE:
             problems.append(f"{item.where()} ({top}/ is a repository folder, not part of the package)")
         if source is not None:
@@ -230,9 +236,12 @@ def test_layering_checker_flags_each_kind_of_violation(tmp_path):
         "families/__init__.py": "",
         "families/registry.py": "from bertforge.model.bert import BertModel\nfrom ..model import heads\n",
         "inference/__init__.py": "",
-        "inference/pipelines.py": "from bertforge.inference import server\n",
-        "inference/server.py": "from bertforge.inference.pipelines import Pipeline\n",
+        "inference/pipelines.py": "from bertforge.serving import app\n",
+        "serving/__init__.py": "",
+        "serving/app.py": "from bertforge.inference.pipelines import Pipeline\n",
         "plugins.py": "from bertforge.errors import ConfigError\nfrom bertforge.model import bert\n",
+        "inference/scheduler.py": "def f():\n    import fastapi\n",
+        "serving/guards.py": "import starlette.requests\n",
     })
     problems = violations(collect_imports(tmp_path))
     text = "\n".join(problems)
@@ -245,9 +254,11 @@ def test_layering_checker_flags_each_kind_of_violation(tmp_path):
     assert "bertforge.tokenization.wordpiece:4 imports torch.nn" in text  # importlib with a literal name
     assert "bertforge.data.corpus:1 imports bertforge.model.bert (data must not import bertforge.model)" in text
     assert "bertforge.data.corpus:2 imports transformers" in text
-    assert "bertforge.inference.pipelines:1 imports bertforge.inference.server" in text
-    assert "bertforge.inference.server:1" not in text
+    assert "bertforge.inference.pipelines:1 imports bertforge.serving.app" in text
+    assert "bertforge.serving.app:1" not in text
     assert "component 'plugins' has no row" in text
+    assert "bertforge.inference.scheduler:2 imports fastapi (only serving may import fastapi)" in text
+    assert "bertforge.serving.guards" not in text
     assert not any(p.startswith("bertforge.families") for p in problems)  # downward, absolute and relative
 
 

@@ -270,8 +270,8 @@ def predict_file(args: argparse.Namespace, options: dict[str, Any]) -> None:
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     try:
-        from bertforge.inference.model_service import parse_model_option
-        from bertforge.inference.server import serve
+        from bertforge.serving.app import serve
+        from bertforge.serving.model_service import parse_model_option
     except ImportError as exc:
         raise ConfigError(f"serving needs the [serve] extra ({exc}); pip install 'bertforge[serve]'") from None
     # Settings left unset keep ServerSettings' defaults (the one place they are written down).
@@ -279,7 +279,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
                                                      "max_queue_wait_s", "drain_timeout_s", "max_body_bytes",
                                                      "refusal_cooldown_s")
               if getattr(args, name) is not None}
-    from bertforge.inference.http_guards import split_keys
+    from bertforge.serving.guards import split_keys
 
     # Keys from the environment too, so they need not appear in the process list (`ps`) or shell history.
     limits["api_keys"] = split_keys([*args.api_key, os.environ.get("BERTFORGE_API_KEYS", "")])

@@ -1,6 +1,7 @@
-"""Inference: pipelines for people and programs (row 4), the HTTP server (row 5), attention maps, ONNX export.
+"""Inference without the web: pipelines for people and programs, the request scheduler, corpus jobs (embed,
+predict), search, attention maps, ONNX export. The HTTP server is `bertforge.serving`, one row above.
 
-`pipelines` needs only the core dependencies; `server` needs the `serve` extra (fastapi, uvicorn), the
+`pipelines` needs only the core dependencies; the
 PNG outputs of `attention` and `plots` the `plot` extra (matplotlib), `export` the `export` extra (onnx,
 onnxruntime). Names are imported lazily, so importing this package never requires an extra.
 """
@@ -13,8 +14,6 @@ _LAZY = {
     "predict_stream": "bertforge.inference.pipelines",
     "supported_tasks": "bertforge.inference.pipelines",
     "TASKS": "bertforge.inference.pipelines",
-    "create_app": "bertforge.inference.server",
-    "serve": "bertforge.inference.server",
     "render_attention": "bertforge.inference.attention",
     "export_onnx": "bertforge.inference.export",
     "plot_run": "bertforge.inference.plots",

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bertforge.inference.model_service import (  # isort: skip  (first: the serve-extra check)
+from bertforge.serving.model_service import (  # isort: skip  (first: the serve-extra check)
     InferenceService,
     ModelSet,
     RequestError,
@@ -37,10 +37,10 @@ from pydantic import BaseModel
 
 from bertforge import __version__
 from bertforge.errors import InputError
-from bertforge.inference.openai_routes import check_ids, check_length, shorten
 from bertforge.inference.pipelines import EmbedText, TruncatedInput
-from bertforge.inference.task_routes import MODEL_PREFIX, task_route_options
-from bertforge.inference.tei_schemas import (
+from bertforge.serving.openai_routes import check_ids, check_length, shorten
+from bertforge.serving.task_routes import MODEL_PREFIX, task_route_options
+from bertforge.serving.tei_schemas import (
     TEI_ERRORS,
     CohereRerankRequest,
     DecodeRequest,
@@ -53,7 +53,7 @@ from bertforge.inference.tei_schemas import (
     SimpleToken,
     TokenizeRequest,
 )
-from bertforge.inference.wire_schemas import check_body, request_body
+from bertforge.serving.wire_schemas import check_body, request_body
 
 # The pipelines the TEI routes run (the routes are bound to them: /embed embeds, /rerank reranks ...).
 EMBED, RERANK, CLASSIFY = "embed", "rerank", "classify"

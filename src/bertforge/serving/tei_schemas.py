@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from bertforge.inference.wire_schemas import WireModel, register  # isort: skip  (first: the serve-extra check)
+from bertforge.serving.wire_schemas import WireModel, register  # isort: skip  (first: the serve-extra check)
 
 from pydantic import BaseModel, Field
 

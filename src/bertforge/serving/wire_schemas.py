@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from bertforge.inference.envelopes import RequestError, serve_extra_missing
+from bertforge.serving.envelopes import RequestError, serve_extra_missing
 
 try:
     from fastapi import FastAPI

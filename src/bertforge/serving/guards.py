@@ -43,7 +43,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Seque
 from typing import Any
 
 from bertforge.errors import ConfigError
-from bertforge.inference.envelopes import error_payload
+from bertforge.serving.envelopes import error_payload
 
 log = logging.getLogger("bertforge.http")
 

@@ -28,22 +28,22 @@ from typing import Any
 from bertforge.data.files import UntrustedJson, decode_json
 from bertforge.errors import BertforgeError, CheckpointError, ConfigError, InputError
 from bertforge.inference.admission import CHARS_PER_TOKEN, estimate_tokens
-from bertforge.inference.envelopes import RequestError, error_payload, serve_extra_missing
-from bertforge.inference.http_guards import (
+from bertforge.inference.jobs import check_seconds
+from bertforge.inference.pipelines import DEFAULT_PRECISION, Pipeline, load_pipelines
+from bertforge.inference.scheduler import Failure, JobFailed, Scheduler, SchedulerSettings, check_positive
+from bertforge.serving.envelopes import RequestError, error_payload, serve_extra_missing
+from bertforge.serving.guards import (
     LARGE_BODY_BYTES,
     check_guard_settings,
     note_retry_after,
     note_timing,
 )
-from bertforge.inference.jobs import check_seconds
-from bertforge.inference.pipelines import DEFAULT_PRECISION, Pipeline, load_pipelines
-from bertforge.inference.scheduler import Failure, JobFailed, Scheduler, SchedulerSettings, check_positive
 
 try:
     from fastapi import Request
     from fastapi.responses import JSONResponse
 
-    from bertforge.inference.serving_metrics import ServingMetrics
+    from bertforge.serving.metrics import ServingMetrics
 except ImportError as missing:  # the serve extra is optional; say how to get it when it is needed
     raise serve_extra_missing(missing) from None
 
@@ -204,7 +204,7 @@ class InferenceService:
             check_sizes(item, index, self.settings.max_chars)
             parsed.append(self.parse(task, item, f"inputs[{index}]"))
         # Then the route's strict model: unknown fields inside an input, parameters of the wrong JSON type.
-        from bertforge.inference.task_schemas import check_task_body
+        from bertforge.serving.task_schemas import check_task_body
 
         check_task_body(task, body)
         return parsed, options

@@ -17,9 +17,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Union
 
-from bertforge.inference.envelopes import RequestError
+from bertforge.serving.envelopes import RequestError
 
-from bertforge.inference.wire_schemas import WireModel, check_body, register  # isort: skip (first: the serve-extra check)
+from bertforge.serving.wire_schemas import WireModel, check_body, register  # isort: skip (first: the serve-extra check)
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 

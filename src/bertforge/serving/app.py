@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import ConfigError
-from bertforge.inference.envelopes import serve_extra_missing
 from bertforge.inference.pipelines import DEFAULT_PRECISION, Pipeline
+from bertforge.serving.envelopes import serve_extra_missing
 
 try:
     import fastapi_offline
@@ -47,12 +47,12 @@ try:
     from prometheus_client.registry import Collector
     from starlette.exceptions import HTTPException
 
-    from bertforge.inference.serving_metrics import CONTENT_TYPE, ServingMetrics
+    from bertforge.serving.metrics import CONTENT_TYPE, ServingMetrics
 except ImportError as missing:  # the serve extra is optional; say how to get it when it is needed
     raise serve_extra_missing(missing) from None
 
-from bertforge.inference.http_guards import LOOPBACK_HOSTS, install_guards  # noqa: E402
-from bertforge.inference.model_service import (  # noqa: E402 (after the check of the serve extra)
+from bertforge.serving.guards import LOOPBACK_HOSTS, install_guards  # noqa: E402
+from bertforge.serving.model_service import (  # noqa: E402 (after the check of the serve extra)
     FAILURE_STATUS,
     InferenceService,
     ModelSet,
@@ -64,10 +64,10 @@ from bertforge.inference.model_service import (  # noqa: E402 (after the check o
     model_name_of,
     refusal,
 )
-from bertforge.inference.openai_routes import add_openai_routes  # noqa: E402
-from bertforge.inference.task_routes import add_task_routes  # noqa: E402
-from bertforge.inference.tei_routes import DUAL_ROUTES, add_tei_routes  # noqa: E402
-from bertforge.inference.wire_schemas import validation_message, with_wire_schemas  # noqa: E402
+from bertforge.serving.openai_routes import add_openai_routes  # noqa: E402
+from bertforge.serving.task_routes import add_task_routes  # noqa: E402
+from bertforge.serving.tei_routes import DUAL_ROUTES, add_tei_routes  # noqa: E402
+from bertforge.serving.wire_schemas import validation_message, with_wire_schemas  # noqa: E402
 
 log = logging.getLogger(__name__)
 

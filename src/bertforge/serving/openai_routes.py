@@ -23,7 +23,7 @@ import base64
 import time
 from typing import Annotated, Any, Literal
 
-from bertforge.inference.model_service import ModelSet, RequestError, read_body, refusal  # isort: skip
+from bertforge.serving.model_service import ModelSet, RequestError, read_body, refusal  # isort: skip
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from bertforge.inference.pipelines import EmbedText
-from bertforge.inference.wire_schemas import WIRE_CONFIG, WireModel, check_body, register, request_body
+from bertforge.serving.wire_schemas import WIRE_CONFIG, WireModel, check_body, register, request_body
 
 # When the server started: the `created` time of every served model.
 STARTED = int(time.time())

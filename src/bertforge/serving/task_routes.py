@@ -14,10 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 # First: without the serve extra it raises the ConfigError saying how to install it.
-from bertforge.inference.model_service import ModelSet, RequestError, refusal  # isort: skip
+from bertforge.serving.model_service import ModelSet, RequestError, refusal  # isort: skip
 
-from bertforge.inference.task_schemas import REQUEST_MODELS, RESPONSE_MODELS  # isort: skip
-from bertforge.inference.wire_schemas import request_body  # isort: skip
+from bertforge.serving.task_schemas import REQUEST_MODELS, RESPONSE_MODELS  # isort: skip
+from bertforge.serving.wire_schemas import request_body  # isort: skip
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
