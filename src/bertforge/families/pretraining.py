@@ -23,19 +23,22 @@ from bertforge.constants import IGNORE_INDEX
 from bertforge.data.finetuning import Feature
 from bertforge.errors import DataError, InputError
 from bertforge.families.base import Family, Objective, check_number, text_of
-from bertforge.model.bert import BertModel, BertPretrainedModel
+from bertforge.model.bert import BertModel, BertPretrainedModel, IndexableOutput
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import MlmHead
 
 
 @dataclass
-class PretrainingOutput:
+class PretrainingOutput(IndexableOutput):
     """mlm_logits: [B, M, V] at the given positions ([B, T, V] when none are given); nsp_logits: [B, 2]
     ([S, 2] for S packed sequences).
 
     With labels: `loss` (this batch's mean MLM + mean NSP loss) and the float sums/counts the loop
     aggregates: mlm_loss_sum, mlm_correct, mlm_count, nsp_loss_sum, nsp_correct, nsp_count (0-dim tensors).
+    `outputs[0]` is the loss when there is one, then the MLM and NSP logits (transformers' order).
     """
+
+    tuple_fields = ("loss", "mlm_logits", "nsp_logits", "hidden_states", "attentions")
 
     mlm_logits: torch.Tensor
     nsp_logits: torch.Tensor

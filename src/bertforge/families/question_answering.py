@@ -56,6 +56,7 @@ from bertforge.families.base import (
     softmax,
 )
 from bertforge.metrics.question_answering import evaluate_squad
+from bertforge.model.bert import IndexableOutput
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import feature_size, token_features
 from bertforge.tokenization.normalizer import Normalizer
@@ -66,9 +67,11 @@ from bertforge.tokenization.windows import max_context_windows
 
 
 @dataclass
-class QuestionAnsweringOutput:
+class QuestionAnsweringOutput(IndexableOutput):
     """start_logits, end_logits: [B, T] (padding at the dtype's minimum); loss: mean of the start and end
-    cross-entropies per window."""
+    cross-entropies per window. `outputs[0]` is the loss when there is one (transformers' order)."""
+
+    tuple_fields = ("loss", "start_logits", "end_logits", "hidden_states", "attentions")
 
     start_logits: torch.Tensor
     end_logits: torch.Tensor

@@ -61,10 +61,28 @@ def names() -> list[str]:
     return [f.name for f in FAMILIES]
 
 
+# transformers' pipeline task names, accepted for our routes (`route`).
+TASK_ALIASES: dict[str, str] = {
+    "feature-extraction": "embed", "sentence-similarity": "embed", "sentiment-analysis": "classify",
+    "text-classification": "classify", "ner": "tag", "token-classification": "tag",
+    "question-answering": "answer", "multiple-choice": "choose"}
+
+
+def route(task: str) -> str:
+    """Our route for a task name: a route itself, or transformers' name for it ("ner" -> "tag")."""
+    return TASK_ALIASES.get(task, task) if isinstance(task, str) else task
+
+
+def own_task(architecture: str | None) -> str:
+    """The route a directory with this config.json architecture serves when no task is named."""
+    return for_model(model_class(architecture)).task
+
+
 def for_task(task: str) -> Family:
     """The family behind a pipeline route ("classify", "tag", "answer", "choose", "fill-mask", "embed")."""
     if task not in _BY_TASK:
-        raise ConfigError(f"unknown task {task!r}; choose one of {list(TASKS)}")
+        raise ConfigError(f"unknown task {task!r}; choose one of {list(TASKS)} (or transformers' names: "
+                          f"{sorted(TASK_ALIASES)})")
     return _BY_TASK[task]
 
 

@@ -81,7 +81,8 @@ TASKS = registry.TASKS
 
 def check_task(task: str) -> None:
     if task not in TASKS:
-        raise InputError(f"unknown task {task!r}; choose one of {list(TASKS)}")
+        raise InputError(f"unknown task {task!r}; choose one of {list(TASKS)} (or transformers' names: "
+                         f"{sorted(registry.TASK_ALIASES)})")
 
 
 def feature_tokens(feature: Feature) -> int:
@@ -414,7 +415,8 @@ ROUTE_PIPELINES: dict[str, type[Pipeline]] = {"embed": EmbedPipeline}
 # --- loading ---------------------------------------------------------------------------------------------
 
 def make_pipeline(task: str, model: BertPretrainedModel, tokenizer, **options: Any) -> Pipeline:
-    """The pipeline for `task` over an already loaded model."""
+    """The pipeline for `task` (a route or transformers' name for it) over an already loaded model."""
+    task = registry.route(task)
     check_task(task)
     if task in ROUTE_PIPELINES:
         return ROUTE_PIPELINES[task](model, tokenizer, **options)
@@ -436,26 +438,32 @@ def supported_tasks(model: BertPretrainedModel) -> list[str]:
     return [task for task in TASKS if serves(type(model), registry.for_task(task)) and accepts(registry.for_task(task))]
 
 
-def load_pipeline(model_dir: str | Path, task: str, **options: Any) -> Pipeline:
+def load_pipeline(model_dir: str | Path, task: str | None = None, **options: Any) -> Pipeline:
     """Load a model directory for one task.
 
     Args:
         model_dir: a saved model (config.json, weights, vocab.txt, tokenizer_config.json).
-        task: one of `TASKS`.
+        task: one of `TASKS` or transformers' name for it ("ner", "feature-extraction", ...); None: the task
+            of the model's own head (a bare encoder: embed).
         **options: `Pipeline` keyword arguments (device, precision, batch_size, max_length, doc_stride).
 
     Raises:
         CheckpointError: the directory lacks what the task needs (tokenizer, head, labels), naming it.
     """
-    return load_pipelines(model_dir, [task], **options)[task]
+    return next(iter(load_pipelines(model_dir, [task], **options).values()))
 
 
 def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None,
                    **options: Any) -> dict[str, Pipeline]:
-    """Every pipeline the model supports (or the `tasks` named), sharing one loaded model."""
+    """Every pipeline the model supports (or the `tasks` named; None among them: the model's own task),
+    sharing one loaded model."""
+    tasks = None if tasks is None else [registry.route(task) for task in tasks]
     for task in tasks or ():
-        check_task(task)
+        if task is not None:
+            check_task(task)
     directory = checkpoint_format.read_directory(model_dir)
+    if tasks is not None:
+        tasks = [registry.own_task(directory.architecture) if task is None else task for task in tasks]
     named = registry.model_class(directory.architecture)
     for task in tasks or ():
         family = registry.for_task(task)

@@ -14,7 +14,7 @@ R real tokens of a batch, S sequences of a batch. In the encoder `x` is [B, T, H
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -49,8 +49,22 @@ def sinusoidal_table(positions: int, hidden: int) -> torch.Tensor:
     return table.float()
 
 
+class IndexableOutput:
+    """Model outputs also read as transformers' do: `outputs[0]`, `outputs[:2]` are the fields that are set
+    (not None), in `tuple_fields` order (default: field order); `outputs["name"]` is the field."""
+
+    tuple_fields: tuple[str, ...] = ()
+
+    def to_tuple(self) -> tuple:
+        names = self.tuple_fields or tuple(f.name for f in fields(self))
+        return tuple(value for name in names if (value := getattr(self, name)) is not None)
+
+    def __getitem__(self, key):
+        return getattr(self, key) if isinstance(key, str) else self.to_tuple()[key]
+
+
 @dataclass
-class BertOutput:
+class BertOutput(IndexableOutput):
     """What `BertModel` returns.
 
     last_hidden_state: [B, T, H] (zeros at padding on the unpadded path). pooled_output: [B, H]
@@ -62,6 +76,11 @@ class BertOutput:
     pooled_output: torch.Tensor | None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
+
+    @property
+    def pooler_output(self) -> torch.Tensor | None:
+        """`pooled_output` under transformers' name."""
+        return self.pooled_output
 
     @classmethod
     def concatenate(cls, parts: list[BertOutput]) -> BertOutput:

@@ -12,13 +12,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertforge.model.bert import BertOutput, activation
+from bertforge.model.bert import BertOutput, IndexableOutput, activation
 from bertforge.model.config import BertConfig
 
 
 @dataclass
-class TaskOutput:
-    """logits: [B, C] (sequence), [B, T, C] (tokens), [B, C] choices; loss: scalar when labels were given."""
+class TaskOutput(IndexableOutput):
+    """logits: [B, C] (sequence), [B, T, C] (tokens), [B, C] choices; loss: scalar when labels were given.
+    `outputs[0]` is the loss when there is one, else the logits (transformers' order)."""
+
+    tuple_fields = ("loss", "logits", "hidden_states", "attentions")
 
     logits: torch.Tensor
     loss: torch.Tensor | None = None

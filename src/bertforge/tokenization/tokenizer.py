@@ -25,6 +25,7 @@ from operator import itemgetter
 from typing import Any
 
 from bertforge.errors import ConfigError, InputError
+from bertforge.tokenization.batch_encoding import BatchEncoding, as_batch, batch_encoding
 from bertforge.tokenization.encoding import (
     Encoding,
     Padding,
@@ -378,6 +379,33 @@ class Tokenizer:
             for encoding in encodings:
                 self._pad(encoding, target)
         return encodings
+
+    def __call__(
+        self,
+        text: str | Sequence[str],
+        text_pair: str | Sequence[str] | None = None,
+        *,
+        add_special_tokens: bool = True,
+        padding: Padding | bool = False,
+        truncation: Truncation | bool | None = None,
+        max_length: int | None = None,
+        return_tensors: str | None = None,
+    ) -> BatchEncoding:
+        """Model inputs as transformers' tokenizers give them: ``model(**tokenizer("text", return_tensors="pt"))``.
+
+        Args:
+            text: a text or a list of texts; text_pair: its pair text (or one per text).
+            padding, truncation, max_length, add_special_tokens: as for `encode_batch`.
+            return_tensors: None for lists (flat lists for one text), "pt" for torch or "np" for numpy
+                [B, T] int64 arrays (one text is a batch of one).
+
+        Returns:
+            `BatchEncoding` with ``input_ids``, ``token_type_ids`` and ``attention_mask``.
+        """
+        texts, pairs, single = as_batch(text, text_pair)
+        encodings = self.encode_batch(texts, pairs, add_special_tokens=add_special_tokens, max_length=max_length,
+                                      truncation=truncation, padding=padding)
+        return batch_encoding(encodings, single, return_tensors)
 
     def _pad(self, encoding: Encoding, target: int) -> None:
         pad(encoding, target, self._pad_id, self.config.pad_token)
