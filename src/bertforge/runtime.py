@@ -72,15 +72,29 @@ def choose_precision(precision: str, device: torch.device | str) -> tuple[str, s
     if precision not in PRECISIONS:
         raise ConfigError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
     if precision == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        if device.type == "cuda" and cuda_supports_bf16(device):
             return "bf16", "auto: bf16 on a CUDA device with bf16 support"
         return "fp32", f"auto: fp32 (bf16 is chosen only on a CUDA device with bf16 support; this is {device.type})"
     if precision == "int8" and device.type != "cpu":
         raise ConfigError(f"precision int8 runs on the CPU only (PyTorch's dynamic int8 kernels), and this run is "
                           f"on {device.type}; use --device cpu, or bf16 / fp16 on a GPU")
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    if precision == "bf16" and device.type == "cuda" and not cuda_supports_bf16(device):
         raise ConfigError("precision bf16 needs a GPU with bfloat16 support (Ampere or newer); use fp16 or fp32")
     return precision, "requested"
+
+
+def cuda_supports_bf16(device: torch.device | str) -> bool:
+    """Whether CUDA `device` computes in bfloat16 natively, probed once per device index: the probe costs
+    seconds on first use and every path asks it (a profiled `pretrain` called it 61 times)."""
+    device = torch.device(device)
+    return _bf16_probe(device.index or 0)
+
+
+@functools.cache
+def _bf16_probe(index: int) -> bool:
+    # The index keys the cache only: a machine's GPUs are one kind, and asking about another device would
+    # initialise a CUDA context on it.
+    return bool(torch.cuda.is_bf16_supported())
 
 
 def check_user_precision(precision: str, device: torch.device | str, where: str) -> None:

@@ -94,3 +94,21 @@ def test_pack_pretraining_layout():
     assert "sequence_ids" not in collate_pretraining(examples()).model_inputs()
     with pytest.raises(ConfigError, match="does not fit"):
         pack_pretraining(examples(), capacity=7)
+
+
+def test_collate_block_equals_collating_examples():
+    from bertforge.data.collate import collate_block
+
+    items = examples()
+    block = np.zeros((2, 8), dtype=np.int64)
+    positions = np.zeros((2, 2), dtype=np.int64)
+    labels = np.full((2, 2), IGNORE_INDEX, dtype=np.int64)
+    for row, example in enumerate(items):
+        block[row, :len(example.input_ids)] = example.input_ids
+        positions[row, :len(example.mlm_positions)] = example.mlm_positions
+        labels[row, :len(example.mlm_labels)] = example.mlm_labels
+    batch = collate_block(block, np.array([6, 8]), np.array([4, 3]), positions, labels, np.array([0, 1]))
+    expected = collate_pretraining(items)
+    for name, tensor in expected.model_inputs().items():
+        assert torch.equal(getattr(batch, name), tensor), name
+    assert batch.num_tokens == expected.num_tokens

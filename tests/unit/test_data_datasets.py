@@ -135,11 +135,44 @@ def test_datasets_resume_rejects_other_data_or_seed(data_dir):
 def test_datasets_dynamic_masks_change_per_epoch_static_masks_do_not(data_dir):
     dynamic = make(data_dir)
     static = make(data_dir, masking=MaskingConfig(static_masks=1))
-    instance = 0
-    assert not np.array_equal(dynamic.example(instance, dynamic._mask_generator(0, instance)).input_ids,
-                              dynamic.example(instance, dynamic._mask_generator(1, instance)).input_ids)
-    assert np.array_equal(static.example(instance, static._mask_generator(0, instance)).input_ids,
-                          static.example(instance, static._mask_generator(5, instance)).input_ids)
+    instances = np.arange(8)
+
+    def masked(data, epoch):
+        return rows(data.make_batch(instances, data.mask_keys(epoch, instances)))
+
+    assert masked(dynamic, 0) != masked(dynamic, 1)
+    assert masked(static, 0) == masked(static, 5)
+
+
+def test_datasets_workers_give_the_same_stream_positions_and_resume(data_dir):
+    plain = make(data_dir, batch_size=4)
+    expected, states = [], []
+    for _ in range(plain.steps_per_epoch + 3):  # across an epoch boundary
+        expected.append(rows(next(plain)))
+        states.append(plain.state_dict())
+    workers = make(data_dir, batch_size=4, workers=2)
+    try:
+        for index in range(6):
+            assert rows(next(workers)) == expected[index]
+            assert workers.state_dict() == states[index]  # the batches handed out, not those made ahead
+        workers.load_state_dict(states[1])  # back in the stream: the workers restart from there
+        assert [rows(next(workers)) for _ in range(len(expected) - 2)] == expected[2:]
+    finally:
+        workers.close()
+
+
+def test_datasets_block_reading_equals_instance_reading(data_dir):
+    data = make(data_dir)
+    indices = np.array([5, 0, data.num_instances - 1, 5, 17])
+    block = data.reader.batch(indices, pad_id=0, pad_to_multiple_of=8)
+    assert block.token_ids.shape[1] % 8 == 0
+    for row, index in enumerate(indices.tolist()):
+        ids, starts, b_start, nsp = data.reader.instance(index)
+        length = int(block.lengths[row])
+        assert length == len(ids) and not block.token_ids[row, length:].any()
+        assert block.token_ids[row, :length].tolist() == ids.tolist()
+        assert block.word_starts[row, :length].tolist() == starts.tolist()
+        assert (int(block.segment_b_starts[row]), int(block.nsp_labels[row])) == (b_start, nsp)
 
 
 def test_datasets_evaluation_batches_are_fixed_and_cover_the_split(data_dir):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bertforge.data.masking import Masker, MaskingConfig
+from bertforge.constants import IGNORE_INDEX
+from bertforge.data.masking import Masker, MaskingConfig, mask_batch, stream_keys
 from bertforge.errors import ConfigError
 
 VOCAB = 500
@@ -139,3 +140,69 @@ def test_masker_rejects_ids_outside_vocabulary():
         Masker(MaskingConfig(), vocab_size=10, special_ids=[0, 1, 2], mask_id=10)
     with pytest.raises(ConfigError, match="only special tokens"):
         Masker(MaskingConfig(), vocab_size=3, special_ids=[0, 1, 2], mask_id=2)
+
+
+def padded_block(sequences: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.array([len(ids) for ids in sequences])
+    block = np.zeros((len(sequences), lengths.max()), dtype=np.int64)
+    for row, ids in enumerate(sequences):
+        block[row, :len(ids)] = ids
+    return block, lengths
+
+
+def test_mask_batch_statistics_and_rule_on_100k_tokens():
+    config = MaskingConfig(max_predictions_per_seq=20)
+    masker = Masker(config, vocab_size=VOCAB, special_ids=SPECIALS, mask_id=MASK)
+    sequences = [ids for ids, _ in random_sequences(1200, np.random.default_rng(0))]
+    block, lengths = padded_block(sequences)
+    out = mask_batch(masker, block, lengths, stream_keys(7, 1, 0, np.arange(len(sequences))), IGNORE_INDEX)
+    counts = {"maskable": 0, "chosen": 0, "mask": 0, "random": 0, "kept": 0}
+    for row, ids in enumerate(sequences):
+        count = int(out.counts[row])
+        positions, labels = out.positions[row, :count], out.labels[row, :count]
+        assert (out.labels[row, count:] == IGNORE_INDEX).all()
+        maskable = int((~np.isin(ids, SPECIALS)).sum())
+        assert count == masker.num_to_predict(maskable)  # the same count rule as one sequence at a time
+        assert np.all(np.diff(positions) > 0) and np.array_equal(labels, ids[positions])
+        assert not np.isin(ids[positions], SPECIALS).any(), "a special token was chosen"
+        seen = out.input_ids[row, :len(ids)]
+        untouched = np.ones(len(ids), dtype=bool)
+        untouched[positions] = False
+        assert np.array_equal(seen[untouched], ids[untouched]) and not out.input_ids[row, len(ids):].any()
+        seen = seen[positions]
+        replaced = seen[(seen != MASK) & (seen != labels)]
+        assert not np.isin(replaced, SPECIALS).any(), "a random replacement was a special token"
+        counts["maskable"] += maskable
+        counts["chosen"] += count
+        counts["mask"] += int((seen == MASK).sum())
+        counts["kept"] += int((seen == labels).sum())
+        counts["random"] += replaced.size
+    assert counts["maskable"] >= 100_000
+    assert abs(counts["mask"] / counts["chosen"] - 0.8) < 0.015
+    assert abs(counts["random"] / counts["chosen"] - 0.1) < 0.01
+    assert abs(counts["kept"] / counts["chosen"] - 0.1) < 0.01
+
+
+def test_mask_batch_chooses_uniformly_among_positions():
+    masker = Masker(MaskingConfig(mlm_probability=0.2), vocab_size=VOCAB, special_ids=SPECIALS, mask_id=MASK)
+    ids = np.concatenate([[CLS], np.arange(5, 55), [SEP]])
+    block = np.tile(ids, (4000, 1))
+    out = mask_batch(masker, block, np.full(4000, ids.size), stream_keys(1, np.arange(4000)), IGNORE_INDEX)
+    hits = np.bincount(out.positions.ravel(), minlength=ids.size)[1:-1]  # 10 of 50 per row
+    assert abs(hits.mean() - 800) < 1 and hits.min() > 650 and hits.max() < 950
+
+
+def test_mask_batch_rows_depend_on_their_key_alone():
+    masker = Masker(MaskingConfig(), vocab_size=VOCAB, special_ids=SPECIALS, mask_id=MASK)
+    sequences = [ids for ids, _ in random_sequences(6, np.random.default_rng(1))]
+    keys = stream_keys(3, 1, 2, np.arange(6))
+    block, lengths = padded_block(sequences)
+    whole = mask_batch(masker, block, lengths, keys, IGNORE_INDEX)
+    for row in (0, 3, 5):  # alone in a batch of its own width: the same masks
+        alone = mask_batch(masker, block[row:row + 1, :lengths[row]], lengths[row:row + 1], keys[row:row + 1],
+                           IGNORE_INDEX)
+        count = int(whole.counts[row])
+        assert np.array_equal(alone.input_ids[0], whole.input_ids[row, :lengths[row]])
+        assert np.array_equal(alone.positions[0, :count], whole.positions[row, :count])
+    other = mask_batch(masker, block, lengths, stream_keys(3, 1, 3, np.arange(6)), IGNORE_INDEX)
+    assert not np.array_equal(other.input_ids, whole.input_ids)

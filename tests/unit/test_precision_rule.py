@@ -18,14 +18,35 @@ from bertforge.runtime import PRECISIONS, choose_precision, resolve_precision
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 
 
+def gpu_with_bf16(monkeypatch, supported: bool):
+    """Patch the capability probe; the cached answer is forgotten before and after (`cuda_supports_bf16`)."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: supported)
+    runtime._bf16_probe.cache_clear()
+    yield
+    runtime._bf16_probe.cache_clear()
+
+
 @pytest.fixture
 def bf16_gpu(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    yield from gpu_with_bf16(monkeypatch, True)
 
 
 @pytest.fixture
 def old_gpu(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    yield from gpu_with_bf16(monkeypatch, False)
+
+
+def test_choose_precision_probes_the_gpu_once(monkeypatch):
+    probes = []
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: probes.append(1) or True)
+    runtime._bf16_probe.cache_clear()
+    try:
+        for _ in range(61):  # as many questions as one profiled `pretrain` asked
+            assert resolve_precision("auto", CUDA) == "bf16"
+            assert choose_precision("bf16", "cuda:0") == ("bf16", "requested")
+    finally:
+        runtime._bf16_probe.cache_clear()
+    assert len(probes) == 1
 
 
 def test_choose_precision_auto_on_a_bf16_gpu_is_bf16_without_a_probe(bf16_gpu):

@@ -95,6 +95,17 @@ def test_run_pretraining_resume_matches_uninterrupted(tmp_path, data_dir, monkey
     assert logged(resumed.history) == logged(full.history)[4:]
 
 
+def test_run_pretraining_with_data_workers_matches_in_process(tmp_path, data_dir):
+    """Batches made ahead in worker processes: the same run, loss for loss (dropout included)."""
+    def logged(result):
+        return [(e["step"], e["split"], {k: v for k, v in e["values"].items() if k != "tokens_per_s"})
+                for e in result.history]
+
+    plain = run_pretraining(run_file(tmp_path / "plain", data_dir, "--training.data_workers=0"))
+    workers = run_pretraining(run_file(tmp_path / "workers", data_dir, "--training.data_workers=2"))
+    assert logged(workers) == logged(plain)
+
+
 def test_pretrain_config_rejects_unknown_preset(tmp_path, data_dir):
     with pytest.raises(ConfigError, match="neither a model directory nor a preset"):
         PretrainConfig(data_dir=str(data_dir), model="huge")

@@ -113,10 +113,20 @@ class PretrainingBatch:
     # Real tokens, counted on the host when the batch is built so that reading it never syncs a device.
     _num_tokens: int | None = field(default=None, repr=False, compare=False)
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> PretrainingBatch:
-        """A copy with every tensor on `device`."""
+    def to(self, device: torch.device | str, non_blocking: bool | None = None) -> PretrainingBatch:
+        """A copy with every tensor on `device`. Copies to a GPU are asynchronous by default (they overlap the
+        running step when the batch is pinned: `pin_memory`); copies back never are, as the host would read
+        them before they land."""
+        if non_blocking is None:
+            non_blocking = torch.device(device).type == "cuda"
         moved = {name: tensor.to(device, non_blocking=non_blocking) for name, tensor in self.model_inputs().items()}
         return PretrainingBatch(**moved, _num_tokens=self._num_tokens)
+
+    def pin_memory(self) -> PretrainingBatch:
+        """A copy in page-locked memory (the DataLoader's pin thread calls this), so that the copy to a GPU
+        runs asynchronously."""
+        pinned = {name: tensor.pin_memory() for name, tensor in self.model_inputs().items()}
+        return PretrainingBatch(**pinned, _num_tokens=self._num_tokens)
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """The keyword arguments of `BertForPretraining.forward`."""
@@ -178,6 +188,38 @@ def collate_pretraining(
         mlm_labels=torch.from_numpy(mlm_labels),
         nsp_labels=torch.tensor([example.nsp_label for example in examples], dtype=torch.long),
         _num_tokens=sum(lengths),
+    )
+
+
+def masked_examples(masked_ids: np.ndarray, lengths: np.ndarray, segment_b_starts: np.ndarray,
+                    positions: np.ndarray, counts: np.ndarray, labels: np.ndarray,
+                    nsp_labels: np.ndarray) -> list[PretrainingExample]:
+    """The rows of a masked padded block as `PretrainingExample`s (what `pack_pretraining` takes)."""
+    return [PretrainingExample(masked_ids[r, :lengths[r]], int(segment_b_starts[r]), positions[r, :counts[r]],
+                               labels[r, :counts[r]], int(nsp_labels[r])) for r in range(len(lengths))]
+
+
+def collate_block(masked_ids: np.ndarray, lengths: np.ndarray, segment_b_starts: np.ndarray,
+                  positions: np.ndarray, labels: np.ndarray, nsp_labels: np.ndarray) -> PretrainingBatch:
+    """A `PretrainingBatch` from instances already padded as one block (the layout `collate_pretraining`
+    builds from examples, without a loop over them).
+
+    Args:
+        masked_ids: int64 [B, T] masked token ids, padded.
+        lengths, segment_b_starts, nsp_labels: int [B].
+        positions, labels: int64 [B, M] prediction slots (`IGNORE_INDEX` labels in unused ones).
+    """
+    columns = np.arange(masked_ids.shape[1])[None, :]
+    real = columns < np.asarray(lengths)[:, None]
+    token_type_ids = (real & (columns >= np.asarray(segment_b_starts)[:, None])).astype(np.int64)
+    return PretrainingBatch(
+        input_ids=torch.from_numpy(np.ascontiguousarray(masked_ids, dtype=np.int64)),
+        token_type_ids=torch.from_numpy(token_type_ids),
+        attention_mask=torch.from_numpy(real.astype(np.int64)),
+        mlm_positions=torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)),
+        mlm_labels=torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)),
+        nsp_labels=torch.from_numpy(np.asarray(nsp_labels, dtype=np.int64).copy()),
+        _num_tokens=int(np.asarray(lengths).sum()),
     )
 
 

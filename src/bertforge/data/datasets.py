@@ -13,9 +13,13 @@ written by `prepare_corpus`. Its contracts, which the training loop relies on:
   epoch ends on a step: the instances left after the last whole step of ``batch_size * world_size * A`` are
   not used that epoch (``drop_last``). So every layout of one global step size (4 ranks x batch 8, 2 ranks
   x batch 8 x accumulation 2, 1 rank x batch 32) sees the same instances in every step, epochs included.
-- **Masks.** The masks of instance i in epoch e come from a generator seeded with ``(seed, e, i)`` (i is
-  the instance's index in the split, not its place in a batch), so they do not depend on batch size, rank
-  layout or resumption. With ``static_masks = k`` they come from ``(seed, e mod k, i)`` instead.
+- **Masks.** The masks of instance i in epoch e are a function of the key ``(seed, e, i)`` (i is the
+  instance's index in the split, not its place in a batch: `data.masking.stream_keys`), so they do not
+  depend on batch size, rank layout, resumption or the number of `workers`. With ``static_masks = k`` the
+  key is ``(seed, e mod k, i)`` instead.
+- **Workers.** With ``workers = n`` batches are read, masked and collated in n DataLoader processes ahead of
+  the training step (`data.loading`); the stream, its position and its state are those of the batches
+  handed out, exactly as without workers.
 - **Resume.** `state_dict` is a small JSON-able dict (epoch and position in the epoch); after
   `load_state_dict` the next batches are exactly those the uninterrupted stream would have produced, at
   O(1) cost (nothing is replayed). The position counts instances of the whole (global) stream, not
@@ -37,8 +41,9 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from bertforge.data.collate import PretrainingBatch, PretrainingExample, collate_pretraining, pack_pretraining
-from bertforge.data.masking import Masker, MaskingConfig
+from bertforge.data.collate import PretrainingBatch
+from bertforge.data.loading import BatchMaker, BatchPlan, start_loader
+from bertforge.data.masking import Masker, MaskingConfig, stream_keys
 from bertforge.data.shards import ShardIndex, SplitReader
 from bertforge.errors import ConfigError, DataError
 
@@ -87,6 +92,9 @@ class PretrainingData:
             (`data.shards.vocab_checksum(tokenizer)`).
         pack_sequences: pack each batch's instances several to a row of the prepared length
             (`data.collate.pack_pretraining`): the same instances and masks, fewer rows.
+        workers: processes that read, mask and collate batches ahead of the training step (0: in this
+            process, when asked). The batches and the resume position are the same for any number.
+        pin_memory: hand out batches in page-locked memory (for asynchronous copies to a GPU).
 
     Raises:
         DataError: the directory is not a complete data directory of this format, its vocabulary does not
@@ -113,6 +121,8 @@ class PretrainingData:
         vocab_checksum: str | None = None,
         pack_sequences: bool = False,
         grad_accumulation: int = 1,
+        workers: int = 0,
+        pin_memory: bool = False,
     ):
         self.batch_size = _check_int("batch_size", batch_size, 1)
         self.grad_accumulation = _check_int("grad_accumulation", grad_accumulation, 1)
@@ -138,6 +148,11 @@ class PretrainingData:
                             "prepare the data again", data_dir)
         self.reader = SplitReader(self.index, split)
         self.masker = Masker(masking, vocab_size=vocab_size, special_ids=special_ids, mask_id=mask_id)
+        self.maker = BatchMaker(self.reader, self.masker, pad_id=self.pad_id, pad_to_multiple_of=pad_to_multiple_of,
+                                capacity=self.capacity if self.pack_sequences else 0)
+        self.workers = _check_int("workers", workers, 0)
+        self.pin_memory = bool(pin_memory)
+        self._loader: Iterator | None = None
         if len(self.reader) == 0:
             raise DataError(
                 f"the {split} split has no instances; prepare more data (or a heldout_fraction for 'heldout')",
@@ -187,43 +202,52 @@ class PretrainingData:
             self._order, self._order_epoch = order, epoch
         return self._order
 
-    def _mask_generator(self, epoch: int, instance: int) -> np.random.Generator:
+    def mask_keys(self, epoch: int, instances: np.ndarray) -> np.ndarray:
+        """uint64 [B]: the mask stream keys of `instances` in `epoch` (module docstring, Masks)."""
         if self.masking.static_masks:
-            return np.random.default_rng([self.seed, _STATIC, epoch % self.masking.static_masks, instance])
-        return np.random.default_rng([self.seed, _DYNAMIC, epoch, instance])
+            return stream_keys(self.seed, _STATIC, epoch % self.masking.static_masks, instances)
+        return stream_keys(self.seed, _DYNAMIC, epoch, instances)
 
-    def example(self, instance: int, rng: np.random.Generator) -> PretrainingExample:
-        """Instance `instance` of the split, masked with `rng`."""
-        ids, word_starts, segment_b_start, nsp_label = self.reader.instance(instance)
-        masked = self.masker.mask(ids, word_starts, rng)
-        return PretrainingExample(masked.input_ids, segment_b_start, masked.positions, masked.labels, nsp_label)
+    def make_batch(self, instances: np.ndarray, keys: np.ndarray) -> PretrainingBatch:
+        """Instances `instances` of the split, in that order, each masked from its key, as one batch."""
+        return self.maker.make(instances, keys)
 
-    def _collate(self, examples: list[PretrainingExample]) -> PretrainingBatch:
-        if self.pack_sequences:
-            return pack_pretraining(examples, capacity=self.capacity, pad_id=self.pad_id,
-                                    pad_to_multiple_of=self.pad_to_multiple_of)
-        return collate_pretraining(examples, pad_id=self.pad_id, pad_to_multiple_of=self.pad_to_multiple_of)
+    def plan_next(self, cursor: list[int]) -> BatchPlan:
+        """The next batch of the stream at `cursor` = [epoch, position, micro], which it advances."""
+        epoch, position, micro = cursor
+        order = self.epoch_order(epoch)
+        remaining = len(order) - position
+        # An epoch ends on an optimizer step: a new step starts only where a whole one fits (drop_last).
+        whole = self.step_size if micro == 0 else self.global_batch_size
+        if remaining <= 0 or (self.drop_last and remaining < whole):
+            epoch, position = epoch + 1, 0
+            order = self.epoch_order(epoch)
+        step = order[position:position + self.global_batch_size]
+        share = len(step) // self.world_size
+        mine = step[self.rank * share:(self.rank + 1) * share]
+        cursor[:] = [epoch, position + len(step), (micro + 1) % self.grad_accumulation]
+        return BatchPlan(mine, self.mask_keys(epoch, mine), epoch, tuple(cursor))
 
     def __iter__(self) -> Iterator[PretrainingBatch]:
         return self
 
     def __next__(self) -> PretrainingBatch:
-        order = self.epoch_order(self.epoch)
-        remaining = len(order) - self.position
-        # An epoch ends on an optimizer step: a new step starts only where a whole one fits (drop_last).
-        whole = self.step_size if self.micro == 0 else self.global_batch_size
-        if remaining <= 0 or (self.drop_last and remaining < whole):
-            self.epoch += 1
-            self.position = 0
-            order = self.epoch_order(self.epoch)
-        step = order[self.position:self.position + self.global_batch_size]
-        share = len(step) // self.world_size
-        mine = step[self.rank * share:(self.rank + 1) * share]
-        epoch = self.epoch
-        self.position += len(step)
-        self.micro = (self.micro + 1) % self.grad_accumulation
-        record_examples(self.rank, epoch, mine)
-        return self._collate([self.example(int(index), self._mask_generator(epoch, int(index))) for index in mine])
+        if self.workers == 0:
+            cursor = [self.epoch, self.position, self.micro]
+            plan = self.plan_next(cursor)
+            batch = self.make_batch(plan.instances, plan.keys)
+        else:
+            if self._loader is None:
+                self._loader = start_loader(self, self.workers, self.pin_memory)
+            plan, batch = next(self._loader)
+        # The stream's position is that of the batch handed out, not of those the workers made ahead.
+        self.epoch, self.position, self.micro = plan.cursor
+        record_examples(self.rank, plan.epoch, plan.instances)
+        return batch
+
+    def close(self) -> None:
+        """Stop the worker processes (a later batch starts them again from the stream's position)."""
+        self._loader = None
 
     def state_dict(self) -> dict:
         """Where the stream is: ``{"epoch", "position", "seed", "num_instances"}`` (JSON-able); `position`
@@ -249,6 +273,7 @@ class PretrainingData:
             )
         if epoch < 0 or position < 0:
             raise DataError(f"data-stream state has a negative epoch or position: {state!r}")
+        self.close()  # batches the workers made ahead belong to the old position
         self.epoch, self.position, self.micro = epoch, position, 0
 
     def evaluation_batches(self, max_batches: int | None = None) -> Iterator[PretrainingBatch]:
@@ -269,6 +294,5 @@ class PretrainingData:
             mine = np.array_split(step, self.world_size)[self.rank]
             if mine.size == 0:
                 continue
-            rngs = (np.random.default_rng([self.seed, _EVALUATION, int(index)]) for index in mine)
-            yield self._collate([self.example(int(index), rng) for index, rng in zip(mine, rngs)])
+            yield self.make_batch(mine, stream_keys(self.seed, _EVALUATION, mine))
             produced += 1

@@ -173,3 +173,124 @@ class Masker:
         if random_count:
             ids[positions[to_random]] = self._replacements[rng.integers(0, self._replacements.size, random_count)]
         return MaskedTokens(ids, positions.astype(np.int64), labels)
+
+
+# Counter-based random numbers for batch masking: every draw is a hash of (the instance's stream key, the
+# token position, the draw's purpose), so a batch is masked in a few array operations while each instance's
+# masks still depend on its own key alone (not on its batch, rank or resumption). splitmix64's finaliser.
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_CHOOSE, _DECIDE, _REPLACE = 1, 2, 3
+
+
+def mix64(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser over a uint64 array: a bijection whose outputs look independent and uniform."""
+    x = np.asarray(values, dtype=np.uint64).copy()
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return x
+
+
+def stream_keys(*parts: int | np.ndarray) -> np.ndarray:
+    """One uint64 key per row from integer parts (scalars or [B] arrays), e.g. (seed, stream tag, epoch,
+    instance): the identity of an instance's masks."""
+    key = np.zeros((), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for part in parts:
+            key = mix64(key + _GOLDEN + np.asarray(part, dtype=np.int64).astype(np.uint64))
+    return np.atleast_1d(key)
+
+
+def _token_draws(keys: np.ndarray, width: int, purpose: int) -> np.ndarray:
+    """uint64 [B, width]: draw `purpose` at every position of every row."""
+    positions = np.arange(width, dtype=np.uint64) * np.uint64(4) + np.uint64(purpose)
+    with np.errstate(over="ignore"):
+        return mix64(keys[:, None] ^ mix64(positions + _GOLDEN)[None, :])
+
+
+def _uniform(bits: np.ndarray) -> np.ndarray:
+    """Floats in [0, 1) from the top 53 bits."""
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+@dataclass
+class MaskedBatch:
+    """The result of masking a padded batch (B rows, T tokens, M = the most predictions of a row).
+
+    Attributes:
+        input_ids: int64 [B, T], the tokens the model sees (padding unchanged).
+        positions: int64 [B, M], ascending positions to predict per row, 0 in unused slots.
+        labels: int64 [B, M], their original ids, `fill` in unused slots.
+        counts: int64 [B], predictions per row.
+    """
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    labels: np.ndarray
+    counts: np.ndarray
+
+
+def mask_batch(masker: Masker, token_ids: np.ndarray, lengths: np.ndarray, keys: np.ndarray,
+               fill: int) -> MaskedBatch:
+    """Mask every row of a padded batch at once, with the rule of `Masker.mask` (not whole-word masking).
+
+    The same number of predictions per row as `Masker.num_to_predict`; the chosen tokens are a uniform
+    random subset of the row's maskable tokens (those with the smallest draws), each then [MASK] / random /
+    kept by 80/10/10 as configured. Row r's masks are a function of ``keys[r]`` and its tokens only.
+
+    Args:
+        masker: the rule and vocabulary.
+        token_ids: int [B, T] padded token ids.
+        lengths: int [B] real tokens per row (the rest is padding, never chosen).
+        keys: uint64 [B] each row's stream key (`stream_keys`).
+        fill: the label of unused prediction slots (`IGNORE_INDEX`).
+    """
+    ids = np.array(token_ids, dtype=np.int64)
+    rows, width = ids.shape
+    config = masker.config
+    maskable = ~masker._special[ids] & (np.arange(width)[None, :] < np.asarray(lengths)[:, None])
+    available = maskable.sum(axis=1)
+    # round half to even, as Python's round() in `num_to_predict`
+    wanted = np.maximum(1, np.rint(available * config.mlm_probability).astype(np.int64))
+    counts = np.where(available == 0, 0, np.minimum(np.minimum(wanted, config.max_predictions_per_seq), available))
+    choose = np.where(maskable, _token_draws(keys, width, _CHOOSE), np.iinfo(np.uint64).max)
+    order = np.argsort(choose, axis=1, kind="stable")
+    ranks = np.empty_like(order)
+    np.put_along_axis(ranks, order, np.arange(width)[None, :].repeat(rows, axis=0), axis=1)
+    chosen = ranks < counts[:, None]
+    draws = _uniform(_token_draws(keys, width, _DECIDE))
+    to_mask = chosen & (draws < config.mask_token_probability)
+    to_random = chosen & ~to_mask & (draws < config.mask_token_probability + config.random_token_probability)
+    replacement = masker._replacements[
+        (_uniform(_token_draws(keys, width, _REPLACE)) * masker._replacements.size).astype(np.int64)]
+    row_of, position = np.nonzero(chosen)  # row-major: ascending positions within a row
+    slot = np.cumsum(chosen, axis=1)[row_of, position] - 1
+    slots = int(counts.max()) if rows else 0
+    positions = np.zeros((rows, slots), dtype=np.int64)
+    labels = np.full((rows, slots), fill, dtype=np.int64)
+    positions[row_of, slot] = position
+    labels[row_of, slot] = ids[row_of, position]
+    ids[to_mask] = masker.mask_id
+    ids[to_random] = replacement[to_random]
+    return MaskedBatch(ids, positions, labels, counts)
+
+
+def mask_rows(masker: Masker, token_ids: np.ndarray, word_starts: np.ndarray, lengths: np.ndarray,
+              keys: np.ndarray, fill: int) -> MaskedBatch:
+    """`mask_batch`'s result with every row masked by `Masker.mask` (whole-word masking, whose word choice is
+    sequential), each from a generator seeded with the row's key."""
+    ids = np.array(token_ids, dtype=np.int64)
+    results = [masker.mask(ids[r, :length], word_starts[r, :length], np.random.default_rng(int(keys[r])))
+               for r, length in enumerate(np.asarray(lengths).tolist())]
+    counts = np.array([result.positions.size for result in results], dtype=np.int64)
+    slots = int(counts.max()) if counts.size else 0
+    positions = np.zeros((len(results), slots), dtype=np.int64)
+    labels = np.full((len(results), slots), fill, dtype=np.int64)
+    for r, result in enumerate(results):
+        ids[r, :result.input_ids.size] = result.input_ids
+        positions[r, :counts[r]] = result.positions
+        labels[r, :counts[r]] = result.labels
+    return MaskedBatch(ids, positions, labels, counts)

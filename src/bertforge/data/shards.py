@@ -330,6 +330,50 @@ class SplitReader:
         return self._tokens[shard][start:end], self._word_starts[shard][start:end], b_start - start, label
 
 
+    def batch(self, indices: np.ndarray, pad_id: int, pad_to_multiple_of: int | None = None) -> PaddedInstances:
+        """Instances `indices` (in that order) read at once and right-padded to the longest, rounded up to a
+        multiple of `pad_to_multiple_of` when given."""
+        indices = np.asarray(indices, dtype=np.int64)
+        shards = np.searchsorted(self._ends, indices, side="right")
+        bounds = np.zeros((indices.size, 4), dtype=np.int64)
+        for shard in np.unique(shards):
+            here = shards == shard
+            local = indices[here] - (int(self._ends[shard - 1]) if shard else 0)
+            bounds[here] = self._rows[shard][local]
+        lengths = bounds[:, 2] - bounds[:, 0]
+        width = int(lengths.max())
+        if pad_to_multiple_of:
+            width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+        token_ids = np.full((indices.size, width), pad_id, dtype=np.int64)
+        word_starts = np.zeros((indices.size, width), dtype=np.uint8)
+        for shard in np.unique(shards):
+            here = np.flatnonzero(shards == shard)
+            sizes = lengths[here]
+            # One gather per shard: the flat token offsets of all its rows, and where each lands in the batch.
+            firsts = np.cumsum(sizes) - sizes
+            offsets = np.arange(int(sizes.sum())) - np.repeat(firsts, sizes)
+            source = np.repeat(bounds[here, 0], sizes) + offsets
+            row = np.repeat(here, sizes)
+            token_ids[row, offsets] = self._tokens[shard][source]
+            word_starts[row, offsets] = self._word_starts[shard][source]
+        return PaddedInstances(token_ids, word_starts, lengths, bounds[:, 1] - bounds[:, 0], bounds[:, 3])
+
+
+@dataclass
+class PaddedInstances:
+    """Instances read as one padded block (B rows, T = the longest).
+
+    Attributes:
+        token_ids: int64 [B, T]; word_starts: uint8 [B, T]; lengths, segment_b_starts, nsp_labels: int64 [B].
+    """
+
+    token_ids: np.ndarray
+    word_starts: np.ndarray
+    lengths: np.ndarray
+    segment_b_starts: np.ndarray
+    nsp_labels: np.ndarray
+
+
 def load_report(data_dir: str | os.PathLike) -> dict:
     """The corpus report stored in a data directory's index (counts, formats, warnings)."""
     index_path = Path(data_dir) / INDEX_NAME

@@ -12,7 +12,10 @@ are off by default; each is one field here, described in `bertforge.training.loo
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
+
+import torch
 
 from bertforge.configuration import setting
 from bertforge.errors import ConfigError
@@ -62,6 +65,9 @@ class TrainingConfig:
     out_dir: str = setting("runs/train", "checkpoints, metrics.jsonl and TensorBoard logs go here")
     resume: str = setting("never", "auto (the latest checkpoint in out_dir, if any), never (a fresh run; refused "
                                    "when out_dir already holds checkpoints), or a checkpoint directory")
+    data_workers: int = setting(-1, "processes that read, mask and collate pretraining batches ahead of the step "
+                                    "(the batches are the same for any number); -1 = auto: 2 on a CUDA GPU, 0 on "
+                                    "a CPU, whose cores the step itself uses")
     compile: bool = setting(False, "wrap the model in torch.compile")
     activation_checkpointing: bool = setting(False, "recompute each encoder layer in the backward pass instead of "
                                                     "storing its activations (much less memory for about a third "
@@ -136,6 +142,8 @@ class TrainingConfig:
             ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
             return float(value) if ok else math.nan  # NaN fails every range check below
 
+        need(isinstance(self.data_workers, int) and not isinstance(self.data_workers, bool)
+             and self.data_workers >= -1, "data_workers", "use -1 (auto), 0 (in the training process) or a count")
         whole("patience", 0)
         need(number("min_delta") >= 0, "min_delta", "use a number >= 0 in the metric's units (0 = any improvement)")
         need(0.0 < number("layer_lr_decay") <= 1.0, "layer_lr_decay",
@@ -154,6 +162,12 @@ class TrainingConfig:
             raise ConfigError("training.epochs needs a batch source with a length (len(batches)); set "
                               "training.steps instead for a stream without one")
         return max(1, math.ceil(self.epochs * batches_per_epoch / self.grad_accumulation))
+
+    def resolved_data_workers(self, device: torch.device) -> int:
+        """The input pipeline's worker processes on `device` (`data_workers`, with -1 resolved)."""
+        if self.data_workers >= 0:
+            return self.data_workers
+        return min(2, max(0, (os.cpu_count() or 1) - 1)) if device.type == "cuda" else 0
 
     def resolved_warmup(self, total_steps: int) -> int:
         """Warmup steps of a run of `total_steps`."""

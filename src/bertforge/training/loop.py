@@ -290,6 +290,8 @@ def run_steps(state: RunState, restored: Restored, stream: Iterator, window_step
         raise
     finally:
         report.close()
+        if hasattr(state.batches, "close"):
+            state.batches.close()  # the input pipeline's worker processes
     if state.ema is not None:
         state.ema.finish()
     return report.finish(step)

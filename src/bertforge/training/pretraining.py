@@ -144,8 +144,10 @@ def run_pretraining(config: PretrainConfig) -> TrainResult:
               "special_ids": tokenizer.all_special_ids, "mask_id": tokenizer.mask_token_id,
               "pad_id": tokenizer.pad_token_id, "pad_to_multiple_of": config.pad_to_multiple_of,
               "vocab_checksum": vocab_checksum(tokenizer), "pack_sequences": config.pack_sequences}
+    device = context.device
     batches = PretrainingData(index, split="train", batch_size=training.batch_size,
-                              grad_accumulation=training.grad_accumulation, **common)
+                              grad_accumulation=training.grad_accumulation, **common,
+                              workers=training.resolved_data_workers(device), pin_memory=device.type == "cuda")
     eval_fn = None
     task = PRETRAINING
     if sum(int(record["instances"]) for record in index.shards("heldout")) > 0:
