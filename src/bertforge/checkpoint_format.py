@@ -68,6 +68,8 @@ from bertforge.tokenization.vocab import check_fits_embeddings
 
 log = logging.getLogger(__name__)
 
+# Our class of a directory whose sentence-transformers modules make SPLADE vectors from masked-LM logits.
+SPARSE_ARCHITECTURE = "BertForSparseEmbedding"
 # The encoder's own top-level modules; any other parameter belongs to a head.
 ENCODER_MODULES = ("embeddings.", "encoder.", "pooler.")
 
@@ -224,6 +226,8 @@ def read_config(path: str | os.PathLike, *, step: int | None = None) -> tuple[Be
     file = Path(path) / CONFIG_NAME
     data = read_json_object(file, "config.json")
     fields, architecture = hf.config_from_hf(data, str(file))
+    if st.is_sparse_directory(path):  # a SparseEncoder directory: its masked-LM model pools SPLADE vectors
+        architecture = SPARSE_ARCHITECTURE
     config = BertConfig.from_dict(fields, source=str(file))
     warn_without_labels(data, config, file)
     return config, architecture

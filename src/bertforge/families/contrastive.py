@@ -43,6 +43,8 @@ class ContrastiveLoss:
     mini_batch_size: cached_mnrl: rows per piece (default 32).
     matryoshka_dims: train the first d dimensions of each vector for each d given, losses summed (the
         vectors can then be truncated to any of them; list the full width to train it too).
+    query_regularizer, document_regularizer: sparse (SPLADE) training only: the weights of the FLOPS
+        regulariser of the query and of the document vectors (None: `families.sparse_objective`'s defaults).
     """
 
     loss: str = "auto"
@@ -50,6 +52,8 @@ class ContrastiveLoss:
     symmetric: bool = False
     mini_batch_size: int | None = None
     matryoshka_dims: tuple[int, ...] = ()
+    query_regularizer: float | None = None
+    document_regularizer: float | None = None
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -59,6 +63,10 @@ class ContrastiveLoss:
         if self.mini_batch_size is not None and (self.mini_batch_size < 1 or self.loss != "cached_mnrl"):
             raise ConfigError(f"mini_batch_size={self.mini_batch_size!r} applies to loss=cached_mnrl, as a positive "
                               "number of rows")
+        for name in ("query_regularizer", "document_regularizer"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int | float) and 0 <= value < float("inf")):
+                raise ConfigError(f"{name}={value!r}: use a weight >= 0 (e.g. 5e-5 for queries, 3e-5 for documents)")
         if any(d < 1 for d in self.matryoshka_dims):
             raise ConfigError(f"matryoshka_dims={list(self.matryoshka_dims)}: use positive widths, e.g. 256,128,64")
 
@@ -115,13 +123,16 @@ def text_keys(input_ids: torch.Tensor) -> torch.Tensor:
 
 
 def ranking_loss(queries: torch.Tensor, candidates: torch.Tensor, targets: torch.Tensor,
-                 candidate_keys: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                 candidate_keys: torch.Tensor, scale: float, normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed cross-entropy, correct count) of each query's target among all candidates.
 
     queries [B, D], candidates [M, D], targets [B] (indices into candidates); the keys identify texts so that a
-    candidate equal to the target (other than the target itself) is masked out, not a negative.
+    candidate equal to the target (other than the target itself) is masked out, not a negative. The scores are
+    scaled cosines, or with `normalize=False` scaled dot products (sparse vectors).
     """
-    scores = scale * F.normalize(queries, dim=-1) @ F.normalize(candidates, dim=-1).T  # [B, M]
+    if normalize:
+        queries, candidates = F.normalize(queries, dim=-1), F.normalize(candidates, dim=-1)
+    scores = scale * queries @ candidates.T  # [B, M]
     same = candidate_keys[None, :] == candidate_keys[targets][:, None]  # [B, M]: the target's text
     same[torch.arange(len(targets)), targets] = False
     scores = scores.masked_fill(same, float("-inf"))
@@ -129,7 +140,7 @@ def ranking_loss(queries: torch.Tensor, candidates: torch.Tensor, targets: torch
     return loss, (scores.argmax(-1) == targets).float().sum()
 
 
-def mnrl_terms(vectors: torch.Tensor, input_ids: torch.Tensor, settings: ContrastiveLoss
+def mnrl_terms(vectors: torch.Tensor, input_ids: torch.Tensor, settings: ContrastiveLoss, normalize: bool = True
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss sum over this rank's anchors, correct count) of multiple-negatives ranking.
 
@@ -143,11 +154,11 @@ def mnrl_terms(vectors: torch.Tensor, input_ids: torch.Tensor, settings: Contras
     candidates, start = gather(vectors[:, 1:].transpose(0, 1).reshape(-1, vectors.shape[-1]))  # [sum B·(C-1), D]
     candidate_keys, _ = gather(keys[:, 1:].T.reshape(-1))
     targets = torch.arange(batch, device=vectors.device) + start
-    loss, correct = ranking_loss(anchors, candidates, targets, candidate_keys, settings.scale)
+    loss, correct = ranking_loss(anchors, candidates, targets, candidate_keys, settings.scale, normalize)
     if settings.symmetric:
         (all_anchors, start), (all_anchor_keys, _) = gather(anchors), gather(anchor_keys)
         own = torch.arange(batch, device=vectors.device) + start
-        back, _ = ranking_loss(vectors[:, 1], all_anchors, own, all_anchor_keys, settings.scale)
+        back, _ = ranking_loss(vectors[:, 1], all_anchors, own, all_anchor_keys, settings.scale, normalize)
         loss = (loss + back) / 2
     return loss, correct
 

@@ -206,7 +206,9 @@ class Embedding(Family):
 
     def directory_options(self, sentence: SentenceSettings | None) -> dict[str, Any]:
         """A sentence-transformers directory's pooling and normalization, as sentence-transformers uses them."""
-        return {} if sentence is None else {"pooling": sentence.pooling, "normalize": sentence.normalize}
+        if sentence is None or sentence.splade is not None:  # a SparseEncoder's pooling is not a sentence vector's
+            return {}
+        return {"pooling": sentence.pooling, "normalize": sentence.normalize}
 
     # --- data files (training) ----------------------------------------------------------------------
     def format_reader(self, format_name: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from bertforge.families.multiple_choice import FAMILY as MULTIPLE_CHOICE
 from bertforge.families.pretraining import FAMILY as PRETRAINING
 from bertforge.families.question_answering import FAMILY as QUESTION_ANSWERING
 from bertforge.families.reranking import FAMILY as RERANKING
+from bertforge.families.sparse import FAMILY as SPARSE_EMBEDDING
 from bertforge.families.tagging import FAMILY as TAGGING
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.fast_paths import set_fast_paths
@@ -27,8 +28,9 @@ from bertforge.model.fast_paths import set_fast_paths
 # Embedding is last: its model class (`BertModel`) is the most general, so `for_model` finds a task model's
 # own family first. Reranking runs a classification model (after classification, which `for_model` finds).
 FAMILIES: tuple[Family, ...] = (CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE, PRETRAINING,
-                                RERANKING, EMBEDDING)
-FINETUNING_FAMILIES: tuple[Family, ...] = (CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE, EMBEDDING)
+                                RERANKING, SPARSE_EMBEDDING, EMBEDDING)
+FINETUNING_FAMILIES: tuple[Family, ...] = (CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE,
+                                           SPARSE_EMBEDDING, EMBEDDING)
 
 
 def _key(name: str) -> str:

@@ -77,6 +77,9 @@ ARCHITECTURES = {
     # A trained sentence-embedding model is their plain encoder (its pooling is in the sentence-transformers
     # files beside it), and reads back as our `BertModel`.
     "BertForSentenceEmbedding": "BertModel",
+    # A sparse (SPLADE) model is their masked-LM model; its SPLADE pooling is in the sentence-transformers files
+    # beside it (`checkpoint_format.read_config` reads such a directory back as ours).
+    "BertForSparseEmbedding": "BertForMaskedLM",
 }
 # Theirs -> ours: the first of ours that maps to each of theirs.
 _THEIRS_TO_OURS = {theirs: ours for ours, theirs in reversed(ARCHITECTURES.items())}
@@ -143,7 +146,7 @@ def config_from_hf(data: dict[str, Any], source: str) -> tuple[dict[str, Any], s
         fields["id2label"] = {i: f"LABEL_{i}" for i in range(int(data["num_labels"]))}
     architecture = None
     for name in data.get("architectures") or []:
-        architecture = _THEIRS_TO_OURS.get(name) or FOREIGN_ARCHITECTURE_ALIASES.get(name)
+        architecture = FOREIGN_ARCHITECTURE_ALIASES.get(name) or _THEIRS_TO_OURS.get(name)
         if architecture:
             break
     return fields, architecture

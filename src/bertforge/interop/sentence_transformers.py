@@ -45,6 +45,14 @@ POOLING_MODES: tuple[tuple[str, str, str], ...] = (
 SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
 # The module types bertforge runs, by the last part of their class path (old and new package layouts alike).
 ENCODER, POOLING, NORMALIZE = "Transformer", "Pooling", "Normalize"
+# A SparseEncoder (SPLADE) directory: the masked-LM encoder (sentence-transformers 5's `MLMTransformer`, or 6's
+# `Transformer` with transformer_task "fill-mask"), then `SpladePooling`. We write the 5.x names, which 6.x
+# still loads.
+MLM_ENCODER, SPLADE_POOLING = "MLMTransformer", "SpladePooling"
+SPLADE_CONFIG = "1_SpladePooling/config.json"
+MLM_TASK = "fill-mask"  # sentence_bert_config.json's transformer_task of a masked-LM encoder
+SPLADE_STRATEGIES = ("max", "sum")
+SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,9 @@ class SentenceSettings:
         tokenizer lower-cases itself).
     prompts: named prefixes ({"query": "query: "}); default_prompt_name: the one used when none is named.
     similarity: how vectors are compared ("cosine", the default; "dot" ...).
+    splade: a SparseEncoder directory's SPLADE pooling over the vocabulary ("max" or "sum"; None: a dense
+        sentence vector, made by `pooling`); splade_activation: "relu" (log(1 + relu)) or "log1p_relu" (a
+        second log1p).
     """
 
     pooling: str = "mean"
@@ -67,6 +78,8 @@ class SentenceSettings:
     prompts: Mapping[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     similarity: str = "cosine"
+    splade: str | None = None
+    splade_activation: str = "relu"
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -132,6 +145,8 @@ def read_settings(folder: str | Path) -> SentenceSettings | None:
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise CheckpointError(f"{listing}: expected a JSON list of modules")
     kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    if SPLADE_POOLING in kinds or MLM_ENCODER in kinds:
+        return _sparse_settings(folder, modules, kinds)
     if not kinds or kinds[0] != ENCODER or kinds.count(ENCODER) != 1:
         raise CheckpointError(f"{listing}: the first module must be the one Transformer encoder; found {kinds}")
     others = [kind for kind in kinds[1:] if kind not in (POOLING, NORMALIZE)]
@@ -140,12 +155,21 @@ def read_settings(folder: str | Path) -> SentenceSettings | None:
                               "optional Normalize module, in that order; other modules (Dense projections ...) "
                               "are not supported")
     pooling_path = folder / modules[1].get("path", "1_Pooling") / "config.json"
-    sbert = _object(folder / SBERT_CONFIG_NAME)
+    sbert, prompts, default_prompt = _extra_settings(folder)
     extra = _object(folder / ST_CONFIG_NAME)
     similarity = extra.get("similarity_fn_name") or "cosine"
     if similarity not in SIMILARITIES:
         raise CheckpointError(f"{folder / ST_CONFIG_NAME}: similarity_fn_name {similarity!r} is not one of "
                               f"{list(SIMILARITIES)}")
+    return SentenceSettings(pooling=pooling_name(_pooling_modes(pooling_path)), normalize=NORMALIZE in kinds,
+                            max_seq_length=sbert.get("max_seq_length"), do_lower_case=bool(sbert.get("do_lower_case", False)),
+                            prompts=prompts, default_prompt_name=default_prompt, similarity=similarity)
+
+
+def _extra_settings(folder: Path) -> tuple[dict[str, Any], dict[str, str], str | None]:
+    """(sentence_bert_config.json, prompts, default prompt name) of a directory, checked."""
+    sbert = _object(folder / SBERT_CONFIG_NAME)
+    extra = _object(folder / ST_CONFIG_NAME)
     prompts = extra.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
         raise CheckpointError(f"{folder / ST_CONFIG_NAME}: prompts must map names to strings")
@@ -156,9 +180,56 @@ def read_settings(folder: str | Path) -> SentenceSettings | None:
     length = sbert.get("max_seq_length")
     if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 8):
         raise CheckpointError(f"{folder / SBERT_CONFIG_NAME}: max_seq_length must be an integer >= 8, got {length!r}")
-    return SentenceSettings(pooling=pooling_name(_pooling_modes(pooling_path)), normalize=NORMALIZE in kinds,
-                            max_seq_length=length, do_lower_case=bool(sbert.get("do_lower_case", False)),
-                            prompts=dict(prompts), default_prompt_name=default_prompt, similarity=similarity)
+    return sbert, dict(prompts), default_prompt
+
+
+def _sparse_settings(folder: Path, modules: list[dict[str, Any]], kinds: list[str]) -> SentenceSettings:
+    """The settings of a SparseEncoder directory: a masked-LM encoder, then SPLADE pooling, nothing else."""
+    listing = folder / MODULES_NAME
+    sbert, prompts, default_prompt = _extra_settings(folder)
+    task = sbert.get("transformer_task", MLM_TASK)
+    if len(kinds) != 2 or kinds[0] not in (ENCODER, MLM_ENCODER) or kinds[1] != SPLADE_POOLING or task != MLM_TASK:
+        raise CheckpointError(f"{listing}: modules {kinds}: bertforge runs a sparse encoder made of a masked-LM "
+                              "Transformer then SpladePooling; other modules (SparseStaticEmbedding, Router, "
+                              "SparseAutoEncoder ...) are not supported")
+    pooling_path = folder / modules[1].get("path", "1_SpladePooling") / "config.json"
+    pooling = _object(pooling_path)
+    strategy = pooling.get("pooling_strategy", "max")
+    activation = pooling.get("activation_function", "relu")
+    if strategy not in SPLADE_STRATEGIES or activation not in SPLADE_ACTIVATIONS:
+        raise CheckpointError(f"{pooling_path}: pooling_strategy {strategy!r} / activation_function {activation!r}: "
+                              f"bertforge runs {list(SPLADE_STRATEGIES)} / {list(SPLADE_ACTIVATIONS)}")
+    return SentenceSettings(max_seq_length=sbert.get("max_seq_length"), prompts=prompts,
+                            default_prompt_name=default_prompt, similarity="dot", splade=strategy,
+                            splade_activation=activation)
+
+
+def is_sparse_directory(folder: str | Path) -> bool:
+    """Whether a directory's `modules.json` makes it a SparseEncoder (SPLADE pooling over MLM logits)."""
+    listing = Path(folder) / MODULES_NAME
+    if not listing.is_file():
+        return False
+    modules = _read(listing)
+    return isinstance(modules, list) and any(
+        isinstance(m, dict) and str(m.get("type", "")).rsplit(".", 1)[-1] == SPLADE_POOLING for m in modules)
+
+
+def sparse_settings_files(settings: SentenceSettings, vocab_size: int) -> dict[str, str]:
+    """The files that make a BERT masked-LM directory a sentence-transformers SparseEncoder one."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": f"sentence_transformers.sparse_encoder.models.{MLM_ENCODER}"},
+               {"idx": 1, "name": "1", "path": "1_SpladePooling",
+                "type": f"sentence_transformers.sparse_encoder.models.{SPLADE_POOLING}"}]
+    pooling = {"pooling_strategy": settings.splade or "max", "activation_function": settings.splade_activation,
+               "word_embedding_dimension": vocab_size}
+    sbert = {"max_seq_length": settings.max_seq_length, "do_lower_case": settings.do_lower_case}
+    extra = {"prompts": dict(settings.prompts), "default_prompt_name": settings.default_prompt_name,
+             "similarity_fn_name": "dot", "model_type": "SparseEncoder"}
+    return {MODULES_NAME: _json_text(modules), SPLADE_CONFIG: _json_text(pooling), SBERT_CONFIG_NAME: _json_text(sbert),
+            ST_CONFIG_NAME: _json_text(extra)}
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False) + "\n"
 
 
 def settings_files(settings: SentenceSettings, dimension: int) -> dict[str, str]:
@@ -177,12 +248,8 @@ def settings_files(settings: SentenceSettings, dimension: int) -> dict[str, str]
     sbert = {"max_seq_length": settings.max_seq_length, "do_lower_case": settings.do_lower_case}
     extra = {"prompts": dict(settings.prompts), "default_prompt_name": settings.default_prompt_name,
              "similarity_fn_name": settings.similarity, "model_type": "SentenceTransformer"}
-
-    def text(value: Any) -> str:
-        return json.dumps(value, indent=2, ensure_ascii=False) + "\n"
-
-    return {MODULES_NAME: text(modules), POOLING_CONFIG: text(pooling), SBERT_CONFIG_NAME: text(sbert),
-            ST_CONFIG_NAME: text(extra)}
+    return {MODULES_NAME: _json_text(modules), POOLING_CONFIG: _json_text(pooling),
+            SBERT_CONFIG_NAME: _json_text(sbert), ST_CONFIG_NAME: _json_text(extra)}
 
 
 def tokenizer_json(tokens: Sequence[str], *, do_lower_case: bool, strip_accents: bool | None,

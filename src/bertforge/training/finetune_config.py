@@ -54,7 +54,8 @@ log = logging.getLogger("bertforge.finetuning")
 
 THRESHOLD_MODES = ("global", "per_label", "none")
 # `[head]` fields that set the embedding family's `ContrastiveLoss` (its own field names).
-CONTRASTIVE_FIELDS = ("loss", "scale", "symmetric", "mini_batch_size", "matryoshka_dims")
+CONTRASTIVE_FIELDS = ("loss", "scale", "symmetric", "mini_batch_size", "matryoshka_dims", "query_regularizer",
+                      "document_regularizer")
 
 
 def _checker(table: str, config: Any):
@@ -168,6 +169,10 @@ class HeadConfig:
     mini_batch_size: int | None = setting(None, "embedding: cached_mnrl's rows per mini-batch (default 32)")
     matryoshka_dims: list[int] | None = setting(None, "embedding: also train these leading widths of the vectors, "
                                                       "e.g. 256,128,64")
+    query_regularizer: float | None = setting(None, "sparse: FLOPS regulariser weight of the query vectors "
+                                                    "(default 5e-5)")
+    document_regularizer: float | None = setting(None, "sparse: FLOPS regulariser weight of the document vectors "
+                                                       "(default 3e-5)")
 
     def __post_init__(self) -> None:
         need = _checker("head", self)

@@ -1,0 +1,279 @@
+"""Sparse (SPLADE) vectors: one weight per vocabulary term, from a BERT's masked-LM head.
+
+Owns: SPLADE pooling (`splade_pool`, the one home of it: log(1 + relu(MLM logit)) of every real token, then the
+maximum (or sum) over the tokens the attention mask marks real), the model (`BertForSparseEmbedding`: the
+encoder and BERT's `MlmHead`, saved as a Hugging Face `BertForMaskedLM` with sentence-transformers'
+SparseEncoder modules beside it), the family (`SparseEmbedding`: the `embed-sparse` route, its options, its
+features and decoding into ``{"indices": [...], "values": [...]}``, dev retrieval scoring, training hooks) and
+top-k pruning of terms (`prune`).
+
+Memory: the [rows, T, V] logits are the largest tensor (32 texts of 256 tokens are 1 GB in float32), so they are
+made `LOGIT_BUDGET` floats at a time and reduced at once. With max pooling the reduction is taken on the raw
+logits and log(1 + relu(.)) applied to the [rows, V] maxima: both are monotonic, so the result is the same
+number, and the backward pass keeps only the argmax indices instead of three [rows, T, V] tensors.
+
+The training objective (in-batch negatives + FLOPS) is `families.sparse_objective`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertforge.data.embedding import TextGroup
+from bertforge.data.finetuning import Feature, FinetuneBatch
+from bertforge.errors import ConfigError, InputError
+from bertforge.families.base import Family, LossSettings
+from bertforge.families.embedding import Embedding, SentenceOutput
+from bertforge.families.sparse_objective import SparseObjective, sparse_loss
+from bertforge.interop.sentence_transformers import (
+    SPLADE_ACTIVATIONS,
+    SPLADE_STRATEGIES,
+    SentenceSettings,
+    sparse_settings_files,
+)
+from bertforge.metrics.sparse import SparseRows, sparse_retrieval_figures
+from bertforge.model.bert import BertModel, BertPretrainedModel
+from bertforge.model.config import BertConfig
+from bertforge.model.heads import MlmHead
+
+# Floats of MLM logits made at once ([rows, T, V]); 2**25 is 128 MiB in float32.
+LOGIT_BUDGET = 1 << 25
+RANKING_METRICS = ("ndcg@10", "mrr@10", "accuracy@1", "recall@10", "query_terms", "document_terms")
+FORMAT_COLUMNS: dict[str, dict[str, Any]] = {
+    "sparse-pairs": {"text_a_column": "anchor", "text_b_column": "positive"},
+    "sparse-triplets": {"text_a_column": "anchor", "text_b_column": "positive", "negative_column": "negative"},
+}
+
+
+def activate(x: torch.Tensor, activation: str) -> torch.Tensor:
+    """log(1 + relu(x)), and a second log1p for "log1p_relu" (OpenSearch's variant)."""
+    y = torch.log1p(torch.relu(x))
+    return torch.log1p(y) if activation == "log1p_relu" else y
+
+
+def splade_pool(hidden: torch.Tensor, attention_mask: torch.Tensor, head: Any, *, pooling: str = "max",
+                activation: str = "relu", budget: int = LOGIT_BUDGET) -> torch.Tensor:
+    """SPLADE vectors [B, V] (float32) of hidden states [B, T, H]; `head(hidden [b, T, H]) -> logits [b, T, V]`
+    with `head.width` = V.
+
+    Padding never counts (a padded position cannot win the maximum or add to the sum); weights are >= 0 and
+    most are exactly 0."""
+    batch, tokens = hidden.shape[:2]
+    real = attention_mask.bool()[..., None]  # [B, T, 1]
+    rows = max(1, budget // max(1, tokens * head.width))
+    pieces = []
+    for start in range(0, batch, rows):
+        logits = head(hidden[start:start + rows]).float()  # [b, T, V]
+        mask = real[start:start + rows]
+        if pooling == "max":
+            # max commutes with the monotonic activation: reduce first (see the module docstring).
+            pieces.append(activate(logits.masked_fill(~mask, float("-inf")).max(1).values, activation))
+        else:
+            pieces.append(activate(logits, activation).masked_fill(~mask, 0.0).sum(1))
+    return torch.cat(pieces)  # [B, V]
+
+
+def prune(weights: torch.Tensor, max_terms: int) -> torch.Tensor:
+    """Keep each row's `max_terms` largest weights (0 or more than the non-zero ones: all), zero the rest."""
+    if not max_terms or max_terms >= weights.shape[-1]:
+        return weights
+    values, columns = weights.topk(max_terms, dim=-1)
+    return torch.zeros_like(weights).scatter_(-1, columns, values)
+
+
+def nonzero_row(weights: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """(term ids int32 ascending, weights float32) of the non-zero entries of one vector [V]."""
+    columns = torch.nonzero(weights, as_tuple=True)[0]
+    return columns.to(torch.int32).cpu().numpy(), weights[columns].float().cpu().numpy()
+
+
+class _Head:
+    """The MLM head bound to its tied decoder weight, as `splade_pool` calls it."""
+
+    def __init__(self, model: BertForSparseEmbedding):
+        self.model = model
+        self.width = model.config.vocab_size
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.mlm(hidden, self.model.bert.embeddings.word.weight)
+
+
+class BertForSparseEmbedding(BertPretrainedModel):
+    """BERT's encoder and masked-LM head, pooled into SPLADE vectors over the vocabulary.
+
+    Given rows (input_ids [B, T]) it returns `SentenceOutput.embeddings` [B, V]; given texts grouped per
+    example ([B, C, T], training) [B, C, V]. `sparse` holds the directory's settings (SPLADE pooling,
+    activation, window, prompts); it saves as a `BertForMaskedLM` directory with the SparseEncoder modules.
+    """
+
+    encoder_prefix = "bert."
+    head_prefixes = ("mlm.",)
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.mlm = MlmHead(config)
+        self.sparse = SentenceSettings(similarity="dot", splade="max")
+        self.init_weights()
+
+    def directory_files(self) -> dict[str, str]:
+        return sparse_settings_files(self.sparse, self.config.vocab_size)
+
+    def sparse_rows(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                    attention_mask: torch.Tensor, pooling: str | None = None,
+                    activation: str | None = None) -> torch.Tensor:
+        """SPLADE vectors [N, V] of rows [N, T] (the model's own pooling and activation unless given)."""
+        hidden = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # [N, T, H]
+        return splade_pool(hidden, attention_mask, _Head(self), pooling=pooling or self.sparse.splade or "max",
+                           activation=activation or self.sparse.splade_activation)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, **kwargs: Any) -> SentenceOutput:
+        shape = input_ids.shape
+        ids = input_ids.reshape(-1, shape[-1])  # [B, C, T] -> [B*C, T] (rows stay rows)
+        types = torch.zeros_like(ids) if token_type_ids is None else token_type_ids.reshape(ids.shape)
+        mask = torch.ones_like(ids) if attention_mask is None else attention_mask.reshape(ids.shape)
+        vectors = self.sparse_rows(ids, types, mask).view(*shape[:-1], -1)  # [..., V]
+        return SentenceOutput(last_hidden_state=vectors, pooled_output=None, embeddings=vectors)
+
+
+@dataclass(frozen=True)
+class SparseVector:
+    """One text's sparse vector: term ids (int32, ascending) and their weights (float32, > 0)."""
+
+    indices: np.ndarray
+    values: np.ndarray
+
+
+class SparseEmbedding(Embedding):
+    """Sparse (SPLADE) vectors from a BERT with a masked-LM head: one weight per vocabulary term, most 0.
+
+    Options: `pooling` over the tokens ("max", SPLADE v2 and later; "sum", the first SPLADE), `activation`
+    ("relu": log(1 + relu(logit)); "log1p_relu": once more log1p), `max_terms` (keep the largest that many
+    weights of each text; 0 keeps all). A text longer than the window is truncated to it. Scores between
+    sparse vectors are dot products. The embedding family's text features and its reading of pairs and
+    triplets are shared.
+    """
+
+    name = "sparse_embedding"
+    aliases = ("sparse", "splade", "embed-sparse")
+    model_class = BertForSparseEmbedding
+    task = "embed-sparse"
+    default_max_seq_length = 512
+    options = {"pooling": "max", "activation": "relu", "max_terms": 0}
+    formats = dict.fromkeys(FORMAT_COLUMNS)
+    settings = frozenset({"head.loss", "head.symmetric", "head.query_regularizer", "head.document_regularizer",
+                          "data.negative_column"})
+    export_outputs = {"embeddings": {0: "batch"}}
+    example_inputs = ["What is the capital of France?", "Paris is the capital and largest city of France."]
+
+    # --- options ------------------------------------------------------------------------------------
+    def validate_options(self, options: dict[str, Any]) -> None:
+        if options["pooling"] not in SPLADE_STRATEGIES:
+            raise InputError(f"pooling must be one of {SPLADE_STRATEGIES} for sparse vectors, got {options['pooling']!r}")
+        if options["activation"] not in SPLADE_ACTIVATIONS:
+            raise InputError(f"activation must be one of {SPLADE_ACTIVATIONS}, got {options['activation']!r}")
+        terms = options["max_terms"]
+        if isinstance(terms, bool) or not isinstance(terms, int) or terms < 0:
+            raise InputError(f"max_terms must be an integer >= 0 (0 keeps every term), got {terms!r}")
+
+    def check_options(self, options: Mapping[str, Any], config: BertConfig | None = None) -> dict[str, Any]:
+        return Family.check_options(self, options, config)
+
+    def directory_options(self, sentence: SentenceSettings | None) -> dict[str, Any]:
+        """A SparseEncoder directory's pooling and activation, as sentence-transformers runs them."""
+        if sentence is None or sentence.splade is None:
+            return {}
+        return {"pooling": sentence.splade, "activation": sentence.splade_activation}
+
+    def format_reader(self, format_name: str) -> dict[str, Any]:
+        return dict(FORMAT_COLUMNS[format_name])
+
+    def metric_defaults(self, kind: str | None, reader: Any = None) -> tuple[str, ...]:
+        return RANKING_METRICS
+
+    def metric_names(self, task, dev_examples=None) -> tuple[str, ...]:
+        return RANKING_METRICS
+
+    def read(self, path, *, part, task, report, labelled=True) -> list[TextGroup]:
+        if task.reader.label_column is not None:
+            raise ConfigError(f"{task.name}: sparse training reads pairs or triplets, not scored pairs; remove "
+                              "--label (data.label_column)")
+        return super().read(path, part=part, task=task, report=report, labelled=labelled)
+
+    # --- running ------------------------------------------------------------------------------------
+    def forward(self, model: torch.nn.Module, batch: FinetuneBatch,
+                options: Mapping[str, Any] | None = None) -> list[Any]:
+        """One `SparseVector` per row (a list of them per group of texts): the model's SPLADE vector, pruned
+        to `max_terms`."""
+        options = self.options if options is None else options
+        if not isinstance(model, BertForSparseEmbedding):
+            raise InputError(f"sparse vectors need a model with a masked-LM head; this is a {type(model).__name__}")
+        ids, types, mask = batch.input_ids, batch.token_type_ids, batch.attention_mask
+        grouped = ids.dim() == 3
+        if grouped:  # [B, C, T] -> [B*C, T]
+            ids, types, mask = (x.reshape(-1, x.shape[-1]) for x in (ids, types, mask))
+        weights = prune(model.sparse_rows(ids, types, mask, options["pooling"], options["activation"]),
+                        options["max_terms"])  # [N, V]
+        vectors = [SparseVector(*nonzero_row(row)) for row in weights]
+        if grouped:
+            count = batch.input_ids.shape[1]
+            return [vectors[i:i + count] for i in range(0, len(vectors), count)]
+        return vectors
+
+    # --- outputs ------------------------------------------------------------------------------------
+    def decode(self, examples: Sequence[str | TextGroup], features: Sequence[Feature], outputs: Sequence[Any],
+               options: Mapping[str, Any], config: BertConfig, tokenizer: Any = None) -> list[dict[str, Any]]:
+        """``{"indices": [...], "values": [...]}`` per text (term ids ascending, non-zero weights only); a
+        training group's result holds its texts' vectors (`vectors`) for `score`."""
+        results = []
+        for example, output in zip(examples, outputs):
+            if isinstance(example, TextGroup):
+                results.append({"vectors": list(output)})
+            else:
+                results.append({"indices": output.indices.tolist(), "values": output.values.tolist()})
+        return results
+
+    def record(self, example: TextGroup, result: dict[str, Any]) -> dict[str, Any]:
+        return {"id": example.id, "texts": list(example.texts),
+                "terms": [len(v.indices) for v in result["vectors"]]}
+
+    def score(self, examples, results, config, **settings):
+        """Every dev anchor retrieves among all dev positives by dot product (its own is the one relevant text;
+        equal texts are one document): nDCG@10, MRR@10, accuracy@1, recall@10, and the average number of
+        non-zero terms of the queries and of the documents."""
+        documents: dict[str, int] = {}
+        for index, example in enumerate(examples):
+            documents.setdefault(example.texts[1], index)
+        queries = SparseRows.from_vectors([r["vectors"][0] for r in results], config.vocab_size)
+        corpus = SparseRows.from_vectors([results[i]["vectors"][1] for i in documents.values()], config.vocab_size)
+        query_ids = [f"q{i}" for i in range(len(examples))]
+        qrels = {q: {f"d{documents[e.texts[1]]}": 1.0} for q, e in zip(query_ids, examples)}
+        figures = sparse_retrieval_figures(queries, corpus, query_ids, [f"d{i}" for i in documents.values()], qrels)
+        return {name: figures[name] for name in RANKING_METRICS}, {}, []
+
+    # --- training ---------------------------------------------------------------------------------
+    @property
+    def training_class(self) -> type[BertForSparseEmbedding]:
+        return BertForSparseEmbedding
+
+    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> SparseObjective:
+        if loss is not None and (loss.class_weights is not None or loss.focal_gamma):
+            raise ConfigError("class weights and focal loss apply to classification and tagging, not to sparse "
+                              "training; remove head.class_weights / head.focal_gamma")
+        return SparseObjective(sparse_loss(loss.contrastive if loss is not None else None))
+
+    def prepare_model(self, model: torch.nn.Module, task: Any, loss: LossSettings | None) -> None:
+        """The task's pooling, activation and window, saved in the trained model's SparseEncoder files."""
+        sparse_loss(loss.contrastive if loss is not None else None)  # refuse unsupported settings early
+        if task.options["max_terms"]:
+            raise ConfigError("max_terms prunes vectors after training; remove it from the training run")
+        model.sparse = replace(model.sparse, splade=task.options["pooling"], splade_activation=task.options["activation"],
+                               max_seq_length=task.inputs.max_seq_length)
+
+
+FAMILY = SparseEmbedding()
