@@ -225,6 +225,10 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                         "throughput (default 10; 0: no limit)")
     p.add_argument("--drain-timeout-s", type=float,
                    help="on SIGTERM, how long requests in progress may take to finish (default 30)")
+    p.add_argument("--max-client-batch-size", type=int, dest="max_items",
+                   help="inputs in one request (as text-embeddings-inference names it); more are refused "
+                        "(default 2048, as OpenAI's embeddings API); each request is run in model calls of at most "
+                        "--max-batch-tokens tokens")
     p.add_argument("--max-body-bytes", type=int, help="request body limit; larger gets 413 (default 8 MiB)")
     p.add_argument("--refusal-cooldown-s", type=float,
                    help="after a 413 to a body of 256 KiB or more, large bodies from that address get 429 for "

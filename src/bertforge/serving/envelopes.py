@@ -5,7 +5,7 @@ scheduler), and the client must get it in the envelope its API documents, whoeve
 
 - OpenAI style (`/v1/embeddings`, `/v1/models`): ``{"error": {"message", "type", "param", "code"}}``,
   as the OpenAI API documents its errors;
-- text-embeddings-inference style (`/embed`, `/embed_all`, `/rerank`, `/predict`, `/tokenize`, `/decode`,
+- text-embeddings-inference style (`POST /`, `/invocations`, `/embed`, `/embed_all`, `/rerank`, `/predict`, `/tokenize`, `/decode`,
   `/info`): ``{"error": message, "error_type": kind}``, TEI's `ErrorResponse`;
 - bertforge's own routes (everything else): ``{"error": message}``.
 
@@ -24,13 +24,17 @@ from bertforge.errors import ConfigError
 Style = Literal["openai", "tei", "bertforge"]
 
 OPENAI_PATHS = ("/v1/embeddings", "/v1/models")
-TEI_PATHS = ("/embed", "/embed_all", "/embed_sparse", "/rerank", "/predict", "/tokenize", "/decode", "/info")
+TEI_PATHS = ("/", "/invocations", "/embed", "/embed_all", "/embed_sparse", "/rerank", "/predict", "/tokenize", "/decode", "/info")
 
 # The OpenAI error `type` for each status (its documented families of errors).
 OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
                 415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
                 499: "client_closed_request", 503: "server_error", 500: "server_error"}
+# OpenAI's documented `error.code` of the refusals that have one by their status alone (its SDKs and the
+# frameworks on them branch on it); others name theirs where they are made (`model_not_found`,
+# `context_length_exceeded`), and the rest stay null as OpenAI leaves them.
+OPENAI_CODES = {401: "invalid_api_key", 429: "rate_limit_exceeded"}
 # TEI's `error_type` for each status (its ErrorType names: Validation, Tokenizer, Overloaded, Unhealthy,
 # Backend, Empty); statuses TEI never sends get the closest one.
 TEI_TYPES = {400: "Validation", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "Validation",
@@ -56,7 +60,7 @@ def error_payload(path: str, status: int, message: str, *, param: str | None = N
     style = style_of(path)
     if style == "openai":
         return {"error": {"message": message, "type": OPENAI_TYPES.get(status, "invalid_request_error"),
-                          "param": param, "code": code}}
+                          "param": param, "code": code or OPENAI_CODES.get(status)}}
     if style == "tei":
         return {"error": message, "error_type": TEI_TYPES.get(status, "Backend")}
     return {"error": message}

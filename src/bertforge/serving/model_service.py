@@ -59,7 +59,9 @@ class ServerSettings(SchedulerSettings):
 
     Attributes:
         max_items: inputs per request (more: 422 on our routes, TEI's 413 on its routes, OpenAI's 400;
-            TEI's `max_client_batch_size`).
+            TEI's `max_client_batch_size`, `--max-client-batch-size`). 2048 by default, as OpenAI's embeddings
+            API: clients send that many at once (LangChain 1,000); the scheduler splits them into model calls
+            of at most `max_batch_tokens`, so the limit is the work, not the count.
         max_chars: characters per text field (more: 413).
         max_body_bytes: request body size (more: 413, before it is read: `http_guards`).
         api_keys: bearer keys a request must hold one of (401 without); empty: no key needed.
@@ -69,7 +71,7 @@ class ServerSettings(SchedulerSettings):
             they are read (`http_guards`); 0: never.
     """
 
-    max_items: int = 64
+    max_items: int = 2048
     max_chars: int = 100_000
     max_body_bytes: int = 8 * 1024 * 1024
     api_keys: tuple[str, ...] = ()

@@ -42,10 +42,12 @@ from bertforge.serving.openai_routes import check_ids, check_length, shorten
 from bertforge.serving.task_routes import MODEL_PREFIX, task_route_options
 from bertforge.serving.tei_schemas import (
     TEI_ERRORS,
+    ClassificationParameters,
     CohereRerankRequest,
     DecodeRequest,
     EmbedRequest,
     Info,
+    ModelPredictRequest,
     Prediction,
     PredictRequest,
     Rank,
@@ -168,6 +170,29 @@ async def predict(service: InferenceService, call: PredictRequest, request: Requ
     return answers[0] if single else answers
 
 
+async def predict_with_parameters(service: InferenceService, call: ModelPredictRequest, request: Request) -> Any:
+    """`predict` with Hugging Face's `parameters`: `function_to_apply` over the raw scores ("none": as they are),
+    the `top_k` best; with `parameters` given (Hugging Face's task API), one list per input even for a single
+    text, the shape that API answers and its client reads."""
+    parameters = call.parameters or ClassificationParameters()
+    function = parameters.function_to_apply
+    plain = PredictRequest(**call.model_dump(exclude={"parameters"}))
+    if function is not None:
+        plain.raw_scores = True
+    answers = await predict(service, plain, request)
+    single = bool(answers) and isinstance(answers[0], dict)
+    ranked = []
+    for answer in [answers] if single else answers:
+        scores = np.asarray([item["score"] for item in answer], dtype=np.float64)
+        if function == "softmax":
+            scores = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
+        elif function == "sigmoid":
+            scores = 1 / (1 + np.exp(-scores))
+        ranked.append([{"label": item["label"], "score": float(score)} for item, score in zip(answer, scores)]
+                      [:parameters.top_k])
+    return ranked[0] if single and call.parameters is None else ranked
+
+
 def tokenize(service: InferenceService, call: TokenizeRequest) -> Any:
     pipeline = next(iter(service.pipelines.values()))
     items = [call.inputs] if isinstance(call.inputs, str) else call.inputs
@@ -261,27 +286,32 @@ TEI_ROUTES: dict[str, tuple[str | None, type[BaseModel] | None, Any, str]] = {
     "/tokenize": (None, TokenizeRequest, tokenize, "TEI: tokens with character offsets"),
     "/decode": (None, DecodeRequest, decode, "TEI: text of token ids"),
 }
+# What `POST /` of a classifier runs: /predict, taking Hugging Face's `parameters` too.
+MODEL_PREDICT = (CLASSIFY, ModelPredictRequest, predict_with_parameters, "")
 RESPONSES = {"/embed": list[list[float]], "/rerank": list[Rank], "/predict": list[Prediction] | list[list[Prediction]],
              "/tokenize": list[list[SimpleToken]], "/decode": list[str]}
 
 
-def tei_endpoint(models: ModelSet, path: str, route: str, prefixed: bool) -> Callable[..., Any]:
-    task, model_class, function, _ = TEI_ROUTES[path]
+async def tei_work(models: ModelSet, path: str, request: Request, name: str | None,
+                   recorder: list[InferenceService]) -> Any:
+    """The answer of TEI route `path` to `request` for the model `name` (None: the route's rule of `pick`)."""
+    task, model_class, function, _ = MODEL_PREDICT if path == "/" + CLASSIFY else TEI_ROUTES[path]
+    body = await read_body(request, models.first.settings)
+    call = check_body(model_class, body)
+    if task is not None and not models.serving(task):
+        raise RequestError(424, f"no served model does {task} ({path}); served models: "
+                                f"{ {n: list(s.pipelines) for n, s in models.services.items()} }")
+    service = models.pick(name, task, field="path") if task else models.named(name)
+    recorder.append(service)
+    if task is None:
+        return function(service, call)
+    with service.scheduler.incoming():
+        return await function(service, call, request)
 
+
+def tei_endpoint(models: ModelSet, path: str, route: str, prefixed: bool) -> Callable[..., Any]:
     async def run(request: Request, name: str | None) -> JSONResponse:
-        async def work(recorder: list[InferenceService]) -> Any:
-            body = await read_body(request, models.first.settings)
-            call = check_body(model_class, body)
-            if task is not None and not models.serving(task):
-                raise RequestError(424, f"no served model does {task} ({path}); served models: "
-                                        f"{ {n: list(s.pipelines) for n, s in models.services.items()} }")
-            service = models.pick(name, task, field="path") if task else models.named(name)
-            recorder.append(service)
-            if task is None:
-                return function(service, call)
-            with service.scheduler.incoming():
-                return await function(service, call, request)
-        return await answer(request, work, route)
+        return await answer(request, lambda recorder: tei_work(models, path, request, name, recorder), route)
 
     if prefixed:
         async def endpoint(request: Request, model: str) -> JSONResponse:
@@ -291,6 +321,60 @@ def tei_endpoint(models: ModelSet, path: str, route: str, prefixed: bool) -> Cal
             return await run(request, None)
     endpoint.__name__ = "tei_" + path.strip("/") + ("_of_model" if prefixed else "")
     return endpoint
+
+
+# --- the model's own route: POST / and /invocations (TEI's, and SageMaker's name for it) ----------------------
+
+ROOT_PATHS = ("/", "/invocations")
+
+
+def root_path_of(service: InferenceService) -> str:
+    """The TEI route a model answers at `POST /`, as TEI picks it from the model's kind: a reranker reranks, a
+    classifier predicts, any other model embeds."""
+    return "/rerank" if RERANK in service.pipelines else "/predict" if CLASSIFY in service.pipelines else "/embed"
+
+
+def root_endpoint(models: ModelSet, route: str, prefixed: bool) -> Callable[..., Any]:
+    async def run(request: Request, name: str | None) -> JSONResponse:
+        async def work(recorder: list[InferenceService]) -> Any:
+            if name is None and len(models.services) > 1:
+                routes = ", ".join(f"POST /models/{n}{root_path_of(s)}" for n, s in models.services.items())
+                raise RequestError(400, f"POST {route} answers the model's task when one model is served; this "
+                                        f"server serves {len(models.services)} ({', '.join(models.names)}): "
+                                        f"name one with POST /models/<name> (a client's base URL), or use {routes}",
+                                   param="path")
+            path = root_path_of(models.named(name))
+            return await tei_work(models, "/" + CLASSIFY if path == "/predict" else path, request, name, recorder)
+        return await answer(request, work, route)
+
+    if prefixed:
+        async def endpoint(request: Request, model: str) -> JSONResponse:
+            return await run(request, model)
+    else:
+        async def endpoint(request: Request) -> JSONResponse:
+            return await run(request, None)
+    endpoint.__name__ = "tei_root" + route.replace("/", "_").replace("{", "").replace("}", "")
+    return endpoint
+
+
+def add_root_routes(app: FastAPI, models: ModelSet) -> list[str]:
+    """`POST /` and `POST /invocations` (each also as `/models/<name>` and `/models/<name>/invocations`): the
+    served model's own route, so a client given only the server's address (huggingface_hub's
+    `InferenceClient(base_url)`) reaches it."""
+    kinds = sorted({root_path_of(service) for service in models.services.values()})
+    body = {"oneOf": [{"$ref": "#/components/schemas/" + (ModelPredictRequest if path == "/predict" else
+                                                           TEI_ROUTES[path][1]).__name__} for path in kinds]}
+    added = []
+    for path, prefixed in (("/", False), ("/invocations", False), (MODEL_PREFIX, True),
+                           (MODEL_PREFIX + "/invocations", True)):
+        summary = ("TEI: the model's own route (" + ", ".join(f"{n}: {root_path_of(s)}" for n, s in
+                                                               models.services.items()) + ")")
+        app.add_api_route(path, root_endpoint(models, path, prefixed), methods=["POST"], summary=summary,
+                          responses=TEI_ERRORS, description="Answers as " + " or ".join(kinds) + " does.",
+                          openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                              "schema": body}}}})
+        added.append(f"POST {path}")
+    return added
 
 
 def add_tei_routes(app: FastAPI, models: ModelSet) -> list[str]:
@@ -320,6 +404,7 @@ def add_tei_routes(app: FastAPI, models: ModelSet) -> list[str]:
         return await info_of(request, model)
 
     added += ["GET /info", f"GET {MODEL_PREFIX}/info"]
+    added += add_root_routes(app, models)
     if models.serving(RERANK):
         added += add_dual_rerank(app, models)
     return added

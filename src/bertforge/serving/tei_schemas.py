@@ -49,6 +49,20 @@ class PredictRequest(WireModel):
     raw_scores: bool = False
 
 
+class ClassificationParameters(WireModel):
+    """Hugging Face's text-classification parameters (`InferenceClient.text_classification`)."""
+
+    top_k: Annotated[int, Field(ge=1)] | None = None
+    function_to_apply: Literal["sigmoid", "softmax", "none"] | None = None
+
+
+@register
+class ModelPredictRequest(PredictRequest):
+    """`POST /` of a classifier: TEI's /predict body, plus the `parameters` Hugging Face's client sends."""
+
+    parameters: ClassificationParameters | None = None
+
+
 @register
 class TokenizeRequest(WireModel):
     inputs: Text | Annotated[list[Text], Field(min_length=1)]
