@@ -3,7 +3,8 @@ a run config is built from (`configuration.load_config(values=...)`), so no valu
 
 A field's annotation says how its flag reads its text, once, as argparse's `type=`: `int` (N), `float` (X),
 `str` (TEXT), `int | str` (an integer where the text is one, a column index, else the text); `bool` takes
-an optional word (`--progress`, `--progress false`); `list[X]` takes one or more arguments, each
+an optional word (`--progress`, `--progress false`), and `bool | Literal["auto"]` that word or "auto";
+`list[X]` takes one or more arguments, each
 comma-separated (`--seeds 1,2 3`) or a TOML array (`--labels '["a,b", "c"]'` for items with commas). Its
 help text and choices are the field's metadata (`configuration.setting`). Dict and table fields have no
 flag: `--section.key=value` sets them (`cli.overrides`).
@@ -72,6 +73,14 @@ def read_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def bool_or(words: tuple[str, ...]) -> Callable[[str], Any]:
+    """Text -> one of `words` as it is, else a bool (`read_bool`)."""
+    def read(text: str) -> Any:
+        return text.strip().lower() if text.strip().lower() in words else read_bool(text)
+
+    return read
+
+
 def scalar_reader(kinds: tuple[type, ...]) -> Callable[[str], Any]:
     """Text -> the first of `kinds` (int, float, str) that reads it; a lone kind is its own reader."""
     if len(kinds) == 1:
@@ -119,6 +128,10 @@ def flag_kind(hint: Any) -> FlagKind | None:
     options = tuple(a for a in typing.get_args(hint) if a is not type(None)) if is_union(hint) else (hint,)
     if len(options) == 1 and options[0] is bool:
         return FlagKind(read_bool, "BOOL", "?")
+    words = [word for option in options if typing.get_origin(option) is typing.Literal
+             for word in typing.get_args(option)]
+    if bool in options and len(options) == 2 and words:  # `bool | Literal["auto"]`: a bool, or one of the words
+        return FlagKind(bool_or(tuple(words)), "|".join(["BOOL", *words]), "?")
     if len(options) == 1 and typing.get_origin(options[0]) is list:
         (item,) = typing.get_args(options[0]) or (str,)
         return FlagKind(list_reader(item), LIST_METAVARS[item], "+") if item in SCALARS else None

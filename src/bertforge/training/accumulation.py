@@ -24,6 +24,8 @@ from bertforge.training.recipes import Fgm, RDrop
 
 
 def as_tensor(value: Any, device: torch.device) -> torch.Tensor:
+    if isinstance(value, int | float):  # filled on the device: a copy from the host could wait for it
+        return torch.full((), float(value), dtype=torch.float32, device=device)
     return torch.as_tensor(value, dtype=torch.float32, device=device).detach().float()
 
 
@@ -55,17 +57,42 @@ class LogWindow:
     grad_norm: float = 0.0
     steps: int = 0
     skipped: int = 0
+    # Steps taken on the device and not yet read: their statistics vectors summed there (`accumulate`).
+    pending: torch.Tensor | None = field(default=None, repr=False)
+
+    def accumulate(self, vector: torch.Tensor) -> None:
+        """Add a step left on the device: [statistics vector, gradient norm (0 if skipped), skipped flag]."""
+        self.pending = vector if self.pending is None else self.pending + vector
+        self.steps += 1
+
+    def fold(self, n: int, m: int) -> tuple[float, float | None]:
+        """Read the pending steps into the sums (one device-to-host copy); returns their tokens and loss."""
+        if self.pending is None:
+            return 0.0, None
+        values, self.pending = self.pending.tolist(), None
+        stats = StepStats(values[:n], values[n:2 * n], values[2 * n:2 * n + m], values[2 * n + m:2 * n + 2 * m],
+                          values[2 * n + 2 * m])
+        if len(self.term_sums) != n or len(self.metric_sums) != m:
+            self.term_sums, self.term_counts = [0.0] * n, [0.0] * n
+            self.metric_sums, self.metric_counts = [0.0] * m, [0.0] * m
+        self.add_sums(stats)
+        self.grad_norm += values[-2]
+        self.skipped += int(values[-1])
+        return stats.tokens, stats.loss
+
+    def add_sums(self, stats: StepStats) -> None:
+        for totals, new in ((self.term_sums, stats.term_sums), (self.term_counts, stats.term_counts),
+                            (self.metric_sums, stats.metric_sums), (self.metric_counts, stats.metric_counts)):
+            for i, value in enumerate(new):
+                totals[i] += value
+        self.tokens += stats.tokens
 
     def add(self, stats: StepStats, grad_norm: float, skipped: bool) -> None:
         if not self.steps:
             n, m = len(stats.term_sums), len(stats.metric_sums)
             self.term_sums, self.term_counts = [0.0] * n, [0.0] * n
             self.metric_sums, self.metric_counts = [0.0] * m, [0.0] * m
-        for totals, new in ((self.term_sums, stats.term_sums), (self.term_counts, stats.term_counts),
-                            (self.metric_sums, stats.metric_sums), (self.metric_counts, stats.metric_counts)):
-            for i, value in enumerate(new):
-                totals[i] += value
-        self.tokens += stats.tokens
+        self.add_sums(stats)
         self.steps += 1
         self.skipped += int(skipped)
         if math.isfinite(grad_norm):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -72,8 +73,9 @@ class TrainingConfig:
     activation_checkpointing: bool = setting(False, "recompute each encoder layer in the backward pass instead of "
                                                     "storing its activations (much less memory for about a third "
                                                     "more compute; same gradients)")
-    fused_adamw: bool = setting(False, "PyTorch's fused AdamW kernel, on CUDA or CPU (ignored for LAMB); the same "
-                                       "update, tested")
+    fused_adamw: bool | Literal["auto"] = setting(
+        "auto", "PyTorch's fused AdamW kernel (ignored for LAMB; the same update, tested): auto = on a CUDA GPU, "
+                "where it also takes the step without a host round trip, and off on a CPU; true or false to choose")
     max_nonfinite_steps: int = setting(5, "consecutive steps with non-finite loss/gradients tolerated (each "
                                           "skipped) before training stops with an error; fp16 tolerates 16 more "
                                           "while its loss scale adapts")
@@ -144,6 +146,7 @@ class TrainingConfig:
 
         need(isinstance(self.data_workers, int) and not isinstance(self.data_workers, bool)
              and self.data_workers >= -1, "data_workers", "use -1 (auto), 0 (in the training process) or a count")
+        need(self.fused_adamw in (True, False, "auto"), "fused_adamw", "use auto, true or false")
         whole("patience", 0)
         need(number("min_delta") >= 0, "min_delta", "use a number >= 0 in the metric's units (0 = any improvement)")
         need(0.0 < number("layer_lr_decay") <= 1.0, "layer_lr_decay",

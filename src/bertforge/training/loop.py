@@ -59,11 +59,11 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from bertforge.errors import BertforgeError, ConfigError, DataError
+from bertforge.errors import ConfigError, DataError
 from bertforge.model.fast_paths import fast_paths_enabled, set_activation_checkpointing
 from bertforge.runtime import autocast, capture_rng_state, resolve_precision, restore_rng_state, set_seed
 from bertforge.training import distributed
-from bertforge.training.accumulation import LogWindow, StepStats, WindowStep
+from bertforge.training.accumulation import LogWindow, WindowStep
 from bertforge.training.config import TrainingConfig
 from bertforge.training.logging import MetricsLogger, Progress
 from bertforge.training.optim import build_optimizer, build_scheduler
@@ -81,17 +81,11 @@ from bertforge.training.recipes import (
     word_embedding_weight,
 )
 from bertforge.training.resume import Restored, RunState, keep_global_batch, resume_point, saved_layout
+from bertforge.training.updates import DeviceOutcome, NonFiniteLossError, StepOutcome, Updater
+
+__all__ = ["NonFiniteLossError", "TrainResult", "train"]
 
 log = logging.getLogger("bertforge.training")
-
-# fp16 starts its loss scale at 2**16 and halves it on every overflow: up to 16 skipped steps in a row are
-# the scaler calibrating itself, not divergence.
-FP16_CALIBRATION_STEPS = 16
-
-
-class NonFiniteLossError(BertforgeError, FloatingPointError):
-    """Training diverged: the loss or gradients stayed NaN/inf for several consecutive steps."""
-
 
 class Batch(Protocol):
     num_tokens: Any
@@ -276,11 +270,14 @@ def run_steps(state: RunState, restored: Restored, stream: Iterator, window_step
             step += 1
             report.add(step, done, updater.skipped)
             if cadence.logs(step):
+                report.settle(step, updater, window_step)
                 report.log_train(step, done.lr, window_step)
             stop = cadence.evaluates(step) and evaluation(step) and step < cadence.total_steps
             if stop:
+                report.settle(step, updater, window_step)
                 report.stop_early(step, done.lr, window_step)
             if cadence.saves(step, stop):
+                report.settle(step, updater, window_step)  # a checkpoint holds the counts as numbers
                 report.result.checkpoint = state.save(step, report.window, updater.skipped, restored.kept, stop)
             distributed.inject_fault(step, state.context)  # a test hook: BERTFORGE_FAULT
             if stop:
@@ -288,6 +285,7 @@ def run_steps(state: RunState, restored: Restored, stream: Iterator, window_step
     except Exception as exc:
         distributed.raise_if_rank_lost(exc, state.context, config.distributed_timeout_s)
         raise
+        report.settle(step, updater, window_step)
     finally:
         report.close()
         if hasattr(state.batches, "close"):
@@ -295,76 +293,6 @@ def run_steps(state: RunState, restored: Restored, stream: Iterator, window_step
     if state.ema is not None:
         state.ema.finish()
     return report.finish(step)
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """What one optimizer step did: its statistics, gradient norm and loss, whether it was applied (finite),
-    and the learning rate it used (the first group's)."""
-
-    stats: StepStats
-    grad_norm: float
-    loss: float
-    finite: bool
-    lr: float
-
-
-class Updater:
-    """The optimizer step after a window's backward passes: unscale (fp16), clip, the finite check (a
-    non-finite step is skipped, too many in a row raise), the step and the EMA update, the schedule.
-
-    `skipped` counts the run's skipped steps (a resumed run starts at its checkpoint's count).
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
-                 params: list[nn.Parameter], config: TrainingConfig, precision: str, ema: WeightAverage | None,
-                 skipped: int = 0):
-        self.optimizer, self.scheduler, self.scaler, self.params = optimizer, scheduler, scaler, params
-        self.precision, self.ema, self.skipped, self.consecutive = precision, ema, skipped, 0
-        self.clip_norm = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
-        self.limit = config.max_nonfinite_steps + (FP16_CALIBRATION_STEPS if precision == "fp16" else 0)
-
-    def __call__(self, stats: torch.Tensor, layout: WindowStep, step: int) -> StepOutcome:
-        """Take optimizer step `step + 1` on the accumulated gradients, given the window's `stats` vector."""
-        fp16 = self.precision == "fp16"
-        if fp16:
-            self.scaler.unscale_(self.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip_norm)
-        # One device->host transfer per step: the logged numbers and the finite check.
-        host = torch.cat([stats, grad_norm.detach().float().view(1)]).tolist()
-        numbers, norm = layout.split(host[:-1]), host[-1]
-        loss = numbers.loss
-        finite = math.isfinite(loss) and math.isfinite(norm)
-        lr = self.optimizer.param_groups[0]["lr"]
-        if finite:
-            self.consecutive = 0
-            if fp16:
-                self.scaler.step(self.optimizer)
-            else:
-                self.optimizer.step()
-            if self.ema is not None:
-                self.ema.update()
-        else:
-            self.skip(step + 1, loss, norm, lr)
-        if fp16:
-            self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        return StepOutcome(numbers, norm, loss, finite, lr)
-
-    def skip(self, step: int, loss: float, grad_norm: float, lr: float) -> None:
-        """Count a skipped step; raise once `limit` were skipped in a row."""
-        self.consecutive += 1
-        self.skipped += 1
-        scale = f" (loss scale {self.scaler.get_scale():g})" if self.precision == "fp16" else ""
-        log.warning("step %d: non-finite loss %s / gradient norm %s%s; skipping this update", step, loss,
-                    grad_norm, scale)
-        if self.consecutive >= self.limit:
-            raise NonFiniteLossError(
-                f"step {step}: loss or gradients were NaN/inf for {self.consecutive} consecutive steps "
-                f"({self.precision}, lr {lr:.3g}); lower training.lr (e.g. --training.lr={lr / 4:.2g}), "
-                "lengthen warmup, keep max_grad_norm > 0, use bf16 instead of fp16, and check the data for "
-                "empty or corrupt batches; earlier checkpoints are intact")
 
 
 class RunReport:
@@ -382,6 +310,7 @@ class RunReport:
         self.batches: Any = None
         self.grad_accumulation = 1
         self.started = self.window_started = 0.0
+        self.last_loss = math.nan  # the progress bar's loss: of the last step read on the host
 
     def start(self, window: LogWindow, batches: Any, grad_accumulation: int, progress: bool) -> None:
         """Continue from the restored log `window` (epochs are counted in `batches`); show progress if asked."""
@@ -405,14 +334,32 @@ class RunReport:
         record = self.keeper.record
         self.result.best_step, self.result.best_eval = record.step, dict(record.values)
 
-    def add(self, step: int, done: StepOutcome, skipped: int) -> None:
-        """Count optimizer step `step` into the log window, the result and the progress."""
+    def add(self, step: int, done: StepOutcome | DeviceOutcome, skipped: int) -> None:
+        """Count optimizer step `step` into the log window, the result and the progress. A step left on the
+        device is only added there (no read back): its numbers reach the host at `settle`."""
+        if isinstance(done, DeviceOutcome):
+            self.window.accumulate(done.vector)
+            if self.progress is not None:
+                self.progress.update(1, loss=self.last_loss, tok_s=f"{self.tokens_per_s():.0f}")
+            return
         self.window.add(done.stats, done.grad_norm, skipped=not done.finite)
         self.result.tokens += int(done.stats.tokens)
         self.result.skipped_steps = skipped
-        tokens_per_s = self.result.tokens / (time.perf_counter() - self.started)
+        self.last_loss = done.loss
         if self.progress is not None:
-            self.progress.update(1, loss=done.loss, tok_s=f"{tokens_per_s:.0f}")
+            self.progress.update(1, loss=done.loss, tok_s=f"{self.tokens_per_s():.0f}")
+
+    def tokens_per_s(self) -> float:
+        return self.result.tokens / max(time.perf_counter() - self.started, 1e-9)
+
+    def settle(self, step: int, updater: Updater, layout: WindowStep) -> None:
+        """Bring the numbers of steps left on the device to the host: the log window's sums (and the run's
+        tokens), and the skipped-step counts (which may stop a diverged run)."""
+        tokens, loss = self.window.fold(len(layout.term_names), len(layout.metric_names))
+        self.result.tokens += int(tokens)
+        self.last_loss = loss if loss is not None else self.last_loss
+        updater.settle(step)
+        self.result.skipped_steps = updater.skipped
 
     def log_train(self, step: int, lr: float, layout: WindowStep) -> None:
         """Log the training values of the steps since the last log line, and start a new window."""

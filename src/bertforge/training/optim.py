@@ -151,20 +151,26 @@ class Lamb(Optimizer):
         return loss
 
 
+def fused_adamw(config: TrainingConfig, device: torch.device) -> bool:
+    """Whether AdamW runs PyTorch's fused kernel: `training.fused_adamw`, whose auto is on for CUDA
+    parameters only (a CPU keeps the for-each AdamW it always had)."""
+    if config.fused_adamw == "auto":
+        return device.type == "cuda"
+    if config.fused_adamw and device.type not in ("cuda", "cpu"):
+        log.warning("training.fused_adamw needs a CUDA or CPU device; using the default AdamW on %s", device)
+        return False
+    return bool(config.fused_adamw)
+
+
 def build_optimizer(model: nn.Module, config: TrainingConfig, device: torch.device) -> Optimizer:
     """The optimizer `config.optimizer` names, over BERT's parameter groups (by depth with layer_lr_decay)."""
     groups = parameter_groups(model, config.weight_decay, config.layer_lr_decay, config.lr)
     betas = (config.betas[0], config.betas[1])
     if config.optimizer == "lamb":
-        if config.fused_adamw:
+        if config.fused_adamw is True:
             log.warning("training.fused_adamw applies to AdamW only; LAMB runs unfused")
         return Lamb(groups, lr=config.lr, betas=betas, eps=config.eps, weight_decay=config.weight_decay)
-    fused = None
-    if config.fused_adamw:
-        if device.type in ("cuda", "cpu"):  # PyTorch has a fused AdamW kernel for both
-            fused = True
-        else:
-            log.warning("training.fused_adamw needs a CUDA or CPU device; using the default AdamW on %s", device)
+    fused = fused_adamw(config, device) or None
     for group in groups:
         group.pop("layer_adaptation")
     return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=config.eps,

@@ -235,10 +235,17 @@ class WeightAverage:
         self.shadow = [p.detach().float().clone() for p in self.params]
 
     @torch.no_grad()
-    def update(self) -> None:
+    def update(self, applied: torch.Tensor | None = None) -> None:
+        """Average in the current weights; with `applied` (a device scalar, 1.0 or 0.0: was the optimizer step
+        taken?) the update happens on the device only where it is 1, without reading it on the host."""
         weights = [p.detach().float() for p in self.params]
-        torch._foreach_mul_(self.shadow, self.decay)
-        torch._foreach_add_(self.shadow, weights, alpha=1.0 - self.decay)
+        if applied is None:
+            torch._foreach_mul_(self.shadow, self.decay)
+            torch._foreach_add_(self.shadow, weights, alpha=1.0 - self.decay)
+            return
+        keep = 1.0 - (1.0 - self.decay) * applied  # decay, or 1 where the step was skipped
+        torch._foreach_mul_(self.shadow, keep)
+        torch._foreach_add_(self.shadow, torch._foreach_mul(weights, 1.0 - keep))
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[list[torch.Tensor]]:
