@@ -41,22 +41,37 @@ log = logging.getLogger(__name__)
 MAX_TOKENS = 128  # beyond this the maps are unreadable and the HTML grows past several MB
 
 
+def encoder_of(model: torch.nn.Module) -> BertModel:
+    """The encoder of a loaded model: the model itself, or a task model's `.bert`."""
+    return model if isinstance(model, BertModel) else model.bert
+
+
+def attention_of(encoder: BertModel, tokenizer, text: str) -> tuple[list[str], torch.Tensor]:
+    """(tokens [T], attention probabilities [L, N, T, T] in fp32, on the CPU) of `text` under a loaded encoder
+    (on whatever device it sits); InputError for an empty text or one over `MAX_TOKENS` tokens, before the
+    model runs. The server's attention route calls this with the model it serves."""
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("text is empty; give a sentence to draw the attention of")
+    encoding = tokenizer.encode(text)
+    if len(encoding.ids) > min(MAX_TOKENS, encoder.config.max_position_embeddings):
+        raise InputError(f"the text has {len(encoding.ids)} tokens; attention maps are drawn for at most "
+                         f"{min(MAX_TOKENS, encoder.config.max_position_embeddings)} (use a shorter text)")
+    device = next(encoder.parameters()).device
+    ids = torch.tensor([encoding.ids], device=device)
+    with torch.inference_mode():
+        out = encoder(ids, torch.tensor([encoding.type_ids], device=device), torch.ones_like(ids),
+                      output_attentions=True)
+    maps = torch.stack([a[0] for a in out.attentions]).float().cpu()  # L x [1, N, T, T] -> [L, N, T, T]
+    return encoding.tokens, maps
+
+
 def attention_maps(model_dir: str | os.PathLike, text: str) -> tuple[list[str], torch.Tensor]:
     """(tokens [T], attention probabilities [L, N, T, T] in fp32) of `text` under the model in `model_dir`."""
     if not isinstance(text, str) or not text.strip():
         raise InputError("text is empty; give a sentence to draw the attention of")
     tokenizer = load_tokenizer(model_dir)
     model, _ = registry.load_model(model_dir)
-    encoder = model if isinstance(model, BertModel) else model.bert
-    encoding = tokenizer.encode(text)
-    if len(encoding.ids) > min(MAX_TOKENS, model.config.max_position_embeddings):
-        raise InputError(f"the text has {len(encoding.ids)} tokens; attention maps are drawn for at most "
-                         f"{MAX_TOKENS} (use a shorter text)")
-    ids = torch.tensor([encoding.ids])
-    with torch.inference_mode():
-        out = encoder(ids, torch.tensor([encoding.type_ids]), torch.ones_like(ids), output_attentions=True)
-    maps = torch.stack([a[0] for a in out.attentions]).float()  # L x [1, N, T, T] -> [L, N, T, T]
-    return encoding.tokens, maps
+    return attention_of(encoder_of(model), tokenizer, text)
 
 
 def select(count: int, chosen: int | None, what: str) -> list[int]:
@@ -244,4 +259,4 @@ def render_attention(model_dir: str | os.PathLike, text: str, out_dir: str | os.
     return result
 
 
-__all__ = ["MAX_TOKENS", "attention_figure", "attention_maps", "render_attention"]
+__all__ = ["MAX_TOKENS", "attention_figure", "attention_maps", "attention_of", "encoder_of", "render_attention"]

@@ -11,6 +11,7 @@ Which module holds what (see also docs/serving.md):
   `/info`, and `/v1/rerank` (ours and the Cohere/Infinity shape on one path);
 - `wire_schemas`: the strict pydantic models' helpers (a body checked against one, its place in
   `/openapi.json`); `embed_inputs`: the wire routes' embedding inputs (token ids, TEI's truncation rule);
+- `page`: the browser page at `GET /` (files in `static/`) and the `/v1/attention` route it draws;
 - `envelopes`: the error body of each API style, by path; `http_guards`: keys, Host, Content-Type, CORS,
   request ids and timing headers, around every route;
 - here: the app (lifespan starting every model's scheduler, the 404/405/422 handlers in the route's
@@ -65,6 +66,7 @@ from bertforge.serving.model_service import (  # noqa: E402 (after the check of 
     refusal,
 )
 from bertforge.serving.openai_routes import add_openai_routes  # noqa: E402
+from bertforge.serving.page import add_page  # noqa: E402
 from bertforge.serving.task_routes import add_task_routes  # noqa: E402
 from bertforge.serving.tei_routes import DUAL_ROUTES, add_tei_routes  # noqa: E402
 from bertforge.serving.wire_schemas import validation_message, with_wire_schemas  # noqa: E402
@@ -104,7 +106,7 @@ def build_app(models: ModelSet | Mapping[str, Pipeline], settings: ServerSetting
 
     # The routes, in the order a reader looks for them: ours, then the compatible ones.
     served = (add_task_routes(app, models, elsewhere=DUAL_ROUTES) + add_tei_routes(app, models)
-              + add_openai_routes(app, models))
+              + add_openai_routes(app, models) + add_page(app, models))
     served += ["GET /health", "GET /ready", "GET /metrics", "GET /docs", "GET /redoc", "GET /openapi.json"]
     app.state.served = served
     with_wire_schemas(app)

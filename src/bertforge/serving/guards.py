@@ -8,8 +8,8 @@ In order, a request is refused with:
   loopback address allows only the loopback names unless told otherwise (`--allowed-host`).
 - **401** with ``WWW-Authenticate: Bearer`` when `api_keys` is set and ``Authorization: Bearer <key>`` does not
   hold one of them (each compared in constant time; a key is never logged). `OPEN_PATHS` (liveness,
-  readiness, the API documentation and its assets) stay open, so probes and browsers need no key; `/metrics`
-  is not open (Prometheus sends a bearer token).
+  readiness, the API documentation and its assets) and the browser page (`GET /` and `/page/`) stay open, so
+  probes and browsers need no key; `/metrics` is not open (Prometheus sends a bearer token).
 - **415** for a POST (PUT, PATCH) whose Content-Type is not JSON (`application/json` or `*/*+json`). A web
   page can post `text/plain` to any address without asking (a "simple" cross-origin request); it cannot post
   JSON without a CORS preflight, which this server does not grant unless `cors_origins` says so.
@@ -54,7 +54,11 @@ Send = Callable[[Message], Awaitable[None]]
 
 # Paths answered without a key: probes (liveness, readiness) and the API documentation a browser loads.
 OPEN_PATHS = ("/health", "/ready", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect")
-OPEN_PREFIXES = ("/docs-assets/",)
+# The browser page (`serving.page`): GET / and its files hold no data (the requests the page makes need the key
+# like any other); POST / is a model's route and is not open.
+PAGE_ASSETS_URL = "/page"
+OPEN_PAGE_PATHS = ("/",)
+OPEN_PREFIXES = ("/docs-assets/", PAGE_ASSETS_URL + "/")
 # Host names of the loopback interface: what `serve` allows by default when it listens on one.
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 BODY_METHODS = ("POST", "PUT", "PATCH")
@@ -174,7 +178,8 @@ class Guards:
                 return 421, (f"this server does not answer for the host name {host!r}; start it with "
                              f"--allowed-host {host} to allow it"), []
         path = scope["path"]
-        if self.keys and not (path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)):
+        page = path in OPEN_PAGE_PATHS and scope["method"] in ("GET", "HEAD")
+        if self.keys and not (page or path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)):
             scheme, _, token = headers.get("authorization", "").partition(" ")
             if not token.strip() or scheme.lower() != "bearer":
                 return (401, "this server needs an API key: send the header 'Authorization: Bearer <key>'",

@@ -281,7 +281,8 @@ class InferenceService:
                 "queue_depth": self.scheduler.queue_depth,
                 "running": len(self.scheduler.running),
                 "pipelines": {task: p.describe() for task, p in self.pipelines.items()},
-                "settings": asdict(self.settings)}
+                # The keys themselves never leave the server (/health needs none): only how many there are.
+                "settings": {**asdict(self.settings), "api_keys": len(self.settings.api_keys)}}
 
 
 class ModelSet:
