@@ -40,7 +40,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from bertforge.checkpoint_integrity import brief, check_finite, warn_without_labels
+from bertforge.checkpoint_integrity import brief, check_finite, check_float_parameters, warn_without_labels
 from bertforge.constants import (
     CONFIG_NAME,
     FINETUNING_NAME,
@@ -165,7 +165,9 @@ def write_model_files(model: torch.nn.Module, folder: Path, tokenizer=None,
             write_bytes(folder / name, content)
         else:
             write_text(folder / name, content)
-    record_checksums(folder, [WEIGHTS_NAME])
+    # The tokenizer files are covered too: a re-ordered vocab.txt loads and silently changes every answer.
+    record_checksums(folder, [WEIGHTS_NAME, *(name for name in (VOCAB_NAME, TOKENIZER_CONFIG_NAME,
+                                                                 st.TOKENIZER_JSON_NAME) if (folder / name).is_file())])
 
 
 def save_model(model: torch.nn.Module, path: str | os.PathLike, tokenizer=None,
@@ -244,9 +246,45 @@ def read_directory(path: str | os.PathLike, *, do_lower_case: bool | None = None
         if (folder / VOCAB_NAME).exists() else None
     if tokenizer is not None:
         check_fits_embeddings(len(tokenizer.vocab), config.vocab_size, folder / VOCAB_NAME)
+        check_tokenizer_json(folder, tokenizer, do_lower_case is not None)
     record_file = folder / FINETUNING_NAME
     record = read_json_object(record_file, FINETUNING_NAME) if record_file.exists() else None
     return ModelDirectory(folder, config, architecture, tokenizer, record, st.read_settings(folder))
+
+
+def check_tokenizer_json(folder: Path, tokenizer: Tokenizer, casing_given: bool = False) -> None:
+    """CheckpointError when the directory's `tokenizer.json` (what Hugging Face consumers and
+    text-embeddings-inference read) describes another tokenizer than `vocab.txt` and `tokenizer_config.json`
+    (what bertforge reads): other ids for a token, or other casing, accents or CJK handling. `casing_given`:
+    the caller overrode the casing on purpose, so the files' casing is not compared."""
+    file = folder / st.TOKENIZER_JSON_NAME
+    if not file.is_file():
+        return
+    verify_checksum(file)
+    theirs = st.read_tokenizer_json(file)
+    fix = (f"the two describe different tokenizers, so a Hugging Face consumer of this folder would tokenise "
+           f"differently: restore both from the same save, or re-save the model with bertforge (save_pretrained "
+           f"writes both from one tokenizer), or delete {st.TOKENIZER_JSON_NAME} if {VOCAB_NAME} and "
+           f"{TOKENIZER_CONFIG_NAME} are right")
+    tokens = tokenizer.vocab.tokens
+    wrong = next(((token, index) for index, token in enumerate(tokens) if theirs.vocab.get(token) != index), None)
+    if wrong is not None or len(theirs.vocab) != len(tokens):
+        token, index = wrong if wrong is not None else (None, None)
+        what = (f"{token!r} is id {index} in {VOCAB_NAME} but {theirs.vocab.get(token)} there" if wrong is not None
+                else f"it has {len(theirs.vocab)} tokens, {VOCAB_NAME} {len(tokens)}")
+        raise CheckpointError(f"{file}: does not agree with {folder / VOCAB_NAME} ({what}); {fix}")
+    config = tokenizer.config
+    strip = config.do_lower_case if config.strip_accents is None else config.strip_accents
+    settings = [("handle_chinese_chars", theirs.handle_chinese_chars, "tokenize_chinese_chars",
+                 config.tokenize_chinese_chars)]
+    if not casing_given:
+        their_strip = theirs.lowercase if theirs.strip_accents is None else theirs.strip_accents
+        settings += [("lowercase", theirs.lowercase, "do_lower_case", config.do_lower_case),
+                     ("strip_accents", their_strip if theirs.lowercase is not None else None, "strip_accents", strip)]
+    for name, value, ours, own in settings:
+        if value is not None and bool(value) != bool(own):
+            raise CheckpointError(f"{file}: normalizer {name} is {value} but {TOKENIZER_CONFIG_NAME} has {ours} "
+                                  f"{own}; {fix}")
 
 
 def load_tokenizer(path: str | os.PathLike, *, do_lower_case: bool | None = None) -> Tokenizer:
@@ -256,6 +294,7 @@ def load_tokenizer(path: str | os.PathLike, *, do_lower_case: bool | None = None
         raise CheckpointError(f"{folder}: no {VOCAB_NAME}; this model directory was saved without a tokenizer "
                               f"(copy the vocab.txt and {TOKENIZER_CONFIG_NAME} it was trained with into it)")
     tokenizer = Tokenizer.from_pretrained(folder, do_lower_case=do_lower_case)
+    check_tokenizer_json(folder, tokenizer, do_lower_case is not None)
     if (folder / CONFIG_NAME).is_file():
         check_fits_embeddings(len(tokenizer.vocab), read_config(folder)[0].vocab_size, folder / VOCAB_NAME)
     return tokenizer
@@ -362,10 +401,17 @@ def translate_weights(tensors: dict[str, torch.Tensor], model: torch.nn.Module, 
     return ours, skipped
 
 
+def _label_count(num_labels: Any) -> int:
+    if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1:
+        raise ConfigError(f"num_labels={num_labels!r} is invalid: give the number of labels of the new head, an "
+                          "integer of at least 1")
+    return num_labels
+
+
 def load_model(path: str | os.PathLike | ModelDirectory, cls: type, *,
                config_overrides: dict[str, Any] | None = None, device: str | torch.device | None = None,
                dtype: torch.dtype | None = None, fresh_head: bool = False,
-               step: int | None = None) -> tuple[Any, LoadReport]:
+               step: int | None = None, num_labels: int | None = None) -> tuple[Any, LoadReport]:
     """Load a model directory into `cls`, in eval mode: (model, what loading did).
 
     `path` may be a directory already read (`read_directory`): its config is used as read, not read again.
@@ -375,12 +421,21 @@ def load_model(path: str | os.PathLike | ModelDirectory, cls: type, *,
 
     A head that the checkpoint lacks entirely starts freshly initialised (e.g. a classifier on top of a
     pretrained encoder) and is listed in the report's `fresh`; `fresh_head=True` also discards a stored head
-    of another shape (new labels). Missing encoder tensors or wrong shapes are errors.
+    of another shape (new labels). `num_labels` (transformers' habit) asks for a head of that many labels:
+    the stored one when it has as many, else a new one, fresh, named LABEL_0... (logged as a warning).
+    Missing encoder tensors or wrong shapes are errors.
     """
     if isinstance(path, ModelDirectory):
         config, path = path.config, path.path
     else:
         config, _ = read_config(path, step=step)
+    if num_labels is not None and _label_count(num_labels) != config.num_labels:
+        fresh_head = True
+        config_overrides = {**(config_overrides or {}), "problem_type": None,
+                            "id2label": {i: f"LABEL_{i}" for i in range(num_labels)}}
+        log.warning("%s: num_labels=%d: a new head of %d labels (LABEL_0 ... LABEL_%d), initialised at random, "
+                    "not read from the directory: fine-tune it before use", path, num_labels, num_labels,
+                    num_labels - 1)
     if config_overrides:
         if "id2label" in config_overrides and "label2id" not in config_overrides:
             config_overrides = {**config_overrides, "label2id": None}
@@ -397,6 +452,7 @@ def load_model(path: str | os.PathLike | ModelDirectory, cls: type, *,
     skipped = not_weights + skipped
     if fresh_head:
         ours = {k: v for k, v in ours.items() if not k.startswith(heads)}
+    check_float_parameters([(hf.to_hf_key(k), v, expected[k]) for k, v in ours.items() if k in expected], source)
     mismatched = [f"{hf.to_hf_key(k)}: stored {tuple(v.shape)}, model {tuple(expected[k].shape)}"
                   for k, v in ours.items() if k in expected and v.shape != expected[k].shape]
     if mismatched:

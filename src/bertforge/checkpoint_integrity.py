@@ -1,7 +1,8 @@
 """What loading a model directory checks beyond its format: that the content can be what the directory says.
 
-`checkpoint_format` calls these on every load: the weights hold no NaN or infinity (`check_finite`), a
-classifier's config.json names its labels (`warn_without_labels`). The checksums of the files themselves are
+`checkpoint_format` calls these on every load: the weights hold no NaN or infinity (`check_finite`), no
+floating-point parameter is stored as integers (`check_float_parameters`), a classifier's config.json names its
+labels (`warn_without_labels`). The checksums of the files themselves are
 `storage`'s, verified before a file is read, and whether a vocabulary fits the embedding table is
 `tokenization.vocab.check_fits_embeddings`. Each problem is one `CheckpointError` line naming the file and the
 fix, or a warning that names the file. The module knows no model class or config type (it sits below them).
@@ -32,6 +33,19 @@ def check_finite(tensors: dict[str, torch.Tensor], source: Path) -> None:
             bad = int((~torch.isfinite(tensor)).sum())
             raise CheckpointError(f"{source}: tensor {name} holds {bad} NaN or infinite values of {tensor.numel()}; "
                                   "the file is corrupt or was saved from a diverged run: re-save or re-download it")
+
+
+def check_float_parameters(pairs: list[tuple[str, torch.Tensor, torch.Tensor]], source: str) -> None:
+    """CheckpointError naming the stored tensors (name, stored, the model's own) whose parameter is floating
+    point but whose stored dtype is an integer type: casting would load other numbers (a classifier's weights
+    truncated to ints flip its labels), so the file is refused, not cast."""
+    integer = [f"{name} ({stored.dtype})" for name, stored, own in pairs
+               if own.is_floating_point() and not stored.is_floating_point()]
+    if integer:
+        raise CheckpointError(f"{source}: floating-point parameters stored with an integer dtype: "
+                              f"{', '.join(integer[:4])}{' ...' if len(integer) > 4 else ''}; their values were lost "
+                              "when they were written (casting them back would load other numbers): save the model "
+                              "again from its float weights, or re-download it")
 
 
 def warn_without_labels(data: dict[str, Any], config: Any, file: Path) -> None:

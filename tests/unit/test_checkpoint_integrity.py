@@ -162,8 +162,31 @@ def edit_json(name: str, change: Callable[[dict], None]) -> Callable[[Path], Non
     return damage
 
 
-def vocab_lines(lines: list[str]) -> Callable[[Path], None]:
-    return write("vocab.txt", "".join(line + "\n" for line in lines))
+def vocab_lines(lines: list[str], *, checksum: bool = False) -> Callable[[Path], None]:
+    """Replace vocab.txt; without `checksum`, as in a foreign directory (none covers it), to reach the checks
+    behind the checksum."""
+    return damaged_foreign(write("vocab.txt", "".join(line + "\n" for line in lines)), checksum=checksum)
+
+
+def damaged_foreign(damage: Callable[[Path], None], *, checksum: bool = False) -> Callable[[Path], None]:
+    """`damage`, then drop checksums.json unless `checksum` (a directory from elsewhere carries none)."""
+
+    def both(path: Path) -> None:
+        damage(path)
+        if not checksum:
+            foreign(path)
+
+    return both
+
+
+def swapped(lines: list[str], a: int, b: int) -> list[str]:
+    lines = list(lines)
+    lines[a], lines[b] = lines[b], lines[a]
+    return lines
+
+
+def int32_classifier(tensors: dict) -> None:
+    tensors["classifier.weight"] = (tensors["classifier.weight"] * 100).to(torch.int32)
 
 
 def as_pytorch_bin(content: Callable[[Path], bytes]) -> Callable[[Path], None]:
@@ -276,21 +299,51 @@ CASES = {
                        r"the vocabulary is truncated.*copy in the vocab\.txt the model was trained with"),
     "vocab_larger_than_the_model": Case(vocab_lines(tokens() + ["extra1", "extra2"]), CheckpointError,
                                         r"vocab\.txt: 302 tokens.*ids 300\.\.301 would index past the embedding table"),
-    "vocab_emptied": Case(write("vocab.txt", b""), DataError, r"vocab\.txt: the vocabulary file is empty"),
+    "vocab_emptied": Case(damaged_foreign(write("vocab.txt", b"")), DataError,
+                          r"vocab\.txt: the vocabulary file is empty"),
     "vocab_duplicate_lines": Case(vocab_lines(tokens()[:200] + tokens()[100:200]), DataError,
                                   r"vocab\.txt:201: duplicate token 'word95' \(first on line 101\)"),
-    "vocab_cut_inside_a_character": Case(write("vocab.txt", "\n".join(tokens()[:-1]).encode() + "\n字".encode()[:-1]),
-                                         DataError, r"vocab\.txt:300: the vocabulary file is not valid UTF-8"),
+    "vocab_cut_inside_a_character": Case(damaged_foreign(write("vocab.txt", "\n".join(tokens()[:-1]).encode()
+                                                               + "\n字".encode()[:-1])), DataError,
+                                         r"vocab\.txt:300: the vocabulary file is not valid UTF-8"),
     "vocab_without_unk": Case(vocab_lines([t for t in tokens() if t != "[UNK]"]), DataError,
                               r"vocab\.txt: the vocabulary has no unknown token '\[UNK\]'"),
     "vocab_missing": Case(remove("vocab.txt"), CheckpointError, r"no vocab\.txt; .*copy the vocab\.txt"),
-    "tokenizer_config_garbage": Case(write("tokenizer_config.json", b"{\"do_lower_case\": tr"), DataError,
-                                     r"tokenizer_config\.json:1: invalid JSON"),
-    "tokenizer_config_missing": Case(remove("tokenizer_config.json"), CheckpointError,
+    "tokenizer_config_garbage": Case(damaged_foreign(write("tokenizer_config.json", b"{\"do_lower_case\": tr")),
+                                     DataError, r"tokenizer_config\.json:1: invalid JSON"),
+    "tokenizer_config_missing": Case(damaged_foreign(remove("tokenizer_config.json")), CheckpointError,
                                      r"tokenizer_config\.json: missing; a tokenizer directory needs"),
-    "tokenizer_config_value_invalid": Case(edit_json("tokenizer_config.json",
-                                                     lambda c: c.update(max_input_chars_per_word=-1)),
+    "tokenizer_config_value_invalid": Case(damaged_foreign(edit_json("tokenizer_config.json",
+                                                                     lambda c: c.update(max_input_chars_per_word=-1))),
                                            ConfigError, r"tokenizer_config\.json: .*max_input_chars_per_word"),
+    # the tokenizer files: covered by the checksums, and vocab.txt + tokenizer_config.json against tokenizer.json
+    "vocab_reordered": Case(vocab_lines(swapped(tokens(), 10, 11), checksum=True), CheckpointError,
+                            r"vocab\.txt: its sha256 differs from the one saved in checksums\.json"),
+    "vocab_reordered_foreign": Case(vocab_lines(swapped(tokens(), 10, 11)), CheckpointError,
+                                    r"tokenizer\.json: does not agree with \S+vocab\.txt \('word6' is id 10 in "
+                                    r"vocab\.txt but 11 there\).*re-save the model with bertforge"),
+    "tokenizer_config_lowercase_flipped": Case(edit_json("tokenizer_config.json", lambda c: c.update(do_lower_case=False)),
+                                               CheckpointError, r"tokenizer_config\.json: \d+ bytes, but \d+ were saved"),
+    "tokenizer_config_lowercase_flipped_foreign": Case(
+        damaged_foreign(edit_json("tokenizer_config.json", lambda c: c.update(do_lower_case=False))), CheckpointError,
+        r"tokenizer\.json: normalizer lowercase is True but tokenizer_config\.json has do_lower_case False"),
+    "tokenizer_json_garbage": Case(write("tokenizer.json", b"{not json"), CheckpointError,
+                                   r"tokenizer\.json: \d+ bytes, but \d+ were saved"),
+    "tokenizer_json_garbage_foreign": Case(damaged_foreign(write("tokenizer.json", b"{not json")), CheckpointError,
+                                           r"tokenizer\.json: unreadable \(JSONDecodeError.*or delete it"),
+    "tokenizer_json_ids_shuffled_foreign": Case(
+        damaged_foreign(edit_json("tokenizer.json", lambda t: t["model"]["vocab"].update(word5=11, word6=10))),
+        CheckpointError, r"tokenizer\.json: does not agree with \S+vocab\.txt \('word5' is id 10"),
+    "tokenizer_json_lowercase_flipped_foreign": Case(
+        damaged_foreign(edit_json("tokenizer.json", lambda t: t["normalizer"].update(lowercase=False))),
+        CheckpointError, r"tokenizer\.json: normalizer lowercase is False but tokenizer_config\.json has "
+                         r"do_lower_case True.*restore both from the same save"),
+    # weights whose dtype lost the values: refused, not cast
+    "float_weights_stored_as_int32": Case(edit_tensors(int32_classifier, checksum="record"), CheckpointError,
+                                          r"model\.safetensors: floating-point parameters stored with an integer "
+                                          r"dtype: classifier\.weight \(torch\.int32\).*save the model again"),
+    "float_weights_stored_as_int32_foreign": Case(edit_tensors(int32_classifier, checksum="drop"), CheckpointError,
+                                                  r"classifier\.weight \(torch\.int32\)"),
     # labels
     "id2label_missing": Case(edit_json("config.json", lambda c: [c.pop("id2label"), c.pop("label2id", None)]), None,
                              r"config\.json: a classifier without label names \(no id2label\): its 2 outputs are "
@@ -299,6 +352,9 @@ CASES = {
         edit_json("config.json", lambda c: [c.update(id2label={"0": "a", "1": "b", "2": "c"}),
                                             c.pop("label2id", None), c.update(num_labels=3)]), CheckpointError,
         r"another number of outputs than config\.json's 3 labels \(its id2label\).*make id2label list its labels"),
+    "id2label_keys_not_label_ids": Case(
+        edit_json("config.json", lambda c: [c.update(id2label={"x": "negative", "y": "positive"}), c.pop("label2id")]),
+        ConfigError, r"config\.json: BertConfig\.id2label=.* is invalid: give the label ids 0\.\.N-1 as keys"),
     "finetuning_record_garbled": Case(cut("finetuning.json", 0.5), CheckpointError,
                                       r"finetuning\.json: cannot read this finetuning\.json as JSON"),
 }
@@ -331,7 +387,8 @@ def test_checkpoint_integrity_has_the_issue_s_cases():
 def test_checkpoint_integrity_pristine_directory_loads_verified(model_dir):
     manifest = json.loads((model_dir / CHECKSUMS_NAME).read_text())
     assert manifest["written_by"] == "bertforge" and manifest["algorithm"] == "sha256"
-    assert set(manifest["files"]) == {W} and manifest["files"][W]["bytes"] == (model_dir / W).stat().st_size
+    assert set(manifest["files"]) == {W, "vocab.txt", "tokenizer_config.json", "tokenizer.json"}
+    assert manifest["files"][W]["bytes"] == (model_dir / W).stat().st_size
     model = load_everything(model_dir)
     assert model.config.label_names == ["negative", "positive"]
 
@@ -360,6 +417,7 @@ def test_checkpoint_integrity_foreign_checksums_file_is_ignored(model_dir):
 def test_checkpoint_integrity_vocab_padding_rows_are_accepted(model_dir, caplog):
     # NVIDIA's checkpoints pad vocab_size to a multiple of 8 beyond vocab.txt (30528 for 30522 tokens).
     vocab_lines(tokens()[:-6])(model_dir)
+    (model_dir / "tokenizer.json").unlink()  # theirs would list the same 294 tokens
     with caplog.at_level(logging.INFO):
         load_everything(model_dir)
     assert any("the last 6 embedding rows are padding" in r.getMessage() for r in caplog.records)
@@ -367,6 +425,7 @@ def test_checkpoint_integrity_vocab_padding_rows_are_accepted(model_dir, caplog)
 
 def test_checkpoint_integrity_added_tokens_explain_a_short_vocab_with_a_warning(model_dir, caplog):
     vocab_lines(tokens()[:-200])(model_dir)
+    (model_dir / "tokenizer.json").unlink()  # theirs would list the same 100 tokens (added ones apart)
     (model_dir / "added_tokens.json").write_text(json.dumps({f"<new{i}>": 100 + i for i in range(200)}))
     with caplog.at_level(logging.WARNING):
         load_everything(model_dir)

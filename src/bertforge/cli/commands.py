@@ -184,7 +184,7 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> None:
     result = evaluate(args.model, args.data, out_dir=args.out, labelled=not args.unlabelled,
                       batch_size=args.batch_size, device=args.device, precision=args.precision,
                       overrides=evaluate_overrides(args, extra) or None, against=args.against,
-                      resamples=args.resamples)
+                      resamples=args.resamples, limit=args.limit)
     against = result.details.get("against")
     for name, value in result.metrics.items():
         line = f"{name}: {value:.4f}" if isinstance(value, float) else f"{name}: {value}"

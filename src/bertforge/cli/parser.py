@@ -137,6 +137,7 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", required=True)
     p.add_argument("--out")
     p.add_argument("--unlabelled", action="store_true", help="the file has no labels: predictions only")
+    p.add_argument("--limit", type=int, help="score only the first N examples of the file (default: all)")
     for name, flag in EVALUATE_READER_FLAGS.items():
         own = "--" + name.replace("_", "-")
         note = "" if name == "id_column" else " (default: as fine-tuned)"

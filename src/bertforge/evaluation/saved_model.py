@@ -22,7 +22,7 @@ from bertforge.evaluation.intervals import RESAMPLES, paired_changes
 from bertforge.evaluation.runner import EvalResult, Evaluation
 from bertforge.families import registry
 from bertforge.families.base import Family
-from bertforge.families.task import DataSource, task_of
+from bertforge.families.task import DataSource, TaskDescription, task_of
 from bertforge.model.precision import apply_precision
 from bertforge.runtime import resolve_device, resolve_precision
 from bertforge.storage import write_json, write_jsonl
@@ -55,7 +55,8 @@ def prepare_evaluation(model_dir: str | os.PathLike, data_file: str | os.PathLik
     if family not in registry.FINETUNING_FAMILIES:
         raise ConfigError(f"{model_dir}: config.json names {directory.architecture or 'BertModel'}, which has no "
                           "fine-tuned head to evaluate; pass a directory saved by `bertforge finetune`")
-    task = task_of(directory, family).overridden(overrides or {}, where=f"evaluate {model_dir}")
+    task = task_of(directory, family)
+    task = task.overridden(without_saved_choices(overrides or {}, task, model_dir), where=f"evaluate {model_dir}")
     task = task.replace(dev=(DataSource(os.fspath(data_file)),))
     tokenizer = directory.require_tokenizer()
     report = DataReport()
@@ -73,6 +74,30 @@ def prepare_evaluation(model_dir: str | os.PathLike, data_file: str | os.PathLik
     evaluation = Evaluation.for_task(task, examples, features, config=directory.config, tokenizer=tokenizer,
                                      batch_size=batch_size, chosen=chosen, device=device, precision=precision)
     return PreparedEvaluation(directory, family, evaluation, report)
+
+
+def without_saved_choices(overrides: Mapping[str, Any], task: TaskDescription, model_dir: Path) -> dict[str, Any]:
+    """`overrides` without the fine-tuning flags that name what the model already is (`--format`, `--task`, as
+    typed again from the fine-tuning command): accepted when they equal the saved description, else one error
+    saying which the model has."""
+    formats = registry.formats()
+    saved = task.name if task.name in formats else None
+    rest = dict(overrides)
+    for key in ("format", "task"):
+        if key not in rest:
+            continue
+        given = rest.pop(key)
+        if key == "task":
+            agrees = given == task.name
+        else:  # a named task (sst2 ...) records no format: any format of its family and kind reads as it does
+            agrees = given == saved if saved is not None else formats.get(given) == (task.family, task.kind)
+        if not agrees:
+            has = (f"format {saved}" if saved is not None else f"task {task.name}") + f" ({task.family.name}" + \
+                (f", {task.kind})" if task.kind else ")")
+            raise ConfigError(f"evaluate {model_dir}: --{key} {given}: the model already knows its format from its "
+                              f"finetuning.json: {has}; drop --{key} (and give --text-a/--text-b/--label or "
+                              "--reader.KEY=value to read other columns)")
+    return rest
 
 
 def check_against(precision: str, against: str, labelled: bool, resamples: int) -> None:
@@ -130,6 +155,9 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
             `against` without labels, or naming the precision being scored.
         CheckpointError: not a model directory.
     """
+    if limit is not None and limit < 1:
+        raise ConfigError(f"limit={limit} is invalid: give the number of examples to score (at least 1), or none "
+                          "for the whole file")
     run_device = resolve_device(device)
     precision = resolve_precision(precision, run_device)  # before any work: int8 off the CPU is refused first
     if against is not None:

@@ -276,3 +276,38 @@ def tokenizer_json(tokens: Sequence[str], *, do_lower_case: bool, strip_accents:
     rust.decoder = decoders.WordPiece(prefix="##")
     rust.add_special_tokens([t for t in (pad_token, unk_token, cls_token, sep_token, mask_token) if t in vocab])
     return rust.to_str(pretty=True) + "\n"
+
+
+@dataclass(frozen=True)
+class TokenizerJson:
+    """What a `tokenizer.json` says about a WordPiece tokenizer: its vocabulary (token -> id) and, when its
+    normaliser is the BERT one, the casing, accent and CJK settings (None where it does not say)."""
+
+    vocab: dict[str, int]
+    lowercase: bool | None = None
+    strip_accents: bool | None = None
+    handle_chinese_chars: bool | None = None
+
+
+def read_tokenizer_json(path: Path) -> TokenizerJson:
+    """The vocabulary and BERT normaliser settings of a Rust `tokenizers` file.
+
+    Raises:
+        CheckpointError: not JSON, or not a WordPiece tokenizer with a vocabulary of token -> integer id.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise CheckpointError(f"{path}: unreadable ({type(error).__name__}: {error}); restore it from the model's "
+                              "source, or delete it (bertforge reads vocab.txt; save_pretrained writes both)") from None
+    model = data.get("model") if isinstance(data, dict) else None
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if not isinstance(vocab, dict) or model.get("type", "WordPiece") != "WordPiece" or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in vocab.values()):
+        raise CheckpointError(f"{path}: not a WordPiece tokenizer (expected \"model\": {{\"type\": \"WordPiece\", "
+                              "\"vocab\": {token: id}}); restore it from the model's source, or delete it")
+    normalizer = data.get("normalizer")
+    if not isinstance(normalizer, dict) or normalizer.get("type") != "BertNormalizer":
+        return TokenizerJson(vocab)
+    return TokenizerJson(vocab, normalizer.get("lowercase"), normalizer.get("strip_accents"),
+                         normalizer.get("handle_chinese_chars"))

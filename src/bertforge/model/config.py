@@ -98,6 +98,13 @@ class BertConfig:
                  "label_thresholds", "give one threshold in [0, 1] or one per label, or leave it unset")
             self.label_thresholds = [float(t) for t in self.label_thresholds]
         # JSON turns int keys into strings; normalise both label maps so either spelling loads.
+        label_fix = ("give the label ids 0..N-1 as keys (strings in config.json), in the order the model was "
+                     'trained with, e.g. "id2label": {"0": "negative", "1": "positive"} (and "label2id" the '
+                     "other way round), or remove both maps")
+        if self.id2label is not None:
+            need(isinstance(self.id2label, dict) and _is_ids(self.id2label.keys()), "id2label", label_fix)
+        if self.label2id is not None:
+            need(isinstance(self.label2id, dict) and _is_ids(self.label2id.values()), "label2id", label_fix)
         if self.id2label is not None:
             self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
             if self.label2id is None:
@@ -182,6 +189,12 @@ class BertConfig:
         if name not in PRESETS:
             raise ConfigError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)} or a model directory")
         return cls(**{**PRESETS[name], **overrides})
+
+
+def _is_ids(ids) -> bool:
+    """Whether label ids (ints or their strings, as JSON keys are) are exactly 0..N-1."""
+    numbers = {str(i).strip() for i in ids if not isinstance(i, bool)}
+    return all(n.isdigit() for n in numbers) and {int(n) for n in numbers} == set(range(len(list(ids))))
 
 
 def _sizes(layers: int, hidden: int, heads: int) -> dict[str, int]:

@@ -25,7 +25,7 @@ from bertforge.constants import (
     VOCAB_NAME,
 )
 from bertforge.errors import CheckpointError, ConfigError, DataError
-from bertforge.storage import write_text
+from bertforge.storage import verify_checksum, write_text
 from bertforge.tokenization.vocab import Vocab
 
 log = logging.getLogger(__name__)
@@ -185,6 +185,9 @@ def read_directory(directory: str | os.PathLike, do_lower_case: bool | None = No
                 f"{path}: missing; a tokenizer directory needs {VOCAB_NAME} and {TOKENIZER_CONFIG_NAME} "
                 "(write the config with TokenizerConfig(do_lower_case=...).save(path))"
             )
+    for path in (vocab_path, config_path):
+        if path.is_file():
+            verify_checksum(path)  # against the checksums.json a bertforge save wrote beside them, if any
     if google:
         config = _google_config(directory, do_lower_case)
     else:
