@@ -241,8 +241,8 @@ def finish_output(out: Path, manifest: dict[str, Any], shards: int) -> dict[str,
 def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, records: Sequence[Record],
                 settings: CorpusSettings, single_file: bool) -> tuple[list[str], np.ndarray, int]:
     """(ids, vectors [n, D] float32, tokens) of one shard, as `pipeline.encode(texts, prompt=prompt)` makes
-    them; every record is parsed and checked before the model runs, whose batches go by length
-    (`evaluation.run_features`)."""
+    them; every record is parsed and checked before the model runs, whose batches go by length while a
+    thread tokenizes the next ones (`evaluation.run_streamed`)."""
     ids, parsed = [], []
     for record in records:
         ident, text = parse_record(record, settings, single_file)

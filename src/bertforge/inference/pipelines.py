@@ -8,10 +8,10 @@ adds `encode`, numpy vectors). A pipeline is the family's one path from input to
 1. `family.parse` validates every input (a string or a JSON object) into an example,
 2. `family.features` builds the windows, with the input settings the model was fine-tuned with (its
    `finetuning.json`: max_seq_length, doc_stride, ...), so predict windows exactly as evaluate does,
-3. `evaluation.run_features` runs all windows in batches sorted by length (results come back in input
-   order) in eval mode under `torch.inference_mode`, at the chosen precision,
+3. the model runs the windows in length-sorted batches of at most `batch_size` rows and `max_batch_tokens`
+   tokens, in eval mode under `torch.inference_mode`, at the chosen precision, while a thread builds the next
+   batches' windows (`evaluation.run_streamed`; results come back in input order),
 4. `family.decode` maps the outputs back to the input's own characters and labels.
-
 The steps are also methods (`features`, `forward`, `decode`; `run_parsed` chains them), so the server can
 run one request's windows as several model calls between other requests' and decode once all have run:
 a window's output does not depend on which other windows share its batch (up to float rounding).
@@ -29,9 +29,9 @@ answers evaluate scored (same labels, spans and scores within 1e-5 on any machin
 up to 1e-2 and can flip near-ties). bf16 is opt-in: `precision="bf16"` forces it, and `precision="auto"`
 follows `runtime.choose_precision`, the rule of evaluate and training too: bf16 on a CUDA device with bf16
 support, fp32 everywhere else. `precision="int8"` (CPU only) quantizes the encoder's linear layers once, at
-construction (docs/cpu_inference.md states its accuracy budget). What bf16 is allowed to change is stated here and tested: probabilities by
-at most `BF16_PROBABILITY_TOLERANCE`, embeddings down to cosine 1 - `BF16_COSINE_TOLERANCE` against fp32
-(`score_deviation` measures it). `describe()` (the server's /health) reports the precision chosen and why.
+construction (docs/cpu_inference.md states its accuracy budget). What bf16 may change is stated here and
+tested: probabilities by at most `BF16_PROBABILITY_TOLERANCE`, embeddings down to cosine 1 - `BF16_COSINE_TOLERANCE`
+against fp32 (`score_deviation` measures it). `describe()` (the server's /health) reports the precision chosen and why.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from bertforge.checkpoint_format import LoadReport
 from bertforge.data.files import UntrustedJson, decode_json
 from bertforge.data.finetuning import Feature, FinetuneBatch
 from bertforge.errors import CheckpointError, ConfigError, DataError, InputError
-from bertforge.evaluation import run_features
+from bertforge.evaluation import run_features, run_streamed
 from bertforge.families import registry
 from bertforge.families.base import Family, InputSettings
 from bertforge.families.task import TaskDescription, read_description
@@ -146,7 +146,9 @@ class Pipeline:
         precision: "fp32" (the default, as evaluate), "bf16", "int8" (CPU: the encoder's linear layers
             quantized, `model.quantization`), or "auto" (`runtime.choose_precision`: bf16 on a CUDA device with
             bf16 support, else fp32).
-        batch_size: windows per model call.
+        batch_size: windows per model call, at most.
+        max_batch_tokens: padded tokens per model call, at most (length-sorted windows fill a batch with rows
+            or with tokens); default batch_size x max_length.
         max_length: tokens per window, special tokens included (default: the fine-tuning record's, else
             the family's default capped by the model's limit).
         doc_stride: step between window starts over a long input (default: the record's, else half a window).
@@ -159,7 +161,8 @@ class Pipeline:
     def __init__(self, task: str, model: BertPretrainedModel, tokenizer, *, device: str | torch.device = "auto",
                  precision: str = DEFAULT_PRECISION, batch_size: int = DEFAULT_BATCH_SIZE, max_length: int | None = None,
                  doc_stride: int | None = None, record: Mapping[str, Any] | None = None,
-                 report: LoadReport | None = None, sentence: SentenceSettings | None = None):
+                 report: LoadReport | None = None, sentence: SentenceSettings | None = None,
+                 max_batch_tokens: int | None = None):
         check_task(task)
         own = ROUTE_PIPELINES.get(task, Pipeline)
         if not isinstance(self, own):
@@ -171,8 +174,10 @@ class Pipeline:
         if tokenizer.vocab_size > model.config.vocab_size:
             raise CheckpointError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
                                   f"holds {model.config.vocab_size}; the vocab.txt does not belong to this model")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+        tokens = 1 if max_batch_tokens is None else max_batch_tokens
+        for name, value in (("batch_size", batch_size), ("max_batch_tokens", tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"{name} must be a positive integer, got {value!r}")
         self.device = runtime.resolve_device(device)
         self.model = set_fast_paths(model.to(self.device).eval())
         self.config = model.config
@@ -189,6 +194,7 @@ class Pipeline:
             max_length = max_length or sentence.max_seq_length
         self.settings = input_settings(model, tokenizer, self.family, saved, max_length, doc_stride)
         self.max_length = self.settings.max_seq_length
+        self.max_batch_tokens = max_batch_tokens or batch_size * self.max_length
         self.precision, self.precision_report = self.choose_precision(precision)
         self.model = apply_precision(self.model, self.precision)  # int8: the encoder's linears quantized
 
@@ -296,8 +302,14 @@ class Pipeline:
         """Run inputs already validated by `parse` with options already checked by `check_options`."""
         if not parsed:
             return []
-        features = self.features(parsed)
-        return self.decode(parsed, features, self.forward(features, options, precision), options)
+        features, outputs = self.stream(parsed, options, precision)
+        return self.decode(parsed, features, outputs, options)
+
+    def stream(self, parsed: Sequence[Any], options: dict, precision: str | None = None) -> tuple[list, list]:
+        """Steps 2 and 3: (features, an output per feature), made in a thread as the model runs (`streaming`)."""
+        return run_streamed(self.model, parsed, self.features, self.family_forward(options), batch_size=self.batch_size,
+                            max_batch_tokens=self.max_batch_tokens, pad_token_id=self.tokenizer.pad_token_id,
+                            device=self.device, precision=precision or self.precision)
 
     def score_deviation(self, reference: list[dict], candidate: list[dict]) -> float:
         """How far bf16 results are from fp32 ones: the largest change of any score in them (also those of
@@ -402,9 +414,9 @@ class EmbedPipeline(Pipeline):
         if not parsed:
             width = self.config.hidden_size * len(options["pooling"].split("+"))
             return np.zeros((0, width), dtype=np.float32), 0
-        features = self.features(parsed)
+        features, outputs = self.stream(parsed, options)
         tokens = sum(feature_tokens(feature) for feature in features)
-        return torch.stack(self.forward(features, options)).numpy(), tokens
+        return torch.stack(outputs).numpy(), tokens
 
 
 # Routes whose pipeline is a subclass (constructed as `cls(model, tokenizer, **options)`); the others use
