@@ -160,9 +160,8 @@ class Pipeline:
 
     def __init__(self, task: str, model: BertPretrainedModel, tokenizer, *, device: str | torch.device = "auto",
                  precision: str = DEFAULT_PRECISION, batch_size: int = DEFAULT_BATCH_SIZE, max_length: int | None = None,
-                 doc_stride: int | None = None, record: Mapping[str, Any] | None = None,
-                 report: LoadReport | None = None, sentence: SentenceSettings | None = None,
-                 max_batch_tokens: int | None = None):
+                 doc_stride: int | None = None, record: Mapping[str, Any] | None = None, max_batch_tokens: int | None = None,
+                 report: LoadReport | None = None, sentence: SentenceSettings | None = None):
         check_task(task)
         own = ROUTE_PIPELINES.get(task, Pipeline)
         if not isinstance(self, own):
