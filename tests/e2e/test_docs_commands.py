@@ -60,7 +60,8 @@ DOC_COMMANDS = {
     "pretraining.md": ("vocab", "prepare", "pretrain", "plot"), "chinese.md": ("vocab", "prepare", "pretrain"),
     "finetuning.md": ("finetune", "evaluate"), "glue.md": ("glue", "finetune"),
     "serving.md": ("predict", "serve", "attention", "export"), "benchmarks.md": ("pretrain",),
-    "embeddings.md": ("predict", "finetune", "retrieval-set", "evaluate-embeddings", "embed", "search", "serve"),
+    "embeddings.md": ("predict", "finetune", "retrieval-set", "evaluate-embeddings", "embed", "search", "serve",
+                      "plot-embeddings"),
 }
 # Which arguments of a command are files it reads, and which it writes.
 INPUTS = {"vocab": ("corpus",), "prepare": ("corpus", "tokenizer"), "pretrain": ("data", "tokenizer", "model"),
@@ -69,7 +70,7 @@ INPUTS = {"vocab": ("corpus",), "prepare": ("corpus", "tokenizer"), "pretrain": 
           "attention": ("model",), "plot": ("run_dir",), "convert": ("source", "tokenizer"), "export": ("model",),
           "info": ("model",), "retrieval-set": ("squad",), "evaluate-embeddings": ("model", "retrieval", "sts",
                                                                                      "paraphrase", "rerank_model"),
-          "embed": ("model", "input"), "search": ("index", "queries", "model")}
+          "embed": ("model", "input"), "search": ("index", "queries", "model"), "plot-embeddings": ("index", "input")}
 OUTPUTS = ("out", "output", "train_pairs")
 OVERRIDE_COMMANDS = ("pretrain", "finetune", "evaluate")
 
@@ -343,7 +344,8 @@ BASE = {"vocab": ["--corpus", "c", "--vocab-size", "10", "--out", "o"],
         "predict": ["--model", "m", "--task", "classify"], "serve": ["--model", "m"], "convert": ["s", "--out", "o"],
         "export": ["--model", "m"], "attention": ["--model", "m", "text"], "plot": ["run"],
         "retrieval-set": ["--squad", "s", "--out", "o"], "evaluate-embeddings": ["--model", "m", "--sts", "s"],
-        "embed": ["--model", "m", "--input", "i", "--out", "o"], "search": ["--index", "i", "--query", "q"]}
+        "embed": ["--model", "m", "--input", "i", "--out", "o"], "search": ["--index", "i", "--query", "q"],
+        "plot-embeddings": ["--index", "i"]}
 
 
 def is_placeholder(value: str) -> bool:

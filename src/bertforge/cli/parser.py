@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from bertforge.cli import commands, corpus_commands, retrieval_commands
+from bertforge.cli import commands, corpus_commands, map_commands, retrieval_commands
 from bertforge.cli.flags import (
     FINETUNE_FLAGS,
     PRETRAIN_FLAGS,
@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         add(sub)
     corpus_commands.add_parsers(sub)
     retrieval_commands.add_parsers(sub)
+    map_commands.add_parsers(sub)
     return parser
 
 

@@ -149,6 +149,28 @@ def parse_record(record: Record, settings: CorpusSettings, single_file: bool) ->
     return (line_id if not named and ident in (None, "") else _id_text(ident, source, number)), text
 
 
+def record_field(record: Record, column: str | int, flag: str, *, required: bool = True) -> Any:
+    """The value in `column` (a header name or 0-based index; a JSON Lines field) of one record of a table or
+    JSON Lines file, e.g. a label to colour a map of the corpus by; a record without it: None unless `required`.
+
+    Raises:
+        DataError: a text file (no columns), a column the header lacks (naming the columns), a record without
+            it, invalid JSON; naming file:line and `flag`, the option that chose the column.
+    """
+    source, number, payload = record
+    if source.file_format == "text":
+        raise DataError(f"a text file has no columns for {flag}; use a TSV, CSV or JSON Lines input", source.path,
+                        number)
+    if isinstance(column, str) and source.header is not None and column not in source.header:
+        raise DataError(f"the header has no column {column!r} (columns: {', '.join(source.header)}); name one "
+                        f"with {flag} NAME (or a 0-based index)", source.path, number)
+    if source.file_format == "jsonl":
+        row = _json_object(source, number, payload)
+    else:
+        row = payload.split("\t") if isinstance(payload, str) else payload
+    return _value(row, column, source, number, flag if required else None)
+
+
 def _json_object(source: SourceFile, number: int, text: str) -> dict:
     try:
         value = json.loads(text)
