@@ -73,6 +73,12 @@ def add_search(sub: argparse._SubParsersAction) -> None:
                    "model)")
     p.add_argument("--device", default="auto")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--precision", choices=precision_choices(), help="the queries' precision (default: the one the "
+                   "corpus was embedded with; int8: CPU only)")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--show-text", action="store_true", help="add each hit's text, read back from the input "
+                       "that was embedded (refused if it changed since)")
+    shown.add_argument("--field", help="add this TSV/CSV column or JSONL field of each hit's record (e.g. title)")
     add_prompt_flags(p, "every query")
     p.set_defaults(func=cmd_search)
 
@@ -84,15 +90,41 @@ def add_prompt_flags(p: argparse.ArgumentParser, what: str) -> None:
     prompts.add_argument("--prompt", help=f"this text before {what}")
 
 
+class EmbedBar:
+    """`bertforge embed`'s progress: texts embedded, with rate and ETA, updated after every model batch (a
+    bar on a terminal, a log line every tenth otherwise: `training.logging.Progress`)."""
+
+    def __init__(self) -> None:
+        self.progress = None
+
+    def start(self, total: int, done: int) -> None:
+        from bertforge.training.logging import Progress
+
+        self.progress = Progress(total, done, enabled=True, unit="text")
+
+    def advance(self, texts: int) -> None:
+        if self.progress is not None:
+            self.progress.update(texts)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+
+
 def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.inference.embed_corpus import CorpusSettings, embed_corpus
     from bertforge.processes import Ranks
 
     settings = CorpusSettings(file_format=args.format, text_column=args.text_column, id_column=args.id_column)
-    manifest = embed_corpus(args.model, args.input, args.out, settings=settings, shard_size=args.shard_size,
-                            dtype=args.dtype, batch_size=args.batch_size, max_length=args.max_length,
-                            device=args.device, precision=args.precision, pooling=args.pooling,
-                            normalize=args.normalize, prompt_name=args.prompt_name, prompt=args.prompt)
+    bar = EmbedBar()
+    try:
+        manifest = embed_corpus(args.model, args.input, args.out, settings=settings, shard_size=args.shard_size,
+                                dtype=args.dtype, batch_size=args.batch_size, max_length=args.max_length,
+                                device=args.device, precision=args.precision, pooling=args.pooling,
+                                normalize=args.normalize, prompt_name=args.prompt_name, prompt=args.prompt,
+                                progress=bar)
+    finally:
+        bar.close()
     if Ranks.from_env().rank == 0:
         print(f"{manifest['count']} vectors ({manifest['dim']} dims, {manifest['dtype']}, "
               f"{manifest['similarity']} similarity) in {len(manifest['shards'])} shards in {args.out}",
@@ -102,7 +134,7 @@ def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
 def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.data.text_files import iter_lines
     from bertforge.errors import DataError
-    from bertforge.inference.vector_search import search
+    from bertforge.inference.vector_search import search_hits
 
     if args.queries is not None:
         queries = [line for line in iter_lines(args.queries) if line.strip()]
@@ -110,8 +142,8 @@ def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:
             raise DataError("holds no query (only blank lines); write one query a line", args.queries)
     else:
         queries = list(args.query)
-    results = search(args.index, queries, top_k=args.top_k, model=args.model, device=args.device,
-                     batch_size=args.batch_size, prompt_name=args.prompt_name, prompt=args.prompt)
+    results = search_hits(args.index, queries, top_k=args.top_k, model=args.model, device=args.device,
+                          batch_size=args.batch_size, prompt_name=args.prompt_name, prompt=args.prompt,
+                          precision=args.precision, show_text=args.show_text, field=args.field)
     for query, hits in zip(queries, results):
-        record = {"query": query, "hits": [{"id": ident, "score": score} for ident, score in hits]}
-        print(json.dumps(record, ensure_ascii=False))
+        print(json.dumps({"query": query, "hits": hits}, ensure_ascii=False))

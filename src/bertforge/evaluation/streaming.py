@@ -103,7 +103,8 @@ def run_streamed(model: torch.nn.Module, items: Sequence[Any],
                  make_features: Callable[[list[Any]], list[Feature]],
                  forward: Callable[[torch.nn.Module, FinetuneBatch], list[Any]], *, batch_size: int,
                  max_batch_tokens: int, pad_token_id: int, device: torch.device | str | None = None,
-                 precision: str = "fp32", chunk: int = CHUNK, overlap: bool = True) -> tuple[list[Feature], list[Any]]:
+                 precision: str = "fp32", chunk: int = CHUNK, overlap: bool = True,
+                 on_batch: Callable[[int], None] | None = None) -> tuple[list[Feature], list[Any]]:
     """(features, one output per feature in feature order) of `items`, the features made by
     `make_features(list of items)` a chunk at a time (`Feature.example_index` relative to the list it was
     given; returned relative to `items`), while the model runs (module docstring).
@@ -111,6 +112,7 @@ def run_streamed(model: torch.nn.Module, items: Sequence[Any],
     Args:
         batch_size: most rows of a batch. max_batch_tokens: most padded tokens of a batch.
         overlap: False makes the features in this thread, batch by batch (the same batches; for comparison).
+        on_batch: told how many features each batch ran, after it ran (a progress display).
     """
     check_precision(model, precision)
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -125,6 +127,8 @@ def run_streamed(model: torch.nn.Module, items: Sequence[Any],
                 with autocast(device, precision):
                     results = forward(model, batch.to(device))
                 outputs.update(zip(indices, results))
+                if on_batch is not None:
+                    on_batch(len(indices))
     finally:
         producer.stopped.set()
         model.train(was_training)

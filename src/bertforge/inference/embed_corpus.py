@@ -31,10 +31,10 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -52,7 +52,7 @@ from bertforge.data.corpus_records import (
 )
 from bertforge.errors import ConfigError, DataError, InputError
 from bertforge.inference import pipelines
-from bertforge.inference.pipelines import EmbedPipeline
+from bertforge.inference.pipelines import EmbedPipeline, feature_tokens
 from bertforge.processes import Group, Ranks
 
 log = logging.getLogger(__name__)
@@ -238,11 +238,35 @@ def finish_output(out: Path, manifest: dict[str, Any], shards: int) -> dict[str,
 
 # --- running ---------------------------------------------------------------------------------------------
 
+class EmbedProgress(Protocol):
+    """What `embed_corpus` tells a progress display (rank 0 only): the texts this process will embed and
+    those already done by an earlier run (`start`, once), then the texts of each model batch as it finishes."""
+
+    def start(self, total: int, done: int) -> None: ...
+
+    def advance(self, texts: int) -> None: ...
+
+
+def rank_texts(sources: Sequence[SourceFile], settings: CorpusSettings, shard_size: int, ranks: Ranks,
+               out: Path) -> tuple[int, int]:
+    """(texts of this rank's shards, texts of those already done): one pass counting the records, so that
+    the progress display has a total and an ETA (reading is cheap beside embedding)."""
+    count = sum(1 for _ in read_records(sources, settings))
+    total = done = 0
+    for index in range(0, -(-count // shard_size)):
+        if ranks.owns(index):
+            size = min(shard_size, count - index * shard_size)
+            total += size
+            done += size if finished(out, index) is not None else 0
+    return total, done
+
+
 def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, records: Sequence[Record],
-                settings: CorpusSettings, single_file: bool) -> tuple[list[str], np.ndarray, int]:
+                settings: CorpusSettings, single_file: bool,
+                on_batch: Callable[[int], None] | None = None) -> tuple[list[str], np.ndarray, int]:
     """(ids, vectors [n, D] float32, tokens) of one shard, as `pipeline.encode(texts, prompt=prompt)` makes
     them; every record is parsed and checked before the model runs, whose batches go by length while a
-    thread tokenizes the next ones (`evaluation.run_streamed`)."""
+    thread tokenizes the next ones (`evaluation.run_streamed`; `on_batch(texts)` after each batch)."""
     ids, parsed = [], []
     for record in records:
         ident, text = parse_record(record, settings, single_file)
@@ -252,15 +276,20 @@ def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, r
             raise DataError(f"{error} (blank lines are skipped; this one holds only invisible characters or is "
                             "an empty field): fix or remove it", record[0].path, record[1]) from None
         ids.append(ident)
-    vectors, tokens = pipeline.encode_parsed(parsed, options)  # [n, D], as `encode` returns them
-    return ids, vectors, tokens
+    # `encode_parsed`'s steps, with a progress display told of every batch
+    features, outputs = pipeline.stream(parsed, options, on_batch=on_batch)
+    tokens = sum(feature_tokens(feature) for feature in features)
+    return ids, np.stack([vector.numpy() for vector in outputs]), tokens  # [n, D], as `encode` returns them
 
 
 def run_shards(out: Path, pipeline: EmbedPipeline, options: dict[str, Any], sources: Sequence[SourceFile],
-               settings: CorpusSettings, manifest: dict[str, Any], ranks: Ranks) -> tuple[int, int]:
+               settings: CorpusSettings, manifest: dict[str, Any], ranks: Ranks,
+               progress: EmbedProgress | None = None) -> tuple[int, int]:
     """Embed this rank's shards that are not done yet; return (records, shards) of the whole corpus."""
     records, shards, done = 0, 0, np.zeros(3)  # done: this rank's texts, tokens, seconds
     single = manifest["input"]["settings"]["single_file"]
+    if progress is not None:
+        progress.start(*rank_texts(sources, settings, manifest["shard_size"], ranks, out))
 
     def wanted(index: int) -> bool:
         return ranks.owns(index) and finished(out, index) is None
@@ -272,7 +301,7 @@ def run_shards(out: Path, pipeline: EmbedPipeline, options: dict[str, Any], sour
             continue
         started = time.perf_counter()
         ids, vectors, tokens = embed_shard(pipeline, options, manifest["embedding"]["prompt"], chunk, settings,
-                                           single)
+                                           single, progress.advance if progress is not None else None)
         write_shard(out, index, ids, vectors, manifest["dtype"], tokens)
         done += (count, tokens, time.perf_counter() - started)
         if ranks.rank == 0:  # the progress of one rank of N: the others run at the same pace
@@ -286,7 +315,7 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
                  dtype: str = "float32", batch_size: int = pipelines.DEFAULT_BATCH_SIZE, max_length: int | None = None,
                  device: str = "auto", precision: str = pipelines.DEFAULT_PRECISION, pooling: str | None = None,
                  normalize: bool | None = None, prompt_name: str | None = None,
-                 prompt: str | None = None) -> dict[str, Any]:
+                 prompt: str | None = None, progress: EmbedProgress | None = None) -> dict[str, Any]:
     """Embed every record of `inputs` into shards under `out_dir`; a rerun resumes (see the module docstring).
     Under torchrun every rank calls it with the same arguments and embeds its share of the shards.
 
@@ -299,6 +328,7 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
         batch_size, max_length, device, precision: the pipeline's (`load_pipeline`).
         pooling, normalize: embedding options (None: the model's, e.g. a sentence-transformers directory's).
         prompt_name, prompt: a prefix before every text (`EmbedPipeline.prompt_text`; default: the model's).
+        progress: told the texts to embed and each finished batch (rank 0 only; `bertforge embed`'s bar).
 
     Returns:
         The final manifest (on every rank): {"count", "dim", "dtype", "shards": [...], ...}.
@@ -324,7 +354,8 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
             model_dir, pipeline, options, prefix, inputs, sources, settings, shard_size, dtype)))
         if manifest["complete"]:
             return manifest
-        records, shards = run_shards(out, pipeline, options, sources, settings, manifest, ranks)
+        records, shards = run_shards(out, pipeline, options, sources, settings, manifest, ranks,
+                                     progress if ranks.rank == 0 else None)
         if len(set(group.gather(records))) > 1:  # also the barrier before the final manifest
             raise DataError("the ranks read different numbers of records: every rank must see the same --input "
                             "(on several nodes, a shared filesystem)", inputs)

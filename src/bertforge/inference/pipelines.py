@@ -304,11 +304,12 @@ class Pipeline:
         features, outputs = self.stream(parsed, options, precision)
         return self.decode(parsed, features, outputs, options)
 
-    def stream(self, parsed: Sequence[Any], options: dict, precision: str | None = None) -> tuple[list, list]:
+    def stream(self, parsed: Sequence[Any], options: dict, precision: str | None = None,
+               on_batch: Callable[[int], None] | None = None) -> tuple[list, list]:
         """Steps 2 and 3: (features, an output per feature), made in a thread as the model runs (`streaming`)."""
         return run_streamed(self.model, parsed, self.features, self.family_forward(options), batch_size=self.batch_size,
                             max_batch_tokens=self.max_batch_tokens, pad_token_id=self.tokenizer.pad_token_id,
-                            device=self.device, precision=precision or self.precision)
+                            device=self.device, precision=precision or self.precision, on_batch=on_batch)
 
     def score_deviation(self, reference: list[dict], candidate: list[dict]) -> float:
         """How far bf16 results are from fp32 ones: the largest change of any score in them (also those of
@@ -403,9 +404,8 @@ class EmbedPipeline(Pipeline):
                **options: Any) -> np.ndarray:
         """Vectors of `texts` as one float32 array [N, D] (no JSON lists in between); `prompt_name` /
         `prompt` put a prefix before every text (see `prompt_text`)."""
-        merged = self.check_options(options)
         prefix = self.prompt_text(prompt_name, prompt)
-        return self.encode_parsed([prefix + self.parse(t) for t in texts], merged)[0]
+        return self.encode_parsed([prefix + self.parse(t) for t in texts], self.check_options(options))[0]
 
     def encode_parsed(self, parsed: Sequence[str], options: dict[str, Any]) -> tuple[np.ndarray, int]:
         """(vectors [N, D] float32, tokens run) of texts already validated by `parse` (prompts included),
@@ -418,8 +418,7 @@ class EmbedPipeline(Pipeline):
         return torch.stack(outputs).numpy(), tokens
 
 
-# Routes whose pipeline is a subclass (constructed as `cls(model, tokenizer, **options)`); the others use
-# `Pipeline` itself.
+# Routes whose pipeline is a subclass (built as `cls(model, tokenizer, **options)`); others use `Pipeline`.
 ROUTE_PIPELINES: dict[str, type[Pipeline]] = {"embed": EmbedPipeline}
 
 

@@ -28,6 +28,7 @@ import numpy as np
 from bertforge.errors import ConfigError, InputError
 from bertforge.inference.embed_corpus import MANIFEST_NAME, model_fingerprint, read_manifest
 from bertforge.inference.pipelines import DEFAULT_BATCH_SIZE, load_pipeline
+from bertforge.inference.vector_texts import record_texts
 
 # Rows of a shard scored at once (float32 copies of float16 shards, and the [queries, rows] score block).
 BLOCK_ROWS = 16_384
@@ -161,31 +162,14 @@ class VectorIndex:
         return [[found[int(row)] for row in query_rows] for query_rows in np.asarray(rows)]
 
 
-def search(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
-           model: str | os.PathLike | None = None, device: str = "auto", batch_size: int = DEFAULT_BATCH_SIZE,
-           prompt_name: str | None = None, prompt: str | None = None) -> list[list[tuple[str, float]]]:
-    """The top-k (id, score) of each query text in an embedding folder, best first.
-
-    The queries are embedded as the corpus was: the manifest's pooling, normalize, layer, max_length and
-    precision, with its model (or `model`, which must hold the same files: a moved copy). Their prompt is
-    their own: `prompt_name` / `prompt`, else the model's default prompt (`EmbedPipeline.prompt_text`), so an
-    asymmetric model embeds its corpus with e.g. prompt_name="document" and its queries with "query".
-
-    Args:
-        directory: the `--out` folder of `bertforge embed`.
-        queries: query texts.
-        top_k: hits per query.
-        model: the model directory (default: the manifest's path).
-        device, batch_size: where and in what batches the queries are embedded.
-        prompt_name, prompt: the queries' prefix (default: the model's default prompt).
+def embed_queries(index: VectorIndex, queries: Sequence[str], *, model: str | os.PathLike | None = None,
+                  device: str = "auto", batch_size: int = DEFAULT_BATCH_SIZE, prompt_name: str | None = None,
+                  prompt: str | None = None, precision: str | None = None) -> np.ndarray:
+    """Query vectors [Q, D] float32, embedded as the corpus was (see `search`); `precision` None: the corpus's.
 
     Raises:
-        ConfigError: the folder is not a complete index, or `model` is another model than the corpus's.
+        ConfigError: `model` is missing or another model than the corpus's.
     """
-    index = VectorIndex(directory)
-    check_top_k(top_k)
-    if not queries:
-        return []
     manifest = index.manifest
     model_dir = Path(model) if model is not None else Path(manifest["model"]["path"])
     if not model_dir.is_dir():
@@ -196,13 +180,64 @@ def search(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int =
                           "); queries must be embedded by the same model")
     embedding = dict(manifest["embedding"])
     embedding.pop("prompt")  # the corpus's; the queries have their own
-    pipeline = load_pipeline(model_dir, "embed", device=device, precision=embedding.pop("precision"),
+    corpus_precision = embedding.pop("precision")
+    pipeline = load_pipeline(model_dir, "embed", device=device, precision=precision or corpus_precision,
                              batch_size=batch_size, max_length=embedding.pop("max_length"))
-    vectors = pipeline.encode(list(queries), prompt_name=prompt_name, prompt=prompt, **embedding)  # [Q, D]
-    scores, rows = index.search_vectors(vectors, top_k)
+    return pipeline.encode(list(queries), prompt_name=prompt_name, prompt=prompt, **embedding)  # [Q, D]
+
+
+def search_hits(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
+                show_text: bool = False, field: str | None = None, **embedding: Any) -> list[list[dict[str, Any]]]:
+    """The top-k hits of each query text, best first, as {"id", "score"} (plus "text" with `show_text`, or
+    the record's `field`: read back from the input, `vector_texts.record_texts`).
+
+    `embedding`: how the queries are embedded (`embed_queries`: model, device, batch_size, prompt_name,
+    prompt, precision).
+    """
+    index = VectorIndex(directory)
+    check_top_k(top_k)
+    if not queries:
+        return []
+    scores, rows = index.search_vectors(embed_queries(index, queries, **embedding), top_k)
     ids = index.ids_at(rows)
-    return [[(ident, float(score)) for ident, score in zip(query_ids, query_scores)]
+    hits = [[{"id": ident, "score": float(score)} for ident, score in zip(query_ids, query_scores)]
             for query_ids, query_scores in zip(ids, scores)]
+    if show_text or field is not None:
+        records = [[int(row) for row in query_rows] for query_rows in rows]
+        texts = record_texts(index.manifest, {r for query in records for r in query}, field)
+        for query_hits, query_records in zip(hits, records):
+            for hit, record in zip(query_hits, query_records):
+                hit[field if field is not None else "text"] = texts[record]
+    return hits
 
 
-__all__ = ["DEFAULT_TOP_K", "VectorIndex", "block_top_k", "search", "top_k_merge"]
+def search(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
+           model: str | os.PathLike | None = None, device: str = "auto", batch_size: int = DEFAULT_BATCH_SIZE,
+           prompt_name: str | None = None, prompt: str | None = None,
+           precision: str | None = None) -> list[list[tuple[str, float]]]:
+    """The top-k (id, score) of each query text in an embedding folder, best first.
+
+    The queries are embedded as the corpus was: the manifest's pooling, normalize, layer, max_length and
+    precision (or `precision`, e.g. "int8" on a CPU), with its model (or `model`, which must hold the same
+    files: a moved copy). Their prompt is their own: `prompt_name` / `prompt`, else the model's default prompt
+    (`EmbedPipeline.prompt_text`), so an asymmetric model embeds its corpus with e.g. prompt_name="document"
+    and its queries with "query".
+
+    Args:
+        directory: the `--out` folder of `bertforge embed`.
+        queries: query texts.
+        top_k: hits per query.
+        model: the model directory (default: the manifest's path).
+        device, batch_size: where and in what batches the queries are embedded.
+        prompt_name, prompt: the queries' prefix (default: the model's default prompt).
+        precision: the queries' precision (default: the corpus's).
+
+    Raises:
+        ConfigError: the folder is not a complete index, or `model` is another model than the corpus's.
+    """
+    hits = search_hits(directory, queries, top_k=top_k, model=model, device=device, batch_size=batch_size,
+                       prompt_name=prompt_name, prompt=prompt, precision=precision)
+    return [[(hit["id"], hit["score"]) for hit in query_hits] for query_hits in hits]
+
+
+__all__ = ["DEFAULT_TOP_K", "VectorIndex", "block_top_k", "embed_queries", "search", "search_hits", "top_k_merge"]

@@ -127,12 +127,14 @@ class Progress:
         stream: where a bar draws (default sys.stderr); also decides bar or log lines (`isatty()`).
         every_seconds, every_fraction: how often a log line is written when the stream is not a terminal.
         clock: seconds, monotonic (tests pass a fake one).
+        unit: what is counted ("step"; `bertforge embed` counts "text").
     """
 
     def __init__(self, total: int, initial: int, enabled: bool, *, stream: Any = None, every_seconds: float = 60.0,
-                 every_fraction: float = 0.1, clock: Any = time.monotonic):
+                 every_fraction: float = 0.1, clock: Any = time.monotonic, unit: str = "step"):
         self.bar = None
         self.lines = False
+        self.unit = unit
         self.total, self.step = total, initial
         if not enabled:
             return
@@ -140,7 +142,7 @@ class Progress:
         if is_terminal(stream):
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, smoothing=0.1, file=stream)
+            self.bar = tqdm(total=total, initial=initial, unit=unit, dynamic_ncols=True, smoothing=0.1, file=stream)
             return
         self.lines = True
         self.clock, self.every_seconds = clock, every_seconds
@@ -168,7 +170,7 @@ class Progress:
         """"step 120/1000 (12%) loss=6.81 tok_s=31200 elapsed 2m05s, ETA 15m20s"."""
         elapsed = now - self.start_time
         done = self.step - self.start_step
-        parts = [f"step {self.step}/{self.total} ({100 * self.step / max(self.total, 1):.0f}%)"]
+        parts = [f"{self.unit} {self.step}/{self.total} ({100 * self.step / max(self.total, 1):.0f}%)"]
         parts += [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in postfix.items()]
         eta = elapsed / done * (self.total - self.step) if done > 0 else None
         timing = f"elapsed {duration(elapsed)}" + (f", ETA {duration(eta)}" if eta is not None else "")
