@@ -182,6 +182,19 @@ def test_prediction_collapse_warns_only_for_one_class():
     assert prediction_collapse([]) is None
 
 
+def test_prediction_collapse_warns_for_a_near_collapse_against_balanced_labels():
+    # ChnSentiCorp's case: nearly every prediction one class, balanced labels, one other prediction present.
+    predictions = [1] * 95 + [0] * 5
+    message = prediction_collapse(predictions, [1] * 50 + [0] * 50)
+    assert message is not None and "95 of 100 predictions (95%) are class 1, which is 50% of the labels" in message
+    assert "nearly collapsed to one class" in message and "MCC 0.229" in message
+    assert prediction_collapse(predictions, [1] * 80 + [0] * 20) is None  # the labels lean that way too
+    assert prediction_collapse([1] * 85 + [0] * 15, [0, 1] * 50) is None  # 85%: below the 90% share
+    assert prediction_collapse(predictions) is None  # without labels, only a complete collapse is told
+    assert prediction_collapse([1] * 8 + [0], [0, 1] * 4 + [0]) is None  # too few examples to tell
+    assert "all 4 predictions are class 1" in prediction_collapse([1] * 4, [0, 1, 0, 1])
+
+
 def test_regression_collapse_warns_for_a_constant_prediction():
     rng = random.Random(0)
     gold = [rng.uniform(0, 5) for _ in range(200)]  # STS-B-like scores, std about 1.4
@@ -208,6 +221,21 @@ def test_regression_collapse_reported_by_the_classification_family_score():
     assert "pearson" in metrics and len(warnings) == 1 and "collapsed to a constant" in warnings[0]
     spread = [{"value": float(e.label) + rng.gauss(0, 0.3), "windows": 1} for e in examples]
     assert FAMILY.score(examples, spread, config)[2] == []
+
+
+
+def test_near_collapse_reported_by_the_classification_family_score():
+    from bertforge.data.classification import ClassificationExample
+    from bertforge.families.classification import FAMILY
+    from bertforge.model.config import BertConfig
+
+    config = BertConfig(id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1})
+    examples = [ClassificationExample(f"s{i}", None, ("neg", "pos")[i % 2], f"dev:{i}") for i in range(40)]
+    results = [{"label": "pos" if i < 38 else "neg", "windows": 1} for i in range(40)]
+    warnings = FAMILY.score(examples, results, config)[2]
+    assert len(warnings) == 1 and "38 of 40 predictions (95%) are class 'pos'" in warnings[0]
+    healthy = [{"label": e.label, "windows": 1} for e in examples]
+    assert FAMILY.score(examples, healthy, config)[2] == []
 
 
 def test_metrics_do_not_import_torch():

@@ -398,9 +398,10 @@ class Classification(Family):
         gold = [index[e.label] for e in examples]
         extra = {"positive_label": 1} if len(index) == 2 else {}
         metrics = compute_classification_metrics(predicted, gold, "classification", metric_names, **extra)
-        warnings = [w for w in [prediction_collapse(predicted)] if w]
+        predicted_names, gold_names = [names[p] for p in predicted], [names[g] for g in gold]
+        warnings = [w for w in [prediction_collapse(predicted_names, gold_names)] if w]
         # Per-class recall shows a rare class the model ignores behind a good accuracy.
-        details = {"per_class": per_class_scores([names[p] for p in predicted], [names[g] for g in gold], names)}
+        details = {"per_class": per_class_scores(predicted_names, gold_names, names)}
         return metrics, details, warnings
 
 

@@ -182,9 +182,9 @@ class MultipleChoice(Family):
 
     def score(self, examples, results, config, **_):
         predicted = [r["choice"] for r in results]
-        metrics = compute_classification_metrics(predicted, [e.label for e in examples], "classification",
-                                                 ["accuracy"])
-        return metrics, {}, [w for w in [prediction_collapse(predicted)] if w]
+        gold = [e.label for e in examples]
+        metrics = compute_classification_metrics(predicted, gold, "classification", ["accuracy"])
+        return metrics, {}, [w for w in [prediction_collapse(predicted, gold)] if w]
 
 
 FAMILY = MultipleChoice()

@@ -4,8 +4,9 @@ Owns accuracy, precision/recall/F1 (binary for one positive label, and macro ove
 correlation (the multi-class form, which reduces to the textbook binary MCC), Pearson and Spearman
 correlation (Spearman with average ranks for ties), the named-metric entry point
 `compute_classification_metrics` used by evaluation, `prediction_collapse` / `regression_collapse`,
-which spot a model that predicts one class (or, for regression, one value) for everything, per-class
-scores, multi-label metrics (micro/macro F1) and the tuning of multi-label decision thresholds.
+which spot a model that predicts one class (for regression, one value) for everything or, against
+balanced labels, nearly everything, per-class scores, multi-label metrics (micro/macro F1) and the tuning
+of multi-label decision thresholds.
 
 Inputs are any sequences (lists, tuples, numpy arrays) of hashable labels or of numbers; nothing here
 imports torch. Undefined ratios (a class never predicted, a constant input to a correlation) are 0.0,
@@ -290,30 +291,49 @@ def compute_classification_metrics(
     return results
 
 
-def prediction_collapse(predictions: Sequence[Hashable]) -> str | None:
-    """Warn when a classifier predicts the same class for every example.
+# Near collapse: one class takes at least this share of the predictions while the gold labels hold it at
+# least NEAR_COLLAPSE_EXCESS less often. ChnSentiCorp fine-tuned badly: 0.63 accuracy, MCC ~0, nearly every
+# prediction one class with balanced labels; at least one other prediction kept the all-same check quiet.
+NEAR_COLLAPSE_SHARE = 0.9
+NEAR_COLLAPSE_EXCESS = 0.2
+# Fewer predictions than this cannot tell a near collapse from a few unlucky examples.
+NEAR_COLLAPSE_MIN_EXAMPLES = 10
+
+
+def prediction_collapse(predictions: Sequence[Hashable], labels: Sequence[Hashable] | None = None) -> str | None:
+    """Warn when a classifier predicts the same class for every example, or (given the gold labels) for
+    nearly every example while the labels are much more balanced.
 
     A collapsed model still scores the majority-class accuracy, which can look plausible in a log;
     its MCC and macro F1 give it away, and this message says so in words.
 
     Args:
         predictions: [n] predicted classes.
+        labels: [n] gold classes, optional. With them, a near collapse is also reported: one class is at least
+            `NEAR_COLLAPSE_SHARE` of the predictions and at least `NEAR_COLLAPSE_EXCESS` more than its share of
+            the labels (at least `NEAR_COLLAPSE_MIN_EXAMPLES` predictions).
 
     Returns:
-        A one-line warning, or None when there are at least two distinct predictions (or fewer than two
-        predictions, where collapse cannot be told apart from chance).
+        A one-line warning, or None when there are at least two distinct predictions and no near collapse (or
+        fewer than two predictions, where collapse cannot be told apart from chance).
     """
     predictions = list(predictions)
     if len(predictions) < 2:
         return None
-    distinct = set(predictions)
-    if len(distinct) > 1:
+    causes = "(usual causes: learning rate too high, too few training steps, or very imbalanced labels)"
+    (top, count), *others = Counter(predictions).most_common()
+    if not others:
+        return f"all {len(predictions)} predictions are class {top!r}: the model has collapsed to one class {causes}"
+    if labels is None or len(predictions) < NEAR_COLLAPSE_MIN_EXAMPLES:
         return None
-    (only,) = distinct
-    return (
-        f"all {len(predictions)} predictions are class {only!r}: the model has collapsed to one class "
-        "(usual causes: learning rate too high, too few training steps, or very imbalanced labels)"
-    )
+    labels = list(labels)
+    share = count / len(predictions)
+    gold_share = sum(label == top for label in labels) / max(len(labels), 1)
+    if share < NEAR_COLLAPSE_SHARE or share - gold_share < NEAR_COLLAPSE_EXCESS:
+        return None
+    return (f"{count} of {len(predictions)} predictions ({100 * share:.0f}%) are class {top!r}, which is "
+            f"{100 * gold_share:.0f}% of the labels: the model has nearly collapsed to one class (MCC "
+            f"{matthews_corrcoef(predictions, labels):.3f}) {causes}")
 
 
 # A regression model has collapsed when its predictions spread less than this fraction of the gold scores'

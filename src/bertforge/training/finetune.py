@@ -355,6 +355,6 @@ def run_seeds(config: FinetuneConfig) -> SeedsResult:
             "per_seed": {str(run.seed): run.best_metrics for run in runs}, "collapsed_seeds": collapsed})
     log.info("%s", result.line())
     if collapsed:
-        log.warning("seeds %s had evaluations whose predictions collapsed to one class", collapsed)
+        log.warning("seeds %s had evaluations whose predictions collapsed (or nearly) to one class", collapsed)
     return result
 

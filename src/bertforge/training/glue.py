@@ -195,8 +195,9 @@ class GlueRowResult:
 
     @property
     def collapsed(self) -> bool:
-        """Whether the best model predicted one class for every dev or test example (said in `notes`): a
-        submission of such a row scores the majority class, however plausible its dev figure looks."""
+        """Whether the best model predicted one class for every (or, against balanced labels, nearly every) dev
+        or test example (said in `notes`): a submission of such a row scores about the majority class, however
+        plausible its dev figure looks."""
         return any("collapsed" in note for note in self.notes)
 
     def score(self) -> float | None:
