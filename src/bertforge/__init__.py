@@ -13,6 +13,7 @@ _LAZY = {
     "BertModel": "bertforge.model.bert",
     "Tokenizer": "bertforge.tokenization.tokenizer",
     "BertForPretraining": "bertforge.families.pretraining",
+    "BertForMaskedLM": "bertforge.families.pretraining",
     "BertForSequenceClassification": "bertforge.families.classification",
     "BertForTokenClassification": "bertforge.families.tagging",
     "BertForQuestionAnswering": "bertforge.families.question_answering",

@@ -121,8 +121,10 @@ def test_masking_is_deterministic_for_a_generator_seed():
 def test_masking_config_validation_messages():
     with pytest.raises(ConfigError, match="mlm_probability"):
         MaskingConfig(mlm_probability=1.5)
-    with pytest.raises(ConfigError, match="mlm_probability must be above 0"):
+    with pytest.raises(ConfigError, match=r"mlm_probability=0.0 is invalid: use a masking rate in \(0, 1\)"):
         MaskingConfig(mlm_probability=0.0)
+    with pytest.raises(ConfigError, match="masking rate"):
+        MaskingConfig(mlm_probability=1.0)
     with pytest.raises(ConfigError, match="at most 1"):
         MaskingConfig(mask_token_probability=0.9, random_token_probability=0.2)
     with pytest.raises(ConfigError, match="max_predictions_per_seq"):

@@ -16,7 +16,7 @@ import torch
 
 from bertforge.families.classification import BertForSequenceClassification
 from bertforge.families.multiple_choice import BertForMultipleChoice
-from bertforge.families.pretraining import BertForPretraining
+from bertforge.families.pretraining import BertForMaskedLM, BertForPretraining
 from bertforge.families.question_answering import BertForQuestionAnswering
 from bertforge.families.registry import load_model
 from bertforge.families.tagging import BertForTokenClassification
@@ -134,7 +134,8 @@ def test_config_from_hf_strips_foreign_keys_and_names_architecture():
     data = {"model_type": "bert", "transformers_version": "5.0", "architectures": ["BertForMaskedLM"],
             "hidden_size": 64, "num_labels": 3, "use_cache": True}
     fields, architecture = hf.config_from_hf(data, "config.json")
-    assert architecture == "BertForPretraining"
+    assert architecture == "BertForMaskedLM"
+    assert hf.config_from_hf({**data, "architectures": ["BertLMHeadModel"]}, "config.json")[1] == "BertForPretraining"
     assert fields == {"hidden_size": 64, "id2label": {0: "LABEL_0", 1: "LABEL_1", 2: "LABEL_2"}}
 
 
@@ -275,14 +276,26 @@ def test_round_trip_ours_theirs_ours_keeps_every_tensor(tmp_path, tiny_config):
         torch.testing.assert_close(back.state_dict()[key], value, atol=0, rtol=0, msg=key)
 
 
-def test_their_masked_lm_checkpoint_loads_as_pretraining(tmp_path, tiny_config):
-    # BertForMaskedLM has no pooler and no NSP head: both start fresh, the MLM logits are theirs.
+def test_their_masked_lm_checkpoint_loads_as_masked_lm(tmp_path, tiny_config):
+    # BertForMaskedLM has no pooler and no NSP head, as ours (MLM-only pretraining): nothing starts fresh.
     torch.manual_seed(0)
-    theirs = transformers.BertForMaskedLM(reference_config(tiny_config, BertForPretraining)).eval()
+    theirs = transformers.BertForMaskedLM(reference_config(tiny_config, BertForMaskedLM)).eval()
     theirs.config.architectures = ["BertForMaskedLM"]
     theirs.save_pretrained(tmp_path)
     ours, report = load_model(tmp_path)
-    assert type(ours) is BertForPretraining
-    assert sorted(report.fresh) == ["bert.pooler.dense.bias", "bert.pooler.dense.weight",
-                                                 "nsp.bias", "nsp.weight"]
+    assert type(ours) is BertForMaskedLM and report.fresh == []
     assert_same_outputs(ours, theirs, tiny_config, BertForPretraining)
+    with_nsp, report = load_model(tmp_path, BertForPretraining)  # continuing with NSP: its head starts fresh
+    assert sorted(report.fresh) == ["bert.pooler.dense.bias", "bert.pooler.dense.weight", "nsp.bias", "nsp.weight"]
+
+
+def test_our_masked_lm_checkpoint_loads_in_transformers_as_masked_lm(tmp_path, tiny_config):
+    torch.manual_seed(0)
+    ours = BertForMaskedLM(tiny_config).eval()
+    ours.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    theirs, info = transformers.BertForMaskedLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert_same_outputs(ours, theirs.eval(), tiny_config, BertForPretraining)
+
+

@@ -16,7 +16,7 @@ from bertforge.training.config import TrainingConfig
     ("warmup_ratio", 1.0, "use a fraction in [0, 1)"),
     ("betas", [0.9], "give two numbers in [0, 1)"),
     ("precision", "half", "use one of ('auto', 'fp32', 'bf16', 'fp16')"),
-    ("schedule", "cosine", "use one of ('linear', 'constant')"),
+    ("schedule", "cosine", "use one of ('linear', 'constant', 'wsd', 'one-cycle')"),
     ("max_grad_norm", -1.0, "or 0 to disable clipping"),
 ])
 def test_training_config_rejects_bad_values_naming_field_and_fix(field, value, message):

@@ -41,8 +41,9 @@ from bertforge.training import resume
 from bertforge.training.checkpoint import find_latest, list_checkpoints, load_training_state, stopped_early
 from bertforge.training.logging import read_metrics
 from bertforge.training.loop import train
-from bertforge.training.optim import WarmupDecay, build_optimizer
+from bertforge.training.optim import build_optimizer
 from bertforge.training.recipes import BestCheckpoint
+from bertforge.training.schedules import WarmupDecay
 
 
 def test_train_recipes_off_equal_the_plain_loop(tmp_path):

@@ -9,7 +9,8 @@ from torch import nn
 from bertforge.families.pretraining import BertForPretraining
 from bertforge.model.config import BertConfig
 from bertforge.training.config import TrainingConfig
-from bertforge.training.optim import Lamb, WarmupDecay, build_optimizer, build_scheduler, parameter_groups
+from bertforge.training.optim import Lamb, build_optimizer, parameter_groups
+from bertforge.training.schedules import WarmupDecay, build_scheduler
 
 
 def tiny_pretraining_model() -> BertForPretraining:

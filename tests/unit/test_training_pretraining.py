@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from test_training_loop import single_thread  # noqa: F401  (autouse fixture)
@@ -155,3 +157,103 @@ def test_run_pretraining_activation_checkpointing_matches_plain(tmp_path, data_d
         return [e["values"]["loss"] for e in result.history if "loss" in e["values"]]
 
     assert losses(plain) == pytest.approx(losses(recomputed), rel=1e-5)
+
+
+def test_run_pretraining_mlm_objective_has_no_nsp_and_loads_everywhere(tmp_path, data_dir):
+    from bertforge.families.classification import BertForSequenceClassification
+    from bertforge.families.pretraining import BertForMaskedLM
+    from bertforge.families.registry import load_model
+    from bertforge.inference.pipelines import load_pipeline
+    from bertforge.storage import read_json
+
+    result = run_pretraining(run_file(tmp_path, data_dir, "--objective=mlm"))
+    assert set(result.eval) == {"mlm_loss", "mlm_acc", "mlm_majority_acc", "loss"}
+    assert {k for k in result.train if k.startswith(("loss", "nsp", "mlm"))} == {"loss", "loss_mlm", "mlm_acc"}
+    saved = read_json(result.checkpoint / "config.json")
+    assert saved["architectures"] == ["BertForMaskedLM"]
+    model, report = load_model(result.checkpoint)
+    assert type(model) is BertForMaskedLM and report.fresh == []
+    assert not any(k.startswith(("nsp.", "bert.pooler.")) for k in model.state_dict())
+    classifier = BertForSequenceClassification.from_pretrained(result.checkpoint, config_overrides={
+        "id2label": {0: "a", 1: "b"}})
+    assert classifier.config.num_labels == 2
+    filled = load_pipeline(result.checkpoint, "fill-mask")(["the [MASK] was dark."])
+    assert len(filled[0]["masks"][0]["predictions"]) == 5
+    # Continuing with NSP from the MLM-only model: the NSP head and the pooler start fresh.
+    base = run_file(tmp_path / "on", data_dir)
+    both = run_pretraining(dataclasses.replace(base, model=str(result.checkpoint), model_overrides={}))
+    assert "nsp_acc" in both.eval
+
+
+def test_pretrain_command_defaults_to_the_recipes_warmup(data_dir):
+    from bertforge.cli import build_parser, pretrain_config
+    from bertforge.training.pretraining import PRETRAIN_WARMUP_RATIO
+
+    args, extra = build_parser().parse_known_args(["pretrain", "--data", str(data_dir), "--lr", "1e-3",
+                                                    "--steps", "1000"])
+    config = pretrain_config(args, extra)
+    assert config.training.warmup_ratio == PRETRAIN_WARMUP_RATIO == 0.06
+    assert config.training.resolved_warmup(config.training.total_steps(None)) == 60
+    assert config.training.out_dir == "runs/pretrain"  # a flag keeps the table's other defaults
+    assert config.objective == "mlm+nsp" and config.training.schedule == "linear"  # Google's recipe by default
+    assert config.masking.mlm_probability == 0.15
+
+
+def test_pretrain_mask_rate_flag_is_validated_and_applies(data_dir):
+    from bertforge.cli import build_parser, pretrain_config
+    from bertforge.data.masking import MaskingConfig
+    from bertforge.training.pretraining import predictions_for_rate
+
+    def parse(*flags):
+        args, extra = build_parser().parse_known_args(["pretrain", "--data", str(data_dir), *flags])
+        return pretrain_config(args, extra)
+
+    assert parse("--mask-rate", "0.3").masking.mlm_probability == 0.3
+    with pytest.raises(ConfigError, match=r"--mask-rate \(masking.mlm_probability\)=1.5 is invalid"):
+        parse("--mask-rate", "1.5")
+    # 30% of 128 tokens is 39 predictions: the cap (20 by default) rises so that the rate applies.
+    assert predictions_for_rate(MaskingConfig(mlm_probability=0.3), 128).max_predictions_per_seq == 39
+    assert predictions_for_rate(MaskingConfig(), 128).max_predictions_per_seq == 20
+
+
+def test_pretrain_tensorboard_without_the_package_is_one_clear_error(data_dir, monkeypatch):
+    import importlib.util
+
+    from bertforge.cli import main
+    from bertforge.training.pretraining import PretrainTrainingConfig
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"pip install 'bertforge\[tensorboard\]'"):
+        PretrainTrainingConfig(tensorboard=True)
+    assert main(["pretrain", "--data", str(data_dir), "--model", "tiny", "--tensorboard"]) == 2
+
+
+def test_cli_pretrain_ctrl_c_saves_the_step_and_prints_the_resume_command(tmp_path, data_dir, monkeypatch,
+                                                                        capsys):
+    import signal
+
+    from bertforge.cli import main
+
+    run_file(tmp_path, data_dir)
+    path = tmp_path / "run.toml"
+    produce = PretrainingData.__next__
+    served = []
+
+    def interrupted(self):
+        if self.split == "train":
+            served.append(1)
+            if len(served) == 5:  # during step 5; the last checkpoint of the cadence is step 3
+                signal.raise_signal(signal.SIGINT)
+        return produce(self)
+
+    monkeypatch.setattr(PretrainingData, "__next__", interrupted)
+    assert main(["pretrain", str(path), "--steps", "6"]) == 130
+    out = tmp_path / "out"
+    assert [s for s, _ in list_checkpoints(out)] == [3, 5]
+    message = capsys.readouterr().err
+    assert f"interrupted after step 5 (its checkpoint is saved); the latest checkpoint is {out}" in message
+    assert f"resume with:\n  bertforge pretrain {path} --steps 6 --resume auto" in message
+    monkeypatch.undo()
+    assert main(["pretrain", str(path), "--steps", "6", "--resume", "auto"]) == 0
+    assert [s for s, _ in list_checkpoints(out)][-1] == 6

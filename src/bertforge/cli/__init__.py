@@ -10,6 +10,7 @@ does is `cli.commands`; this module runs them.
 from __future__ import annotations
 
 import logging
+import shlex
 import sys
 
 from bertforge.cli.commands import evaluate_overrides, finetune_config, pretrain_config
@@ -35,10 +36,30 @@ def main(argv: list[str] | None = None) -> int:
     except BertforgeError as exc:
         print(f"bertforge {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print(interrupted_message(exc, args, argv), file=sys.stderr)
         return 130
     return 0
+
+
+def interrupted_message(exc: KeyboardInterrupt, args, argv: list[str]) -> str:
+    """What Ctrl-C prints: for a training command, the checkpoint to resume from and the command that does."""
+    out_dir = getattr(exc, "out_dir", None)
+    if out_dir is None and args.command in ("pretrain", "finetune") and hasattr(args, "config_values"):
+        out_dir = (args.config_values.get("training") or {}).get("out_dir")
+    if out_dir is None or "torch" not in sys.modules:
+        return "interrupted"
+    from bertforge.training.checkpoint import find_latest
+
+    latest = find_latest(out_dir)
+    step = getattr(exc, "step", None)
+    head = "interrupted" if step is None else f"interrupted after step {step} (its checkpoint is saved)"
+    if latest is None:
+        return f"{head}; no checkpoint in {out_dir} yet: a new run starts from the beginning"
+    kept = [a for i, a in enumerate(argv) if not (a in ("--resume", "--training.resume") or a.startswith(
+        ("--resume=", "--training.resume=")) or (i and argv[i - 1] in ("--resume", "--training.resume")))]
+    command = shlex.join(["bertforge", *kept, "--resume", "auto"])
+    return f"{head}; the latest checkpoint is {latest}; resume with:\n  {command}"
 
 
 def leave_process_group() -> None:

@@ -35,7 +35,9 @@ class MaskingConfig:
     """How MLM targets are chosen (the `[masking]` table of a pretraining run). Each field carries its help
     text (`setting`), which `bertforge pretrain --help` shows."""
 
-    mlm_probability: float = setting(0.15, "share of maskable tokens to predict (BERT's default)")
+    mlm_probability: float = setting(0.15, "the masking rate: share of maskable tokens to predict; 0.15 is BERT's "
+                                           "(the default), recent recipes use 0.2-0.3 (MosaicBERT and "
+                                           "Wettig et al. 2023: 0.3); in (0, 1)")
     max_predictions_per_seq: int = setting(20, "cap on predictions per sequence (Google: 20 for length 128, 80 "
                                                "for 512)")
     mask_token_probability: float = setting(0.8, "share of chosen tokens replaced by [MASK]")
@@ -50,9 +52,10 @@ class MaskingConfig:
         for name in ("mlm_probability", "mask_token_probability", "random_token_probability"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
-                raise ConfigError(f"masking {name} must be a probability in [0, 1], got {value!r}")
-        if self.mlm_probability == 0.0:
-            raise ConfigError("masking mlm_probability must be above 0 (BERT uses 0.15)")
+                raise ConfigError(f"masking.{name}={value!r} is invalid: use a probability in [0, 1]")
+        if not 0.0 < self.mlm_probability < 1.0:
+            raise ConfigError(f"masking.mlm_probability={self.mlm_probability!r} is invalid: use a masking rate in "
+                              "(0, 1), e.g. 0.15 (BERT) or 0.3 (recent recipes)")
         if self.mask_token_probability + self.random_token_probability > 1.0 + 1e-9:
             raise ConfigError(
                 "masking mask_token_probability + random_token_probability must be at most 1 (the rest keep "

@@ -1,8 +1,10 @@
 """Pretraining: the encoder with the masked-LM and next-sentence heads, their objective, and fill-mask.
 
-Owns: the model (`BertForPretraining`), its objective (MLM + NSP loss sums and counts, the loop's task
-protocol), held-out evaluation, and the fill-mask pipeline's inputs and JSON (a pretrained model answers
-"[MASK]" queries). Pretraining data (corpus, instances, shards, masking, batches) is `bertforge.data`'s.
+Owns: the models (`BertForPretraining`: MLM + NSP, Google's recipe; `BertForMaskedLM`: MLM only, as RoBERTa,
+Cramming and later recipes train, without NSP head or pooler), the choice between them (`OBJECTIVES`,
+`Pretraining.model_class_for`), their objective (MLM + NSP loss sums and counts, the loop's task protocol),
+held-out evaluation, and the fill-mask pipeline's inputs and JSON (a pretrained model answers "[MASK]"
+queries). Pretraining data (corpus, instances, shards, masking, batches) is `bertforge.data`'s.
 
 The MLM head runs only at the masked positions the batch names (`mlm_positions`, about 15% of tokens), not
 over all T: the [M, V] logits are the largest tensor of pretraining and most of them would be thrown away.
@@ -21,17 +23,20 @@ from torch import nn
 
 from bertforge.constants import IGNORE_INDEX
 from bertforge.data.finetuning import Feature
-from bertforge.errors import DataError, InputError
+from bertforge.errors import ConfigError, DataError, InputError
 from bertforge.families.base import Family, Objective, check_number, text_of
 from bertforge.model.bert import BertModel, BertPretrainedModel, IndexableOutput
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import MlmHead
 
+# `pretrain --objective`: the heads trained, and the loss terms.
+OBJECTIVES = ("mlm+nsp", "mlm")
+
 
 @dataclass
 class PretrainingOutput(IndexableOutput):
     """mlm_logits: [B, M, V] at the given positions ([B, T, V] when none are given); nsp_logits: [B, 2]
-    ([S, 2] for S packed sequences).
+    ([S, 2] for S packed sequences), None for a model without NSP head (`BertForMaskedLM`).
 
     With labels: `loss` (this batch's mean MLM + mean NSP loss) and the float sums/counts the loop
     aggregates: mlm_loss_sum, mlm_correct, mlm_count, nsp_loss_sum, nsp_correct, nsp_count (0-dim tensors).
@@ -41,7 +46,7 @@ class PretrainingOutput(IndexableOutput):
     tuple_fields = ("loss", "mlm_logits", "nsp_logits", "hidden_states", "attentions")
 
     mlm_logits: torch.Tensor
-    nsp_logits: torch.Tensor
+    nsp_logits: torch.Tensor | None
     loss: torch.Tensor | None = None
     mlm_loss_sum: torch.Tensor | None = None
     mlm_correct: torch.Tensor | None = None
@@ -54,14 +59,17 @@ class PretrainingOutput(IndexableOutput):
 
 
 class BertForPretraining(BertPretrainedModel):
+    """The encoder with the MLM head (decoder tied to the word embeddings) and the NSP head on the pooler."""
+
     encoder_prefix = "bert."
     head_prefixes = ("mlm.", "nsp.")
+    next_sentence = True  # whether the model has the NSP head (and the pooler it reads)
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
-        self.bert = BertModel(config)
+        self.bert = BertModel(config, add_pooling_layer=self.next_sentence)
         self.mlm = MlmHead(config)
-        self.nsp = nn.Linear(config.hidden_size, 2)
+        self.nsp = nn.Linear(config.hidden_size, 2) if self.next_sentence else None
         self.init_weights()
 
     def forward(
@@ -80,7 +88,8 @@ class BertForPretraining(BertPretrainedModel):
             mlm_positions: long [B, M], indices into T of the masked tokens (padding rows: any index).
             mlm_labels: long [B, M], original token ids, IGNORE_INDEX where the row is padding.
             nsp_labels: long [B], 0 = segment B follows A, 1 = B is random (Google's convention); with
-                packed rows (`sequence_ids`), one label per sequence, [S], in row-major order.
+                packed rows (`sequence_ids`), one label per sequence, [S], in row-major order. A model without
+                NSP head ignores them (pretraining batches always carry them).
         """
         out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states=output_hidden_states,
                         output_attentions=output_attentions, sequence_ids=sequence_ids)
@@ -89,13 +98,13 @@ class BertForPretraining(BertPretrainedModel):
             index = mlm_positions.long()[..., None].expand(-1, -1, hidden.shape[-1])  # [B, M] -> [B, M, H]
             hidden = hidden.gather(1, index)  # [B, T, H] -> [B, M, H]
         mlm_logits = self.mlm(hidden, self.bert.embeddings.word.weight)  # [B, M, V]
-        nsp_logits = self.nsp(out.pooled_output)  # [B, 2] (or [S, 2] packed)
+        nsp_logits = self.nsp(out.pooled_output) if self.nsp is not None else None  # [B, 2] (or [S, 2] packed)
         result = PretrainingOutput(mlm_logits, nsp_logits, hidden_states=out.hidden_states,
                                    attentions=out.attentions)
         if mlm_labels is None and nsp_labels is None:
             return result
 
-        zero = nsp_logits.new_zeros((), dtype=torch.float32)
+        zero = mlm_logits.new_zeros((), dtype=torch.float32)
         if mlm_labels is not None:
             flat_logits = mlm_logits.flatten(0, -2).float()  # [B*M, V]
             flat_labels = mlm_labels.flatten().long()  # [B*M]
@@ -106,7 +115,7 @@ class BertForPretraining(BertPretrainedModel):
             result.mlm_correct = ((flat_logits.argmax(-1) == flat_labels) & real).sum().float()
         else:
             result.mlm_loss_sum = result.mlm_count = result.mlm_correct = zero
-        if nsp_labels is not None:
+        if nsp_labels is not None and nsp_logits is not None:
             # NSP labels are never ignored: both 0 and 1 are real targets (a classic bug ignores label 0).
             result.nsp_loss_sum = F.cross_entropy(nsp_logits.float(), nsp_labels.long(), reduction="sum")
             result.nsp_count = nsp_logits.new_tensor(float(nsp_labels.numel()), dtype=torch.float32)
@@ -118,36 +127,60 @@ class BertForPretraining(BertPretrainedModel):
         return result
 
 
+class BertForMaskedLM(BertForPretraining):
+    """MLM only (`pretrain --objective mlm`): the encoder without pooler and the MLM head, as Hugging Face's
+    BertForMaskedLM (the name its config.json carries). It loads wherever a BERT loads: fine-tuning starts
+    its task head and pooler fresh, fill-mask and export use the MLM head."""
+
+    head_prefixes = ("mlm.",)
+    next_sentence = False
+
+
 class PretrainingObjective(Objective):
     """The training loop's view of `BertForPretraining`.
 
     Loss terms `mlm` (summed over labelled masked tokens) and `nsp` (summed over sequences), each divided
     by its own count over the whole step, so the loss is mean MLM + mean NSP however the batch is split;
-    metrics `mlm_acc` and `nsp_acc`. A batch without NSP labels (MLM-only pretraining) contributes 0 to
-    `nsp` with count 0.
+    metrics `mlm_acc` and `nsp_acc`. A batch without NSP labels contributes 0 to `nsp` with count 0. With
+    `next_sentence` False (MLM-only pretraining) the terms and metrics are `mlm` and `mlm_acc` alone.
     """
+
+    next_sentence = True  # False: MLM only (the terms and metrics have no `nsp`)
+
+    def __init__(self, next_sentence: bool = True):
+        self.next_sentence = next_sentence
 
     def counts(self, batch) -> dict[str, torch.Tensor]:
         """Denominators from the batch alone: labelled masked tokens, and sequences with an NSP label."""
         mlm = (batch.mlm_labels != IGNORE_INDEX).sum().float()
+        if not self.next_sentence:
+            return {"mlm": mlm}
         nsp_labels = getattr(batch, "nsp_labels", None)
         nsp = mlm.new_tensor(0.0 if nsp_labels is None else float(nsp_labels.numel()))
         return {"mlm": mlm, "nsp": nsp}
 
     def loss_terms(self, output: PretrainingOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        return {"mlm": (output.mlm_loss_sum, output.mlm_count), "nsp": (output.nsp_loss_sum, output.nsp_count)}
+        terms = {"mlm": (output.mlm_loss_sum, output.mlm_count), "nsp": (output.nsp_loss_sum, output.nsp_count)}
+        return terms if self.next_sentence else {"mlm": terms["mlm"]}
 
     def metrics(self, output: PretrainingOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        return {"mlm_acc": (output.mlm_correct, output.mlm_count), "nsp_acc": (output.nsp_correct, output.nsp_count)}
+        values = {"mlm_acc": (output.mlm_correct, output.mlm_count), "nsp_acc": (output.nsp_correct, output.nsp_count)}
+        return values if self.next_sentence else {"mlm_acc": values["mlm_acc"]}
 
 
 class Pretraining(Family):
     """How the training loop trains and evaluates `BertForPretraining` (its `PretrainingObjective`), and how
     it fills in [MASK]s."""
 
-    def objective_for(self, config: BertConfig, loss=None) -> PretrainingObjective:
+    def objective_for(self, config: BertConfig, loss=None, next_sentence: bool = True) -> PretrainingObjective:
         self.refuse_loss_settings(loss)
-        return PretrainingObjective()
+        return PretrainingObjective(next_sentence)
+
+    def model_class_for(self, objective: str) -> type[BertForPretraining]:
+        """The model an objective trains: `mlm+nsp` -> BertForPretraining, `mlm` -> BertForMaskedLM."""
+        if objective not in OBJECTIVES:
+            raise ConfigError(f"objective={objective!r} is invalid: use one of {OBJECTIVES}")
+        return BertForPretraining if objective == "mlm+nsp" else BertForMaskedLM
 
     @torch.no_grad()
     def evaluate(self, model: BertForPretraining, batches) -> dict[str, float]:

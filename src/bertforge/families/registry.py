@@ -18,6 +18,7 @@ from bertforge.families.classification import FAMILY as CLASSIFICATION
 from bertforge.families.embedding import FAMILY as EMBEDDING
 from bertforge.families.multiple_choice import FAMILY as MULTIPLE_CHOICE
 from bertforge.families.pretraining import FAMILY as PRETRAINING
+from bertforge.families.pretraining import BertForMaskedLM
 from bertforge.families.question_answering import FAMILY as QUESTION_ANSWERING
 from bertforge.families.reranking import FAMILY as RERANKING
 from bertforge.families.sparse import FAMILY as SPARSE_EMBEDDING
@@ -44,8 +45,10 @@ for _family in FAMILIES:
             raise RuntimeError(f"family name {_name!r} is declared twice")  # a programming error, at import
         _BY_NAME[_key(_name)] = _family
 _BY_TASK: dict[str, Family] = {f.task: f for f in FAMILIES if f.task}
+# BertForMaskedLM (MLM-only pretraining) is a BertForPretraining without NSP head: the pretraining family's too.
 MODEL_CLASSES: dict[str, type[BertPretrainedModel]] = {
-    "BertModel": BertModel, **{f.model_class.__name__: f.model_class for f in FAMILIES}}
+    "BertModel": BertModel, **{f.model_class.__name__: f.model_class for f in FAMILIES},
+    "BertForMaskedLM": BertForMaskedLM}
 # The pipeline routes, in a fixed order: one per family, `embed` (which any model's encoder serves) last.
 TASKS: tuple[str, ...] = tuple(f.task for f in FAMILIES if f.task)
 

@@ -70,6 +70,7 @@ POSITION_EMBEDDING_KEY = "bertforge_position_embedding_type"
 ARCHITECTURES = {
     "BertModel": "BertModel",
     "BertForPretraining": "BertForPreTraining",
+    "BertForMaskedLM": "BertForMaskedLM",
     "BertForSequenceClassification": "BertForSequenceClassification",
     "BertForTokenClassification": "BertForTokenClassification",
     "BertForQuestionAnswering": "BertForQuestionAnswering",
@@ -84,8 +85,7 @@ ARCHITECTURES = {
 # Theirs -> ours: the first of ours that maps to each of theirs.
 _THEIRS_TO_OURS = {theirs: ours for ours, theirs in reversed(ARCHITECTURES.items())}
 # Their head-only variants that our pretraining model covers (the missing head starts fresh).
-FOREIGN_ARCHITECTURE_ALIASES = {"BertForMaskedLM": "BertForPretraining",
-                                "BertForNextSentencePrediction": "BertForPretraining",
+FOREIGN_ARCHITECTURE_ALIASES = {"BertForNextSentencePrediction": "BertForPretraining",
                                 "BertLMHeadModel": "BertForPretraining"}
 
 

@@ -7,7 +7,8 @@ data pipeline.
 from bertforge.training.checkpoint import find_latest, load_training_state, save_checkpoint
 from bertforge.training.config import TrainingConfig
 from bertforge.training.loop import NonFiniteLossError, TrainResult, train
-from bertforge.training.optim import Lamb, build_optimizer, build_scheduler, parameter_groups
+from bertforge.training.optim import Lamb, build_optimizer, parameter_groups
+from bertforge.training.schedules import build_scheduler
 
 __all__ = [
     "Lamb",

@@ -11,6 +11,7 @@ are off by default; each is one field here, described in `bertforge.training.loo
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from dataclasses import dataclass
@@ -22,7 +23,10 @@ from bertforge.configuration import setting
 from bertforge.errors import ConfigError
 
 OPTIMIZERS = ("adamw", "lamb")
-SCHEDULES = ("linear", "constant")
+SCHEDULES = ("linear", "constant", "wsd", "one-cycle")  # shapes: `training.schedules`
+DECAY_SHAPES = ("1-sqrt", "linear")
+# With a time budget and no `steps`, the run has no step limit; this stands for "unlimited".
+UNLIMITED_STEPS = 10**12
 PRECISION_NAMES = ("auto", "fp32", "bf16", "fp16")
 
 
@@ -40,8 +44,19 @@ class TrainingConfig:
     lr: float = setting(1e-4, "peak learning rate (reached at the end of warmup)")
     warmup_steps: int = setting(0, "linear warmup length in optimizer steps; wins over warmup_ratio when set")
     warmup_ratio: float = setting(0.0, "linear warmup length as a fraction of the steps, when warmup_steps is 0")
-    schedule: str = setting("linear", "after warmup: linear decay to 0 at the last step (BERT's) or constant",
+    schedule: str = setting("linear", "linear: after warmup, linear decay to 0 at the end (BERT's); constant; "
+                                      "wsd: warmup, stable, then decay over the last `decay_ratio` of the run "
+                                      "(shape `decay_shape`); one-cycle: up to the peak at mid-run, down to 0 at "
+                                      "the end (its own warmup: the warmup settings do not apply)",
                             choices=SCHEDULES)
+    decay_ratio: float = setting(0.2, "wsd: the share of the run (steps or time budget) at its end over which the "
+                                      "rate decays to 0")
+    decay_shape: str = setting("1-sqrt", "wsd: the decay's shape, 1-sqrt (factor 1 - sqrt(q) at fraction q of the "
+                                         "decay) or linear", choices=DECAY_SHAPES)
+    minutes: float = setting(0.0, "a time budget in minutes: the schedule's position is the time elapsed over the "
+                                  "budget instead of steps, warmup is `warmup_ratio` of the budget, and the run "
+                                  "ends with a final checkpoint when the budget is spent (or at `steps` if set "
+                                  "and reached first; `epochs` does not apply); 0 = no budget")
     weight_decay: float = setting(0.01, "decoupled weight decay, not applied to biases and LayerNorm weights")
     optimizer: str = setting("adamw", "adamw (fine-tuning, pretraining up to ~1k batch) or lamb (large-batch "
                                       "pretraining)", choices=OPTIMIZERS)
@@ -80,7 +95,8 @@ class TrainingConfig:
                                           "skipped) before training stops with an error; fp16 tolerates 16 more "
                                           "while its loss scale adapts")
     progress: bool = setting(True, "show a progress bar on the main process")
-    tensorboard: bool = setting(True, "also write TensorBoard events when the `tensorboard` package is installed")
+    tensorboard: bool = setting(False, "also write TensorBoard events under out_dir/tensorboard (needs the "
+                                       "`tensorboard` package: pip install 'bertforge[tensorboard]')")
     patience: int = setting(0, "early stopping: stop after this many evaluations in a row (one every "
                                "`eval_every` steps; needs a dev set) that did not beat the best metric by more "
                                "than `min_delta`, with a resumable checkpoint at that step; 0 = off")
@@ -125,6 +141,7 @@ class TrainingConfig:
         need(self.lr > 0 and math.isfinite(self.lr), "lr", "use a positive learning rate such as 1e-4")
         need(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio", "use a fraction in [0, 1), e.g. 0.1")
         need(self.schedule in SCHEDULES, "schedule", f"use one of {SCHEDULES}")
+        self.check_schedule()
         need(self.weight_decay >= 0, "weight_decay", "use a value >= 0 (BERT used 0.01)")
         need(self.optimizer in OPTIMIZERS, "optimizer", f"use one of {OPTIMIZERS}")
         need(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), "betas",
@@ -157,10 +174,32 @@ class TrainingConfig:
         for name in ("min_delta", "layer_lr_decay", "fgm_epsilon", "rdrop_alpha", "ema_decay"):
             setattr(self, name, float(getattr(self, name)))
 
+    def check_schedule(self) -> None:
+        """The schedule's settings agree with each other, and `tensorboard` can be honoured."""
+        def need(cond: bool, name: str, fix: str) -> None:
+            if not cond:
+                raise ConfigError(f"training.{name}={getattr(self, name)!r} is invalid: {fix}")
+
+        ok = isinstance(self.minutes, int | float) and not isinstance(self.minutes, bool)
+        need(ok and 0 <= self.minutes < math.inf, "minutes", "use a number of minutes > 0, or 0 for no time budget")
+        need(0.0 < self.decay_ratio <= 1.0, "decay_ratio", "use a fraction in (0, 1], e.g. 0.2 (the last 20%)")
+        need(self.decay_shape in DECAY_SHAPES, "decay_shape", f"use one of {DECAY_SHAPES}")
+        need(not (self.minutes and self.warmup_steps), "warmup_steps",
+             "with a time budget (minutes) give the warmup as a share of the budget, warmup_ratio, e.g. 0.06")
+        need(not (self.schedule == "one-cycle" and self.warmup_steps), "warmup_steps",
+             "one-cycle rises over the first half of the run by itself; leave warmup_steps at 0")
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError("training.tensorboard is on but the `tensorboard` package is not installed: "
+                              "pip install 'bertforge[tensorboard]' (or pip install tensorboard), or leave "
+                              "--tensorboard off (metrics.jsonl in out_dir has every logged value)")
+
     def total_steps(self, batches_per_epoch: int | None) -> int:
-        """Optimizer steps of the run: `steps`, or `epochs` worth of micro-batches (needs their number)."""
+        """Optimizer steps of the run: `steps`, or `epochs` worth of micro-batches (needs their number); with a
+        time budget, `steps` or no limit (`UNLIMITED_STEPS`)."""
         if self.steps > 0:
             return self.steps
+        if self.minutes > 0:
+            return UNLIMITED_STEPS
         if batches_per_epoch is None:
             raise ConfigError("training.epochs needs a batch source with a length (len(batches)); set "
                               "training.steps instead for a stream without one")
@@ -173,7 +212,12 @@ class TrainingConfig:
         return min(2, max(0, (os.cpu_count() or 1) - 1)) if device.type == "cuda" else 0
 
     def resolved_warmup(self, total_steps: int) -> int:
-        """Warmup steps of a run of `total_steps`."""
+        """Warmup steps of a run of `total_steps` (with a time budget: 0, the warmup is `warmup_ratio` of the
+        time; one-cycle: half the run)."""
+        if self.minutes > 0:
+            return 0
+        if self.schedule == "one-cycle":
+            return total_steps // 2
         if self.warmup_steps > 0:
             return min(self.warmup_steps, total_steps)
         return int(self.warmup_ratio * total_steps)

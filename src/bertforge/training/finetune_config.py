@@ -248,6 +248,9 @@ class FinetuneTrainingConfig(TrainingConfig):
             super().__post_init__()
         except ConfigError as exc:
             raise ConfigError(f"finetune.{exc}") from None
+        if self.minutes:  # epochs decide fine-tuning's evaluations and checkpoints: a budget would cut them off
+            raise ConfigError(f"finetune.training.minutes={self.minutes!r} is invalid: a time budget is for "
+                              "pretraining; give fine-tuning epochs or steps")
 
 
 @dataclass

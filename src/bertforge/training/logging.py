@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.storage import write_text
+from bertforge.training.config import UNLIMITED_STEPS
 
 log = logging.getLogger("bertforge.training")
 
@@ -122,7 +123,8 @@ class Progress:
     with the step, the loss, tokens/s, the elapsed time and the ETA.
 
     Args:
-        total: the last step of the run. initial: the step it starts from (a resumed run).
+        total: the last step of the run (`UNLIMITED_STEPS`: not known, a time budget decides). initial: the step
+            it starts from (a resumed run).
         enabled: False shows nothing.
         stream: where a bar draws (default sys.stderr); also decides bar or log lines (`isatty()`).
         every_seconds, every_fraction: how often a log line is written when the stream is not a terminal.
@@ -136,17 +138,19 @@ class Progress:
         self.lines = False
         self.unit = unit
         self.total, self.step = total, initial
+        self.known = total < UNLIMITED_STEPS
         if not enabled:
             return
         stream = stream if stream is not None else sys.stderr
         if is_terminal(stream):
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, unit=unit, dynamic_ncols=True, smoothing=0.1, file=stream)
+            self.bar = tqdm(total=total if self.known else None, initial=initial, unit=unit, dynamic_ncols=True,
+                            smoothing=0.1, file=stream)
             return
         self.lines = True
         self.clock, self.every_seconds = clock, every_seconds
-        self.chunk = max(1, math.ceil(max(total - initial, 1) * every_fraction))
+        self.chunk = max(1, math.ceil(max(total - initial, 1) * every_fraction)) if self.known else total
         self.start_time = self.last_time = clock()
         self.start_step, self.last_step = initial, initial
 
@@ -170,9 +174,10 @@ class Progress:
         """"step 120/1000 (12%) loss=6.81 tok_s=31200 elapsed 2m05s, ETA 15m20s"."""
         elapsed = now - self.start_time
         done = self.step - self.start_step
-        parts = [f"{self.unit} {self.step}/{self.total} ({100 * self.step / max(self.total, 1):.0f}%)"]
+        parts = [f"{self.unit} {self.step}/{self.total} ({100 * self.step / max(self.total, 1):.0f}%)" if self.known
+                 else f"{self.unit} {self.step}"]
         parts += [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in postfix.items()]
-        eta = elapsed / done * (self.total - self.step) if done > 0 else None
+        eta = elapsed / done * (self.total - self.step) if done > 0 and self.known else None
         timing = f"elapsed {duration(elapsed)}" + (f", ETA {duration(eta)}" if eta is not None else "")
         return " ".join(parts) + " " + timing
 

@@ -65,8 +65,9 @@ from bertforge.runtime import autocast, capture_rng_state, resolve_precision, re
 from bertforge.training import distributed
 from bertforge.training.accumulation import LogWindow, WindowStep
 from bertforge.training.config import TrainingConfig
+from bertforge.training.interrupt import StepInterrupt
 from bertforge.training.logging import MetricsLogger, Progress
-from bertforge.training.optim import build_optimizer, build_scheduler
+from bertforge.training.optim import build_optimizer
 from bertforge.training.recipes import (
     BestCheckpoint,
     BestKeeper,
@@ -81,6 +82,7 @@ from bertforge.training.recipes import (
     word_embedding_weight,
 )
 from bertforge.training.resume import Restored, RunState, keep_global_batch, resume_point, saved_layout
+from bertforge.training.schedules import schedule_for
 from bertforge.training.updates import DeviceOutcome, NonFiniteLossError, StepOutcome, Updater
 
 __all__ = ["NonFiniteLossError", "TrainResult", "train"]
@@ -174,8 +176,8 @@ class TrainResult:
 def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
           eval_fn: Callable[[nn.Module, int], dict[str, float]] | None = None, tokenizer=None,
           best: BestCheckpoint | None = None, logger: MetricsSink | None = None,
-          context: distributed.DistributedContext | None = None,
-          save_also: Callable[[int], bool] | None = None, extra_state: Any = None) -> TrainResult:
+          context: distributed.DistributedContext | None = None, save_also: Callable[[int], bool] | None = None,
+          extra_state: Any = None, clock: Callable[[], float] | None = None) -> TrainResult:
     """Train `model` on `batches` with `task`'s losses; see the module docstring for the contracts.
 
     Args:
@@ -190,11 +192,11 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
         tokenizer: saved into every checkpoint, so each is a self-contained model directory.
         best: keep the best evaluation's model (see `recipes.BestCheckpoint`); None (pretraining) keeps none.
         logger: receives log events on the main process (default: MetricsLogger on config.out_dir).
-        context: the distributed context when the caller has already joined the process group; default:
-            joined here.
+        context: the distributed context when the caller has joined the process group (default: joined here).
         save_also: save_also(step) -> True writes a checkpoint after that step too (fine-tuning: epoch ends).
         extra_state: an object with `state_dict()` (plain values) and `load_state_dict(state)`, saved in every
             checkpoint and restored on resume (fine-tuning: its evaluation history).
+        clock: with a time budget (`minutes`), the seconds the schedule reads (default time.monotonic).
 
     Raises:
         NonFiniteLossError: loss/gradients non-finite for `max_nonfinite_steps` consecutive steps.
@@ -220,7 +222,8 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
     total_steps = config.total_steps(batches_per_epoch(batches))
     warmup_steps = config.resolved_warmup(total_steps)
     optimizer = build_optimizer(model, config, context.device)
-    scheduler = build_scheduler(optimizer, warmup_steps, total_steps, config.schedule)
+    scheduler = schedule_for(optimizer, config, total_steps, warmup_steps, world_size=context.world_size,
+                             clock=clock)
     scaler = torch.amp.GradScaler(context.device.type, enabled=precision == "fp16")
     fgm = Fgm(word_embedding_weight(model), config.fgm_epsilon) if config.fgm_epsilon > 0 else None
     ema = WeightAverage(model, config.ema_decay) if config.ema_decay > 0 else None
@@ -239,7 +242,7 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
     result = TrainResult(restored.step, total_steps, checkpoint=resume_from, skipped_steps=restored.skipped,
                          resumed_from=resume_from, start_step=restored.step, stopped_early=restored.stopped_early)
     report = RunReport(result, logger, context.is_main, keeper)
-    if restored.step >= total_steps or restored.stopped_early:
+    if restored.step >= total_steps or restored.stopped_early or getattr(scheduler, "spent", False):
         return report.nothing_to_train(config.out_dir, ema)
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -263,12 +266,19 @@ def run_steps(state: RunState, restored: Restored, stream: Iterator, window_step
         # Last, after everything that may draw random numbers (model and optimizer construction).
         restore_rng_state(restored.rng)
     report.start_clock()
+    if hasattr(state.scheduler, "start"):
+        state.scheduler.start()  # a time budget's clock
+    interrupt = StepInterrupt(state.context.world_size)  # Ctrl-C: save this step, then stop
     try:
         while step < cadence.total_steps:
             micro_batches = [next(stream).to(window_step.device) for _ in range(config.grad_accumulation)]
             done = updater(window_step(micro_batches), window_step, step)
             step += 1
             report.add(step, done, updater.skipped)
+            if getattr(state.scheduler, "spent", False) and step < cadence.total_steps:  # the time budget ends
+                cadence = cadence.ending_at(step)
+                report.result.total_steps = step
+                log.info("time budget of %g min spent at step %d", config.minutes, step)
             if cadence.logs(step):
                 report.settle(step, updater, window_step)
                 report.log_train(step, done.lr, window_step)
@@ -276,9 +286,10 @@ def run_steps(state: RunState, restored: Restored, stream: Iterator, window_step
             if stop:
                 report.settle(step, updater, window_step)
                 report.stop_early(step, done.lr, window_step)
-            if cadence.saves(step, stop):
+            if cadence.saves(step, stop) or interrupt.requested:
                 report.settle(step, updater, window_step)  # a checkpoint holds the counts as numbers
                 report.result.checkpoint = state.save(step, report.window, updater.skipped, restored.kept, stop)
+            interrupt.check(step, report.result.checkpoint, config.out_dir)
             distributed.inject_fault(step, state.context)  # a test hook: BERTFORGE_FAULT
             if stop:
                 break
@@ -287,6 +298,7 @@ def run_steps(state: RunState, restored: Restored, stream: Iterator, window_step
         raise
         report.settle(step, updater, window_step)
     finally:
+        interrupt.release()
         report.close()
         if hasattr(state.batches, "close"):
             state.batches.close()  # the input pipeline's worker processes
@@ -482,8 +494,12 @@ def describe_run(model: nn.Module, batches: Any, config: TrainingConfig, total_s
         steps_per_epoch = per_epoch / config.grad_accumulation
         epochs = f"; {steps_per_epoch:g} steps per epoch, {total_steps / steps_per_epoch:.3g} epochs"
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    log.info("training %d steps (warmup %d) of %d examples (batch %d x accumulation %d x %d processes)%s; "
-             "%s, %s, %s on %s; %.1fM trainable parameters", total_steps, warmup_steps, per_step,
+    length = f"{total_steps} steps (warmup {warmup_steps})"
+    if config.minutes:
+        length = (f"{config.minutes:g} minutes{f' or {config.steps} steps' if config.steps else ''} (warmup "
+                  f"{config.warmup_ratio:.0%} of the time)")
+    log.info("training %s of %d examples (batch %d x accumulation %d x %d processes)%s; "
+             "%s, %s, %s on %s; %.1fM trainable parameters", length, per_step,
              config.batch_size, config.grad_accumulation, context.world_size, epochs, config.optimizer,
              config.schedule, precision, context.device, trainable / 1e6)
     recipes = describe_recipes(config, model)

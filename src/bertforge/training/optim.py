@@ -1,4 +1,4 @@
-"""Optimizers and the learning-rate schedule: AdamW and LAMB with BERT's parameter groups, warmup + decay.
+"""Optimizers: AdamW and LAMB with BERT's parameter groups (the learning-rate schedules are `training.schedules`).
 
 Weight decay skips biases and LayerNorm weights (as BERT's `exclude_from_weight_decay` does); LAMB also
 skips the layer-wise trust ratio for them (Google's `exclude_from_layer_adaptation` defaults to the same
@@ -13,7 +13,6 @@ import logging
 import torch
 from torch import nn
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LambdaLR
 
 from bertforge.errors import ConfigError
 from bertforge.model.fast_paths import is_encoder, is_layer
@@ -175,28 +174,3 @@ def build_optimizer(model: nn.Module, config: TrainingConfig, device: torch.devi
         group.pop("layer_adaptation")
     return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=config.eps,
                              weight_decay=config.weight_decay, fused=fused)
-
-
-class WarmupDecay:
-    """LR multiplier of optimizer step s (0-based): (s+1)/W during warmup, then linear decay or constant.
-
-    The first step already uses lr/W instead of 0 (no wasted step); linear decay reaches 0 just after
-    the last step: the final step s = T-1 uses lr/(T-W).
-    """
-
-    def __init__(self, warmup_steps: int, total_steps: int, schedule: str = "linear"):
-        self.warmup_steps = warmup_steps
-        self.total_steps = total_steps
-        self.schedule = schedule
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
-        if self.schedule == "constant":
-            return 1.0
-        return max(0.0, (self.total_steps - step) / max(1, self.total_steps - self.warmup_steps))
-
-
-def build_scheduler(optimizer: Optimizer, warmup_steps: int, total_steps: int, schedule: str = "linear") -> LambdaLR:
-    """Warmup then `schedule` (`linear` decay to 0 at `total_steps`, or `constant`), stepped once per step."""
-    return LambdaLR(optimizer, WarmupDecay(warmup_steps, total_steps, schedule))

@@ -1,22 +1,30 @@
 """Pretraining entry point: a prepared data directory + a model preset (or checkpoint) -> a trained BERT.
 
-`run_pretraining(PretrainConfig)` wires the parts together — tokenizer, `BertForPretraining`, the masked
+`run_pretraining(PretrainConfig)` wires the parts together — tokenizer, the model the objective trains
+(`BertForPretraining` for MLM + NSP, Google's recipe and the default; `BertForMaskedLM` for MLM only), the masked
 batch stream (`data.datasets.PretrainingData`, rank-sharded under torchrun), held-out evaluation — and hands
 them to the one training loop. A run file looks like:
 
     data_dir = "runs/shards-en"       # written by prepare_corpus
     tokenizer = "runs/vocab-en"       # vocab.txt + tokenizer_config.json the shards were made with
     model = "mini"                    # a preset (tiny ... large) or a model directory to continue from
+    objective = "mlm"                 # or "mlm+nsp" (the default)
     [masking]
-    max_predictions_per_seq = 20
+    mlm_probability = 0.3             # --mask-rate
+    max_predictions_per_seq = 40
     [training]
-    steps = 10000
+    minutes = 60                      # a time budget, or steps = 10000
+    schedule = "wsd"
     batch_size = 128
-    lr = 1e-4
+    lr = 1e-3
+
+The `[training]` table is `PretrainTrainingConfig`: the loop's settings with pretraining's defaults (6% warmup,
+checkpoints in runs/pretrain), kept for every key a run file or flag does not set.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -30,7 +38,7 @@ from bertforge.data.masking import MaskingConfig
 from bertforge.data.shards import ShardIndex, vocab_checksum
 from bertforge.errors import ConfigError
 from bertforge.families.pretraining import FAMILY as PRETRAINING
-from bertforge.families.pretraining import BertForPretraining
+from bertforge.families.pretraining import OBJECTIVES, BertForPretraining
 from bertforge.model.config import PRESETS, BertConfig
 from bertforge.model.fast_paths import set_fast_paths
 from bertforge.runtime import check_user_precision, resolve_device, set_seed
@@ -43,6 +51,26 @@ from bertforge.training.loop import TrainResult, train
 log = logging.getLogger("bertforge.training")
 
 RUN_CONFIG_NAME = "run.toml"
+# The warmup of a pretraining run when none is given: the demo's, and within the 5-10% of the recipes people
+# use (BERT: 10k of 1M steps is 1%, RoBERTa 6%, Cramming's one-cycle rises over half the budget).
+PRETRAIN_WARMUP_RATIO = 0.06
+DEFAULT_MASK_RATE = 0.15  # BERT's; `MaskingConfig.mlm_probability`'s default
+
+
+@dataclass
+class PretrainTrainingConfig(TrainingConfig):
+    """`[training]` of a pretraining run: the loop's `TrainingConfig` with 6% warmup (`warmup_ratio`) and
+    checkpoints in runs/pretrain. A subclass rather than a `TrainingConfig(...)` default, so that a run
+    file's partial `[training]` table or a flag (`--steps 1000`) keeps these defaults for the other keys."""
+
+    warmup_ratio: float = PRETRAIN_WARMUP_RATIO
+    out_dir: str = "runs/pretrain"
+
+    def __post_init__(self) -> None:
+        try:
+            super().__post_init__()
+        except ConfigError as exc:
+            raise ConfigError(f"pretrain.{exc}") from None
 
 
 @dataclass
@@ -65,9 +93,11 @@ class PretrainConfig:
     # Off by default: with `fast_path` the padding is skipped anyway, so packing pays mainly on the plain path.
     pack_sequences: bool = setting(False, "several short instances per row (block-diagonal attention): the same "
                                           "instances and losses with fewer rows")
+    objective: str = setting("mlm+nsp", "mlm+nsp: masked LM and next-sentence prediction (Google's BERT); mlm: "
+                                        "masked LM only, no NSP head or loss (RoBERTa, Cramming and later "
+                                        "recipes), saved as a BertForMaskedLM", choices=OBJECTIVES)
     masking: MaskingConfig = setting(help="the MLM masking rule ([masking])", factory=MaskingConfig)
-    training: TrainingConfig = setting(help="the loop settings ([training])",
-                                       factory=lambda: TrainingConfig(out_dir="runs/pretrain"))
+    training: PretrainTrainingConfig = setting(help="the loop settings ([training])", factory=PretrainTrainingConfig)
 
     def __post_init__(self) -> None:
         if not self.data_dir:
@@ -76,6 +106,7 @@ class PretrainConfig:
         if not (Path(self.model).is_dir() or self.model in PRESETS):
             raise ConfigError(f"model={self.model!r} is neither a model directory nor a preset; use one of "
                               f"{sorted(PRESETS)} or the path of a saved model")
+        PRETRAINING.model_class_for(self.objective)  # validates the objective
         if self.model_overrides and Path(self.model).is_dir():
             raise ConfigError("model_overrides apply to a preset; a model directory keeps its own config.json")
         for name, low in (("eval_batches", 0), ("pad_to_multiple_of", 1)):
@@ -96,16 +127,19 @@ def load_pretraining_tokenizer(config: PretrainConfig) -> Tokenizer:
 
 
 def build_model(config: PretrainConfig, tokenizer: Tokenizer, max_seq_length: int) -> BertForPretraining:
-    """A fresh BertForPretraining from a preset, or one loaded from a model directory."""
+    """A fresh model of the objective's class (`BertForPretraining` or `BertForMaskedLM`) from a preset, or one
+    loaded from a model directory (heads the directory lacks start fresh; an NSP head the objective does not
+    train is left out)."""
+    cls = PRETRAINING.model_class_for(config.objective)
     if Path(config.model).is_dir():
-        model = BertForPretraining.from_pretrained(config.model)
+        model = cls.from_pretrained(config.model)
         if model.config.vocab_size != tokenizer.vocab_size:
             raise ConfigError(f"{config.model} has a vocabulary of {model.config.vocab_size} but the tokenizer has "
                               f"{tokenizer.vocab_size}; continue pretraining with the model's own vocab.txt")
     else:
         overrides = {"vocab_size": tokenizer.vocab_size, "pad_token_id": tokenizer.pad_token_id,
                      **config.model_overrides}
-        model = BertForPretraining(BertConfig.preset(config.model, **overrides))
+        model = cls(BertConfig.preset(config.model, **overrides))
     if model.config.max_position_embeddings < max_seq_length:
         raise ConfigError(f"the data has sequences of up to {max_seq_length} tokens but the model has "
                           f"max_position_embeddings={model.config.max_position_embeddings}; prepare shorter "
@@ -116,6 +150,36 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, max_seq_length: in
     fused = config.fast_path and config.training.optimizer != "lamb"
     set_fast_paths(model, unpad=config.fast_path, fused_qkv=fused)
     return model.train()
+
+
+def predictions_for_rate(masking: MaskingConfig, max_seq_length: int) -> MaskingConfig:
+    """`masking` with a prediction cap that lets its rate apply to `max_seq_length` tokens.
+
+    A rate raised above BERT's 15% (`--mask-rate 0.3`) with the cap left below it would quietly mask less than
+    asked, so the cap is raised to the rate's share of the length (logged). At 15% a lower cap is Google's
+    own choice for long sequences (20 for 128 tokens, 80 for 512) and only warned about.
+    """
+    expected = math.ceil(masking.mlm_probability * max_seq_length)
+    if masking.max_predictions_per_seq >= expected:
+        return masking
+    if masking.mlm_probability > DEFAULT_MASK_RATE:
+        log.info("masking.max_predictions_per_seq raised from %d to %d so that the masking rate %g applies to "
+                 "sequences of %d tokens", masking.max_predictions_per_seq, expected, masking.mlm_probability,
+                 max_seq_length)
+        return dataclasses.replace(masking, max_predictions_per_seq=expected)
+    log.warning("masking.max_predictions_per_seq=%d caps the predictions below %.0f%% of %d tokens (%d); "
+                "Google used 20 for length 128 and 80 for 512", masking.max_predictions_per_seq,
+                100 * masking.mlm_probability, max_seq_length, expected)
+    return masking
+
+
+def describe_warmup(training: TrainingConfig) -> str:
+    """The warmup in words, for the log: "600 steps", "6% of the steps", "6% of the time", "half the run"."""
+    if training.schedule == "one-cycle":
+        return "half the run (one-cycle)"
+    if training.warmup_steps:
+        return f"{training.warmup_steps} steps"
+    return f"{training.warmup_ratio:.0%} of the {'time' if training.minutes else 'steps'}"
 
 
 def run_pretraining(config: PretrainConfig) -> TrainResult:
@@ -131,15 +195,11 @@ def run_pretraining(config: PretrainConfig) -> TrainResult:
     tokenizer = load_pretraining_tokenizer(config)
     index.check_vocab(tokenizer)
     max_seq_length = int(index.settings.get("max_seq_length", 0))
-    expected_predictions = math.ceil(config.masking.mlm_probability * max_seq_length)
-    if config.masking.max_predictions_per_seq < expected_predictions:
-        log.warning("masking.max_predictions_per_seq=%d caps the predictions below %.0f%% of %d tokens (%d); "
-                    "Google used 20 for length 128 and 80 for 512", config.masking.max_predictions_per_seq,
-                    100 * config.masking.mlm_probability, max_seq_length, expected_predictions)
+    masking = config.masking = predictions_for_rate(config.masking, max_seq_length)
 
     set_seed(training.seed)  # the same initial weights on every rank
     model = build_model(config, tokenizer, max_seq_length)
-    common = {"masking": config.masking, "seed": training.seed, "rank": context.rank,
+    common = {"masking": masking, "seed": training.seed, "rank": context.rank,
               "world_size": context.world_size, "vocab_size": tokenizer.vocab_size,
               "special_ids": tokenizer.all_special_ids, "mask_id": tokenizer.mask_token_id,
               "pad_id": tokenizer.pad_token_id, "pad_to_multiple_of": config.pad_to_multiple_of,
@@ -162,11 +222,12 @@ def run_pretraining(config: PretrainConfig) -> TrainResult:
                     "heldout_fraction > 0 to watch held-out MLM/NSP loss)", config.data_dir)
 
     if context.is_main:
-        log.info("pretraining data: %d training instances of up to %d tokens, %d per step, %d steps per epoch",
-                 batches.num_instances, max_seq_length, batches.step_size,
-                 batches.steps_per_epoch // batches.grad_accumulation)
+        log.info("pretraining data: %d training instances of up to %d tokens, %d per step, %d steps per epoch; "
+                 "objective %s, masking %.0f%% of the tokens, %s schedule, warmup %s", batches.num_instances,
+                 max_seq_length, batches.step_size, batches.steps_per_epoch // batches.grad_accumulation,
+                 config.objective, 100 * masking.mlm_probability, training.schedule, describe_warmup(training))
         out_dir = Path(training.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         write_text(out_dir / RUN_CONFIG_NAME, dumps_toml(config))
-    return train(model, batches, task.objective_for(model.config), training, eval_fn=eval_fn, tokenizer=tokenizer,
-                 context=context)
+    objective = task.objective_for(model.config, next_sentence=model.next_sentence)
+    return train(model, batches, objective, training, eval_fn=eval_fn, tokenizer=tokenizer, context=context)

@@ -32,6 +32,7 @@ loop sees all three (accumulation, DDP sync, autocast and the loss scaler, exact
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
@@ -81,6 +82,10 @@ class Cadence:
            save_also: Callable[[int], bool] | None = None) -> Cadence:
         return cls(total_steps, config.log_every, config.eval_every, config.save_every, evaluates_at_all,
                    save_also)
+
+    def ending_at(self, step: int) -> Cadence:
+        """This cadence for a run that ends after `step` (a time budget spent): that step logs, evaluates, saves."""
+        return dataclasses.replace(self, total_steps=step)
 
     def logs(self, step: int) -> bool:
         return step % self.log_every == 0 or step == self.total_steps
