@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -504,3 +505,18 @@ def test_train_result_summary_is_one_readable_line(tmp_path):
     assert line.endswith(f"checkpoint {tmp_path / 'checkpoint-000002'}")
     again = train(tiny_model(), SyntheticSource(3, 4), PretrainingObjective(), config_for(tmp_path, steps=2, resume="auto"))
     assert again.summary().startswith("already complete at step 2 of 2 (nothing trained)")
+
+
+def test_train_progress_line_and_event_line_show_the_same_loss(tmp_path, caplog):
+    # "loss" is the mean training loss since the last training log line on both; the last step's own loss is
+    # `step_loss` on the progress line. A line every step (10 steps, a tenth each), events every 5 steps.
+    with caplog.at_level(logging.INFO, logger="bertforge.training"):
+        train(tiny_model(), SyntheticSource(10, 4), PretrainingObjective(),
+              config_for(tmp_path, steps=10, log_every=5, progress=True, lr=3e-3))
+    for step in (5, 10):
+        progress = re.search(rf"step {step}/10 \(\d+%\) loss=(\S+) step_loss=(\S+)", caplog.text)
+        event = re.search(rf"step {step} train: loss=(\S+)", caplog.text)
+        assert progress and event, caplog.text
+        assert progress.group(1) == event.group(1)
+    steps = [float(m) for m in re.findall(r"step_loss=(\S+)", caplog.text)]
+    assert len(steps) == 10 and len(set(steps)) > 1  # the last step's own figure, under its own name

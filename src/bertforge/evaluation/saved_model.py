@@ -17,6 +17,7 @@ from typing import Any
 
 from bertforge.checkpoint_format import ModelDirectory, read_directory
 from bertforge.data.finetuning import DataReport
+from bertforge.data.vocabulary_coverage import warn_if_uncovered
 from bertforge.errors import ConfigError, DataError
 from bertforge.evaluation.intervals import RESAMPLES, paired_changes
 from bertforge.evaluation.runner import EvalResult, Evaluation
@@ -69,6 +70,7 @@ def prepare_evaluation(model_dir: str | os.PathLike, data_file: str | os.PathLik
         family.check_labels(examples, directory.config.label_names, task.inputs, "model")
     task = task.replace(options=family.options_for_data(task.options, examples))
     features = family.features(examples, tokenizer, task.inputs, config=directory.config, report=report)
+    warn_if_uncovered(features, tokenizer, os.fspath(data_file))  # before the model loads
     # The metric that picked this model is reported too, where this file's evaluation can report it.
     chosen = task.metric if task.metric in family.metric_names(task, examples) else None
     evaluation = Evaluation.for_task(task, examples, features, config=directory.config, tokenizer=tokenizer,

@@ -98,6 +98,13 @@ class LogWindow:
         if math.isfinite(grad_norm):
             self.grad_norm += grad_norm
 
+    @property
+    def loss(self) -> float:
+        """The window's loss as its log line says it: the sum over terms of sum / count (NaN when empty)."""
+        if not self.term_sums:
+            return math.nan
+        return sum(s / max(c, 1.0) for s, c in zip(self.term_sums, self.term_counts))
+
     def values(self, term_names: list[str], metric_names: list[str]) -> dict[str, float]:
         losses = {f"loss_{n}": s / max(c, 1.0) for n, s, c in zip(term_names, self.term_sums, self.term_counts)}
         values = {"loss": sum(losses.values()), **losses}

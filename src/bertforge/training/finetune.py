@@ -33,6 +33,7 @@ from typing import Any
 from bertforge.checkpoint_format import ModelDirectory, read_directory, save_model
 from bertforge.constants import FINETUNING_NAME
 from bertforge.data.finetuning import DataReport, Feature, FeatureBatches
+from bertforge.data.vocabulary_coverage import warn_if_uncovered
 from bertforge.errors import ConfigError, DataError
 from bertforge.evaluation import Evaluation
 from bertforge.families import registry
@@ -116,6 +117,7 @@ def prepare_data(config: FinetuneConfig, task: TaskDescription, directory: Model
     tokenizer = directory.require_tokenizer()
     train_features = family.features(train_examples, tokenizer, task.inputs, config=head, report=train_report,
                                      training=True)
+    warn_if_uncovered(train_features, tokenizer, f"{task.name} train")  # before the model loads and trains
     dev_features = family.features(dev_examples, tokenizer, task.inputs, config=head, report=dev_report)
     train_report.log_warnings(f"{task.name} train")
     dev_report.log_warnings(f"{task.name} dev")
@@ -323,6 +325,12 @@ def evaluate_split(config: FinetuneConfig, prepared: PreparedData, sources: Sequ
     task = prepared.task
     report = DataReport()
     examples = task.read(sources, report)
+    limit = config.data.dev_limit
+    files = ", ".join(source.path for source in sources)
+    log.info("%s: scoring the best model on the test split (%s): %s examples%s; --evaluate-test false skips this",
+             task.name, files, min(len(examples), limit) if limit else len(examples),
+             f" of {len(examples)} (--dev-limit {limit})" if limit and limit < len(examples) else "")
+    examples = _limited(examples, limit, report)
     device = resolve_device(config.training.device)
     model, _ = registry.load_model(model_dir, task.family.model_class, device=device, fast_path=config.fast_path)
     if task.labels is not None:

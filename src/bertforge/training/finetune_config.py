@@ -84,7 +84,7 @@ class DataConfig(ReaderSettings):
     multi_label: bool = setting(False, "each row has any number of labels (a JSON list in JSONL, else "
                                        "label_separator-separated); one sigmoid per label")
     train_limit: int | None = setting(None, "use only the first N training examples")
-    dev_limit: int | None = setting(None, "use only the first N dev examples")
+    dev_limit: int | None = setting(None, "use only the first N dev examples (and test examples, see --evaluate-test)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -263,7 +263,8 @@ class FinetuneConfig:
     seeds: list[int] | None = setting(None, "one run per seed, reported as mean ± std (default: one run with "
                                             "training.seed)")
     metric: str | None = setting(None, "the metric that picks the best checkpoint (default: the task's first)")
-    evaluate_test: bool = setting(True, "score the best model on a named task's test split too")
+    evaluate_test: bool = setting(True, "after training, score the best model on a named task's test split too "
+                                  "(announced with its file and count; --dev-limit applies)")
     fast_path: bool = setting(True, "skip padding tokens and fuse the QKV projection in training and evaluation "
                                     "(tested equal to the plain path)")
     eval_batch_size: int = setting(64, "examples per evaluation batch")

@@ -282,6 +282,7 @@ def run_steps(state: RunState, restored: Restored, stream: Iterator, window_step
             if cadence.logs(step):
                 report.settle(step, updater, window_step)
                 report.log_train(step, done.lr, window_step)
+            report.show_progress()
             stop = cadence.evaluates(step) and evaluation(step) and step < cadence.total_steps
             if stop:
                 report.settle(step, updater, window_step)
@@ -322,7 +323,10 @@ class RunReport:
         self.batches: Any = None
         self.grad_accumulation = 1
         self.started = self.window_started = 0.0
-        self.last_loss = math.nan  # the progress bar's loss: of the last step read on the host
+        # The progress line's figures. `loss` is the event line's: the mean training loss over the steps since
+        # the last training log line (as far as read on the host), so both show one number at a log step;
+        # `step_loss` is the last step's own loss (host-read steps only).
+        self.last_loss = self.step_loss = math.nan
 
     def start(self, window: LogWindow, batches: Any, grad_accumulation: int, progress: bool) -> None:
         """Continue from the restored log `window` (epochs are counted in `batches`); show progress if asked."""
@@ -347,19 +351,24 @@ class RunReport:
         self.result.best_step, self.result.best_eval = record.step, dict(record.values)
 
     def add(self, step: int, done: StepOutcome | DeviceOutcome, skipped: int) -> None:
-        """Count optimizer step `step` into the log window, the result and the progress. A step left on the
-        device is only added there (no read back): its numbers reach the host at `settle`."""
+        """Count optimizer step `step` into the log window and the result. A step left on the device is only
+        added there (no read back): its numbers reach the host at `settle`."""
         if isinstance(done, DeviceOutcome):
             self.window.accumulate(done.vector)
-            if self.progress is not None:
-                self.progress.update(1, loss=self.last_loss, tok_s=f"{self.tokens_per_s():.0f}")
             return
         self.window.add(done.stats, done.grad_norm, skipped=not done.finite)
         self.result.tokens += int(done.stats.tokens)
         self.result.skipped_steps = skipped
-        self.last_loss = done.loss
-        if self.progress is not None:
-            self.progress.update(1, loss=done.loss, tok_s=f"{self.tokens_per_s():.0f}")
+        self.last_loss, self.step_loss = self.window.loss, done.loss
+
+    def show_progress(self) -> None:
+        """One step more on the progress bar (or line), after the step's log line, with the same loss."""
+        if self.progress is None:
+            return
+        figures = {"loss": self.last_loss}
+        if math.isfinite(self.step_loss):
+            figures["step_loss"] = self.step_loss
+        self.progress.update(1, **figures, tok_s=f"{self.tokens_per_s():.0f}")
 
     def tokens_per_s(self) -> float:
         return self.result.tokens / max(time.perf_counter() - self.started, 1e-9)
@@ -369,7 +378,7 @@ class RunReport:
         tokens), and the skipped-step counts (which may stop a diverged run)."""
         tokens, loss = self.window.fold(len(layout.term_names), len(layout.metric_names))
         self.result.tokens += int(tokens)
-        self.last_loss = loss if loss is not None else self.last_loss
+        self.last_loss = self.window.loss if loss is not None else self.last_loss
         updater.settle(step)
         self.result.skipped_steps = updater.skipped
 
