@@ -79,7 +79,7 @@ def test_new_user_demo_minutes_are_kept_and_the_cost_said():
     steps, note = pretraining_steps(None, step_seconds=2.0)  # a slow machine, no budget given: the floor
     assert steps == MIN_PRETRAIN_STEPS and "pass --minutes" in note
     steps, note = pretraining_steps(1.0, step_seconds=2.0)  # a budget given is kept: 27 steps, said
-    assert steps == 27 and "fewer than 300 steps" in note
+    assert steps == 27 and "fewer than 600 steps" in note
     assert pretraining_steps(10.0, step_seconds=0.5) == (1080, "")
 
 

@@ -295,9 +295,9 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lang", choices=["en", "zh"], default="en")
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--corpus", help="folder of books (default: data/demo/<lang>)")
-    p.add_argument("--minutes", type=float, help="pretraining time budget, kept even when it allows fewer than 300 "
-                   "steps (default 3.5, and at least 300 steps: longer on a slow machine)")
-    p.add_argument("--model", default="mini", help="preset to pretrain")
+    p.add_argument("--minutes", type=float, help="pretraining time budget, kept even when it allows fewer than 600 "
+                   "steps (default 5, and at least 600 steps: longer on a slow machine)")
+    p.add_argument("--model", default="tiny", help="preset to pretrain (default tiny: the most steps per minute)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=commands.cmd_demo)
 
