@@ -1,32 +1,73 @@
 #!/usr/bin/env bash
-# GPU check (one H200, <= ~8 minutes, nothing but the GPU image's torch + transformers + this tree):
-#   1. correctness of the fast paths in bf16 against fp32,
-#   2. the throughput table against transformers (pretraining step, inference fixed/variable length),
-#   3. a short `base` pretraining run on real shards (gpu_carry/en_data, carried from `bertforge prepare`),
-#   4. a kernel profile of one base pretraining step and of variable-length inference on each side.
-# Usage (from the repo root): OUT=/some/dir bash benchmarks/gpu_check.sh
+# GPU check of the commands users run (one H200, <= 10 minutes; torch, transformers, sentence-transformers and
+# this tree, data from the repo's bundled books only). In one run, results as JSON under $OUT:
+#   loop_eager.json     `bertforge pretrain` (run_pretraining, defaults: bf16, fused AdamW, workers) against
+#                       the bare eager step on the same model and batches, and transformers' bare step
+#   loop_compiled.json  the same with --compile against the compiled bare step
+#   loop_packed.json    the same with --compile --pack-sequences
+#   embed_lines.json    embed 40,000 book lines, MiniLM-size model, against sentence-transformers fp16 / fp32
+#   embed_paragraphs.json  6-line paragraphs, base-size model, the same
+#   summary.json        the ratios above in one place
+# Usage (from the repo root): OUT=/some/dir bash benchmarks/gpu_check.sh [--device cpu]
+# --device cpu is a dry run with tiny sizes (minutes on a laptop): it checks the script, not the speed.
 set -uo pipefail
+DEVICE=cuda
+if [ "${1:-}" = "--device" ]; then DEVICE=${2:?--device needs cuda or cpu}; fi
 OUT=${OUT:-runs/gpu_check}
-mkdir -p "$OUT"
+WORK=${WORK:-$OUT/work}
+mkdir -p "$OUT" "$WORK"
 export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ "$DEVICE" = "cpu" ]; then
+  LOOP="--device cpu --preset tiny --batch-size 8 --steps 12 --log-every 4 --repeats 1 --precision fp32"
+  EMBED="--device cpu --texts 200 --batch-size 32 --max-batch-tokens 2048"; MINILM=tiny; BASE=tiny; T=600
+else
+  LOOP="--device cuda --preset base --batch-size 256 --steps 100 --log-every 20 --repeats 1 --precision bf16"
+  EMBED="--device cuda --texts 40000"; MINILM=minilm; BASE=base; T=200
+fi
 python - <<'PY' 2>&1 | tee "$OUT/env.txt"
-import torch, transformers, platform
-print("torch", torch.__version__, "transformers", transformers.__version__, "python", platform.python_version())
+import platform, torch, transformers, sentence_transformers
+print("torch", torch.__version__, "transformers", transformers.__version__, "sentence-transformers",
+      sentence_transformers.__version__, "python", platform.python_version())
 print("device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
 PY
 date -u +"%Y-%m-%d %H:%M UTC" >> "$OUT/env.txt"
-echo "== 1. fast paths vs plain fp32"
-timeout 90 python -m benchmarks.fast_path_check --device cuda 2>&1 | tee "$OUT/fast_paths.md"
-echo "== 2. throughput vs transformers"
-timeout 240 python -m benchmarks.model_speed --device cuda --repeats 5 2>&1 | grep -v Warning | tee "$OUT/throughput.md"
-if [ -d gpu_carry/en_data ]; then
-  echo "== 3. base pretraining on pretrain_en shards"
-  timeout 120 python -m bertforge pretrain --data gpu_carry/en_data --model base --out "$OUT/pretrain_base" \
-    --steps 300 --batch-size 256 --lr 1e-4 --precision bf16 --training.warmup_steps=30 \
-    --training.log_every=50 --training.eval_every=300 --training.fused_adamw=true --training.progress=false \
-    --training.save_every=0 2>&1 | grep -v "^Warning" | tail -12 | tee "$OUT/pretrain_base.log"
-  rm -rf "$OUT"/pretrain_base/checkpoint-*/model.safetensors "$OUT"/pretrain_base/checkpoint-*/training_state.pt
-fi
-echo "== 4. profile: base pretraining step and variable-length inference, both sides"
-timeout 120 python -m benchmarks.gpu_profile --preset base --batch 256 --tokens 128 --inference 2>&1 | grep -v Warning \
-  | tee "$OUT/profile_base.md"
+status=0
+run() {  # name, timeout, command...
+  local name=$1 limit=$2; shift 2
+  echo "== $name"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "   $name failed (see $name.log)"; status=1; }
+  tail -3 "$OUT/$name.log"
+}
+run loop_eager "$T" python -m benchmarks.loop_overhead --what loop $LOOP --transformers --work "$WORK" \
+  --out "$OUT/loop_eager.json"
+run loop_compiled "$T" python -m benchmarks.loop_overhead --what loop $LOOP --compile --work "$WORK" \
+  --out "$OUT/loop_compiled.json"
+run loop_packed "$T" python -m benchmarks.loop_overhead --what loop $LOOP --compile --pack --work "$WORK" \
+  --out "$OUT/loop_packed.json"
+run embed_lines "$T" python -m benchmarks.embed_speed $EMBED --size "$MINILM" --kind lines --work "$WORK" \
+  --out "$OUT/embed_lines.json"
+run embed_paragraphs "$T" python -m benchmarks.embed_speed $EMBED --size "$BASE" --kind paragraphs \
+  --texts "$([ "$DEVICE" = cpu ] && echo 100 || echo 6667)" --work "$WORK" --out "$OUT/embed_paragraphs.json"
+python - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+def read(name):
+    path = out / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+summary = {}
+for name in ("loop_eager", "loop_compiled", "loop_packed"):
+    result = read(name)
+    if result:
+        loop = result["loop"]
+        summary[name] = {k: loop[k] for k in ("ratio_command_to_bare", "ratio_command_to_transformers") if k in loop}
+for name in ("embed_lines", "embed_paragraphs"):
+    result = read(name)
+    if result:
+        summary[name] = {k: result[k] for k in ("ratio_to_st_fp16", "ratio_to_st_fp32", "min_cosine_to_fp32",
+                                                "ours_texts_per_s") if k in result}
+(out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+print(json.dumps(summary, indent=1))
+PY
+rm -rf "$WORK"/run-*/checkpoint-*
+exit $status
