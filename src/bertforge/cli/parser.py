@@ -233,6 +233,8 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                         "(default 2048, as OpenAI's embeddings API); each request is run in model calls of at most "
                         "--max-batch-tokens tokens")
     p.add_argument("--max-body-bytes", type=int, help="request body limit; larger gets 413 (default 8 MiB)")
+    p.add_argument("--body-timeout-s", type=float,
+                   help="a request body must arrive whole within this time of its headers, else 408 (default 30)")
     p.add_argument("--refusal-cooldown-s", type=float,
                    help="after a 413 to a body of 256 KiB or more, large bodies from that address get 429 for "
                         "this long, unread (default 1; 0: never)")

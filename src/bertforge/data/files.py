@@ -214,11 +214,13 @@ def _number(text: str, kind: type) -> Any:
     return kind(text)
 
 
-def decode_json(text: str) -> Any:
-    """The value of untrusted JSON text, decided before anything else runs on it.
+def decode_json(text: str, unique_keys: bool = False) -> Any:
+    """The value of untrusted JSON text, decided before anything else runs on it; with `unique_keys`, an object
+    naming a key twice is refused (JSON leaves it undefined; Python keeps the last, silently).
 
     Raises:
-        UntrustedJson: malformed JSON; nesting deeper than `MAX_JSON_DEPTH`; a number longer than
+        UntrustedJson: malformed JSON; a key given twice in one object (`unique_keys`); nesting deeper than
+            `MAX_JSON_DEPTH`; a number longer than
             `MAX_NUMBER_DIGITS`; a string holding a lone UTF-16 surrogate (JSON's "\\ud800" escape), which is
             not text, cannot be written back as UTF-8 and is refused rather than replaced.
     """
@@ -227,7 +229,8 @@ def decode_json(text: str) -> Any:
     # character: a body of megabytes of text is decided in milliseconds (an over-budget request must be).
     try:
         value = json.loads(text, parse_int=lambda s: _number(s, int), parse_float=lambda s: _number(s, float),
-                           parse_constant=lambda name: _refuse_constant(name))
+                           parse_constant=lambda name: _refuse_constant(name),
+                           object_pairs_hook=_unique_object if unique_keys else None)
     except RecursionError:
         value, depth = None, _json_depth(text)
     except json.JSONDecodeError as error:
@@ -246,6 +249,15 @@ def decode_json(text: str) -> Any:
         bad = error.object[error.start:error.end].encode("unicode_escape").decode("ascii")
         raise UntrustedJson(f"a string holds a lone surrogate ({bad}), which is not a character; send valid "
                             "Unicode text") from None
+    return value
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) < len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise UntrustedJson(f"the key {twice!r} appears twice in one object; give each key once")
     return value
 
 

@@ -9,6 +9,9 @@ Two questions are answered here without tokenizing anything:
   is over `max_request_tokens` is refused at once, so a refused request of megabytes costs milliseconds, not
   seconds of tokenizing and windowing on the model thread while other clients wait. The floor is exact as a bound, never an estimate: a request under it is windowed and
   counted exactly on the model thread as before.
+- **Can it finish before its deadline?** `Throughput.deadline_refusal`: a request whose tokens (the floor
+  here, the exact count once windowed) need longer than `request_timeout_s` at the recent speed of full model
+  calls is refused at once (413, with the numbers), instead of running until the deadline drops its work.
 - **How long would it wait?** `Throughput` keeps the recent rate of model calls (tokens per second), and
   `estimate_tokens` a rough size of a waiting request; the scheduler divides the work already accepted by the
   rate to refuse (429, with a Retry-After) a request that would wait longer than `max_queue_wait_s`.
@@ -152,18 +155,47 @@ def estimate_tokens(parsed: Sequence[Any]) -> int:
 
 
 class Throughput:
-    """The recent speed of the model: an exponential average of tokens per second over model calls."""
+    """The recent speed of the model: an exponential average of tokens per second over model calls, and
+    another over full calls only (`full_tokens_per_s`: calls of at least a quarter of the token budget).
+
+    A large request runs in full calls, and a small call's rate is mostly its fixed overhead: the deadline
+    check (`deadline_refusal`) uses the rate of full calls, so a request is refused for its size only by the
+    speed it would actually run at.
+    """
 
     def __init__(self, smoothing: float = THROUGHPUT_SMOOTHING):
         self.smoothing = smoothing
         self.tokens_per_s: float | None = None  # None until a call has been timed
+        self.full_tokens_per_s: float | None = None  # None until a full call has been timed
 
-    def record(self, tokens: int, seconds: float) -> None:
+    def record(self, tokens: int, seconds: float, full: bool = False) -> None:
         if tokens <= 0 or seconds <= 0:
             return
         rate = tokens / seconds
-        previous = self.tokens_per_s
-        self.tokens_per_s = rate if previous is None else previous + self.smoothing * (rate - previous)
+        self.tokens_per_s = self.averaged(self.tokens_per_s, rate)
+        if full:
+            self.full_tokens_per_s = self.averaged(self.full_tokens_per_s, rate)
+
+    def averaged(self, previous: float | None, rate: float) -> float:
+        return rate if previous is None else previous + self.smoothing * (rate - previous)
+
+    def deadline_tokens(self, seconds: float) -> int | None:
+        """The most tokens full calls run in `seconds` at the recent rate (None: no full call timed yet)."""
+        if self.full_tokens_per_s is None or seconds <= 0:
+            return None
+        return int(self.full_tokens_per_s * seconds)
+
+    def deadline_refusal(self, tokens: int, seconds: float, counted: str) -> str | None:
+        """Why a request of `tokens` tokens cannot be answered within `seconds` at the recent speed of full
+        calls, or None when it can (or no full call was timed yet: nothing to refuse on)."""
+        budget = self.deadline_tokens(seconds)
+        if budget is None or tokens <= budget:
+            return None
+        need = tokens / self.full_tokens_per_s
+        return (f"the inputs make {tokens} tokens {counted}; this server runs about {self.full_tokens_per_s:.0f} "
+                f"tokens/s, so they need about {need:.0f} s, more than the request deadline of {seconds:g} s "
+                f"(request_timeout_s): split the request into parts of at most {budget} tokens (send fewer or "
+                "shorter texts), or start the server with a longer --request-timeout-s")
 
     def seconds_for(self, tokens: int) -> float | None:
         """Expected seconds to run `tokens` tokens at the recent rate (None before any call was timed)."""

@@ -29,7 +29,10 @@ and readiness (`Scheduler.ready`) is false until the server is restarted.
 
 Admission (`submit`) refuses at once, with a Retry-After: when `max_queue` requests wait, or when the work
 already accepted would make a new request wait longer than `max_queue_wait_s` at the recent throughput
-(`inference.admission.Throughput`). `drain` (at shutdown) refuses new requests and lets accepted ones finish.
+(`inference.admission.Throughput`; only work that will run before its request's deadline counts). A request
+that cannot finish within `request_timeout_s` at the recent speed of full model calls is refused at once
+("too_large", with the numbers): from its words' floor in `submit`, from its exact tokens once windowed in
+`admit`, before any model call (the warm-up times one full call, `calibrate`, so the speed is known). `drain` (at shutdown) refuses new requests and lets accepted ones finish.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ from bertforge.runtime import release_freed_memory
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# At most this many inputs in the calibration call (`Scheduler.calibrate`).
+CALIBRATION_INPUTS = 1024
 
 __all__ = ["CANCEL_REASONS", "FAILURES", "Failure", "Job", "JobFailed", "JobTiming", "ModelSteps", "Scheduler",
            "SchedulerEvents", "SchedulerSettings", "Step", "all_finite", "check_positive", "retry_after"]
@@ -153,7 +158,22 @@ class Scheduler:
             except JobFailed as error:
                 log.error("warm-up request of %s failed: %s", task, error.message)
                 return
+        await self.calibrate(requests)
         self.warmed = True
+
+    async def calibrate(self, requests: Mapping[str, tuple[list[Any], dict[str, Any]]]) -> None:
+        """Time one full model call (copies of the first warm-up request, about `max_batch_tokens` tokens), so
+        the deadline check knows the model's speed before the first client's large request
+        (`Throughput.deadline_refusal`). A failure is logged: the check then waits for real full calls."""
+        if not requests or self.throughput.full_tokens_per_s is not None:
+            return
+        task, (parsed, options) = next(iter(requests.items()))
+        copies = min(CALIBRATION_INPUTS, -(-self.settings.max_batch_tokens // max(1, estimate_tokens(parsed))))
+        try:
+            with self.incoming():
+                await self.result(self.submit(task, list(parsed) * copies, options, silent=True))
+        except JobFailed as error:
+            log.warning("calibration call of %s failed: %s", task, error.message)
 
     @property
     def ready(self) -> bool:
@@ -169,9 +189,27 @@ class Scheduler:
         """Seconds a request arriving now would wait for its first model call, at the recent throughput: the
         requests not started yet run first (`plan` gives them calls of their own), and a started one takes
         every other call (at most `max_batch_tokens`). None before any model call was timed."""
-        waiting = self.queued_estimate + sum(sum(job.tokens) for job in self.running if not job.served)
+        waiting = self.queued_estimate + sum(self.will_run(job) for job in self.running if not job.served)
         started = self.settings.max_batch_tokens if any(job.served for job in self.running) else 0
         return self.throughput.seconds_for(waiting + started)
+
+    def will_run(self, job: Job) -> int:
+        """The tokens of `job` still to run that can run before its deadline (`request_timeout_s`): the rest
+        will be dropped when it times out, so no later request waits for them (its Retry-After neither)."""
+        left = sum(job.tokens[index] for index in job.todo)
+        timeout = self.settings.request_timeout_s
+        if not timeout:
+            return left
+        remaining = job.arrival + timeout - asyncio.get_running_loop().time()
+        budget = self.throughput.deadline_tokens(remaining)
+        return left if budget is None else max(0, min(left, budget))
+
+    def token_limit(self) -> int:
+        """The most tokens a request may make: `max_request_tokens`, and what full model calls run within the
+        request deadline at the recent speed."""
+        limit = self.settings.max_request_tokens
+        budget = self.throughput.deadline_tokens(self.settings.request_timeout_s) if self.settings.request_timeout_s else None
+        return limit if budget is None else min(limit, budget)
 
     # --- the side of the requests ------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -189,7 +227,7 @@ class Scheduler:
         to just past `max_request_tokens`. Pure: the server may count it in another thread. Wire inputs
         (`wire_inputs.plain_inputs`) are one window per text, cut or refused, never windowed: not counted."""
         return token_floor(getattr(self.pipelines[task], "family", None), plain_inputs(parsed),
-                           self.settings.max_request_tokens)
+                           self.token_limit())
 
     def submit(self, task: str, parsed: list[Any], options: dict[str, Any], *, silent: bool = False,
                floor: int | None = None) -> Job:
@@ -215,6 +253,9 @@ class Scheduler:
                                          f"{settings.max_request_tokens} per request (max_request_tokens; raise "
                                          "it with `bertforge serve --max-request-tokens`), so split the request "
                                          "or send shorter texts")
+        late = self.deadline_refusal(floor, "after windowing or more (counted from their words)")
+        if late is not None:
+            raise JobFailed("too_large", late)
         wait = self.expected_wait_s()
         if self.queue.full():
             raise JobFailed("busy", f"server busy: {settings.max_queue} requests are already waiting; retry "
@@ -386,7 +427,16 @@ class Scheduler:
                                       " raise it with `bertforge serve --max-request-tokens`), so split the "
                                       "request or send shorter texts")
                 continue
+            late = self.deadline_refusal(total, f"after windowing ({len(job.features)} windows)")
+            if late is not None:
+                job.fail("too_large", late)
+                continue
             self.running.append(job)
+
+    def deadline_refusal(self, tokens: int, counted: str) -> str | None:
+        """Why `tokens` cannot run within the request deadline at the recent speed, or None."""
+        timeout = self.settings.request_timeout_s
+        return self.throughput.deadline_refusal(tokens, timeout, counted) if timeout else None
 
     def fail_job(self, job: Job, error: BaseException) -> None:
         if isinstance(error, BertforgeError):  # an input the model cannot take (too long ...)
@@ -454,7 +504,7 @@ class Scheduler:
             self.mark_unhealthy(f"a model call gave non-finite outputs (NaN or infinity) for the {first.task} "
                                 "task")
             return
-        self.throughput.record(step.tokens, elapsed)
+        self.throughput.record(step.tokens, elapsed, full=step.tokens >= self.settings.max_batch_tokens // 4)
         if not all(job.silent for job, _ in step.parts):
             self.events.model_call(len(outputs), step.tokens)
         position, finished = 0, []

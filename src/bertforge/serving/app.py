@@ -52,7 +52,7 @@ try:
 except ImportError as missing:  # the serve extra is optional; say how to get it when it is needed
     raise serve_extra_missing(missing) from None
 
-from bertforge.serving.guards import LOOPBACK_HOSTS, install_guards  # noqa: E402
+from bertforge.serving.guards import LOOPBACK_HOSTS, install_guards, key_held  # noqa: E402
 from bertforge.serving.model_service import (  # noqa: E402 (after the check of the serve extra)
     FAILURE_STATUS,
     InferenceService,
@@ -131,9 +131,24 @@ def build_app(models: ModelSet | Mapping[str, Pipeline], settings: ServerSetting
         message, param = validation_message(error.errors())
         return refusal(request, 422, message, param=param)
 
-    @app.get("/health", summary="each served model: tasks, device, precision, queue depth")
-    async def health() -> dict[str, Any]:
-        reports = {name: service.health() for name, service in models.services.items()}
+    add_probes(app, models, settings)
+
+    # Guards (`http_guards`: keys, Host, Content-Type, body size, CORS, request ids, timing headers) are
+    # installed here, around every route above: they refuse through `envelopes.error_payload` like the routes.
+    install_guards(app, settings)
+    return app
+
+
+def add_probes(app: FastAPI, models: ModelSet, settings: ServerSettings) -> None:
+    """`/health` (liveness, what is served), `/ready` (readiness) and `/metrics` (Prometheus)."""
+    @app.get("/health", summary="each served model: name, tasks, queue depth; with a key (or on a server without "
+                                "keys) its device, precision and settings; with a key its directory")
+    async def health(request: Request) -> dict[str, Any]:
+        # Open without a key (probes): a server with keys tells a client without one only names and states,
+        # and where a model lies on disk only to a key holder.
+        held = key_held(request.scope)
+        detail = held or not settings.api_keys
+        reports = {name: service.health(detail, directory=held) for name, service in models.services.items()}
         # One model: its report at the top level as before, and under `models` like several.
         top = dict(reports[models.names[0]]) if len(reports) == 1 else {"status": "ok"}
         return {**top, "models": reports}
@@ -152,11 +167,6 @@ def build_app(models: ModelSet | Mapping[str, Pipeline], settings: ServerSetting
     @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics")
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(render_metrics(models), media_type=CONTENT_TYPE)
-
-    # Guards (`http_guards`: keys, Host, Content-Type, body size, CORS, request ids, timing headers) are
-    # installed here, around every route above: they refuse through `envelopes.error_payload` like the routes.
-    install_guards(app, settings)
-    return app
 
 
 def render_metrics(models: ModelSet) -> bytes:

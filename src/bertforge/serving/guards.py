@@ -9,12 +9,19 @@ In order, a request is refused with:
 - **401** with ``WWW-Authenticate: Bearer`` when `api_keys` is set and ``Authorization: Bearer <key>`` does not
   hold one of them (each compared in constant time; a key is never logged). `OPEN_PATHS` (liveness,
   readiness, the API documentation and its assets) and the browser page (`GET /` and `/page/`) stay open, so
-  probes and browsers need no key; `/metrics` is not open (Prometheus sends a bearer token).
-- **415** for a POST (PUT, PATCH) whose Content-Type is not JSON (`application/json` or `*/*+json`). A web
+  probes and browsers need no key; `/metrics` is not open (Prometheus sends a bearer token). An open path
+  learns whether the request held a key (`key_held`): `/health` shows model directories only to a key holder.
+- **415** for a POST (PUT, PATCH) whose Content-Type is not JSON (`application/json` or `*/*+json`), or names
+  a charset other than UTF-8 (the body would be read wrongly: JSON is UTF-8, RFC 8259). A web
   page can post `text/plain` to any address without asking (a "simple" cross-origin request); it cannot post
   JSON without a CORS preflight, which this server does not grant unless `cors_origins` says so.
-- **413** for a body over `max_body_bytes`: from Content-Length before a byte is read, or as soon as a chunked
-  body passes the limit. The route gets the body already read (so it never holds more than the limit).
+- **413** for a body over `max_body_bytes`: from Content-Length before a byte is kept, or as soon as a chunked
+  body passes the limit; the rest of a body up to `DRAIN_FACTOR` times the limit is read and dropped first, so
+  a client that sends its whole body before reading (urllib, requests) gets the 413, not a reset connection.
+  The route gets the body already read (so it never holds more than the limit).
+- **408** when the body has not all arrived within `body_timeout_s` of the headers (a body shorter than its
+  Content-Length would otherwise hold the connection for ever), and **503** at once, with Retry-After, while
+  `max_incomplete_bodies` other requests are still sending theirs (a cap on such connections).
 - **429** with ``Retry-After`` for a large body (`LARGE_BODY_BYTES` or more, from Content-Length) from a client
   address whose last large body got a 413 less than `refusal_cooldown_s` ago, before a byte of it is read.
   A refused request of megabytes still costs the server its bytes (read, decoded, its words counted: tens of
@@ -31,6 +38,7 @@ Refusals are written with `envelopes.error_payload`, so each API style gets its 
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -67,11 +75,14 @@ REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 REQUEST_ID_KEY = "bertforge.request_id"
 TIMING_KEY = "bertforge.timing"
 RETRY_AFTER_KEY = "bertforge.retry_after"
+KEY_HELD_KEY = "bertforge.key_held"
 TIMING_HEADERS = {"tokenization_s": "x-tokenization-time", "queue_s": "x-queue-time",
                   "inference_s": "x-inference-time"}
 # A body this large costs milliseconds to read and decode: decoded off the event loop (`model_service`), and
 # not taken again from an address whose last one was refused as too large (the cooldown above).
 LARGE_BODY_BYTES = 256 * 1024
+# A body refused as too large is still read (and dropped) up to this many times the limit: see `Guards.drain`.
+DRAIN_FACTOR = 4
 # Addresses remembered for the cooldown; the oldest are forgotten past this many.
 COOLDOWN_MEMORY = 4096
 
@@ -114,6 +125,11 @@ def note_retry_after(scope: Scope, headers: MutableMapping[str, str] | dict[str,
         scope[RETRY_AFTER_KEY] = value
 
 
+def key_held(scope: Scope) -> bool:
+    """Whether the request holds one of the server's API keys (False when the server has none)."""
+    return bool(scope.get(KEY_HELD_KEY))
+
+
 def request_id_of(scope: Scope) -> str | None:
     return scope.get(REQUEST_ID_KEY)
 
@@ -122,11 +138,15 @@ class Guards:
     """The ASGI middleware (see the module docstring). `settings` has `api_keys`, `allowed_hosts` and
     `max_body_bytes` (`ServerSettings`)."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], settings: Any):
+    def __init__(self, app: Callable[..., Awaitable[None]], settings: Any, routes: Sequence[Any] = ()):
         self.app = app
+        self.routes = routes  # the app's routes (Starlette's, live): a body is checked only for a route taking it
         self.keys = [key.encode("utf-8") for key in settings.api_keys]
         self.hosts = {host.lower().strip("[]") for host in settings.allowed_hosts}
         self.max_body_bytes = int(settings.max_body_bytes)
+        self.body_timeout_s = float(settings.body_timeout_s)
+        self.max_incomplete = int(settings.max_incomplete_bodies)
+        self.incomplete = 0  # requests whose body is being read now
         self.cooldown_s = float(settings.refusal_cooldown_s)
         self.cooling: OrderedDict[str, float] = OrderedDict()  # address -> when its cooldown ends (monotonic)
 
@@ -162,6 +182,8 @@ class Guards:
             refusal = self.refusal(scope, headers)
             if refusal is None:
                 body, refusal = await self.read_body(headers, receive)
+            elif scope["method"] in BODY_METHODS:  # refused before reading: the body is dropped, not kept
+                await self.drain(receive, time.monotonic() + self.body_timeout_s, declared_length(headers), headers)
             if refusal is not None:
                 await respond(scope, answer, *refusal)
             else:
@@ -179,23 +201,40 @@ class Guards:
                              f"--allowed-host {host} to allow it"), []
         path = scope["path"]
         page = path in OPEN_PAGE_PATHS and scope["method"] in ("GET", "HEAD")
-        if self.keys and not (page or path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)):
+        if self.keys:
             scheme, _, token = headers.get("authorization", "").partition(" ")
-            if not token.strip() or scheme.lower() != "bearer":
-                return (401, "this server needs an API key: send the header 'Authorization: Bearer <key>'",
-                        [("www-authenticate", 'Bearer realm="bertforge"')])
+            given = bool(token.strip()) and scheme.lower() == "bearer"
             # Every key is compared, in constant time each: the answer's timing tells nothing of which matched.
-            matched = [hmac.compare_digest(token.strip().encode("utf-8"), key) for key in self.keys]
-            if not any(matched):
-                return (401, "the API key is not valid for this server",
-                        [("www-authenticate", 'Bearer realm="bertforge", error="invalid_token"')])
-        if scope["method"] in BODY_METHODS:
-            media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+            valid = given and any([hmac.compare_digest(token.strip().encode("utf-8"), key) for key in self.keys])
+            scope[KEY_HELD_KEY] = valid  # an open path (/health) shows more to a client holding a key
+            if not (page or path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)):
+                if not given:
+                    return (401, "this server needs an API key: send the header 'Authorization: Bearer <key>'",
+                            [("www-authenticate", 'Bearer realm="bertforge"')])
+                if not valid:
+                    return (401, "the API key is not valid for this server",
+                            [("www-authenticate", 'Bearer realm="bertforge", error="invalid_token"')])
+        if scope["method"] in BODY_METHODS and self.takes_body(scope):
+            media, _, parameters = headers.get("content-type", "").partition(";")
+            media = media.strip().lower()
             if media != "application/json" and not media.endswith("+json"):
                 return 415, (f"send the body as JSON with the header 'Content-Type: application/json' "
                              f"(got {media or 'no Content-Type'!r})"), []
+            charset = charset_of(parameters)
+            if charset is not None and charset not in ("utf-8", "utf8"):
+                return 415, (f"the body is read as UTF-8 (JSON's encoding), not as charset={charset}: send it "
+                             "encoded as UTF-8 with 'Content-Type: application/json' or '; charset=utf-8'"), []
             return self.cooling_refusal(scope, headers)
         return None
+
+    def takes_body(self, scope: Scope) -> bool:
+        """Whether a route answers this method on this path: else the app's 404 or 405 comes first, whatever
+        the body (a PUT on a GET route is a wrong method before it is a wrong Content-Type)."""
+        if not self.routes:
+            return True
+        from starlette.routing import Match
+
+        return any(route.matches(scope)[0] == Match.FULL for route in self.routes)
 
     def start_cooldown(self, scope: Scope, headers: dict[str, str]) -> None:
         """After a 413 to a large body: the address's large bodies are refused for `cooldown_s`."""
@@ -222,26 +261,63 @@ class Guards:
 
     async def read_body(self, headers: dict[str, str], receive: Receive
                         ) -> tuple[bytes, tuple[int, str, list[tuple[str, str]]] | None]:
-        """The whole request body, or a 413 refusal as soon as it is known to be over the limit."""
+        """The whole request body, or a refusal: 413 as soon as it is known to be over the limit (the rest
+        of a body of moderate size is read and dropped first, see `drain`); 408 when it has not all arrived
+        within `body_timeout_s`; 503 when `max_incomplete_bodies` other requests are still sending theirs."""
         limit = self.max_body_bytes
         declared = declared_length(headers)
+        deadline = time.monotonic() + self.body_timeout_s
         if declared > limit:
+            await self.drain(receive, deadline, declared, headers)
             return b"", (413, f"request body of {declared} bytes is larger than the limit of {limit} bytes "
                               "(max_body_bytes; split the request)", [])
+        if self.incomplete >= self.max_incomplete:
+            return b"", (503, f"{self.incomplete} requests are still sending their bodies (max_incomplete_bodies); "
+                              "retry shortly", [("retry-after", "1")])
         chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                break
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                return b"", (413, f"request body is larger than the limit of {limit} bytes (max_body_bytes; "
-                                  "split the request)", [])
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        self.incomplete += 1
+        try:
+            while True:
+                message = await within(receive, deadline)
+                if message is None:
+                    return b"", (408, f"the request body did not arrive within {self.body_timeout_s:g} s "
+                                      f"(body_timeout_s): {size} of {declared or 'an unknown number of'} bytes came; "
+                                      "send the whole body at once, with a Content-Length that matches it", [])
+                if message["type"] == "http.disconnect":
+                    break
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    await self.drain(receive, deadline, size, headers)
+                    return b"", (413, f"request body is larger than the limit of {limit} bytes (max_body_bytes; "
+                                      "split the request)", [])
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+        finally:
+            self.incomplete -= 1
         return b"".join(chunks), None
+
+    async def drain(self, receive: Receive, deadline: float, size: int, headers: dict[str, str]) -> None:
+        """Read and drop the rest of a refused body of at most `DRAIN_FACTOR` times the limit, so the client
+        reads the refusal (413, and those made before reading: 401, 415, 429 ...): one that sends its whole body
+        before reading the answer (urllib, most scripts) would otherwise get a connection reset instead. Bytes
+        are only received, never decoded. A larger body is not read (the client may see the reset), nor one
+        whose client waits for `100 Continue` before sending it (it reads the refusal instead)."""
+        if size > DRAIN_FACTOR * self.max_body_bytes or "100-continue" in headers.get("expect", "").lower():
+            return
+        while True:
+            message = await within(receive, deadline)
+            if message is None or message["type"] == "http.disconnect" or not message.get("more_body", False):
+                return
+
+
+async def within(receive: Receive, deadline: float) -> Message | None:
+    """The next ASGI message, or None when `deadline` (monotonic) passes first."""
+    try:
+        return await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+    except TimeoutError:
+        return None
 
 
 def replay(body: bytes, receive: Receive) -> Receive:
@@ -263,10 +339,19 @@ async def respond(scope: Scope, send: Send, status: int, message: str, headers: 
     body = json.dumps(error_payload(scope["path"], status, message)).encode("utf-8")
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode("ascii"))]
     raw += [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
-    if status in (413, 429):  # the rest of the body is not read: the connection cannot carry another request
+    if status in (408, 413, 429, 503):  # the body was not read whole: the connection cannot carry another request
         raw.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
+
+
+def charset_of(parameters: str) -> str | None:
+    """The `charset` of a Content-Type's parameters (`; charset="UTF-8"` -> `utf-8`), None when not given."""
+    for parameter in parameters.split(";"):
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset":
+            return value.strip().strip('"').lower()
+    return None
 
 
 def declared_length(headers: dict[str, str]) -> int:
@@ -291,7 +376,7 @@ def milliseconds(seconds: float) -> bytes:
 def install_guards(app: Any, settings: Any) -> None:
     """Put `Guards` (and, when `settings.cors_origins` lists origins, CORS outside it, so a preflight needs no
     key) in front of every route of a Starlette/FastAPI `app`."""
-    app.add_middleware(Guards, settings=settings)
+    app.add_middleware(Guards, settings=settings, routes=app.router.routes)
     if settings.cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 

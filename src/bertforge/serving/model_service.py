@@ -69,6 +69,8 @@ class ServerSettings(SchedulerSettings):
         cors_origins: origins a browser page may call the server from (CORS); empty: CORS off.
         refusal_cooldown_s: after a 413 to a large body, how long large bodies from that address get 429 before
             they are read (`http_guards`); 0: never.
+        body_timeout_s: a request body must arrive whole within this many seconds of its headers (else 408).
+        max_incomplete_bodies: requests whose bodies are being received at once; more get 503 at once.
     """
 
     max_items: int = 2048
@@ -78,11 +80,13 @@ class ServerSettings(SchedulerSettings):
     allowed_hosts: tuple[str, ...] = ()
     cors_origins: tuple[str, ...] = ()
     refusal_cooldown_s: float = 1.0
+    body_timeout_s: float = 30.0
+    max_incomplete_bodies: int = 128
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_positive(self, ("max_items", "max_chars", "max_body_bytes"))
-        check_seconds(self, ("refusal_cooldown_s",))
+        check_positive(self, ("max_items", "max_chars", "max_body_bytes", "max_incomplete_bodies"))
+        check_seconds(self, ("refusal_cooldown_s", "body_timeout_s"))
         check_guard_settings(self)
         self.api_keys, self.allowed_hosts, self.cors_origins = (
             tuple(self.api_keys), tuple(self.allowed_hosts), tuple(self.cors_origins))
@@ -122,7 +126,7 @@ def check_sizes(item: Any, index: int, max_chars: int) -> None:
 
 
 def decode_body(raw: bytes) -> Any:
-    return decode_json(raw.decode("utf-8"))
+    return decode_json(raw.decode("utf-8"), unique_keys=True)
 
 
 async def read_body(request: Request, settings: ServerSettings) -> Any:
@@ -235,7 +239,7 @@ class InferenceService:
         scheduler; RequestError with the status of a failure (`FAILURE_STATUS`)."""
         try:
             floor = None
-            if estimate_tokens(parsed) * CHARS_PER_TOKEN > self.settings.max_request_tokens:
+            if estimate_tokens(parsed) * CHARS_PER_TOKEN > self.scheduler.token_limit():
                 # Possibly over the token budget: its words are counted off the event loop.
                 floor = await asyncio.to_thread(self.scheduler.token_floor, task, parsed)
             job = self.scheduler.submit(task, parsed, options, floor=floor)
@@ -276,13 +280,20 @@ class InferenceService:
         return {"ready": scheduler.ready, "warmed": scheduler.warmed, "unhealthy": scheduler.unhealthy,
                 "draining": scheduler.draining}
 
-    def health(self) -> dict[str, Any]:
-        return {"status": "ok", "ready": self.scheduler.ready, "model": self.model_name, "directory": self.directory, "tasks": list(self.pipelines),
-                "queue_depth": self.scheduler.queue_depth,
-                "running": len(self.scheduler.running),
-                "pipelines": {task: p.describe() for task, p in self.pipelines.items()},
-                # The keys themselves never leave the server (/health needs none): only how many there are.
-                "settings": {**asdict(self.settings), "api_keys": len(self.settings.api_keys)}}
+    def health(self, detail: bool = True, directory: bool = False) -> dict[str, Any]:
+        """The model's state for /health: name, tasks, readiness and queue for anyone; with `detail` its
+        pipelines and settings (never its keys); with `directory` where it was loaded from."""
+        report = {"status": "ok", "ready": self.scheduler.ready, "model": self.model_name,
+                  "tasks": list(self.pipelines), "queue_depth": self.scheduler.queue_depth,
+                  "running": len(self.scheduler.running)}
+        if detail:
+            # The keys themselves never leave the server: only how many there are.
+            settings = {**asdict(self.settings), "api_keys": len(self.settings.api_keys)}
+            report |= {"pipelines": {task: p.describe() for task, p in self.pipelines.items()},
+                       "settings": settings}
+        if directory:
+            report["directory"] = self.directory
+        return report
 
 
 class ModelSet:

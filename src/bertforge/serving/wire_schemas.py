@@ -224,6 +224,7 @@ GUARD_REFUSALS = {
     "413": "the body is larger than max_body_bytes",
     "415": "the body is not JSON: send 'Content-Type: application/json' (charset utf-8 or none)",
     "429": "refused unread: this address's last large body was too large (refusal_cooldown_s)",
+    "503": "too many requests are still sending their bodies (max_incomplete_bodies), or the server is busy",
 }
 # A refusal in any of the server's envelopes: an object holding `error` (a message, or OpenAI's object).
 ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {}}}
