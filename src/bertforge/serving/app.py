@@ -141,14 +141,12 @@ def build_app(models: ModelSet | Mapping[str, Pipeline], settings: ServerSetting
 
 def add_probes(app: FastAPI, models: ModelSet, settings: ServerSettings) -> None:
     """`/health` (liveness, what is served), `/ready` (readiness) and `/metrics` (Prometheus)."""
-    @app.get("/health", summary="each served model: name, tasks, queue depth; with a key (or on a server without "
-                                "keys) its device, precision and settings; with a key its directory")
+    @app.get("/health", summary="each served model: name, tasks, device, precision, queue depth, settings (how "
+                                "many keys, never the keys); with a key, its directory")
     async def health(request: Request) -> dict[str, Any]:
-        # Open without a key (probes): a server with keys tells a client without one only names and states,
-        # and where a model lies on disk only to a key holder.
+        # Open without a key (probes, the page): where a model lies on disk is told only to a key holder.
         held = key_held(request.scope)
-        detail = held or not settings.api_keys
-        reports = {name: service.health(detail, directory=held) for name, service in models.services.items()}
+        reports = {name: service.health(directory=held) for name, service in models.services.items()}
         # One model: its report at the top level as before, and under `models` like several.
         top = dict(reports[models.names[0]]) if len(reports) == 1 else {"status": "ok"}
         return {**top, "models": reports}

@@ -280,17 +280,15 @@ class InferenceService:
         return {"ready": scheduler.ready, "warmed": scheduler.warmed, "unhealthy": scheduler.unhealthy,
                 "draining": scheduler.draining}
 
-    def health(self, detail: bool = True, directory: bool = False) -> dict[str, Any]:
-        """The model's state for /health: name, tasks, readiness and queue for anyone; with `detail` its
-        pipelines and settings (never its keys); with `directory` where it was loaded from."""
+    def health(self, directory: bool = False) -> dict[str, Any]:
+        """The model's state for /health: name, tasks, readiness, queue, pipelines and settings (how many keys,
+        never the keys); with `directory`, where it was loaded from (for a key holder only)."""
         report = {"status": "ok", "ready": self.scheduler.ready, "model": self.model_name,
                   "tasks": list(self.pipelines), "queue_depth": self.scheduler.queue_depth,
-                  "running": len(self.scheduler.running)}
-        if detail:
-            # The keys themselves never leave the server: only how many there are.
-            settings = {**asdict(self.settings), "api_keys": len(self.settings.api_keys)}
-            report |= {"pipelines": {task: p.describe() for task, p in self.pipelines.items()},
-                       "settings": settings}
+                  "running": len(self.scheduler.running),
+                  "pipelines": {task: p.describe() for task, p in self.pipelines.items()},
+                  # The keys themselves never leave the server: only how many there are.
+                  "settings": {**asdict(self.settings), "api_keys": len(self.settings.api_keys)}}
         if directory:
             report["directory"] = self.directory
         return report
