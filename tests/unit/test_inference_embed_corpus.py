@@ -167,12 +167,12 @@ def test_embed_corpus_resume_after_a_crash_is_byte_identical(tiny_minilm_model, 
     crashed = tmp_path / "crashed"
     real_write = E.write_shard
 
-    def crash_in_shard_3(out, index, ids, vectors, dtype, tokens):
+    def crash_in_shard_3(out, index, ids, vectors, dtype, tokens, *rest):
         if index == 3:  # as if killed while writing: a temporary file and shard 3's vectors, no record
             (out / ".vectors-00003.npy.x1y2.tmp").write_bytes(b"half")
             (out / "vectors-00003.npy").write_bytes(b"stale bytes of an unrecorded shard")
             raise KeyboardInterrupt
-        return real_write(out, index, ids, vectors, dtype, tokens)
+        return real_write(out, index, ids, vectors, dtype, tokens, *rest)
 
     monkeypatch.setattr(E, "write_shard", crash_in_shard_3)
     with pytest.raises(KeyboardInterrupt):

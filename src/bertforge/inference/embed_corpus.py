@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import logging
 import os
@@ -53,6 +54,12 @@ from bertforge.data.corpus_records import (
 from bertforge.errors import ConfigError, DataError, InputError
 from bertforge.inference import pipelines
 from bertforge.inference.pipelines import EmbedPipeline, feature_tokens
+from bertforge.inference.vector_quantization import (
+    DEFAULT_CALIBRATION_SIZE,
+    QUANTIZED_DTYPES,
+    calibrate,
+    coded,
+)
 from bertforge.processes import Group, Ranks
 
 log = logging.getLogger(__name__)
@@ -62,7 +69,7 @@ PROGRESS_DIR = "progress"
 FORMAT_NAME = "bertforge-embeddings"
 FORMAT_VERSION = 1
 DEFAULT_SHARD_SIZE = 10_000
-DTYPES = ("float32", "float16")
+DTYPES = ("float32", "float16", *QUANTIZED_DTYPES)
 # Files of a model directory that decide its vectors (a README or an ONNX export beside them do not).
 MODEL_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "*.safetensors", "*.safetensors.index.json",
                "pytorch_model*.bin")
@@ -71,6 +78,7 @@ MODEL_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "*.safetenso
 
 VECTORS_NAME = "vectors-{:05d}.npy"  # .format(shard index)
 IDS_NAME = "ids-{:05d}.jsonl"
+CODES_NAME = "codes-{:05d}.npy"  # binary shards: the int8 codes that rescore their candidates
 
 
 def progress_path(out: Path, index: int) -> Path:
@@ -195,7 +203,7 @@ def finished(out: Path, index: int) -> dict[str, Any] | None:
     """The record of shard `index` when it is done (record present, both files of the recorded sizes)."""
     try:
         record = json.loads(progress_path(out, index).read_text(encoding="utf-8"))
-        for kind in ("vectors", "ids"):
+        for kind in record["bytes"]:
             if (out / record[kind]).stat().st_size != record["bytes"][kind]:
                 return None
     except (OSError, ValueError, KeyError, TypeError):
@@ -204,17 +212,22 @@ def finished(out: Path, index: int) -> dict[str, Any] | None:
 
 
 def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray, dtype: str,
-                tokens: int) -> dict[str, Any]:
-    """Write one shard's vectors, then its ids, then its record (each atomically); return the record."""
-    buffer = io.BytesIO()
-    np.save(buffer, np.ascontiguousarray(vectors, dtype=dtype), allow_pickle=False)
-    data = buffer.getvalue()
-    id_data = "".join(json.dumps(ident, ensure_ascii=False) + "\n" for ident in ids).encode("utf-8")
-    storage.write_bytes(out / VECTORS_NAME.format(index), data)
-    storage.write_bytes(out / IDS_NAME.format(index), id_data)
-    record = {"index": index, "vectors": VECTORS_NAME.format(index), "ids": IDS_NAME.format(index),
-              "count": len(ids), "tokens": tokens, "bytes": {"vectors": len(data), "ids": len(id_data)},
-              "sha256": {"vectors": hashlib.sha256(data).hexdigest(), "ids": hashlib.sha256(id_data).hexdigest()}}
+                tokens: int, calibration: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write one shard's vectors (coded as `dtype`: `vector_quantization.coded`; a binary shard also its int8
+    codes), then its ids, then its record (each atomically); return the record."""
+    arrays = coded(vectors, dtype, calibration)  # {"vectors": ..., maybe "codes": ...}
+    names = {"vectors": VECTORS_NAME.format(index), "codes": CODES_NAME.format(index), "ids": IDS_NAME.format(index)}
+    data = {}
+    for kind, array in arrays.items():
+        buffer = io.BytesIO()
+        np.save(buffer, array, allow_pickle=False)
+        data[kind] = buffer.getvalue()
+    data["ids"] = "".join(json.dumps(ident, ensure_ascii=False) + "\n" for ident in ids).encode("utf-8")
+    for kind, payload in data.items():
+        storage.write_bytes(out / names[kind], payload)
+    record = {"index": index, **{kind: names[kind] for kind in data}, "count": len(ids), "tokens": tokens,
+              "bytes": {kind: len(payload) for kind, payload in data.items()},
+              "sha256": {kind: hashlib.sha256(payload).hexdigest() for kind, payload in data.items()}}
     storage.write_json(progress_path(out, index), record)
     return record
 
@@ -261,6 +274,22 @@ def rank_texts(sources: Sequence[SourceFile], settings: CorpusSettings, shard_si
     return total, done
 
 
+def calibration_of(out: Path, manifest: dict[str, Any], pipeline: EmbedPipeline, options: dict[str, Any],
+                   sources: Sequence[SourceFile], settings: CorpusSettings) -> dict[str, Any]:
+    """The manifest with its int8 calibration (int8 and binary runs; rank 0, before any shard): that of the
+    folder's earlier run of the same identity (its shards were coded with it), else the ranges of the vectors
+    of the corpus's first `DEFAULT_CALIBRATION_SIZE` records (`vector_quantization.calibrate`)."""
+    if manifest["dtype"] not in QUANTIZED_DTYPES:
+        return manifest
+    existing = read_manifest(out)
+    if existing is not None and not describe_changes(existing, manifest) and "calibration" in existing:
+        return {**manifest, "calibration": existing["calibration"]}
+    sample = list(itertools.islice(read_records(sources, settings), DEFAULT_CALIBRATION_SIZE))
+    _, vectors, _ = embed_shard(pipeline, options, manifest["embedding"]["prompt"], sample, settings,
+                                manifest["input"]["settings"]["single_file"])
+    return {**manifest, "calibration": calibrate(vectors)}
+
+
 def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, records: Sequence[Record],
                 settings: CorpusSettings, single_file: bool,
                 on_batch: Callable[[int], None] | None = None) -> tuple[list[str], np.ndarray, int]:
@@ -302,7 +331,7 @@ def run_shards(out: Path, pipeline: EmbedPipeline, options: dict[str, Any], sour
         started = time.perf_counter()
         ids, vectors, tokens = embed_shard(pipeline, options, manifest["embedding"]["prompt"], chunk, settings,
                                            single, progress.advance if progress is not None else None)
-        write_shard(out, index, ids, vectors, manifest["dtype"], tokens)
+        write_shard(out, index, ids, vectors, manifest["dtype"], tokens, manifest.get("calibration"))
         done += (count, tokens, time.perf_counter() - started)
         if ranks.rank == 0:  # the progress of one rank of N: the others run at the same pace
             log.info("shard %d: %d texts, %d tokens; rank 0 of %d: %.0f texts/s, %.0f tokens/s", index, count,
@@ -324,7 +353,8 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
         inputs: a text, TSV, CSV or JSONL file, or a folder of them (recursive, sorted).
         out_dir: the output folder (created; a rerun of the same run resumes in it).
         settings: how records become texts and ids (default: `CorpusSettings()`).
-        shard_size: records per shard; dtype: "float32" or "float16" on disk (computed in float32).
+        shard_size: records per shard; dtype: on disk (computed in float32): "float32", "float16", "int8"
+            (calibrated on the first records) or "binary" (sign bits, plus int8 codes for rescoring).
         batch_size, max_length, device, precision: the pipeline's (`load_pipeline`).
         pooling, normalize: embedding options (None: the model's, e.g. a sentence-transformers directory's).
         prompt_name, prompt: a prefix before every text (`EmbedPipeline.prompt_text`; default: the model's).
@@ -350,8 +380,9 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
                                  batch_size=batch_size, max_length=max_length)
         given = {name: value for name, value in (("pooling", pooling), ("normalize", normalize)) if value is not None}
         options, prefix = pipeline.check_options(given), pipeline.prompt_text(prompt_name, prompt)
-        manifest = group.from_main(lambda: start_output(out, new_manifest(
-            model_dir, pipeline, options, prefix, inputs, sources, settings, shard_size, dtype)))
+        manifest = group.from_main(lambda: start_output(out, calibration_of(out, new_manifest(
+            model_dir, pipeline, options, prefix, inputs, sources, settings, shard_size, dtype), pipeline, options,
+            sources, settings)))
         if manifest["complete"]:
             return manifest
         records, shards = run_shards(out, pipeline, options, sources, settings, manifest, ranks,

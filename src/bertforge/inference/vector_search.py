@@ -1,5 +1,5 @@
-"""Exact top-k search over the vector shards `embed_corpus` writes: every stored vector is scored, none is
-skipped or approximated.
+"""Top-k search over the vector shards `embed_corpus` writes: every stored vector is scored, none is
+skipped (an approximate index is `vector_ann`).
 
 Owns: opening an embedding folder for search (`VectorIndex`: the complete manifest, its shards memory-mapped
 one at a time), the running top-k (`top_k_merge`, `search_vectors`), mapping winning rows back to their ids
@@ -10,6 +10,8 @@ Score: the dot product of the query vector and the stored vector, in float32 (fl
 block by block). When the corpus was embedded with `normalize` (the manifest's "similarity": "cosine"), both
 sides are unit vectors and the score is their cosine; without it, it is the plain dot product. Equal scores
 rank the earlier record (lower shard, lower row) first, so the answer does not depend on the shard layout.
+int8 and binary folders are scored with the float query against their codes (`vector_quantization`): int8
+the dot product with the dequantized vector, binary a scan by sign then an int8 rescoring of the candidates.
 
 Memory: one block of one shard (at most `BLOCK_ROWS` rows, as float32), the queries' block of scores, and k
 (score, row) pairs per query; ids are read only for the winners, one ids file at a time.
@@ -28,6 +30,12 @@ import numpy as np
 from bertforge.errors import ConfigError, InputError
 from bertforge.inference.embed_corpus import MANIFEST_NAME, model_fingerprint, read_manifest
 from bertforge.inference.pipelines import DEFAULT_BATCH_SIZE, load_pipeline
+from bertforge.inference.vector_quantization import (
+    DEFAULT_RESCORE_MULTIPLIER,
+    binary_scores,
+    int8_scores,
+    rescore,
+)
 from bertforge.inference.vector_texts import record_texts
 
 # Rows of a shard scored at once (float32 copies of float16 shards, and the [queries, rows] score block).
@@ -70,9 +78,9 @@ def block_top_k(scores: np.ndarray, first_row: int, k: int) -> tuple[np.ndarray,
     return scores[query, column].reshape(-1, k), (column + first_row).astype(np.int64).reshape(-1, k)
 
 
-def check_top_k(top_k: int) -> None:
+def check_top_k(top_k: int, name: str = "top_k") -> None:
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise InputError(f"top_k must be a positive integer, got {top_k!r}")
+        raise InputError(f"{name} must be a positive integer, got {top_k!r}")
 
 
 class VectorIndex:
@@ -94,7 +102,7 @@ class VectorIndex:
             raise ConfigError(f"{self.directory}: the embedding run has not finished; rerun the same `bertforge "
                               "embed` command to complete it")
         for shard in manifest["shards"]:
-            for kind in ("vectors", "ids"):
+            for kind in shard["bytes"]:
                 if not (self.directory / shard[kind]).is_file():
                     raise ConfigError(f"{self.directory / shard[kind]} is missing; rerun `bertforge embed` to "
                                       "rewrite it")
@@ -109,12 +117,26 @@ class VectorIndex:
         """"cosine" (the vectors are normalized) or "dot"."""
         return self.manifest["similarity"]
 
-    def shard_vectors(self, index: int) -> np.ndarray:
-        """Shard `index`'s vectors [n, H], memory-mapped (read from disk as they are used)."""
-        return np.load(self.directory / self.shards[index]["vectors"], mmap_mode="r", allow_pickle=False)
+    def shard_vectors(self, index: int, kind: str = "vectors") -> np.ndarray:
+        """Shard `index`'s stored vectors (float [n, H], int8 codes [n, H] or sign bits [n, H / 8]; `kind`
+        "codes": a binary shard's int8 codes), memory-mapped (read from disk as they are used)."""
+        return np.load(self.directory / self.shards[index][kind], mmap_mode="r", allow_pickle=False)
 
-    def search_vectors(self, queries: np.ndarray, top_k: int = DEFAULT_TOP_K) -> tuple[np.ndarray, np.ndarray]:
-        """The exact top-k rows of every query vector, scanning the shards one at a time.
+    def score_block(self, queries: np.ndarray, block: np.ndarray) -> np.ndarray:
+        """[Q, n] scores of float queries against a block of stored rows, by the folder's dtype (module
+        docstring of `vector_quantization`)."""
+        dtype = self.manifest["dtype"]
+        if dtype == "int8":
+            return int8_scores(queries, block, self.manifest["calibration"])
+        if dtype == "binary":
+            return binary_scores(queries, block, self.dim)
+        return queries @ np.asarray(block, dtype=np.float32).T
+
+    def search_vectors(self, queries: np.ndarray, top_k: int = DEFAULT_TOP_K,
+                       rescore_multiplier: int = DEFAULT_RESCORE_MULTIPLIER) -> tuple[np.ndarray, np.ndarray]:
+        """The top-k rows of every query vector, scanning the shards one at a time: exact for float shards,
+        the dot product with the dequantized document for int8 ones; binary ones are scanned by sign, and
+        their best `rescore_multiplier` x k rows rescored by their int8 codes.
 
         Args:
             queries: [Q, H] float32 query vectors (embedded as the corpus was).
@@ -127,21 +149,34 @@ class VectorIndex:
         if queries.ndim != 2 or queries.shape[1] != self.dim:
             raise InputError(f"query vectors must be [Q, {self.dim}], got {list(queries.shape)}")
         check_top_k(top_k)
+        check_top_k(rescore_multiplier, "rescore_multiplier")
         k = min(top_k, self.count)
+        binary = self.manifest["dtype"] == "binary"
+        wide = min(k * rescore_multiplier, self.count) if binary else k
         best = (np.full((len(queries), 0), -np.inf, np.float32), np.zeros((len(queries), 0), np.int64))
         for index in range(len(self.shards)):
             vectors = self.shard_vectors(index)
             for start in range(0, len(vectors), BLOCK_ROWS):
-                block = np.asarray(vectors[start:start + BLOCK_ROWS], dtype=np.float32)  # [n, H]
+                block = vectors[start:start + BLOCK_ROWS]
                 first = int(self.offsets[index]) + start
-                best = self._merge_block(queries, block, first, best, k)
+                best = self._merge_block(queries, block, first, best, wide)
+        if binary:
+            scores = rescore(queries, best[1], self.codes_at, self.manifest["calibration"])
+            best = top_k_merge(scores, best[1], k)
         return best
+
+    def codes_at(self, rows: np.ndarray) -> np.ndarray:
+        """The int8 codes [len(rows), H] of sorted global rows of a binary folder (only their rows are read)."""
+        shard_of = np.searchsorted(self.offsets, rows, side="right") - 1
+        parts = [np.asarray(self.shard_vectors(int(shard), "codes")[rows[shard_of == shard] - self.offsets[shard]])
+                 for shard in np.unique(shard_of)]
+        return np.concatenate(parts) if parts else np.zeros((0, self.dim), np.int8)
 
     def _merge_block(self, queries: np.ndarray, block: np.ndarray, first: int,
                      best: tuple[np.ndarray, np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
         scores, rows = [], []
         for q in range(0, len(queries), QUERY_BLOCK):
-            found = block_top_k(queries[q:q + QUERY_BLOCK] @ block.T, first, k)  # [q, n] -> [q, k']
+            found = block_top_k(self.score_block(queries[q:q + QUERY_BLOCK], block), first, k)  # [q, n] -> [q, k']
             merged = top_k_merge(np.concatenate([best[0][q:q + QUERY_BLOCK], found[0]], axis=1),
                                  np.concatenate([best[1][q:q + QUERY_BLOCK], found[1]], axis=1), k)
             scores.append(merged[0])
@@ -187,9 +222,11 @@ def embed_queries(index: VectorIndex, queries: Sequence[str], *, model: str | os
 
 
 def search_hits(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
-                show_text: bool = False, field: str | None = None, **embedding: Any) -> list[list[dict[str, Any]]]:
+                show_text: bool = False, field: str | None = None,
+                rescore_multiplier: int = DEFAULT_RESCORE_MULTIPLIER, **embedding: Any) -> list[list[dict[str, Any]]]:
     """The top-k hits of each query text, best first, as {"id", "score"} (plus "text" with `show_text`, or
-    the record's `field`: read back from the input, `vector_texts.record_texts`).
+    the record's `field`: read back from the input, `vector_texts.record_texts`); `rescore_multiplier`: see
+    `VectorIndex.search_vectors`.
 
     `embedding`: how the queries are embedded (`embed_queries`: model, device, batch_size, prompt_name,
     prompt, precision).
@@ -198,7 +235,7 @@ def search_hits(directory: str | os.PathLike, queries: Sequence[str], *, top_k: 
     check_top_k(top_k)
     if not queries:
         return []
-    scores, rows = index.search_vectors(embed_queries(index, queries, **embedding), top_k)
+    scores, rows = index.search_vectors(embed_queries(index, queries, **embedding), top_k, rescore_multiplier)
     ids = index.ids_at(rows)
     hits = [[{"id": ident, "score": float(score)} for ident, score in zip(query_ids, query_scores)]
             for query_ids, query_scores in zip(ids, scores)]
