@@ -77,7 +77,7 @@ def test_finetune_embedding_reads_the_official_stsb_tsv(tmp_path, tiny_minilm_mo
 
 @pytest.mark.parametrize("flags, message", [
     (["--format", "embedding-pairs", "--loss", "cosent"], "loss=cosent needs scored pairs"),
-    (["--format", "pair", "--loss", "mnrl"], "--loss (finetune.head.loss) applies to embedding"),
+    (["--format", "pair", "--loss", "mnrl"], "--loss (finetune.head.loss) applies to sparse_embedding and embedding"),
 ])
 def test_finetune_embedding_refuses_a_loss_that_cannot_apply(tmp_path, tiny_minilm_model, capsys, flags, message):
     data = write_pairs(tmp_path / "train.tsv")

@@ -92,6 +92,15 @@ def test_search_show_text_refuses_an_input_changed_since_embedding(embedded):
         S.search_hits(folder / "out", ["fox"], show_text=True, device="cpu")
 
 
+def test_search_show_text_reads_a_symlinked_input_under_its_own_name(tiny_minilm_model, tmp_path):
+    # texts.txt -> lines.txt: the manifest names the file as the user did, so --show-text finds it again
+    rows = write_jsonl(tmp_path / "lines.jsonl", 6)
+    (tmp_path / "texts.jsonl").symlink_to(tmp_path / "lines.jsonl")
+    E.embed_corpus(tiny_minilm_model, tmp_path / "texts.jsonl", tmp_path / "out", device="cpu", normalize=True)
+    hits = S.search_hits(tmp_path / "out", [rows[2]["text"]], show_text=True, device="cpu")
+    assert hits[0][0]["text"] == rows[2]["text"]
+
+
 def test_search_cli_precision_is_the_queries_precision(embedded, capsys, monkeypatch):
     folder, rows = embedded
     seen = []

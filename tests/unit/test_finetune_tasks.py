@@ -146,9 +146,13 @@ def test_config_defaults_are_the_papers_and_tables_hold_plain_values():
     hints = {name: hint for cls in (FinetuneConfig, *TABLES.values())
              for name, hint in typing.get_type_hints(cls).items() if name not in TABLES}
     for name, hint in hints.items():
-        parts = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        parts = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
+            else (hint,)
         for part in parts:
             inner = typing.get_args(part) if typing.get_origin(part) is list else (part,)
+            # A Literal of plain values (fused_adamw's "auto") is a plain value too.
+            inner = [type(v) for t in inner for v in typing.get_args(t)] if typing.get_origin(part) is typing.Literal \
+                else inner
             assert all(t in plain for t in inner), name
     # Every field declares its help text (the CLI's --help shows it).
     for cls in (FinetuneConfig, *TABLES.values()):

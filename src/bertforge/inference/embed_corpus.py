@@ -145,7 +145,9 @@ def new_manifest(model_dir: str | os.PathLike, pipeline: EmbedPipeline, options:
             "similarity": "cosine" if options["normalize"] else "dot",
             "dim": int(pipeline.encode(["probe"], prompt=prompt, **options).shape[1]),
             "dtype": dtype, "shard_size": shard_size,
-            "input": {"path": str(Path(inputs).resolve()), "files": files,
+            # absolute, not resolved: the files are named as the user named them (a symlinked input keeps its
+            # name, which --show-text looks up again)
+            "input": {"path": str(Path(inputs).absolute()), "files": files,
                       "settings": {**asdict(settings), "single_file": Path(inputs).is_file()}},
             "count": None, "tokens": None, "shards": []}
 
