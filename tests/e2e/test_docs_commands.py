@@ -489,7 +489,8 @@ def workspace(tmp_path_factory) -> Path:
 SHRINK = {
     "vocab": {"--vocab-size": lambda v: str(min(int(v), 1000))},
     "prepare": {"--workers": lambda v: str(min(int(v), 2)), "--heldout-documents": lambda v: "1"},
-    "pretrain": {"--steps": lambda v: "2", "--batch-size": lambda v: "8",
+    # (`--minutes` is a budget beside the steps: whichever ends first; CI once ran the docs' 60 minutes)
+    "pretrain": {"--steps": lambda v: "2", "--batch-size": lambda v: "8", "--minutes": lambda v: "0.5",
                  "--model": lambda v: "tiny" if v in PRESETS else v},
     # (64 training examples: enough for every CoNLL tag of the first 8 dev sentences to occur in training)
     "finetune": {"--epochs": lambda v: "1", "--train-limit": lambda v: "64", "--dev-limit": lambda v: "8",
@@ -500,7 +501,7 @@ SHRINK = {
 # What each run adds unless the command gives it: the CPU, no progress bar, the limits above, a step or two
 # (`--steps` trains that many optimizer steps whatever `--epochs` says).
 ADD = {
-    "pretrain": ["--device", "cpu", "--progress", "false", "--training.log_every=1"],
+    "pretrain": ["--device", "cpu", "--progress", "false", "--training.log_every=1", "--steps", "2"],
     "finetune": ["--device", "cpu", "--progress", "false", "--train-limit", "64", "--dev-limit", "8",
                  "--batch-size", "8", "--steps", "2"],
     "evaluate": ["--device", "cpu"],
