@@ -562,9 +562,10 @@ def run_command(command: DocCommand, work: Path, monkeypatch, earlier: set[str])
     args, _ = parse(command)
     for key in OUTPUTS:
         target = getattr(args, key, None)
-        if target not in (None, "-") and normal(target) in earlier and (work / target).is_dir():
+        if target not in (None, "-") and normal(target) in earlier and (work / target).is_dir() \
+                and "--resume" not in argv:
             # Another command wrote here before: the docs show alternatives (`glue ... --out runs/glue`
-            # three ways), each of which a reader runs on its own.
+            # three ways), each of which a reader runs on its own (a --resume continues the run before it).
             shutil.rmtree(work / target)
         if target not in (None, "-"):
             earlier.add(normal(target))
