@@ -3,6 +3,7 @@ ending a run when its time budget is spent. Time is a fake clock: nothing here r
 
 from __future__ import annotations
 
+import logging
 import math
 import signal
 
@@ -94,13 +95,17 @@ def test_time_budget_schedule_positions_steps_by_elapsed_time():
     assert fresh.elapsed_s == 100.0 and fresh.spent  # a resumed run continues on the time it had used
 
 
-def test_train_with_minutes_ends_when_the_budget_is_spent(tmp_path):
+def test_train_with_minutes_ends_when_the_budget_is_spent(tmp_path, caplog):
     # One clock read at the start and one per step, each 1 s later: a 0.1-minute budget is 6 steps, although
     # the source could give 40; the schedule decays on time (linear, no warmup) and the last step is saved.
     clock = FakeClock()
     config = config_for(tmp_path, steps=0, epochs=10, minutes=0.1, warmup_steps=0, warmup_ratio=0.0)
-    result = train(tiny_model(), SyntheticSource(4, 4), PretrainingObjective(), config, clock=clock)
+    with caplog.at_level(logging.INFO, logger="bertforge.training"):
+        result = train(tiny_model(), SyntheticSource(4, 4), PretrainingObjective(), config, clock=clock)
     assert result.step == 6 and result.total_steps == 6 and clock.reads == 7
+    # the run's description names the budget, not the epochs of an unlimited step count ("3.88e+09 epochs")
+    described = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("training "))
+    assert "0.1 minutes" in described and "epochs" not in described
     assert [s for s, _ in list_checkpoints(tmp_path)] == [6]
     lrs = [e["values"]["lr"] for e in result.history if e["split"] == "train"]
     assert lrs == pytest.approx([1e-3 * f for f in (1.0, 5 / 6, 4 / 6, 3 / 6, 2 / 6, 1 / 6)])

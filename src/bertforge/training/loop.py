@@ -297,7 +297,6 @@ def run_steps(state: RunState, restored: Restored, stream: Iterator, window_step
     except Exception as exc:
         distributed.raise_if_rank_lost(exc, state.context, config.distributed_timeout_s)
         raise
-        report.settle(step, updater, window_step)
     finally:
         interrupt.release()
         report.close()
@@ -501,7 +500,9 @@ def describe_run(model: nn.Module, batches: Any, config: TrainingConfig, total_s
     epochs = ""
     if per_epoch:
         steps_per_epoch = per_epoch / config.grad_accumulation
-        epochs = f"; {steps_per_epoch:g} steps per epoch, {total_steps / steps_per_epoch:.3g} epochs"
+        epochs = f"; {steps_per_epoch:g} steps per epoch"
+        if not config.minutes or config.steps:  # (a time budget alone has no step count to divide)
+            epochs += f", {total_steps / steps_per_epoch:.3g} epochs"
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     length = f"{total_steps} steps (warmup {warmup_steps})"
     if config.minutes:
