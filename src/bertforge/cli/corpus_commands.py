@@ -1,8 +1,8 @@
 """`bertforge embed` (a corpus of any size -> vector shards, resumable, under torchrun) and `bertforge
-search` (exact top-k over those shards): their flags and what they run.
+search` (exact top-k over those shards, dense or sparse, or both fused): their flags and what they run.
 
-The work is `inference.embed_corpus` and `inference.vector_search`, imported when a command runs so that
-`bertforge --help` does not load them. Under torchrun every rank runs `embed`; only rank 0 prints.
+The work is `inference.embed_corpus`, `vector_search`, `sparse_search` and `hybrid_search`, imported when a
+command runs so that `bertforge --help` does not load them. Under torchrun every rank runs `embed`; only rank 0 prints.
 """
 
 from __future__ import annotations
@@ -51,6 +51,11 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
                    "a sentence-transformers directory's; else mean)")
     p.add_argument("--normalize", action=argparse.BooleanOptionalAction,
                    help="unit-length vectors, so that search scores are cosines (default: the model's)")
+    p.add_argument("--sparse", action="store_true", help="SPLADE vectors of a masked-LM model (a sentence-"
+                   "transformers SparseEncoder or any BERT with its MLM head): each text's non-zero vocabulary terms "
+                   "and weights, stored as compressed rows; --pooling is then max or sum")
+    p.add_argument("--max-terms", type=int, help="--sparse: keep each text's largest N weights (default: all "
+                   "non-zero ones)")
     add_prompt_flags(p, "every text")
     p.add_argument("--format", choices=FORMAT_CHOICES, default="auto",
                    help="input format (default auto: by file name; .txt and others: one text per line)")
@@ -62,11 +67,23 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
 
 
 def add_search(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("search", help="exact top-k search of query texts over the vectors `bertforge embed` wrote",
+    p = sub.add_parser("search", help="exact top-k search of query texts over the vectors `bertforge embed` wrote "
+                       "(dense, sparse, or both fused)",
                        description="Prints one JSON line per query: {\"query\": ..., \"hits\": [{\"id\": ..., "
                        "\"score\": ...}]}. The score is the cosine when the corpus was embedded with --normalize, "
-                       "else the dot product.")
-    p.add_argument("--index", required=True, help="the --out folder of `bertforge embed`")
+                       "else the dot product (sparse folders: the dot product of term weights, through an inverted "
+                       "index saved beside the shards). With --hybrid, the reciprocal rank fusion score of a dense "
+                       "and a sparse folder of the same input, and each hit's rank in both.")
+    p.add_argument("--index", required=True, help="the --out folder of `bertforge embed` (dense or --sparse)")
+    p.add_argument("--hybrid", metavar="SPARSE_DIR", help="also search this sparse folder (`bertforge embed "
+                   "--sparse` of the same input) and fuse both rankings by reciprocal rank fusion; --index is then "
+                   "the dense folder")
+    p.add_argument("--rrf-k", type=float, default=60, help="--hybrid: the fusion constant k in 1 / (k + rank) "
+                   "(default 60)")
+    p.add_argument("--fusion-depth", type=int, default=100, help="--hybrid: rows each folder ranks per query "
+                   "before fusion (default 100)")
+    p.add_argument("--sparse-model", help="--hybrid: the sparse folder's model directory (default: the one its "
+                   "manifest names)")
     queries = p.add_mutually_exclusive_group(required=True)
     queries.add_argument("--query", action="append", help="a query text (repeat for several)")
     queries.add_argument("--queries", help="a file of query texts, one a line (blank lines skipped)")
@@ -75,8 +92,8 @@ def add_search(sub: argparse._SubParsersAction) -> None:
                    "model)")
     p.add_argument("--device", default="auto")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--rescore-multiplier", type=int, default=4, help="binary folders: candidates rescored with "
-                   "their int8 codes per hit wanted (default 4)")
+    p.add_argument("--rescore-multiplier", type=int, help="binary folders: candidates rescored with their int8 "
+                   "codes per hit wanted (default 4)")
     p.add_argument("--precision", choices=precision_choices(), help="the queries' precision (default: the one the "
                    "corpus was embedded with; int8: CPU only)")
     shown = p.add_mutually_exclusive_group()
@@ -126,10 +143,17 @@ def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
                                 dtype=args.dtype, batch_size=args.batch_size, max_length=args.max_length,
                                 device=args.device, precision=args.precision, pooling=args.pooling,
                                 normalize=args.normalize, prompt_name=args.prompt_name, prompt=args.prompt,
-                                progress=bar)
+                                progress=bar, sparse=args.sparse, max_terms=args.max_terms)
     finally:
         bar.close()
-    if Ranks.from_env().rank == 0:
+    if Ranks.from_env().rank == 0 and manifest.get("kind") == "sparse":
+        from bertforge.inference.sparse_search import SparseIndex
+
+        SparseIndex(args.out).inverted()  # built once here, saved beside the shards for every search
+        terms = sum(shard["nonzero"] for shard in manifest["shards"])
+        print(f"{manifest['count']} sparse vectors ({terms / manifest['count']:.1f} terms per text of "
+              f"{manifest['dim']}) in {len(manifest['shards'])} shards in {args.out}", file=sys.stderr)
+    elif Ranks.from_env().rank == 0:
         print(f"{manifest['count']} vectors ({manifest['dim']} dims, {manifest['dtype']}, "
               f"{manifest['similarity']} similarity) in {len(manifest['shards'])} shards in {args.out}",
               file=sys.stderr)
@@ -137,8 +161,8 @@ def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.data.text_files import iter_lines
-    from bertforge.errors import DataError
-    from bertforge.inference.vector_search import search_hits
+    from bertforge.errors import ConfigError, DataError
+    from bertforge.inference.hybrid_search import folder_hits, hybrid_search_hits
 
     if args.queries is not None:
         queries = [line for line in iter_lines(args.queries) if line.strip()]
@@ -146,9 +170,18 @@ def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:
             raise DataError("holds no query (only blank lines); write one query a line", args.queries)
     else:
         queries = list(args.query)
-    results = search_hits(args.index, queries, top_k=args.top_k, model=args.model, device=args.device,
-                          batch_size=args.batch_size, prompt_name=args.prompt_name, prompt=args.prompt,
-                          precision=args.precision, show_text=args.show_text, field=args.field,
-                          rescore_multiplier=args.rescore_multiplier)
+    common = {"top_k": args.top_k, "model": args.model, "device": args.device, "batch_size": args.batch_size,
+              "prompt_name": args.prompt_name, "prompt": args.prompt, "precision": args.precision,
+              "show_text": args.show_text, "field": args.field}
+    if args.hybrid:
+        if args.rescore_multiplier is not None:
+            raise ConfigError("--rescore-multiplier applies to binary folders searched alone; remove it with --hybrid")
+        results = hybrid_search_hits(args.index, args.hybrid, queries, rrf_k=args.rrf_k, depth=args.fusion_depth,
+                                     sparse_model=args.sparse_model, **common)
+    else:
+        given = [flag for flag, value in (("--sparse-model", args.sparse_model),) if value is not None]
+        if given:
+            raise ConfigError(f"{given[0]} applies to --hybrid searches; remove it or add --hybrid SPARSE_DIR")
+        results = folder_hits(args.index, queries, rescore_multiplier=args.rescore_multiplier, **common)
     for query, hits in zip(queries, results):
         print(json.dumps({"query": query, "hits": hits}, ensure_ascii=False))

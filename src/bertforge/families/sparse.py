@@ -154,7 +154,7 @@ class SparseEmbedding(Embedding):
 
     Options: `pooling` over the tokens ("max", SPLADE v2 and later; "sum", the first SPLADE), `activation`
     ("relu": log(1 + relu(logit)); "log1p_relu": once more log1p), `max_terms` (keep the largest that many
-    weights of each text; 0 keeps all). A text longer than the window is truncated to it. Scores between
+    weights of each text; 0 keeps all), `tokens` (also give each term's vocabulary token). A text longer than the window is truncated to it. Scores between
     sparse vectors are dot products. The embedding family's text features and its reading of pairs and
     triplets are shared.
     """
@@ -164,7 +164,7 @@ class SparseEmbedding(Embedding):
     model_class = BertForSparseEmbedding
     task = "embed-sparse"
     default_max_seq_length = 512
-    options = {"pooling": "max", "activation": "relu", "max_terms": 0}
+    options = {"pooling": "max", "activation": "relu", "max_terms": 0, "tokens": False}
     formats = dict.fromkeys(FORMAT_COLUMNS)
     settings = frozenset({"head.loss", "head.symmetric", "head.query_regularizer", "head.document_regularizer",
                           "data.negative_column"})
@@ -180,6 +180,8 @@ class SparseEmbedding(Embedding):
         terms = options["max_terms"]
         if isinstance(terms, bool) or not isinstance(terms, int) or terms < 0:
             raise InputError(f"max_terms must be an integer >= 0 (0 keeps every term), got {terms!r}")
+        if not isinstance(options["tokens"], bool):
+            raise InputError(f"tokens must be true or false, got {options['tokens']!r}")
 
     def check_options(self, options: Mapping[str, Any], config: BertConfig | None = None) -> dict[str, Any]:
         return Family.check_options(self, options, config)
@@ -228,14 +230,20 @@ class SparseEmbedding(Embedding):
     # --- outputs ------------------------------------------------------------------------------------
     def decode(self, examples: Sequence[str | TextGroup], features: Sequence[Feature], outputs: Sequence[Any],
                options: Mapping[str, Any], config: BertConfig, tokenizer: Any = None) -> list[dict[str, Any]]:
-        """``{"indices": [...], "values": [...]}`` per text (term ids ascending, non-zero weights only); a
-        training group's result holds its texts' vectors (`vectors`) for `score`."""
+        """``{"indices": [...], "values": [...]}`` per text (term ids ascending, non-zero weights only; with the
+        `tokens` option also `"tokens"`, each term's vocabulary entry); a training group's result holds its
+        texts' vectors (`vectors`) for `score`."""
         results = []
         for example, output in zip(examples, outputs):
             if isinstance(example, TextGroup):
                 results.append({"vectors": list(output)})
-            else:
-                results.append({"indices": output.indices.tolist(), "values": output.values.tolist()})
+                continue
+            result = {"indices": output.indices.tolist(), "values": output.values.tolist()}
+            if options.get("tokens"):
+                if tokenizer is None:
+                    raise InputError("tokens: this call has no tokenizer to name the terms")
+                result["tokens"] = tokenizer.convert_ids_to_tokens(result["indices"])
+            results.append(result)
         return results
 
     def record(self, example: TextGroup, result: dict[str, Any]) -> dict[str, Any]:

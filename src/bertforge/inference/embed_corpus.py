@@ -6,7 +6,8 @@ Owns: the output folder and its manifest (`start_output`, `finish_output`), what
 `Group`); how files become (id, text) records and shards is `data.corpus_records`; `vector_search` reads
 the output.
 
-Output: per shard `vectors-00000.npy` ([n, D], record order), `ids-00000.jsonl` (JSON strings), then
+Output: per shard `vectors-00000.npy` ([n, D], record order; sparse runs: `indptr-`, `terms-` and `weights-00000.npy`,
+compressed rows, `inference.sparse_vectors`), `ids-00000.jsonl` (JSON strings), then
 `progress/shard-00000.json` (count, tokens, sizes, sha256), each atomically (`storage`): a shard is done when
 its record exists and the sizes match. Rank 0 writes `manifest.json` before any shard ("complete": false)
 and once every rank has finished (every shard's record, "complete": true). After a `kill -9` at any moment
@@ -54,12 +55,14 @@ from bertforge.data.corpus_records import (
 from bertforge.errors import ConfigError, DataError, InputError
 from bertforge.inference import pipelines
 from bertforge.inference.pipelines import EmbedPipeline, feature_tokens
+from bertforge.inference.sparse_vectors import SPARSE_FILES, SPARSE_TASK, encode_sparse_parsed, sparse_arrays
 from bertforge.inference.vector_quantization import (
     DEFAULT_CALIBRATION_SIZE,
     QUANTIZED_DTYPES,
     calibrate,
     coded,
 )
+from bertforge.metrics.sparse import SparseRows
 from bertforge.processes import Group, Ranks
 
 log = logging.getLogger(__name__)
@@ -106,7 +109,7 @@ def identity(manifest: dict[str, Any]) -> dict[str, Any]:
     size, how the input is read and the input files themselves (the batch size and device may change: they
     move vectors only by float rounding)."""
     return {"format": [manifest["format"], manifest["version"]], "model": manifest["model"]["fingerprint"],
-            "embedding": manifest["embedding"], "dtype": manifest["dtype"], "shard_size": manifest["shard_size"],
+            "kind": manifest.get("kind", "dense"), "embedding": manifest["embedding"], "dtype": manifest["dtype"], "shard_size": manifest["shard_size"],
             "input settings": manifest["input"]["settings"], "input files": manifest["input"]["files"]}
 
 
@@ -134,16 +137,20 @@ def describe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 def new_manifest(model_dir: str | os.PathLike, pipeline: EmbedPipeline, options: dict[str, Any], prompt: str,
                  inputs: str | os.PathLike, sources: Sequence[SourceFile], settings: CorpusSettings,
                  shard_size: int, dtype: str) -> dict[str, Any]:
-    """The manifest of a run before any shard: its identity, "complete": false. The width of the vectors is
-    that of a probe's (pooling modes may be concatenated)."""
+    """The manifest of a run before any shard: its identity, "complete": false. The width of dense vectors is
+    that of a probe's (pooling modes may be concatenated); that of sparse ones the vocabulary's ("kind":
+    "sparse", scored by dot product)."""
     stats = [(source.name, source.path.stat()) for source in sources]
     files = [{"name": name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns} for name, stat in stats]
+    sparse = pipeline.task == SPARSE_TASK
     return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "complete": False,
             "model": {"path": str(Path(model_dir).resolve()), "fingerprint": model_fingerprint(model_dir)},
+            "kind": "sparse" if sparse else "dense",
             "embedding": {**options, "prompt": prompt, "max_length": pipeline.max_length,
                           "precision": pipeline.precision},
-            "similarity": "cosine" if options["normalize"] else "dot",
-            "dim": int(pipeline.encode(["probe"], prompt=prompt, **options).shape[1]),
+            "similarity": "dot" if sparse or not options["normalize"] else "cosine",
+            "dim": pipeline.config.vocab_size if sparse else
+            int(pipeline.encode(["probe"], prompt=prompt, **options).shape[1]),
             "dtype": dtype, "shard_size": shard_size,
             # absolute, not resolved: the files are named as the user named them (a symlinked input keeps its
             # name, which --show-text looks up again)
@@ -213,12 +220,17 @@ def finished(out: Path, index: int) -> dict[str, Any] | None:
     return record
 
 
-def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray, dtype: str,
+def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray | SparseRows, dtype: str,
                 tokens: int, calibration: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write one shard's vectors (coded as `dtype`: `vector_quantization.coded`; a binary shard also its int8
-    codes), then its ids, then its record (each atomically); return the record."""
-    arrays = coded(vectors, dtype, calibration)  # {"vectors": ..., maybe "codes": ...}
-    names = {"vectors": VECTORS_NAME.format(index), "codes": CODES_NAME.format(index), "ids": IDS_NAME.format(index)}
+    codes; sparse rows as `sparse_vectors.sparse_arrays`), then its ids, then its record (each atomically);
+    return the record."""
+    if isinstance(vectors, SparseRows):
+        arrays = sparse_arrays(vectors)
+    else:
+        arrays = coded(vectors, dtype, calibration)  # {"vectors": ..., maybe "codes": ...}
+    names = {"vectors": VECTORS_NAME.format(index), "codes": CODES_NAME.format(index), "ids": IDS_NAME.format(index),
+             **{kind: name.format(index) for kind, name in SPARSE_FILES.items()}}
     data = {}
     for kind, array in arrays.items():
         buffer = io.BytesIO()
@@ -230,6 +242,8 @@ def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray, 
     record = {"index": index, **{kind: names[kind] for kind in data}, "count": len(ids), "tokens": tokens,
               "bytes": {kind: len(payload) for kind, payload in data.items()},
               "sha256": {kind: hashlib.sha256(payload).hexdigest() for kind, payload in data.items()}}
+    if isinstance(vectors, SparseRows):
+        record["nonzero"] = len(vectors.indices)  # stored terms, all texts together
     storage.write_json(progress_path(out, index), record)
     return record
 
@@ -281,7 +295,7 @@ def calibration_of(out: Path, manifest: dict[str, Any], pipeline: EmbedPipeline,
     """The manifest with its int8 calibration (int8 and binary runs; rank 0, before any shard): that of the
     folder's earlier run of the same identity (its shards were coded with it), else the ranges of the vectors
     of the corpus's first `DEFAULT_CALIBRATION_SIZE` records (`vector_quantization.calibrate`)."""
-    if manifest["dtype"] not in QUANTIZED_DTYPES:
+    if manifest["dtype"] not in QUANTIZED_DTYPES or manifest.get("kind") == "sparse":
         return manifest
     existing = read_manifest(out)
     if existing is not None and not describe_changes(existing, manifest) and "calibration" in existing:
@@ -294,9 +308,9 @@ def calibration_of(out: Path, manifest: dict[str, Any], pipeline: EmbedPipeline,
 
 def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, records: Sequence[Record],
                 settings: CorpusSettings, single_file: bool,
-                on_batch: Callable[[int], None] | None = None) -> tuple[list[str], np.ndarray, int]:
+                on_batch: Callable[[int], None] | None = None) -> tuple[list[str], np.ndarray | SparseRows, int]:
     """(ids, vectors [n, D] float32, tokens) of one shard, as `pipeline.encode(texts, prompt=prompt)` makes
-    them; every record is parsed and checked before the model runs, whose batches go by length while a
+    them (an embed-sparse pipeline's: `SparseRows`, as `sparse_vectors.encode_sparse`); every record is parsed and checked before the model runs, whose batches go by length while a
     thread tokenizes the next ones (`evaluation.run_streamed`; `on_batch(texts)` after each batch)."""
     ids, parsed = [], []
     for record in records:
@@ -307,6 +321,9 @@ def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, r
             raise DataError(f"{error} (blank lines are skipped; this one holds only invisible characters or is "
                             "an empty field): fix or remove it", record[0].path, record[1]) from None
         ids.append(ident)
+    if pipeline.task == SPARSE_TASK:
+        rows, tokens = encode_sparse_parsed(pipeline, parsed, options, on_batch)
+        return ids, rows, tokens
     # `encode_parsed`'s steps, with a progress display told of every batch
     features, outputs = pipeline.stream(parsed, options, on_batch=on_batch)
     tokens = sum(feature_tokens(feature) for feature in features)
@@ -341,12 +358,25 @@ def run_shards(out: Path, pipeline: EmbedPipeline, options: dict[str, Any], sour
     return records, shards
 
 
+def check_sparse_run(sparse: bool, dtype: str, normalize: bool | None, max_terms: int | None) -> None:
+    """ConfigError for a setting that does not apply to the run's kind of vectors."""
+    if sparse and dtype != "float32":
+        raise ConfigError(f"sparse vectors are stored as float32 weights of their non-zero terms; remove --dtype "
+                          f"{dtype} (or --max-terms N keeps fewer terms)")
+    if sparse and normalize is not None:
+        raise ConfigError("sparse vectors are scored by their dot product as the model made them; remove "
+                          "--normalize / --no-normalize")
+    if not sparse and max_terms is not None:
+        raise ConfigError("--max-terms prunes sparse vectors; add --sparse (a masked-LM model) or remove it")
+
+
 def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_dir: str | os.PathLike, *,
                  settings: CorpusSettings | None = None, shard_size: int = DEFAULT_SHARD_SIZE,
                  dtype: str = "float32", batch_size: int = pipelines.DEFAULT_BATCH_SIZE, max_length: int | None = None,
                  device: str = "auto", precision: str = pipelines.DEFAULT_PRECISION, pooling: str | None = None,
                  normalize: bool | None = None, prompt_name: str | None = None,
-                 prompt: str | None = None, progress: EmbedProgress | None = None) -> dict[str, Any]:
+                 prompt: str | None = None, progress: EmbedProgress | None = None, sparse: bool = False,
+                 max_terms: int | None = None) -> dict[str, Any]:
     """Embed every record of `inputs` into shards under `out_dir`; a rerun resumes (see the module docstring).
     Under torchrun every rank calls it with the same arguments and embeds its share of the shards.
 
@@ -361,6 +391,8 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
         pooling, normalize: embedding options (None: the model's, e.g. a sentence-transformers directory's).
         prompt_name, prompt: a prefix before every text (`EmbedPipeline.prompt_text`; default: the model's).
         progress: told the texts to embed and each finished batch (rank 0 only; `bertforge embed`'s bar).
+        sparse: SPLADE vectors of a masked-LM model (the embed-sparse task) as compressed rows; `pooling` is
+            then the SPLADE pooling (max, sum) and `max_terms` keeps each text's largest that many weights.
 
     Returns:
         The final manifest (on every rank): {"count", "dim", "dtype", "shards": [...], ...}.
@@ -373,15 +405,18 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
         raise ConfigError(f"shard_size must be a positive integer, got {shard_size!r}")
     if dtype not in DTYPES:
         raise ConfigError(f"dtype {dtype!r} is not supported; use one of {DTYPES}")
+    check_sparse_run(sparse, dtype, normalize, max_terms)
     settings = settings or CorpusSettings()
     out = Path(out_dir)
     ranks = Ranks.from_env()
     with Group(ranks) as group:
         sources = source_files(inputs, settings)
-        pipeline = pipelines.load_pipeline(model_dir, "embed", device=ranks.device(device), precision=precision,
-                                 batch_size=batch_size, max_length=max_length)
-        given = {name: value for name, value in (("pooling", pooling), ("normalize", normalize)) if value is not None}
+        pipeline = pipelines.load_pipeline(model_dir, SPARSE_TASK if sparse else "embed", device=ranks.device(device),
+                                           precision=precision, batch_size=batch_size, max_length=max_length)
+        given = {name: value for name, value in (("pooling", pooling), ("normalize", normalize),
+                                                 ("max_terms", max_terms)) if value is not None}
         options, prefix = pipeline.check_options(given), pipeline.prompt_text(prompt_name, prompt)
+        options.pop("tokens", None)  # sparse: how a result names its terms, not how vectors are made
         manifest = group.from_main(lambda: start_output(out, calibration_of(out, new_manifest(
             model_dir, pipeline, options, prefix, inputs, sources, settings, shard_size, dtype), pipeline, options,
             sources, settings)))

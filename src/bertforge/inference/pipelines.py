@@ -242,6 +242,23 @@ class Pipeline:
         """Validate one raw input (a string or a JSON object); raise InputError naming the problem."""
         return self.family.parse(item)
 
+    def prompt_text(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
+        """The prefix a call puts before each text: `prompt` itself, the directory's prompt called
+        `prompt_name`, else its default prompt (sentence-transformers' `config_sentence_transformers.json`)."""
+        if prompt is not None and prompt_name is not None:
+            raise InputError("give prompt or prompt_name, not both")
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
+            return prompt
+        prompts = dict(self.sentence.prompts) if self.sentence is not None else {}
+        if prompt_name is None:
+            default = self.sentence.default_prompt_name if self.sentence is not None else None
+            return prompts[default] if default else ""
+        if prompt_name not in prompts:
+            raise InputError(f"prompt_name {prompt_name!r} is not among this model's prompts {sorted(prompts)}")
+        return prompts[prompt_name]
+
     # --- running ---------------------------------------------------------------------------------------
     def __call__(self, inputs: Any, **options: Any) -> Any:
         """Results for one input or a list of inputs (a list of results, same order).
@@ -382,23 +399,6 @@ class EmbedPipeline(Pipeline):
         """The largest 1 - cosine between an fp32 vector and its bf16 counterpart."""
         return max(1.0 - float(F.cosine_similarity(torch.tensor(a["embedding"]), torch.tensor(b["embedding"]), dim=0))
                    for a, b in zip(reference, candidate))
-
-    def prompt_text(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
-        """The prefix a call puts before each text: `prompt` itself, the directory's prompt called
-        `prompt_name`, else its default prompt (sentence-transformers' `config_sentence_transformers.json`)."""
-        if prompt is not None and prompt_name is not None:
-            raise InputError("give prompt or prompt_name, not both")
-        if prompt is not None:
-            if not isinstance(prompt, str):
-                raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
-            return prompt
-        prompts = dict(self.sentence.prompts) if self.sentence is not None else {}
-        if prompt_name is None:
-            default = self.sentence.default_prompt_name if self.sentence is not None else None
-            return prompts[default] if default else ""
-        if prompt_name not in prompts:
-            raise InputError(f"prompt_name {prompt_name!r} is not among this model's prompts {sorted(prompts)}")
-        return prompts[prompt_name]
 
     def encode(self, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None,
                **options: Any) -> np.ndarray:

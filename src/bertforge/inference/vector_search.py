@@ -113,6 +113,11 @@ class VectorIndex:
         self.dim = int(manifest["dim"])
 
     @property
+    def kind(self) -> str:
+        """"dense" (vectors) or "sparse" (`bertforge embed --sparse`: compressed rows of term weights)."""
+        return self.manifest.get("kind", "dense")
+
+    @property
     def similarity(self) -> str:
         """"cosine" (the vectors are normalized) or "dot"."""
         return self.manifest["similarity"]
@@ -145,6 +150,9 @@ class VectorIndex:
         Returns:
             ([Q, k] scores, [Q, k] global row numbers), best first.
         """
+        if self.kind == "sparse":
+            raise ConfigError(f"{self.directory} holds sparse vectors: search it with `inference.sparse_search` "
+                              "(`bertforge search` picks it by the folder)")
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         if queries.ndim != 2 or queries.shape[1] != self.dim:
             raise InputError(f"query vectors must be [Q, {self.dim}], got {list(queries.shape)}")
@@ -197,10 +205,11 @@ class VectorIndex:
         return [[found[int(row)] for row in query_rows] for query_rows in np.asarray(rows)]
 
 
-def embed_queries(index: VectorIndex, queries: Sequence[str], *, model: str | os.PathLike | None = None,
-                  device: str = "auto", batch_size: int = DEFAULT_BATCH_SIZE, prompt_name: str | None = None,
-                  prompt: str | None = None, precision: str | None = None) -> np.ndarray:
-    """Query vectors [Q, D] float32, embedded as the corpus was (see `search`); `precision` None: the corpus's.
+def query_pipeline(index: VectorIndex, *, model: str | os.PathLike | None = None, device: str = "auto",
+                   batch_size: int = DEFAULT_BATCH_SIZE, precision: str | None = None,
+                   task: str = "embed") -> tuple[Any, dict[str, Any]]:
+    """(pipeline, options) that embed queries as the corpus was: the manifest's model (or `model`, the same
+    files), window, options and precision (`precision` None: the corpus's); `task` "embed" or "embed-sparse".
 
     Raises:
         ConfigError: `model` is missing or another model than the corpus's.
@@ -216,9 +225,33 @@ def embed_queries(index: VectorIndex, queries: Sequence[str], *, model: str | os
     embedding = dict(manifest["embedding"])
     embedding.pop("prompt")  # the corpus's; the queries have their own
     corpus_precision = embedding.pop("precision")
-    pipeline = load_pipeline(model_dir, "embed", device=device, precision=precision or corpus_precision,
+    pipeline = load_pipeline(model_dir, task, device=device, precision=precision or corpus_precision,
                              batch_size=batch_size, max_length=embedding.pop("max_length"))
+    return pipeline, embedding
+
+
+def embed_queries(index: VectorIndex, queries: Sequence[str], *, prompt_name: str | None = None,
+                  prompt: str | None = None, **loading: Any) -> np.ndarray:
+    """Query vectors [Q, D] float32, embedded as the corpus was (`query_pipeline`: model, device, batch_size,
+    precision; see `search`)."""
+    pipeline, embedding = query_pipeline(index, **loading)
     return pipeline.encode(list(queries), prompt_name=prompt_name, prompt=prompt, **embedding)  # [Q, D]
+
+
+def hits_of(index: VectorIndex, scores: np.ndarray, rows: np.ndarray, show_text: bool = False,
+            field: str | None = None) -> list[list[dict[str, Any]]]:
+    """Each query's hits {"id", "score"} from its best rows [Q, k] and their scores, best first (plus "text"
+    with `show_text`, or the record's `field`: read back from the input, `vector_texts.record_texts`)."""
+    ids = index.ids_at(rows)
+    hits = [[{"id": ident, "score": float(score)} for ident, score in zip(query_ids, query_scores)]
+            for query_ids, query_scores in zip(ids, scores)]
+    if show_text or field is not None:
+        records = [[int(row) for row in query_rows] for query_rows in rows]
+        texts = record_texts(index.manifest, {r for query in records for r in query}, field)
+        for query_hits, query_records in zip(hits, records):
+            for hit, record in zip(query_hits, query_records):
+                hit[field if field is not None else "text"] = texts[record]
+    return hits
 
 
 def search_hits(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
@@ -236,16 +269,7 @@ def search_hits(directory: str | os.PathLike, queries: Sequence[str], *, top_k: 
     if not queries:
         return []
     scores, rows = index.search_vectors(embed_queries(index, queries, **embedding), top_k, rescore_multiplier)
-    ids = index.ids_at(rows)
-    hits = [[{"id": ident, "score": float(score)} for ident, score in zip(query_ids, query_scores)]
-            for query_ids, query_scores in zip(ids, scores)]
-    if show_text or field is not None:
-        records = [[int(row) for row in query_rows] for query_rows in rows]
-        texts = record_texts(index.manifest, {r for query in records for r in query}, field)
-        for query_hits, query_records in zip(hits, records):
-            for hit, record in zip(query_hits, query_records):
-                hit[field if field is not None else "text"] = texts[record]
-    return hits
+    return hits_of(index, scores, rows, show_text, field)
 
 
 def search(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
@@ -277,4 +301,5 @@ def search(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int =
     return [[(hit["id"], hit["score"]) for hit in query_hits] for query_hits in hits]
 
 
-__all__ = ["DEFAULT_TOP_K", "VectorIndex", "block_top_k", "embed_queries", "search", "search_hits", "top_k_merge"]
+__all__ = ["DEFAULT_TOP_K", "VectorIndex", "block_top_k", "embed_queries", "hits_of", "query_pipeline", "search",
+           "search_hits", "top_k_merge"]

@@ -1,0 +1,174 @@
+"""Exact top-k search over the sparse shards `bertforge embed --sparse` writes, through an inverted index
+built from them and saved beside them.
+
+Owns: `SparseIndex` (a sparse embedding folder opened for search), building the inverted index of its shards
+(`build_inverted`: term -> the rows holding it, ascending, and their weights; `metrics.sparse.InvertedIndex`
+scores with it), keeping it in `inverted/` beside the shards (`INVERTED_DIR`: three .npy arrays and a record
+of the shards it was built from; a folder whose shards changed gets a new one) and `search_sparse_hits`.
+
+Score: the dot product of the query's and the document's term weights, summed in float32 over the query's
+terms in ascending term order, one posting list at a time. Every document holding a query term is scored, so
+the result is the brute-force one: the same rows with the same scores (a test pins it). Equal scores rank the
+earlier record first, as dense search does.
+
+Memory: building reads the shards twice (counting the postings of each term, then placing them), holding the
+index itself ([terms] int64 pointers, [non-zero entries] rows and weights) and one shard; searching maps the
+saved index from disk and scores a block of queries at a time against every row (at most `SCORE_BUDGET`
+floats).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from bertforge import storage
+from bertforge.errors import ConfigError
+from bertforge.inference.sparse_vectors import SPARSE_FILES, SPARSE_TASK, encode_sparse, read_sparse_shard
+from bertforge.inference.vector_search import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_TOP_K,
+    VectorIndex,
+    check_top_k,
+    hits_of,
+    query_pipeline,
+)
+from bertforge.metrics.sparse import InvertedIndex, SparseRows
+
+log = logging.getLogger(__name__)
+
+INVERTED_DIR = "inverted"
+INVERTED_RECORD = "inverted.json"
+INVERTED_ARRAYS = ("term_ptr", "rows", "weights")
+# Scores held at once while searching: [query block, rows] float32 (2**24 floats: 64 MiB).
+SCORE_BUDGET = 1 << 24
+
+
+class SparseIndex(VectorIndex):
+    """A complete sparse embedding folder, opened for search; its inverted index is built (and saved) at the
+    first `inverted()` and read from disk afterwards.
+
+    Raises:
+        ConfigError: not a complete embedding folder, or one of dense vectors.
+    """
+
+    def __init__(self, directory: str | os.PathLike):
+        super().__init__(directory)
+        if self.kind != "sparse":
+            raise ConfigError(f"{self.directory} holds dense vectors; sparse search needs a folder of "
+                              "`bertforge embed --sparse`")
+        self._inverted: InvertedIndex | None = None
+
+    def shard_rows(self, index: int) -> SparseRows:
+        return read_sparse_shard(self.directory, self.shards[index], self.dim)
+
+    def source_record(self) -> dict[str, Any]:
+        """What the saved index was built from: each shard's checksums, the row count and the width."""
+        return {"shards": [[shard["sha256"][kind] for kind in SPARSE_FILES] for shard in self.shards],
+                "count": self.count, "width": self.dim}
+
+    def inverted(self) -> InvertedIndex:
+        """The inverted index of the folder's shards: the saved one when it was built from these shards, else
+        built now and saved in `inverted/` (atomically: a concurrent search builds the same one)."""
+        if self._inverted is None:
+            self._inverted = self.load_inverted() or self.save_inverted(build_inverted(self))
+        return self._inverted
+
+    def load_inverted(self) -> InvertedIndex | None:
+        folder = self.directory / INVERTED_DIR
+        try:
+            record = storage.read_json(folder / INVERTED_RECORD, what="inverted index record")
+            if record.get("source") != self.source_record():
+                return None
+            arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+                      for name in INVERTED_ARRAYS}
+        except (OSError, ValueError):
+            return None
+        return InvertedIndex(arrays["term_ptr"], arrays["rows"], arrays["weights"], self.count, self.dim)
+
+    def save_inverted(self, index: InvertedIndex) -> InvertedIndex:
+        try:
+            with storage.atomic_directory(self.directory / INVERTED_DIR) as tmp:
+                for name in INVERTED_ARRAYS:
+                    with open(tmp / f"{name}.npy", "wb") as handle:
+                        np.save(handle, getattr(index, name), allow_pickle=False)
+                storage.write_json(tmp / INVERTED_RECORD, {"source": self.source_record(),
+                                                           "postings": int(len(index.rows))})
+        except OSError as error:  # a read-only folder still searches, with the index built in memory
+            log.warning("%s: the inverted index could not be saved (%s); it is rebuilt at each search",
+                        self.directory, error)
+        return index
+
+    def search_sparse(self, queries: SparseRows, top_k: int = DEFAULT_TOP_K) -> tuple[np.ndarray, np.ndarray]:
+        """([Q, k] scores, [Q, k] global rows) of each query's best rows, best first (equal scores: lower row).
+
+        Raises:
+            ConfigError: the queries are of another vocabulary than the folder's.
+        """
+        check_top_k(top_k)
+        if queries.width != self.dim:
+            raise ConfigError(f"query vectors have {queries.width} terms, {self.directory} holds vectors of "
+                              f"{self.dim}: embed the queries with the folder's model")
+        block = max(1, min(64, SCORE_BUDGET // max(1, self.count)))
+        rows, scores = self.inverted().search(queries, top_k, query_block=block)
+        return scores, rows
+
+
+def build_inverted(index: SparseIndex) -> InvertedIndex:
+    """The inverted index of every shard of `index`, rows numbered across shards, each term's rows ascending.
+
+    Two passes over the shards: the first counts each term's postings (so each term's slot is known), the
+    second places each shard's entries, grouped by term (stable: rows stay ascending), at its terms' cursors."""
+    width = index.dim
+    counts = np.zeros(width, dtype=np.int64)
+    for shard in range(len(index.shards)):
+        counts += np.bincount(index.shard_rows(shard).indices, minlength=width)
+    term_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    total = int(term_ptr[-1])
+    rows = np.empty(total, dtype=np.int32 if index.count < 2**31 else np.int64)
+    weights = np.empty(total, dtype=np.float32)
+    cursor = term_ptr[:-1].copy()
+    for shard in range(len(index.shards)):
+        part = index.shard_rows(shard)
+        order = np.argsort(part.indices, kind="stable")
+        terms = part.indices[order]
+        first = np.searchsorted(terms, terms, side="left")  # each entry's group start among equal terms
+        places = cursor[terms] + (np.arange(len(terms)) - first)
+        row_of = np.repeat(np.arange(len(part), dtype=np.int64) + int(index.offsets[shard]), np.diff(part.indptr))
+        rows[places] = row_of[order]
+        weights[places] = part.values[order]
+        cursor += np.bincount(part.indices, minlength=width)
+    log.info("%s: inverted index of %d rows, %d postings", index.directory, index.count, total)
+    return InvertedIndex(term_ptr, rows, weights, index.count, width)
+
+
+def embed_sparse_queries(index: VectorIndex, queries: Sequence[str], *, prompt_name: str | None = None,
+                         prompt: str | None = None, **loading: Any) -> SparseRows:
+    """Sparse query vectors, embedded as the folder's corpus was (`vector_search.query_pipeline`: the same
+    model, window, pooling, activation and `max_terms`); the prompt is the queries' own."""
+    pipeline, options = query_pipeline(index, task=SPARSE_TASK, **loading)
+    return encode_sparse(pipeline, list(queries), prompt_name=prompt_name, prompt=prompt, **options)
+
+
+def search_sparse_hits(directory: str | os.PathLike | SparseIndex, queries: Sequence[str], *,
+                       top_k: int = DEFAULT_TOP_K, show_text: bool = False, field: str | None = None,
+                       model: str | os.PathLike | None = None, device: str = "auto",
+                       batch_size: int = DEFAULT_BATCH_SIZE, prompt_name: str | None = None,
+                       prompt: str | None = None, precision: str | None = None) -> list[list[dict[str, Any]]]:
+    """The top-k hits {"id", "score"} of each query text in a sparse folder, best first (`show_text` /
+    `field` as `vector_search.search_hits`); the queries are embedded by `embed_sparse_queries`."""
+    index = directory if isinstance(directory, SparseIndex) else SparseIndex(directory)
+    check_top_k(top_k)
+    if not queries:
+        return []
+    vectors = embed_sparse_queries(index, queries, model=model, device=device, batch_size=batch_size,
+                                   prompt_name=prompt_name, prompt=prompt, precision=precision)
+    scores, rows = index.search_sparse(vectors, top_k)
+    return hits_of(index, scores, rows, show_text, field)
+
+
+__all__ = ["INVERTED_DIR", "SparseIndex", "build_inverted", "embed_sparse_queries", "search_sparse_hits"]
