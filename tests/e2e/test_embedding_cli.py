@@ -128,6 +128,28 @@ def test_evaluate_embeddings_cli_reranks_with_a_cross_encoder(tiny_minilm_model,
     assert "use it with --retrieval" in one_line_error(capsys, "evaluate-embeddings")
 
 
+def test_evaluate_embeddings_cli_sparse_and_hybrid_figures(tiny_sparse_model, tiny_minilm_model, squad_json,
+                                                             tmp_path, capsys):
+    beir = tmp_path / "beir"
+    assert main(["retrieval-set", "--squad", str(squad_json), "--out", str(beir)]) == 0
+    out = tmp_path / "sparse.json"
+    assert main(["evaluate-embeddings", "--model", str(tiny_sparse_model), "--retrieval", str(beir), "--max-terms",
+                 "32", "--device", "cpu", "--out", str(out)]) == 0  # a SparseEncoder directory: sparse figures
+    figures = json.loads(out.read_text(encoding="utf-8"))["metrics"]
+    assert {"ndcg@10", "mrr@10"} <= set(figures) and figures["query_terms"] == figures["document_terms"] == 32
+    assert main(["evaluate-embeddings", "--model", str(tiny_minilm_model), "--retrieval", str(beir),
+                 "--hybrid-model", str(tiny_sparse_model), "--rrf-k", "30", "--device", "cpu", "--out", str(out)]) == 0
+    figures = json.loads(out.read_text(encoding="utf-8"))["metrics"]
+    assert {f"{kind}_ndcg@10" for kind in ("dense", "sparse", "hybrid")} <= set(figures)
+    assert figures["sparse_query_terms"] > 32  # unpruned
+    capsys.readouterr()
+    assert main(["evaluate-embeddings", "--model", str(tiny_sparse_model), "--retrieval", str(beir),
+                 "--rerank-model", str(tiny_minilm_model), "--device", "cpu"]) == 2
+    assert "is a sparse model; --rerank-model" in one_line_error(capsys, "evaluate-embeddings")
+    assert main(["evaluate-embeddings", "--model", str(tiny_minilm_model), "--sts", str(out), "--sparse"]) == 2
+    assert "--sparse evaluates retrieval" in one_line_error(capsys, "evaluate-embeddings")
+
+
 def test_evaluate_embeddings_cli_user_mistakes_exit_2_with_one_line(tiny_minilm_model, tmp_path, capsys):
     bad = tmp_path / "bad.tsv"
     bad.write_text("sentence1\tsentence2\tscore\na\tb\t1\nc\td\thigh\n", encoding="utf-8")

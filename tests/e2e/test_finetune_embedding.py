@@ -98,3 +98,20 @@ def test_finetune_embedding_records_matryoshka_dims_for_the_served_dimensions(tm
     assert json.loads((best / "finetuning.json").read_text())["matryoshka_dims"] == [16, 8]
     # The embed pipeline (behind OpenAI's and TEI's `dimensions`) reads the widths it may cut to.
     assert load_pipelines(best, ["embed"])["embed"].matryoshka_dims == (16, 8)
+
+
+def test_finetune_sparse_pairs_with_separate_flops_weights(tmp_path, tiny_sparse_model):
+    data = write_pairs(tmp_path / "train.tsv", negatives=True)
+    losses = {}
+    for name, weights in (("off", ("0", "0")), ("on", ("0.002", "0.001"))):
+        assert finetune(tiny_sparse_model, tmp_path / name, "--format", "sparse-triplets", "--train", str(data),
+                        "--dev", str(data), "--query-regularizer", weights[0], "--document-regularizer",
+                        weights[1]) == 0
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        losses[name] = next(r["values"] for r in rows if r["split"] == "train")
+    assert losses["off"]["loss_flops"] == 0.0 and losses["on"]["loss_flops"] > 0.0
+    best = tmp_path / "on" / "best"
+    results = json.loads((tmp_path / "on" / "eval_results.json").read_text())
+    assert {"ndcg@10", "mrr@10", "query_terms", "document_terms"} <= set(results["best_metrics"])
+    modules = json.loads((best / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[-1] for m in modules][-1] == "SpladePooling"

@@ -188,3 +188,27 @@ def test_hybrid_search_fuses_the_dense_and_sparse_folders_ranks(tiny_sparse_mode
         hybrid_search_hits(dense, fewer, queries, device="cpu")
     with pytest.raises(ConfigError, match="give --index the dense folder"):
         hybrid_search_hits(sparse_folder, dense, queries, device="cpu")
+
+
+def test_a_masked_lm_directory_serves_sparse_vectors_with_its_mlm_head(tiny_sparse_model, tmp_path):
+    import torch
+
+    from bertforge.families import registry
+    from bertforge.families.pretraining import BertForMaskedLM
+    from bertforge.families.sparse import BertForSparseEmbedding
+    from bertforge.tokenization import Tokenizer
+    from conftest import make_tiny_config
+
+    tokenizer = Tokenizer.from_pretrained(tiny_sparse_model)
+    torch.manual_seed(1)
+    BertForMaskedLM(make_tiny_config(vocab_size=tokenizer.vocab_size)).save_pretrained(tmp_path / "mlm",
+                                                                                       tokenizer=tokenizer)
+    plain = load_pipeline(tmp_path / "mlm", "embed-sparse", device="cpu")
+    assert isinstance(plain.model, BertForSparseEmbedding)
+    model, report = registry.load_model(tmp_path / "mlm", BertForSparseEmbedding)
+    assert report.fresh == []  # the MLM head is the checkpoint's, nothing starts at random
+    model.save_pretrained(tmp_path / "as_sparse", tokenizer=tokenizer)
+    texts = ["the pale winter moon", "green hills"]
+    ours = load_pipeline(tmp_path / "as_sparse", "embed-sparse", device="cpu")(texts)
+    assert plain(texts) == ours
+    assert registry.class_for_tasks("BertForMaskedLM", ["embed"]) is BertForMaskedLM

@@ -49,6 +49,16 @@ def add_evaluate_embeddings(sub: argparse._SubParsersAction) -> None:
                    "that re-scores each query's first documents; adds rerank_<figure> figures")
     p.add_argument("--rerank-depth", type=int, default=100, help="retrieval: documents per query the "
                    "--rerank-model re-scores (default 100)")
+    p.add_argument("--sparse", action="store_true", help="retrieval: score --model's sparse (SPLADE) vectors, "
+                   "adding query_terms / document_terms (automatic for a SparseEncoder directory; this flag for a "
+                   "plain BERT masked-LM one)")
+    p.add_argument("--max-terms", type=int, help="--sparse: keep each text's largest N weights (default: all)")
+    p.add_argument("--hybrid-model", metavar="DIR", help="retrieval: a model of the other kind (sparse for a dense "
+                   "--model, dense for a sparse one); reports dense_, sparse_ and hybrid_ figures, the hybrid "
+                   "list fusing both by reciprocal rank fusion")
+    p.add_argument("--rrf-k", type=float, default=60, help="--hybrid-model: the fusion constant (default 60)")
+    p.add_argument("--fusion-depth", type=int, default=100, help="--hybrid-model: documents of each list fused "
+                   "per query (default 100)")
     p.add_argument("--text-a", help="STS/paraphrase: the first sentence's column (default: found by header name)")
     p.add_argument("--text-b", help="STS/paraphrase: the second sentence's column")
     p.add_argument("--label", help="STS/paraphrase: the score or label column")
@@ -101,21 +111,24 @@ def _read_data(args: argparse.Namespace) -> tuple[str, str, Any]:
 def cmd_evaluate_embeddings(args: argparse.Namespace, extra: list[str]) -> None:
     from functools import partial
 
-    from bertforge.errors import ConfigError
     from bertforge.evaluation.embedding import evaluate_paraphrase, evaluate_retrieval, evaluate_sts
     from bertforge.inference.pipelines import load_pipeline, rerank_scores
     from bertforge.storage import write_json
 
-    if args.rerank_model and not args.retrieval:
-        raise ConfigError("--rerank-model re-ranks retrieval results; use it with --retrieval")
+    _check_retrieval_flags(args)
     kind, path, data = _read_data(args)
+    sparse = _sparse_model(args)
     options = {"device": args.device, "precision": args.precision, "batch_size": args.batch_size}
-    pipeline = load_pipeline(args.model, "embed", max_length=args.max_length, **options)
+    pipeline = load_pipeline(args.model, "embed-sparse" if sparse else "embed", max_length=args.max_length,
+                             **options)
 
     def encode(texts: list[str]):
         return pipeline.encode(texts)
 
-    if kind == "retrieval":
+    if kind == "retrieval" and (sparse or args.hybrid_model):
+        counts = {"documents": len(data.corpus_ids), "queries": len(data.evaluated_queries())}
+        figures = _sparse_figures(args, pipeline, sparse, data, options)
+    elif kind == "retrieval":
         counts = {"documents": len(data.corpus_ids), "queries": len(data.evaluated_queries())}
         rerank = None
         if args.rerank_model:
@@ -134,3 +147,52 @@ def cmd_evaluate_embeddings(args: argparse.Namespace, extra: list[str]) -> None:
         write_json(args.out, {"task": kind, "data": str(path), "model": str(args.model), **counts,
                               "max_length": pipeline.max_length, "metrics": figures})
         print(f"figures written to {args.out}")
+
+
+def _check_retrieval_flags(args: argparse.Namespace) -> None:
+    """ConfigError for a retrieval flag that does not apply (checked before the data and model are read)."""
+    from bertforge.errors import ConfigError
+
+    if not args.retrieval:
+        given = [flag for flag, used in (("--rerank-model", args.rerank_model), ("--sparse", args.sparse),
+                                         ("--hybrid-model", args.hybrid_model)) if used]
+        if given:
+            raise ConfigError(f"{given[0]} evaluates retrieval; use it with --retrieval")
+    if args.rerank_model and (args.sparse or args.hybrid_model):
+        raise ConfigError("--rerank-model re-ranks dense retrieval; remove it for sparse or hybrid figures")
+
+
+def _sparse_model(args: argparse.Namespace) -> bool:
+    """Whether --model's sparse vectors are evaluated: --sparse, or a SparseEncoder directory."""
+    from bertforge.checkpoint_format import SPARSE_ARCHITECTURE, read_config
+    from bertforge.errors import ConfigError
+
+    sparse = args.sparse or (args.retrieval is not None and read_config(args.model)[1] == SPARSE_ARCHITECTURE)
+    if args.rerank_model and sparse:
+        raise ConfigError(f"{args.model} is a sparse model; --rerank-model re-ranks dense retrieval: remove it")
+    if args.max_terms is not None and not (sparse or args.hybrid_model):
+        raise ConfigError("--max-terms prunes sparse vectors; add --sparse or --hybrid-model, or remove it")
+    return sparse
+
+
+def _sparse_figures(args: argparse.Namespace, pipeline, sparse: bool, data, options: dict[str, Any]
+                    ) -> dict[str, float]:
+    """Sparse retrieval figures of --model, or with --hybrid-model those of both models and their fusion."""
+    from bertforge.evaluation.embedding import evaluate_hybrid_retrieval, evaluate_sparse_retrieval
+    from bertforge.inference.pipelines import load_pipeline
+    from bertforge.inference.sparse_vectors import encode_sparse
+
+    pruning = {} if args.max_terms is None else {"max_terms": args.max_terms}
+    other = None
+    if args.hybrid_model:
+        other = load_pipeline(args.hybrid_model, "embed" if sparse else "embed-sparse", max_length=args.max_length,
+                              **options)
+    dense, splade = (other, pipeline) if sparse else (pipeline, other)
+
+    def encode_terms(texts: list[str]):
+        return encode_sparse(splade, texts, **pruning)
+
+    if dense is None:
+        return evaluate_sparse_retrieval(encode_terms, data, with_title=not args.no_title)
+    return evaluate_hybrid_retrieval(lambda texts: dense.encode(texts), encode_terms, data, rrf_k=args.rrf_k,
+                                     fusion_depth=args.fusion_depth, with_title=not args.no_title)

@@ -1,4 +1,5 @@
-"""Embedding evaluations of any model through an `encode` function: STS, retrieval, paraphrase detection.
+"""Embedding evaluations of any model through an `encode` function: STS, retrieval, paraphrase detection;
+sparse retrieval and hybrid (dense + sparse, reciprocal rank fusion) retrieval.
 
 Owns how a model's vectors become sentence-transformers' figures (the figures themselves are
 `metrics.embedding`'s): which texts are encoded (each distinct text once), exact nearest-neighbour search
@@ -9,8 +10,12 @@ chunking changes a score or a tie), and optional re-ranking of each query's top 
 cross-encoder.
 
 Nothing here loads a model: the caller passes ``encode(texts) -> float32 [N, H]`` (a bertforge
-`EmbedPipeline.encode`, a sentence-transformers model's `encode`, anything), so the layering stays
-downward (the CLI does the loading) and any model can be compared on the same figures.
+`EmbedPipeline.encode`, a sentence-transformers model's `encode`, anything), or for sparse vectors
+``encode_sparse(texts) -> metrics.sparse.SparseRows``, so the layering stays downward (the CLI does the
+loading) and any model can be compared on the same figures. Sparse retrieval is exact (dot products through
+an inverted index, `metrics.sparse`); hybrid retrieval fuses each query's dense and sparse lists of
+`fusion_depth` documents by reciprocal rank fusion (`metrics.fusion`), as sentence-transformers'
+ReciprocalRankFusionEvaluator does, and reports the figures of all three lists.
 """
 
 from __future__ import annotations
@@ -37,11 +42,14 @@ from bertforge.metrics.embedding import (
     sts_scores,
     top_k,
 )
+from bertforge.metrics.fusion import DEFAULT_RRF_K, reciprocal_rank_fusion
+from bertforge.metrics.sparse import SparseRows, rank_sparse
 
 logger = logging.getLogger(__name__)
 
 Encode = Callable[[list[str]], np.ndarray]
 Rerank = Callable[[str, list[str]], np.ndarray]
+EncodeSparse = Callable[[list[str]], SparseRows]
 
 # Documents encoded (and scored) per step, and queries scored per block: 1024 x 10,000 scores (float64, then
 # float32) and their int64 tie keys stay near 250 MB.
@@ -220,22 +228,117 @@ def evaluate_retrieval(encode: Encode, retrieval_set: RetrievalSet, *, k_values:
         InputError: no query has a relevant document, an empty corpus, or bad vectors from `encode`.
     """
     depth = retrieval_depth(k_values, mrr_at, ndcg_at, map_at)
+    ranked = dense_rankings(encode, retrieval_set, max(depth, rerank_depth if rerank is not None else 0),
+                            with_title=with_title, encode_documents=encode_documents,
+                            corpus_chunk_size=corpus_chunk_size, query_chunk_size=query_chunk_size)
+    options = {"k_values": k_values, "mrr_at": mrr_at, "ndcg_at": ndcg_at, "map_at": map_at, "graded": graded}
+    figures = retrieval_scores(ranked, retrieval_set.qrels, **options)
+    if rerank is not None:
+        text_of = dict(zip(retrieval_set.query_ids, retrieval_set.query_texts))
+        documents = dict(zip(retrieval_set.corpus_ids, retrieval_set.documents(with_title)))
+        reranked = rerank_lists(rerank, text_of, ranked, documents, rerank_depth)
+        figures.update({f"rerank_{name}": value for name, value in
+                        retrieval_scores(reranked, retrieval_set.qrels, **options).items()})
+    return figures
+
+
+# --- sparse and hybrid retrieval ---------------------------------------------------------------------------
+
+def embed_sparse(encode_sparse: EncodeSparse, texts: Sequence[str], what: str = "texts",
+                 chunk_size: int = CORPUS_CHUNK_SIZE) -> SparseRows:
+    """`encode_sparse(texts)` in chunks of `chunk_size`, checked: one row per text, finite weights."""
+    texts = list(texts)
+    if not texts:
+        raise InputError(f"no {what} to encode")
+    parts = []
+    for start in range(0, len(texts), chunk_size):
+        part = encode_sparse(texts[start:start + chunk_size])
+        if not isinstance(part, SparseRows) or len(part) != len(texts[start:start + chunk_size]):
+            raise InputError(f"the sparse encoder must return SparseRows with one row per text for the {what}")
+        if not np.isfinite(part.values).all():
+            raise InputError(f"the encoded {what} hold NaN or infinite weights")
+        parts.append(part)
+    return SparseRows.concatenate(parts)
+
+
+def sparse_rankings(encode_sparse: EncodeSparse, retrieval_set: RetrievalSet, depth: int, *,
+                    with_title: bool = True, encode_documents: EncodeSparse | None = None
+                    ) -> tuple[dict[str, list[str]], SparseRows, SparseRows]:
+    """(query id -> its `depth` best document ids by sparse dot product, query rows, document rows) for the
+    queries with a relevant document; ties by document id."""
+    evaluated = _evaluated(retrieval_set)
+    text_of = dict(zip(retrieval_set.query_ids, retrieval_set.query_texts))
+    queries = embed_sparse(encode_sparse, [text_of[qid] for qid in evaluated], "queries")
+    documents = embed_sparse(encode_documents or encode_sparse, retrieval_set.documents(with_title), "documents")
+    if queries.width != documents.width:
+        raise InputError(f"query vectors have {queries.width} terms, document vectors {documents.width}")
+    return rank_sparse(queries, documents, evaluated, retrieval_set.corpus_ids, depth), queries, documents
+
+
+def dense_rankings(encode: Encode, retrieval_set: RetrievalSet, depth: int, *, with_title: bool = True,
+                   encode_documents: Encode | None = None, corpus_chunk_size: int = CORPUS_CHUNK_SIZE,
+                   query_chunk_size: int = QUERY_CHUNK_SIZE) -> dict[str, list[str]]:
+    """Query id -> its `depth` best document ids by cosine (`exact_search`), for the queries with a relevant
+    document."""
+    evaluated = _evaluated(retrieval_set)
+    text_of = dict(zip(retrieval_set.query_ids, retrieval_set.query_texts))
+    query_vectors = embed(encode, [text_of[qid] for qid in evaluated], "queries")
+    indices, _ = exact_search(encode_documents or encode, retrieval_set.documents(with_title),
+                              retrieval_set.corpus_ids, query_vectors, depth, corpus_chunk_size=corpus_chunk_size,
+                              query_chunk_size=query_chunk_size)
+    ids = retrieval_set.corpus_ids
+    return {qid: [ids[j] for j in row] for qid, row in zip(evaluated, indices.tolist())}
+
+
+def _evaluated(retrieval_set: RetrievalSet) -> list[str]:
     evaluated = retrieval_set.evaluated_queries()
     if not evaluated:
         raise InputError(f"none of the {len(retrieval_set.query_ids)} queries has a relevant document in the "
                          "qrels (relevance > 0)")
-    text_of = dict(zip(retrieval_set.query_ids, retrieval_set.query_texts))
-    query_vectors = embed(encode, [text_of[qid] for qid in evaluated], "queries")
-    documents = retrieval_set.documents(with_title)
-    indices, _ = exact_search(encode_documents or encode, documents, retrieval_set.corpus_ids, query_vectors,
-                              max(depth, rerank_depth if rerank is not None else 0),
-                              corpus_chunk_size=corpus_chunk_size, query_chunk_size=query_chunk_size)
-    ids = retrieval_set.corpus_ids
-    ranked = {qid: [ids[j] for j in row] for qid, row in zip(evaluated, indices.tolist())}
+    return evaluated
+
+
+def evaluate_sparse_retrieval(encode_sparse: EncodeSparse, retrieval_set: RetrievalSet, *,
+                              k_values: Sequence[int] = DEFAULT_K_VALUES, mrr_at: Sequence[int] = DEFAULT_MRR_AT,
+                              ndcg_at: Sequence[int] = DEFAULT_NDCG_AT, map_at: Sequence[int] = DEFAULT_MAP_AT,
+                              graded: bool = False, with_title: bool = True,
+                              encode_documents: EncodeSparse | None = None) -> dict[str, float]:
+    """Retrieval figures of exact sparse (dot-product) search, as `evaluate_retrieval`'s, plus `query_terms`
+    and `document_terms`: the average number of non-zero terms of a query and of a document.
+
+    Args:
+        encode_sparse: texts -> `SparseRows` (e.g. `inference.sparse_vectors.encode_sparse` of a pipeline).
+        encode_documents: a separate document encoder (inference-free or asymmetric models).
+        Others: as `evaluate_retrieval`.
+    """
+    depth = retrieval_depth(k_values, mrr_at, ndcg_at, map_at)
+    ranked, queries, documents = sparse_rankings(encode_sparse, retrieval_set, depth, with_title=with_title,
+                                                 encode_documents=encode_documents)
+    figures = retrieval_scores(ranked, retrieval_set.qrels, k_values=k_values, mrr_at=mrr_at, ndcg_at=ndcg_at,
+                               map_at=map_at, graded=graded)
+    return {**figures, "query_terms": queries.average_terms(), "document_terms": documents.average_terms()}
+
+
+def evaluate_hybrid_retrieval(encode: Encode, encode_sparse: EncodeSparse, retrieval_set: RetrievalSet, *,
+                              rrf_k: float = DEFAULT_RRF_K, fusion_depth: int = 100,
+                              k_values: Sequence[int] = DEFAULT_K_VALUES, mrr_at: Sequence[int] = DEFAULT_MRR_AT,
+                              ndcg_at: Sequence[int] = DEFAULT_NDCG_AT, map_at: Sequence[int] = DEFAULT_MAP_AT,
+                              graded: bool = False, with_title: bool = True) -> dict[str, float]:
+    """Figures of dense, sparse and fused retrieval of the same queries: each query's `fusion_depth` best
+    documents by cosine and by sparse dot product, fused by reciprocal rank fusion (constant `rrf_k`).
+
+    Returns:
+        {"dense_<figure>", "sparse_<figure>", "hybrid_<figure>"} for every figure of `evaluate_retrieval`, plus
+        "sparse_query_terms" and "sparse_document_terms".
+    """
+    depth = max(fusion_depth, retrieval_depth(k_values, mrr_at, ndcg_at, map_at))
+    dense = dense_rankings(encode, retrieval_set, depth, with_title=with_title)
+    sparse, queries, documents = sparse_rankings(encode_sparse, retrieval_set, depth, with_title=with_title)
+    fused = {qid: [doc for doc, _ in reciprocal_rank_fusion([dense[qid], sparse[qid]], rrf_k)] for qid in dense}
     options = {"k_values": k_values, "mrr_at": mrr_at, "ndcg_at": ndcg_at, "map_at": map_at, "graded": graded}
-    figures = retrieval_scores(ranked, retrieval_set.qrels, **options)
-    if rerank is not None:
-        reranked = rerank_lists(rerank, text_of, ranked, dict(zip(ids, documents)), rerank_depth)
-        figures.update({f"rerank_{name}": value for name, value in
-                        retrieval_scores(reranked, retrieval_set.qrels, **options).items()})
+    figures = {}
+    for name, ranked in (("dense", dense), ("sparse", sparse), ("hybrid", fused)):
+        figures.update({f"{name}_{key}": value for key, value in
+                        retrieval_scores(ranked, retrieval_set.qrels, **options).items()})
+    figures.update(sparse_query_terms=queries.average_terms(), sparse_document_terms=documents.average_terms())
     return figures

@@ -110,6 +110,16 @@ def model_class(architecture: str | None) -> type[BertPretrainedModel]:
         raise CheckpointError(f"unknown architecture {architecture!r}; bertforge has {sorted(MODEL_CLASSES)}") from None
 
 
+def class_for_tasks(architecture: str | None, tasks: Any) -> type[BertPretrainedModel]:
+    """The class to load a directory as for the routes `tasks` (None: the model's own): the class its
+    architecture names, except that a masked-LM checkpoint asked only for sparse vectors loads as the sparse
+    family's model (its MLM head is SPLADE's; text-embeddings-inference serves /embed_sparse from one too)."""
+    named = model_class(architecture)
+    if tasks and set(tasks) == {SPARSE_EMBEDDING.task} and issubclass(named, PRETRAINING.model_class):
+        return SPARSE_EMBEDDING.model_class
+    return named
+
+
 def load_model(path: str | os.PathLike | ModelDirectory, cls: type[BertPretrainedModel] | None = None, *,
                fast_path: bool = True, **kwargs: Any) -> tuple[BertPretrainedModel, LoadReport]:
     """Load a model directory (a path, or a directory already read) into `cls` (default: the class its

@@ -474,7 +474,7 @@ def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None,
     directory = checkpoint_format.read_directory(model_dir)
     if tasks is not None:
         tasks = [registry.own_task(directory.architecture) if task is None else task for task in tasks]
-    named = registry.model_class(directory.architecture)
+    named = registry.class_for_tasks(directory.architecture, tasks)
     for task in tasks or ():
         family = registry.for_task(task)
         if not serves(named, family):

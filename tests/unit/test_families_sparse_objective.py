@@ -1,0 +1,46 @@
+"""The sparse training objective: in-batch negatives by dot product at scale 1 plus the FLOPS regulariser,
+weighted separately for the query and the document vectors (the `--query-regularizer` and
+`--document-regularizer` settings), worked out by hand on a small batch."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bertforge.errors import ConfigError
+from bertforge.families.contrastive import ContrastiveLoss
+from bertforge.families.sparse_objective import (
+    DEFAULT_DOCUMENT_REGULARIZER,
+    DEFAULT_QUERY_REGULARIZER,
+    SparseObjective,
+    sparse_loss,
+)
+
+
+def test_sparse_objective_ranks_by_dot_product_and_weighs_flops_per_side():
+    torch.manual_seed(0)
+    vectors = torch.relu(torch.randn(3, 3, 11))  # [B, C, V]: anchor, positive, hard negative
+    input_ids = torch.arange(3 * 3 * 4).view(3, 3, 4)  # every text distinct
+    settings = sparse_loss(ContrastiveLoss(query_regularizer=0.5, document_regularizer=0.25))
+    terms = SparseObjective(settings).loss_terms(SimpleNamespace(embeddings=vectors), SimpleNamespace(
+        input_ids=input_ids))
+    documents = vectors[:, 1:].reshape(-1, 11)
+    flops = 0.5 * (vectors[:, 0].mean(0) ** 2).sum() + 0.25 * (documents.mean(0) ** 2).sum()
+    assert terms["flops"][0].item() == pytest.approx(flops.item(), rel=1e-6)
+    candidates = torch.cat([vectors[:, 1], vectors[:, 2]])  # positives, then negatives
+    ranking = F.cross_entropy(vectors[:, 0] @ candidates.T, torch.arange(3), reduction="sum")
+    assert terms["contrastive"][0].item() == pytest.approx(ranking.item(), rel=1e-6)
+    assert terms["contrastive"][1].item() == 3
+
+
+def test_sparse_loss_defaults_and_refusals():
+    assert sparse_loss(None).query_regularizer == DEFAULT_QUERY_REGULARIZER
+    assert sparse_loss(ContrastiveLoss()).document_regularizer == DEFAULT_DOCUMENT_REGULARIZER
+    assert sparse_loss(ContrastiveLoss(query_regularizer=0.0)).query_regularizer == 0.0
+    with pytest.raises(ConfigError, match="matryoshka_dims are dense-vector settings"):
+        sparse_loss(ContrastiveLoss(loss="cached_mnrl", mini_batch_size=4))
+    with pytest.raises(ConfigError, match="query_regularizer=-1"):
+        ContrastiveLoss(query_regularizer=-1)
