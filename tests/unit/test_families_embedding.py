@@ -107,9 +107,10 @@ def test_embedding_registry_maps_task_models_to_their_own_family(cls, task):
 
 def test_embedding_check_options_is_the_family_check_naming_unknown_options(config):
     with pytest.raises(InputError, match=r"unknown option\(s\) \['poolin'\] for embed; known: \['layer', "
-                                         r"'normalize', 'pooling'\]"):
+                                         r"'normalize', 'pooling', 'token_vectors'\]"):
         EMBEDDING.check_options({"poolin": "cls"})
-    assert EMBEDDING.check_options({"pooling": "cls"}) == {"pooling": "cls", "normalize": False, "layer": -1}
+    assert EMBEDDING.check_options({"pooling": "cls"}) == {"pooling": "cls", "normalize": False, "layer": -1,
+                                                           "token_vectors": False}
     for bad, message in [({"pooling": "sum"}, "pooling must be one of"), ({"normalize": 1}, "normalize must be"),
                          ({"layer": "x"}, "layer must be an integer"), ({"layer": True}, "layer must be an integer")]:
         with pytest.raises(InputError, match=message):

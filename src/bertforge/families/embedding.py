@@ -177,7 +177,8 @@ class Embedding(Family):
     # BERT's whole window (released checkpoints have 512 positions); the pipelines cap it at the model's limit.
     default_max_seq_length = 512
     input_axes = {0: "batch", 1: "sequence"}
-    options = {"pooling": "mean", "normalize": False, "layer": -1}
+    # token_vectors: every token's vector of the layer instead of one pooled vector (TEI's /embed_all).
+    options = {"pooling": "mean", "normalize": False, "layer": -1, "token_vectors": False}
     formats = dict.fromkeys(FORMAT_COLUMNS)
     settings = frozenset({"head.loss", "head.scale", "head.symmetric", "head.mini_batch_size", "head.matryoshka_dims",
                           "features.pooling", "features.normalize", "data.negative_column"})
@@ -193,6 +194,8 @@ class Embedding(Family):
         layer = options["layer"]
         if isinstance(layer, bool) or not isinstance(layer, int):
             raise InputError(f"layer must be an integer (-1 = last), got {layer!r}")
+        if not isinstance(options["token_vectors"], bool):
+            raise InputError("token_vectors must be true or false")
 
     def check_options(self, options: Mapping[str, Any], config: BertConfig | None = None) -> dict[str, Any]:
         """`Family.check_options`, then the layer against the model's depth when the config is known."""
@@ -271,6 +274,8 @@ class Embedding(Family):
         out = encoder_of(model)(ids, types, mask, output_hidden_states=layer != -1)
         # Pooling in fp32 whatever the autocast precision: sums over many tokens lose little then.
         hidden = (out.last_hidden_state if layer == -1 else out.hidden_states[layer]).float()  # [N, T, H]
+        if options["token_vectors"] and not grouped:  # each row's real tokens, special ones included: [t, H]
+            return [row[:length].cpu() for row, length in zip(hidden, mask.sum(1).tolist())]
         vectors = pool(hidden, mask, options["pooling"])  # [N, D]
         if options["normalize"]:
             vectors = F.normalize(vectors, dim=-1)

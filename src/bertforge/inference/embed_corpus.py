@@ -146,8 +146,9 @@ def new_manifest(model_dir: str | os.PathLike, pipeline: EmbedPipeline, options:
     return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "complete": False,
             "model": {"path": str(Path(model_dir).resolve()), "fingerprint": model_fingerprint(model_dir)},
             "kind": "sparse" if sparse else "dense",
-            "embedding": {**options, "prompt": prompt, "max_length": pipeline.max_length,
-                          "precision": pipeline.precision},
+            # the options that make the vectors (not those of how a result is shown: tokens, token_vectors)
+            "embedding": {**{k: v for k, v in options.items() if k not in ("tokens", "token_vectors")},
+                          "prompt": prompt, "max_length": pipeline.max_length, "precision": pipeline.precision},
             "similarity": "dot" if sparse or not options["normalize"] else "cosine",
             "dim": pipeline.config.vocab_size if sparse else
             int(pipeline.encode(["probe"], prompt=prompt, **options).shape[1]),
@@ -416,7 +417,6 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
         given = {name: value for name, value in (("pooling", pooling), ("normalize", normalize),
                                                  ("max_terms", max_terms)) if value is not None}
         options, prefix = pipeline.check_options(given), pipeline.prompt_text(prompt_name, prompt)
-        options.pop("tokens", None)  # sparse: how a result names its terms, not how vectors are made
         manifest = group.from_main(lambda: start_output(out, calibration_of(out, new_manifest(
             model_dir, pipeline, options, prefix, inputs, sources, settings, shard_size, dtype), pipeline, options,
             sources, settings)))

@@ -24,7 +24,8 @@ from bertforge.errors import ConfigError
 Style = Literal["openai", "tei", "bertforge"]
 
 OPENAI_PATHS = ("/v1/embeddings", "/v1/models")
-TEI_PATHS = ("/", "/invocations", "/embed", "/embed_all", "/embed_sparse", "/rerank", "/predict", "/tokenize", "/decode", "/info")
+TEI_PATHS = ("/", "/invocations", "/embed", "/embed_all", "/embed_sparse", "/similarity", "/rerank", "/predict", "/tokenize",
+             "/decode", "/info")
 
 # The OpenAI error `type` for each status (its documented families of errors).
 OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

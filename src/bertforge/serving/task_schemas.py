@@ -79,6 +79,7 @@ class EmbedParameters(WireModel):
     pooling: Annotated[str, Field(pattern=POOLING_PATTERN)] = option(None, "pooling modes joined by '+'")
     normalize: bool = option(None, "scale each vector to length 1")
     layer: int = option(None, "hidden layer to pool (-1: the last)")
+    token_vectors: bool = option(None, "every token's vector of the layer instead of one pooled vector")
 
 
 class FillMaskParameters(WireModel):
@@ -163,7 +164,7 @@ class ChooseOutput(Output):
 
 
 class EmbedOutput(Output):
-    embedding: list[float]
+    embedding: list[float] | list[list[float]]  # one vector, or one per token (token_vectors)
 
 
 def shape_of(value: Any) -> str:

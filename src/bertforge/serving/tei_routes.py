@@ -1,11 +1,14 @@
 """text-embeddings-inference's routes with TEI's request, response and error shapes (its `openapi.json`):
-`POST /embed`, `/rerank`, `/predict`, `/tokenize`, `/decode`, `GET /info`, each also under
+`POST /embed`, `/embed_sparse`, `/embed_all`, `/similarity`, `/rerank`, `/predict`, `/tokenize`, `/decode`,
+`GET /info`, each also under
 `/models/<name>/...` (a TEI client's base URL per model), and `POST /v1/rerank`, which takes bertforge's
 ``{"inputs", "parameters"}`` body and the Cohere/Infinity one (``{"query", "documents", "top_n",
 "return_documents"}``) on one path, told apart by their fields.
 
 Every route runs the served model's pipelines through its scheduler (`InferenceService.run`): /embed the
-`embed` pipeline, /rerank the `rerank` pipeline, /predict the `classify` pipeline, each input with TEI's
+`embed` pipeline (/embed_all with its token vectors, /similarity with its unit vectors: the cosine of the
+source sentence with each other one), /embed_sparse the `embed-sparse` pipeline ([{index, value}] of each
+text's non-zero terms), /rerank the `rerank` pipeline, /predict the `classify` pipeline, each input with TEI's
 truncation rule (`wire_inputs`: `EmbedText`, `TruncatedInput`): an input, or a query+text pair, longer than
 the pipeline's window (`max_input_length` in /info) is refused without `truncate` (422 naming the limit, before
 any model call), cut from `truncation_direction`'s end with it (a pair longest first, as TEI's tokenizer),
@@ -45,20 +48,25 @@ from bertforge.serving.tei_schemas import (
     ClassificationParameters,
     CohereRerankRequest,
     DecodeRequest,
+    EmbedAllRequest,
     EmbedRequest,
+    EmbedSparseRequest,
     Info,
     ModelPredictRequest,
     Prediction,
     PredictRequest,
     Rank,
     RerankRequest,
+    SimilarityParameters,
+    SimilarityRequest,
     SimpleToken,
+    SparseValue,
     TokenizeRequest,
 )
 from bertforge.serving.wire_schemas import check_body, request_body
 
 # The pipelines the TEI routes run (the routes are bound to them: /embed embeds, /rerank reranks ...).
-EMBED, RERANK, CLASSIFY = "embed", "rerank", "classify"
+EMBED, RERANK, CLASSIFY, EMBED_SPARSE = "embed", "rerank", "classify", "embed-sparse"
 # Our task routes this module serves on their path too (`/v1/rerank`: ours and Cohere's shape).
 DUAL_ROUTES = (RERANK,)
 
@@ -72,34 +80,41 @@ def tei_inputs(value: Any) -> list[Any]:
     return list(value)
 
 
-def prompt_of(service: InferenceService, name: str | None) -> str:
+def prompt_of(service: InferenceService, name: str | None, task: str = EMBED) -> str:
     """The prefix TEI's `prompt_name` names (the directory's sentence-transformers prompts); none without a
     name, as TEI documents."""
     if name is None:
         return ""
-    if EMBED not in service.pipelines:
+    if task not in service.pipelines:
         raise RequestError(422, "prompt_name: this model has no prompts", param="prompt_name")
     try:
-        return service.pipelines[EMBED].prompt_text(name)
+        return service.pipelines[task].prompt_text(name)
     except InputError as error:  # an unknown prompt name
         raise RequestError(422, f"prompt_name: {error}", param="prompt_name") from None
 
 
-async def embed(service: InferenceService, call: EmbedRequest, request: Request) -> Any:
-    pipeline = service.pipelines[EMBED]
-    items = tei_inputs(call.inputs)
-    service.check_count(len(items), status=413)
-    prefix = prompt_of(service, call.prompt_name)
+def embed_texts(service: InferenceService, task: str, items: list[Any], call: Any, where: str = "inputs"
+                ) -> list[EmbedText]:
+    """TEI's inputs (texts or token ids) of an embedding route as `EmbedText`s of `task`'s pipeline, checked,
+    with the call's prompt and truncation (`call`: prompt_name, truncate, truncation_direction)."""
+    service.check_count(len(items), where, status=413)
+    prefix = prompt_of(service, call.prompt_name, task)
     direction = call.truncation_direction.lower()
     parsed = []
     for index, item in enumerate(items):
         if isinstance(item, str):
-            check_length(item, service.settings.max_chars, f"inputs[{index}]")
-            text = service.parse(EMBED, prefix + item, f"inputs[{index}]")
+            check_length(item, service.settings.max_chars, f"{where}[{index}]")
+            text = service.parse(task, prefix + item, f"{where}[{index}]")
             parsed.append(EmbedText(text=text, truncate=bool(call.truncate), direction=direction))
         else:
-            ids = check_ids(tuple(item), pipeline.tokenizer.vocab_size, f"inputs[{index}]")
+            ids = check_ids(tuple(item), service.pipelines[task].tokenizer.vocab_size, f"{where}[{index}]")
             parsed.append(EmbedText(ids=ids, truncate=bool(call.truncate), direction=direction))
+    return parsed
+
+
+async def embed(service: InferenceService, call: EmbedRequest, request: Request) -> Any:
+    pipeline = service.pipelines[EMBED]
+    parsed = embed_texts(service, EMBED, tei_inputs(call.inputs), call)
     options = service.check_options(EMBED, {"normalize": call.normalize})
     results = await service.run(EMBED, parsed, options, request)
     vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)
@@ -108,6 +123,30 @@ async def embed(service: InferenceService, call: EmbedRequest, request: Request)
     except RequestError as error:
         raise RequestError(422, error.message, param="dimensions") from None
     return vectors.tolist()
+
+
+async def embed_sparse(service: InferenceService, call: EmbedSparseRequest, request: Request) -> Any:
+    """Each text's non-zero vocabulary terms as TEI's [{index, value}], term ids ascending."""
+    parsed = embed_texts(service, EMBED_SPARSE, tei_inputs(call.inputs), call)
+    results = await service.run(EMBED_SPARSE, parsed, service.check_options(EMBED_SPARSE, {}), request)
+    return [[{"index": i, "value": v} for i, v in zip(r["indices"], r["values"])] for r in results]
+
+
+async def embed_all(service: InferenceService, call: EmbedAllRequest, request: Request) -> Any:
+    """Each text's token vectors of the last layer, special tokens included: [texts][tokens][hidden]."""
+    parsed = embed_texts(service, EMBED, tei_inputs(call.inputs), call)
+    results = await service.run(EMBED, parsed, service.check_options(EMBED, {"token_vectors": True}), request)
+    return [r["embedding"] for r in results]
+
+
+async def similarity(service: InferenceService, call: SimilarityRequest, request: Request) -> Any:
+    """The cosine of `source_sentence` with each of `sentences`, in their order (Hugging Face's
+    sentence-similarity task, `InferenceClient.sentence_similarity`)."""
+    texts = [call.inputs.source_sentence, *call.inputs.sentences]
+    parsed = embed_texts(service, EMBED, texts, call.parameters or SimilarityParameters(), "sentences")
+    results = await service.run(EMBED, parsed, service.check_options(EMBED, {"normalize": True}), request)
+    vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)  # [1 + n, H], unit rows
+    return (vectors[1:] @ vectors[0]).tolist()
 
 
 def query_pairs(query: Any) -> list[tuple[str, str]]:
@@ -281,6 +320,10 @@ async def answer(request: Request, run: Callable[[Any], Awaitable[Any]], route: 
 TEI_ROUTES: dict[str, tuple[str | None, type[BaseModel] | None, Any, str]] = {
     # path: (task the model must serve, request model, answer function, summary)
     "/embed": (EMBED, EmbedRequest, embed, "TEI: embeddings of one or several inputs"),
+    "/embed_sparse": (EMBED_SPARSE, EmbedSparseRequest, embed_sparse, "TEI: sparse (SPLADE) vectors: each input's "
+                      "non-zero vocabulary terms"),
+    "/embed_all": (EMBED, EmbedAllRequest, embed_all, "TEI: the token vectors of each input (no pooling)"),
+    "/similarity": (EMBED, SimilarityRequest, similarity, "TEI: cosine of a source sentence with each other one"),
     "/rerank": (RERANK, RerankRequest, rerank, "TEI: texts ranked by relevance to a query (cross-encoder)"),
     "/predict": (CLASSIFY, PredictRequest, predict, "TEI: label scores of texts or text pairs"),
     "/tokenize": (None, TokenizeRequest, tokenize, "TEI: tokens with character offsets"),
@@ -288,7 +331,8 @@ TEI_ROUTES: dict[str, tuple[str | None, type[BaseModel] | None, Any, str]] = {
 }
 # What `POST /` of a classifier runs: /predict, taking Hugging Face's `parameters` too.
 MODEL_PREDICT = (CLASSIFY, ModelPredictRequest, predict_with_parameters, "")
-RESPONSES = {"/embed": list[list[float]], "/rerank": list[Rank], "/predict": list[Prediction] | list[list[Prediction]],
+RESPONSES = {"/embed": list[list[float]], "/embed_sparse": list[list[SparseValue]],
+             "/embed_all": list[list[list[float]]], "/similarity": list[float], "/rerank": list[Rank], "/predict": list[Prediction] | list[list[Prediction]],
              "/tokenize": list[list[SimpleToken]], "/decode": list[str]}
 
 

@@ -31,6 +31,36 @@ class EmbedRequest(WireModel):
 
 
 @register
+class EmbedSparseRequest(WireModel):
+    inputs: Text | TokenIds | Annotated[list[Text | TokenIds], Field(min_length=1)]
+    truncate: bool | None = False
+    truncation_direction: Direction = "right"
+    prompt_name: str | None = None
+
+
+@register
+class EmbedAllRequest(EmbedSparseRequest):
+    """The same body as /embed_sparse: token vectors are never normalized."""
+
+
+class SimilarityInput(WireModel):
+    source_sentence: Text
+    sentences: Annotated[list[Text], Field(min_length=1)]
+
+
+class SimilarityParameters(WireModel):
+    truncate: bool | None = False
+    truncation_direction: Direction = "right"
+    prompt_name: str | None = None
+
+
+@register
+class SimilarityRequest(WireModel):
+    inputs: SimilarityInput
+    parameters: SimilarityParameters | None = None
+
+
+@register
 class RerankRequest(WireModel):
     query: Text
     texts: Annotated[list[Text], Field(min_length=1)]
@@ -92,6 +122,11 @@ class Rank(BaseModel):
     index: int
     score: float
     text: str | None = None
+
+
+class SparseValue(BaseModel):
+    index: int
+    value: float
 
 
 class Prediction(BaseModel):
