@@ -7,7 +7,7 @@ port: the `openai` SDK, `huggingface_hub.InferenceClient` (text-embeddings-infer
 The model is a tiny random sentence-transformers directory (mean pooling, normalized) with the MiniLM
 tokenizer; sentence-transformers loads the same directory as the reference. Nothing downloads: LangChain runs
 with `check_embedding_ctx_length=False` (its default pre-tokenizes with tiktoken, whose vocabulary it would
-fetch, and sends OpenAI's token ids, which mean nothing to a BERT model).
+fetch, and sends OpenAI's token ids, which mean nothing to a BERT model; a test shows both).
 """
 
 from __future__ import annotations
@@ -167,6 +167,29 @@ def test_langchain_default_embed_documents_of_1000_texts_equal_sentence_transfor
     documents, rain = asyncio.run(both())
     assert min_cosine(documents, reference(batch[:3])) >= COSINE
     assert min_cosine([rain], reference(["rain"])) >= COSINE
+
+
+def test_langchain_without_the_switch_fetches_tiktoken_and_would_send_openai_token_ids(server, monkeypatch):
+    # Its default (check_embedding_ctx_length=True) first cuts the texts into tiktoken ids: that needs
+    # tiktoken's vocabulary file from the internet (here the fetch is stopped and recorded), and what it
+    # would send are OpenAI's ids, which this server refuses beyond its vocabulary.
+    tiktoken_load = pytest.importorskip("tiktoken.load")
+    fetched = []
+
+    def offline(blobpath, expected_hash=None):
+        fetched.append(blobpath)
+        raise ConnectionError(f"no network for {blobpath}")
+
+    monkeypatch.setattr(tiktoken_load, "read_file_cached", offline)
+    default = langchain_openai.OpenAIEmbeddings(model="text-embedding-3-small", base_url=server + "/v1", api_key=KEY,
+                                                max_retries=0)
+    assert default.check_embedding_ctx_length
+    with pytest.raises(ConnectionError):
+        default.embed_documents(["a text"])
+    assert len(fetched) == 1 and "cl100k_base" in fetched[0]
+    with pytest.raises(openai.BadRequestError, match="token id 100257, outside this model's vocabulary of 30522"):
+        openai.OpenAI(base_url=server + "/v1", api_key=KEY, max_retries=0).embeddings.create(
+            input=[[64, 1495, 100257]], model="embedder")  # cl100k_base ids (100257: its end-of-text token)
 
 
 def test_langchain_errors_reach_the_caller_in_openai_shape(server):

@@ -82,7 +82,11 @@ def test_attention_route_answers_the_maps_bertforge_attention_draws(client, mode
     assert torch.allclose(served, maps, atol=5e-5)  # rounded to 4 decimals on the wire
     assert torch.allclose(served.sum(-1), torch.ones(served.shape[:-1]), atol=1e-3)
     assert "POST /v1/attention" in client.get("/nothing", headers=AUTH).json()["error"]
-    assert "/v1/attention" in client.get("/openapi.json").json()["paths"]
+    # Two models: the document lists the route under each model's name (the plain path needs one, 400).
+    paths = client.get("/openapi.json").json()["paths"]
+    assert "/v1/attention" not in paths
+    (model,) = paths["/models/{model}/v1/attention"]["post"]["parameters"]
+    assert model["schema"]["enum"] == ["clf", "mlm"]
 
 
 @pytest.mark.parametrize(("path", "body", "status", "message"), [

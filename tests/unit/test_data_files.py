@@ -143,3 +143,11 @@ def test_default_id_column_skips_names_other_roles_use():
     columns = {"text_a": "text", "label": "id", "id": None}
     assert default_id_column(["id", "qid", "text"], columns) == "qid"
     assert default_id_column(["text"], columns) is None
+
+
+def test_decode_json_whole_numbers_are_integers_as_json_schema_counts_them():
+    from bertforge.data.files import decode_json
+
+    assert decode_json("[5.0, 1e3, -0.0, 2.5]") == [5.0, 1000.0, 0.0, 2.5]
+    values = decode_json("[5.0, 1e3, -0.0, 2.5, 7]", whole_numbers=True)
+    assert values == [5, 1000, 0, 2.5, 7] and [type(v) for v in values] == [int, int, int, float, int]

@@ -214,9 +214,16 @@ def _number(text: str, kind: type) -> Any:
     return kind(text)
 
 
-def decode_json(text: str, unique_keys: bool = False) -> Any:
+def _whole_or_float(text: str) -> Any:
+    value = _number(text, float)
+    return int(value) if value.is_integer() else value
+
+
+def decode_json(text: str, unique_keys: bool = False, whole_numbers: bool = False) -> Any:
     """The value of untrusted JSON text, decided before anything else runs on it; with `unique_keys`, an object
-    naming a key twice is refused (JSON leaves it undefined; Python keeps the last, silently).
+    naming a key twice is refused (JSON leaves it undefined; Python keeps the last, silently). With
+    `whole_numbers`, a number written with a fraction or exponent whose value is whole (`5.0`, `1e3`) is an int,
+    as JSON Schema counts it (an "integer" field of an OpenAPI document takes `5.0`).
 
     Raises:
         UntrustedJson: malformed JSON; a key given twice in one object (`unique_keys`); nesting deeper than
@@ -228,7 +235,8 @@ def decode_json(text: str, unique_keys: bool = False) -> Any:
     # for the message. Otherwise the decoded value is measured, which costs one step per container, not per
     # character: a body of megabytes of text is decided in milliseconds (an over-budget request must be).
     try:
-        value = json.loads(text, parse_int=lambda s: _number(s, int), parse_float=lambda s: _number(s, float),
+        floats = _whole_or_float if whole_numbers else lambda s: _number(s, float)
+        value = json.loads(text, parse_int=lambda s: _number(s, int), parse_float=floats,
                            parse_constant=lambda name: _refuse_constant(name),
                            object_pairs_hook=_unique_object if unique_keys else None)
     except RecursionError:

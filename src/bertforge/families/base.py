@@ -35,7 +35,7 @@ from bertforge.errors import ConfigError, InputError
 from bertforge.model.bert import BertModel, BertOutput, BertPretrainedModel
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import needs_hidden_states
-from bertforge.tokenization.normalizer import is_removed, is_whitespace
+from bertforge.tokenization.normalizer import is_blank
 from bertforge.tokenization.tokenizer import Tokenizer
 
 # Problem kinds of a task (the names Hugging Face's `problem_type` uses); classification has all three.
@@ -183,7 +183,7 @@ def check_text(value: Any, name: str) -> str:
     """
     if not isinstance(value, str):
         raise InputError(f"{name} must be a string, got {type(value).__name__}")
-    if all(char.isspace() or is_whitespace(char) or is_removed(char) for char in value):
+    if is_blank(value):
         raise InputError(f"{name} is empty; give some text")
     return value
 

@@ -57,6 +57,11 @@ def check_pooling(pooling: Any) -> tuple[str, ...]:
     return tuple(sorted(modes, key=POOLINGS.index))
 
 
+def vector_width(hidden_size: int, pooling: str) -> int:
+    """The length of the vectors a pooling gives: the hidden size per mode (modes joined by '+' concatenate)."""
+    return hidden_size * len(check_pooling(pooling))
+
+
 def pool_one(hidden: torch.Tensor, real: torch.Tensor, mode: str) -> torch.Tensor:
     """One pooling mode over real tokens: hidden [B, T, H], real [B, T, 1] bool -> [B, H]."""
     if mode == "cls":

@@ -90,7 +90,8 @@ def build_features(examples: Sequence[ChoiceExample], tokenizer: Tokenizer, sett
             count = len(example.endings)
         elif len(example.endings) != count:
             path, _, line = example.source.rpartition(":")
-            raise DataError(f"{len(example.endings)} choices where earlier questions have {count}", path,
+            raise DataError(f"{len(example.endings)} choices where earlier questions have {count} (questions run "
+                            "together need the same number of endings)", path or None,
                             int(line) if line.isdigit() else None)
         context = tokenizer.encode(example.context, add_special_tokens=False).ids
         endings = [tokenizer.encode(f"{example.start} {ending}".strip(), add_special_tokens=False).ids

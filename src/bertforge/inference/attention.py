@@ -35,6 +35,7 @@ from bertforge.families import registry
 from bertforge.inference.plots import cjk_font, needs_cjk_font
 from bertforge.model.bert import BertModel
 from bertforge.storage import write_bytes
+from bertforge.tokenization.normalizer import is_blank
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def attention_of(encoder: BertModel, tokenizer, text: str) -> tuple[list[str], t
     """(tokens [T], attention probabilities [L, N, T, T] in fp32, on the CPU) of `text` under a loaded encoder
     (on whatever device it sits); InputError for an empty text or one over `MAX_TOKENS` tokens, before the
     model runs. The server's attention route calls this with the model it serves."""
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str) or is_blank(text):
         raise InputError("text is empty; give a sentence to draw the attention of")
     encoding = tokenizer.encode(text)
     if len(encoding.ids) > min(MAX_TOKENS, encoder.config.max_position_embeddings):
@@ -67,7 +68,7 @@ def attention_of(encoder: BertModel, tokenizer, text: str) -> tuple[list[str], t
 
 def attention_maps(model_dir: str | os.PathLike, text: str) -> tuple[list[str], torch.Tensor]:
     """(tokens [T], attention probabilities [L, N, T, T] in fp32) of `text` under the model in `model_dir`."""
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str) or is_blank(text):
         raise InputError("text is empty; give a sentence to draw the attention of")
     tokenizer = load_tokenizer(model_dir)
     model, _ = registry.load_model(model_dir)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import ConfigError
+from bertforge.families.embedding import vector_width
 from bertforge.inference.pipelines import DEFAULT_PRECISION, Pipeline
 from bertforge.serving.envelopes import serve_extra_missing
 
@@ -52,7 +53,7 @@ try:
 except ImportError as missing:  # the serve extra is optional; say how to get it when it is needed
     raise serve_extra_missing(missing) from None
 
-from bertforge.serving.guards import LOOPBACK_HOSTS, install_guards, key_held  # noqa: E402
+from bertforge.serving.guards import LOOPBACK_HOSTS, OPEN_PATHS, install_guards, key_held  # noqa: E402
 from bertforge.serving.model_service import (  # noqa: E402 (after the check of the serve extra)
     FAILURE_STATUS,
     InferenceService,
@@ -68,8 +69,13 @@ from bertforge.serving.model_service import (  # noqa: E402 (after the check of 
 from bertforge.serving.openai_routes import add_openai_routes  # noqa: E402
 from bertforge.serving.page import add_page  # noqa: E402
 from bertforge.serving.task_routes import add_task_routes  # noqa: E402
-from bertforge.serving.tei_routes import DUAL_ROUTES, add_tei_routes  # noqa: E402
-from bertforge.serving.wire_schemas import validation_message, with_wire_schemas  # noqa: E402
+from bertforge.serving.tei_routes import DUAL_ROUTES, EMBED, add_tei_routes, root_request  # noqa: E402
+from bertforge.serving.wire_schemas import (  # noqa: E402
+    ANY_MODEL,
+    ServedFacts,
+    validation_message,
+    with_wire_schemas,
+)
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +115,7 @@ def build_app(models: ModelSet | Mapping[str, Pipeline], settings: ServerSetting
               + add_openai_routes(app, models) + add_page(app, models))
     served += ["GET /health", "GET /ready", "GET /metrics", "GET /docs", "GET /redoc", "GET /openapi.json"]
     app.state.served = served
-    with_wire_schemas(app)
+    with_wire_schemas(app, served_facts(models, settings))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
@@ -137,6 +143,31 @@ def build_app(models: ModelSet | Mapping[str, Pipeline], settings: ServerSetting
     # installed here, around every route above: they refuse through `envelopes.error_payload` like the routes.
     install_guards(app, settings)
     return app
+
+
+def served_facts(models: ModelSet, settings: ServerSettings) -> ServedFacts:
+    """What these models take (which models answer each task, with or without a name in the path; vocabulary,
+    vector widths, prompts, layers; keys), for the OpenAPI document (`wire_schemas.fit_to_models`)."""
+    serving = {task: tuple(models.serving(task)) for task in models.tasks()}
+    serving[ANY_MODEL] = tuple(models.names)
+    unnamed = {ANY_MODEL} if len(models.names) == 1 else set()
+    for task in models.tasks():
+        try:
+            models.pick(None, task, field="path")
+            unnamed.add(task)
+        except RequestError:  # several models serve it and none is named: the path alone is refused
+            pass
+    services = list(models.services.values())
+    embedders = [service.pipelines[EMBED] for service in services if EMBED in service.pipelines]
+    return ServedFacts(
+        models=serving, unnamed=frozenset(unnamed),
+        vocab_size=min(next(iter(s.pipelines.values())).tokenizer.vocab_size for s in services),
+        dimensions=tuple(sorted({width for p in embedders for width in (
+            vector_width(p.config.hidden_size, p.defaults["pooling"]), *p.matryoshka_dims)})),
+        prompt_names=tuple(sorted({name for p in embedders for name in (p.sentence.prompts if p.sentence else ())})),
+        layers=min((p.config.num_hidden_layers for p in embedders), default=0), max_items=settings.max_items,
+        roots={name: root_request(service) for name, service in models.services.items()},
+        keys=bool(settings.api_keys), open_paths=OPEN_PATHS)
 
 
 def add_probes(app: FastAPI, models: ModelSet, settings: ServerSettings) -> None:

@@ -126,7 +126,8 @@ def check_sizes(item: Any, index: int, max_chars: int) -> None:
 
 
 def decode_body(raw: bytes) -> Any:
-    return decode_json(raw.decode("utf-8"), unique_keys=True)
+    # whole_numbers: the OpenAPI document's "integer" fields take 5.0, as JSON Schema does.
+    return decode_json(raw.decode("utf-8"), unique_keys=True, whole_numbers=True)
 
 
 async def read_body(request: Request, settings: ServerSettings) -> Any:

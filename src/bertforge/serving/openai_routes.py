@@ -31,22 +31,33 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from bertforge.inference.pipelines import EmbedText
-from bertforge.serving.wire_schemas import WIRE_CONFIG, WireModel, check_body, register, request_body
+from bertforge.serving.wire_schemas import (
+    ANY_MODEL,
+    INPUTS,
+    SERVES,
+    WIRE_CONFIG,
+    Dimensions,
+    Text,
+    TokenIds,
+    WireModel,
+    check_body,
+    register,
+    request_body,
+)
 
 # When the server started: the `created` time of every served model.
 STARTED = int(time.time())
-TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 @register
 class EmbeddingsRequest(WireModel):
     """OpenAI's create-embeddings request."""
 
-    input: str | Annotated[list[str], Field(min_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1)] = Field(
+    input: Text | Annotated[list[Text], INPUTS] | TokenIds | Annotated[list[TokenIds], INPUTS] = Field(
         description="text, list of texts, token ids (of this model's vocabulary), or a list of such lists")
     model: str = Field(description="a served model's name (GET /v1/models)")
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Annotated[int, Field(ge=1)] | None = Field(
+    dimensions: Dimensions | None = Field(
         None, description="keep the first d dimensions, renormalized (models trained with Matryoshka widths)")
     user: str | None = Field(None, description="accepted and ignored")
 
@@ -211,7 +222,8 @@ def add_openai_routes(app: FastAPI, models: ModelSet) -> list[str]:
         return JSONResponse({"object": "list", "data": [model_object(name) for name in models.names]})
 
     @app.get("/v1/models/{model}", response_model=ModelObject, summary="OpenAI: one served model",
-             responses={404: {"model": OpenAIError, "description": "model not served"}})
+             responses={404: {"model": OpenAIError, "description": "model not served"}},
+             openapi_extra={SERVES: ANY_MODEL})
     async def retrieve_model(model: str, request: Request) -> JSONResponse:
         if model not in models.services:
             return refusal(request, 404, f"model {model!r} is not served here; served models: {models.names}",

@@ -31,6 +31,7 @@ from bertforge.errors import InputError
 from bertforge.inference.attention import MAX_TOKENS, attention_of, encoder_of
 from bertforge.serving.guards import PAGE_ASSETS_URL
 from bertforge.serving.task_routes import MODEL_PREFIX, TASK_RESPONSES
+from bertforge.serving.wire_schemas import ANY_MODEL, FIT, SERVES
 
 STATIC = Path(__file__).parent / "static"
 # Everything the page loads comes from this server; inline scripts and styles are refused too.
@@ -38,11 +39,11 @@ PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src
                "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
 # The attention route takes one text (its maps are L x N x T x T numbers).
 ATTENTION_EXAMPLE = {"inputs": ["The cat sat on the mat because it was tired."]}
-ATTENTION_SCHEMA = {"type": "object", "required": ["inputs"], "properties": {
+TEXT_SCHEMA = {"type": "string", "minLength": 1, FIT: "text"}
+ATTENTION_SCHEMA = {"type": "object", "required": ["inputs"], "additionalProperties": False, "properties": {
     "inputs": {"type": "array", "minItems": 1, "maxItems": 1,
-               "items": {"oneOf": [{"type": "string", "minLength": 1},
-                                   {"type": "object", "required": ["text"],
-                                    "properties": {"text": {"type": "string", "minLength": 1}}}]}},
+               "items": {"oneOf": [TEXT_SCHEMA, {"type": "object", "required": ["text"], "additionalProperties": False,
+                                                 "properties": {"text": TEXT_SCHEMA}}]}},
     "parameters": {"type": "object", "maxProperties": 0}}}
 
 
@@ -106,7 +107,7 @@ def add_attention_routes(app: FastAPI, models: ModelSet) -> list[str]:
                    "its tokens and attention probabilities [layer][head][from token][to token]; each row sums "
                    "to 1. With several models served, name one: /models/<name>/v1/attention.",
                    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-                       "schema": ATTENTION_SCHEMA, "example": ATTENTION_EXAMPLE}}}})
+                       "schema": ATTENTION_SCHEMA, "example": ATTENTION_EXAMPLE}}}, SERVES: ANY_MODEL})
     app.add_api_route("/v1/attention", attention_of_default, methods=["POST"], **options)
     app.add_api_route(MODEL_PREFIX + "/v1/attention", attention_of_model, methods=["POST"], **options)
     return ["POST /v1/attention", f"POST {MODEL_PREFIX}/v1/attention"]

@@ -17,7 +17,7 @@ from typing import Any
 from bertforge.serving.model_service import ModelSet, RequestError, refusal  # isort: skip
 
 from bertforge.serving.task_schemas import REQUEST_MODELS, RESPONSE_MODELS  # isort: skip
-from bertforge.serving.wire_schemas import request_body  # isort: skip
+from bertforge.serving.wire_schemas import FIT, SERVES, request_body  # isort: skip
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -37,7 +37,7 @@ TASK_RESPONSES: dict[int | str, dict[str, Any]] = {status: {"model": TaskError, 
     (429, "queue full"), (503, "timed out or shutting down"))}
 REQUEST_SCHEMA = {
     "type": "object", "required": ["inputs"],
-    "properties": {"inputs": {"type": "array", "minItems": 1, "items": {}},
+    "properties": {"inputs": {"type": "array", "minItems": 1, "items": {}, FIT: "items"},
                    "parameters": {"type": "object"}},
 }
 
@@ -72,11 +72,11 @@ def task_route_options(models: ModelSet, task: str) -> dict[str, Any]:
         return dict(summary=f"{task} ({pipeline.family_name})", description=pipeline.description,
                     responses={200: {"model": RESPONSE_MODELS[task], "description": "one output per input, in order"},
                                **TASK_RESPONSES},
-                    openapi_extra=request_body(REQUEST_MODELS[task], pipeline.example))
+                    openapi_extra=request_body(REQUEST_MODELS[task], pipeline.example, serves=task))
     return dict(summary=f"{task} ({pipeline.family_name})", description=pipeline.description,
                 responses=TASK_RESPONSES,
                 openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-                    "schema": REQUEST_SCHEMA, "example": pipeline.example}}}})
+                    "schema": REQUEST_SCHEMA, "example": pipeline.example}}}, SERVES: task})
 
 
 def add_task_routes(app: FastAPI, models: ModelSet, elsewhere: tuple[str, ...] = ()) -> list[str]:

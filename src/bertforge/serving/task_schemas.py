@@ -14,19 +14,27 @@ every route's documented example to its model.
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Annotated, Any, Union
 
+from bertforge.families.embedding import POOLINGS
+from bertforge.families.reranking import MAX_CANDIDATES
 from bertforge.serving.envelopes import RequestError
 
-from bertforge.serving.wire_schemas import WireModel, check_body, register  # isort: skip (first: the serve-extra check)
+from bertforge.serving.wire_schemas import FIT, INPUTS, Text, WireModel, check_body, fitted, register  # isort: skip (first)
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-Text = Annotated[str, Field(min_length=1, description="a non-empty text")]
+# A fill-mask text holds the literal marker the family looks for.
+MaskedText = Annotated[str, Field(min_length=1, description="a text with [MASK] where a word is to be predicted",
+                                  json_schema_extra={"pattern": r"\[MASK\]"})]
+Word = Annotated[str, Field(min_length=1, description="a word (not whitespace alone)", json_schema_extra=fitted("word"))]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 Probability = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
-POOLING_PATTERN = r"^(cls|max|mean|mean_sqrt_len|weightedmean|lasttoken)(\+(cls|max|mean|mean_sqrt_len|weightedmean|lasttoken))*$"
+# Each pooling mode at most once, joined by '+'; the document lists them in one order (the server takes any).
+POOLING_NAMES = ["+".join(combination) for size in range(1, len(POOLINGS) + 1)
+                 for combination in itertools.combinations(POOLINGS, size)]
 
 
 # --- inputs --------------------------------------------------------------------------------------------------
@@ -35,19 +43,28 @@ class TextInput(WireModel):
     text: Text
 
 
+class MaskedTextInput(WireModel):
+    text: MaskedText
+
+
 class PairInput(WireModel):
     text: Text
     text_pair: Text | None = None
 
 
 class WordsInput(WireModel):
-    words: Annotated[list[Text], Field(min_length=1)]
+    words: Annotated[list[Word], Field(min_length=1)]
 
 
 class QuestionInput(WireModel):
     question: Text
     context: Text
     id: str | None = None
+
+
+class RerankInput(WireModel):
+    query: Text
+    texts: Annotated[list[Text], Field(min_length=1, max_length=MAX_CANDIDATES)]
 
 
 class ChoiceInput(WireModel):
@@ -62,13 +79,17 @@ class NoParameters(WireModel):
     """This task takes no parameters."""
 
 
-def _no_default(schema: dict[str, Any]) -> None:
-    schema.pop("default", None)  # absent means the model's own default, which differs per model directory
+def option(kind: Any, description: str | None = None, fit: str | None = None, enum: list[str] | None = None) -> Any:
+    """A parameter that may be left out (the model's default) but not sent as null; `fit`: its bounds are the
+    served models' (`wire_schemas.fitted`); `enum`: the values the document lists (the family checks them)."""
+    def described(schema: dict[str, Any]) -> None:
+        schema.pop("default", None)  # absent means the model's own default, which differs per model directory
+        if fit is not None:
+            schema[FIT] = fit
+        if enum is not None:
+            schema["enum"] = enum
 
-
-def option(kind: Any, description: str | None = None) -> Any:
-    """A parameter that may be left out (the model's default) but not sent as null."""
-    return Field(default=None, description=description, json_schema_extra=_no_default)
+    return Field(default=None, description=description, json_schema_extra=described)
 
 
 class ClassifyParameters(WireModel):
@@ -76,14 +97,19 @@ class ClassifyParameters(WireModel):
 
 
 class EmbedParameters(WireModel):
-    pooling: Annotated[str, Field(pattern=POOLING_PATTERN)] = option(None, "pooling modes joined by '+'")
+    pooling: str = option(None, "pooling modes joined by '+', each at most once", enum=POOLING_NAMES)
     normalize: bool = option(None, "scale each vector to length 1")
-    layer: int = option(None, "hidden layer to pool (-1: the last)")
+    layer: int = option(None, "hidden layer to pool (-1: the last)", fit="layer")
     token_vectors: bool = option(None, "every token's vector of the layer instead of one pooled vector")
 
 
 class FillMaskParameters(WireModel):
     top_k: Annotated[int, Field(ge=1, le=100)] = option(None)
+
+
+class RerankParameters(WireModel):
+    top_n: Annotated[int, Field(ge=1)] = option(None, "keep the n best")
+    return_text: bool = option(None, "add each text to its result")
 
 
 class AnswerParameters(WireModel):
@@ -167,6 +193,17 @@ class EmbedOutput(Output):
     embedding: list[float] | list[list[float]]  # one vector, or one per token (token_vectors)
 
 
+class Ranked(Output):
+    index: int
+    score: float
+    logit: float
+    text: str | None = None
+
+
+class RerankOutput(Output):
+    results: list[Ranked]
+
+
 def shape_of(value: Any) -> str:
     return "object" if isinstance(value, dict) else "list" if isinstance(value, list) else "text"
 
@@ -188,14 +225,16 @@ TASK_MODELS: dict[str, tuple[Any, type[WireModel], type[BaseModel]]] = {
     "tag": (one_of(text=Text, object=TextInput | WordsInput), NoParameters, TagOutput),
     "answer": (one_of(object=QuestionInput, list=QuestionPair), AnswerParameters, AnswerOutput),
     "choose": (ChoiceInput, NoParameters, ChooseOutput),
-    "fill-mask": (one_of(text=Text, object=TextInput), FillMaskParameters, FillMaskOutput),
+    "fill-mask": (one_of(text=MaskedText, object=MaskedTextInput), FillMaskParameters, FillMaskOutput),
+    "rerank": (RerankInput, RerankParameters, RerankOutput),
 }
 
 
 def model_names(task: str) -> tuple[str, str]:
-    """The OpenAPI component names of a task's request and response: `ClassifyRequest`, `ClassifyResponse`."""
+    """The OpenAPI component names of a task's request and response: `ClassifyTaskRequest`,
+    `ClassifyTaskResponse` (TEI's `EmbedRequest` is another body)."""
     stem = "".join(part.capitalize() for part in task.split("-"))
-    return f"{stem}Request", f"{stem}Response"
+    return f"{stem}TaskRequest", f"{stem}TaskResponse"
 
 
 def build_models(task: str) -> tuple[type[WireModel], type[BaseModel]]:
@@ -205,7 +244,7 @@ def build_models(task: str) -> tuple[type[WireModel], type[BaseModel]]:
     item, parameters, output = TASK_MODELS[task]
     request_name, response_name = model_names(task)
     request = create_model(request_name, __base__=WireModel,
-                           inputs=(Annotated[list[item], Field(min_length=1)], ...),
+                           inputs=(Annotated[list[item], INPUTS], ...),
                            parameters=(parameters, Field(default_factory=parameters)))
     response = create_model(response_name, __base__=Output, outputs=(list[output], ...))
     register(request)

@@ -47,6 +47,7 @@ from bertforge.serving.tei_schemas import (
     TEI_ERRORS,
     ClassificationParameters,
     CohereRerankRequest,
+    CohereRerankResponse,
     DecodeRequest,
     EmbedAllRequest,
     EmbedRequest,
@@ -63,7 +64,7 @@ from bertforge.serving.tei_schemas import (
     SparseValue,
     TokenizeRequest,
 )
-from bertforge.serving.wire_schemas import check_body, request_body
+from bertforge.serving.wire_schemas import ANY_MODEL, ROOT, SERVES, check_body, request_body
 
 # The pipelines the TEI routes run (the routes are bound to them: /embed embeds, /rerank reranks ...).
 EMBED, RERANK, CLASSIFY, EMBED_SPARSE = "embed", "rerank", "classify", "embed-sparse"
@@ -284,11 +285,7 @@ def info(service: InferenceService) -> dict[str, Any]:
 
 async def cohere_rerank(models: ModelSet, call: CohereRerankRequest, request: Request) -> dict[str, Any]:
     service = models.pick(call.model, RERANK, lenient=True)
-    texts = [d if isinstance(d, str) else d.get("text") for d in call.documents]
-    missing = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
-    if missing is not None:
-        raise RequestError(422, f'documents[{missing}]: a document is a string or {{"text": "..."}}',
-                           param="documents")
+    texts = [d if isinstance(d, str) else d.text for d in call.documents]
     service.check_count(len(texts), "documents")
     for where, text in (("query", call.query), *((f"documents[{i}]", t) for i, t in enumerate(texts))):
         check_length(text, service.settings.max_chars, where)
@@ -378,6 +375,12 @@ def root_path_of(service: InferenceService) -> str:
     return "/rerank" if RERANK in service.pipelines else "/predict" if CLASSIFY in service.pipelines else "/embed"
 
 
+def root_request(service: InferenceService) -> str:
+    """The name of the request model a model's own route takes (that of the TEI route it answers as)."""
+    path = root_path_of(service)
+    return (ModelPredictRequest if path == "/predict" else TEI_ROUTES[path][1]).__name__
+
+
 def root_endpoint(models: ModelSet, route: str, prefixed: bool) -> Callable[..., Any]:
     async def run(request: Request, name: str | None) -> JSONResponse:
         async def work(recorder: list[InferenceService]) -> Any:
@@ -406,8 +409,9 @@ def add_root_routes(app: FastAPI, models: ModelSet) -> list[str]:
     served model's own route, so a client given only the server's address (huggingface_hub's
     `InferenceClient(base_url)`) reaches it."""
     kinds = sorted({root_path_of(service) for service in models.services.values()})
-    body = {"oneOf": [{"$ref": "#/components/schemas/" + (ModelPredictRequest if path == "/predict" else
-                                                           TEI_ROUTES[path][1]).__name__} for path in kinds]}
+    # One body per kind; the document gives each model's path its own (`wire_schemas.own_routes`).
+    components = sorted({root_request(service) for service in models.services.values()})
+    body = {"oneOf": [{"$ref": "#/components/schemas/" + name} for name in components]}
     added = []
     for path, prefixed in (("/", False), ("/invocations", False), (MODEL_PREFIX, True),
                            (MODEL_PREFIX + "/invocations", True)):
@@ -416,7 +420,7 @@ def add_root_routes(app: FastAPI, models: ModelSet) -> list[str]:
         app.add_api_route(path, root_endpoint(models, path, prefixed), methods=["POST"], summary=summary,
                           responses=TEI_ERRORS, description="Answers as " + " or ".join(kinds) + " does.",
                           openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-                              "schema": body}}}})
+                              "schema": body}}}, SERVES: ROOT, "x-request-model": components})
         added.append(f"POST {path}")
     return added
 
@@ -424,12 +428,12 @@ def add_root_routes(app: FastAPI, models: ModelSet) -> list[str]:
 def add_tei_routes(app: FastAPI, models: ModelSet) -> list[str]:
     """TEI's routes (and their `/models/{model}` forms), and `/v1/rerank` where a model reranks."""
     added = []
-    for path, (_, model_class, _, summary) in TEI_ROUTES.items():
+    for path, (task, model_class, _, summary) in TEI_ROUTES.items():
         for prefixed in (False, True):
             route = (MODEL_PREFIX if prefixed else "") + path
             app.add_api_route(route, tei_endpoint(models, path, route, prefixed), methods=["POST"], summary=summary,
                               response_model=RESPONSES[path], responses=TEI_ERRORS,
-                              openapi_extra=request_body(model_class))
+                              openapi_extra=request_body(model_class, serves=task or ANY_MODEL))
             added.append(f"POST {route}")
 
     async def info_of(request: Request, name: str | None) -> JSONResponse:
@@ -438,12 +442,13 @@ def add_tei_routes(app: FastAPI, models: ModelSet) -> list[str]:
         except RequestError as error:
             return refusal(request, error.status, error.message)
 
-    @app.get("/info", response_model=Info, summary="TEI: the served model, its limits", responses=TEI_ERRORS)
+    @app.get("/info", response_model=Info, summary="TEI: the served model, its limits", responses=TEI_ERRORS,
+             openapi_extra={SERVES: ANY_MODEL})
     async def tei_info(request: Request) -> JSONResponse:
         return await info_of(request, None)
 
     @app.get(MODEL_PREFIX + "/info", response_model=Info, summary="TEI: a served model, its limits",
-             responses=TEI_ERRORS)
+             responses=TEI_ERRORS, openapi_extra={SERVES: ANY_MODEL})
     async def tei_info_of_model(request: Request, model: str) -> JSONResponse:
         return await info_of(request, model)
 
@@ -461,7 +466,11 @@ def add_dual_rerank(app: FastAPI, models: ModelSet) -> list[str]:
                         {"$ref": "#/components/schemas/CohereRerankRequest"}]}
     options["openapi_extra"] = {"requestBody": {"required": True, "content": {"application/json": {
         "schema": schema, "example": options["openapi_extra"]["requestBody"]["content"]["application/json"][
-            "example"]}}}, "x-request-model": "CohereRerankRequest"}
+            "example"]}}}, "x-request-model": [options["openapi_extra"].get("x-request-model"), "CohereRerankRequest"],
+        SERVES: RERANK}
+    ours = options["responses"][200]
+    options["responses"] = {**options["responses"], 200: {**ours, "model": ours["model"] | CohereRerankResponse,
+                                                           "description": "ours: outputs; Cohere's: results"}}
     options["description"] += ("\n\nAlso takes the Cohere/Infinity body {query, documents, top_n, return_documents,"
                                " model} and then answers {id, model, results: [{index, relevance_score, document}]}.")
 

@@ -11,23 +11,30 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from bertforge.serving.wire_schemas import WireModel, register  # isort: skip  (first: the serve-extra check)
+from bertforge.serving.wire_schemas import (  # isort: skip  (first: the serve-extra check)
+    INPUTS,
+    Dimensions,
+    Text,
+    TokenIds,
+    WireModel,
+    fitted,
+    register,
+)
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 Direction = Literal["right", "left", "Right", "Left"]
-Text = Annotated[str, Field(min_length=1)]
+PromptName = Annotated[str, Field(json_schema_extra=fitted("prompt-name"))]
 
 
 @register
 class EmbedRequest(WireModel):
-    inputs: Text | TokenIds | Annotated[list[Text | TokenIds], Field(min_length=1)]
+    inputs: Text | TokenIds | Annotated[list[Text | TokenIds], INPUTS]
     normalize: bool = True
     truncate: bool | None = False
     truncation_direction: Direction = "right"
-    prompt_name: str | None = None
-    dimensions: Annotated[int, Field(ge=1)] | None = None
+    prompt_name: PromptName | None = None
+    dimensions: Dimensions | None = None
 
 
 @register
@@ -63,7 +70,7 @@ class SimilarityRequest(WireModel):
 @register
 class RerankRequest(WireModel):
     query: Text
-    texts: Annotated[list[Text], Field(min_length=1)]
+    texts: Annotated[list[Text], INPUTS]
     truncate: bool | None = False
     truncation_direction: Direction = "right"
     raw_scores: bool = False
@@ -73,7 +80,7 @@ class RerankRequest(WireModel):
 @register
 class PredictRequest(WireModel):
     inputs: Text | Annotated[list[Text], Field(min_length=2, max_length=2)] | Annotated[
-        list[Annotated[list[Text], Field(min_length=1, max_length=2)]], Field(min_length=1)]
+        list[Annotated[list[Text], Field(min_length=1, max_length=2)]], INPUTS]
     truncate: bool | None = False
     truncation_direction: Direction = "right"
     raw_scores: bool = False
@@ -95,15 +102,23 @@ class ModelPredictRequest(PredictRequest):
 
 @register
 class TokenizeRequest(WireModel):
-    inputs: Text | Annotated[list[Text], Field(min_length=1)]
+    inputs: Text | Annotated[list[Text], INPUTS]
     add_special_tokens: bool = True
-    prompt_name: str | None = None
+    prompt_name: PromptName | None = None
 
 
 @register
 class DecodeRequest(WireModel):
-    ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
+    ids: TokenIds | Annotated[list[TokenIds], INPUTS]
     skip_special_tokens: bool = True
+
+
+class CohereDocument(BaseModel):
+    """A Cohere document given as an object: its `text` is ranked, other string fields are kept aside."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    __pydantic_extra__: dict[str, str]
+    text: Text
 
 
 @register
@@ -111,7 +126,7 @@ class CohereRerankRequest(WireModel):
     """The Cohere / Infinity rerank request."""
 
     query: Text
-    documents: Annotated[list[Text | dict[str, str]], Field(min_length=1)]
+    documents: Annotated[list[Text | CohereDocument], INPUTS]
     model: str | None = None
     top_n: Annotated[int, Field(ge=1)] | None = None
     return_documents: bool = False

@@ -9,19 +9,89 @@ of 1 to true); the model also describes the body in the OpenAPI document (`reque
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Annotated, Any
 
 from bertforge.serving.envelopes import RequestError, serve_extra_missing
+from bertforge.tokenization.normalizer import blank_characters
 
 try:
     from fastapi import FastAPI
-    from pydantic import BaseModel, ConfigDict, ValidationError
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError
 except ImportError as missing:  # the serve extra is optional; say how to get it when it is needed
     raise serve_extra_missing(missing) from None
 
 WIRE_CONFIG = ConfigDict(extra="forbid", strict=True)
 SCHEMA_REF = "#/components/schemas/{model}"
+# A mark in a JSON schema for what the served models decide (`fit_to_models` replaces it by the bound).
+FIT = "x-fit"
+# A mark on an operation: the task its model must serve ("any": every model answers it).
+SERVES = "x-serves"
+ANY_MODEL = "any"
+# The `SERVES` mark of a model's own route (`POST /`): its body is that of the model's kind.
+ROOT = "root"
+
+
+def fitted(kind: str) -> dict[str, Any]:
+    """`json_schema_extra` of a field whose bounds the served models decide: "text" (not blank), "word" (not
+    whitespace alone), "token-id" (in the vocabulary), "dimensions" (a width a model gives), "prompt-name" (one
+    of the models' prompts), "layer" (a layer the models have), "items" (a request's inputs, at most
+    `max_items`)."""
+    return {FIT: kind}
+
+
+# The wire routes' shared field types. A text: at least one character the tokenizer reads (an empty or blank
+# text is refused); token ids of the served vocabulary; a vector width a served model gives.
+Text = Annotated[str, Field(min_length=1, description="a text (not blank)", json_schema_extra=fitted("text"))]
+TokenId = Annotated[int, Field(ge=0, json_schema_extra=fitted("token-id"))]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+Dimensions = Annotated[int, Field(ge=1, json_schema_extra=fitted("dimensions"))]
+# A request's list of inputs: at least one, at most the server's `max_items`.
+INPUTS = Field(min_length=1, json_schema_extra=fitted("items"))
+
+
+@lru_cache(maxsize=1)
+def text_pattern() -> str:
+    """A regular expression that finds one character the tokenizer reads (`normalizer.is_blank_char` is false
+    for it): a text it matches is not blank. Characters beyond U+FFFF are written as themselves (the
+    escapes for them differ between regular-expression dialects)."""
+    def escape(cp: int) -> str:
+        return f"\\u{cp:04x}" if cp <= 0xFFFF else chr(cp)
+
+    ranges = "".join(escape(first) + ("" if first == last else "-" + escape(last)) for first, last in blank_characters())
+    return f"[^{ranges}]"
+
+
+@dataclass(frozen=True)
+class ServedFacts:
+    """What the served models decide about the requests the server takes, so the OpenAPI document describes
+    exactly those (`fit_to_models`).
+
+    Attributes:
+        models: an operation's `SERVES` mark -> the model names its `/models/{model}` form answers for.
+        unnamed: the `SERVES` marks whose path without a model name answers (one model serves the task).
+        vocab_size: the smallest vocabulary of the served models (token ids are below it).
+        dimensions: the vector widths `dimensions` may ask for (each model's own, and its Matryoshka widths).
+        prompt_names: the sentence-transformers prompts `prompt_name` may name.
+        layers: the fewest encoder layers of the served models (`layer` lies in [-layers - 1, layers]).
+        max_items: the most inputs one request may hold.
+        roots: each model's name -> the request model its own route (`POST /models/<name>`, `ROOT`) takes.
+        keys: whether the server needs an API key; `open_paths`: the paths that do not.
+    """
+
+    models: Mapping[str, tuple[str, ...]]
+    unnamed: frozenset[str]
+    vocab_size: int
+    dimensions: tuple[int, ...]
+    prompt_names: tuple[str, ...]
+    layers: int
+    max_items: int
+    roots: Mapping[str, str]
+    keys: bool = False
+    open_paths: tuple[str, ...] = ()
 
 
 class WireModel(BaseModel):
@@ -185,18 +255,19 @@ def check_body(model: type[BaseModel], body: Any, status: int = 422) -> Any:
         raise RequestError(status, message, param=param) from None
 
 
-def request_body(model: type[BaseModel], example: Any = None) -> dict[str, Any]:
+def request_body(model: type[BaseModel], example: Any = None, serves: str | None = None) -> dict[str, Any]:
     """The `openapi_extra` of a route whose JSON body is `model` (added to the components by
-    `with_wire_schemas`)."""
+    `with_wire_schemas`); `serves`: the task its model must serve (`SERVES`)."""
     content: dict[str, Any] = {"schema": {"$ref": SCHEMA_REF.format(model=model.__name__)}}
     if example is not None:
         content["example"] = example
     return {"requestBody": {"required": True, "content": {"application/json": content}},
-            "x-request-model": model.__name__}
+            "x-request-model": model.__name__, **({SERVES: serves} if serves else {})}
 
 
-def with_wire_schemas(app: FastAPI) -> None:
-    """Make `app.openapi()` hold the request models of every route declared with `request_body`."""
+def with_wire_schemas(app: FastAPI, facts: ServedFacts | None = None) -> None:
+    """Make `app.openapi()` hold the request models of every route declared with `request_body`, fitted to
+    the served models (`facts`, see `fit_to_models`)."""
     base = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -206,13 +277,16 @@ def with_wire_schemas(app: FastAPI) -> None:
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         for path in schema.get("paths", {}).values():
             for operation in path.values():
-                name = operation.pop("x-request-model", None) if isinstance(operation, dict) else None
-                model = REQUEST_MODELS.get(name) if name else None
-                if model is not None and name not in components:
-                    described = model.model_json_schema(ref_template=SCHEMA_REF)
-                    components.update(described.pop("$defs", {}))
-                    components[name] = described
+                names = operation.pop("x-request-model", None) if isinstance(operation, dict) else None
+                for name in [names] if isinstance(names, str) else names or []:
+                    model = REQUEST_MODELS.get(name) if name else None
+                    if model is not None and name not in components:
+                        described = model.model_json_schema(ref_template=SCHEMA_REF)
+                        components.update(described.pop("$defs", {}))
+                        components[name] = described
         document_guard_refusals(schema)
+        if facts is not None:
+            fit_to_models(schema, facts)
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -242,11 +316,117 @@ def document_guard_refusals(schema: dict[str, Any]) -> None:
                                               "content": {"application/json": {"schema": ERROR_SCHEMA}}})
 
 
+def fit_to_models(schema: dict[str, Any], facts: ServedFacts) -> None:
+    """Make the document describe exactly the requests these models take (a generated valid request is
+    answered, an invalid one refused):
+
+    - an operation marked `SERVES` lists in its `{model}` parameter the models that answer it, and is left out
+      where none does (TEI's /rerank without a reranker) or, without `{model}`, where the path alone names no
+      model (several serve the task: the server answers 400 asking for a name);
+    - each `FIT` mark becomes its bound: non-blank text, a token id below the vocabulary size, the widths
+      `dimensions` may take, the prompt names, the layer range (a branch nothing can match is dropped);
+    - with API keys, a bearer scheme and the 401 on every operation outside the open paths.
+    """
+    paths = schema.get("paths", {})
+    own: dict[str, Any] = {}
+    for path, item in list(paths.items()):
+        for method, operation in list(item.items()):
+            serves = operation.pop(SERVES, None) if isinstance(operation, dict) else None
+            if serves == ROOT:
+                del item[method]
+                own.update(own_routes(path, method, operation, facts.roots))
+                continue
+            if serves is None:
+                continue
+            names = facts.models.get(serves, ())
+            if "{model}" in path and names:
+                for parameter in operation.get("parameters", []):
+                    if parameter.get("in") == "path" and parameter.get("name") == "model":
+                        parameter["schema"] = {"type": "string", "title": "Model", "enum": list(names)}
+            elif "{model}" in path or serves not in facts.unnamed:
+                del item[method]
+        if not item:
+            del paths[path]
+    paths.update(own)
+    bounds: dict[str, dict[str, Any] | None] = {
+        "text": {"pattern": text_pattern()}, "word": {"pattern": "\\S"},
+        "token-id": {"maximum": facts.vocab_size - 1},
+        "dimensions": {"enum": list(facts.dimensions)} if facts.dimensions else None,
+        "prompt-name": {"enum": list(facts.prompt_names)} if facts.prompt_names else None,
+        "layer": {"minimum": -facts.layers - 1, "maximum": facts.layers},
+        "items": {"maxItems": facts.max_items},
+    }
+    schema["paths"] = fit_marks(paths, bounds)
+    schema["components"] = fit_marks(schema.get("components", {}), bounds)
+    if facts.keys:
+        secure(schema, facts.open_paths)
+
+
+def own_routes(path: str, method: str, operation: dict[str, Any], roots: Mapping[str, str]) -> dict[str, Any]:
+    """A model's own route (`POST /models/{model}`, `/`) as one path per model, each with the body of its
+    model's kind (an embedder's `/models/e` takes TEI's /embed body, a classifier's its /predict body); the
+    path without a model name only where one model is served."""
+    def with_body(name: str, component: str) -> dict[str, Any]:
+        own = copy.deepcopy(operation)
+        own["parameters"] = [p for p in own.get("parameters", []) if p.get("name") != "model"] or None
+        own["requestBody"]["content"]["application/json"]["schema"] = {"$ref": SCHEMA_REF.format(model=component)}
+        own["operationId"] = f"{own.get('operationId', 'own')}_{name}"
+        return {method: {key: value for key, value in own.items() if value is not None}}
+
+    if "{model}" in path:
+        return {path.replace("{model}", name): with_body(name, component) for name, component in roots.items()}
+    if len(roots) == 1:
+        return {path: with_body(*next(iter(roots.items())))}
+    return {}
+
+
+def fit_marks(value: Any, bounds: Mapping[str, dict[str, Any] | None]) -> Any:
+    """`value` with every `FIT` mark replaced by its bound (None: nothing matches; such a branch of an anyOf or
+    oneOf is dropped)."""
+    if isinstance(value, list):
+        return [fit_marks(item, bounds) for item in value]
+    if not isinstance(value, dict):
+        return value
+    fitted_value = {key: fit_marks(item, bounds) for key, item in value.items() if key != FIT}
+    if FIT in value:
+        bound = bounds[value[FIT]]
+        if bound is None:
+            return None
+        fitted_value.update(bound)
+        if "enum" in bound:
+            for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+                fitted_value.pop(key, None)
+    for union in ("anyOf", "oneOf"):
+        if union in fitted_value:
+            fitted_value[union] = [branch for branch in fitted_value[union] if branch is not None]
+    return fitted_value
+
+
+def secure(schema: dict[str, Any], open_paths: Sequence[str]) -> None:
+    """A bearer-key scheme on every operation outside `open_paths`, each documenting the 401."""
+    schema.setdefault("components", {})["securitySchemes"] = {"bearer": {
+        "type": "http", "scheme": "bearer", "description": "one of the keys given to `serve --api-key`"}}
+    for path, item in schema.get("paths", {}).items():
+        if path in open_paths:
+            continue
+        for operation in item.values():
+            if isinstance(operation, dict):
+                operation["security"] = [{"bearer": []}]
+                operation.setdefault("responses", {}).setdefault("401", {
+                    "description": "no API key, or one this server does not hold",
+                    "content": {"application/json": {"schema": ERROR_SCHEMA}}})
+
+
 # Request models by name, filled by `register` (the route modules register theirs at import).
 REQUEST_MODELS: dict[str, type[BaseModel]] = {}
 
 
 def register(model: type[BaseModel]) -> type[BaseModel]:
-    """Class decorator: a request model `with_wire_schemas` can describe."""
+    """Class decorator: a request model `with_wire_schemas` can describe (one per name: the document's
+    components are named after them)."""
+    known = REQUEST_MODELS.get(model.__name__)
+    if known is not None and known is not model:
+        raise ValueError(f"two request models are named {model.__name__} ({known.__module__}, {model.__module__}); "
+                         "their OpenAPI components would collide: rename one")
     REQUEST_MODELS[model.__name__] = model
     return model

@@ -73,6 +73,33 @@ def is_removed(char: str) -> bool:
     return char == "\x00" or char == "\ufffd" or is_control(char)
 
 
+def is_blank_char(char: str) -> bool:
+    """Whether `char` is nothing the tokenizer reads: whitespace (Python's or Google's) or a character text
+    cleaning deletes. A text of only such characters is blank (`is_blank`)."""
+    return char.isspace() or is_whitespace(char) or is_removed(char)
+
+
+def is_blank(text: str) -> bool:
+    """Whether `text` holds nothing the tokenizer reads (empty, whitespace, zero-width or control characters):
+    such a text would run as [CLS] [SEP] alone, so inputs refuse it."""
+    return all(is_blank_char(char) for char in text)
+
+
+@lru_cache(maxsize=1)
+def blank_characters() -> tuple[tuple[int, int], ...]:
+    """The code point ranges (first, last) of every blank character (`is_blank_char`), for a pattern that
+    describes non-blank text (the server's OpenAPI document). Scans all of unicode once (about 0.3 s)."""
+    ranges: list[tuple[int, int]] = []
+    for cp in range(0x110000):
+        if 0xD800 <= cp <= 0xDFFF or not is_blank_char(chr(cp)):
+            continue
+        if ranges and ranges[-1][1] == cp - 1:
+            ranges[-1] = (ranges[-1][0], cp)
+        else:
+            ranges.append((cp, cp))
+    return tuple(ranges)
+
+
 def is_punctuation(char: str) -> bool:
     """Google's punctuation: non-alphanumeric printable ASCII, or unicode category ``P*``."""
     if char in ASCII_PUNCTUATION:
