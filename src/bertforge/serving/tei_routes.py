@@ -94,11 +94,12 @@ def prompt_of(service: InferenceService, name: str | None, task: str = EMBED) ->
         raise RequestError(422, f"prompt_name: {error}", param="prompt_name") from None
 
 
-def embed_texts(service: InferenceService, task: str, items: list[Any], call: Any, where: str = "inputs"
-                ) -> list[EmbedText]:
+def embed_texts(service: InferenceService, task: str, items: list[Any], call: Any, where: str = "inputs",
+                counted: int | None = None) -> list[EmbedText]:
     """TEI's inputs (texts or token ids) of an embedding route as `EmbedText`s of `task`'s pipeline, checked,
-    with the call's prompt and truncation (`call`: prompt_name, truncate, truncation_direction)."""
-    service.check_count(len(items), where, status=413)
+    with the call's prompt and truncation (`call`: prompt_name, truncate, truncation_direction). `counted`: the
+    inputs held to `max_items` when not all of them are (the client's list, not what the route adds to it)."""
+    service.check_count(len(items) if counted is None else counted, where, status=413)
     prefix = prompt_of(service, call.prompt_name, task)
     direction = call.truncation_direction.lower()
     parsed = []
@@ -144,7 +145,9 @@ async def similarity(service: InferenceService, call: SimilarityRequest, request
     """The cosine of `source_sentence` with each of `sentences`, in their order (Hugging Face's
     sentence-similarity task, `InferenceClient.sentence_similarity`)."""
     texts = [call.inputs.source_sentence, *call.inputs.sentences]
-    parsed = embed_texts(service, EMBED, texts, call.parameters or SimilarityParameters(), "sentences")
+    # `sentences` is the list held to max_items (as the published schema says); the source sentence comes extra
+    parsed = embed_texts(service, EMBED, texts, call.parameters or SimilarityParameters(), "sentences",
+                         counted=len(call.inputs.sentences))
     results = await service.run(EMBED, parsed, service.check_options(EMBED, {"normalize": True}), request)
     vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)  # [1 + n, H], unit rows
     return (vectors[1:] @ vectors[0]).tolist()

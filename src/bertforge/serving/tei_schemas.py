@@ -39,10 +39,10 @@ class EmbedRequest(WireModel):
 
 @register
 class EmbedSparseRequest(WireModel):
-    inputs: Text | TokenIds | Annotated[list[Text | TokenIds], Field(min_length=1)]
+    inputs: Text | TokenIds | Annotated[list[Text | TokenIds], INPUTS]
     truncate: bool | None = False
     truncation_direction: Direction = "right"
-    prompt_name: str | None = None
+    prompt_name: PromptName | None = None
 
 
 @register
@@ -52,13 +52,13 @@ class EmbedAllRequest(EmbedSparseRequest):
 
 class SimilarityInput(WireModel):
     source_sentence: Text
-    sentences: Annotated[list[Text], Field(min_length=1)]
+    sentences: Annotated[list[Text], INPUTS]
 
 
 class SimilarityParameters(WireModel):
     truncate: bool | None = False
     truncation_direction: Direction = "right"
-    prompt_name: str | None = None
+    prompt_name: PromptName | None = None
 
 
 @register
