@@ -61,7 +61,7 @@ DOC_COMMANDS = {
     "finetuning.md": ("finetune", "evaluate"), "glue.md": ("glue", "finetune"),
     "serving.md": ("predict", "serve", "attention", "export"), "benchmarks.md": ("pretrain",),
     "embeddings.md": ("predict", "finetune", "retrieval-set", "evaluate-embeddings", "embed", "search", "serve",
-                      "plot-embeddings"),
+                      "plot-embeddings", "index"),
 }
 # Which arguments of a command are files it reads, and which it writes.
 INPUTS = {"vocab": ("corpus",), "prepare": ("corpus", "tokenizer"), "pretrain": ("data", "tokenizer", "model"),
@@ -70,7 +70,8 @@ INPUTS = {"vocab": ("corpus",), "prepare": ("corpus", "tokenizer"), "pretrain": 
           "attention": ("model",), "plot": ("run_dir",), "convert": ("source", "tokenizer"), "export": ("model",),
           "info": ("model",), "retrieval-set": ("squad",), "evaluate-embeddings": ("model", "retrieval", "sts",
                                                                                      "paraphrase", "rerank_model"),
-          "embed": ("model", "input"), "search": ("index", "queries", "model"), "plot-embeddings": ("index", "input")}
+          "embed": ("model", "input"), "search": ("index", "queries", "model"), "index": ("index",),
+          "plot-embeddings": ("index", "input")}
 OUTPUTS = ("out", "output", "train_pairs")
 OVERRIDE_COMMANDS = ("pretrain", "finetune", "evaluate")
 
@@ -600,7 +601,7 @@ DEFAULT_RUNS = {
     "docs/glue.md": ("glue",),
     "docs/faq.md": ("convert", "finetune"),
     "docs/serving.md": ("predict",),
-    "docs/embeddings.md": ("retrieval-set", "finetune", "evaluate-embeddings", "embed", "search"),
+    "docs/embeddings.md": ("retrieval-set", "finetune", "evaluate-embeddings", "embed", "search", "index"),
 }
 RUN_ORDER = ["docs/pretraining.md", "docs/chinese.md", "docs/finetuning.md", "docs/glue.md", "docs/faq.md",
              "README.md", "docs/serving.md", "docs/embeddings.md"]

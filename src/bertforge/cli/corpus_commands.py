@@ -67,8 +67,8 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
 
 
 def add_search(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("search", help="exact top-k search of query texts over the vectors `bertforge embed` wrote "
-                       "(dense, sparse, or both fused)",
+    p = sub.add_parser("search", help="top-k search of query texts over the vectors `bertforge embed` wrote "
+                       "(dense, sparse, or both fused; dense: exact, or through the folder's approximate index)",
                        description="Prints one JSON line per query: {\"query\": ..., \"hits\": [{\"id\": ..., "
                        "\"score\": ...}]}. The score is the cosine when the corpus was embedded with --normalize, "
                        "else the dot product (sparse folders: the dot product of term weights, through an inverted "
@@ -96,6 +96,10 @@ def add_search(sub: argparse._SubParsersAction) -> None:
                    "codes per hit wanted (default 4)")
     p.add_argument("--precision", choices=precision_choices(), help="the queries' precision (default: the one the "
                    "corpus was embedded with; int8: CPU only)")
+    p.add_argument("--exact", action="store_true", help="scan every vector even where the folder has an "
+                   "approximate index (`bertforge index`), which search otherwise uses")
+    p.add_argument("--ef-search", type=int, help="approximate index: candidates kept while walking the graph "
+                   "(more: higher recall, slower; default: the index's, 128)")
     shown = p.add_mutually_exclusive_group()
     shown.add_argument("--show-text", action="store_true", help="add each hit's text, read back from the input "
                        "that was embedded (refused if it changed since)")
@@ -176,12 +180,15 @@ def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:
     if args.hybrid:
         if args.rescore_multiplier is not None:
             raise ConfigError("--rescore-multiplier applies to binary folders searched alone; remove it with --hybrid")
+        if args.ef_search is not None:  # the fused dense ranking is exact (depth rows, not an approximate top k)
+            raise ConfigError("--ef-search applies to a dense folder searched alone; remove it with --hybrid")
         results = hybrid_search_hits(args.index, args.hybrid, queries, rrf_k=args.rrf_k, depth=args.fusion_depth,
                                      sparse_model=args.sparse_model, **common)
     else:
         given = [flag for flag, value in (("--sparse-model", args.sparse_model),) if value is not None]
         if given:
             raise ConfigError(f"{given[0]} applies to --hybrid searches; remove it or add --hybrid SPARSE_DIR")
-        results = folder_hits(args.index, queries, rescore_multiplier=args.rescore_multiplier, **common)
+        results = folder_hits(args.index, queries, rescore_multiplier=args.rescore_multiplier, exact=args.exact,
+                              ef_search=args.ef_search, **common)
     for query, hits in zip(queries, results):
         print(json.dumps({"query": query, "hits": hits}, ensure_ascii=False))

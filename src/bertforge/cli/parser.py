@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from bertforge.cli import commands, corpus_commands, map_commands, retrieval_commands
+from bertforge.cli import commands, corpus_commands, index_commands, map_commands, retrieval_commands
 from bertforge.cli.flags import (
     FINETUNE_FLAGS,
     PRETRAIN_FLAGS,
@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                 add_attention, add_plot, add_convert, add_export, add_demo, add_info):
         add(sub)
     corpus_commands.add_parsers(sub)
+    index_commands.add_parsers(sub)
     retrieval_commands.add_parsers(sub)
     map_commands.add_parsers(sub)
     return parser

@@ -101,16 +101,19 @@ def hybrid_search_hits(dense_directory: str | os.PathLike, sparse_directory: str
 
 
 def folder_hits(directory: str | os.PathLike, queries: Sequence[str], *, rescore_multiplier: int | None = None,
-                **search: Any) -> list[list[dict[str, Any]]]:
-    """`bertforge search` over one folder: dense (`vector_search.search_hits`) or sparse
-    (`sparse_search.search_sparse_hits`) as its manifest says; `search`: their common keywords."""
+                exact: bool = False, ef_search: int | None = None, **search: Any) -> list[list[dict[str, Any]]]:
+    """`bertforge search` over one folder: dense (`vector_search.search_hits`, through its approximate index
+    unless `exact`) or sparse (`sparse_search.search_sparse_hits`) as its manifest says; `search`: their
+    common keywords."""
     index = VectorIndex(directory)
     if index.kind == "sparse":
         if rescore_multiplier is not None:
             raise ConfigError("--rescore-multiplier applies to binary dense folders; remove it for a sparse one")
+        if ef_search is not None:
+            raise ConfigError("--ef-search applies to a dense folder's approximate index; remove it for a sparse one")
         return search_sparse_hits(SparseIndex(directory), queries, **search)
     extra = {} if rescore_multiplier is None else {"rescore_multiplier": rescore_multiplier}
-    return search_hits(directory, queries, **search, **extra)
+    return search_hits(directory, queries, exact=exact, ef_search=ef_search, **search, **extra)
 
 
 __all__ = ["DEFAULT_FUSION_DEPTH", "check_same_input", "folder_hits", "hybrid_search_hits"]

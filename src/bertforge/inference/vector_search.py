@@ -1,5 +1,5 @@
 """Top-k search over the vector shards `embed_corpus` writes: every stored vector is scored, none is
-skipped (an approximate index is `vector_ann`).
+skipped (an approximate index is `vector_ann`; `search_hits` uses it when the folder has one).
 
 Owns: opening an embedding folder for search (`VectorIndex`: the complete manifest, its shards memory-mapped
 one at a time), the running top-k (`top_k_merge`, `search_vectors`), mapping winning rows back to their ids
@@ -256,10 +256,12 @@ def hits_of(index: VectorIndex, scores: np.ndarray, rows: np.ndarray, show_text:
 
 def search_hits(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
                 show_text: bool = False, field: str | None = None,
-                rescore_multiplier: int = DEFAULT_RESCORE_MULTIPLIER, **embedding: Any) -> list[list[dict[str, Any]]]:
+                rescore_multiplier: int = DEFAULT_RESCORE_MULTIPLIER, exact: bool = False,
+                ef_search: int | None = None, **embedding: Any) -> list[list[dict[str, Any]]]:
     """The top-k hits of each query text, best first, as {"id", "score"} (plus "text" with `show_text`, or
     the record's `field`: read back from the input, `vector_texts.record_texts`); `rescore_multiplier`: see
-    `VectorIndex.search_vectors`.
+    `VectorIndex.search_vectors`. A folder with an approximate index (`bertforge index`) is searched through
+    it (`vector_ann`, `ef_search` candidates) unless `exact`.
 
     `embedding`: how the queries are embedded (`embed_queries`: model, device, batch_size, prompt_name,
     prompt, precision).
@@ -268,15 +270,21 @@ def search_hits(directory: str | os.PathLike, queries: Sequence[str], *, top_k: 
     check_top_k(top_k)
     if not queries:
         return []
-    scores, rows = index.search_vectors(embed_queries(index, queries, **embedding), top_k, rescore_multiplier)
+    from bertforge.inference.vector_ann import open_ann  # it builds on this module
+
+    ann = None if exact else open_ann(index)  # before the model loads: a stale index fails fast
+    vectors = embed_queries(index, queries, **embedding)
+    scores, rows = (ann.search_vectors(vectors, top_k, ef_search) if ann is not None
+                    else index.search_vectors(vectors, top_k, rescore_multiplier))
     return hits_of(index, scores, rows, show_text, field)
 
 
 def search(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
            model: str | os.PathLike | None = None, device: str = "auto", batch_size: int = DEFAULT_BATCH_SIZE,
            prompt_name: str | None = None, prompt: str | None = None,
-           precision: str | None = None) -> list[list[tuple[str, float]]]:
-    """The top-k (id, score) of each query text in an embedding folder, best first.
+           precision: str | None = None, exact: bool = False) -> list[list[tuple[str, float]]]:
+    """The top-k (id, score) of each query text in an embedding folder, best first (through its approximate
+    index when it has one, unless `exact`).
 
     The queries are embedded as the corpus was: the manifest's pooling, normalize, layer, max_length and
     precision (or `precision`, e.g. "int8" on a CPU), with its model (or `model`, which must hold the same
@@ -297,7 +305,7 @@ def search(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int =
         ConfigError: the folder is not a complete index, or `model` is another model than the corpus's.
     """
     hits = search_hits(directory, queries, top_k=top_k, model=model, device=device, batch_size=batch_size,
-                       prompt_name=prompt_name, prompt=prompt, precision=precision)
+                       prompt_name=prompt_name, prompt=prompt, precision=precision, exact=exact)
     return [[(hit["id"], hit["score"]) for hit in query_hits] for query_hits in hits]
 
 
