@@ -44,3 +44,28 @@ def test_sparse_loss_defaults_and_refusals():
         sparse_loss(ContrastiveLoss(loss="cached_mnrl", mini_batch_size=4))
     with pytest.raises(ConfigError, match="query_regularizer=-1"):
         ContrastiveLoss(query_regularizer=-1)
+
+
+def test_max_logits_backward_equals_autograd_through_the_dense_logits(tiny_config):
+    from bertforge.families.sparse import BertForSparseEmbedding
+
+    torch.manual_seed(0)
+    model = BertForSparseEmbedding(tiny_config.replace(initializer_range=0.2))
+    input_ids = torch.randint(5, 99, (4, 9))
+    mask = torch.tensor([[1] * 9, [1] * 6 + [0] * 3, [1] * 2 + [0] * 7, [1] * 9])
+    types = torch.zeros_like(input_ids)
+    results = {}
+    for fast in (True, False):
+        model.zero_grad()
+        model.fast_max = fast
+        vectors = model.sparse_rows(input_ids, types, mask)  # [4, V]
+        # A loss that weighs every term differently, so each winner's gradient is its own.
+        (vectors * torch.linspace(0.5, 2.0, vectors.shape[1])).pow(2).sum().backward()
+        results[fast] = (vectors.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                            if p.grad is not None})
+    assert torch.equal(results[True][0], results[False][0])  # the same forward numbers
+    assert results[True][1].keys() == results[False][1].keys()
+    for name, grad in results[False][1].items():
+        # float rounding of sums taken in another order; a gradient that is 0 in theory (a key bias) is noise
+        difference = (results[True][1][name] - grad).abs().max() / max(grad.abs().max(), 1.0)
+        assert difference < 1e-5, (name, float(difference))

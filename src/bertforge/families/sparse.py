@@ -10,7 +10,11 @@ top-k pruning of terms (`prune`).
 Memory: the [rows, T, V] logits are the largest tensor (32 texts of 256 tokens are 1 GB in float32), so they are
 made `LOGIT_BUDGET` floats at a time and reduced at once. With max pooling the reduction is taken on the raw
 logits and log(1 + relu(.)) applied to the [rows, V] maxima: both are monotonic, so the result is the same
-number, and the backward pass keeps only the argmax indices instead of three [rows, T, V] tensors.
+number, and the backward pass keeps only the argmax indices instead of three [rows, T, V] tensors. With max
+pooling over BERT's head the decoder's product and the maximum are one autograd step (`MaxLogits`): only the
+winning token of each (row, term) gets a gradient, so its backward adds V rows of the decoder per text instead
+of multiplying the [rows x T, V] gradient through it (the same gradient as autograd's through the plain path,
+tested; `fast=False` is the plain path).
 
 The training objective (in-batch negatives + FLOPS) is `families.sparse_objective`.
 """
@@ -23,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from bertforge.data.embedding import TextGroup
 from bertforge.data.finetuning import Feature, FinetuneBatch
@@ -56,16 +61,50 @@ def activate(x: torch.Tensor, activation: str) -> torch.Tensor:
     return torch.log1p(y) if activation == "log1p_relu" else y
 
 
+class MaxLogits(torch.autograd.Function):
+    """The maximum over real tokens of `features @ weight.T + bias` ([B, T, H] -> [B, V] float32), in pieces of
+    `rows` texts. Backward: the gradient autograd gives through the dense [B, T, V] logits, where every entry
+    but each (row, term)'s winning token gets 0, computed from the winners alone."""
+
+    @staticmethod
+    def forward(ctx, features, weight, bias, real, rows):
+        values, winners = [], []
+        for start in range(0, features.shape[0], rows):
+            logits = F.linear(features[start:start + rows], weight, bias).float()  # [b, T, V]
+            best = logits.masked_fill(~real[start:start + rows, :, None], float("-inf")).max(1)
+            values.append(best.values)
+            winners.append(best.indices)  # [b, V]: the token of each term's maximum
+        ctx.save_for_backward(features, weight, torch.cat(winners))
+        ctx.bias_dtype = bias.dtype
+        return torch.cat(values)
+
+    @staticmethod
+    def backward(ctx, grad):
+        features, weight, winners = ctx.saved_tensors
+        grad, decoder = grad.float(), weight.float()
+        grad_features = torch.zeros(features.shape, dtype=torch.float32, device=features.device)
+        grad_weight = torch.zeros_like(decoder)
+        for row in range(grad.shape[0]):
+            # d logit[t, v] / d features[t] = weight[v]: each term's gradient goes to its winning token
+            grad_features[row].index_add_(0, winners[row], grad[row, :, None] * decoder)  # [V, H] into [T, H]
+            grad_weight += grad[row, :, None] * features[row, winners[row]].float()  # [V, H]
+        return (grad_features.to(features.dtype), grad_weight.to(weight.dtype), grad.sum(0).to(ctx.bias_dtype),
+                None, None)
+
+
 def splade_pool(hidden: torch.Tensor, attention_mask: torch.Tensor, head: Any, *, pooling: str = "max",
-                activation: str = "relu", budget: int = LOGIT_BUDGET) -> torch.Tensor:
+                activation: str = "relu", budget: int = LOGIT_BUDGET, fast: bool = True) -> torch.Tensor:
     """SPLADE vectors [B, V] (float32) of hidden states [B, T, H]; `head(hidden [b, T, H]) -> logits [b, T, V]`
-    with `head.width` = V.
+    with `head.width` = V (and, for `MaxLogits`, `head.decoder(hidden) -> (features, weight, bias)`).
 
     Padding never counts (a padded position cannot win the maximum or add to the sum); weights are >= 0 and
     most are exactly 0."""
     batch, tokens = hidden.shape[:2]
     real = attention_mask.bool()[..., None]  # [B, T, 1]
     rows = max(1, budget // max(1, tokens * head.width))
+    if pooling == "max" and fast and hasattr(head, "decoder"):
+        features, weight, bias = head.decoder(hidden)
+        return activate(MaxLogits.apply(features, weight, bias, real[..., 0], rows), activation)
     pieces = []
     for start in range(0, batch, rows):
         logits = head(hidden[start:start + rows]).float()  # [b, T, V]
@@ -102,6 +141,11 @@ class _Head:
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.mlm(hidden, self.model.bert.embeddings.word.weight)
 
+    def decoder(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the head's features [B, T, H] before its decoder, the decoder weight [V, H], its bias [V])."""
+        mlm = self.model.mlm
+        return mlm.norm(mlm.act(mlm.transform(hidden))), self.model.bert.embeddings.word.weight, mlm.bias
+
 
 class BertForSparseEmbedding(BertPretrainedModel):
     """BERT's encoder and masked-LM head, pooled into SPLADE vectors over the vocabulary.
@@ -119,6 +163,7 @@ class BertForSparseEmbedding(BertPretrainedModel):
         self.bert = BertModel(config, add_pooling_layer=False)
         self.mlm = MlmHead(config)
         self.sparse = SentenceSettings(similarity="dot", splade="max")
+        self.fast_max = True  # `MaxLogits` for max pooling; False: the plain autograd path
         self.init_weights()
 
     def directory_files(self) -> dict[str, str]:
@@ -130,7 +175,7 @@ class BertForSparseEmbedding(BertPretrainedModel):
         """SPLADE vectors [N, V] of rows [N, T] (the model's own pooling and activation unless given)."""
         hidden = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # [N, T, H]
         return splade_pool(hidden, attention_mask, _Head(self), pooling=pooling or self.sparse.splade or "max",
-                           activation=activation or self.sparse.splade_activation)
+                           activation=activation or self.sparse.splade_activation, fast=self.fast_max)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, **kwargs: Any) -> SentenceOutput:
         shape = input_ids.shape
