@@ -1,13 +1,20 @@
-"""What an over-budget client costs everyone else: small-request throughput of `--clients` closed-loop clients,
-alone and while another process resends one request that is over `max_request_tokens` (64 texts of 99,000
-characters: refused with 413 from its words, then with 429 unread during `--refusal-cooldown-s`).
+"""What one hostile client costs everyone else: small-request throughput of `--clients` closed-loop clients,
+alone and while another process resends one request:
+
+- `--attack over-budget` (default): a request over `max_request_tokens` (64 texts of 99,000 characters:
+  refused with 413 from its words, then with 429 unread during `--refusal-cooldown-s`);
+- `--attack in-limit`: the largest request the server admits, inside every limit (texts of 99,950 characters,
+  as many as the request deadline allows: the attacker asks with 12, the issue's case, and on a 413 sends as
+  many as the refusal's own numbers say fit, 90% of them), resent as soon as it is answered; after a 413 or
+  a 429 it waits the answer's Retry-After (at least 1 s), as a client must.
 
 Both phases run against one `bertforge serve` subprocess on a loopback port, one after the other, so they see
 the same machine; the figure is the ratio of the two throughputs (the clients' requests per second under
 attack / alone). A wall-clock ratio is a property of the machine and its load, which is why it is measured
 here and not asserted by the test suite (tests/e2e/test_server_guards.py counts the work instead).
 
-    python benchmarks/serve_refusal.py --clients 8 --seconds 5
+    python -m benchmarks.serve_refusal --clients 8 --seconds 5
+    python -m benchmarks.serve_refusal --clients 64 --seconds 30 --attack in-limit
 
 Without `--model` it builds a MiniLM classifier (benchmarks/serve_load.py's), so `classify` windows texts.
 """
@@ -22,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from benchmarks.serve_load import classifier_dir, free_port, load, load_texts
@@ -38,6 +46,50 @@ with httpx.Client(base_url=url, timeout=60) as client:
         answer = client.post("/v1/classify", content=body, headers={"content-type": "application/json"})
         statuses.append(answer.status_code)
 print(json.dumps(statuses))
+"""
+
+
+# The in-limit attacker: finds the largest admitted request from the server's 413s, then resends it as soon as
+# it is answered; it keeps the rules a client must keep (after a 413 or 429 it waits the Retry-After, at least
+# 1 s, and a 413 makes its next request as small as the refusal's numbers say fits, 90% of that), so what it
+# costs the others is the work of requests the server admits. Prints {"statuses": [...], "texts": n, "chars":
+# c, "seconds": [...]} as JSON (`probe`: the size found and how its first admitted request went, alone).
+IN_LIMIT_ATTACKER = """
+import json, re, sys, time
+import httpx
+url, seconds, first = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "probe"
+text = ("the weather in lisbon was warm, and the market by the river sold fish. " * 1400)[:99_950]
+count = 12 if first else int(sys.argv[4])
+statuses, took, alone = [], [], {"status": None, "seconds": 0}
+stop = time.monotonic() + (600 if first else seconds)
+
+
+def send(client):
+    global count
+    began = time.monotonic()
+    answer = client.post("/v1/classify", json={"inputs": [text] * count})
+    spent = round(time.monotonic() - began, 1)
+    if answer.status_code in (413, 429):
+        numbers = re.search(r"make (\\d+) tokens.*at most (\\d+) tokens", answer.text)
+        if answer.status_code == 413 and numbers:
+            count = max(1, int(count * int(numbers[2]) / int(numbers[1]) * 0.9))
+        time.sleep(max(1.0, float(answer.headers.get("retry-after") or 1)))
+    return answer.status_code, spent
+
+
+with httpx.Client(base_url=url, timeout=600) as client:
+    while time.monotonic() < stop:
+        sending = count
+        status, spent = send(client)
+        statuses.append(status)
+        took.append(spent)
+        if first and status not in (413, 429):
+            alone = {"status": status, "seconds": spent, "texts": sending}
+            break
+if first:
+    print(json.dumps({"texts": alone.get("texts", count), "alone": alone, "statuses": statuses}))
+else:
+    print(json.dumps({"statuses": statuses, "texts": count, "chars": len(text), "seconds": took}))
 """
 
 
@@ -68,7 +120,10 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=5.0, help="per phase")
     parser.add_argument("--refusal-cooldown-s", type=float, default=1.0)
+    parser.add_argument("--attack", choices=("over-budget", "in-limit"), default="over-budget")
     args = parser.parse_args()
+    if args.attack == "in-limit":
+        return in_limit(args)
     with tempfile.TemporaryDirectory() as scratch:
         model = args.model or classifier_dir(Path(scratch))
         port = free_port()
@@ -96,6 +151,40 @@ def main() -> None:
           f"an over-budget request {len(statuses)} times ({statuses.count(413)} read and refused with 413, "
           f"{statuses.count(429)} refused unread with 429): {under / base:.2f} of their throughput kept; "
           f"errors {errors + attacked_errors}")
+
+
+def in_limit(args: argparse.Namespace) -> None:
+    """Both phases with the in-limit attacker (see the module docstring); prints both throughputs."""
+    with tempfile.TemporaryDirectory() as scratch:
+        model = args.model or classifier_dir(Path(scratch))
+        port = free_port()
+        server = subprocess.Popen([sys.executable, "-m", "bertforge", "serve", "--model", model, "--port", str(port),
+                                   "--precision", "fp32"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(port, server)
+            texts = load_texts()
+            asyncio.run(load(port, "classify", texts, 2, 1.0))  # warm-up
+            probe = subprocess.run([sys.executable, "-c", IN_LIMIT_ATTACKER, url, "0", "probe"], capture_output=True,
+                                   text=True, timeout=600, check=True)
+            found = json.loads(probe.stdout)
+            count = found["texts"]
+            alone, errors = asyncio.run(load(port, "classify", texts, args.clients, args.seconds))
+            attacker = subprocess.Popen([sys.executable, "-c", IN_LIMIT_ATTACKER, url, str(args.seconds), "send",
+                                         str(count)], stdout=subprocess.PIPE, text=True)
+            time.sleep(1.0)  # its first request is in the server before the clients start
+            attacked, attacked_errors = asyncio.run(load(port, "classify", texts, args.clients, args.seconds))
+            report = json.loads(attacker.communicate(timeout=900)[0])
+        finally:
+            server.terminate()
+            server.wait(timeout=120)
+    base, under = len(alone) / args.seconds, len(attacked) / args.seconds
+    print(f"{args.clients} clients, {args.seconds:g} s per phase, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f}: {base:.1f} requests/s alone, {under:.1f} requests/s while one client sent "
+          f"{report['texts']} texts of {report['chars']} characters per request (found by {found['statuses']}; "
+          f"alone: status {found['alone']['status']} in {found['alone']['seconds']} s), "
+          f"{len(report['statuses'])} times (statuses {dict(Counter(report['statuses']))}, seconds each "
+          f"{report['seconds'][:20]}): {under / base:.2f} of their throughput kept; errors {errors + attacked_errors}")
 
 
 if __name__ == "__main__":
