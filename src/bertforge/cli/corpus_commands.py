@@ -56,6 +56,14 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
                    "and weights, stored as compressed rows; --pooling is then max or sum")
     p.add_argument("--max-terms", type=int, help="--sparse: keep each text's largest N weights (default: all "
                    "non-zero ones)")
+    p.add_argument("--chunk", type=int, metavar="TOKENS", help="long texts: cut each text into windows of this "
+                   "many tokens, one vector each, with the characters each covers (search returns them as "
+                   "\"span\"); default: one window per text, longer ones truncated")
+    p.add_argument("--chunk-overlap", type=int, metavar="TOKENS", help="--chunk: tokens shared by consecutive "
+                   "windows (default 0)")
+    p.add_argument("--late-chunking", action="store_true", help="--chunk: run each whole text through the model "
+                   "once (a window at a time) and average each chunk's own token vectors, so chunks see their "
+                   "context (mean pooling)")
     add_prompt_flags(p, "every text")
     p.add_argument("--format", choices=FORMAT_CHOICES, default="auto",
                    help="input format (default auto: by file name; .txt and others: one text per line)")
@@ -147,7 +155,8 @@ def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
                                 dtype=args.dtype, batch_size=args.batch_size, max_length=args.max_length,
                                 device=args.device, precision=args.precision, pooling=args.pooling,
                                 normalize=args.normalize, prompt_name=args.prompt_name, prompt=args.prompt,
-                                progress=bar, sparse=args.sparse, max_terms=args.max_terms)
+                                progress=bar, sparse=args.sparse, max_terms=args.max_terms, chunk=args.chunk,
+                                chunk_overlap=args.chunk_overlap, late_chunking=args.late_chunking)
     finally:
         bar.close()
     if Ranks.from_env().rank == 0 and manifest.get("kind") == "sparse":

@@ -56,6 +56,7 @@ from bertforge.errors import ConfigError, DataError, InputError
 from bertforge.inference import pipelines
 from bertforge.inference.pipelines import EmbedPipeline, feature_tokens
 from bertforge.inference.sparse_vectors import SPARSE_FILES, SPARSE_TASK, encode_sparse_parsed, sparse_arrays
+from bertforge.inference.text_chunks import check_chunking, chunk_spans, late_chunk_vectors
 from bertforge.inference.vector_quantization import (
     DEFAULT_CALIBRATION_SIZE,
     QUANTIZED_DTYPES,
@@ -81,6 +82,7 @@ MODEL_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "*.safetenso
 
 VECTORS_NAME = "vectors-{:05d}.npy"  # .format(shard index)
 IDS_NAME = "ids-{:05d}.jsonl"
+SPANS_NAME = "spans-{:05d}.jsonl"  # --chunk runs: [record, start, end] of each row (its record's characters)
 CODES_NAME = "codes-{:05d}.npy"  # binary shards: the int8 codes that rescore their candidates
 
 
@@ -109,7 +111,8 @@ def identity(manifest: dict[str, Any]) -> dict[str, Any]:
     size, how the input is read and the input files themselves (the batch size and device may change: they
     move vectors only by float rounding)."""
     return {"format": [manifest["format"], manifest["version"]], "model": manifest["model"]["fingerprint"],
-            "kind": manifest.get("kind", "dense"), "embedding": manifest["embedding"], "dtype": manifest["dtype"], "shard_size": manifest["shard_size"],
+            "kind": manifest.get("kind", "dense"), "chunking": manifest.get("chunking"),
+            "embedding": manifest["embedding"], "dtype": manifest["dtype"], "shard_size": manifest["shard_size"],
             "input settings": manifest["input"]["settings"], "input files": manifest["input"]["files"]}
 
 
@@ -222,7 +225,8 @@ def finished(out: Path, index: int) -> dict[str, Any] | None:
 
 
 def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray | SparseRows, dtype: str,
-                tokens: int, calibration: dict[str, Any] | None = None) -> dict[str, Any]:
+                tokens: int, calibration: dict[str, Any] | None = None,
+                spans: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
     """Write one shard's vectors (coded as `dtype`: `vector_quantization.coded`; a binary shard also its int8
     codes; sparse rows as `sparse_vectors.sparse_arrays`), then its ids, then its record (each atomically);
     return the record."""
@@ -231,6 +235,7 @@ def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray |
     else:
         arrays = coded(vectors, dtype, calibration)  # {"vectors": ..., maybe "codes": ...}
     names = {"vectors": VECTORS_NAME.format(index), "codes": CODES_NAME.format(index), "ids": IDS_NAME.format(index),
+             "spans": SPANS_NAME.format(index),
              **{kind: name.format(index) for kind, name in SPARSE_FILES.items()}}
     data = {}
     for kind, array in arrays.items():
@@ -238,6 +243,8 @@ def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray |
         np.save(buffer, array, allow_pickle=False)
         data[kind] = buffer.getvalue()
     data["ids"] = "".join(json.dumps(ident, ensure_ascii=False) + "\n" for ident in ids).encode("utf-8")
+    if spans is not None:
+        data["spans"] = "".join(json.dumps(list(span)) + "\n" for span in spans).encode("utf-8")
     for kind, payload in data.items():
         storage.write_bytes(out / names[kind], payload)
     record = {"index": index, **{kind: names[kind] for kind in data}, "count": len(ids), "tokens": tokens,
@@ -309,19 +316,42 @@ def calibration_of(out: Path, manifest: dict[str, Any], pipeline: EmbedPipeline,
 
 def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, records: Sequence[Record],
                 settings: CorpusSettings, single_file: bool,
-                on_batch: Callable[[int], None] | None = None) -> tuple[list[str], np.ndarray | SparseRows, int]:
+                on_batch: Callable[[int], None] | None = None, chunking: dict[str, int] | None = None,
+                first_record: int = 0, spans: list[list[int]] | None = None,
+                ) -> tuple[list[str], np.ndarray | SparseRows, int]:
     """(ids, vectors [n, D] float32, tokens) of one shard, as `pipeline.encode(texts, prompt=prompt)` makes
     them (an embed-sparse pipeline's: `SparseRows`, as `sparse_vectors.encode_sparse`); every record is parsed and checked before the model runs, whose batches go by length while a
-    thread tokenizes the next ones (`evaluation.run_streamed`; `on_batch(texts)` after each batch)."""
+    thread tokenizes the next ones (`evaluation.run_streamed`; `on_batch(texts)` after each batch).
+
+    `chunking` ({"chunk", "chunk_overlap"} in tokens, `embed --chunk`): every record becomes one row per chunk
+    (`text_chunks.chunk_spans`), each with the record's id; `spans` then gets [record, start, end] per row
+    (record: `first_record` + its place in `records`; start, end: the chunk's characters of the text)."""
     ids, parsed = [], []
-    for record in records:
+    for number, record in enumerate(records, start=first_record):
         ident, text = parse_record(record, settings, single_file)
         try:
-            parsed.append(prompt + pipeline.parse(text))
+            text = pipeline.parse(text)
         except InputError as error:
             raise DataError(f"{error} (blank lines are skipped; this one holds only invisible characters or is "
                             "an empty field): fix or remove it", record[0].path, record[1]) from None
-        ids.append(ident)
+        if chunking is None or chunking["late"]:
+            parsed.append(prompt + text if chunking is None else text)
+            ids.append(ident)
+            continue
+        for chunk in chunk_spans(pipeline.tokenizer, text, chunking["chunk"], chunking["chunk_overlap"]):
+            parsed.append(prompt + text[chunk.start:chunk.end])
+            ids.append(ident)
+            if spans is not None:
+                spans.append([number, chunk.start, chunk.end])
+    if chunking is not None and chunking["late"]:  # one pass per text (window), pooled per chunk
+        vectors, chunks, tokens = late_chunk_vectors(pipeline, options, prompt, parsed, chunking["chunk"],
+                                                     chunking["chunk_overlap"], on_batch)
+        rows_ids = []
+        for number, (ident, mine) in enumerate(zip(ids, chunks), start=first_record):
+            rows_ids += [ident] * len(mine)
+            if spans is not None:
+                spans += [[number, c.start, c.end] for c in mine]
+        return rows_ids, vectors, tokens
     if pipeline.task == SPARSE_TASK:
         rows, tokens = encode_sparse_parsed(pipeline, parsed, options, on_batch)
         return ids, rows, tokens
@@ -349,9 +379,12 @@ def run_shards(out: Path, pipeline: EmbedPipeline, options: dict[str, Any], sour
         if chunk is None:
             continue
         started = time.perf_counter()
+        chunking, spans = manifest.get("chunking"), []
         ids, vectors, tokens = embed_shard(pipeline, options, manifest["embedding"]["prompt"], chunk, settings,
-                                           single, progress.advance if progress is not None else None)
-        write_shard(out, index, ids, vectors, manifest["dtype"], tokens, manifest.get("calibration"))
+                                           single, progress.advance if progress is not None else None, chunking,
+                                           records - count, spans)
+        write_shard(out, index, ids, vectors, manifest["dtype"], tokens, manifest.get("calibration"),
+                    spans if chunking is not None else None)
         done += (count, tokens, time.perf_counter() - started)
         if ranks.rank == 0:  # the progress of one rank of N: the others run at the same pace
             log.info("shard %d: %d texts, %d tokens; rank 0 of %d: %.0f texts/s, %.0f tokens/s", index, count,
@@ -377,7 +410,8 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
                  device: str = "auto", precision: str = pipelines.DEFAULT_PRECISION, pooling: str | None = None,
                  normalize: bool | None = None, prompt_name: str | None = None,
                  prompt: str | None = None, progress: EmbedProgress | None = None, sparse: bool = False,
-                 max_terms: int | None = None) -> dict[str, Any]:
+                 max_terms: int | None = None, chunk: int | None = None,
+                 chunk_overlap: int | None = None, late_chunking: bool = False) -> dict[str, Any]:
     """Embed every record of `inputs` into shards under `out_dir`; a rerun resumes (see the module docstring).
     Under torchrun every rank calls it with the same arguments and embeds its share of the shards.
 
@@ -394,6 +428,11 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
         progress: told the texts to embed and each finished batch (rank 0 only; `bertforge embed`'s bar).
         sparse: SPLADE vectors of a masked-LM model (the embed-sparse task) as compressed rows; `pooling` is
             then the SPLADE pooling (max, sum) and `max_terms` keeps each text's largest that many weights.
+        chunk, chunk_overlap: cut every text into windows of `chunk` tokens overlapping by `chunk_overlap`
+            (default 0), one row each, with its record's id and its characters in `spans-NNNNN.jsonl`
+            (`text_chunks`); the manifest's "chunking" records them. `late_chunking`: the whole text (a
+            window at a time) runs through the model once and each chunk is the mean of its tokens' vectors
+            (`text_chunks.late_chunk_vectors`; mean pooling, dense vectors only).
 
     Returns:
         The final manifest (on every rank): {"count", "dim", "dtype", "shards": [...], ...}.
@@ -407,6 +446,11 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
     if dtype not in DTYPES:
         raise ConfigError(f"dtype {dtype!r} is not supported; use one of {DTYPES}")
     check_sparse_run(sparse, dtype, normalize, max_terms)
+    check_chunking(chunk, chunk_overlap)
+    if late_chunking and (chunk is None or sparse):
+        raise ConfigError("--late-chunking pools dense token vectors per chunk: add --chunk TOKENS" if chunk is None
+                          else "--late-chunking applies to dense vectors; remove it or --sparse")
+    chunking = None if chunk is None else {"chunk": chunk, "chunk_overlap": chunk_overlap or 0, "late": late_chunking}
     settings = settings or CorpusSettings()
     out = Path(out_dir)
     ranks = Ranks.from_env()
@@ -417,9 +461,13 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
         given = {name: value for name, value in (("pooling", pooling), ("normalize", normalize),
                                                  ("max_terms", max_terms)) if value is not None}
         options, prefix = pipeline.check_options(given), pipeline.prompt_text(prompt_name, prompt)
-        manifest = group.from_main(lambda: start_output(out, calibration_of(out, new_manifest(
-            model_dir, pipeline, options, prefix, inputs, sources, settings, shard_size, dtype), pipeline, options,
-            sources, settings)))
+        if chunking is not None and chunk + 2 > pipeline.max_length:  # [CLS] chunk [SEP] must fit the window
+            raise ConfigError(f"--chunk {chunk} does not fit the model's window of {pipeline.max_length} tokens with "
+                              f"[CLS] and [SEP]; use --chunk {pipeline.max_length - 2} or less")
+        chunked = {} if chunking is None else {"chunking": chunking}
+        manifest = group.from_main(lambda: start_output(out, calibration_of(out, {**new_manifest(
+            model_dir, pipeline, options, prefix, inputs, sources, settings, shard_size, dtype), **chunked},
+            pipeline, options, sources, settings)))
         if manifest["complete"]:
             return manifest
         records, shards = run_shards(out, pipeline, options, sources, settings, manifest, ranks,

@@ -193,12 +193,20 @@ class VectorIndex:
 
     def ids_at(self, rows: np.ndarray) -> list[list[str]]:
         """The ids of global rows [Q, k], reading only the ids files that hold one of them."""
+        return self.lines_at(rows, "ids")
+
+    def spans_at(self, rows: np.ndarray) -> list[list[list[int]]]:
+        """[record, start, end] of global rows [Q, k] of an `embed --chunk` folder (its spans files)."""
+        return self.lines_at(rows, "spans")
+
+    def lines_at(self, rows: np.ndarray, kind: str) -> list[list[Any]]:
+        """The JSON lines of global rows [Q, k] in the shards' `kind` files, reading only those that hold one."""
         wanted = sorted({int(row) for row in np.asarray(rows).ravel()})
         found: dict[int, str] = {}
         shard_of = np.searchsorted(self.offsets, wanted, side="right") - 1
         for shard in sorted(set(shard_of.tolist())):
             needed = {row - int(self.offsets[shard]) for row, s in zip(wanted, shard_of) if s == shard}
-            with open(self.directory / self.shards[shard]["ids"], encoding="utf-8") as handle:
+            with open(self.directory / self.shards[shard][kind], encoding="utf-8") as handle:
                 for line_index, line in enumerate(handle):
                     if line_index in needed:
                         found[line_index + int(self.offsets[shard])] = json.loads(line)
@@ -245,12 +253,19 @@ def hits_of(index: VectorIndex, scores: np.ndarray, rows: np.ndarray, show_text:
     ids = index.ids_at(rows)
     hits = [[{"id": ident, "score": float(score)} for ident, score in zip(query_ids, query_scores)]
             for query_ids, query_scores in zip(ids, scores)]
+    chunked = index.manifest.get("chunking") is not None  # `embed --chunk`: a row is a chunk of its record
+    spans = index.spans_at(rows) if chunked else [[[int(row), None, None] for row in query] for query in rows]
+    if chunked:
+        for query_hits, query_spans in zip(hits, spans):
+            for hit, (_, start, end) in zip(query_hits, query_spans):
+                hit["span"] = [start, end]  # the chunk's characters of its record's text
     if show_text or field is not None:
-        records = [[int(row) for row in query_rows] for query_rows in rows]
-        texts = record_texts(index.manifest, {r for query in records for r in query}, field)
-        for query_hits, query_records in zip(hits, records):
-            for hit, record in zip(query_hits, query_records):
-                hit[field if field is not None else "text"] = texts[record]
+        texts = record_texts(index.manifest, {span[0] for query in spans for span in query}, field)
+        for query_hits, query_spans in zip(hits, spans):
+            for hit, (record, start, end) in zip(query_hits, query_spans):
+                # --show-text of a chunk: its own text; --field: the whole record's value
+                hit[field if field is not None else "text"] = texts[record][start:end] if field is None \
+                    else texts[record]
     return hits
 
 
