@@ -634,6 +634,20 @@ def test_scheduler_refuses_when_the_expected_wait_passes_max_queue_wait_s():
     scenario(test, max_queue_wait_s=3.0)
 
 
+def test_scheduler_expected_wait_counts_one_call_of_a_large_request_waiting_ahead():
+    # A request not started yet gets one call (`plan`), then alternates with the newcomer's: the wait it
+    # causes is that one call, not its whole work (which made every small request a 429 while it waited).
+    async def test(scheduler, fake, events):
+        scheduler.throughput.tokens_per_s = 10.0
+        scheduler.submit("t", [words("a", 400)], {})  # 799 characters: 201 tokens, 4 calls of 50
+        assert scheduler.expected_wait_s() == pytest.approx(5.0)  # one call of 50 tokens, not 20.1 s
+        scheduler.submit("t", ["third"], {})  # 3 tokens more: still within the limit of 6 s
+        assert scheduler.expected_wait_s() == pytest.approx(5.3)
+        assert scheduler.queue_depth == 2
+
+    scenario(test, max_batch_tokens=50, max_queue_wait_s=6.0)
+
+
 class NanPipeline(FakePipeline):
     """Windows of a text starting "nan" give a NaN output."""
 

@@ -97,7 +97,7 @@ class Scheduler:
         self.running: list[Job] = []
         self.fresh_turn = False  # whether the last model call was for requests not started before it
         self.throughput = Throughput()
-        self.queued_estimate = 0  # `Job.estimate` of the requests waiting in the queue
+        self.queued_estimate = 0  # `Job.estimate` of the requests waiting in the queue, each at most one call
         self.unhealthy: str | None = None  # why the model cannot be trusted any more (non-finite outputs)
         self.warmed = False  # one request of each task has run (`warm_up`)
         self.draining = False  # shutting down: new requests are refused, accepted ones finish
@@ -187,10 +187,15 @@ class Scheduler:
 
     def expected_wait_s(self) -> float | None:
         """Seconds a request arriving now would wait for its first model call, at the recent throughput: the
-        requests not started yet run first (`plan` gives them calls of their own), and a started one takes
-        every other call (at most `max_batch_tokens`). None before any model call was timed."""
-        waiting = self.queued_estimate + sum(self.will_run(job) for job in self.running if not job.served)
-        started = self.settings.max_batch_tokens if any(job.served for job in self.running) else 0
+        requests not started yet run first (`plan` gives them calls of their own), but each only its first
+        call (at most `max_batch_tokens`: then it is a started one), and started ones take every other call
+        (at most `max_batch_tokens` each). The rest of a large request runs in calls that alternate with the
+        newcomer's, so it is not counted. None before any model call was timed."""
+        budget = self.settings.max_batch_tokens
+        waiting = self.queued_estimate + sum(min(self.will_run(job), budget) for job in self.running
+                                             if not job.served)
+        calls = -(-waiting // budget) if waiting else 0  # the fresh calls ahead, each followed by a started one
+        started = budget * max(1, calls) if any(job.served for job in self.running) else 0
         return self.throughput.seconds_for(waiting + started)
 
     def will_run(self, job: Job) -> int:
@@ -269,13 +274,13 @@ class Scheduler:
         job = Job(task, key, parsed, options, loop.create_future(), arrival=loop.time(),
                   estimate=estimate_tokens(parsed), silent=silent)
         self.queue.put_nowait(job)
-        self.queued_estimate += job.estimate
+        self.queued_estimate += min(job.estimate, settings.max_batch_tokens)  # its first call (expected_wait_s)
         self.arrived.set()
         return job
 
     def taken(self, job: Job) -> Job:
         """`job` leaves the queue for the worker."""
-        self.queued_estimate -= job.estimate
+        self.queued_estimate -= min(job.estimate, self.settings.max_batch_tokens)
         job.timing.queue_s = asyncio.get_running_loop().time() - job.arrival
         return job
 
