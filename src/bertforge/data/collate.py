@@ -245,7 +245,7 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
 
 def pack_pretraining(
     examples: Sequence[PretrainingExample], *, capacity: int, pad_id: int = 0,
-    pad_to_multiple_of: int | None = None,
+    pad_to_multiple_of: int | None = None, full_rows: bool = False, slots_multiple_of: int | None = None,
 ) -> PretrainingBatch:
     """Pack masked instances into rows of at most `capacity` tokens (module docstring).
 
@@ -254,6 +254,8 @@ def pack_pretraining(
         capacity: tokens per row (the prepared max_seq_length); no instance may be longer.
         pad_id: id of ``[PAD]``.
         pad_to_multiple_of: round T up to a multiple of this.
+        full_rows: T is `capacity` whatever the rows hold (a shape a compiled step keeps).
+        slots_multiple_of: round M up to a multiple of this.
 
     Returns:
         A batch with `sequence_ids`; `nsp_labels` has one entry per instance, in row-major order of the rows.
@@ -262,8 +264,9 @@ def pack_pretraining(
         raise ConfigError("cannot collate an empty list of pretraining examples")
     lengths = [len(example.input_ids) for example in examples]
     rows = first_fit_decreasing(lengths, capacity)
-    length = padded_length(max(sum(lengths[i] for i in row) for row in rows), pad_to_multiple_of)
-    slots = max(sum(len(examples[i].mlm_positions) for i in row) for row in rows)
+    length = capacity if full_rows else padded_length(max(sum(lengths[i] for i in row) for row in rows),
+                                                      pad_to_multiple_of)
+    slots = padded_length(max(sum(len(examples[i].mlm_positions) for i in row) for row in rows), slots_multiple_of)
     shape = (len(rows), length)
     input_ids = np.full(shape, pad_id, dtype=np.int64)
     token_type_ids = np.zeros(shape, dtype=np.int64)

@@ -95,6 +95,8 @@ class PretrainingData:
         workers: processes that read, mask and collate batches ahead of the training step (0: in this
             process, when asked). The batches and the resume position are the same for any number.
         pin_memory: hand out batches in page-locked memory (for asynchronous copies to a GPU).
+        fixed_shapes: batches in a few shapes a compiled step keeps (`data.loading`): packed rows of the
+            prepared length, unpacked ones in `LENGTH_BUCKETS` lengths, prediction slots a multiple of 8.
 
     Raises:
         DataError: the directory is not a complete data directory of this format, its vocabulary does not
@@ -123,6 +125,7 @@ class PretrainingData:
         grad_accumulation: int = 1,
         workers: int = 0,
         pin_memory: bool = False,
+        fixed_shapes: bool = False,
     ):
         self.batch_size = _check_int("batch_size", batch_size, 1)
         self.grad_accumulation = _check_int("grad_accumulation", grad_accumulation, 1)
@@ -149,7 +152,8 @@ class PretrainingData:
         self.reader = SplitReader(self.index, split)
         self.masker = Masker(masking, vocab_size=vocab_size, special_ids=special_ids, mask_id=mask_id)
         self.maker = BatchMaker(self.reader, self.masker, pad_id=self.pad_id, pad_to_multiple_of=pad_to_multiple_of,
-                                capacity=self.capacity if self.pack_sequences else 0)
+                                capacity=self.capacity if self.pack_sequences else 0, fixed_shapes=fixed_shapes,
+                                max_seq_length=self.capacity)
         self.workers = _check_int("workers", workers, 0)
         self.pin_memory = bool(pin_memory)
         self._loader: Iterator | None = None

@@ -10,6 +10,11 @@ changes nothing but when the work is done.
 `start_loader` runs the makers in `torch.utils.data.DataLoader` workers fed by the plans, with prefetch and,
 for a GPU, pinned memory; every batch comes back with its plan, whose cursor becomes the stream's position
 when the batch is handed out (so a checkpoint records the batches consumed, not those made ahead).
+
+With `fixed_shapes` (what `pretrain --compile` asks for) batches come in a few shapes the compiler can keep:
+packed rows are always `capacity` tokens long, unpacked ones are padded to one of `LENGTH_BUCKETS` lengths
+(`length_buckets`), and the prediction slots to a multiple of `SLOT_MULTIPLE`. Padding is ignored by the model
+(attention mask, `IGNORE_INDEX` labels), so the losses are those of the tight batch.
 """
 
 from __future__ import annotations
@@ -22,8 +27,14 @@ import numpy as np
 import torch
 
 from bertforge.constants import IGNORE_INDEX
-from bertforge.data.collate import PretrainingBatch, collate_block, masked_examples, pack_pretraining
-from bertforge.data.masking import Masker, mask_batch, mask_rows
+from bertforge.data.collate import (
+    PretrainingBatch,
+    collate_block,
+    masked_examples,
+    pack_pretraining,
+    padded_length,
+)
+from bertforge.data.masking import MaskedBatch, Masker, mask_batch, mask_rows
 from bertforge.data.shards import ShardIndex, SplitReader
 
 if TYPE_CHECKING:
@@ -31,6 +42,28 @@ if TYPE_CHECKING:
 
 # Batches each worker keeps ready: enough to ride out a slow batch, few enough to bound pinned memory.
 PREFETCH_PER_WORKER = 4
+# `fixed_shapes`: unpacked batches take one of this many lengths up to the prepared length (a compiled step
+# meets at most this many token counts: 4 buckets of 32 for 128 tokens, at most 31 padding tokens a row) ...
+LENGTH_BUCKETS = 4
+# ... and a multiple of this many prediction slots per row (at most 7 empty slots a row, whose labels are ignored).
+SLOT_MULTIPLE = 8
+
+
+def length_buckets(capacity: int, pad_to_multiple_of: int | None = None) -> list[int]:
+    """The row lengths of `fixed_shapes` batches of instances up to `capacity` tokens: `LENGTH_BUCKETS`
+    even steps (rounded up to `pad_to_multiple_of`), the last one `capacity` itself."""
+    step = padded_length(-(-capacity // LENGTH_BUCKETS), pad_to_multiple_of)
+    return sorted({min(step * k, capacity) for k in range(1, LENGTH_BUCKETS + 1)})
+
+
+def bucket_length(width: int, buckets: list[int]) -> int:
+    """The smallest bucket that holds `width` tokens (`width` itself beyond the last one)."""
+    return next((bucket for bucket in buckets if bucket >= width), width)
+
+
+def widen(array: np.ndarray, width: int, fill: int) -> np.ndarray:
+    """[B, W] -> [B, width] (width >= W), the new columns `fill`."""
+    return np.pad(array, ((0, 0), (0, width - array.shape[1])), constant_values=fill)
 
 
 @dataclass(frozen=True)
@@ -49,9 +82,12 @@ class BatchMaker:
     spawn reopens the memory-mapped shards instead of receiving copies."""
 
     def __init__(self, reader: SplitReader, masker: Masker, *, pad_id: int, pad_to_multiple_of: int | None,
-                 capacity: int = 0):
+                 capacity: int = 0, fixed_shapes: bool = False, max_seq_length: int = 0):
         self.reader, self.masker = reader, masker
         self.pad_id, self.pad_to_multiple_of, self.capacity = pad_id, pad_to_multiple_of, capacity
+        # (packed rows are `capacity` long; unpacked ones take a bucket up to the prepared length)
+        self.buckets = length_buckets(max_seq_length, pad_to_multiple_of) if fixed_shapes and max_seq_length else []
+        self.fixed_shapes = fixed_shapes
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -69,13 +105,24 @@ class BatchMaker:
             masked = mask_rows(self.masker, block.token_ids, block.word_starts, block.lengths, keys, IGNORE_INDEX)
         else:
             masked = mask_batch(self.masker, block.token_ids, block.lengths, keys, IGNORE_INDEX)
+        slots = SLOT_MULTIPLE if self.fixed_shapes else None
         if self.capacity:
             examples = masked_examples(masked.input_ids, block.lengths, block.segment_b_starts, masked.positions,
                                        masked.counts, masked.labels, block.nsp_labels)
             return pack_pretraining(examples, capacity=self.capacity, pad_id=self.pad_id,
-                                    pad_to_multiple_of=self.pad_to_multiple_of)
+                                    pad_to_multiple_of=self.pad_to_multiple_of, full_rows=self.fixed_shapes,
+                                    slots_multiple_of=slots)
+        if self.fixed_shapes:
+            masked = self.fixed(masked)
         return collate_block(masked.input_ids, block.lengths, block.segment_b_starts, masked.positions,
                              masked.labels, block.nsp_labels)
+
+    def fixed(self, masked: MaskedBatch) -> MaskedBatch:
+        """`masked` widened to its length bucket and to a multiple of `SLOT_MULTIPLE` prediction slots."""
+        width = bucket_length(masked.input_ids.shape[1], self.buckets)
+        slots = padded_length(masked.positions.shape[1], SLOT_MULTIPLE)
+        return MaskedBatch(widen(masked.input_ids, width, self.pad_id), widen(masked.positions, slots, 0),
+                           widen(masked.labels, slots, IGNORE_INDEX), masked.counts)
 
 
 class _PlannedBatches(torch.utils.data.Dataset):

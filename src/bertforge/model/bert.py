@@ -344,8 +344,10 @@ class BertModel(BertPretrainedModel):
         x, hidden_states, attentions = self.encoder(x, layout, output_hidden_states, output_attentions)
         x = hidden_states[-1] if hidden_states else layout.leave(x)  # -> [B, T, H]
         # The [CLS] token of every row, [B, H], or of every packed sequence, [S, H].
-        cls = x[:, 0] if sequence_ids is None else x[(in_sequence == 0) & (sequence_ids > 0)]
-        pooled = self.pooler(cls) if self.pooler is not None else None
+        pooled = None
+        if self.pooler is not None:
+            cls = x[:, 0] if sequence_ids is None else x[(in_sequence == 0) & (sequence_ids > 0)]
+            pooled = self.pooler(cls)
         return BertOutput(last_hidden_state=x, pooled_output=pooled,
                           hidden_states=tuple(hidden_states) if hidden_states is not None else None,
                           attentions=tuple(attentions) if attentions is not None else None)

@@ -17,6 +17,11 @@ length.
 
 Rows may hold several packed sequences (`sequence_ids`: k > 0 for the k-th sequence of its row, 0 for
 padding, as `data.collate.pack_rows` builds them); each sequence then attends only to itself.
+
+Under `torch.compile` no layout reads the batch on the host: the real-token count and the packed sequences'
+bounds stay tensors whose sizes come from the data (the loop traces them into the graph:
+`training.loop.compiled`), the per-sequence CPU path and the input checks are left out, and the
+variable-length kernel gets the row length as its bound on a sequence's length.
 """
 
 from __future__ import annotations
@@ -105,27 +110,32 @@ class Unpadded:
 
     def __init__(self, attention_mask: torch.Tensor, sequence_ids: torch.Tensor | None = None):
         batch, tokens = attention_mask.shape
+        # Under torch.compile nothing here may depend on the data as a Python value (a host read breaks the
+        # graph, and every new value would be compiled anew): no host lengths, and the row length bounds them.
+        compiling = torch.compiler.is_compiling()
         self.index = attention_mask.reshape(-1).to(torch.bool).nonzero().squeeze(1)  # [R] positions in [B*T]
         self.batch, self.tokens = batch, tokens
         if sequence_ids is None:
             lengths = attention_mask.to(torch.int32).sum(1)  # [B]
             self._mask = lambda: attention_mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, T]
-            contiguous = not attention_mask.is_cuda and torch.equal(
+            contiguous = not attention_mask.is_cuda and not compiling and torch.equal(
                 attention_mask.to(torch.bool), torch.arange(tokens) < lengths[:, None])
         else:
             # [R] a number for each real token's (row, sequence), so runs never merge across rows
             rows = torch.arange(batch, device=sequence_ids.device)[:, None] * (tokens + 1)  # [B, 1]
             flat = (sequence_ids + rows).reshape(-1)[self.index]
-            starts = F.pad(flat[1:] != flat[:-1], (1, 0), value=True) if flat.numel() else flat.bool()
-            bounds = F.pad(starts.nonzero().squeeze(1), (0, 1), value=flat.numel())  # [S + 1]
+            # [R] the last token of each run (an empty batch has none)
+            ends = F.pad(flat[1:] != flat[:-1], (0, 1), value=True) if compiling or flat.numel() else flat.bool()
+            bounds = F.pad(ends.nonzero().squeeze(1) + 1, (1, 0))  # [S + 1] where each run starts, then R
             lengths = (bounds[1:] - bounds[:-1]).to(torch.int32)  # [S]
             self._mask = lambda: packed_mask(sequence_ids)  # [B, 1, T, T]
-            contiguous = not sequence_ids.is_cuda
+            contiguous = not sequence_ids.is_cuda and not compiling
             if contiguous and len(lengths) != int(sequence_ids.max(dim=1).values.sum()):
                 raise InputError("sequence_ids must number each row's packed sequences 1, 2, ... with every "
                                  "sequence one contiguous run of tokens (0 = padding)")
         self.cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))  # [S + 1]
-        self.max_len = int(lengths.max()) if lengths.numel() else 0
+        # (an upper bound is enough for the variable-length kernel)
+        self.max_len = tokens if compiling else int(lengths.max()) if lengths.numel() else 0
         # Sequence lengths on the host, for the per-sequence CPU path; valid when each sequence is one run of
         # real tokens (left-aligned masks; packed rows).
         self.lengths = lengths.tolist() if contiguous else None
@@ -181,7 +191,7 @@ def choose_layout(attention_mask: torch.Tensor | None, sequence_ids: torch.Tenso
         return Unpadded(sequence_ids > 0, sequence_ids) if fast else Padded(packed_mask(sequence_ids))
     if attention_mask is None:
         return Padded(None)
-    if fast and not attention_mask.is_cuda and bool(attention_mask.all()):
+    if fast and not attention_mask.is_cuda and not torch.compiler.is_compiling() and bool(attention_mask.all()):
         return Padded(None)  # no padding: nothing to skip, and no mask to apply
     if fast:
         return Unpadded(attention_mask)

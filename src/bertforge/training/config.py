@@ -84,7 +84,8 @@ class TrainingConfig:
     data_workers: int = setting(-1, "processes that read, mask and collate pretraining batches ahead of the step "
                                     "(the batches are the same for any number); -1 = auto: 2 on a CUDA GPU, 0 on "
                                     "a CPU, whose cores the step itself uses")
-    compile: bool = setting(False, "wrap the model in torch.compile")
+    compile: bool = setting(False, "wrap the model in torch.compile (pretraining batches then take a few fixed "
+                                   "shapes, each compiled once)")
     activation_checkpointing: bool = setting(False, "recompute each encoder layer in the backward pass instead of "
                                                     "storing its activations (much less memory for about a third "
                                                     "more compute; same gradients)")

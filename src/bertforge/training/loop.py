@@ -485,8 +485,23 @@ def prepare_runner(model: nn.Module, config: TrainingConfig,
     runner = distributed.wrap_model(model, context)
     ddp = runner if isinstance(runner, nn.parallel.DistributedDataParallel) else None
     if config.compile:
-        runner = torch.compile(runner)
+        runner = compiled(runner)
     return runner, ddp
+
+
+def compiled(runner: nn.Module) -> Callable[..., Any]:
+    """`runner` under torch.compile, traced with data-dependent shapes kept in the graph: the unpadded layout's
+    token count (`model.layouts.Unpadded`) and the pooled [CLS] rows of packed sequences are sizes known only
+    from the batch. Without this every such operation would break the graph, and the pieces after it would be
+    compiled anew for every new size (a recompile nearly every step). With it one graph holds the step, and
+    each dimension that varies (rows, prediction slots) is compiled once more, as dynamic."""
+    runner = torch.compile(runner)
+
+    def run(**inputs: Any) -> Any:
+        with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+            return runner(**inputs)
+
+    return run
 
 
 def describe_run(model: nn.Module, batches: Any, config: TrainingConfig, total_steps: int, warmup_steps: int,

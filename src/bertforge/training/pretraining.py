@@ -207,7 +207,8 @@ def run_pretraining(config: PretrainConfig) -> TrainResult:
     device = context.device
     batches = PretrainingData(index, split="train", batch_size=training.batch_size,
                               grad_accumulation=training.grad_accumulation, **common,
-                              workers=training.resolved_data_workers(device), pin_memory=device.type == "cuda")
+                              workers=training.resolved_data_workers(device), pin_memory=device.type == "cuda",
+                              fixed_shapes=training.compile)  # a few shapes, each compiled once
     eval_fn = None
     task = PRETRAINING
     if sum(int(record["instances"]) for record in index.shards("heldout")) > 0:
