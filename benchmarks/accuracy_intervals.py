@@ -30,10 +30,10 @@ import torch
 
 from benchmarks.ort_int8_accuracy import SYSTEMS, OrtTaskModel, crf_scores, export_graphs, session
 from benchmarks.scoring_args import add_scoring_arguments, check_scoring_arguments, table
+from bertforge.engine.build import build_engine, plan_engine
 from bertforge.evaluation.intervals import paired_changes
 from bertforge.evaluation.saved_model import prepare_evaluation
 from bertforge.families import registry
-from bertforge.model.precision import apply_precision
 from bertforge.storage import write_json
 
 PRECISIONS = ("fp32", "int8", "bf16")
@@ -49,7 +49,7 @@ def system_results(model_dir, data_file, *, threads: int, batch_size: int, limit
     for precision in PRECISIONS:
         model, _ = registry.load_model(prepared.directory, prepared.family.model_class, device="cpu")
         evaluation = reference.at_precision(precision)
-        results[f"bertforge {precision}"] = evaluation.results(apply_precision(model, precision))
+        results[f"bertforge {precision}"] = evaluation.results(build_engine(model, plan_engine("cpu", precision)))
     crf = crf_scores(model_dir)
     with tempfile.TemporaryDirectory() as tmp:
         graphs, _ = export_graphs(model_dir, Path(tmp), per_channel=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from bertforge.model.quantization import SMALL_WORK, Int8Linear, has_amx
+from bertforge.engine.int8 import SMALL_WORK, Int8Linear, has_amx
 
 SHAPES = [(384, 1152), (384, 384), (384, 1536), (1536, 384), (768, 2304), (768, 768), (768, 3072), (3072, 768)]
 ROWS = (8, 16, 24, 32, 40, 48, 56, 64, 80, 96)

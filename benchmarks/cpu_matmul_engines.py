@@ -1,5 +1,5 @@
 """One linear layer on BERT-base's projection shapes, in every CPU kernel `--precision` can run: fp32 `F.linear`,
-bf16 with the weight packed once for oneDNN (`model.bf16.Bf16Linear`, where oneDNN has bf16 kernels), and
+bf16 with the weight packed once for oneDNN (`engine.bf16.Bf16Linear`, where oneDNN has bf16 kernels), and
 int8 dynamic quantization packed for each quantized engine this PyTorch build has (`Int8Linear`): the
 figures behind `quantization.quantization_engine`'s choice (docs/cpu_inference.md).
 
@@ -16,8 +16,8 @@ from functools import partial
 
 import torch
 
-from bertforge.model.bf16 import Bf16Linear, onednn_bf16
-from bertforge.model.quantization import Int8Linear, has_amx, quantization_engine
+from bertforge.engine.bf16 import Bf16Linear, onednn_bf16
+from bertforge.engine.int8 import Int8Linear, has_amx, quantization_engine
 
 SHAPES = ((70, 768, 3072), (70, 3072, 768), (70, 768, 2304), (1024, 768, 3072), (1024, 3072, 768),
           (2300, 768, 3072))

@@ -32,11 +32,10 @@ import torch
 import torch.nn.functional as F
 
 from bertforge.checkpoint_format import read_directory
+from bertforge.engine.bf16 import Bf16Linear
+from bertforge.engine.build import build_engine, plan_engine
+from bertforge.engine.int8 import Int8Linear, quantization_engine
 from bertforge.model import BertConfig, BertModel
-from bertforge.model.bf16 import Bf16Linear
-from bertforge.model.precision import apply_precision
-from bertforge.model.quantization import Int8Linear, quantization_engine
-from bertforge.runtime import autocast
 
 SETTLE_SECONDS = 0.5  # idle time before each timed system (`measure`)
 CEILING_TOKENS_PER_S = 20_000  # BERT-base bf16 on 2 AMX cores (issue #21): ~4 TFLOP/s / 0.17 GFLOP per token
@@ -89,12 +88,12 @@ def transformers_runner(directory: Path):
 
 
 def bertforge_runner(directory: Path, precision: str):
-    # Fast paths on and prepared for the precision (int8 quantized, bf16 packed), as evaluate/predict/serve do.
-    model = apply_precision(BertModel.from_pretrained(directory), precision)
+    # Fast paths on, in the engine evaluate/predict/serve build for the precision (int8 quantized, bf16 packed).
+    engine = build_engine(BertModel.from_pretrained(directory), plan_engine("cpu", precision))
 
     def run(ids, mask):
-        with torch.inference_mode(), autocast(torch.device("cpu"), precision):
-            return model(ids, attention_mask=mask).last_hidden_state.float()
+        with engine.running():
+            return engine(ids, attention_mask=mask).last_hidden_state.float()
     return run
 
 
@@ -120,7 +119,7 @@ def hf_export(model, path: Path) -> None:
 
 
 def our_export(directory: Path, path: Path) -> str:
-    """Our ONNX export: the optimized one where `inference.export` offers it, else the plain one."""
+    """Our ONNX export: the optimized one where `engine.onnx_export` offers it, else the plain one."""
     from bertforge.inference import export
 
     if "optimize" in export.export_onnx.__code__.co_varnames:

@@ -79,8 +79,8 @@ def main() -> None:
     import logging
 
     logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic's advice to pre-process
+    from bertforge.engine.int8 import Int8Linear, quantization_engine, small_rows
     from bertforge.model.config import BertConfig
-    from bertforge.model.quantization import Int8Linear, quantization_engine, small_rows
 
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)

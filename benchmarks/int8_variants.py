@@ -27,11 +27,13 @@ import torch
 from torch import nn
 
 from benchmarks.scoring_args import add_scoring_arguments, check_scoring_arguments, table
+from bertforge.engine.int8 import Int8Linear, quantization_engine, quantize_int8, small_rows
+from bertforge.engine.layer_graph import trace_layers
+from bertforge.engine.row_chunks import chunk_rows
 from bertforge.evaluation.intervals import paired_changes
 from bertforge.evaluation.saved_model import prepare_evaluation
 from bertforge.families import registry
-from bertforge.model.fast_paths import is_layer, trace_layers
-from bertforge.model.quantization import Int8Linear, quantization_engine, quantize_int8, small_rows
+from bertforge.model.fast_paths import is_layer
 from bertforge.storage import write_json
 
 PROJECTIONS = ("qkv", "output", "up", "down")
@@ -65,7 +67,7 @@ def variant_model(prepared, variant: str) -> nn.Module:
     model, _ = registry.load_model(prepared.directory, prepared.family.model_class, device="cpu")
     quantize_int8(model)
     if variant == "int8":
-        return trace_layers(model)
+        return chunk_rows(trace_layers(model))
     reference, _ = registry.load_model(prepared.directory, prepared.family.model_class, device="cpu")
     engine = quantization_engine()
     rows, small = small_rows(prepared.directory.config, engine)
@@ -78,7 +80,7 @@ def variant_model(prepared, variant: str) -> nn.Module:
                                                 small_rows=rows, small_engine=small))
             elif variant == f"fp32-{name}":
                 install(layer, name, linear.eval())
-    return trace_layers(model)
+    return chunk_rows(trace_layers(model))
 
 
 def main(argv: list[str] | None = None) -> None:

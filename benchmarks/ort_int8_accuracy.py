@@ -9,7 +9,7 @@ bertforge task model returns (`logits`, or `start_logits`/`end_logits`). So the 
 `bertforge evaluate --precision P` in the runtime only.
 
 The graphs (the recipe of the SST-2 row): our export through ONNX Runtime's BERT optimizer
-(`inference.onnx_optimize.export_optimized`, parity-checked against PyTorch at 1e-4), then
+(`engine.onnx_graph.export_optimized`, parity-checked against PyTorch at 1e-4), then
 `onnxruntime.quantization.quantize_dynamic` with its defaults (QInt8 weights, one scale per tensor) — what a
 CPU user does with ONNX Runtime. `--per-channel` adds `bertforge export --optimize --quantize int8`'s graph
 (the same quantizer with per-channel weight scales).
@@ -32,10 +32,10 @@ import numpy as np
 import torch
 
 from bertforge.checkpoint_format import read_directory
+from bertforge.engine.build import build_engine, plan_engine
 from bertforge.evaluation.runner import EvalResult, Evaluation
 from bertforge.evaluation.saved_model import prepare_evaluation
 from bertforge.families import registry
-from bertforge.model.precision import apply_precision
 from bertforge.storage import write_json
 
 # System name -> which graph of `export_graphs` it runs.
@@ -82,7 +82,7 @@ def export_graphs(model_dir: str | os.PathLike, work: Path, per_channel: bool = 
     from onnx import TensorProto
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from bertforge.inference.onnx_optimize import export_optimized
+    from bertforge.engine.onnx_graph import export_optimized
 
     result = export_optimized(model_dir, work / "model.onnx", quantize="int8" if per_channel else None,
                               speed_shape=None)
@@ -132,7 +132,7 @@ def ort_accuracy(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, 
     predictions: dict[str, list[dict]] = {}
     if torch_fp32:
         model, _ = registry.load_model(read_directory(model_dir), device="cpu")
-        result, out["seconds"]["bertforge fp32"] = score(evaluation, apply_precision(model, "fp32"))
+        result, out["seconds"]["bertforge fp32"] = score(evaluation, build_engine(model, plan_engine("cpu", "fp32")))
         out["metrics"]["bertforge fp32"], predictions["bertforge fp32"] = result.metrics, result.predictions
     crf = crf_scores(model_dir)
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,16 +1,17 @@
 """Where and how tensors run: device choice, precision (dtype + autocast), seeding and RNG state capture.
 
-Precision names are `fp32`, `bf16`, `fp16` and `int8`, and `auto`. `choose_precision` is the one rule that
-turns a requested name into a concrete one for every path (training, `evaluate`, `predict`, the pipelines,
-`embed`, the server): `auto` is bf16 on a CUDA device that supports bf16 (Ampere or newer) and fp32 everywhere else,
-CPUs included, with no probe, so the same model on the same machine runs at the same precision whichever
-command loads it. bf16 and fp16 run under autocast, so parameters, LayerNorm, softmax and the losses stay
-in fp32 while the matrix products run in half precision; fp16 additionally needs a loss scaler (the
-training loop owns it). int8 is an inference precision on the CPU: the encoder's linear layers are
-quantized (`model.quantization.quantize_int8`, applied once to the loaded model by `evaluate` and the
-pipelines) and everything else runs in fp32, so its autocast is a no-op; training never takes it (its
-config has its own names). How far bf16 and int8 results may move from fp32 ones is stated in
-docs/cpu_inference.md.
+Precision names are written here once: `PRECISIONS` (`fp32`, `bf16`, `fp16`, `int8`, and `auto`) for the commands
+that run a model, `TRAINING_PRECISIONS` (without the quantized ones) for the commands that train, and each
+path's default (`DEFAULT_PRECISION` for inference, `DEFAULT_TRAINING_PRECISION` for training).
+`choose_precision` is the one rule that turns a requested name into a concrete one for every path (training,
+`evaluate`, `predict`, the pipelines, `embed`, the server): `auto` is bf16 on a CUDA device that supports bf16
+(Ampere or newer) and fp32 everywhere else, CPUs included, with no probe, so the same model on the same machine
+runs at the same precision whichever command loads it. bf16 and fp16 run under autocast, so parameters,
+LayerNorm, softmax and the losses stay in fp32 while the matrix products run in half precision; fp16
+additionally needs a loss scaler (the training loop owns it). int8 is an inference precision on the CPU: the
+encoder's linear layers are quantized (`engine.int8`, chosen by `engine.build.build_engine`) and everything else
+runs in fp32, so its autocast is a no-op. How far bf16 and int8 results may move from fp32 ones is stated in
+docs/cpu_inference.md. How a model is prepared to run at a precision is `bertforge.engine`'s.
 
 `release_freed_memory` hands the heap memory this process has freed back to the operating system (a
 long-running server calls it when idle).
@@ -39,6 +40,13 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
 # Precisions that change the model itself (applied to a loaded model), rather than running it under autocast.
 QUANTIZED_PRECISIONS = ("int8",)
+# The precisions a training run takes: not the quantized ones (int8 is for inference).
+TRAINING_PRECISIONS = tuple(name for name in PRECISIONS if name not in QUANTIZED_PRECISIONS)
+# Every inference path's default (evaluate, predict, the pipelines, embed, serve): fp32, so that by default
+# predict and the server answer exactly what evaluate scored, on any machine.
+DEFAULT_PRECISION = "fp32"
+# A training run's default: bf16 where a GPU computes it natively, else fp32 (`choose_precision`).
+DEFAULT_TRAINING_PRECISION = "auto"
 
 
 def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
@@ -121,7 +129,7 @@ def precision_dtype(precision: str) -> torch.dtype:
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """A context in which forward passes run at `precision` (a no-op context for fp32, and for int8, whose
-    model is quantized instead: `model.precision.apply_precision`)."""
+    model is quantized instead: `engine.int8`). Entered by the training loop and by `engine.Engine.running`."""
     if precision in ("fp32", *QUANTIZED_PRECISIONS):
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=precision_dtype(precision))

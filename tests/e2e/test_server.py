@@ -255,9 +255,9 @@ def test_server_full_queue_answers_429_and_bad_input_fails_alone(tmp_path):
     original = pipeline.forward
     release = threading.Event()
 
-    def blocking(features, options, precision=None):
+    def blocking(features, options):
         release.wait(20)
-        return original(features, options, precision)
+        return original(features, options)
 
     with running(app) as client, ThreadPoolExecutor(4) as pool:
         pipeline.forward = blocking
@@ -298,9 +298,9 @@ def slowed(pipeline, seconds: float) -> None:
     """Make every model call of `pipeline` take at least `seconds`, so a test can act while a request runs."""
     original = pipeline.forward
 
-    def forward(features, options, precision=None):
+    def forward(features, options):
         time.sleep(seconds)
-        return original(features, options, precision)
+        return original(features, options)
 
     pipeline.forward = forward
 

@@ -190,9 +190,9 @@ def blocking(app, release: threading.Event) -> None:
     pipeline = app.state.service.pipelines["classify"]
     original = pipeline.forward
 
-    def forward(features, options, precision=None):
+    def forward(features, options):
         release.wait(20)
-        return original(features, options, precision)
+        return original(features, options)
 
     pipeline.forward = forward
 

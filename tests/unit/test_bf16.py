@@ -1,4 +1,4 @@
-"""bf16 on the CPU (`model/bf16.py`, `model/precision.py`): the cast-once, packed-once encoder linears compute
+"""bf16 on the CPU (`engine/bf16.py`, `engine/build.py`): the cast-once, packed-once encoder linears compute
 what autocast alone computes, and a prepared model runs at bf16 only."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from bertforge.engine.bf16 import Bf16Linear, is_bf16, onednn_bf16, pack_bf16
+from bertforge.engine.build import build_engine, check_precision, plan_engine, prepared_precision
 from bertforge.errors import ConfigError
 from bertforge.evaluation.runner import run_features
 from bertforge.model.bert import BertModel
-from bertforge.model.bf16 import Bf16Linear, is_bf16, onednn_bf16, pack_bf16
 from bertforge.model.fast_paths import set_fast_paths
-from bertforge.model.precision import apply_precision, check_precision, prepared_precision
 from bertforge.runtime import autocast
 
 CPU = torch.device("cpu")
@@ -92,12 +92,13 @@ def test_pack_bf16_model_equals_autocast_model(tiny_config):
     torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 
-def test_apply_precision_packs_bf16_on_cpu_only_and_is_idempotent(tiny_config):
-    model = apply_precision(BertModel(tiny_config), "bf16")
-    assert prepared_precision(model) == "bf16"
-    assert apply_precision(model, "bf16") is model and prepared_precision(model) == "bf16"
-    assert prepared_precision(apply_precision(BertModel(tiny_config), "fp32")) is None
-    assert prepared_precision(apply_precision(BertModel(tiny_config), "int8")) == "int8"
+def test_build_engine_packs_bf16_on_cpu_and_is_idempotent(tiny_config):
+    plan = plan_engine("cpu", "bf16")
+    engine = build_engine(BertModel(tiny_config), plan)
+    assert prepared_precision(engine) == "bf16" and prepared_precision(engine.model) == "bf16"
+    assert build_engine(engine, plan) is engine and pack_bf16(engine.model) is engine.model
+    assert prepared_precision(build_engine(BertModel(tiny_config), plan_engine("cpu", "fp32")).model) is None
+    assert prepared_precision(build_engine(BertModel(tiny_config), plan_engine("cpu", "int8")).model) == "int8"
 
 
 def test_check_precision_refuses_a_bf16_model_at_another_precision(tiny_config):

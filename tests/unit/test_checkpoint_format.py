@@ -299,11 +299,11 @@ def test_checkpoint_format_registry_load_fast_path_switch(saved):
     # Fast paths on by default; fast_path=False is the plain reference path (padded, unfused), not the
     # constructor's default layout (a fresh BertModel starts unpadded), so export can trace one graph.
     fast, _ = registry.load_model(saved)
-    assert fast_paths_enabled(fast) == {"unpad": True, "fused_qkv": True, "row_chunks": True,
-                                          "activation_checkpointing": False, "layer_graph": False}
+    assert fast_paths_enabled(fast) == {"unpad": True, "fused_qkv": True,
+                                          "activation_checkpointing": False}
     plain, _ = registry.load_model(saved, fast_path=False)
-    assert fast_paths_enabled(plain) == {"unpad": False, "fused_qkv": False, "row_chunks": False,
-                                          "activation_checkpointing": False, "layer_graph": False}
+    assert fast_paths_enabled(plain) == {"unpad": False, "fused_qkv": False,
+                                          "activation_checkpointing": False}
     assert plain.state_dict().keys() == fast.state_dict().keys()
 
 

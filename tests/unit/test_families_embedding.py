@@ -10,6 +10,7 @@ import string
 import pytest
 import torch
 
+from bertforge.engine.onnx_export import output_axes
 from bertforge.errors import InputError
 from bertforge.evaluation import run_features
 from bertforge.families import registry
@@ -21,7 +22,6 @@ from bertforge.families.pretraining import BertForPretraining
 from bertforge.families.question_answering import BertForQuestionAnswering
 from bertforge.families.tagging import BertForTokenClassification
 from bertforge.inference import pipelines as P
-from bertforge.inference.export import output_axes
 from bertforge.model.bert import BertModel
 from bertforge.model.config import BertConfig
 from bertforge.tokenization import Tokenizer, TokenizerConfig

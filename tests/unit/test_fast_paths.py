@@ -156,8 +156,8 @@ def test_fused_qkv_unfuse_restores_plain_modules():
     assert type(model.encoder.layers[0].attention).__name__ == "SelfAttention"
     for key, value in state.items():
         assert torch.equal(model.state_dict()[key], value), key
-    assert fast_paths_enabled(model) == {"unpad": False, "fused_qkv": False, "row_chunks": False,
-                                          "activation_checkpointing": False, "layer_graph": False}
+    assert fast_paths_enabled(model) == {"unpad": False, "fused_qkv": False,
+                                          "activation_checkpointing": False}
 
 
 def test_fused_qkv_keeps_frozen_encoder_frozen():
@@ -509,11 +509,11 @@ def test_model_from_pretrained_fast_by_default(tmp_path):
     torch.manual_seed(12)
     BertModel(BertConfig.preset("mini", vocab_size=500)).save_pretrained(tmp_path / "model")
     model = BertModel.from_pretrained(tmp_path / "model")
-    assert fast_paths_enabled(model) == {"unpad": True, "fused_qkv": True, "row_chunks": True,
-                                          "activation_checkpointing": False, "layer_graph": False}
+    assert fast_paths_enabled(model) == {"unpad": True, "fused_qkv": True,
+                                          "activation_checkpointing": False}
     reference = BertModel.from_pretrained(tmp_path / "model", fast_path=False)
-    assert fast_paths_enabled(reference) == {"unpad": False, "fused_qkv": False, "row_chunks": False,
-                                          "activation_checkpointing": False, "layer_graph": False}
+    assert fast_paths_enabled(reference) == {"unpad": False, "fused_qkv": False,
+                                          "activation_checkpointing": False}
     assert not model.training
     for seed, lengths in enumerate(([37, 5, 20, 1], [12, 12, 3], [40])):
         ids, types, mask = ragged_batch(500, lengths, max(lengths), seed=seed)
@@ -535,63 +535,3 @@ def test_task_model_from_pretrained_fast_by_default(tmp_path):
     with torch.no_grad():
         assert torch.allclose(model(ids, types, mask).logits, reference(ids, types, mask).logits,
                               atol=PRETRAINED_ATOL)
-
-
-def test_row_chunks_equal_one_piece_for_every_output(monkeypatch):
-    """A CPU inference batch over the token budget runs in row chunks, and gives what one piece gives: hidden
-    states, pooled output, every layer's states and attention maps, plain and packed rows."""
-    torch.manual_seed(21)
-    model = BertModel(BertConfig.preset("tiny", vocab_size=200)).eval()
-    monkeypatch.setattr(model, "row_chunk_tokens", 40)  # 7 rows x 16 tokens: chunks of 2 rows
-    calls = []
-    encode = model.encode
-    monkeypatch.setattr(model, "encode", lambda ids, *rest: calls.append(ids.shape[0]) or encode(ids, *rest))
-    ids, types, mask = ragged_batch(200, [16, 3, 9, 16, 1, 12, 7], 16, seed=3)
-    with torch.no_grad():
-        for outputs in ({}, {"output_hidden_states": True, "output_attentions": True}):
-            calls.clear()
-            chunked = model(ids, types, mask, **outputs)
-            assert calls == [2, 2, 2, 1]
-            model.row_chunk_tokens = 0
-            whole = model(ids, types, mask, **outputs)
-            model.row_chunk_tokens = 40
-            for field in ("last_hidden_state", "pooled_output"):
-                torch.testing.assert_close(getattr(chunked, field), getattr(whole, field), atol=FP32_ATOL, rtol=0)
-            for name in ("hidden_states", "attentions"):
-                if outputs:
-                    for a, b in zip(getattr(chunked, name), getattr(whole, name), strict=True):
-                        torch.testing.assert_close(a, b, atol=FP32_ATOL, rtol=0)
-        sequence_ids = torch.tensor([[1] * 8 + [2] * 8] * 3 + [[1] * 16])  # packed rows: pooled is [S, H]
-        chunked = model(ids[:4], sequence_ids=sequence_ids)
-        model.row_chunk_tokens = 0
-        whole = model(ids[:4], sequence_ids=sequence_ids)
-    assert chunked.pooled_output.shape == (7, model.config.hidden_size)
-    torch.testing.assert_close(chunked.pooled_output, whole.pooled_output, atol=FP32_ATOL, rtol=0)
-
-
-def test_row_chunks_only_for_cpu_inference_without_gradients():
-    model = BertModel(BertConfig.preset("tiny", vocab_size=50))
-    model.row_chunk_tokens = 32
-    ids = torch.ones(8, 16, dtype=torch.long)
-    with torch.no_grad():
-        assert model.rows_per_chunk(ids) == 2
-        assert model.rows_per_chunk(ids[:2]) == 0  # within the budget: one piece
-        assert model.rows_per_chunk(torch.ones(3, 64, dtype=torch.long)) == 1  # a row over the budget: row by row
-    assert model.rows_per_chunk(ids) == 0  # gradients on: training keeps its batch whole
-    set_fast_paths(model, unpad=False, fused_qkv=False)
-    with torch.no_grad():
-        assert model.rows_per_chunk(ids) == 0  # the plain path
-    set_fast_paths(model, unpad=False, fused_qkv=False, row_chunks=True)
-    assert fast_paths_enabled(model)["row_chunks"] and not fast_paths_enabled(model)["unpad"]
-
-
-def test_row_chunk_tokens_hold_the_feed_forward_activation_at_the_byte_budget():
-    from bertforge.model.fast_paths import ROW_CHUNK_BYTES, row_chunk_tokens
-
-    assert row_chunk_tokens(BertConfig.preset("base", vocab_size=100)) == 1024  # I = 3,072
-    assert row_chunk_tokens(BertConfig(vocab_size=100, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
-                                       intermediate_size=1536)) == 2048  # all-MiniLM-L6-v2
-    assert row_chunk_tokens(BertConfig.preset("large", vocab_size=100)) == 768  # I = 4,096
-    config = BertConfig.preset("tiny", vocab_size=100)
-    model = BertModel(config)
-    assert model.row_chunk_tokens == ROW_CHUNK_BYTES // (4 * config.intermediate_size)

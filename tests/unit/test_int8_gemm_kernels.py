@@ -8,8 +8,8 @@ import sys
 import pytest
 from benchmarks.int8_gemm_kernels import SIZES, main, shapes
 
+from bertforge.engine.int8 import int8_linears, quantize_int8
 from bertforge.model import BertConfig, BertModel
-from bertforge.model.quantization import int8_linears, quantize_int8
 
 
 @pytest.mark.parametrize("model", sorted(SIZES))

@@ -10,8 +10,8 @@ import pytest
 from benchmarks.int8_variants import main, variant_model
 from torch import nn
 
+from bertforge.engine.int8 import Int8Linear
 from bertforge.evaluation.saved_model import evaluate, prepare_evaluation
-from bertforge.model.quantization import Int8Linear
 from bertforge.training.finetune import run_finetuning
 from bertforge.training.finetune_config import load_finetune_config
 from conftest import finetune_values

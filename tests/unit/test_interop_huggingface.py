@@ -219,8 +219,8 @@ def test_their_safetensors_checkpoint_loads_here(tmp_path, tiny_config, cls):
     assert (tmp_path / "model.safetensors").exists()
     ours, report = load_model(tmp_path, cls)
     assert report.fresh == [] and report.skipped == []
-    assert fast_paths_enabled(ours) == {"unpad": True, "fused_qkv": True, "row_chunks": True,
-                                          "activation_checkpointing": False, "layer_graph": False}
+    assert fast_paths_enabled(ours) == {"unpad": True, "fused_qkv": True,
+                                          "activation_checkpointing": False}
     assert_same_outputs(ours, theirs, config, cls)
 
 

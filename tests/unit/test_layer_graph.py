@@ -1,4 +1,4 @@
-"""The traced layer stack (`fast_paths.LayerGraph`) and the int8 layers' kernel choice by row count.
+"""The traced layer stack (`engine.layer_graph.LayerGraph`) and the int8 layers' kernel choice by row count.
 
 A graph must compute what the eager layers compute, bit for bit, on every shape, on both sides of a row
 cutoff and at the precisions that trace (int8, bf16 packed for the CPU, each autocast state); it must be used
@@ -12,15 +12,21 @@ import pickle
 import pytest
 import torch
 
-import bertforge.model.quantization as quantization
+import bertforge.engine.int8 as quantization
+from bertforge.engine.build import build_engine, plan_engine
+from bertforge.engine.int8 import LINEAR_DYNAMIC, Int8Linear, small_rows
+from bertforge.engine.layer_graph import has_layer_graph, trace_layers
+from bertforge.engine.row_buckets import bucket_rows
 from bertforge.model.bert import BertModel
-from bertforge.model.fast_paths import fast_paths_enabled, set_fast_paths, trace_layers
-from bertforge.model.precision import apply_precision
-from bertforge.model.quantization import LINEAR_DYNAMIC, Int8Linear, small_rows
-from bertforge.model.row_buckets import bucket_rows
+from bertforge.model.fast_paths import set_fast_paths
 from bertforge.runtime import autocast
 
 ENGINES = torch.backends.quantized.supported_engines
+
+
+def prepared(model: BertModel, precision: str) -> BertModel:
+    """`model` converted by the CPU engine built for `precision` (the model itself, not the engine)."""
+    return build_engine(model, plan_engine("cpu", precision)).model
 needs_both_engines = pytest.mark.skipif(not {"onednn", "x86"} <= set(ENGINES),
                                         reason="needs PyTorch's onednn and x86 quantized engines")
 
@@ -41,12 +47,12 @@ def int8_model(tiny_config, monkeypatch, cutoff: int | None = None) -> BertModel
         monkeypatch.setattr(quantization, "SMALL_WORK",
                             (cutoff + 0.5) * (tiny_config.hidden_size * tiny_config.intermediate_size) ** 0.5)
     torch.manual_seed(0)
-    return apply_precision(set_fast_paths(BertModel(tiny_config)), "int8")
+    return prepared(set_fast_paths(BertModel(tiny_config)), "int8")
 
 
 def test_layer_graph_equals_eager_bit_for_bit_on_any_shape(tiny_config, monkeypatch):
     model = int8_model(tiny_config, monkeypatch)
-    assert fast_paths_enabled(model)["layer_graph"]
+    assert has_layer_graph(model)
     generator = torch.Generator().manual_seed(1)
     with torch.inference_mode():
         for shape in [(1, 2), (1, 17), (3, 9), (1, 64), (2, 5)]:  # traced once, on the first shape
@@ -101,8 +107,8 @@ def test_layer_graph_is_left_out_of_a_pickled_model(tiny_config, monkeypatch):
 
 def test_layer_graph_of_a_bf16_model_equals_eager_bit_for_bit(tiny_config):
     torch.manual_seed(0)
-    model = apply_precision(set_fast_paths(BertModel(tiny_config)), "bf16")  # packed where oneDNN has bf16
-    assert fast_paths_enabled(model)["layer_graph"]
+    model = prepared(set_fast_paths(BertModel(tiny_config)), "bf16")  # packed where oneDNN has bf16
+    assert has_layer_graph(model)
     generator = torch.Generator().manual_seed(3)
     with torch.inference_mode(), autocast(torch.device("cpu"), "bf16"):
         for shape in [(1, 9), (1, 2), (1, 33), (2, 7)]:  # row counts on and off a row bucket's size
@@ -140,10 +146,10 @@ def test_trace_layers_is_idempotent_and_keeps_weights_shared(tiny_config):
         assert torch.equal(model(ids).last_hidden_state, eager(model, ids))
 
 
-def test_apply_precision_gives_an_fp32_cpu_model_its_layer_graph(tiny_config):
+def test_build_engine_gives_an_fp32_cpu_model_its_layer_graph(tiny_config):
     torch.manual_seed(0)
-    model = apply_precision(set_fast_paths(BertModel(tiny_config)), "fp32")
-    assert fast_paths_enabled(model)["layer_graph"]
+    model = prepared(set_fast_paths(BertModel(tiny_config)), "fp32")
+    assert has_layer_graph(model)
     ids = torch.randint(5, tiny_config.vocab_size, (1, 13))
     with torch.inference_mode():
         assert torch.equal(model(ids).last_hidden_state, eager(model, ids))

@@ -36,14 +36,15 @@ ROWS = {
     "model": 2,
     "data": 2,
     "families": 3,
-    "evaluation": 4,
-    "conversion": 4,
-    "training": 5,
-    "inference": 5,
-    "serving": 6,
-    "demo": 6,
-    "cli": 7,
-    "__main__": 8,
+    "engine": 4,
+    "evaluation": 5,
+    "conversion": 5,
+    "training": 6,
+    "inference": 6,
+    "serving": 7,
+    "demo": 7,
+    "cli": 8,
+    "__main__": 9,
 }
 # Components that must not import a given third-party top-level package or bertforge component.
 FORBIDDEN = {
@@ -348,3 +349,113 @@ def test_layering_rooms_fit_in_one_sitting():
                 if size > MAX_FUNCTION_LINES:
                     long_functions.append(f"{path.relative_to(SOURCE_ROOT)}:{node.lineno} {node.name}: {size} lines")
     assert not long_files and not long_functions, "\n".join(long_files + long_functions)
+
+
+# --- the engine's room (DESIGN.md principle 17) ------------------------------------------------------------
+
+# What prepares a model to run: only `engine/` imports these (the export command's modules are not among them).
+CONVERTERS = ("bertforge.engine.int8", "bertforge.engine.bf16", "bertforge.engine.linears",
+              "bertforge.engine.layer_graph", "bertforge.engine.row_chunks", "bertforge.engine.row_buckets",
+              "bertforge.engine.onnxruntime")
+# Where a forward pass may enter autocast: the engines (`Engine.running`) and the training loop; `runtime` writes
+# the context once.
+AUTOCAST_ROOMS = ("engine", "training", "runtime")
+
+
+def package_files() -> list[tuple[str, Path]]:
+    """(component's first part, path) of every module of the package."""
+    return [(path.relative_to(SOURCE_ROOT / PACKAGE).parts[0].removesuffix(".py"), path)
+            for path in sorted((SOURCE_ROOT / PACKAGE).rglob("*.py"))]
+
+
+def test_layering_only_the_engine_imports_converters_and_onnxruntime():
+    found = [item.where() for item in collect_imports(SOURCE_ROOT)
+             if not item.module.startswith("bertforge.engine")
+             and (item.target.startswith(CONVERTERS) or item.target.split(".")[0] == "onnxruntime")]
+    assert not found, "converters or onnxruntime imported outside engine/:\n" + "\n".join(found)
+
+
+def autocast_entries(tree: ast.AST) -> list[int]:
+    """Lines that call an `autocast` (torch.autocast, torch.amp.autocast, runtime.autocast, a bare name)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name == "autocast":
+                lines.append(node.lineno)
+    return lines
+
+
+def test_layering_only_the_engine_and_training_enter_autocast():
+    found = [f"{path.relative_to(SOURCE_ROOT)}:{line}" for room, path in package_files() if room not in AUTOCAST_ROOMS
+             for line in autocast_entries(ast.parse(path.read_text(encoding="utf-8")))]
+    assert not found, "autocast entered outside engine/ and training/:\n" + "\n".join(found)
+
+
+def precision_defaults(tree: ast.AST, names: set[str]) -> list[int]:
+    """Lines where a precision name is written as a default: a `precision` parameter's default, a `default=` of
+    an argparse `--precision`-like flag, a `precision` field's `setting(...)` default."""
+    def named(value) -> bool:
+        return isinstance(value, ast.Constant) and value.value in names
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            arguments = node.args
+            positional = arguments.posonlyargs + arguments.args
+            pairs = list(zip(positional[len(positional) - len(arguments.defaults):], arguments.defaults))
+            pairs += [(a, d) for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None]
+            lines += [d.lineno for a, d in pairs if "precision" in a.arg and named(d)]
+        elif isinstance(node, ast.Call):
+            flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if any("precision" in flag for flag in flags):
+                lines += [k.value.lineno for k in node.keywords if k.arg == "default" and named(k.value)]
+        elif isinstance(node, ast.AnnAssign) and "precision" in getattr(node.target, "id", ""):
+            value = node.value
+            if named(value) or (isinstance(value, ast.Call) and value.args and named(value.args[0])):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_layering_precision_defaults_are_written_once_in_runtime():
+    from bertforge.runtime import PRECISIONS
+
+    names = set(PRECISIONS)
+    found = [f"{path.relative_to(SOURCE_ROOT)}:{line}" for room, path in package_files() if room != "runtime"
+             for line in precision_defaults(ast.parse(path.read_text(encoding="utf-8")), names)]
+    assert not found, "a precision name written as a default outside runtime.py (use runtime.DEFAULT_PRECISION " \
+                      "or DEFAULT_TRAINING_PRECISION):\n" + "\n".join(found)
+
+
+def device_or_tracing_questions(tree: ast.AST) -> list[str]:
+    """`x.device.type` / `.is_cpu` / `.is_cuda` reads and tracing/compiling/scripting checks, by line."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            if node.attr == "type" and isinstance(node.value, ast.Attribute) and node.value.attr == "device":
+                found.append(f"{node.lineno}: device type")
+            elif node.attr in ("is_cpu", "is_cuda"):
+                found.append(f"{node.lineno}: {node.attr}")
+            elif node.attr in ("is_tracing", "is_compiling", "is_scripting", "is_dynamo_compiling"):
+                found.append(f"{node.lineno}: {node.attr}")
+    return found
+
+
+def test_layering_the_encoder_asks_no_device_and_no_tracing_question():
+    path = SOURCE_ROOT / PACKAGE / "model" / "bert.py"
+    found = device_or_tracing_questions(ast.parse(path.read_text(encoding="utf-8")))
+    assert not found, f"{path.relative_to(SOURCE_ROOT)} is a plain encoder (the engine runs it):\n" + "\n".join(found)
+
+
+def test_layering_engine_invariant_checkers_find_what_they_look_for():
+    code = ("import torch\n"
+            "def f(x, precision='fp32', *, other_precision='int8'):\n"
+            "    with torch.autocast('cpu'):\n"
+            "        return x.device.type == 'cpu' or torch.jit.is_tracing()\n"
+            "p.add_argument('--precision', default='bf16')\n"
+            "class C:\n    precision: str = setting('auto', 'help')\n")
+    tree = ast.parse(code)
+    assert autocast_entries(tree) == [3]
+    assert precision_defaults(tree, {"fp32", "int8", "bf16", "auto"}) == [2, 2, 5, 7]
+    assert [line.split(":")[0] for line in device_or_tracing_questions(tree)] == ["4", "4"]

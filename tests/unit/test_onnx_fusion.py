@@ -21,8 +21,8 @@ from bertforge.model.config import BertConfig
 onnx = pytest.importorskip("onnx")
 onnxruntime = pytest.importorskip("onnxruntime")
 
-from bertforge.inference.export import FP32_TOLERANCE, OnnxModule, export_onnx, graph_form  # noqa: E402
-from bertforge.inference.onnx_optimize import export_optimized  # noqa: E402
+from bertforge.engine.onnx_export import FP32_TOLERANCE, OnnxModule, export_onnx, graph_form  # noqa: E402
+from bertforge.engine.onnx_graph import export_optimized  # noqa: E402
 
 LAYERS = 2
 TAGS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}

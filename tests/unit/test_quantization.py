@@ -1,4 +1,4 @@
-"""int8 dynamic quantization (`model/quantization.py`) against the plain fp32 path, within named tolerances.
+"""int8 dynamic quantization (`engine/int8.py`) against the plain fp32 path, within named tolerances.
 
 The tolerances are the stated int8 contract on a real checkpoint (all-MiniLM-L6-v2 on real SST-2 sentences):
 mean-pooled embeddings keep cosine >= 1 - INT8_COSINE_TOLERANCE to fp32 for every sentence, and a
@@ -16,12 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bertforge.errors import ConfigError
-from bertforge.evaluation.runner import run_features
-from bertforge.model.bert import BertModel
-from bertforge.model.fast_paths import fast_paths_enabled, set_fast_paths
-from bertforge.model.precision import apply_precision
-from bertforge.model.quantization import (
+from bertforge.engine.build import build_engine, plan_engine
+from bertforge.engine.int8 import (
     LINEAR_DYNAMIC,
     REDUCE_RANGE,
     Int8Linear,
@@ -32,7 +28,11 @@ from bertforge.model.quantization import (
     quantization_engine,
     quantize_int8,
 )
-from bertforge.model.row_buckets import bucket_rows
+from bertforge.engine.row_buckets import bucket_rows
+from bertforge.errors import ConfigError
+from bertforge.evaluation.runner import run_features
+from bertforge.model.bert import BertModel
+from bertforge.model.fast_paths import fast_paths_enabled, set_fast_paths
 
 # Measured on 64 SST-2 dev sentences: min cosine 0.9913, mean 0.9955 (8-bit activations, per token for the
 # feed-forward down projection; 0.9814 / 0.9899 with SmoothQuant and one scale per call everywhere).
@@ -171,10 +171,10 @@ def test_quantize_int8_model_refuses_to_be_saved(tiny_config, tmp_path):
         model.state_dict()
 
 
-def test_apply_precision_quantizes_only_for_int8(tiny_config):
-    assert not is_quantized(apply_precision(BertModel(tiny_config), "fp32"))
-    assert not is_quantized(apply_precision(BertModel(tiny_config), "bf16"))
-    assert is_quantized(apply_precision(BertModel(tiny_config), "int8"))
+def test_build_engine_quantizes_only_for_int8(tiny_config):
+    assert not is_quantized(build_engine(BertModel(tiny_config), plan_engine("cpu", "fp32")))
+    assert not is_quantized(build_engine(BertModel(tiny_config), plan_engine("cpu", "bf16")))
+    assert is_quantized(build_engine(BertModel(tiny_config), plan_engine("cpu", "int8")))
 
 
 def test_run_features_refuses_int8_on_a_float_model(tiny_config):
@@ -204,7 +204,7 @@ def test_pipeline_int8_runs_quantized_and_says_so(tiny_minilm_model: Path):
 
 
 def test_quantization_engine_prefers_onednn_on_amx_and_x86_elsewhere(monkeypatch):
-    import bertforge.model.quantization as quantization
+    import bertforge.engine.int8 as quantization
 
     supported = torch.backends.quantized.supported_engines
     monkeypatch.setattr(quantization, "has_amx", lambda: True)

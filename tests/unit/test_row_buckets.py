@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bertforge.model.bf16 import Bf16Linear, onednn_bf16
-from bertforge.model.row_buckets import bucket_rows, rows_from_bucket, rows_to_bucket
+from bertforge.engine.bf16 import Bf16Linear, onednn_bf16
+from bertforge.engine.row_buckets import bucket_rows, rows_from_bucket, rows_to_bucket
 
 
 def test_bucket_rows_pads_at_most_a_sixteenth_and_keeps_few_sizes():

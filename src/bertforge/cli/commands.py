@@ -183,8 +183,8 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> None:
 
     result = evaluate(args.model, args.data, out_dir=args.out, labelled=not args.unlabelled,
                       batch_size=args.batch_size, device=args.device, precision=args.precision,
-                      overrides=evaluate_overrides(args, extra) or None, against=args.against,
-                      resamples=args.resamples, limit=args.limit)
+                      engine=args.engine, threads=args.threads, overrides=evaluate_overrides(args, extra) or None,
+                      against=args.against, resamples=args.resamples, limit=args.limit)
     against = result.details.get("against")
     for name, value in result.metrics.items():
         line = f"{name}: {value:.4f}" if isinstance(value, float) else f"{name}: {value}"
@@ -215,7 +215,8 @@ def cmd_glue(args: argparse.Namespace, extra: list[str]) -> None:
 def cmd_predict(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.data.files import not_utf8, open_text
     from bertforge.errors import DataError
-    from bertforge.inference.pipelines import load_pipeline, predict_stream
+    from bertforge.inference.pipelines import load_pipeline
+    from bertforge.inference.predict_lines import predict_stream
     from bertforge.processes import Ranks
     from bertforge.storage import open_atomic
 
@@ -238,7 +239,8 @@ def cmd_predict(args: argparse.Namespace, extra: list[str]) -> None:
                           "standard input or output): the processes split the file and merge their results")
     try:
         pipeline = load_pipeline(args.model, args.task, device=args.device, precision=args.precision,
-                                 batch_size=args.batch_size, max_length=args.max_length, doc_stride=args.doc_stride)
+                                 engine=args.engine, threads=args.threads, batch_size=args.batch_size,
+                                 max_length=args.max_length, doc_stride=args.doc_stride)
         # A file is written whole or not at all (a failure on any line leaves no partial file behind).
         with contextlib.nullcontext(sys.stdout) if args.output == "-" else open_atomic(args.output) as sink:
             try:
@@ -262,8 +264,9 @@ def predict_file(args: argparse.Namespace, options: dict[str, Any]) -> None:
     if args.chunk_lines is not None:
         options = {**options, "chunk_lines": args.chunk_lines}
     count = predict_corpus(args.model, args.task, args.input, args.output, device=args.device,
-                           precision=args.precision, batch_size=args.batch_size, max_length=args.max_length,
-                           doc_stride=args.doc_stride, **options)
+                           precision=args.precision, engine=args.engine, threads=args.threads,
+                           batch_size=args.batch_size, max_length=args.max_length, doc_stride=args.doc_stride,
+                           **options)
     if Ranks.from_env().rank == 0:
         print(f"{count} predictions written", file=sys.stderr)
 
@@ -293,7 +296,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     # One plain `--model DIR` stays a directory (served under its folder's name).
     plain = len(args.model) == 1 and named[0][1] == args.model[0]
     serve(args.model[0] if plain else models, host=args.host, port=args.port, device=args.device,
-          precision=args.precision,
+          precision=args.precision, engine=args.engine, threads=args.threads,
           max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
           micro_batching=not args.no_batching, **limits)
 
@@ -322,8 +325,8 @@ def cmd_convert(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
     try:
-        from bertforge.inference.export import export_onnx
-        from bertforge.inference.onnx_optimize import export_optimized
+        from bertforge.engine.onnx_export import export_onnx
+        from bertforge.engine.onnx_graph import export_optimized
     except ImportError as exc:
         raise ConfigError(f"export needs the [export] extra ({exc}); pip install 'bertforge[export]'") from None
     out = args.out or str(Path(args.model) / "model.onnx")

@@ -11,6 +11,8 @@ import argparse
 import json
 import sys
 
+from bertforge.cli.flags import add_engine_flags
+
 # The choices of the flags, spelled here so that building the parser imports nothing heavy; the tests
 # check them against `embed_corpus.DTYPES` / `INPUT_FORMATS`. A pooling name is checked by the family.
 DTYPE_CHOICES = ("float32", "float16", "int8", "binary")
@@ -44,9 +46,7 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
                    "smaller to scan, with int8 codes beside them to rescore the best candidates")
     p.add_argument("--batch-size", type=int, default=32, help="texts per model call (default 32)")
     p.add_argument("--max-length", type=int, help="tokens per text, longer ones truncated (default: the model's)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (under torchrun: cuda:LOCAL_RANK)")
-    p.add_argument("--precision", default="fp32", choices=precision_choices(),
-                   help="default fp32; auto = bf16 on a CUDA GPU with bf16 support, else fp32")
+    add_engine_flags(p, device_help="auto, cpu, cuda or cuda:N (under torchrun: cuda:LOCAL_RANK)")
     p.add_argument("--pooling", help="cls, mean, max, ... or several joined by '+' (default: the model's, e.g. "
                    "a sentence-transformers directory's; else mean)")
     p.add_argument("--normalize", action=argparse.BooleanOptionalAction,
@@ -153,7 +153,8 @@ def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
     try:
         manifest = embed_corpus(args.model, args.input, args.out, settings=settings, shard_size=args.shard_size,
                                 dtype=args.dtype, batch_size=args.batch_size, max_length=args.max_length,
-                                device=args.device, precision=args.precision, pooling=args.pooling,
+                                device=args.device, precision=args.precision, engine=args.engine,
+                                threads=args.threads, pooling=args.pooling,
                                 normalize=args.normalize, prompt_name=args.prompt_name, prompt=args.prompt,
                                 progress=bar, sparse=args.sparse, max_terms=args.max_terms, chunk=args.chunk,
                                 chunk_overlap=args.chunk_overlap, late_chunking=args.late_chunking)

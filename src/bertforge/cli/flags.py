@@ -268,3 +268,20 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, common: Mapping
 def field_of(cls: type, name: str, key: str) -> ConfigField:
     """Field `name` of dataclass `cls`, set at `key` (for flags outside a run config: evaluate's reader)."""
     return ConfigField(key, key.rpartition(".")[0], cls, name, typing.get_type_hints(cls)[name], None)
+
+
+def add_engine_flags(parser: argparse.ArgumentParser, *, device_help: str = "auto, cpu, cuda or cuda:N") -> None:
+    """How a command that runs a model runs it: `--device`, `--precision`, `--engine`, `--threads`, each with the
+    one default and the one rule of every such command (`engine.build.plan_engine`)."""
+    from bertforge.engine.build import DEFAULT_KIND, KINDS
+    from bertforge.runtime import DEFAULT_PRECISION, PRECISIONS
+
+    parser.add_argument("--device", default="auto", help=f"{device_help} (default auto: cuda when available)")
+    parser.add_argument("--precision", default=DEFAULT_PRECISION, choices=PRECISIONS,
+                        help=f"default {DEFAULT_PRECISION}, the precision evaluate scores at; auto = bf16 on a CUDA "
+                             "GPU with bf16 support, else fp32; int8: the CPU only")
+    parser.add_argument("--engine", default=DEFAULT_KIND, choices=KINDS,
+                        help=f"what runs the model (default {DEFAULT_KIND}): {', '.join(KINDS)} (docs/cpu_inference.md "
+                             "says which to pick on a CPU)")
+    parser.add_argument("--threads", type=int, help="the CPU's intra-op threads (default: PyTorch's count in this "
+                                                    "process; reported either way)")

@@ -16,6 +16,7 @@ from bertforge.cli.flags import (
     PRETRAIN_FLAGS,
     ConfigFlag,
     add_config_flags,
+    add_engine_flags,
     add_field_flag,
     field_of,
 )
@@ -60,9 +61,9 @@ def precision_choices() -> tuple[str, ...]:
 
 def training_precision_choices() -> tuple[str, ...]:
     """The precisions a command that trains takes: not the quantized ones (int8 is for inference)."""
-    from bertforge.runtime import PRECISIONS, QUANTIZED_PRECISIONS
+    from bertforge.runtime import TRAINING_PRECISIONS
 
-    return tuple(name for name in PRECISIONS if name not in QUANTIZED_PRECISIONS)
+    return TRAINING_PRECISIONS
 
 
 def add_vocab(sub: argparse._SubParsersAction) -> None:
@@ -147,8 +148,7 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
         add_field_flag(p, [flag] if own == flag else [flag, own], field_of(ReaderSettings, name, f"reader.{name}"),
                        note)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--precision", default="fp32", choices=precision_choices(), help=f"default fp32; {AUTO_RULE}")
+    add_engine_flags(p)
     p.add_argument("--against", choices=precision_choices(),
                    help="also score at this precision and print each metric's change (--precision's score minus "
                         "this one's) with a 95%% paired-bootstrap interval (e.g. --precision int8 --against fp32: "
@@ -190,9 +190,7 @@ def add_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task", required=True, choices=list(registry.TASKS))
     p.add_argument("--input", default="-", help="file of lines (default: stdin)")
     p.add_argument("--output", default="-", help="JSONL output (default: stdout)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--precision", default="fp32", choices=precision_choices(),
-                   help=f"default fp32, the precision evaluate scores at; {AUTO_RULE}")
+    add_engine_flags(p)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--top-k", type=int)
     p.add_argument("--pooling", help="embed: cls, mean, max, mean_sqrt_len, weightedmean, lasttoken, or several joined by +"
@@ -212,9 +210,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                         "--model embedder=DIR --model reranker=DIR); a plain DIR is named after its folder")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--precision", default="fp32", choices=precision_choices(),
-                   help=f"default fp32, the precision evaluate scores at; {AUTO_RULE}")
+    add_engine_flags(p)
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--max-queue", type=int, default=256)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from bertforge.cli.flags import add_engine_flags
+
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Declare this module's subcommands on the `bertforge` parser."""
@@ -31,8 +33,6 @@ def add_retrieval_set(sub: argparse._SubParsersAction) -> None:
 
 
 def add_evaluate_embeddings(sub: argparse._SubParsersAction) -> None:
-    from bertforge.runtime import PRECISIONS
-
     p = sub.add_parser("evaluate-embeddings", help="STS, retrieval or paraphrase figures of a model's sentence "
                        "embeddings (the figures sentence-transformers' evaluators report)")
     p.add_argument("--model", required=True, metavar="DIR", help="a model directory (any bertforge or Hugging Face "
@@ -66,8 +66,7 @@ def add_evaluate_embeddings(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, help="tokens per text (default: the model directory's "
                    "sentence-transformers max_seq_length, else the model's window)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--precision", default="fp32", choices=list(PRECISIONS), help="default fp32")
+    add_engine_flags(p)
     p.set_defaults(func=cmd_evaluate_embeddings)
 
 
@@ -118,7 +117,8 @@ def cmd_evaluate_embeddings(args: argparse.Namespace, extra: list[str]) -> None:
     _check_retrieval_flags(args)
     kind, path, data = _read_data(args)
     sparse = _sparse_model(args)
-    options = {"device": args.device, "precision": args.precision, "batch_size": args.batch_size}
+    options = {"device": args.device, "precision": args.precision, "engine": args.engine, "threads": args.threads,
+               "batch_size": args.batch_size}
     pipeline = load_pipeline(args.model, "embed-sparse" if sparse else "embed", max_length=args.max_length,
                              **options)
 

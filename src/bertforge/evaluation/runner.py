@@ -4,8 +4,10 @@ Training-time evaluation, `bertforge evaluate`, `bertforge predict`, the Python 
 all call `run_features` (one batched runner) and the family's `decode` (one decoder per family), so the
 model you evaluated is the model you serve: same windows, same aggregation, same n-best selection.
 
-- `run_features(model, features, forward, ...)`: every feature once, in eval mode without gradients, in
-  batches of similar length (less padding), at the chosen precision; outputs come back in feature order.
+- `run_features(model, features, forward, ...)`: every feature once, through the model's engine
+  (`engine.build.as_engine`: an engine, or the model as it is at the chosen precision) inside `engine.running()`
+  (eval mode, no gradients, autocast where the precision says), in batches of similar length (less padding);
+  outputs come back in feature order.
 - `Evaluation`: examples + features of one split; calling it with a model runs, decodes and scores, and
   returns an `EvalResult` (metrics named as `bertforge.metrics` names them, one JSON-ready record per
   example — what `evaluate` writes — and warnings such as predictions collapsed to one class).
@@ -26,11 +28,11 @@ from typing import Any
 import torch
 
 from bertforge.data.finetuning import Feature, FeatureBatches, FinetuneBatch
+from bertforge.engine.build import as_engine
 from bertforge.families.base import Family
 from bertforge.families.task import TaskDescription
 from bertforge.model.config import BertConfig
-from bertforge.model.precision import check_precision
-from bertforge.runtime import autocast
+from bertforge.runtime import DEFAULT_PRECISION
 from bertforge.tokenization.tokenizer import Tokenizer
 
 
@@ -52,29 +54,22 @@ class EvalResult:
 def run_features(model: torch.nn.Module, features: Sequence[Feature],
                  forward: Callable[[torch.nn.Module, FinetuneBatch], list[Any]], *, batch_size: int,
                  pad_token_id: int, device: torch.device | str | None = None,
-                 precision: str = "fp32") -> list[Any]:
-    """`forward(model, batch)` over every feature once, batched by length; one output per feature, in order.
+                 precision: str = DEFAULT_PRECISION) -> list[Any]:
+    """`forward(engine, batch)` over every feature once, batched by length; one output per feature, in order.
 
-    The model runs in eval mode under `torch.inference_mode` (its training mode is restored afterwards).
-    An int8 precision needs a model already quantized (`model.precision.apply_precision`).
+    `model` is an engine (`engine.build.build_engine`), or a model run as it is (its training mode is restored
+    afterwards); an int8 precision needs an engine built for it.
     """
     if not features:
         return []
-    check_precision(model, precision)
-    was_training = model.training
-    model.eval()
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    engine = as_engine(model, device=device, precision=precision)
     outputs: list[Any] = [None] * len(features)
-    try:
-        with torch.inference_mode():
-            for batch in FeatureBatches(features, batch_size, pad_token_id, shuffle=False):
-                rows = batch.feature_index.tolist()
-                with autocast(device, precision):
-                    results = forward(model, batch.to(device))
-                for index, result in zip(rows, results):
-                    outputs[index] = result
-    finally:
-        model.train(was_training)
+    with engine.running():
+        for batch in FeatureBatches(features, batch_size, pad_token_id, shuffle=False):
+            rows = batch.feature_index.tolist()
+            results = forward(engine, batch.to(engine.device))
+            for index, result in zip(rows, results):
+                outputs[index] = result
     return outputs
 
 
@@ -107,7 +102,8 @@ class Evaluation:
     def __init__(self, family: Family, examples: Sequence[Any], features: Sequence[Feature], *, config: BertConfig,
                  batch_size: int, pad_token_id: int, options: Mapping[str, Any] | None = None,
                  scoring: Mapping[str, Any] | None = None, tokenizer: Tokenizer | None = None,
-                 device: torch.device | str | None = None, precision: str = "fp32", calibrate: str | None = None):
+                 device: torch.device | str | None = None, precision: str = DEFAULT_PRECISION,
+                 calibrate: str | None = None):
         self.family = family
         self.examples = list(examples)
         self.features = list(features)
@@ -126,7 +122,7 @@ class Evaluation:
     def for_task(cls, task: TaskDescription, examples: Sequence[Any], features: Sequence[Feature], *,
                  config: BertConfig, tokenizer: Tokenizer, batch_size: int, chosen: str | None = None,
                  calibrate: str | None = None, device: torch.device | str | None = None,
-                 precision: str = "fp32") -> Evaluation:
+                 precision: str = DEFAULT_PRECISION) -> Evaluation:
         """The evaluation of `task` on these examples: its decoding options and language, and the metric
         names the family is asked for so that `chosen` (the metric picking the best model) is computed too.
         `calibrate` tunes the family's decision settings on these examples (a run's dev set)."""

@@ -18,14 +18,15 @@ from typing import Any
 from bertforge.checkpoint_format import ModelDirectory, read_directory
 from bertforge.data.finetuning import DataReport
 from bertforge.data.vocabulary_coverage import warn_if_uncovered
+from bertforge.engine.build import DEFAULT_KIND, build_engine, plan_engine
+from bertforge.engine.plan import EnginePlan
 from bertforge.errors import ConfigError, DataError
 from bertforge.evaluation.intervals import RESAMPLES, paired_changes
 from bertforge.evaluation.runner import EvalResult, Evaluation
 from bertforge.families import registry
 from bertforge.families.base import Family
 from bertforge.families.task import DataSource, TaskDescription, task_of
-from bertforge.model.precision import apply_precision
-from bertforge.runtime import resolve_device, resolve_precision
+from bertforge.runtime import DEFAULT_PRECISION
 from bertforge.storage import write_json, write_jsonl
 
 log = logging.getLogger("bertforge.evaluate")
@@ -43,13 +44,13 @@ class PreparedEvaluation:
 
 
 def prepare_evaluation(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, labelled: bool = True,
-                       batch_size: int = 64, device: str = "cpu", precision: str = "fp32",
+                       batch_size: int = 64, device: str = "cpu", precision: str = DEFAULT_PRECISION,
                        overrides: Mapping[str, Mapping[str, Any]] | None = None,
                        limit: int | None = None) -> PreparedEvaluation:
     """`evaluate`'s steps up to the model: the directory's task description with `data_file` as its dev file,
-    its reader, the family's features and the run's `Evaluation`, for a concrete device and precision
-    (`runtime.resolve_device` / `resolve_precision` turn a user's "auto"). Arguments as for `evaluate`.
-    A benchmark that scores another runtime on the same path (benchmarks/ort_int8_accuracy.py) starts here."""
+    its reader, the family's features and the run's `Evaluation`, for a concrete device and precision (a plan's,
+    `engine.build.plan_engine`). Arguments as for `evaluate`. A benchmark that scores another runtime on the
+    same path (benchmarks/ort_int8_accuracy.py) starts here."""
     model_dir = Path(model_dir)
     directory = read_directory(model_dir)
     family = registry.for_model(registry.model_class(directory.architecture))
@@ -113,14 +114,15 @@ def check_against(precision: str, against: str, labelled: bool, resamples: int) 
         raise ConfigError(f"--resamples must be at least 1, got {resamples}")
 
 
-def compare_precisions(prepared: PreparedEvaluation, result: EvalResult, precision: str, against: str, *,
-                       device, resamples: int, seed: int) -> dict[str, Any]:
-    """The model scored at `against` on the examples `result` was scored on, and per metric `precision`'s score
-    minus that one, with its 95% paired-bootstrap interval."""
-    evaluation = prepared.evaluation.at_precision(against)
-    model, _ = registry.load_model(prepared.directory, prepared.family.model_class, device=device)
-    results = evaluation.results(apply_precision(model, against))
-    del model
+def compare_precisions(prepared: PreparedEvaluation, result: EvalResult, precision: str, against: EnginePlan, *,
+                       resamples: int, seed: int) -> dict[str, Any]:
+    """The model scored at `against`'s precision on the examples `result` was scored on, and per metric
+    `precision`'s score minus that one, with its 95% paired-bootstrap interval."""
+    evaluation = prepared.evaluation.at_precision(against.precision)
+    engine = load_engine(prepared, against)
+    results = evaluation.results(engine)
+    del engine
+    against = against.precision
     report = paired_changes(evaluation, {precision: result.results, against: results},
                             [(precision, against)], resamples=resamples, seed=seed)
     changes = {metric: figures[f"{precision} - {against}"] for metric, figures in report["changes"].items()}
@@ -128,10 +130,19 @@ def compare_precisions(prepared: PreparedEvaluation, result: EvalResult, precisi
             "resamples": resamples, "seed": seed}
 
 
+def load_engine(prepared: PreparedEvaluation, plan: EnginePlan):
+    """The directory's model, loaded and built into the engine `plan` says."""
+    model, _ = registry.load_model(prepared.directory, prepared.family.model_class, device=plan.device)
+    engine = build_engine(model, plan, prepared.directory.path)
+    engine.prepare(prepared.family)
+    return engine
+
+
 def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_dir: str | os.PathLike | None = None,
-             labelled: bool = True, batch_size: int = 64, device: str = "auto", precision: str = "fp32",
+             labelled: bool = True, batch_size: int = 64, device: str = "auto", precision: str = DEFAULT_PRECISION,
              overrides: Mapping[str, Mapping[str, Any]] | None = None, limit: int | None = None,
-             against: str | None = None, resamples: int = RESAMPLES, seed: int = 0) -> EvalResult:
+             against: str | None = None, resamples: int = RESAMPLES, seed: int = 0, engine: str = DEFAULT_KIND,
+             threads: int | None = None) -> EvalResult:
     """Score a fine-tuned model directory on a data file; write `predictions.jsonl` and `metrics.json`.
 
     How inputs are built (columns, max_seq_length, doc stride, tag scheme, decoding options) comes from the
@@ -145,7 +156,8 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
         data_file: the file to score.
         out_dir: where to write (default: model_dir/eval-<file stem>).
         labelled: False for a file without labels/answers: predictions only, no metrics.
-        batch_size, device, precision: how to run the model.
+        batch_size, device, precision, engine, threads: how to run the model (`engine.build.plan_engine`: the
+            engine kind, "torch" or "onnxruntime", and the CPU's intra-op threads).
         overrides: reader / inputs / options settings that replace the stored ones.
         limit: score only the first N examples.
         against: also score the model at this precision and report, per metric, `precision`'s score minus
@@ -160,27 +172,29 @@ def evaluate(model_dir: str | os.PathLike, data_file: str | os.PathLike, *, out_
     if limit is not None and limit < 1:
         raise ConfigError(f"limit={limit} is invalid: give the number of examples to score (at least 1), or none "
                           "for the whole file")
-    run_device = resolve_device(device)
-    precision = resolve_precision(precision, run_device)  # before any work: int8 off the CPU is refused first
+    plan = plan_engine(device, precision, engine, threads)  # before any work: a refused plan is refused first
+    precision = plan.precision
+    against_plan = None
     if against is not None:
-        against = resolve_precision(against, run_device)
-        check_against(precision, against, labelled, resamples)
-    prepared = prepare_evaluation(model_dir, data_file, labelled=labelled, batch_size=batch_size, device=run_device,
+        against_plan = plan_engine(plan.device, against, engine, threads, where="against")
+        check_against(precision, against_plan.precision, labelled, resamples)
+    prepared = prepare_evaluation(model_dir, data_file, labelled=labelled, batch_size=batch_size, device=plan.device,
                                   precision=precision, overrides=overrides, limit=limit)
     prepared.report.log_warnings(os.fspath(data_file))
-    model, _ = registry.load_model(prepared.directory, prepared.family.model_class, device=run_device)
-    model = apply_precision(model, precision)  # the precision the model will be served at (int8: quantized)
+    model = load_engine(prepared, plan)  # the engine the model will be served with (int8: quantized)
+    log.info("evaluate %s: %s", os.fspath(model_dir), model.describe())
     result = prepared.evaluation(model)
     for warning in result.warnings:
         log.warning("%s: %s", os.fspath(data_file), warning)
-    if against is not None:
+    if against_plan is not None:
         del model  # one model in memory at a time
-        result.details["against"] = compare_precisions(prepared, result, precision, against, device=run_device,
+        result.details["against"] = compare_precisions(prepared, result, precision, against_plan,
                                                        resamples=resamples, seed=seed)
     target = Path(out_dir) if out_dir is not None else Path(model_dir) / f"eval-{Path(data_file).stem}"
     write_jsonl(target / "predictions.jsonl", result.predictions)
     write_json(target / "metrics.json", {"model": os.fspath(model_dir), "data": os.fspath(data_file),
-                                         "metrics": result.metrics, "precision": precision, "warnings": result.warnings,
+                                         "metrics": result.metrics, "precision": precision, "engine": plan.kind,
+                                         "threads": plan.threads, "warnings": result.warnings,
                                          "details": result.details, "examples": len(prepared.evaluation.examples),
                                          "data_report": prepared.report.to_dict()})
     return result

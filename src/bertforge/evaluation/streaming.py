@@ -1,6 +1,6 @@
 """Running a model over many inputs while the next ones are being made: tokenization off the critical path.
 
-`run_streamed` is `runner.run_features` for a long list of inputs whose features (tokenization, windows) are
+`run_streamed` is `runner.run_features` (through the model's engine, `engine.build.as_engine`) for a long list of inputs whose features (tokenization, windows) are
 not built yet. A producer thread turns the inputs into features a chunk at a time, sorts each chunk by length,
 cuts it into batches by a token budget (`budget_batches`), collates them and, for a GPU, pins them; the
 calling thread only runs the model, batch after batch, from a short queue. So the model never waits for a
@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from bertforge.data.finetuning import Feature, FinetuneBatch, collate_features
+from bertforge.engine.build import as_engine
 from bertforge.errors import ConfigError
-from bertforge.model.precision import check_precision
-from bertforge.runtime import autocast
+from bertforge.runtime import DEFAULT_PRECISION
 
 # Inputs tokenized per chunk: enough for well-filled length-sorted batches, few enough that the first batch
 # starts at once. Batches ready ahead: a few, so the queue hides a slow chunk without holding much memory.
@@ -103,7 +103,7 @@ def run_streamed(model: torch.nn.Module, items: Sequence[Any],
                  make_features: Callable[[list[Any]], list[Feature]],
                  forward: Callable[[torch.nn.Module, FinetuneBatch], list[Any]], *, batch_size: int,
                  max_batch_tokens: int, pad_token_id: int, device: torch.device | str | None = None,
-                 precision: str = "fp32", chunk: int = CHUNK, overlap: bool = True,
+                 precision: str = DEFAULT_PRECISION, chunk: int = CHUNK, overlap: bool = True,
                  on_batch: Callable[[int], None] | None = None) -> tuple[list[Feature], list[Any]]:
     """(features, one output per feature in feature order) of `items`, the features made by
     `make_features(list of items)` a chunk at a time (`Feature.example_index` relative to the list it was
@@ -114,24 +114,19 @@ def run_streamed(model: torch.nn.Module, items: Sequence[Any],
         overlap: False makes the features in this thread, batch by batch (the same batches; for comparison).
         on_batch: told how many features each batch ran, after it ran (a progress display).
     """
-    check_precision(model, precision)
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    engine = as_engine(model, device=device, precision=precision)
     producer = _Producer(items, make_features, chunk=chunk, max_rows=batch_size, max_tokens=max_batch_tokens,
-                         pad_token_id=pad_token_id, pin=device.type == "cuda")
+                         pad_token_id=pad_token_id, pin=engine.device.type == "cuda")
     outputs: dict[int, Any] = {}
-    was_training = model.training
-    model.eval()
     try:
-        with torch.inference_mode():
+        with engine.running():
             for indices, batch in _batches(producer, overlap):
-                with autocast(device, precision):
-                    results = forward(model, batch.to(device))
+                results = forward(engine, batch.to(engine.device))
                 outputs.update(zip(indices, results))
                 if on_batch is not None:
                     on_batch(len(indices))
     finally:
         producer.stopped.set()
-        model.train(was_training)
     return producer.features, [outputs[i] for i in range(len(producer.features))]
 
 

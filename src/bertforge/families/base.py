@@ -91,6 +91,11 @@ class FineTuningModel(BertPretrainedModel):
             self.bert.eval()
         return self
 
+    def constant_outputs(self) -> dict[str, Any]:
+        """Output fields that do not depend on the input (a CRF's transition scores): what an engine running
+        the exported graph adds to the graph's outputs."""
+        return {}
+
     def encode(self, input_ids, token_type_ids=None, attention_mask=None, output_attentions=False,
                output_hidden_states=False) -> BertOutput:
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.config.freeze_encoder):
@@ -249,6 +254,8 @@ class Family:
             regression); () when the family has one.
         formats: the `--format` names that read a file of this family, and the problem kind each gives.
         export_outputs: ONNX output names and their dynamic axes.
+        runs_as_graph: whether `forward` asks the model for nothing but `export_outputs` of the three input
+            tensors, so an engine that runs the exported graph (ONNX Runtime) can run the family.
         example_inputs: typical inputs (the server's OpenAPI examples).
         settings: the fine-tuning settings (dotted `FinetuneConfig` keys) that only some families use and this
             one honours; a run of another family that sets one is refused (`run_settings` per kind).
@@ -265,6 +272,7 @@ class Family:
     kinds: ClassVar[tuple[str, ...]] = ()
     formats: ClassVar[dict[str, str | None]] = {}
     export_outputs: ClassVar[dict[str, dict[int, str]]] = {}
+    runs_as_graph: ClassVar[bool] = True
     example_inputs: ClassVar[list[Any]] = []
     settings: ClassVar[frozenset[str]] = frozenset()
 

@@ -101,11 +101,11 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> to
 
 def encoder_of(model: torch.nn.Module) -> BertModel:
     """The encoder that embeds for `model`: the model itself when it is a bare `BertModel`, else its `.bert`
-    (a task model's encoder serves embed; its head is not run)."""
+    (a task model's encoder serves embed; its head is not run; an engine's `.bert` is its encoder, model-shaped)."""
     if isinstance(model, BertModel):
         return model
     encoder = getattr(model, "bert", None)
-    if not isinstance(encoder, BertModel):
+    if not isinstance(encoder, torch.nn.Module):
         raise InputError(f"a {type(model).__name__} holds no BERT encoder to embed with")
     return encoder
 

@@ -232,6 +232,7 @@ class Pretraining(Family):
     default_max_seq_length = 512
     options = {"top_k": 5}
     export_outputs = {"mlm_logits": {0: "batch", 1: "sequence"}, "nsp_logits": {0: "batch"}}
+    runs_as_graph = False  # fill-mask gathers the masked positions inside the model (`mlm_positions`)
     example_inputs = ["The capital of France is [MASK].", "I went to the [MASK] to buy some bread.",
                     "She [MASK] the letter and smiled."]
 

@@ -214,6 +214,7 @@ class SparseEmbedding(Embedding):
     settings = frozenset({"head.loss", "head.symmetric", "head.query_regularizer", "head.document_regularizer",
                           "data.negative_column"})
     export_outputs = {"embeddings": {0: "batch"}}
+    runs_as_graph = False  # the call's pooling and activation options run inside the model (`sparse_rows`)
     example_inputs = ["What is the capital of France?", "Paris is the capital and largest city of France."]
 
     # --- options ------------------------------------------------------------------------------------
@@ -258,7 +259,7 @@ class SparseEmbedding(Embedding):
         """One `SparseVector` per row (a list of them per group of texts): the model's SPLADE vector, pruned
         to `max_terms`."""
         options = self.options if options is None else options
-        if not isinstance(model, BertForSparseEmbedding):
+        if not callable(getattr(model, "sparse_rows", None)):  # a BertForSparseEmbedding, or an engine running one
             raise InputError(f"sparse vectors need a model with a masked-LM head; this is a {type(model).__name__}")
         ids, types, mask = batch.input_ids, batch.token_type_ids, batch.attention_mask
         grouped = ids.dim() == 3

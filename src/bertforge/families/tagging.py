@@ -152,6 +152,9 @@ class BertForTokenClassification(FineTuningModel):
         self.crf = LinearChainCRF(config.label_names) if config.use_crf else None
         self.init_weights()
 
+    def constant_outputs(self) -> dict[str, Any]:
+        return {"crf": self.crf.scores()} if self.crf is not None else {}
+
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 output_attentions: bool = False, output_hidden_states: bool = False) -> TaggingOutput:
         out = self.encode(input_ids, token_type_ids, attention_mask, output_attentions, output_hidden_states)

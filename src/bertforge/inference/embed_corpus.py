@@ -52,6 +52,7 @@ from bertforge.data.corpus_records import (
     shard_chunks,
     source_files,
 )
+from bertforge.engine.build import DEFAULT_KIND
 from bertforge.errors import ConfigError, DataError, InputError
 from bertforge.inference import pipelines
 from bertforge.inference.pipelines import EmbedPipeline, feature_tokens
@@ -65,6 +66,7 @@ from bertforge.inference.vector_quantization import (
 )
 from bertforge.metrics.sparse import SparseRows
 from bertforge.processes import Group, Ranks
+from bertforge.runtime import DEFAULT_PRECISION
 
 log = logging.getLogger(__name__)
 
@@ -407,7 +409,8 @@ def check_sparse_run(sparse: bool, dtype: str, normalize: bool | None, max_terms
 def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_dir: str | os.PathLike, *,
                  settings: CorpusSettings | None = None, shard_size: int = DEFAULT_SHARD_SIZE,
                  dtype: str = "float32", batch_size: int = pipelines.DEFAULT_BATCH_SIZE, max_length: int | None = None,
-                 device: str = "auto", precision: str = pipelines.DEFAULT_PRECISION, pooling: str | None = None,
+                 device: str = "auto", precision: str = DEFAULT_PRECISION, engine: str = DEFAULT_KIND,
+                 threads: int | None = None, pooling: str | None = None,
                  normalize: bool | None = None, prompt_name: str | None = None,
                  prompt: str | None = None, progress: EmbedProgress | None = None, sparse: bool = False,
                  max_terms: int | None = None, chunk: int | None = None,
@@ -422,7 +425,7 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
         settings: how records become texts and ids (default: `CorpusSettings()`).
         shard_size: records per shard; dtype: on disk (computed in float32): "float32", "float16", "int8"
             (calibrated on the first records) or "binary" (sign bits, plus int8 codes for rescoring).
-        batch_size, max_length, device, precision: the pipeline's (`load_pipeline`).
+        batch_size, max_length, device, precision, engine, threads: the pipeline's (`load_pipeline`).
         pooling, normalize: embedding options (None: the model's, e.g. a sentence-transformers directory's).
         prompt_name, prompt: a prefix before every text (`EmbedPipeline.prompt_text`; default: the model's).
         progress: told the texts to embed and each finished batch (rank 0 only; `bertforge embed`'s bar).
@@ -457,7 +460,8 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
     with Group(ranks) as group:
         sources = source_files(inputs, settings)
         pipeline = pipelines.load_pipeline(model_dir, SPARSE_TASK if sparse else "embed", device=ranks.device(device),
-                                           precision=precision, batch_size=batch_size, max_length=max_length)
+                                           precision=precision, engine=engine, threads=threads,
+                                           batch_size=batch_size, max_length=max_length)
         given = {name: value for name, value in (("pooling", pooling), ("normalize", normalize),
                                                  ("max_terms", max_terms)) if value is not None}
         options, prefix = pipeline.check_options(given), pipeline.prompt_text(prompt_name, prompt)

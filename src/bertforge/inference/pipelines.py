@@ -8,9 +8,10 @@ adds `encode`, numpy vectors). A pipeline is the family's one path from input to
 1. `family.parse` validates every input (a string or a JSON object) into an example,
 2. `family.features` builds the windows, with the input settings the model was fine-tuned with (its
    `finetuning.json`: max_seq_length, doc_stride, ...), so predict windows exactly as evaluate does,
-3. the model runs the windows in length-sorted batches of at most `batch_size` rows and `max_batch_tokens`
-   tokens, in eval mode under `torch.inference_mode`, at the chosen precision, while a thread builds the next
-   batches' windows (`evaluation.run_streamed`; results come back in input order),
+3. the pipeline's engine (`engine.build.build_engine`, built once: PyTorch's or ONNX Runtime's, at the chosen
+   precision and thread count) runs the windows in length-sorted batches of at most `batch_size` rows and
+   `max_batch_tokens` tokens, while a thread builds the next batches' windows (`evaluation.run_streamed`;
+   results come back in input order),
 4. `family.decode` maps the outputs back to the input's own characters and labels.
 The steps are also methods (`features`, `forward`, `decode`; `run_parsed` chains them), so the server can
 run one request's windows as several model calls between other requests' and decode once all have run:
@@ -23,33 +24,34 @@ Every route has a family, and a model serves a family when it is the family's mo
 encoder (`serves`): a task model's encoder serves `embed`. The model directory's fine-tuning record sets the
 inputs of the model's own family only (a classifier's record does not re-window `embed`).
 
-Precision: one rule for every path. The default is fp32, the same as `bertforge evaluate` and
-training-time evaluation, so that by default `predict`, the pipelines and the server return exactly the
-answers evaluate scored (same labels, spans and scores within 1e-5 on any machine; bf16 would move scores by
-up to 1e-2 and can flip near-ties). bf16 is opt-in: `precision="bf16"` forces it, and `precision="auto"`
-follows `runtime.choose_precision`, the rule of evaluate and training too: bf16 on a CUDA device with bf16
-support, fp32 everywhere else. `precision="int8"` (CPU only) quantizes the encoder's linear layers once, at
-construction (docs/cpu_inference.md states its accuracy budget). What bf16 may change is stated here and
-tested: probabilities by at most `BF16_PROBABILITY_TOLERANCE`, embeddings down to cosine 1 - `BF16_COSINE_TOLERANCE`
-against fp32 (`score_deviation` measures it). `describe()` (the server's /health) reports the precision chosen and why.
+Precision: one rule for every path (`engine.build.plan_engine`). The default is fp32
+(`runtime.DEFAULT_PRECISION`), the same as `bertforge evaluate` and training-time evaluation, so that by default
+`predict`, the pipelines and the server return exactly the answers evaluate scored (same labels, spans and
+scores within 1e-5 on any machine; bf16 would move scores by up to 1e-2 and can flip near-ties). bf16 is opt-in:
+`precision="bf16"` forces it, and `precision="auto"` follows `runtime.choose_precision`, the rule of evaluate
+and training too: bf16 on a CUDA device with bf16 support, fp32 everywhere else. `precision="int8"` (CPU only)
+quantizes the encoder's linear layers once, when the engine is built (docs/cpu_inference.md states its accuracy
+budget). What bf16 may change is stated here and tested: probabilities by at most `BF16_PROBABILITY_TOLERANCE`,
+embeddings down to cosine 1 - `BF16_COSINE_TOLERANCE` against fp32 (`score_deviation` measures it).
+`describe()` (the server's /health) reports the engine: its kind, precision, threads and why.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bertforge import checkpoint_format, runtime
+from bertforge import checkpoint_format
 from bertforge.checkpoint_format import LoadReport
-from bertforge.data.files import UntrustedJson, decode_json
 from bertforge.data.finetuning import Feature, FinetuneBatch
+from bertforge.engine.build import DEFAULT_KIND, build_engine, plan_engine
+from bertforge.engine.engine import Engine
 from bertforge.errors import CheckpointError, ConfigError, DataError, InputError
 from bertforge.evaluation import run_features, run_streamed
 from bertforge.families import registry
@@ -66,7 +68,7 @@ from bertforge.inference.wire_inputs import (
 from bertforge.interop.sentence_transformers import SentenceSettings
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.fast_paths import set_fast_paths
-from bertforge.model.precision import apply_precision
+from bertforge.runtime import DEFAULT_PRECISION
 
 # The stated bf16 contract: against fp32, no probability moves by more than this (absolute), and no
 # embedding's cosine similarity to its fp32 value drops below 1 - this.
@@ -74,8 +76,6 @@ BF16_PROBABILITY_TOLERANCE = 1e-2
 BF16_COSINE_TOLERANCE = 1e-3
 
 DEFAULT_BATCH_SIZE = 32
-# The precision of every path unless asked otherwise: evaluate's, so predict answers what evaluate scored.
-DEFAULT_PRECISION = "fp32"
 TASKS = registry.TASKS
 
 
@@ -140,12 +140,15 @@ class Pipeline:
     Args:
         task: the route ("classify", "tag", "answer", "choose", "fill-mask"); `EmbedPipeline` for "embed".
         model: a bertforge model that serves the task's family (`serves`); it is moved to `device` (fast
-            paths on).
+            paths on) and built into the pipeline's engine; or an engine already built (pipelines of one model
+            share it; device, precision, engine and threads are then its own).
         tokenizer: the model directory's tokenizer.
         device: "auto" (CUDA when available), "cpu", "cuda:0" ...
         precision: "fp32" (the default, as evaluate), "bf16", "int8" (CPU: the encoder's linear layers
-            quantized, `model.quantization`), or "auto" (`runtime.choose_precision`: bf16 on a CUDA device with
+            quantized, `engine.int8`), or "auto" (`runtime.choose_precision`: bf16 on a CUDA device with
             bf16 support, else fp32).
+        engine: "torch" (the default) or "onnxruntime" (`engine.build.ENGINES`); threads: the CPU's intra-op
+            threads (default: PyTorch's count in this process).
         batch_size: windows per model call, at most.
         max_batch_tokens: padded tokens per model call, at most (length-sorted windows fill a batch with rows
             or with tokens); default batch_size x max_length.
@@ -158,8 +161,9 @@ class Pipeline:
             normalization and window by default, as sentence-transformers and text-embeddings-inference use it.
     """
 
-    def __init__(self, task: str, model: BertPretrainedModel, tokenizer, *, device: str | torch.device = "auto",
-                 precision: str = DEFAULT_PRECISION, batch_size: int = DEFAULT_BATCH_SIZE, max_length: int | None = None,
+    def __init__(self, task: str, model: BertPretrainedModel | Engine, tokenizer, *,
+                 device: str | torch.device = "auto", precision: str = DEFAULT_PRECISION, engine: str = DEFAULT_KIND,
+                 threads: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE, max_length: int | None = None,
                  doc_stride: int | None = None, record: Mapping[str, Any] | None = None, max_batch_tokens: int | None = None,
                  report: LoadReport | None = None, sentence: SentenceSettings | None = None):
         check_task(task)
@@ -169,6 +173,8 @@ class Pipeline:
                              f"make_pipeline({task!r}, model, tokenizer)")
         self.task = task
         self.family = registry.for_task(task)
+        built = model if isinstance(model, Engine) else None
+        model = built.model if built is not None else model
         self.check_model(model, report)
         if tokenizer.vocab_size > model.config.vocab_size:
             raise CheckpointError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
@@ -177,8 +183,9 @@ class Pipeline:
         for name, value in (("batch_size", batch_size), ("max_batch_tokens", tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name} must be a positive integer, got {value!r}")
-        self.device = runtime.resolve_device(device)
-        self.model = set_fast_paths(model.to(self.device).eval())
+        plan = built.plan if built is not None else plan_engine(device, precision, engine, threads)
+        self.device = plan.device
+        self.model = model if built is not None else set_fast_paths(model.to(self.device).eval())
         self.config = model.config
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -194,8 +201,10 @@ class Pipeline:
         self.settings = input_settings(model, tokenizer, self.family, saved, max_length, doc_stride)
         self.max_length = self.settings.max_seq_length
         self.max_batch_tokens = max_batch_tokens or batch_size * self.max_length
-        self.precision, self.precision_report = self.choose_precision(precision)
-        self.model = apply_precision(self.model, self.precision)  # int8: the encoder's linears quantized
+        source = Path(report.source).parent if report is not None else None  # where an engine keeps its files
+        self.engine = build_engine(built or self.model, plan, source)  # int8: the encoder's linears quantized
+        self.engine.prepare(self.family)
+        self.precision, self.precision_report = plan.precision, plan.reason
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -292,13 +301,11 @@ class Pipeline:
         except (ConfigError, DataError) as error:  # e.g. a window that cannot fit: the caller's input
             raise InputError(str(error)) from None
 
-    def forward(self, features: Sequence[Feature], options: dict[str, Any],
-                precision: str | None = None) -> list[Any]:
+    def forward(self, features: Sequence[Feature], options: dict[str, Any]) -> list[Any]:
         """Step 3: one model output per feature, in order. Any subset of an input's features may run in any
         call: `decode` gets them back together."""
-        return run_features(self.model, features, self.family_forward(options), batch_size=self.batch_size,
-                            pad_token_id=self.tokenizer.pad_token_id, device=self.device,
-                            precision=precision or self.precision)
+        return run_features(self.engine, features, self.family_forward(options), batch_size=self.batch_size,
+                            pad_token_id=self.tokenizer.pad_token_id, precision=self.precision)
 
     def family_forward(self, options: dict[str, Any]) -> Callable[[torch.nn.Module, FinetuneBatch], list[Any]]:
         """The family's forward for one call, with the call's options (embed's pooling and layer shape the run;
@@ -313,20 +320,19 @@ class Pipeline:
                                      self.tokenizer)
         return with_logits(results, parsed, features, outputs)
 
-    def run_parsed(self, parsed: Sequence[Any], options: dict[str, Any],
-                   precision: str | None = None) -> list[dict[str, Any]]:
+    def run_parsed(self, parsed: Sequence[Any], options: dict[str, Any]) -> list[dict[str, Any]]:
         """Run inputs already validated by `parse` with options already checked by `check_options`."""
         if not parsed:
             return []
-        features, outputs = self.stream(parsed, options, precision)
+        features, outputs = self.stream(parsed, options)
         return self.decode(parsed, features, outputs, options)
 
-    def stream(self, parsed: Sequence[Any], options: dict, precision: str | None = None,
+    def stream(self, parsed: Sequence[Any], options: dict,
                on_batch: Callable[[int], None] | None = None) -> tuple[list, list]:
         """Steps 2 and 3: (features, an output per feature), made in a thread as the model runs (`streaming`)."""
-        return run_streamed(self.model, parsed, self.features, self.family_forward(options), batch_size=self.batch_size,
+        return run_streamed(self.engine, parsed, self.features, self.family_forward(options), batch_size=self.batch_size,
                             max_batch_tokens=self.max_batch_tokens, pad_token_id=self.tokenizer.pad_token_id,
-                            device=self.device, precision=precision or self.precision, on_batch=on_batch)
+                            precision=self.precision, on_batch=on_batch)
 
     def score_deviation(self, reference: list[dict], candidate: list[dict]) -> float:
         """How far bf16 results are from fp32 ones: the largest change of any score in them (also those of
@@ -353,16 +359,11 @@ class Pipeline:
             worst = max([worst, *(abs(x - y) / scale for x, y in zip(first, second))])
         return worst
 
-    def choose_precision(self, requested: str) -> tuple[str, str]:
-        """(precision, why): the one rule of every path, `runtime.choose_precision` (fp16 off a GPU refused)."""
-        runtime.check_user_precision(requested, self.device, "precision")
-        return runtime.choose_precision(requested, self.device)
-
     def describe(self) -> dict[str, Any]:
-        """What this pipeline runs with (for /health and logs)."""
+        """What this pipeline runs with (for /health and logs): its engine's description among them."""
         return {"task": self.task, "device": str(self.device), "precision": self.precision,
-                "precision_reason": self.precision_report, "max_length": self.max_length,
-                "doc_stride": self.settings.doc_stride, "batch_size": self.batch_size,
+                "precision_reason": self.precision_report, "engine": self.engine.describe(),
+                "max_length": self.max_length, "doc_stride": self.settings.doc_stride, "batch_size": self.batch_size,
                 "options": dict(self.defaults)}
 
 
@@ -466,7 +467,9 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, **options: Any
 def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None,
                    **options: Any) -> dict[str, Pipeline]:
     """Every pipeline the model supports (or the `tasks` named; None among them: the model's own task),
-    sharing one loaded model."""
+    sharing one loaded model and its engine (planned before the model loads: a refused plan is refused first)."""
+    plan = plan_engine(options.pop("device", "auto"), options.pop("precision", DEFAULT_PRECISION),
+                       options.pop("engine", DEFAULT_KIND), options.pop("threads", None))
     tasks = None if tasks is None else [registry.route(task) for task in tasks]
     for task in tasks or ():
         if task is not None:
@@ -483,7 +486,8 @@ def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None,
                                   f"fine-tuned for {task}, or task 'embed'")
     tokenizer = directory.require_tokenizer()
     model, report = registry.load_model(model_dir, named)
-    available = supported_tasks(model)
+    engine = build_engine(set_fast_paths(model.to(plan.device).eval()), plan, model_dir)
+    available = [task for task in supported_tasks(model) if engine.runs(registry.for_task(task))]
     chosen = list(tasks) if tasks else available
     for task in chosen:
         if not serves(type(model), registry.for_task(task)):
@@ -492,7 +496,7 @@ def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None,
     pipelines = {}
     for task in chosen:
         try:
-            pipelines[task] = make_pipeline(task, model, tokenizer, record=directory.finetuning, report=report,
+            pipelines[task] = make_pipeline(task, engine, tokenizer, record=directory.finetuning, report=report,
                                             sentence=directory.sentence, **options)
         except CheckpointError as error:
             raise CheckpointError(f"{model_dir}: {error}") from None
@@ -509,91 +513,8 @@ def rerank_scores(pipeline: Pipeline, query: str, texts: Sequence[str]) -> np.nd
     return scores
 
 
-# --- streams (bertforge predict) -------------------------------------------------------------------------
-
-def read_line(line: str, source: str, number: int) -> Any:
-    """A JSONL object line as a dict, any other line as raw text (trailing newline removed)."""
-    text = line.rstrip("\r\n")
-    if not text.lstrip().startswith("{") and any("\ud800" <= char <= "\udfff" for char in text):
-        raise DataError("the line holds a lone surrogate, which is not a character; send valid Unicode text",
-                        source, number)
-    if text.lstrip().startswith("{"):
-        try:
-            value = decode_json(text)
-        except UntrustedJson as error:
-            raise DataError(f"line starts with '{{' but was refused: {error}; fix it or send plain text", source,
-                            number) from None
-        if not isinstance(value, dict):
-            raise DataError("expected a JSON object", source, number)
-        return value
-    return text
-
-
-def predict_stream(pipeline: Pipeline, lines: Iterable[str], out: IO[str], *, source: str = "<stdin>",
-                   chunk_size: int = 256, first_line: int = 1, **options: Any) -> int:
-    """Run `pipeline` over lines of text or JSONL and write one JSON result per input line.
-
-    Each non-blank line is either raw text or a JSON object (`{"text": ...}`, `{"text": ..., "text_pair": ...}`,
-    `{"question": ..., "context": ...}`); blank lines are skipped. An object's "id" field is copied into its
-    result. Lines are processed in chunks of `chunk_size`, so memory stays bounded on endless input.
-    `first_line` is the number of the first of `lines` in `source` (a part of a file, `predict_corpus`).
-
-    Returns:
-        The number of results written.
-
-    Raises:
-        DataError: a line is malformed or its input invalid (names `source` and the 1-based line).
-    """
-    merged = pipeline.check_options(options)
-    written = 0
-    pending: list[tuple[int, Any, Any]] = []  # (line number, parsed input, id)
-
-    def flush() -> None:
-        nonlocal written
-        if not pending:
-            return
-        try:
-            results = pipeline.run_parsed([p for _, p, _ in pending], merged)
-        except InputError as error:
-            # Inputs fail one at a time only in featurize; name the line by re-running them singly.
-            for number, parsed, _ in pending:
-                try:
-                    pipeline.run_parsed([parsed], merged)
-                except InputError as single:
-                    raise DataError(str(single).removeprefix("input 0: "), source, number) from None
-            raise DataError(str(error), source) from None
-        lines = []
-        for (number, _, ident), result in zip(pending, results):
-            if ident is not None:
-                result = {"id": ident, **result}
-            try:  # NaN or infinity is not JSON: a broken model must not write an unreadable file
-                lines.append(json.dumps(result, ensure_ascii=False, allow_nan=False) + "\n")
-            except ValueError:
-                raise DataError("the model gave a non-finite output (NaN or infinity) for this line; its weights "
-                                "or its precision are broken, so nothing more is written (check the model "
-                                "directory, or try --precision fp32)", source, number) from None
-        out.writelines(lines)
-        out.flush()
-        written += len(pending)
-        pending.clear()
-
-    for number, line in enumerate(lines, start=first_line):
-        if not line.strip():
-            continue
-        value = read_line(line, source, number)
-        try:
-            parsed = pipeline.parse(value)
-        except InputError as error:
-            raise DataError(str(error), source, number) from None
-        pending.append((number, parsed, value.get("id") if isinstance(value, dict) else None))
-        if len(pending) >= chunk_size:
-            flush()
-    flush()
-    return written
-
-
 __all__ = [
-    "BF16_COSINE_TOLERANCE", "BF16_PROBABILITY_TOLERANCE", "DEFAULT_PRECISION", "EmbedPipeline", "EmbedText", "Pipeline", "TASKS",
-    "TruncatedInput", "feature_tokens", "load_pipeline", "rerank_scores",
-    "load_pipelines", "make_pipeline", "predict_stream", "supported_tasks",
+    "BF16_COSINE_TOLERANCE", "BF16_PROBABILITY_TOLERANCE", "EmbedPipeline", "EmbedText", "Pipeline", "TASKS",
+    "TruncatedInput", "feature_tokens", "load_pipeline", "load_pipelines", "make_pipeline", "rerank_scores",
+    "supported_tasks",
 ]

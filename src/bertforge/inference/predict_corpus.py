@@ -3,7 +3,7 @@ results in input order, the same bytes whatever the number of processes (docs/in
 
 The input is cut into *chunks* of `chunk_lines` lines (blank lines count: a chunk is a fixed range of line
 numbers). Rank r of N runs chunks r, r+N, ... (`processes.Ranks`) through the one predict path
-(`pipelines.predict_stream`, which names the file and line of a bad input) and writes each chunk's results to
+(`predict_lines.predict_stream`, which names the file and line of a bad input) and writes each chunk's results to
 ``<output>.parts/chunk-00000.jsonl`` atomically: a chunk file that exists is finished. Every rank reads
 every line (cheap) but parses and runs only its own chunks. Once every rank is done (a gloo barrier,
 `processes.Group`), rank 0 concatenates the chunks in order into the output, atomically, and removes the
@@ -36,10 +36,13 @@ from typing import Any
 
 from bertforge import storage
 from bertforge.data.files import not_utf8, open_text
+from bertforge.engine.build import DEFAULT_KIND
 from bertforge.errors import ConfigError, DataError
 from bertforge.inference import pipelines
 from bertforge.inference.embed_corpus import model_fingerprint
+from bertforge.inference.predict_lines import predict_stream
 from bertforge.processes import Group, Ranks
+from bertforge.runtime import DEFAULT_PRECISION
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +120,7 @@ def run_chunks(pipeline: pipelines.Pipeline, inputs: Path, parts: Path, chunk_li
         if not ranks.owns(index) or path.exists():
             continue
         with storage.open_atomic(path, "w", newline="\n") as sink:
-            pipelines.predict_stream(pipeline, lines, sink, source=str(inputs), first_line=index * chunk_lines + 1,
+            predict_stream(pipeline, lines, sink, source=str(inputs), first_line=index * chunk_lines + 1,
                                      **options)
         done += len(lines)
         if ranks.rank == 0:  # one rank's progress: the others run at the same pace
@@ -150,17 +153,18 @@ def merge_chunks(parts: Path, output: Path, chunks: int) -> int:
 
 def predict_corpus(model_dir: str | os.PathLike, task: str, inputs: str | os.PathLike, output: str | os.PathLike, *,
                    chunk_lines: int = DEFAULT_CHUNK_LINES, device: str = "auto",
-                   precision: str = pipelines.DEFAULT_PRECISION, batch_size: int = pipelines.DEFAULT_BATCH_SIZE,
-                   max_length: int | None = None, doc_stride: int | None = None, **options: Any) -> int:
+                   precision: str = DEFAULT_PRECISION, engine: str = DEFAULT_KIND, threads: int | None = None,
+                   batch_size: int = pipelines.DEFAULT_BATCH_SIZE, max_length: int | None = None,
+                   doc_stride: int | None = None, **options: Any) -> int:
     """Predict every line of the file `inputs` into the JSONL file `output` (see the module docstring).
     Under torchrun every rank calls it with the same arguments and runs its share of the chunks.
 
     Args:
         model_dir, task: the model directory and the pipeline (`pipelines.load_pipeline`).
-        inputs: a file of text or JSONL lines (`pipelines.predict_stream`).
+        inputs: a file of text or JSONL lines (`predict_lines.predict_stream`).
         output: the JSONL file of results, one per non-blank input line, in input order.
         chunk_lines: input lines per chunk (the unit of sharing and of resuming).
-        device, precision, batch_size, max_length, doc_stride: the pipeline's.
+        device, precision, engine, threads, batch_size, max_length, doc_stride: the pipeline's.
         **options: the pipeline's per-call options (top_k, pooling ...).
 
     Returns:
@@ -177,7 +181,8 @@ def predict_corpus(model_dir: str | os.PathLike, task: str, inputs: str | os.Pat
     ranks = Ranks.from_env()
     with Group(ranks) as group:
         pipeline = pipelines.load_pipeline(model_dir, task, device=ranks.device(device), precision=precision,
-                                           batch_size=batch_size, max_length=max_length, doc_stride=doc_stride)
+                                           engine=engine, threads=threads, batch_size=batch_size,
+                                           max_length=max_length, doc_stride=doc_stride)
         merged = pipeline.check_options(options)
         settings = {"options": merged, "precision": precision, "batch_size": batch_size, "max_length": max_length,
                     "doc_stride": doc_stride}

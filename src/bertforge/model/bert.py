@@ -4,7 +4,8 @@ Owns the architecture: embeddings, post-LayerNorm layers (self-attention -> add 
 add & norm), the encoder's layer loop, the pooler, weight initialisation, and `from_pretrained` /
 `save_pretrained` (handed over to `bertforge.checkpoint_format`). The token layout (padded, or only the real
 tokens) lives in `model/layouts.py`; fused QKV and activation checkpointing are applied to a built model
-from outside, by `model/fast_paths.py`. Parameter names are our own (`encoder.layers.3.attention.query`);
+from outside, by `model/fast_paths.py`; how a model is prepared to run (int8 or bf16 linears, a traced layer
+graph, CPU row chunks, ONNX Runtime) is `bertforge.engine`'s. Parameter names are our own (`encoder.layers.3.attention.query`);
 the Hugging Face and TF names live in `interop/`.
 
 Shape legend: B batch, T tokens per row, H hidden size, N heads, D head size (H / N), I intermediate size,
@@ -23,7 +24,7 @@ from torch import nn
 from bertforge import checkpoint_format
 from bertforge.errors import InputError
 from bertforge.model.config import BertConfig
-from bertforge.model.fast_paths import row_chunk_tokens, set_fast_paths
+from bertforge.model.fast_paths import set_fast_paths
 from bertforge.model.layouts import Padded, Unpadded, choose_layout, packed_positions
 
 
@@ -81,20 +82,6 @@ class BertOutput(IndexableOutput):
     def pooler_output(self) -> torch.Tensor | None:
         """`pooled_output` under transformers' name."""
         return self.pooled_output
-
-    @classmethod
-    def concatenate(cls, parts: list[BertOutput]) -> BertOutput:
-        """The outputs of consecutive row chunks as one batch's (every field joined along its first axis)."""
-        def join(tensors):
-            return None if tensors[0] is None else torch.cat(tensors)
-
-        def join_each(tuples):
-            return None if tuples[0] is None else tuple(torch.cat(layer) for layer in zip(*tuples))
-
-        return cls(last_hidden_state=join([p.last_hidden_state for p in parts]),
-                   pooled_output=join([p.pooled_output for p in parts]),
-                   hidden_states=join_each([p.hidden_states for p in parts]),
-                   attentions=join_each([p.attentions for p in parts]))
 
 
 class Embeddings(nn.Module):
@@ -176,15 +163,10 @@ class Encoder(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
-        self.graph = None  # the layer stack as one traced graph, where `fast_paths.trace_layers` made one
 
     def forward(self, x: torch.Tensor, layout: Padded | Unpadded, output_hidden_states: bool = False,
                 output_attentions: bool = False) -> tuple[torch.Tensor, list | None, list | None]:
         """x in the layout's shape -> (last layer's x, L + 1 hidden states [B, T, H], L maps [B, N, T, T])."""
-        graph = getattr(self, "graph", None)  # absent from a model pickled before layer graphs
-        if graph is not None and not (output_hidden_states or output_attentions or self.training) \
-                and graph.runs(x, layout):
-            return graph(x), None, None  # the same layers, traced: no Python between the operators
         hidden_states = [layout.leave(x)] if output_hidden_states else None
         attentions = [] if output_attentions else None
         for layer in self.layers:
@@ -254,10 +236,12 @@ class BertPretrainedModel(nn.Module):
 class BertModel(BertPretrainedModel):
     """The BERT encoder with its pooler (`add_pooling_layer=False` drops it: token-level tasks do not need it).
 
-    `unpad` (default True) skips padding tokens in every matmul; `row_chunk_tokens` (default
-    `fast_paths.row_chunk_tokens(config)`; 0 = off) splits a large CPU inference batch into row chunks;
-    `fast_paths.set_fast_paths` switches both.
+    `unpad` (default True) skips padding tokens in every matmul (`fast_paths.set_fast_paths` switches it);
+    `check_values` (default True) checks the token and segment ids' values against the vocabulary
+    (`fast_paths.set_value_checks` switches it).
     """
+
+    check_values = True
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__(config)
@@ -265,7 +249,6 @@ class BertModel(BertPretrainedModel):
         self.encoder = Encoder(config)
         self.pooler = Pooler(config) if add_pooling_layer else None
         self.unpad = True
-        self.row_chunk_tokens = row_chunk_tokens(config)
         self.init_weights()
 
     def check_inputs(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> None:
@@ -276,8 +259,10 @@ class BertModel(BertPretrainedModel):
         if tokens > limit:
             raise InputError(f"sequence of {tokens} tokens is longer than max_position_embeddings={limit}; "
                              "truncate it or split it into windows with a stride")
-        if input_ids.device.type != "cpu" or not input_ids.numel() or torch.compiler.is_compiling():
-            return  # value checks need the data; on an accelerator they would force a sync on every step
+        if not input_ids.numel() or not self.check_values:
+            # Value checks need the data: whoever runs the model on an accelerator or compiled turns them off
+            # (`fast_paths.set_value_checks`), where they would force a sync on every step.
+            return
         vocab, types = self.config.vocab_size, self.config.type_vocab_size
         low, high = int(input_ids.min()), int(input_ids.max())
         if low < 0 or high >= vocab:
@@ -288,43 +273,11 @@ class BertModel(BertPretrainedModel):
             raise InputError(f"token_type_ids must lie in [0, {types}); BERT uses 0 for segment A and 1 for "
                              "segment B")
 
-    def rows_per_chunk(self, input_ids: torch.Tensor) -> int:
-        """Rows per chunk when this batch runs in row chunks (0: in one piece). Only CPU inference without
-        gradients is split: rows never see each other, so the chunks give the rows' own results (an int8
-        model's per-tensor activation ranges are then each chunk's own)."""
-        batch, tokens = input_ids.shape
-        budget = getattr(self, "row_chunk_tokens", 0)  # a model pickled before row chunks has none
-        if not budget or batch * tokens <= budget or torch.is_grad_enabled() or input_ids.device.type != "cpu" \
-                or torch.compiler.is_compiling() or torch.jit.is_tracing():
-            return 0  # a traced or compiled graph keeps one shape-independent path
-        return max(1, budget // tokens)
-
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False,
                 sequence_ids: torch.Tensor | None = None) -> BertOutput:
-        """Encode a batch (in row chunks where `rows_per_chunk` says so; see `encode`)."""
-        self.check_inputs(input_ids, token_type_ids)
-        step = self.rows_per_chunk(input_ids)
-        if not step:
-            return self.encode(input_ids, token_type_ids, attention_mask, position_ids, output_hidden_states,
-                               output_attentions, sequence_ids)
-        batch = input_ids.shape[0]
-
-        def rows(t: torch.Tensor | None, start: int) -> torch.Tensor | None:
-            # [B, T] inputs are split; None, and position ids shared by every row ([T] or [1, T]), are not.
-            return t[start:start + step] if t is not None and t.dim() == 2 and t.shape[0] == batch else t
-
-        parts = [self.encode(rows(input_ids, i), rows(token_type_ids, i), rows(attention_mask, i),
-                             rows(position_ids, i), output_hidden_states, output_attentions, rows(sequence_ids, i))
-                 for i in range(0, batch, step)]
-        return BertOutput.concatenate(parts)
-
-    def encode(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-               attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-               output_hidden_states: bool = False, output_attentions: bool = False,
-               sequence_ids: torch.Tensor | None = None) -> BertOutput:
-        """Encode a batch in one piece (`forward` checks the inputs first: call `forward`).
+        """Encode a batch.
 
         Args:
             input_ids, token_type_ids: long [B, T]; types are 0 for segment A and 1 for B (default all 0).
@@ -334,6 +287,7 @@ class BertModel(BertPretrainedModel):
                 k > 0 for the k-th sequence of its row, 0 for padding. Each sequence attends only to itself;
                 the pooled output has one row per sequence, [S, H], in row-major order.
         """
+        self.check_inputs(input_ids, token_type_ids)
         token_type_ids = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
         in_sequence = None if sequence_ids is None else packed_positions(sequence_ids)  # [B, T]
         if position_ids is None:

@@ -5,25 +5,24 @@ beyond rounding (tests/unit/test_fast_paths.py holds every one to the plain path
 and none changes `state_dict()` keys, so checkpoints and the Hugging Face key tables are unaffected.
 
 - unpadding: `BertModel.unpad`, read by `layouts.choose_layout` (padding tokens skip every matmul).
-- row chunks: `BertModel.row_chunk_tokens`, read by `BertModel.rows_per_chunk` (a large CPU inference batch
-  runs in chunks of rows; follows unpadding unless set apart).
 - fused QKV: each `SelfAttention` becomes a `FusedSelfAttention`, whose three [H, H] query/key/value
   projections are one [3H, H] weight and [3H] bias (one matmul instead of three). `state_dict()` still
   holds `query.weight`, `key.weight`, ... and `load_state_dict` accepts them.
 - activation checkpointing: each `Layer` becomes a `CheckpointedLayer`, which in training (with
   gradients) keeps only its input and recomputes itself in the backward pass.
-- layer graph: `trace_layers` gives an encoder's layer stack a `LayerGraph`, TorchScript graphs traced on
-  first use, which then run CPU inference on unmasked input (every batch-1 call) without Python between the
-  operators. Applied to models prepared for int8 (`model.precision.apply_precision`), which no longer change.
+
+How a model is prepared to run (int8 or bf16 linears, a traced layer graph, CPU row chunks) is not a fast path of
+the model: it is `bertforge.engine`'s, whose converters use the variant machinery here (`Variant`, `variant`) and
+the encoder's conventions (`is_encoder`, `is_attention`, `is_layer`).
 
 `BertPretrainedModel.from_pretrained` applies unpadding + fused QKV; `BertModel(config)` starts unpadded,
 unfused.
 
-This module imports nothing of the model but its token layouts (`layouts.Padded`, which the layer graph
-runs): it finds what it transforms by the encoder's conventions (an
+This module imports nothing of the model: it finds what it transforms by the encoder's conventions (an
 encoder has an `unpad` switch; an attention module has `projections()` and `query`/`key`/`value`
 projections; a layer has `attention` and `feed_forward`) and makes each fast variant as a subclass of the
-module's own class, so `model/bert.py` can offer `from_pretrained` on the fast path without a cycle. The plain reference path is one call away: `set_fast_paths(model, unpad=False, fused_qkv=False)`.
+module's own class, so `model/bert.py` can offer `from_pretrained` on the fast path without a cycle. The plain
+reference path is one call away: `set_fast_paths(model, unpad=False, fused_qkv=False)`.
 Fusing and un-fusing replace parameters: apply them before building an optimizer. AdamW and LAMB's
 elementwise update treat one [3H, H] tensor exactly as three [H, H] ones; LAMB's trust ratio is per
 tensor, so it differs for the fused tensor.
@@ -31,32 +30,13 @@ tensor, so it differs for the fused tensor.
 
 from __future__ import annotations
 
-import bisect
-import threading
-import warnings
-from collections.abc import Callable
-
 import torch
 import torch.utils.checkpoint
 from torch import nn
 
 from bertforge.errors import ConfigError
-from bertforge.model.layouts import Padded
 
 PROJECTIONS = ("query", "key", "value")
-# A CPU inference batch runs in row chunks (`BertModel.rows_per_chunk`) whose largest intermediate, the
-# [tokens, I] feed-forward activation, holds at most this many bytes in fp32: 2,048 tokens for MiniLM
-# (I = 1,536), 1,024 for BERT-base (3,072), 768 for BERT-large. In one piece, a 32 x 512 batch makes fresh
-# 100-200 MB tensors in every layer, above glibc's 32 MB mmap threshold: each is new memory the kernel faults
-# in and zeroes page by page, and none of it is in cache. Measured on the 2-core EPYC, int8, one 32 x 512
-# batch (docs/cpu_inference.md, "Row chunks"): MiniLM 2.93 s in chunks of 4,096 tokens, 2.44 at 2,048, 2.45
-# at 1,024, 2.66 at 512; BERT-base 14.1 s at 2,048, 13.2-13.5 at 1,024 and 512.
-ROW_CHUNK_BYTES = 12 * 2**20
-
-
-def row_chunk_tokens(config) -> int:
-    """The token budget of one row chunk for a model of this config (`ROW_CHUNK_BYTES`)."""
-    return max(1, ROW_CHUNK_BYTES // (4 * config.intermediate_size))
 
 
 class Variant:
@@ -144,28 +124,6 @@ class FusedSelfAttention(Variant):
                                       error_msgs)
 
 
-class PackedSelfAttention(Variant):
-    """A fused self-attention whose [3H, H] query/key/value projection is one inference-only module `qkv`
-    (an int8 `Int8Linear`, model/quantization.py, or a packed `Bf16Linear`, model/bf16.py): its float
-    weights are gone, so it stays fused."""
-
-    prefix = "Packed"
-    packed = True
-
-    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, k, v = self.qkv(x).chunk(3, dim=-1)  # [..., 3H] -> 3 x [..., H]
-        return q, k, v
-
-
-def pack_qkv(attention: nn.Module, make: Callable[[torch.Tensor, torch.Tensor], nn.Module]) -> None:
-    """Fuse `attention`'s projections, then replace the fused weight and bias by `make(weight, bias)`."""
-    fuse_qkv(attention)
-    qkv = make(attention.qkv_weight, attention.qkv_bias)  # [3H, H]
-    del attention.qkv_weight, attention.qkv_bias
-    attention.__class__ = variant(PackedSelfAttention, type(attention).plain)  # the attention's own class
-    attention.qkv = qkv
-
-
 def is_packed(module: nn.Module) -> bool:
     return getattr(module, "packed", False)
 
@@ -173,7 +131,7 @@ def is_packed(module: nn.Module) -> bool:
 def fuse_qkv(attention: nn.Module) -> None:
     """Turn one self-attention module into its fused variant, holding the same numbers."""
     if isinstance(attention, FusedSelfAttention) or is_packed(attention):
-        return  # already one projection (a packed one is fused: `PackedSelfAttention`)
+        return  # already one projection (a packed one is fused: `engine.linears.PackedSelfAttention`)
     parts = [getattr(attention, name) for name in PROJECTIONS]
     with torch.no_grad():
         weight = torch.cat([p.weight for p in parts])  # 3 x [H, H] -> [3H, H]
@@ -189,8 +147,8 @@ def fuse_qkv(attention: nn.Module) -> None:
 def unfuse_qkv(attention: nn.Module) -> None:
     """Turn a fused self-attention back into its plain class (three `nn.Linear`s, same numbers)."""
     if is_packed(attention):
-        raise ConfigError("a model prepared for int8 or bf16 inference (model.precision.apply_precision) has no "
-                          "float QKV weights to un-fuse; load the model again for the plain fp32 path")
+        raise ConfigError("a model prepared for int8 or bf16 inference (by its engine) has no float QKV weights "
+                          "to un-fuse; load the model again for the plain fp32 path")
     if not isinstance(attention, FusedSelfAttention):
         return
     weight, bias = attention.qkv_weight, attention.qkv_bias
@@ -224,94 +182,14 @@ class CheckpointedLayer(Variant):
         return super().forward(x, layout, return_probs)
 
 
-class LayerGraph:
-    """One encoder's layer stack (`Encoder`, the `encoder.encoder` of a `BertModel`) recorded as TorchScript
-    graphs by `torch.jit.trace`, for CPU inference on input without padding.
-
-    Why: at batch 1 the encoder's operators are small and Python between them is a large share of a call.
-    Measured on a 2-core AMX Xeon (int8 MiniLM, 6 layers; docs/cpu_inference.md, "On a Xeon with AMX"): the stack
-    took 2.16 ms eager / 1.39 ms traced at 2 tokens, 5.75 / 4.38 ms at 95, 6.57 / 5.23 ms at 128. A graph
-    runs the same operators in the same order as the eager forward (equal outputs, tested bit for bit), on
-    any batch and length: sizes are read from the input, not fixed at tracing.
-
-    Tracing records one branch of every Python `if`. A module whose forward branches on the number of rows
-    of its input (batch x tokens) says where, as `small_rows` (int8 layers pick their kernel so,
-    `model.quantization.Int8Linear`); the stack gets one graph per interval between those cutoffs, traced on
-    the first call that falls in it. Tracing also records the casts autocast makes, so a graph is kept per
-    autocast state too (a graph traced under bf16 autocast is not run without it). Only calls the graphs can
-    stand for take them (`runs`): the unmasked padded layout (`Padded(None)`), no hidden states or attention
-    maps asked for, no gradients, eval mode; every other call takes the eager forward. The graphs share the
-    stack's weights, so they are made only for a model whose layers no longer change: one prepared for inference
-    by `model.precision.apply_precision` (int8, bf16 packed for the CPU, fp32 on the CPU). They are not pickled
-    or copied: a copy runs eager.
-    """
-
-    def __init__(self, stack: nn.Module):
-        class Unmasked(nn.Module):  # the stack as a module of x alone, which is what tracing takes
-            def __init__(self):
-                super().__init__()
-                self.stack = stack
-
-            def forward(self, x: torch.Tensor) -> torch.Tensor:
-                return self.stack(x, Padded(None))[0]  # [B, T, H] -> [B, T, H]
-
-        self.unmasked = Unmasked().eval()
-        self.cutoffs = sorted({m.small_rows for m in stack.modules() if getattr(m, "small_rows", 0)})
-        # (interval of rows (bisect of cutoffs), autocast dtype or None) -> graph
-        self.graphs: dict[tuple[int, torch.dtype | None], torch.jit.ScriptModule] = {}
-        self.lock = threading.Lock()  # a server's threads may meet the same new interval at once
-
-    def runs(self, x: torch.Tensor, layout) -> bool:
-        """Whether a graph computes this call: CPU, no gradients, the unmasked padded layout."""
-        return isinstance(layout, Padded) and layout.mask is None and x.device.type == "cpu" \
-            and not torch.is_grad_enabled() and not torch.jit.is_tracing()
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        interval = bisect.bisect_left(self.cutoffs, x.numel() // x.shape[-1])  # rows <= cutoff: that interval
-        key = (interval, torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
-        graph = self.graphs.get(key)
-        if graph is None:
-            with self.lock, warnings.catch_warnings():
-                # torch.jit warns that TorchScript is deprecated; it is still PyTorch 2.13's (pinned) way to run
-                # a graph with the quantized operators' packed weights and no compiler (torch.compile breaks its
-                # graph at them and measured slower).
-                warnings.simplefilter("ignore")
-                graph = self.graphs.get(key) or torch.jit.trace(self.unmasked, x, check_trace=False)
-                self.graphs[key] = graph
-        return graph(x)
-
-    def __reduce__(self):
-        return _no_graph, ()  # a ScriptModule does not pickle; a copy of the model runs eager
-
-
-def _no_graph() -> None:
-    return None
-
-
-def trace_layers(model: nn.Module) -> nn.Module:
-    """Give every encoder inside `model` a `LayerGraph` of its layer stack (in place; idempotent). Puts the model
-    in eval mode (the graph is for inference; it runs only calls made without gradients, so the parameters'
-    `requires_grad` is left as the caller has it)."""
-    model.eval()
-    for module in model.modules():
-        if is_encoder(module) and getattr(module.encoder, "graph", None) is None:
-            module.encoder.graph = LayerGraph(module.encoder)
-    return model
-
-
-def set_fast_paths(model: nn.Module, *, unpad: bool = True, fused_qkv: bool = True,
-                   row_chunks: bool | None = None) -> nn.Module:
-    """Switch unpadding, fused QKV and row chunks for every encoder inside `model` (a task model holds one as
-    `.bert`). `row_chunks` (CPU inference batches in row chunks, `BertModel.rows_per_chunk`) follows `unpad`
-    unless given.
+def set_fast_paths(model: nn.Module, *, unpad: bool = True, fused_qkv: bool = True) -> nn.Module:
+    """Switch unpadding and fused QKV for every encoder inside `model` (a task model holds one as `.bert`).
 
     Idempotent; `unpad=False, fused_qkv=False` restores the plain reference path (weights un-fused).
     """
-    chunks = unpad if row_chunks is None else row_chunks
     for module in model.modules():
         if is_encoder(module):
             module.unpad = bool(unpad)
-            module.row_chunk_tokens = row_chunk_tokens(module.config) if chunks else 0
             forget_graphs(module)  # fusing or un-fusing QKV replaces modules a traced graph holds
     for module in list(model.modules()):
         if is_attention(module):
@@ -319,11 +197,22 @@ def set_fast_paths(model: nn.Module, *, unpad: bool = True, fused_qkv: bool = Tr
     return model
 
 
+def set_value_checks(model: nn.Module, enabled: bool) -> nn.Module:
+    """Check (or not) the values of every encoder's input ids against its vocabulary (`BertModel.check_inputs`):
+    off where the model runs on an accelerator or compiled (reading the ids' range would synchronise the
+    device on every step, or break the compiled graph)."""
+    for module in model.modules():
+        if is_encoder(module):
+            module.check_values = bool(enabled)
+    return model
+
+
 def forget_graphs(encoder: nn.Module) -> None:
-    """Drop what an encoder's `LayerGraph` traced (its layers are about to change): the next call traces anew."""
-    graph = getattr(encoder.encoder, "graph", None)
-    if graph is not None:
-        graph.graphs.clear()
+    """Drop what an engine traced of an encoder's layer stack (`engine.layer_graph`; its layers are about to
+    change): the next call traces anew."""
+    forget = getattr(encoder.encoder, "forget", None)
+    if forget is not None:
+        forget()
 
 
 def set_activation_checkpointing(model: nn.Module, enabled: bool = True) -> nn.Module:
@@ -338,8 +227,7 @@ def set_activation_checkpointing(model: nn.Module, enabled: bool = True) -> nn.M
 
 
 def fast_paths_enabled(model: nn.Module) -> dict[str, bool]:
-    """Which fast paths every encoder inside `model` runs: {"unpad", "row_chunks", "fused_qkv",
-    "activation_checkpointing", "layer_graph"}."""
+    """Which fast paths every encoder inside `model` runs: {"unpad", "fused_qkv", "activation_checkpointing"}."""
     modules = list(model.modules())
 
     def every(kind, test) -> bool:
@@ -347,7 +235,5 @@ def fast_paths_enabled(model: nn.Module) -> dict[str, bool]:
         return bool(found) and all(test(m) for m in found)
 
     return {"unpad": every(is_encoder, lambda m: m.unpad),
-            "row_chunks": every(is_encoder, lambda m: bool(getattr(m, "row_chunk_tokens", 0))),
             "fused_qkv": every(is_attention, lambda m: isinstance(m, FusedSelfAttention)),
-            "activation_checkpointing": every(is_layer, lambda m: isinstance(m, CheckpointedLayer)),
-            "layer_graph": every(is_encoder, lambda m: getattr(m.encoder, "graph", None) is not None)}
+            "activation_checkpointing": every(is_layer, lambda m: isinstance(m, CheckpointedLayer))}

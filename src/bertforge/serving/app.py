@@ -31,9 +31,11 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from bertforge.engine.build import DEFAULT_KIND
 from bertforge.errors import ConfigError
 from bertforge.families.embedding import vector_width
-from bertforge.inference.pipelines import DEFAULT_PRECISION, Pipeline
+from bertforge.inference.pipelines import Pipeline
+from bertforge.runtime import DEFAULT_PRECISION
 from bertforge.serving.envelopes import serve_extra_missing
 
 try:
@@ -258,16 +260,17 @@ def model_directories(model: str | Path | Mapping[str, str | Path]) -> dict[str,
 
 
 def create_app(model: str | Path | Mapping[str, str | Path], *, tasks: list[str] | None = None,
-               device: str = "auto", precision: str = DEFAULT_PRECISION, batch_size: int = 32,
-               max_length: int | None = None, **settings: Any) -> FastAPI:
+               device: str = "auto", precision: str = DEFAULT_PRECISION, engine: str = DEFAULT_KIND,
+               threads: int | None = None, batch_size: int = 32, max_length: int | None = None,
+               **settings: Any) -> FastAPI:
     """Load the model directories once and build the app serving every task each supports (or `tasks`).
 
     Args:
         model: a saved model directory, or a mapping name -> directory to serve several (each with its own
             scheduler and token budget; requests pick one by name, see `ModelSet.pick`).
         tasks: restrict the routes to these tasks (every model must serve them).
-        device, precision, batch_size, max_length: pipeline options (see `Pipeline`; precision fp32 unless
-            asked, as `bertforge evaluate`).
+        device, precision, engine, threads, batch_size, max_length: pipeline options (see `Pipeline`; precision
+            fp32 unless asked, as `bertforge evaluate`; engine "torch" or "onnxruntime"; the CPU's threads).
         **settings: `ServerSettings` fields (max_batch_size, max_wait_ms, max_queue, ...).
 
     Raises:
@@ -279,7 +282,8 @@ def create_app(model: str | Path | Mapping[str, str | Path], *, tasks: list[str]
     except TypeError as error:
         raise ConfigError(f"unknown server setting: {error}") from None
     models = load_model_set(model_directories(model), server_settings, tasks=tasks, device=device,
-                            precision=precision, batch_size=batch_size, max_length=max_length)
+                            precision=precision, engine=engine, threads=threads, batch_size=batch_size,
+                            max_length=max_length)
     return build_app(models, server_settings)
 
 

@@ -26,11 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.data.files import UntrustedJson, decode_json
+from bertforge.engine.build import DEFAULT_KIND
 from bertforge.errors import BertforgeError, CheckpointError, ConfigError, InputError
 from bertforge.inference.admission import CHARS_PER_TOKEN, estimate_tokens
 from bertforge.inference.jobs import check_seconds
-from bertforge.inference.pipelines import DEFAULT_PRECISION, Pipeline, load_pipelines
+from bertforge.inference.pipelines import Pipeline, load_pipelines
 from bertforge.inference.scheduler import Failure, JobFailed, Scheduler, SchedulerSettings, check_positive
+from bertforge.runtime import DEFAULT_PRECISION
 from bertforge.serving.envelopes import RequestError, error_payload, serve_extra_missing
 from bertforge.serving.guards import (
     LARGE_BODY_BYTES,
@@ -282,11 +284,14 @@ class InferenceService:
                 "draining": scheduler.draining}
 
     def health(self, directory: bool = False) -> dict[str, Any]:
-        """The model's state for /health: name, tasks, readiness, queue, pipelines and settings (how many keys,
-        never the keys); with `directory`, where it was loaded from (for a key holder only)."""
+        """The model's state for /health: name, tasks, readiness, queue, the engine its pipelines share (kind,
+        device, precision, threads, why), pipelines and settings (how many keys, never the keys); with
+        `directory`, where it was loaded from (for a key holder only)."""
+        first = next(iter(self.pipelines.values()), None)
         report = {"status": "ok", "ready": self.scheduler.ready, "model": self.model_name,
                   "tasks": list(self.pipelines), "queue_depth": self.scheduler.queue_depth,
                   "running": len(self.scheduler.running),
+                  "engine": first.engine.describe() if first is not None else None,
                   "pipelines": {task: p.describe() for task, p in self.pipelines.items()},
                   # The keys themselves never leave the server: only how many there are.
                   "settings": {**asdict(self.settings), "api_keys": len(self.settings.api_keys)}}
@@ -406,8 +411,8 @@ def parse_model_option(value: str) -> tuple[str, str]:
 
 
 def load_model_set(models: Mapping[str, str | Path], settings: ServerSettings, *, tasks: list[str] | None = None,
-                   device: str = "auto", precision: str = DEFAULT_PRECISION, batch_size: int = 32,
-                   max_length: int | None = None) -> ModelSet:
+                   device: str = "auto", precision: str = DEFAULT_PRECISION, engine: str = DEFAULT_KIND,
+                   threads: int | None = None, batch_size: int = 32, max_length: int | None = None) -> ModelSet:
     """Load every named model directory (each its own pipelines, scheduler and metrics). A directory that
     cannot be served fails the start with one line naming the model and its directory."""
     services = {}
@@ -415,8 +420,8 @@ def load_model_set(models: Mapping[str, str | Path], settings: ServerSettings, *
         if not MODEL_NAME.fullmatch(name):
             raise ConfigError(f"model name {name!r} must be letters, digits, '.', '_' or '-' (at most 64)")
         try:
-            pipelines = load_pipelines(directory, tasks, device=device, precision=precision, batch_size=batch_size,
-                                       max_length=max_length)
+            pipelines = load_pipelines(directory, tasks, device=device, precision=precision, engine=engine,
+                                       threads=threads, batch_size=batch_size, max_length=max_length)
         except (BertforgeError, OSError) as error:
             reason = str(error).replace(str(directory) + ": ", "")
             # The kind of error stays (a corrupt checkpoint is a CheckpointError); the message names the model.

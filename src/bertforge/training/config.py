@@ -21,13 +21,13 @@ import torch
 
 from bertforge.configuration import setting
 from bertforge.errors import ConfigError
+from bertforge.runtime import DEFAULT_TRAINING_PRECISION, TRAINING_PRECISIONS
 
 OPTIMIZERS = ("adamw", "lamb")
 SCHEDULES = ("linear", "constant", "wsd", "one-cycle")  # shapes: `training.schedules`
 DECAY_SHAPES = ("1-sqrt", "linear")
 # With a time budget and no `steps`, the run has no step limit; this stands for "unlimited".
 UNLIMITED_STEPS = 10**12
-PRECISION_NAMES = ("auto", "fp32", "bf16", "fp16")
 
 
 @dataclass
@@ -64,8 +64,9 @@ class TrainingConfig:
     eps: float = setting(1e-6, "Adam's epsilon (BERT used 1e-6; PyTorch's default is 1e-8)")
     max_grad_norm: float = setting(1.0, "global gradient-norm clipping; 0 disables clipping (the norm is still "
                                         "logged)")
-    precision: str = setting("auto", "auto = bf16 on a CUDA GPU with bf16 support, else fp32; or fp32, bf16, "
-                                     "fp16 (with dynamic loss scaling)", choices=PRECISION_NAMES)
+    precision: str = setting(DEFAULT_TRAINING_PRECISION, "auto = bf16 on a CUDA GPU with bf16 support, else fp32; "
+                                                         "or fp32, bf16, fp16 (with dynamic loss scaling)",
+                             choices=TRAINING_PRECISIONS)
     device: str = setting("auto", "auto (cuda if available), cpu, cuda or cuda:N; under torchrun each rank uses "
                                   "cuda:LOCAL_RANK")
     distributed_timeout_s: float = setting(600.0, "under torchrun: how long a collective waits for a rank that "
@@ -153,7 +154,7 @@ class TrainingConfig:
              and 0 < self.distributed_timeout_s < math.inf, "distributed_timeout_s",
              "use a positive number of seconds, e.g. 600")
         need(self.max_grad_norm >= 0, "max_grad_norm", "use a positive norm such as 1.0, or 0 to disable clipping")
-        need(self.precision in PRECISION_NAMES, "precision", f"use one of {PRECISION_NAMES}")
+        need(self.precision in TRAINING_PRECISIONS, "precision", f"use one of {TRAINING_PRECISIONS}")
         need(bool(self.out_dir), "out_dir", "name a directory for checkpoints and logs")
         need(bool(self.resume), "resume", "use auto, never or a checkpoint directory")
 

@@ -60,7 +60,7 @@ import torch
 from torch import nn
 
 from bertforge.errors import ConfigError, DataError
-from bertforge.model.fast_paths import fast_paths_enabled, set_activation_checkpointing
+from bertforge.model.fast_paths import fast_paths_enabled, set_activation_checkpointing, set_value_checks
 from bertforge.runtime import autocast, capture_rng_state, resolve_precision, restore_rng_state, set_seed
 from bertforge.training import distributed
 from bertforge.training.accumulation import LogWindow, WindowStep
@@ -482,6 +482,8 @@ def prepare_runner(model: nn.Module, config: TrainingConfig,
     if config.activation_checkpointing:
         if not fast_paths_enabled(set_activation_checkpointing(model))["activation_checkpointing"]:
             raise ConfigError("training.activation_checkpointing needs a bertforge encoder in the model")
+    # Reading the ids' values would synchronise an accelerator on every step, and break a compiled graph.
+    set_value_checks(model, context.device.type == "cpu" and not config.compile)
     runner = distributed.wrap_model(model, context)
     ddp = runner if isinstance(runner, nn.parallel.DistributedDataParallel) else None
     if config.compile:

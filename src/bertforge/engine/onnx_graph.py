@@ -2,7 +2,7 @@
 
 `export_optimized(model_dir, out_path, quantize="int8")` writes, beside `out_path` (say `model.onnx`):
 
-- `model.onnx`: the plain export (`export.traced_model`: the plain path in the form ONNX Runtime matches);
+- `model.onnx`: the plain export (`onnx_export.traced_model`: the plain path in the form ONNX Runtime matches);
 - `model.optimized.onnx`: that graph after ONNX Runtime's BERT optimizer (`onnxruntime.transformers.
   optimizer`, model type "bert"): one Attention node per layer, EmbedLayerNormalization,
   SkipLayerNormalization, BiasGelu (FastGelu for the tanh GELU). Its outputs are checked against PyTorch's
@@ -32,9 +32,7 @@ import numpy as np
 import torch
 
 from bertforge import checkpoint_format
-from bertforge.errors import ConfigError
-from bertforge.families.base import Family
-from bertforge.inference.export import (
+from bertforge.engine.onnx_export import (
     DEFAULT_OPSET,
     FP32_TOLERANCE,
     OnnxModule,
@@ -46,6 +44,8 @@ from bertforge.inference.export import (
     time_ms,
     traced_model,
 )
+from bertforge.errors import ConfigError
+from bertforge.families.base import Family
 from bertforge.storage import atomic_path, write_json
 
 QUANTIZATIONS = ("int8",)

@@ -1,5 +1,6 @@
-"""bf16 inference on CPU: the encoder's linear layers with their weights cast to bf16 once, and packed once
-for oneDNN's bf16 matmul (AMX tiles or AVX-512 bf16) where PyTorch's oneDNN has bf16 kernels on this CPU.
+"""The bf16 converter for the CPU: the encoder's linear layers with their weights cast to bf16 once, and packed
+once for oneDNN's bf16 matmul (AMX tiles or AVX-512 bf16) where PyTorch's oneDNN has bf16 kernels on this CPU
+(replaced through `engine.linears.replace_linears`, the walk int8 shares).
 
 Why: under `torch.autocast` alone, a CPU bf16 forward casts every fp32 weight to bf16 again on every call,
 and oneDNN reorders each plain [O, I] weight into its blocked layout on every call too. Measured on a 2-core
@@ -14,11 +15,11 @@ its fp32 result before the one rounding to bf16, where autocast rounds the matmu
 and rounds again. A bf16 GELU on its own cost more than the fp32 one (45 against 25 us at 72 x 1536 on 2 AMX
 cores), and fused, a MiniLM batch-1 call was 5% faster, with the outputs as close to fp32 as before
 (docs/cpu_inference.md, "bf16 at batch 1"). The model still runs
-under autocast (`runtime.autocast`): embeddings, LayerNorm, softmax, the pooler and the heads do what autocast
-does with them; only these linears skip the casts. `pack_bf16` is applied by
-`model.precision.apply_precision` for bf16 on the CPU, which also gives the model a traced layer graph
-(`fast_paths.LayerGraph`, as int8 has): a packed model is for inference only (no gradients) and refuses to be
-saved (save the fp32 model; prepare it at load with `--precision bf16`).
+under autocast (its engine's `running`): embeddings, LayerNorm, softmax, the pooler and the heads do what
+autocast does with them; only these linears skip the casts. `pack_bf16` is applied by `engine.build.build_engine`
+for bf16 on the CPU, which also gives the model a traced layer graph (`engine.layer_graph`, as int8 has): a
+packed model is for inference only (no gradients) and refuses to be saved (save the fp32 model; prepare it at
+load with `--precision bf16`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from bertforge.engine.linears import Site, replace_linears
+from bertforge.engine.row_buckets import rows_from_bucket, rows_to_bucket, scripted
 from bertforge.errors import ConfigError
-from bertforge.model.fast_paths import is_attention, is_layer, pack_qkv
-from bertforge.model.row_buckets import rows_from_bucket, rows_to_bucket, scripted
 
 
 def onednn_bf16() -> bool:
@@ -46,7 +47,7 @@ POST_OPS = {F.gelu: ("gelu", "none"), F.relu: ("relu", "")}  # "none": the exact
 def _bucketed_linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, post_op: str,
                           algorithm: str) -> torch.Tensor:
     """oneDNN's bf16 linear with a packed weight (and a post-op: "none", "gelu", "relu"), on x's rows padded to
-    their row bucket (oneDNN compiles a kernel per row count: `model.row_buckets`); compiled by
+    their row bucket (oneDNN compiles a kernel per row count: `engine.row_buckets`); compiled by
     `row_buckets.scripted` so a traced layer graph pads each call by its own size.
     [..., I] any float dtype -> [..., O] bf16."""
     x = x.to(torch.bfloat16)
@@ -81,6 +82,7 @@ class Bf16Linear(nn.Module):
         fused = self.packed and activation in POST_OPS
         self.post_op, self.algorithm = POST_OPS[activation] if fused else ("none", "")
         self.activation = None if fused else activation  # what still runs after the linear
+        self.applies_activation = activation is not None  # the layer's own is then the identity (`linears`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:  # [..., I] -> [..., O]
@@ -100,7 +102,8 @@ class Bf16Linear(nn.Module):
 
 def pack_bf16(model: nn.Module) -> nn.Module:
     """Replace, in place, every encoder layer's linear layers inside `model` by `Bf16Linear` (the fused QKV
-    projection as one). Idempotent; puts the model in eval mode with gradients off.
+    projection as one; the feed-forward's activation moves into the up projection). Idempotent; puts the model
+    in eval mode with gradients off.
 
     Raises:
         ConfigError: the model is not on the CPU (on a GPU, autocast's casts are cached and cheap).
@@ -111,16 +114,11 @@ def pack_bf16(model: nn.Module) -> nn.Module:
     model.eval().requires_grad_(False)
     if is_bf16(model):
         return model
-    for module in list(model.modules()):
-        if is_attention(module):
-            pack_qkv(module, Bf16Linear)  # [3H, H]
-            module.output = Bf16Linear(module.output.weight, module.output.bias)
-        if is_layer(module):
-            ff = module.feed_forward
-            ff.up = Bf16Linear(ff.up.weight, ff.up.bias, activation=ff.act)  # the activation moves into it
-            ff.act = nn.Identity()
-            ff.down = Bf16Linear(ff.down.weight, ff.down.bias)
-    return model
+
+    def bf16(site: Site) -> Bf16Linear:
+        return Bf16Linear(site.weight, site.bias, activation=site.activation if site.role == "up" else None)
+
+    return replace_linears(model, bf16)
 
 
 def is_bf16(model: nn.Module) -> bool:

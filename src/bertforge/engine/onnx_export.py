@@ -16,7 +16,7 @@ The graph is traced from the plain path (padded, separate query/key/value projec
 padding-free fast paths are never exported) in the form ONNX Runtime's BERT optimizer recognizes
 (`graph_form`): attention as HF's eager attention spells it (scores / sqrt(D) + (1 - mask) * min, softmax,
 @ V) instead of one scaled-dot-product call whose boolean mask its matcher does not know, and position ids
-expanded to the input's shape. `onnx_optimize.export_optimized` then fuses it (Attention, EmbedLayer-
+expanded to the input's shape. `onnx_graph.export_optimized` then fuses it (Attention, EmbedLayer-
 Normalization, SkipLayerNormalization, BiasGelu) and quantizes it. The embedding family also exports its
 sentence vector (`sentence_embedding`: the directory's pooling, normalized when it says so).
 Needs the `export` extra: onnx, onnxruntime.
@@ -297,6 +297,19 @@ def session_of(path: Path) -> Any:
     return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
+def trace_module(model: BertPretrainedModel, family: Family, out: Path, opset: int = DEFAULT_OPSET,
+                 sentence: tuple[str, bool] | None = None) -> OnnxModule:
+    """Write the ONNX graph of `model` (a model on the plain path: padded, separate Q/K/V projections) with the
+    outputs `family` declares (and, with `sentence`, the sentence vector) to `out`; the PyTorch reference
+    wrapper of what was traced."""
+    axes = output_axes(model, family)
+    if sentence is not None:
+        axes[SENTENCE_OUTPUT] = {0: "batch"}
+    wrapper = OnnxModule(model, list(axes), sentence).eval()
+    write_onnx(wrapper, family, axes, out, opset)
+    return wrapper
+
+
 def traced_model(model_dir: str | os.PathLike, out: Path, opset: int) -> tuple[OnnxModule, Family]:
     """Load `model_dir` on the plain path, write its ONNX graph to `out`; the PyTorch reference wrapper and
     the model's family."""
@@ -309,13 +322,8 @@ def traced_model(model_dir: str | os.PathLike, out: Path, opset: int) -> tuple[O
     model, _ = registry.load_model(model_dir, fast_path=False)
     model = model.float().eval()
     family = registry.for_model(model)
-    axes = output_axes(model, family)
-    sentence = sentence_output(model_dir, family, axes)
-    if sentence is not None:
-        axes[SENTENCE_OUTPUT] = {0: "batch"}
-    wrapper = OnnxModule(model, list(axes), sentence).eval()
-    write_onnx(wrapper, family, axes, out, opset)
-    return wrapper, family
+    sentence = sentence_output(model_dir, family, output_axes(model, family))
+    return trace_module(model, family, out, opset, sentence), family
 
 
 def export_onnx(model_dir: str | os.PathLike, out_path: str | os.PathLike, *, opset: int = DEFAULT_OPSET,

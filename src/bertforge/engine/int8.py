@@ -1,6 +1,7 @@
-"""int8 inference on CPU: dynamic quantization of the encoder's linear layers, applied from outside the model.
+"""The int8 converter: dynamic quantization of the encoder's linear layers for CPU inference.
 
-`quantize_int8(model)` replaces, in every encoder layer, the fused query/key/value projection, the
+`quantize_int8(model)` replaces (through `engine.linears.replace_linears`, the walk bf16 shares), in every encoder
+layer, the fused query/key/value projection, the
 attention output projection and the feed-forward's up and down projections by `Int8Linear`: weights int8
 with one scale per output channel (symmetric), activations quantized at run time from their own range (per
 tensor; per token for the down projection, below), int32 accumulation, fp32 output with the fp32 bias added.
@@ -52,15 +53,16 @@ fp32 model; quantize at load with `--precision int8`). `is_quantized` tells a qu
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
+from bertforge.engine.linears import Site, replace_linears, replaced_by
+from bertforge.engine.row_buckets import rows_from_bucket, rows_to_bucket, scripted
 from bertforge.errors import ConfigError
-from bertforge.model.fast_paths import is_attention, is_encoder, is_layer, pack_qkv
-from bertforge.model.row_buckets import rows_from_bucket, rows_to_bucket, scripted
 
 # The packed weights' engine, the first of these this build supports: oneDNN first on a CPU with AMX tiles
 # (its int8 matmul runs on them: 1.2-1.5x PyTorch's x86 engine end to end on BERT-base, 1.3-3.5x per matmul,
@@ -85,7 +87,7 @@ LINEAR_DYNAMIC = torch.ops.quantized.linear_dynamic.default
 
 def _bucketed_linear_dynamic(x: torch.Tensor, packed: torch.classes.quantized.LinearPackedParamsBase,
                              reduce_range: bool) -> torch.Tensor:
-    """LINEAR_DYNAMIC on x's rows padded to their row bucket (`model.row_buckets`: oneDNN compiles a kernel per
+    """LINEAR_DYNAMIC on x's rows padded to their row bucket (`engine.row_buckets`: oneDNN compiles a kernel per
     row count). Compiled by TorchScript (`row_buckets.scripted`) so that a traced layer graph pads each call
     by its own size rather than by the size it was traced at."""
     y = torch.ops.quantized.linear_dynamic(rows_to_bucket(x), packed, reduce_range)  # [P, I] -> [P, O]
@@ -232,26 +234,18 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     model.eval().requires_grad_(False)
     if is_quantized(model):
         return model
-    for encoder in [m for m in model.modules() if is_encoder(m)]:
-        rows, small = small_rows(encoder.config, name)
-        layers = [m for m in encoder.modules() if is_layer(m)]
-        least = least_value(layers[0].feed_forward.act) if layers else None  # one activation per encoder
 
-        def int8(weight, bias, per_token=False, least_input=None, rows=rows, small=small):
-            return Int8Linear(weight, bias, name, per_token=per_token, least_input=least_input, small_rows=rows,
-                              small_engine=small)
+    def int8(site: Site) -> Int8Linear:
+        rows, small = small_rows(site.config, name)
+        down = site.role == "down"  # per token, bounded below by the activation it reads (module docstring)
+        return Int8Linear(site.weight, site.bias, name, per_token=down,
+                          least_input=least_value(site.activation) if down else None, small_rows=rows,
+                          small_engine=small)
 
-        for module in list(encoder.modules()):
-            if is_attention(module):
-                pack_qkv(module, int8)  # [3H, H]
-                module.output = int8(module.output.weight, module.output.bias)
-            if is_layer(module):
-                ff = module.feed_forward
-                ff.up = int8(ff.up.weight, ff.up.bias)
-                ff.down = int8(ff.down.weight, ff.down.bias, per_token=True, least_input=least)
-    return model
+    return replace_linears(model, int8)
 
 
+@functools.cache
 def least_value(function) -> float | None:
     """The least value an elementwise `function` takes (exact GELU -0.16997, ReLU 0), found on a grid of
     [-50, 50]; None where the least value on the grid lies at its ends (not bounded below, as far as it shows)."""
@@ -267,7 +261,7 @@ def least_value(function) -> float | None:
 
 def int8_linears(model: nn.Module) -> list[str]:
     """Names of the `Int8Linear` modules inside `model`."""
-    return [name for name, module in model.named_modules() if isinstance(module, Int8Linear)]
+    return replaced_by(model, Int8Linear)
 
 
 def is_quantized(model: nn.Module) -> bool:

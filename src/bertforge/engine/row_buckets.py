@@ -1,6 +1,6 @@
 """Row buckets: padding a projection's input rows up to one of a bounded set of row counts.
 
-oneDNN, which runs the CPU int8 (`model.quantization`) and packed bf16 (`model.bf16`) linears, compiles a kernel
+oneDNN, which runs the CPU int8 (`engine.int8`) and packed bf16 (`engine.bf16`) linears, compiles a kernel
 for every row count it meets and keeps at most 1,024 of them. Measured on a 2-core AMX Xeon (one [384 -> 1536]
 linear, row counts 60-99 each called twice; docs/cpu_inference.md, "Row buckets"): int8's first call 823 us, its
 second 169 us; bf16's 904 / 165 us. Without padding, a batch-1 MiniLM call at a length not met before cost ~2.6 ms
@@ -12,7 +12,7 @@ of a call is padding and a process meets 48 row counts up to 512 rows, 128 up to
 The padding rows are zeros and their outputs are dropped. Each row of a linear's output depends on its own input
 row only, with one exception the int8 kernel has: it quantizes its input on one range for the whole call, and that
 range always includes 0, so zero rows leave it as it was. Both functions are TorchScript-compatible, so a traced
-layer graph that reaches them through a function compiled by `scripted` (`quantization.bucketed_linear_dynamic`,
+layer graph that reaches them through a function compiled by `scripted` (`int8.bucketed_linear_dynamic`,
 `bf16.Bf16Linear`) pads each call by its own size, not by the size it was traced at.
 """
 
@@ -57,7 +57,7 @@ def rows_from_bucket(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def scripted(function):
     """`function` compiled by TorchScript, once, on first use (a few ms; importing bertforge compiles nothing).
 
-    Why: `torch.jit.trace` (the layer graph, `fast_paths.LayerGraph`) records a Python function's arithmetic on
+    Why: `torch.jit.trace` (the layer graph, `layer_graph.LayerGraph`) records a Python function's arithmetic on
     sizes as constants of the call it traced; a compiled function called from the traced code keeps it live, so
     each call pads by its own size."""
     with warnings.catch_warnings():

@@ -1,0 +1,115 @@
+"""Choosing how a model runs: `plan_engine` (a user's device, precision, engine kind and threads -> a plan, or a
+refusal), `build_engine` (a loaded model + a plan -> an engine: the only place converters and engines are chosen),
+`as_engine` (what a runner holds: an engine, or a model wrapped as it is) and `check_precision`.
+
+`ENGINES` maps an engine kind to its class (`engine.Engine`); a kind declares the devices and precisions it runs,
+which `plan_engine` checks before any work, and builds itself for a plan (`Engine.build(model, plan)`, which only
+`build_engine` calls: `TorchEngine.build` chooses PyTorch's converters). Adding an engine is its own file plus one
+line here. A figure labelled int8 is always one measured with int8 layers (`check_precision`), and a model
+prepared for bf16 never runs without autocast.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from bertforge.engine.bf16 import is_bf16
+from bertforge.engine.engine import Engine, TorchEngine
+from bertforge.engine.int8 import is_quantized
+from bertforge.engine.plan import EnginePlan, plan_precision, plan_threads
+from bertforge.errors import ConfigError
+from bertforge.runtime import DEFAULT_PRECISION, resolve_device
+
+# Engine kind -> its class (`Engine.build(model, plan)` makes one). The first is the default.
+ENGINES: dict[str, type[Engine]] = {
+    "torch": TorchEngine,
+}
+KINDS = tuple(ENGINES)
+DEFAULT_KIND = KINDS[0]
+
+
+def plan_engine(device: str | torch.device | None = "auto", precision: str = DEFAULT_PRECISION,
+                kind: str = DEFAULT_KIND, threads: int | None = None, *, where: str = "precision") -> EnginePlan:
+    """The plan every command makes from its flags (`--device`, `--precision`, `--engine`, `--threads`) before any
+    work: the one precision rule (`plan.plan_precision`), then what the engine kind runs.
+
+    Raises:
+        ConfigError: an unknown device or kind, a precision the device cannot honour, a device or precision
+            the kind does not run, a thread count that is not a positive integer.
+    """
+    run_device = resolve_device(device)
+    if kind not in ENGINES:
+        raise ConfigError(f"unknown engine {kind!r}; use one of {', '.join(KINDS)}")
+    chosen, why = plan_precision(precision, run_device, where)
+    engine = ENGINES[kind]
+    if engine.devices and run_device.type not in engine.devices:
+        raise ConfigError(f"engine {kind} runs on {' or '.join(engine.devices)}, and this run is on "
+                          f"{run_device.type}; use --device {engine.devices[0]}, or --engine {DEFAULT_KIND}")
+    if engine.precisions and chosen not in engine.precisions:
+        raise ConfigError(f"engine {kind} runs at {' or '.join(engine.precisions)}, not {chosen}; use --precision "
+                          f"{engine.precisions[0]}, or --engine {DEFAULT_KIND} for {chosen}")
+    count, threads_why = plan_threads(threads, run_device)
+    return EnginePlan(run_device, chosen, kind, count, f"{why}; {threads_why}")
+
+
+def build_engine(model: nn.Module | Engine, plan: EnginePlan, source: str | os.PathLike | None = None) -> Engine:
+    """The engine that runs `model` as `plan` says; the model is converted in place (load it again for another
+    plan). `source`: the model directory `model` was loaded from, where known (an engine that exports a graph
+    keeps it beside the model). An engine already built for this plan is returned as it is (pipelines sharing
+    one loaded model share its engine).
+
+    Raises:
+        ConfigError: an engine built for another plan, or a model already prepared for another precision.
+    """
+    if isinstance(model, Engine):
+        if model.plan != plan:
+            raise ConfigError(f"this engine runs {model.plan.describe()}, not {plan.describe()}; load the model "
+                              "again for another plan")
+        return model
+    check_precision(model, plan.precision, unprepared_ok=True)
+    return ENGINES[plan.kind].build(model, plan, source)
+
+
+def as_engine(model: nn.Module | Engine, *, device: torch.device | str | None = None,
+              precision: str = DEFAULT_PRECISION) -> Engine:
+    """What a runner holds: `model` itself when it is an engine (refused at another precision), else the model
+    as it is wrapped in a `TorchEngine` (no converter applied: a model being trained runs as it trains), on
+    `device` (default: the model's) at a concrete `precision`.
+
+    Raises:
+        ConfigError: the engine or model was prepared for another precision, or int8 for a model not quantized.
+    """
+    check_precision(model, precision)
+    if isinstance(model, Engine):
+        return model
+    where = torch.device(device) if device is not None else next(model.parameters()).device
+    return TorchEngine(model, EnginePlan(where, precision, reason="the model as given"))
+
+
+def prepared_precision(model: nn.Module | Engine) -> str | None:
+    """The precision `model` was prepared for ("int8", "bf16"; an engine's plan precision), None if unprepared."""
+    if isinstance(model, Engine):
+        return model.plan.precision
+    if is_quantized(model):
+        return "int8"
+    return "bf16" if is_bf16(model) else None
+
+
+def check_precision(model: nn.Module | Engine, precision: str, unprepared_ok: bool = False) -> None:
+    """Refuse to run a model at a precision it was not prepared for: an engine runs at its plan's precision, a
+    model prepared for int8 or bf16 runs at that precision only, and int8 needs an int8 model (unless
+    `unprepared_ok`: an engine is about to prepare it)."""
+    prepared = prepared_precision(model)
+    if prepared is not None and prepared != precision:
+        raise ConfigError(f"precision {precision} was asked for, but the model is prepared for {prepared} "
+                          f"inference; run it at {prepared}, or load it again for {precision}")
+    if precision == "int8" and prepared is None and not unprepared_ok:
+        raise ConfigError("precision int8 was asked for, but the model is not int8-quantized; build its engine "
+                          "first: bertforge.engine.build_engine(model, plan_engine('cpu', 'int8'))")
+
+
+__all__ = ["DEFAULT_KIND", "ENGINES", "KINDS", "as_engine", "build_engine", "check_precision", "plan_engine",
+           "prepared_precision"]
