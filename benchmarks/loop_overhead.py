@@ -6,7 +6,8 @@ Three measurements, each in one run, printed as JSON (and written to --out when 
 - ``loop``: `run_pretraining` (what `bertforge pretrain` runs) against a bare loop (forward, backward,
   AdamW step) over the same model, the same batches (taken from the same data stream beforehand, already on
   the device) and the same precision; steps/s between the first and the last log line of each, so warm-up
-  (and compilation with --compile) is left out. With --transformers, transformers' BertForPreTraining does
+  (and compilation with --compile) is left out; and the fastest window between two log lines of all runs of
+  each (`ratio_fastest_command_to_bare`), the figure other jobs on a shared machine disturb least. With --transformers, transformers' BertForPreTraining does
   the bare loop on the same batches too (padded, labels as [B, T]).
 - ``pipeline``: batches/s of the pretraining stream (`PretrainingData`: read, mask, collate) at T=128, in
   process and with DataLoader workers, against the per-instance path it replaced (one generator, one
@@ -76,8 +77,14 @@ def steps_per_s(times: list[tuple[int, float]]) -> float:
     return (last - first) / max(end - start, 1e-9)
 
 
-def command_run(data: Path, out: Path, args) -> tuple[float, PretrainConfig]:
-    """`run_pretraining` as `bertforge pretrain` runs it; steps/s between its first and last log line."""
+def fastest_window(times: list[tuple[int, float]]) -> float:
+    """Steps/s of the fastest window between two consecutive (step, time) points: on a machine other jobs
+    share, the window they disturbed least (the overall rate swings with their load, 2-3x on 2 cores)."""
+    return max(steps_per_s(pair) for pair in zip(times, times[1:]))
+
+
+def command_run(data: Path, out: Path, args) -> tuple[list[tuple[int, float]], PretrainConfig]:
+    """`run_pretraining` as `bertforge pretrain` runs it; the (step, time) of its log lines."""
     training = TrainingConfig(steps=args.steps, batch_size=args.batch_size, lr=1e-4, warmup_steps=10,
                               log_every=args.log_every, precision=args.precision, device=args.device,
                               out_dir=str(out), progress=False, tensorboard=False, compile=args.compile,
@@ -86,11 +93,11 @@ def command_run(data: Path, out: Path, args) -> tuple[float, PretrainConfig]:
                             pack_sequences=args.pack)
     run_pretraining(config)
     events = [e for e in read_metrics(out) if e["split"] == "train"]
-    return steps_per_s([(e["step"], e["time"]) for e in events]), config
+    return [(e["step"], e["time"]) for e in events], config
 
 
-def bare_run(data: Path, config: PretrainConfig, args) -> float:
-    """The same model, batches and precision in a bare loop; steps/s after the first `log_every` steps."""
+def bare_run(data: Path, config: PretrainConfig, args) -> list[tuple[int, float]]:
+    """The same model, batches and precision in a bare loop; (step, time) every `log_every` steps."""
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     tokenizer = Tokenizer.from_pretrained(data)
     torch.manual_seed(42)
@@ -111,10 +118,10 @@ def bare_run(data: Path, config: PretrainConfig, args) -> float:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             times.append((step, time.perf_counter()))
-    return steps_per_s(times)
+    return times
 
 
-def transformers_run(data: Path, config: PretrainConfig, args) -> float:
+def transformers_run(data: Path, config: PretrainConfig, args) -> list[tuple[int, float]]:
     """transformers' BertForPreTraining, bare loop, the same batches (padded; labels [B, T])."""
     import transformers
 
@@ -152,7 +159,7 @@ def transformers_run(data: Path, config: PretrainConfig, args) -> float:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             times.append((step, time.perf_counter()))
-    return steps_per_s(times)
+    return times
 
 
 def measure_loop(args, work: Path) -> dict:
@@ -166,11 +173,19 @@ def measure_loop(args, work: Path) -> dict:
             theirs.append(transformers_run(data, config, args))
     result = {"preset": args.preset, "batch_size": args.batch_size, "tokens": args.tokens,
               "precision": args.precision, "compile": args.compile, "pack_sequences": args.pack,
-              "command_steps_per_s": commands, "bare_steps_per_s": bares,
-              "ratio_command_to_bare": statistics.median(c / b for c, b in zip(commands, bares))}
+              "command_steps_per_s": [steps_per_s(t) for t in commands],
+              "bare_steps_per_s": [steps_per_s(t) for t in bares],
+              "ratio_command_to_bare": statistics.median(steps_per_s(c) / steps_per_s(b)
+                                                         for c, b in zip(commands, bares)),
+              # the fastest window of all runs of each: the figure least disturbed by other jobs
+              "command_fastest_window_steps_per_s": max(fastest_window(t) for t in commands),
+              "bare_fastest_window_steps_per_s": max(fastest_window(t) for t in bares)}
+    result["ratio_fastest_command_to_bare"] = (result["command_fastest_window_steps_per_s"]
+                                               / result["bare_fastest_window_steps_per_s"])
     if theirs:
-        result["transformers_steps_per_s"] = theirs
-        result["ratio_command_to_transformers"] = statistics.median(c / t for c, t in zip(commands, theirs))
+        result["transformers_steps_per_s"] = [steps_per_s(t) for t in theirs]
+        result["ratio_command_to_transformers"] = statistics.median(steps_per_s(c) / steps_per_s(t)
+                                                                    for c, t in zip(commands, theirs))
     return result
 
 
