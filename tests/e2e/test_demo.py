@@ -3,8 +3,6 @@
 from fractions import Fraction
 from pathlib import Path
 
-import pytest
-
 from bertforge import demo
 from bertforge.data.corpus import read_documents
 from bertforge.data.preparation import _is_heldout, prepare_corpus
@@ -14,8 +12,6 @@ from bertforge.tokenization.vocab_builder import build_vocab
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOKS = ROOT / "data" / "demo" / "en"
-# The word each English fill-mask sentence had, in order.
-ANSWERS = ("bed", "room", "hand", "Elizabeth", "Geneva")
 
 
 def test_demo_fill_mask_sentences_are_held_out_text():
@@ -24,9 +20,9 @@ def test_demo_fill_mask_sentences_are_held_out_text():
     heldout, train = set(), set()
     for number, document in enumerate(documents):
         (heldout if _is_heldout(number, rate) else train).update(document.sentences)
-    probes = demo.LANGUAGES["en"].probes
-    assert len(probes) == len(ANSWERS)
-    for probe, answer in zip(probes, ANSWERS):
+    probes, answers = demo.LANGUAGES["en"].probes, demo.LANGUAGES["en"].answers
+    assert len(probes) == len(answers)
+    for probe, answer in zip(probes, answers):  # the word the demo prints beside each probe is the book's
         assert probe.count("[MASK]") == 1
         sentence = probe.replace("[MASK]", answer)
         assert sentence in heldout and sentence not in train, sentence
@@ -48,4 +44,13 @@ def test_demo_step_cost_is_measured_on_the_prepared_data(tmp_path, monkeypatch):
     cost = demo.measure_step_cost("tiny", tmp_path / "data", tmp_path / "timing", seed=0)
     assert cost.step_seconds > 0 and cost.eval_seconds >= 0
     assert not (tmp_path / "timing").exists()  # the warm-up leaves nothing behind
-    assert demo.StepCost(step_seconds=0.5, eval_seconds=3.0).minutes(120, 5) == pytest.approx(1.25)
+
+
+def test_demo_pretrains_its_recipe_for_the_time_budget(tmp_path):
+    config = demo.pretraining_settings("tiny", tmp_path / "data", tmp_path / "out", 3500, seed=0, minutes=5.0)
+    training = config.training
+    assert (config.objective, training.schedule, config.masking.mlm_probability) == ("mlm", "wsd", 0.15)
+    assert training.minutes == 5.0 and training.steps == 0  # the budget ends the run, not a step count
+    assert training.eval_every == 700 and training.log_every == 175  # the evaluations spread over the steps expected
+    timed = demo.pretraining_settings("tiny", tmp_path / "data", tmp_path / "out", 15, seed=0)
+    assert timed.training.steps == 15 and timed.training.minutes == 0  # the warm-up: the same recipe, by steps

@@ -74,13 +74,15 @@ def test_new_user_a_bad_flag_value_is_one_line_naming_the_flag(tmp_path, capsys)
 
 
 def test_new_user_demo_minutes_are_kept_and_the_cost_said():
-    from bertforge.demo import MIN_PRETRAIN_STEPS, pretraining_steps
+    from bertforge.demo import MIN_PRETRAIN_STEPS, pretraining_budget
 
-    steps, note = pretraining_steps(None, step_seconds=2.0)  # a slow machine, no budget given: the floor
-    assert steps == MIN_PRETRAIN_STEPS and "pass --minutes" in note
-    steps, note = pretraining_steps(1.0, step_seconds=2.0)  # a budget given is kept: 27 steps, said
-    assert steps == 27 and "fewer than 600 steps" in note
-    assert pretraining_steps(10.0, step_seconds=0.5) == (1080, "")
+    # a slow machine, no budget given: the floor's steps, and the minutes they take
+    minutes, steps, note = pretraining_budget(None, step_seconds=0.2)
+    assert steps == MIN_PRETRAIN_STEPS and minutes == pytest.approx(MIN_PRETRAIN_STEPS * 0.2 / 0.9 / 60)
+    assert "pass --minutes" in note
+    minutes, steps, note = pretraining_budget(1.0, step_seconds=2.0)  # a budget given is kept: 27 steps, said
+    assert (minutes, steps) == (1.0, 27) and f"fewer than {MIN_PRETRAIN_STEPS} steps" in note
+    assert pretraining_budget(10.0, step_seconds=0.1) == (10.0, 5400, "")
 
 
 def test_new_user_usual_jsonl_shape_reads_without_flags(tiny_minilm_model, tmp_path, capsys):
