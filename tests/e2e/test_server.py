@@ -55,6 +55,9 @@ def running(app):
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
             # The server warms each model up at start (one request per task); the tests count calls after it.
+            # The warm-up's first calls can take long on a loaded 2-core machine (CI), so readiness gets its own
+            # minute.
+            deadline = time.monotonic() + 60
             while client.get("/ready").status_code != 200:
                 assert time.monotonic() < deadline, "server never became ready"
                 time.sleep(0.01)

@@ -93,6 +93,8 @@ def test_fixed_shapes_batches_keep_the_tight_batch_and_take_few_shapes(data_dir)
 def test_compiled_packed_unpadded_steps_build_a_bounded_number_of_graphs(tmp_path, data_dir, monkeypatch):
     # With the NSP head: its pooled [CLS] rows, one per packed sequence, are a size known only from the batch.
     torch._dynamo.reset()
+    # reset() keeps the counters: graph breaks of other tests' compiled models would count here.
+    torch._dynamo.utils.counters.clear()
     counter = CompileCounter()
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: real_compile(model, backend=counter))
