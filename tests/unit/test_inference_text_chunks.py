@@ -114,3 +114,30 @@ def test_text_chunks_late_chunking_pools_each_chunk_from_one_pass_over_its_windo
     assert float(alone @ vectors[1]) < 0.9999  # the chunk saw its context: not the chunk embedded alone
     with pytest.raises(ConfigError, match="add --chunk TOKENS"):
         E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / "w", device="cpu", late_chunking=True)
+
+
+class CountingProgress:
+    """An `embed_corpus.EmbedProgress` that keeps what it is told: the total, and every advance."""
+
+    def __init__(self) -> None:
+        self.total, self.done, self.advances = None, None, []
+
+    def start(self, total: int, done: int) -> None:
+        self.total, self.done = total, done
+
+    def advance(self, texts: int) -> None:
+        self.advances.append(texts)
+
+
+def test_text_chunks_progress_counts_texts_not_chunks(tiny_minilm_model, tmp_path):
+    texts = [TEXT, "A short line about the sea.", TEXT.upper()]  # the long ones make several chunks each
+    (tmp_path / "c.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    for name, options in (("chunk", {}), ("late", {"late_chunking": True})):
+        progress = CountingProgress()
+        manifest = E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / name, device="cpu",
+                                  shard_size=2, batch_size=2, max_length=24, chunk=8, chunk_overlap=2,
+                                  progress=progress, **options)
+        assert manifest["count"] > 2 * len(texts)  # more rows than texts: the bar must not count rows
+        assert (progress.total, progress.done) == (len(texts), 0)
+        assert sum(progress.advances) == len(texts), (name, progress.advances)
+        assert len(progress.advances) >= 2 and all(step > 0 for step in progress.advances)

@@ -57,7 +57,7 @@ from bertforge.errors import ConfigError, DataError, InputError
 from bertforge.inference import pipelines
 from bertforge.inference.pipelines import EmbedPipeline, feature_tokens
 from bertforge.inference.sparse_vectors import SPARSE_FILES, SPARSE_TASK, encode_sparse_parsed, sparse_arrays
-from bertforge.inference.text_chunks import check_chunking, chunk_spans, late_chunk_vectors
+from bertforge.inference.text_chunks import check_chunking, chunk_spans, late_chunk_vectors, per_text
 from bertforge.inference.vector_quantization import (
     DEFAULT_CALIBRATION_SIZE,
     QUANTIZED_DTYPES,
@@ -323,7 +323,8 @@ def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, r
                 ) -> tuple[list[str], np.ndarray | SparseRows, int]:
     """(ids, vectors [n, D] float32, tokens) of one shard, as `pipeline.encode(texts, prompt=prompt)` makes
     them (an embed-sparse pipeline's: `SparseRows`, as `sparse_vectors.encode_sparse`); every record is parsed and checked before the model runs, whose batches go by length while a
-    thread tokenizes the next ones (`evaluation.run_streamed`; `on_batch(texts)` after each batch).
+    thread tokenizes the next ones (`evaluation.run_streamed`; `on_batch(texts)` after each batch, in records
+    even where a record makes several rows: `text_chunks.per_text`).
 
     `chunking` ({"chunk", "chunk_overlap"} in tokens, `embed --chunk`): every record becomes one row per chunk
     (`text_chunks.chunk_spans`), each with the record's id; `spans` then gets [record, start, end] per row
@@ -354,6 +355,7 @@ def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, r
             if spans is not None:
                 spans += [[number, c.start, c.end] for c in mine]
         return rows_ids, vectors, tokens
+    on_batch = per_text(on_batch, len(records), len(parsed))  # told in records, though chunks are more
     if pipeline.task == SPARSE_TASK:
         rows, tokens = encode_sparse_parsed(pipeline, parsed, options, on_batch)
         return ids, rows, tokens

@@ -12,10 +12,14 @@ Late chunking (`late_chunk_vectors`, `embed --late-chunking`): the text runs thr
 windows as long as the model's (prompt, [CLS] and [SEP] included; consecutive, not overlapping), and each
 chunk's vector is the mean of its own tokens' output vectors in that pass, so every chunk has seen the
 context around it. Chunks are cut inside each window (a chunk never straddles two passes).
+
+Progress (`per_text`): `embed` shows texts done, but the model runs chunks (or late chunking's passes), more of
+them than texts; each batch advances the display by its share of the texts, so a shard adds up to its texts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,10 +66,29 @@ def chunk_spans(tokenizer, text: str, chunk: int, overlap: int = 0) -> list[Chun
             for first, size in window_spans(len(offsets), chunk, chunk - overlap)]
 
 
+def per_text(on_batch: Callable[[int], None] | None, texts: int, rows: int) -> Callable[[int], None] | None:
+    """`on_batch` (told texts done) for a model run of `rows` inputs made from `texts` texts: each batch of n
+    rows tells it the texts that n rows stand for, rounded down as they add up, so the last batch brings the
+    sum to exactly `texts` (a progress total counts texts; counting rows ran past it)."""
+    if on_batch is None or texts == rows:
+        return on_batch
+    ran = told = 0
+
+    def advance(count: int) -> None:
+        nonlocal ran, told
+        ran += count
+        now = ran * texts // rows
+        if now > told:
+            on_batch(now - told)
+            told = now
+    return advance
+
+
 def late_chunk_vectors(pipeline, options: dict, prompt: str, texts: list[str], chunk: int, overlap: int = 0,
                        on_batch=None) -> tuple[np.ndarray, list[list[Chunk]], int]:
     """(vectors [rows, H] float32, each text's chunks, tokens run): late chunking of `texts` (module
-    docstring) with an embed pipeline's mean pooling (`options`: its checked options; normalize applies)."""
+    docstring) with an embed pipeline's mean pooling (`options`: its checked options; normalize applies).
+    `on_batch(texts)` after each model batch, in texts (`per_text`)."""
     check_chunking(chunk, overlap)
     if options["pooling"] != "mean":
         raise ConfigError(f"late chunking averages each chunk's token vectors; it needs --pooling mean, not "
@@ -88,7 +111,8 @@ def late_chunk_vectors(pipeline, options: dict, prompt: str, texts: list[str], c
                 a, b = first + start, first + start + length
                 mine.append((len(passes) - 1, Chunk(a, b, offsets[a][0], offsets[b - 1][1]), first))
         chunks.append(mine)
-    _, outputs = pipeline.stream(passes, {**options, "token_vectors": True}, on_batch=on_batch)
+    _, outputs = pipeline.stream(passes, {**options, "token_vectors": True},
+                                 on_batch=per_text(on_batch, len(texts), len(passes)))
     shift = 1 + len(prompt_ids)  # [CLS] and the prompt come before the text's first token
     rows = []
     for mine in chunks:
@@ -101,4 +125,4 @@ def late_chunk_vectors(pipeline, options: dict, prompt: str, texts: list[str], c
     return vectors.numpy().astype(np.float32), [[c for _, c, _ in mine] for mine in chunks], tokens
 
 
-__all__ = ["Chunk", "check_chunking", "chunk_spans", "late_chunk_vectors"]
+__all__ = ["Chunk", "check_chunking", "chunk_spans", "late_chunk_vectors", "per_text"]
