@@ -23,7 +23,10 @@ TEXTS = ["Deep Learning is not...", "Deep learning is...", "The stock market fel
 
 @pytest.fixture(scope="module")
 def app(tiny_sparse_model, tiny_minilm_model):
-    return create_app({"splade": tiny_sparse_model, "embedder": tiny_minilm_model}, device="cpu", max_items=8)
+    # max_queue_wait_s: these tests check shapes, not admission; on a loaded 2-core machine the throughput the
+    # scheduler measured made single requests 429s ("would wait about 62 s")
+    return create_app({"splade": tiny_sparse_model, "embedder": tiny_minilm_model}, device="cpu", max_items=8,
+                      max_queue_wait_s=600)
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +48,21 @@ def test_tei_embed_sparse_gives_each_texts_terms_as_index_value(client, tiny_spa
         TEI_QUERY, add_special_tokens=False).ids
     by_ids = client.post("/models/splade/embed_sparse", json={"inputs": ids}).json()
     assert [item["index"] for item in by_ids[0]] == [item["index"] for item in body[0]]
+
+
+def test_tei_root_of_a_sparse_model_answers_as_embed_sparse(client):
+    # TEI serves POST / (and /invocations) of an embedding model pooled by "splade" as /embed_sparse
+    expected = client.post("/models/splade/embed_sparse", json={"inputs": TEXTS[:2]}).json()
+    for path in ("/models/splade", "/models/splade/invocations"):
+        response = client.post(path, json={"inputs": TEXTS[:2]})
+        assert response.status_code == 200, response.text
+        assert response.json() == expected and set(response.json()[0][0]) == {"index", "value"}
+    assert client.get("/models/splade/info").json()["model_type"] == {"embedding": {"pooling": "splade"}}
+    assert client.get("/models/embedder/info").json()["model_type"] == {"embedding": {"pooling": "mean"}}
+    several = client.post("/", json={"inputs": "a"})  # two models: the refusal names each one's own route
+    assert several.status_code == 400 and "/models/splade/embed_sparse" in several.json()["error"]
+    body = client.get("/openapi.json").json()["paths"]["/models/splade"]["post"]["requestBody"]
+    assert body["content"]["application/json"]["schema"]["$ref"].endswith("/EmbedSparseRequest")
 
 
 @pytest.mark.parametrize("path, body, status, words", [

@@ -273,8 +273,9 @@ def info(service: InferenceService) -> dict[str, Any]:
     elif CLASSIFY in pipelines:
         kind, served = {"classifier": labels}, pipelines[CLASSIFY]
     else:
-        kind = {"embedding": {"pooling": pipelines[EMBED].defaults["pooling"] if EMBED in pipelines else "cls"}}
-        served = pipelines.get(EMBED) or next(iter(pipelines.values()))
+        kind = {"embedding": {"pooling": "splade" if EMBED_SPARSE in pipelines else pipelines[EMBED].defaults[
+            "pooling"] if EMBED in pipelines else "cls"}}  # TEI's name of a sparse model's pooling: splade
+        served = pipelines.get(EMBED_SPARSE) or pipelines.get(EMBED) or next(iter(pipelines.values()))
     first = pipelines.get(EMBED) or next(iter(pipelines.values()))
     settings = service.settings
     return {"model_id": service.model_name, "model_sha": None,
@@ -374,8 +375,11 @@ ROOT_PATHS = ("/", "/invocations")
 
 def root_path_of(service: InferenceService) -> str:
     """The TEI route a model answers at `POST /`, as TEI picks it from the model's kind: a reranker reranks, a
-    classifier predicts, any other model embeds."""
-    return "/rerank" if RERANK in service.pipelines else "/predict" if CLASSIFY in service.pipelines else "/embed"
+    classifier predicts, a sparse (SPLADE) model gives sparse vectors (TEI: an embedding model pooled by
+    "splade" answers as /embed_sparse, though its encoder could also give dense vectors), any other embeds."""
+    pipelines = service.pipelines
+    return "/rerank" if RERANK in pipelines else "/predict" if CLASSIFY in pipelines else \
+        "/embed_sparse" if EMBED_SPARSE in pipelines else "/embed"
 
 
 def root_request(service: InferenceService) -> str:
