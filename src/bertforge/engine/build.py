@@ -19,6 +19,7 @@ from torch import nn
 from bertforge.engine.bf16 import is_bf16
 from bertforge.engine.engine import Engine, TorchEngine
 from bertforge.engine.int8 import is_quantized
+from bertforge.engine.onnxruntime import OrtEngine
 from bertforge.engine.plan import EnginePlan, plan_precision, plan_threads
 from bertforge.errors import ConfigError
 from bertforge.runtime import DEFAULT_PRECISION, resolve_device
@@ -26,6 +27,7 @@ from bertforge.runtime import DEFAULT_PRECISION, resolve_device
 # Engine kind -> its class (`Engine.build(model, plan)` makes one). The first is the default.
 ENGINES: dict[str, type[Engine]] = {
     "torch": TorchEngine,
+    "onnxruntime": OrtEngine,
 }
 KINDS = tuple(ENGINES)
 DEFAULT_KIND = KINDS[0]

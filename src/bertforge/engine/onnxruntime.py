@@ -1,0 +1,258 @@
+"""`OrtEngine`: a model run by ONNX Runtime, through the exported and optimized graph (fp32, or int8).
+
+The engine is model-shaped like every engine: a family's forward calls it with `input_ids`, `token_type_ids` and
+`attention_mask` and reads the fields the PyTorch model returns (`logits`, `start_logits`/`end_logits`,
+`last_hidden_state`/`pooled_output`), so features, batching and decoding are the families' own, shared with the
+PyTorch engine. `engine.bert` is the encoder's graph (what the embedding family runs on any model). Output fields
+that do not depend on the input (a CRF's transition scores: `constant_outputs`) come from the PyTorch model. A
+family whose forward asks the model for more than its exported outputs (fill-mask's masked positions, sparse
+vectors' pooling) is refused with the fix (`prepare`).
+
+The graph is `bertforge export --optimize [--quantize int8]`'s: our export of the plain path
+(`onnx_export.trace_module`), fused by ONNX Runtime's BERT optimizer (`onnx_graph.fuse`: Attention,
+EmbedLayerNormalization, SkipLayerNormalization, BiasGelu) and held to PyTorch within 1e-4 before it is used,
+then for int8 quantized by ONNX Runtime's dynamic quantizer with per-channel weight scales
+(`onnx_graph.quantize_int8`). It is made once per model and settings and kept in `<model dir>/.bertforge-onnx/
+<key>/` (or, where the model directory is not writable or unknown, `$BERTFORGE_CACHE/onnx/<key>/`, default
+`~/.cache/bertforge/onnx`), the key the sha256 of the weights' checksum and the export settings
+(`graph_key`); a later run with the same weights and settings loads it without exporting. The session runs on
+the CPU with the plan's intra-op thread count and one inter-op thread, both reported by `describe` (`/health`).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertforge.engine.engine import Engine
+from bertforge.engine.onnx_export import (
+    DEFAULT_OPSET,
+    FP32_TOLERANCE,
+    INPUT_NAMES,
+    check_parity,
+    max_differences,
+    output_axes,
+    trace_module,
+)
+from bertforge.engine.plan import EnginePlan
+from bertforge.errors import ConfigError
+from bertforge.families import registry
+from bertforge.model.bert import BertModel
+from bertforge.model.fast_paths import set_fast_paths
+
+CACHE_FOLDER = ".bertforge-onnx"
+CACHE_VERSION = 1  # part of every key: a change of how graphs are made makes new ones
+GRAPH_FILES = {"fp32": "model.optimized.onnx", "int8": "model.int8.onnx"}
+RECORD_NAME = "engine.json"
+# The graph is one chain of operators: a second inter-op thread would only spin beside the intra-op pool.
+INTER_OP_THREADS = 1
+
+
+def onnxruntime_module():
+    """The onnxruntime package (ConfigError naming the extra when it is missing)."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ConfigError("--engine onnxruntime needs the 'export' extra (onnx, onnxruntime): "
+                          "pip install 'bertforge[export]'") from None
+    return onnxruntime
+
+
+def weights_checksum(module: nn.Module) -> str:
+    """sha256 of the module's saved tensors (names, shapes, dtypes and bytes, in name order): the weights as
+    they run, whether or not they came from a file."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def graph_key(module: nn.Module, precision: str, outputs: list[str]) -> tuple[str, dict[str, Any]]:
+    """(key, what it hashes): the weights' checksum and the export settings."""
+    settings = {"version": CACHE_VERSION, "weights": weights_checksum(module), "class": type(module).__name__,
+                "outputs": outputs, "precision": precision, "opset": DEFAULT_OPSET,
+                "onnxruntime": onnxruntime_module().__version__, "torch": torch.__version__.split("+")[0]}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:32], settings
+
+
+def cache_root(source: str | os.PathLike | None) -> Path:
+    """Where graphs are kept: beside the model directory when it is known and writable, else the user cache."""
+    if source is not None:
+        folder = Path(source)
+        if folder.is_file():
+            folder = folder.parent
+        if folder.is_dir() and os.access(folder, os.W_OK):
+            return folder / CACHE_FOLDER
+    base = os.environ.get("BERTFORGE_CACHE") or Path.home() / ".cache" / "bertforge"
+    return Path(base) / "onnx"
+
+
+@dataclass
+class Graph:
+    """One exported graph in its session: file, output names, whether it was exported now or reused, and the
+    export's record (fused operator counts, parity with PyTorch)."""
+
+    path: Path
+    outputs: list[str]
+    inputs: list[str]
+    session: Any
+    cache: str
+    record: dict[str, Any]
+
+    def describe(self) -> dict[str, Any]:
+        return {"file": str(self.path), "cache": self.cache, "outputs": self.outputs,
+                "fused": self.record.get("fused", {}), "max_abs_diff_fp32": self.record.get("max_abs_diff", {})}
+
+
+def export_graph(module: nn.Module, family: Any, folder: Path, precision: str) -> dict[str, Any]:
+    """Export `module` on the plain path, fuse it, hold it to PyTorch, quantize it for int8, into `folder`; the
+    record of what was made."""
+    from bertforge.engine.onnx_graph import fuse, quantize_int8  # onnx and onnxruntime: the export extra
+
+    plain_model = set_fast_paths(copy.deepcopy(module), unpad=False, fused_qkv=False).float().eval()
+    plain = folder / "model.onnx"
+    reference = trace_module(plain_model, family, plain)
+    config = plain_model.config
+    optimized = folder / GRAPH_FILES["fp32"]
+    fused = fuse(plain, optimized, config.num_attention_heads, config.hidden_size)
+    plain.unlink()  # the optimized graph holds every weight again
+    session = onnxruntime_module().InferenceSession(str(optimized), providers=["CPUExecutionProvider"])
+    differences = max_differences(reference, family, session)
+    check_parity(optimized, differences, FP32_TOLERANCE)
+    if precision == "int8":
+        quantize_int8(optimized, folder / GRAPH_FILES["int8"])
+    return {"outputs": list(reference.names), "fused": fused, "max_abs_diff": differences}
+
+
+class OrtEngine(Engine):
+    """ONNX Runtime running the model's exported graph (module docstring), on the CPU, at fp32 or int8."""
+
+    kind = "onnxruntime"
+    devices = ("cpu",)
+    precisions = ("fp32", "int8")
+
+    @classmethod
+    def build(cls, model: nn.Module, plan: EnginePlan, source: str | os.PathLike | None = None) -> OrtEngine:
+        onnxruntime_module()
+        return cls(model.to(plan.device).eval(), plan, source)
+
+    def __init__(self, model: nn.Module, plan: EnginePlan, source: str | os.PathLike | None = None):
+        converters = ["onnx_export", "ort_optimizer"] + (["ort_int8"] if plan.precision == "int8" else [])
+        super().__init__(model, plan, converters)
+        # Plain attributes (not submodules): the graph, its lock, and the encoder's own engine.
+        self.__dict__.update(source=source, graph=None, lock=threading.Lock(), encoder_engine=None)
+
+    # --- the graph -------------------------------------------------------------------------------------
+    def runs(self, family: Any) -> bool:
+        return family.runs_as_graph
+
+    def prepare(self, family: Any) -> None:
+        """Export (or load) the graph `family` reads now, not at the first request; refuse a family whose
+        forward asks the model for more than its graph gives."""
+        if not self.runs(family):
+            raise ConfigError(f"the {family.name} family asks the model for more than its exported graph gives "
+                              "(input_ids, token_type_ids and attention_mask in, the family's outputs out); run it "
+                              "with --engine torch")
+        target = self if isinstance(self.model, family.model_class) else self.bert
+        target.session_graph()
+
+    def session_graph(self) -> Graph:
+        """The wrapped model's graph in its session: loaded from the cache, else exported into it first."""
+        if self.graph is not None:
+            return self.graph
+        with self.lock:
+            if self.graph is None:
+                self.__dict__["graph"] = self.load_graph()
+        return self.graph
+
+    def load_graph(self) -> Graph:
+        family = registry.for_model(self.model)
+        precision = self.plan.precision
+        names = list(output_axes(self.model, family))
+        key, settings = graph_key(self.model, precision, names)
+        folder = cache_root(self.source) / key
+        cache = "reused"
+        if not (folder / RECORD_NAME).is_file():
+            cache = "exported"
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=folder.parent))
+            try:
+                record = {**export_graph(self.model, family, work, precision), "key": settings}
+                (work / RECORD_NAME).write_text(json.dumps(record, indent=1), encoding="utf-8")
+                try:
+                    os.replace(work, folder)
+                except OSError:  # another process made it first: use theirs
+                    cache = "reused"
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+        record = json.loads((folder / RECORD_NAME).read_text(encoding="utf-8"))
+        path = folder / GRAPH_FILES[precision]
+        ort = onnxruntime_module()
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.plan.threads or 1
+        options.inter_op_num_threads = INTER_OP_THREADS
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return Graph(path, record["outputs"], [i.name for i in session.get_inputs()], session, cache, record)
+
+    # --- model-shaped ----------------------------------------------------------------------------------
+    @property
+    def bert(self) -> OrtEngine:
+        """The encoder's graph, as an engine of its own (the engine itself for a bare encoder)."""
+        if isinstance(self.model, BertModel):
+            return self
+        if self.encoder_engine is None:
+            self.__dict__["encoder_engine"] = OrtEngine(self.model.bert, self.plan, self.source)
+        return self.encoder_engine
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, **asked: Any) -> GraphOutput:
+        more = sorted(name for name, value in asked.items() if value is not None and value is not False)
+        if more:
+            raise ConfigError(f"the onnxruntime engine runs the exported graph, which takes input_ids, token_type_ids "
+                              f"and attention_mask only; {', '.join(more)} need --engine torch")
+        graph = self.session_graph()
+        given = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+        feeds = {}
+        for name in graph.inputs:
+            value = given.get(name) if name in INPUT_NAMES else None
+            if value is None:
+                value = torch.ones_like(input_ids) if name == "attention_mask" else torch.zeros_like(input_ids)
+            feeds[name] = value.detach().cpu().numpy().astype(np.int64, copy=False)
+        values = graph.session.run(graph.outputs, feeds)
+        constant = getattr(self.model, "constant_outputs", None)
+        return GraphOutput({**{name: torch.from_numpy(value) for name, value in zip(graph.outputs, values)},
+                            **(constant() if constant is not None else {})})
+
+    def describe(self) -> dict[str, Any]:
+        graphs = {role: engine.graph.describe()
+                  for role, engine in (("model", self), ("encoder", self.encoder_engine))
+                  if engine is not None and engine.graph is not None}
+        return {**super().describe(), "onnxruntime": onnxruntime_module().__version__,
+                "intra_op_threads": self.plan.threads, "inter_op_threads": INTER_OP_THREADS, "graphs": graphs}
+
+
+class GraphOutput(dict):
+    """A graph's outputs by name, read as a model output's fields (`out.logits`); a field the graph does not
+    give reads None, as a model's output field that was not asked for."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self.get(name)
+
+
+__all__ = ["CACHE_FOLDER", "GraphOutput", "OrtEngine", "cache_root", "graph_key", "weights_checksum"]
