@@ -48,12 +48,23 @@ def numbers(value) -> list[float]:
     return []
 
 
+def numbers_of_floats(value) -> list[float]:
+    """The float scores of prediction records (decisions, ints, left out)."""
+    if isinstance(value, float):
+        return [value]
+    if isinstance(value, dict):
+        return [n for key in sorted(value) for n in numbers_of_floats(value[key])]
+    if isinstance(value, list):
+        return [n for item in value for n in numbers_of_floats(item)]
+    return []
+
+
 def words(value):
-    """A prediction record without its numbers (labels, spans, answers)."""
+    """A prediction record without its scores (labels, spans, answers; a list of scores reads empty)."""
     if isinstance(value, dict):
         return {key: words(item) for key, item in value.items() if not isinstance(item, float)}
     if isinstance(value, list):
-        return [words(item) for item in value]
+        return [words(item) for item in value if not isinstance(item, float)]
     return value
 
 
@@ -86,8 +97,8 @@ def test_engine_parity_every_engine_scores_every_family_as_torch_fp32(name, tmp_
             assert words(result.predictions) == words(reference.predictions), kind
             if name not in ILL_CONDITIONED:
                 assert result.metrics == pytest.approx(reference.metrics, abs=FP32_TOLERANCE), kind
-        else:
-            a, b = np.array(got), np.array(expected)
+        else:  # the scores only: a near-tie of the tiny models (choice: 0.500001 vs 0.499999) may flip a decision
+            a, b = (np.array([x for x in numbers_of_floats(r.predictions)]) for r in (result, reference))
             assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) >= INT8_MIN_COSINE, kind
 
 

@@ -375,6 +375,18 @@ def test_layering_only_the_engine_imports_converters_and_onnxruntime():
     assert not found, "converters or onnxruntime imported outside engine/:\n" + "\n".join(found)
 
 
+# Within engine/: the ONNX Runtime engine and the export it runs (what `bertforge export` writes).
+ONNXRUNTIME_ROOMS = ("bertforge.engine.onnxruntime", "bertforge.engine.onnx_export", "bertforge.engine.onnx_graph")
+
+
+def test_layering_only_the_onnxruntime_engine_and_the_export_import_onnxruntime():
+    found = [item.where() for item in collect_imports(SOURCE_ROOT)
+             if item.target.split(".")[0] == "onnxruntime" and item.module not in ONNXRUNTIME_ROOMS]
+    assert not found, "onnxruntime imported outside the engine's ONNX rooms:\n" + "\n".join(found)
+    users = {item.module for item in collect_imports(SOURCE_ROOT) if item.target.split(".")[0] == "onnxruntime"}
+    assert "bertforge.engine.onnxruntime" in users  # the checker sees the engine's (function-level) import
+
+
 def autocast_entries(tree: ast.AST) -> list[int]:
     """Lines that call an `autocast` (torch.autocast, torch.amp.autocast, runtime.autocast, a bare name)."""
     lines = []
