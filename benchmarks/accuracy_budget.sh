@@ -34,7 +34,7 @@ score() {  # model data name
     "$BIN/bertforge" evaluate --model "$model" --data "$data" --precision "$p" --device cpu --out "$OUT/eval/$name-$p"
     echo "$name $p $(cat "$OUT/eval/$name-$p/metrics.json" | tr -d '\n ')"
   done
-  $PY -m benchmarks.ort_int8_accuracy --model "$model" --data "$data" --per-channel --out "$OUT/ort/$name.json"
+  $PY -m benchmarks.ort_int8_accuracy --model "$model" --data "$data" --out "$OUT/ort/$name.json"
   $PY -m benchmarks.accuracy_intervals --model "$model" --data "$data" --resamples "${RESAMPLES:-1000}" \
     --out "$OUT/intervals/$name.json"
 }

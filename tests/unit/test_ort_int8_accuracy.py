@@ -1,5 +1,5 @@
-"""The ONNX Runtime column of the accuracy budget is scored on `bertforge evaluate`'s own path: at fp32 the ORT
-session gives evaluate's metrics (sentence pairs, tagging with a CRF, QA windows), and the SQuAD eval file
+"""The ONNX Runtime column of the accuracy budget is scored on `bertforge evaluate`'s own path, by its ONNX Runtime
+engine: at fp32 it gives evaluate's metrics (sentence pairs, tagging with a CRF, QA windows), and the SQuAD eval file
 written for `evaluate` holds exactly the `squad` task's held-apart articles."""
 
 from __future__ import annotations
@@ -73,6 +73,10 @@ def assert_ort_fp32_is_evaluate(model: Path, data: Path, tmp_path: Path) -> dict
     assert close(out["predictions"]["ORT fp32"], expected.predictions)
     assert out["metrics"]["ORT int8"].keys() == expected.metrics.keys()
     assert out["export"]["fused"]["Attention"] == 2  # the tiny model's layers: the optimizer fused each
+    # The per-channel column is `bertforge evaluate --engine onnxruntime --precision int8` (its cached graph).
+    engine_int8 = evaluate(model, data, out_dir=tmp_path / "ort-int8", device="cpu", engine="onnxruntime",
+                           precision="int8", threads=1)
+    assert engine_int8.metrics == out["metrics"]["ORT int8 per-channel"]
     return out
 
 

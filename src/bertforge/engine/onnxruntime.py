@@ -28,11 +28,10 @@ import os
 import shutil
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -40,7 +39,6 @@ from bertforge.engine.engine import Engine
 from bertforge.engine.onnx_export import (
     DEFAULT_OPSET,
     FP32_TOLERANCE,
-    INPUT_NAMES,
     check_parity,
     max_differences,
     output_axes,
@@ -112,6 +110,7 @@ class Graph:
     session: Any
     cache: str
     record: dict[str, Any]
+    constants: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
         return {"file": str(self.path), "cache": self.cache, "outputs": self.outputs,
@@ -201,12 +200,34 @@ class OrtEngine(Engine):
                 shutil.rmtree(work, ignore_errors=True)
         record = json.loads((folder / RECORD_NAME).read_text(encoding="utf-8"))
         path = folder / GRAPH_FILES[precision]
+        session = self.session_of(path)
+        return Graph(path, record["outputs"], [i.name for i in session.get_inputs()], session, cache, record,
+                     self.constant_outputs())
+
+    def constant_outputs(self) -> dict[str, Any]:
+        """The wrapped model's output fields that do not depend on the input, computed once."""
+        constant = getattr(self.model, "constant_outputs", None)
+        with torch.inference_mode():
+            return constant() if constant is not None else {}
+
+    def session_of(self, path: Path) -> Any:
+        """An ONNX Runtime CPU session on `path` with the plan's intra-op threads and `INTER_OP_THREADS`."""
         ort = onnxruntime_module()
         options = ort.SessionOptions()
         options.intra_op_num_threads = self.plan.threads or 1
         options.inter_op_num_threads = INTER_OP_THREADS
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        return Graph(path, record["outputs"], [i.name for i in session.get_inputs()], session, cache, record)
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+    def on_graph(self, path: str | os.PathLike) -> OrtEngine:
+        """This engine's model and plan running another graph file with the same inputs and outputs as its own
+        (another quantization of its fp32 graph, say: what benchmarks/ort_int8_accuracy.py compares), taken as
+        it is: neither cached nor checked against PyTorch."""
+        graph = self.session_graph()
+        engine = OrtEngine(self.model, self.plan, self.source)
+        session = engine.session_of(Path(path))
+        engine.__dict__["graph"] = Graph(Path(path), graph.outputs, [i.name for i in session.get_inputs()], session,
+                                         "given", {}, graph.constants)
+        return engine
 
     # --- model-shaped ----------------------------------------------------------------------------------
     @property
@@ -224,18 +245,17 @@ class OrtEngine(Engine):
         if more:
             raise ConfigError(f"the onnxruntime engine runs the exported graph, which takes input_ids, token_type_ids "
                               f"and attention_mask only; {', '.join(more)} need --engine torch")
-        graph = self.session_graph()
+        graph = self.graph or self.session_graph()
         given = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
         feeds = {}
         for name in graph.inputs:
-            value = given.get(name) if name in INPUT_NAMES else None
+            value = given.get(name)
             if value is None:
                 value = torch.ones_like(input_ids) if name == "attention_mask" else torch.zeros_like(input_ids)
-            feeds[name] = value.detach().cpu().numpy().astype(np.int64, copy=False)
+            # A CPU int64 tensor shares its memory with the array (the usual case: no copy).
+            feeds[name] = value.detach().to("cpu", torch.int64).numpy()
         values = graph.session.run(graph.outputs, feeds)
-        constant = getattr(self.model, "constant_outputs", None)
-        return GraphOutput({**{name: torch.from_numpy(value) for name, value in zip(graph.outputs, values)},
-                            **(constant() if constant is not None else {})})
+        return GraphOutput(zip(graph.outputs, map(torch.from_numpy, values)), **graph.constants)
 
     def describe(self) -> dict[str, Any]:
         graphs = {role: engine.graph.describe()
