@@ -174,7 +174,7 @@ def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path
     summary["instances"] = report.instances
 
     config = BertConfig.preset(model, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_token_id)
-    initial = PRETRAINING.model_class_for(OBJECTIVE)(config)
+    initial = PRETRAINING.training.model_class_for(OBJECTIVE)(config)
     initial.save_pretrained(out / "initial", tokenizer=tokenizer)
     print("[3/6] fill-mask with random weights (before pretraining), the model's top 5 as it ranks them:")
     summary["fill_mask_before"] = fill_masks(out / "initial", spec)

@@ -146,10 +146,10 @@ def test_label_loss_weights_and_focal_match_hand_computation():
 def test_classification_objective_refuses_weights_of_wrong_length_and_non_single_label():
     config = BertConfig.preset("tiny").with_labels(["a", "b"], "single_label_classification")
     with pytest.raises(ConfigError, match="class_weights has 3 values but the model has 2 labels"):
-        FAMILY.objective_for(config, LossSettings((1.0, 2.0, 3.0)))
+        FAMILY.training.objective_for(config, LossSettings((1.0, 2.0, 3.0)))
     multi = config.replace(problem_type="multi_label_classification")
     with pytest.raises(ConfigError, match="single-label classification"):
-        FAMILY.objective_for(multi, LossSettings(focal_gamma=2.0))
+        FAMILY.training.objective_for(multi, LossSettings(focal_gamma=2.0))
 
 
 def test_classification_consistency_is_zero_for_equal_passes_and_symmetric():
@@ -290,9 +290,9 @@ def test_tagging_label_counts_follow_the_tag_scheme():
     tagging = family("tagging")
     examples = [TaggingExample(["John", "Smith", "runs"], ["B-PER", "I-PER", "O"], " ", "a:1"),
                 TaggingExample(["Mary"], ["B-PER"], " ", "a:3")]
-    assert tagging.label_counts(examples, ["O", "B-PER", "I-PER"], InputSettings()) == [1, 2, 1]
+    assert tagging.training.label_counts(examples, ["O", "B-PER", "I-PER"], InputSettings()) == [1, 2, 1]
     iobes = ["O", "B-PER", "E-PER", "I-PER", "S-PER"]
-    assert tagging.label_counts(examples, iobes, InputSettings(tag_scheme="IOBES")) == [1, 1, 1, 0, 1]
+    assert tagging.training.label_counts(examples, iobes, InputSettings(tag_scheme="IOBES")) == [1, 1, 1, 0, 1]
 
 
 def test_tagging_named_task_tag_set_survives_a_small_train_limit():
@@ -304,7 +304,7 @@ def test_tagging_named_task_tag_set_survives_a_small_train_limit():
     tags = TASKS["conll2003"].labels
     few = [TaggingExample(["John", "runs"], ["B-PER", "O"], " ", "a:1")]
     assert tag_list(few) == ["O", "B-PER"]  # what a 1-sentence run used to get: dev's I-LOC unknown
-    names = family("tagging").label_names(few, tags, InputSettings())
+    names = family("tagging").training.label_names(few, tags, InputSettings())
     assert names == list(tags) and len(names) == 9
     iobes = scheme_tags(tags, "IOBES")
     assert len(iobes) == 17 and iobes[0] == "O" and "S-MISC" in iobes and "E-PER" in iobes

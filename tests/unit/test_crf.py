@@ -256,7 +256,7 @@ def test_crf_objective_counts_rows_and_matches_the_model_loss():
     with torch.no_grad():
         for parameter in model.crf.parameters():
             parameter.normal_()
-    task = TAGGING.objective_for(model.config)
+    task = TAGGING.training.objective_for(model.config)
     b = batch(LABELS)
     output = model(**b.model_inputs())
     terms, counts = task.loss_terms(output, b), task.counts(b)
@@ -272,7 +272,7 @@ def test_crf_objective_counts_rows_and_matches_the_model_loss():
 def test_crf_objective_of_a_batch_without_labels_is_zero_with_gradients():
     model = BertForTokenClassification(tiny(use_crf=True))
     b = batch(torch.full((2, 4), IGNORE_INDEX))
-    total, count = TAGGING.objective_for(model.config).loss_terms(model(**b.model_inputs()), b)["crf_nll"]
+    total, count = TAGGING.training.objective_for(model.config).loss_terms(model(**b.model_inputs()), b)["crf_nll"]
     total.backward()
     assert total.item() == 0.0 and count.item() == 0.0
     assert model.crf.transitions.grad is not None
@@ -284,31 +284,31 @@ def test_tagging_objective_weighs_tokens_with_class_weights_and_focal_loss():
     b = batch(LABELS)
     output = model(**b.model_inputs())
     weights = (1.0, 2.0, 3.0, 0.5, 1.0)
-    weighted = TAGGING.objective_for(model.config, LossSettings(class_weights=weights))
+    weighted = TAGGING.training.objective_for(model.config, LossSettings(class_weights=weights))
     total, count = weighted.loss_terms(output, b)["cross_entropy"]
     keep = LABELS.flatten() != IGNORE_INDEX
     logits, gold = output.logits.flatten(0, 1)[keep], LABELS.flatten()[keep]
     per_token = torch.nn.functional.cross_entropy(logits, gold, reduction="none")
     torch.testing.assert_close(total, (per_token * torch.tensor(weights)[gold]).sum())
     assert count.item() == 5 == weighted.counts(b)["cross_entropy"].item()
-    focal, _ = TAGGING.objective_for(model.config, LossSettings(focal_gamma=2.0)).loss_terms(output, b)["cross_entropy"]
+    focal, _ = TAGGING.training.objective_for(model.config, LossSettings(focal_gamma=2.0)).loss_terms(output, b)["cross_entropy"]
     p_gold = torch.exp(-per_token)
     torch.testing.assert_close(focal, (per_token * (1 - p_gold) ** 2).sum())
-    plain = TAGGING.objective_for(model.config, LossSettings())
+    plain = TAGGING.training.objective_for(model.config, LossSettings())
     torch.testing.assert_close(plain.loss_terms(output, b)["cross_entropy"][0], per_token.sum())
 
 
 def test_tagging_objective_refuses_loss_settings_with_the_crf():
     with pytest.raises(ConfigError, match=r"remove head\.class_weights / head\.focal_gamma or turn head\.crf off"):
-        TAGGING.objective_for(tiny(use_crf=True), LossSettings(focal_gamma=2.0))
+        TAGGING.training.objective_for(tiny(use_crf=True), LossSettings(focal_gamma=2.0))
     with pytest.raises(ConfigError, match="class_weights has 2 values but the model has 5 labels"):
-        TAGGING.objective_for(tiny(), LossSettings(class_weights=(1.0, 2.0)))
+        TAGGING.training.objective_for(tiny(), LossSettings(class_weights=(1.0, 2.0)))
 
 
 @pytest.mark.parametrize("use_crf", [False, True], ids=["softmax", "crf"])
 def test_tagging_consistency_sums_kl_over_labelled_tokens_with_the_loss_count(use_crf):
     model = BertForTokenClassification(tiny(use_crf=use_crf, hidden_dropout_prob=0.3)).train()
-    task = TAGGING.objective_for(model.config)
+    task = TAGGING.training.objective_for(model.config)
     b = batch(LABELS)
     torch.manual_seed(1)
     first = model(**b.model_inputs())

@@ -231,7 +231,7 @@ def test_token_adapter_counts_labelled_tokens_only():
     labels = torch.tensor([[-100, 1, 0, -100], [-100, 0, -100, -100]])
     b = batch((2, 4), labels=labels)
     output = model(**b.model_inputs())
-    task = Tagging().objective_for(model.config)
+    task = Tagging().training.objective_for(model.config)
     assert task.counts(b)["cross_entropy"].item() == 3
     torch.testing.assert_close(total_loss(task, output, b), model(**b.model_inputs(), labels=labels).loss)
 
@@ -242,7 +242,7 @@ def test_qa_adapter_matches_model_loss():
     b = batch((3, 7), start_positions=torch.tensor([0, 3, 5]), end_positions=torch.tensor([0, 4, 6]))
     output = model(**b.model_inputs())
     reference = model(**b.model_inputs(), start_positions=b.start_positions, end_positions=b.end_positions).loss
-    torch.testing.assert_close(total_loss(QuestionAnswering().objective_for(model.config), output, b), reference)
+    torch.testing.assert_close(total_loss(QuestionAnswering().training.objective_for(model.config), output, b), reference)
 
 
 def test_choice_adapter_matches_model_loss():
@@ -250,7 +250,7 @@ def test_choice_adapter_matches_model_loss():
     model = BertForMultipleChoice(tiny()).eval()
     b = batch((2, 3, 5), labels=torch.tensor([2, 0]))
     output = model(**b.model_inputs())
-    task = MultipleChoice().objective_for(model.config)
+    task = MultipleChoice().training.objective_for(model.config)
     torch.testing.assert_close(total_loss(task, output, b), model(**b.model_inputs(), labels=b.labels).loss)
     assert task.metrics(output, b)["accuracy"][1].item() == 2
 

@@ -343,7 +343,7 @@ def test_train_epochs_set_the_length(tmp_path):
 def test_pretraining_task_evaluate_matches_manual_average():
     model = tiny_model()
     batches = list(SyntheticSource(2, 4))
-    values = Pretraining().evaluate(model, batches)
+    values = Pretraining().training.evaluate(model, batches)
     with torch.no_grad():
         outs = [model(**b.model_inputs()) for b in batches]
     mlm = sum(float(o.mlm_loss_sum) for o in outs) / sum(float(o.mlm_count) for o in outs)

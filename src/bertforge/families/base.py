@@ -15,9 +15,14 @@ The one path from input to answer, in the order a consumer calls it:
     results  = family.decode(examples, features, outputs, options, config)     # one JSON dict per example
     metrics  = family.score(examples, results)                                  # evaluate only
 
-Training asks the same object for the loss: `objective_for(config)` gives the one `Objective`
-(`counts(batch)`, `loss_terms(output, batch)`), and the model's own `forward(labels=...)` computes its loss
-with the same function. What a run reads and how it builds inputs is a `families.task.TaskDescription`.
+`Family` holds that path and nothing else, so a family that only runs (predict, embed, serve) writes
+`parse`, `features`, `forward` (or keeps the default) and `decode`, and one that is evaluated adds `read`,
+`score` and `record`. What training alone asks (the label vocabulary and head of a run, the settings it
+honours, the model class it trains, the one loss) is the family's companion `family.training`, a
+`FamilyTraining`: its defaults train nothing, so a family that does not train overrides none of it.
+`training.objective_for(config)` gives the one `Objective` (`counts(batch)`, `loss_terms(output, batch)`),
+and the model's own `forward(labels=...)` computes its loss with the same function. What a run reads and how
+it builds inputs is a `families.task.TaskDescription`.
 """
 
 from __future__ import annotations
@@ -238,8 +243,82 @@ class Objective:
         return {}
 
 
+class FamilyTraining:
+    """What fine-tuning and pretraining ask of a family, and nothing else does: the companion every `Family`
+    holds as `family.training`. The defaults train nothing (no objective, no labels, no settings), so a family
+    that only runs overrides none of it; a family that trains subclasses it beside itself and names the
+    subclass as its `training_hooks`.
+
+    Class attributes:
+        settings: the fine-tuning settings (dotted `FinetuneConfig` keys) that only some families use and this
+            one honours; a run of another family that sets one is refused (`run_settings` per kind).
+    """
+
+    settings: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, family: Family):
+        self.family = family
+
+    # --- the run's shape ----------------------------------------------------------------------------
+    def run_settings(self, kind: str | None) -> frozenset[str]:
+        """The family-specific settings (`settings`) a run of this problem kind honours."""
+        return self.settings
+
+    def format_reader(self, format_name: str) -> dict[str, Any]:
+        """Reader settings a `--format` file of this family has by default (classification: columns named
+        text_a, text_b, label)."""
+        return {}
+
+    def label_names(self, examples: Sequence[Any], given: Sequence[str] | None,
+                    settings: InputSettings, kind: str | None = None) -> list[str] | None:
+        """The label vocabulary of a run (None when the head predicts no named labels)."""
+        return None
+
+    def head_config(self, label_names: Sequence[str] | None, kind: str | None = None) -> dict[str, Any]:
+        """Config changes that shape this family's head for a run (label names, problem type)."""
+        return {}
+
+    def label_counts(self, examples: Sequence[Any], label_names: Sequence[str], settings: InputSettings) -> list[int]:
+        """Training items per label (label-name order), from which "balanced" class weights are computed."""
+        raise ConfigError(f"class weights computed from the data ('balanced') are not defined for {self.family.name}")
+
+    # --- the model and its loss ---------------------------------------------------------------------
+    @property
+    def trained_class(self) -> type[BertPretrainedModel]:
+        """The class a fine-tuning run trains (the family's model class, except where training needs more)."""
+        return self.family.model_class
+
+    def prepare_model(self, model: torch.nn.Module, task: Any, loss: LossSettings | None) -> None:
+        """Give a freshly loaded training model what it takes from the task rather than its config (embedding:
+        pooling, normalization, window, mini-batches); nothing for most families."""
+
+    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> Objective:
+        """The one objective the training loop asks for a model of this config (`Objective`). `loss` weighs
+        single-label cross-entropy (class weights, focal); a family without such a loss refuses non-plain
+        settings with a ConfigError naming the option."""
+        raise ConfigError(f"the {self.family.name} family has no training objective")
+
+    def refuse_contrastive(self, loss: LossSettings | None) -> None:
+        """ConfigError when a run of this (non-embedding) family was given the embedding losses' settings."""
+        if loss is not None and loss.contrastive is not None:
+            raise ConfigError(f"the embedding losses (head.loss, head.scale, head.symmetric, head.mini_batch_size, "
+                              f"head.matryoshka_dims) apply to embedding formats, not to {self.family.name}; remove them")
+
+    def refuse_loss_settings(self, loss: LossSettings | None) -> None:
+        """ConfigError when a family without a weighted cross-entropy was given class weights, focal loss or the
+        embedding losses' settings."""
+        self.refuse_contrastive(loss)
+        if loss is not None and not loss.plain:
+            raise ConfigError(f"class weights and focal loss apply to single-label classification and tagging, "
+                              f"not to {self.family.name}; remove head.class_weights / head.focal_gamma")
+
+    def __repr__(self) -> str:
+        return f"<training of {self.family.name}>"
+
+
 class Family:
-    """One task family: everything about it, asked by every consumer.
+    """One task family's path from input to answer, asked by every consumer (training-time evaluation,
+    `evaluate`, `predict`, `embed`, the pipelines and the server); what only training asks is `training`.
 
     Class attributes:
         name: the registry name. aliases: other names users type ("ner", "tag", "token classification").
@@ -257,8 +336,8 @@ class Family:
         runs_as_graph: whether `forward` asks the model for nothing but `export_outputs` of the three input
             tensors, so an engine that runs the exported graph (ONNX Runtime) can run the family.
         example_inputs: typical inputs (the server's OpenAPI examples).
-        settings: the fine-tuning settings (dotted `FinetuneConfig` keys) that only some families use and this
-            one honours; a run of another family that sets one is refused (`run_settings` per kind).
+        training_hooks: the companion class whose instance is `training` (`FamilyTraining`, or the family's own
+            subclass of it): what only training asks.
     """
 
     name: ClassVar[str] = ""
@@ -274,13 +353,12 @@ class Family:
     export_outputs: ClassVar[dict[str, dict[int, str]]] = {}
     runs_as_graph: ClassVar[bool] = True
     example_inputs: ClassVar[list[Any]] = []
-    settings: ClassVar[frozenset[str]] = frozenset()
+    training_hooks: ClassVar[type[FamilyTraining]] = FamilyTraining
+
+    def __init__(self) -> None:
+        self.training = self.training_hooks(self)
 
     # --- configuration ------------------------------------------------------------------------------
-    def run_settings(self, kind: str | None) -> frozenset[str]:
-        """The family-specific settings (`settings`) a run of this problem kind honours."""
-        return self.settings
-
     def check_model(self, config: BertConfig) -> None:
         """Raise CheckpointError when a model of this family lacks what decoding needs (label names...)."""
 
@@ -307,15 +385,6 @@ class Family:
         make this family's defaults: pooling and normalization for embedding; {} for the others."""
         return {}
 
-    @property
-    def training_class(self) -> type[BertPretrainedModel]:
-        """The class a fine-tuning run trains (the model class itself, except where training needs more)."""
-        return self.model_class
-
-    def prepare_model(self, model: torch.nn.Module, task: Any, loss: LossSettings | None) -> None:
-        """Give a freshly loaded training model what it takes from the task rather than its config (embedding:
-        pooling, normalization, window, mini-batches); nothing for most families."""
-
     def options_for_data(self, options: Mapping[str, Any], examples: Sequence[Any]) -> dict[str, Any]:
         """The decoding options a data set needs (QA: SQuAD v2.0 decoding when it has unanswerable
         questions); the options unchanged for most families."""
@@ -330,11 +399,6 @@ class Family:
         that ship without a dev file); `task` is the `families.task.TaskDescription` whose `reader`
         settings (columns, separator, on_invalid ...) and `kind` the reader follows."""
         raise ConfigError(f"the {self.name} family reads no fine-tuning files")
-
-    def format_reader(self, format_name: str) -> dict[str, Any]:
-        """Reader settings a `--format` file of this family has by default (classification: columns named
-        text_a, text_b, label)."""
-        return {}
 
     def metric_defaults(self, kind: str | None, reader: Any = None) -> tuple[str, ...]:
         """What a task of this kind (read with these `ReaderSettings`, when known) reports first when its
@@ -351,24 +415,11 @@ class Family:
         computed even where it is not reported by default; None: the family's own set."""
         return None
 
-    def label_names(self, examples: Sequence[Any], given: Sequence[str] | None,
-                    settings: InputSettings, kind: str | None = None) -> list[str] | None:
-        """The label vocabulary of a run (None when the head predicts no named labels)."""
-        return None
-
     def check_labels(self, examples: Sequence[Any], label_names: Sequence[str] | None,
                      settings: InputSettings, origin: str = "training") -> None:
         """DataError naming the first example whose label the model does not know. `origin` says where the
         label names came from, for the message's fix: "training" (the training file's), "given" (the run's
         --labels) or "model" (a saved model's config)."""
-
-    def head_config(self, label_names: Sequence[str] | None, kind: str | None = None) -> dict[str, Any]:
-        """Config changes that shape this family's head for a run (label names, problem type)."""
-        return {}
-
-    def label_counts(self, examples: Sequence[Any], label_names: Sequence[str], settings: InputSettings) -> list[int]:
-        """Training items per label (label-name order), from which "balanced" class weights are computed."""
-        raise ConfigError(f"class weights computed from the data ('balanced') are not defined for {self.name}")
 
     # --- inputs -------------------------------------------------------------------------------------
     def parse(self, item: Any) -> Any:
@@ -423,25 +474,6 @@ class Family:
     def labelled(self, examples: Sequence[Any]) -> bool:
         """Whether every example carries a gold label (metrics need them)."""
         return all(getattr(e, "label", None) is not None for e in examples)
-
-    # --- training ---------------------------------------------------------------------------------
-    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> Objective:
-        """The one objective the training loop asks for a model of this config (`Objective`). `loss` weighs
-        single-label cross-entropy (class weights, focal); a family without such a loss refuses non-plain
-        settings with a ConfigError naming the option."""
-        raise ConfigError(f"the {self.name} family has no training objective")
-
-    def refuse_contrastive(self, loss: LossSettings | None) -> None:
-        """ConfigError when a run of this (non-embedding) family was given the embedding losses' settings."""
-        if loss is not None and loss.contrastive is not None:
-            raise ConfigError(f"the embedding losses (head.loss, head.scale, head.symmetric, head.mini_batch_size, "
-                              f"head.matryoshka_dims) apply to embedding formats, not to {self.name}; remove them")
-
-    def refuse_loss_settings(self, loss: LossSettings | None) -> None:
-        self.refuse_contrastive(loss)
-        if loss is not None and not loss.plain:
-            raise ConfigError(f"class weights and focal loss apply to single-label classification and tagging, "
-                              f"not to {self.name}; remove head.class_weights / head.focal_gamma")
 
     def __repr__(self) -> str:
         return f"<family {self.name}>"

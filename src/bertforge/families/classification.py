@@ -36,6 +36,7 @@ from bertforge.families.base import (
     REGRESSION,
     SINGLE_LABEL,
     Family,
+    FamilyTraining,
     FineTuningModel,
     InputSettings,
     LossSettings,
@@ -215,6 +216,56 @@ def mean_window_logits(features: Sequence[Feature], logits: Sequence[np.ndarray]
 REGRESSION_DEFAULTS = ("pearson", "spearman")
 
 
+class ClassificationTraining(FamilyTraining):
+    """What fine-tuning asks of classification: the run's labels and head by problem kind, class weights from
+    the data, the settings each kind honours and its objective."""
+
+    settings = frozenset({"head.class_weights", "head.balanced_class_weights", "head.focal_gamma", "head.thresholds",
+                          "data.multi_label", "data.label_separator"})
+
+    def format_reader(self, format_name):
+        return {"text_a_column": "text_a", "label_column": "label",
+                **({"text_b_column": "text_b"} if format_name == "pair" else {})}
+
+    def label_names(self, examples, given, settings, kind=None):
+        return None if kind == REGRESSION else list(given or label_list(examples))
+
+    def head_config(self, label_names, kind=None):
+        if kind == REGRESSION:
+            return {"problem_type": REGRESSION, "id2label": None, "label2id": None}
+        return {"problem_type": kind or SINGLE_LABEL, "id2label": dict(enumerate(label_names)),
+                "label2id": None, "label_thresholds": None}
+
+    def label_counts(self, examples, label_names, settings) -> list[int]:
+        """Training examples per label (label-name order), for class weights computed from the data."""
+        index = {name: i for i, name in enumerate(label_names)}
+        counts = [0] * len(label_names)
+        for example in examples:
+            for name in example.label if isinstance(example.label, tuple) else (example.label,):
+                if name is not None:
+                    counts[index[name]] += 1
+        return counts
+
+    def run_settings(self, kind):
+        """Class weights and focal loss weigh single-label cross-entropy; thresholds and the label separator
+        are multi-label's; regression has none of them."""
+        if kind == SINGLE_LABEL:
+            return frozenset({"head.class_weights", "head.balanced_class_weights", "head.focal_gamma"})
+        if kind == MULTI_LABEL:
+            return frozenset({"head.thresholds", "data.multi_label", "data.label_separator"})
+        return frozenset()
+
+    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> ClassificationObjective:
+        self.refuse_contrastive(loss)
+        kind = problem_type(config)
+        if loss is not None and not loss.plain:
+            if kind != SINGLE_LABEL:
+                raise ConfigError(f"class weights and focal loss apply to single-label classification; this model is "
+                                  f"{kind.replace('_', ' ')}: remove head.class_weights / head.focal_gamma")
+            loss.check_labels(config.num_labels)
+        return ClassificationObjective(kind, loss)
+
+
 class Classification(Family):
     """Single sentences and pairs: labels (single or multi) or a regression value."""
 
@@ -227,8 +278,7 @@ class Classification(Family):
     kinds = (SINGLE_LABEL, MULTI_LABEL, REGRESSION)
     formats = {"classification": SINGLE_LABEL, "pair": SINGLE_LABEL, "multilabel": MULTI_LABEL,
                "regression": REGRESSION}
-    settings = frozenset({"head.class_weights", "head.balanced_class_weights", "head.focal_gamma", "head.thresholds",
-                          "data.multi_label", "data.label_separator"})
+    training_hooks = ClassificationTraining
     export_outputs = {"logits": {0: "batch"}}
     example_inputs = ["This film was a delight from start to finish.",
                     {"text": "A man is playing a guitar.", "text_pair": "Someone is making music."},
@@ -241,10 +291,6 @@ class Classification(Family):
                                    regression=task.kind == REGRESSION, file_format=reader.file_format,
                                    on_invalid=reader.on_invalid, report=report, multi_label=task.kind == MULTI_LABEL,
                                    label_separator=reader.label_separator or ",", id_column=reader.id_column)
-
-    def format_reader(self, format_name):
-        return {"text_a_column": "text_a", "label_column": "label",
-                **({"text_b_column": "text_b"} if format_name == "pair" else {})}
 
     def metric_defaults(self, kind, reader=None):
         return REGRESSION_DEFAULTS if kind == REGRESSION else MULTI_LABEL_METRICS if kind == MULTI_LABEL \
@@ -266,52 +312,14 @@ class Classification(Family):
                 return None
         return names if chosen in names else [*names, chosen]
 
-    def label_names(self, examples, given, settings, kind=None):
-        return None if kind == REGRESSION else list(given or label_list(examples))
-
     def check_labels(self, examples, label_names, settings, origin="training"):
         if label_names is not None:
             check_labels(examples, {name: i for i, name in enumerate(label_names)}, origin)
-
-    def head_config(self, label_names, kind=None):
-        if kind == REGRESSION:
-            return {"problem_type": REGRESSION, "id2label": None, "label2id": None}
-        return {"problem_type": kind or SINGLE_LABEL, "id2label": dict(enumerate(label_names)),
-                "label2id": None, "label_thresholds": None}
-
-    def label_counts(self, examples, label_names, settings) -> list[int]:
-        """Training examples per label (label-name order), for class weights computed from the data."""
-        index = {name: i for i, name in enumerate(label_names)}
-        counts = [0] * len(label_names)
-        for example in examples:
-            for name in example.label if isinstance(example.label, tuple) else (example.label,):
-                if name is not None:
-                    counts[index[name]] += 1
-        return counts
 
     def check_model(self, config: BertConfig) -> None:
         if problem_type(config) != REGRESSION and not config.id2label:
             raise CheckpointError("the model's config.json has no id2label (label names); add them, e.g. "
                                   "\"id2label\": {\"0\": \"negative\", \"1\": \"positive\"}")
-
-    def run_settings(self, kind):
-        """Class weights and focal loss weigh single-label cross-entropy; thresholds and the label separator
-        are multi-label's; regression has none of them."""
-        if kind == SINGLE_LABEL:
-            return frozenset({"head.class_weights", "head.balanced_class_weights", "head.focal_gamma"})
-        if kind == MULTI_LABEL:
-            return frozenset({"head.thresholds", "data.multi_label", "data.label_separator"})
-        return frozenset()
-
-    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> ClassificationObjective:
-        self.refuse_contrastive(loss)
-        kind = problem_type(config)
-        if loss is not None and not loss.plain:
-            if kind != SINGLE_LABEL:
-                raise ConfigError(f"class weights and focal loss apply to single-label classification; this model is "
-                                  f"{kind.replace('_', ' ')}: remove head.class_weights / head.focal_gamma")
-            loss.check_labels(config.num_labels)
-        return ClassificationObjective(kind, loss)
 
     def validate_options(self, options):
         if options["threshold"] is not None:

@@ -7,8 +7,8 @@ truncated to it: a sentence vector of one window), the `embed` route's JSON (``{
 the ONNX outputs of a bare encoder (its hidden states and pooled output; pooling stays outside the graph).
 
 The model class is `BertModel`, and every bertforge model holds one (a task model at `.bert`), so every
-model directory serves `embed`. There is no training objective yet: the family is not among the
-fine-tuning families of `families.registry`.
+model directory serves `embed`. Training (`EmbeddingTraining`, the family's `training`) fine-tunes a
+`BertForSentenceEmbedding` with the contrastive objectives of `families.contrastive`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from bertforge.data.embedding import TextGroup, read_text_groups
 from bertforge.data.finetuning import DataReport, Feature, FinetuneBatch
 from bertforge.errors import ConfigError, InputError
-from bertforge.families.base import Family, InputSettings, LossSettings, text_of
+from bertforge.families.base import Family, FamilyTraining, InputSettings, LossSettings, text_of
 from bertforge.families.contrastive import ContrastiveLoss, ContrastiveObjective
 from bertforge.interop.sentence_transformers import SentenceSettings, settings_files
 from bertforge.metrics.embedding import normalize_rows, rank_documents, retrieval_scores, sts_scores
@@ -124,7 +124,7 @@ class BertForSentenceEmbedding(BertModel):
     It saves as a Hugging Face `BertModel` directory with the sentence-transformers modules beside it
     (`directory_files`), so sentence-transformers and text-embeddings-inference load it with the same pooling.
     Its sentence settings (`sentence`) and `rows_per_piece` come from the fine-tuning task
-    (`Embedding.prepare_model`). With `rows_per_piece`, training runs the texts in pieces of that many rows,
+    (`EmbeddingTraining.prepare_model`). With `rows_per_piece`, training runs the texts in pieces of that many rows,
     each under activation checkpointing: a piece's activations are dropped after its forward and recomputed
     in the backward pass one piece at a time, so a batch of any size needs the memory of one piece while
     the loss still sees every text of the batch (the cached multiple-negatives loss; GradCache, Gao et al.
@@ -164,6 +164,45 @@ class BertForSentenceEmbedding(BertModel):
         return SentenceOutput(last_hidden_state=embeddings, pooled_output=None, embeddings=embeddings)
 
 
+class EmbeddingTraining(FamilyTraining):
+    """What fine-tuning asks of embedding: the `--format` columns, the training model (`BertForSentenceEmbedding`:
+    the encoder that pools, saved with its sentence-transformers files), its contrastive objective and the
+    task's pooling on it."""
+
+    settings = frozenset({"head.loss", "head.scale", "head.symmetric", "head.mini_batch_size", "head.matryoshka_dims",
+                          "features.pooling", "features.normalize", "data.negative_column"})
+
+    def format_reader(self, format_name: str) -> dict[str, Any]:
+        return dict(FORMAT_COLUMNS[format_name])
+
+    @property
+    def trained_class(self) -> type[BertForSentenceEmbedding]:
+        return BertForSentenceEmbedding
+
+    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> ContrastiveObjective:
+        """The objective of the run's `ContrastiveLoss` (`loss.contrastive`; defaults without one); "auto"
+        follows each batch (cosent when it has scores). `prepare_model` checks the loss against the data."""
+        if loss is not None and (loss.class_weights is not None or loss.focal_gamma):
+            raise ConfigError("class weights and focal loss apply to classification and tagging, not to embedding "
+                              "training; remove head.class_weights / head.focal_gamma")
+        settings = (loss.contrastive if loss is not None else None) or ContrastiveLoss()
+        return ContrastiveObjective(settings)
+
+    def prepare_model(self, model: torch.nn.Module, task: Any, loss: LossSettings | None) -> None:
+        """The task's pooling and normalization, its window as the saved max_seq_length, and the cached loss's
+        mini-batches, on the training model; the pooler (unused by the losses) is frozen so DDP does not wait
+        for its gradients."""
+        settings = (loss.contrastive if loss is not None else None) or ContrastiveLoss()
+        settings.resolved(scored=task.reader.label_column is not None)
+        sentence = replace(model.sentence, pooling=task.options["pooling"], normalize=task.options["normalize"],
+                           max_seq_length=task.inputs.max_seq_length)
+        if task.options["layer"] != -1:
+            raise ConfigError("embedding training pools the last layer; remove features.layer")
+        model.sentence, model.rows_per_piece = sentence, settings.rows_per_piece
+        if model.pooler is not None:
+            model.pooler.requires_grad_(False)
+
+
 class Embedding(Family):
     """Sentence vectors from any model's encoder.
 
@@ -185,8 +224,7 @@ class Embedding(Family):
     # token_vectors: every token's vector of the layer instead of one pooled vector (TEI's /embed_all).
     options = {"pooling": "mean", "normalize": False, "layer": -1, "token_vectors": False}
     formats = dict.fromkeys(FORMAT_COLUMNS)
-    settings = frozenset({"head.loss", "head.scale", "head.symmetric", "head.mini_batch_size", "head.matryoshka_dims",
-                          "features.pooling", "features.normalize", "data.negative_column"})
+    training_hooks = EmbeddingTraining
     # A bare encoder exports what it computes; pooling a sentence vector happens outside the graph.
     export_outputs = {"last_hidden_state": {0: "batch", 1: "sequence"}, "pooled_output": {0: "batch"}}
     example_inputs = ["A man is eating food.", "A cat sits on the mat.", "The stock market fell sharply today."]
@@ -218,10 +256,7 @@ class Embedding(Family):
             return {}
         return {"pooling": sentence.pooling, "normalize": sentence.normalize}
 
-    # --- data files (training) ----------------------------------------------------------------------
-    def format_reader(self, format_name: str) -> dict[str, Any]:
-        return dict(FORMAT_COLUMNS[format_name])
-
+    # --- data files ---------------------------------------------------------------------------------
     def read(self, path, *, part, task, report, labelled=True) -> list[TextGroup]:
         """(anchor, positive[, negative]) groups, or scored pairs when the reader names a label (score) column."""
         reader = task.reader
@@ -325,34 +360,6 @@ class Embedding(Family):
         ranked = rank_documents(scores, query_ids, doc_ids, 10)
         figures = retrieval_scores(ranked, qrels, k_values=(1, 10), mrr_at=(10,), ndcg_at=(10,), map_at=(10,))
         return {name: figures[name] for name in RANKING_METRICS}, {}, []
-
-    # --- training ---------------------------------------------------------------------------------
-    @property
-    def training_class(self) -> type[BertForSentenceEmbedding]:
-        return BertForSentenceEmbedding
-
-    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> ContrastiveObjective:
-        """The objective of the run's `ContrastiveLoss` (`loss.contrastive`; defaults without one); "auto"
-        follows each batch (cosent when it has scores). `prepare_model` checks the loss against the data."""
-        if loss is not None and (loss.class_weights is not None or loss.focal_gamma):
-            raise ConfigError("class weights and focal loss apply to classification and tagging, not to embedding "
-                              "training; remove head.class_weights / head.focal_gamma")
-        settings = (loss.contrastive if loss is not None else None) or ContrastiveLoss()
-        return ContrastiveObjective(settings)
-
-    def prepare_model(self, model: torch.nn.Module, task: Any, loss: LossSettings | None) -> None:
-        """The task's pooling and normalization, its window as the saved max_seq_length, and the cached loss's
-        mini-batches, on the training model; the pooler (unused by the losses) is frozen so DDP does not wait
-        for its gradients."""
-        settings = (loss.contrastive if loss is not None else None) or ContrastiveLoss()
-        settings.resolved(scored=task.reader.label_column is not None)
-        sentence = replace(model.sentence, pooling=task.options["pooling"], normalize=task.options["normalize"],
-                           max_seq_length=task.inputs.max_seq_length)
-        if task.options["layer"] != -1:
-            raise ConfigError("embedding training pools the last layer; remove features.layer")
-        model.sentence, model.rows_per_piece = sentence, settings.rows_per_piece
-        if model.pooler is not None:
-            model.pooler.requires_grad_(False)
 
 
 FAMILY = Embedding()

@@ -25,6 +25,7 @@ from bertforge.data.multiple_choice import ChoiceExample, read_choice
 from bertforge.errors import DataError, InputError
 from bertforge.families.base import (
     Family,
+    FamilyTraining,
     FineTuningModel,
     InputSettings,
     LossSettings,
@@ -127,6 +128,16 @@ class ChoiceObjective(Objective):
                              logits.new_tensor(float(logits.shape[0])))}
 
 
+class MultipleChoiceTraining(FamilyTraining):
+    """What fine-tuning asks of multiple choice: the settings it honours and the choice objective."""
+
+    settings = frozenset({"data.context_column", "data.start_column", "data.ending_columns"})
+
+    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> ChoiceObjective:
+        self.refuse_loss_settings(loss)
+        return ChoiceObjective()
+
+
 class MultipleChoice(Family):
     """The right ending among several."""
 
@@ -140,17 +151,13 @@ class MultipleChoice(Family):
     example_inputs = [{"context": "She opened the umbrella.", "endings": ["It was raining.", "It was sunny."]}]
 
     formats = {"choice": None}
-    settings = frozenset({"data.context_column", "data.start_column", "data.ending_columns"})
+    training_hooks = MultipleChoiceTraining
 
     def read(self, path, *, part, task, report, labelled=True):
         reader = task.reader
         return read_choice(path, context_column=reader.context_column, start_column=reader.start_column,
                            ending_columns=reader.ending_columns, label_column="label" if labelled else None,
                            file_format=reader.file_format, on_invalid=reader.on_invalid, report=report)
-
-    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> ChoiceObjective:
-        self.refuse_loss_settings(loss)
-        return ChoiceObjective()
 
     def parse(self, item: Any) -> ChoiceExample:
         if not isinstance(item, Mapping):

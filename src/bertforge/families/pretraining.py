@@ -2,7 +2,7 @@
 
 Owns: the models (`BertForPretraining`: MLM + NSP, Google's recipe; `BertForMaskedLM`: MLM only, as RoBERTa,
 Cramming and later recipes train, without NSP head or pooler), the choice between them (`OBJECTIVES`,
-`Pretraining.model_class_for`), their objective (MLM + NSP loss sums and counts, the loop's task protocol),
+`PretrainingTraining.model_class_for`), their objective (MLM + NSP loss sums and counts, the loop's task protocol),
 held-out evaluation, and the fill-mask pipeline's inputs and JSON (a pretrained model answers "[MASK]"
 queries). Pretraining data (corpus, instances, shards, masking, batches) is `bertforge.data`'s.
 
@@ -24,7 +24,7 @@ from torch import nn
 from bertforge.constants import IGNORE_INDEX
 from bertforge.data.finetuning import Feature
 from bertforge.errors import ConfigError, DataError, InputError
-from bertforge.families.base import Family, Objective, check_number, text_of
+from bertforge.families.base import Family, FamilyTraining, Objective, check_number, text_of
 from bertforge.model.bert import BertModel, BertPretrainedModel, IndexableOutput
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import MlmHead
@@ -168,9 +168,8 @@ class PretrainingObjective(Objective):
         return values if self.next_sentence else {"mlm_acc": values["mlm_acc"]}
 
 
-class Pretraining(Family):
-    """How the training loop trains and evaluates `BertForPretraining` (its `PretrainingObjective`), and how
-    it fills in [MASK]s."""
+class PretrainingTraining(FamilyTraining):
+    """How the pretraining loop trains and evaluates `BertForPretraining` (its `PretrainingObjective`)."""
 
     def objective_for(self, config: BertConfig, loss=None, next_sentence: bool = True) -> PretrainingObjective:
         self.refuse_loss_settings(loss)
@@ -221,6 +220,10 @@ class Pretraining(Family):
         values["loss"] = values["mlm_loss"] + values.get("nsp_loss", 0.0)
         return values
 
+
+class Pretraining(Family):
+    """How a pretrained model fills in [MASK]s; its training is `PretrainingTraining` (`training`)."""
+
     # --- fill-mask ----------------------------------------------------------------------------------
     # The tokenizer treats "[MASK]" in raw text as plain text (so user text can never inject control
     # tokens); fill-mask therefore finds the markers in the string itself, tokenizes the pieces between
@@ -233,6 +236,7 @@ class Pretraining(Family):
     options = {"top_k": 5}
     export_outputs = {"mlm_logits": {0: "batch", 1: "sequence"}, "nsp_logits": {0: "batch"}}
     runs_as_graph = False  # fill-mask gathers the masked positions inside the model (`mlm_positions`)
+    training_hooks = PretrainingTraining
     example_inputs = ["The capital of France is [MASK].", "I went to the [MASK] to buy some bread.",
                     "She [MASK] the letter and smiled."]
 

@@ -46,6 +46,7 @@ from bertforge.data.question_answering import QAExample, article_split, count_ar
 from bertforge.errors import InputError
 from bertforge.families.base import (
     Family,
+    FamilyTraining,
     FineTuningModel,
     InputSettings,
     LossSettings,
@@ -322,6 +323,17 @@ class SpanObjective(Objective):
         return {"span_accuracy": ((start & end).sum().float(), output.start_logits.new_tensor(float(start.shape[0])))}
 
 
+class QuestionAnsweringTraining(FamilyTraining):
+    """What fine-tuning asks of question answering: the settings it honours and the span objective."""
+
+    settings = frozenset({"features.max_query_length", "features.max_answer_length", "features.n_best_size",
+                          "features.version_2_with_negative", "features.null_score_diff_threshold"})
+
+    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> SpanObjective:
+        self.refuse_loss_settings(loss)
+        return SpanObjective()
+
+
 class QuestionAnswering(Family):
     """Extractive answers from contexts of any length."""
 
@@ -340,8 +352,7 @@ class QuestionAnswering(Family):
     default_metrics = ("f1", "exact_match")
 
     formats = {"qa": None}
-    settings = frozenset({"features.max_query_length", "features.max_answer_length", "features.n_best_size",
-                          "features.version_2_with_negative", "features.null_score_diff_threshold"})
+    training_hooks = QuestionAnsweringTraining
 
     def read(self, path, *, part, task, report, labelled=True):
         articles = None
@@ -375,10 +386,6 @@ class QuestionAnswering(Family):
             names += tuple(f"{group}_{kind}" for group, flag in (("HasAns", False), ("NoAns", True)) if flag in groups
                            for kind in ("exact", "f1"))
         return names
-
-    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> SpanObjective:
-        self.refuse_loss_settings(loss)
-        return SpanObjective()
 
     def parse(self, item: Any) -> QAExample:
         if isinstance(item, list | tuple) and len(item) == 2:

@@ -4,8 +4,8 @@ Owns: SPLADE pooling (`splade_pool`, the one home of it: log(1 + relu(MLM logit)
 maximum (or sum) over the tokens the attention mask marks real), the model (`BertForSparseEmbedding`: the
 encoder and BERT's `MlmHead`, saved as a Hugging Face `BertForMaskedLM` with sentence-transformers'
 SparseEncoder modules beside it), the family (`SparseEmbedding`: the `embed-sparse` route, its options, its
-features and decoding into ``{"indices": [...], "values": [...]}``, dev retrieval scoring, training hooks) and
-top-k pruning of terms (`prune`).
+features and decoding into ``{"indices": [...], "values": [...]}``, dev retrieval scoring; its training hooks
+are `SparseEmbeddingTraining`) and top-k pruning of terms (`prune`).
 
 Memory: the [rows, T, V] logits are the largest tensor (32 texts of 256 tokens are 1 GB in float32), so they are
 made `LOGIT_BUDGET` floats at a time and reduced at once. With max pooling the reduction is taken on the raw
@@ -33,7 +33,7 @@ from bertforge.data.embedding import TextGroup
 from bertforge.data.finetuning import Feature, FinetuneBatch
 from bertforge.errors import ConfigError, InputError
 from bertforge.families.base import Family, LossSettings
-from bertforge.families.embedding import Embedding, SentenceOutput
+from bertforge.families.embedding import Embedding, EmbeddingTraining, SentenceOutput
 from bertforge.families.sparse_objective import SparseObjective, sparse_loss
 from bertforge.interop.sentence_transformers import (
     SPLADE_ACTIVATIONS,
@@ -194,6 +194,35 @@ class SparseVector:
     values: np.ndarray
 
 
+class SparseEmbeddingTraining(EmbeddingTraining):
+    """What fine-tuning asks of sparse embedding: its `--format` columns, the training model, the in-batch
+    negatives + FLOPS objective and the task's pooling and activation on the model."""
+
+    settings = frozenset({"head.loss", "head.symmetric", "head.query_regularizer", "head.document_regularizer",
+                          "data.negative_column"})
+
+    def format_reader(self, format_name: str) -> dict[str, Any]:
+        return dict(FORMAT_COLUMNS[format_name])
+
+    @property
+    def trained_class(self) -> type[BertForSparseEmbedding]:
+        return BertForSparseEmbedding
+
+    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> SparseObjective:
+        if loss is not None and (loss.class_weights is not None or loss.focal_gamma):
+            raise ConfigError("class weights and focal loss apply to classification and tagging, not to sparse "
+                              "training; remove head.class_weights / head.focal_gamma")
+        return SparseObjective(sparse_loss(loss.contrastive if loss is not None else None))
+
+    def prepare_model(self, model: torch.nn.Module, task: Any, loss: LossSettings | None) -> None:
+        """The task's pooling, activation and window, saved in the trained model's SparseEncoder files."""
+        sparse_loss(loss.contrastive if loss is not None else None)  # refuse unsupported settings early
+        if task.options["max_terms"]:
+            raise ConfigError("max_terms prunes vectors after training; remove it from the training run")
+        model.sparse = replace(model.sparse, splade=task.options["pooling"], splade_activation=task.options["activation"],
+                               max_seq_length=task.inputs.max_seq_length)
+
+
 class SparseEmbedding(Embedding):
     """Sparse (SPLADE) vectors from a BERT with a masked-LM head: one weight per vocabulary term, most 0.
 
@@ -211,8 +240,7 @@ class SparseEmbedding(Embedding):
     default_max_seq_length = 512
     options = {"pooling": "max", "activation": "relu", "max_terms": 0, "tokens": False}
     formats = dict.fromkeys(FORMAT_COLUMNS)
-    settings = frozenset({"head.loss", "head.symmetric", "head.query_regularizer", "head.document_regularizer",
-                          "data.negative_column"})
+    training_hooks = SparseEmbeddingTraining
     export_outputs = {"embeddings": {0: "batch"}}
     runs_as_graph = False  # the call's pooling and activation options run inside the model (`sparse_rows`)
     example_inputs = ["What is the capital of France?", "Paris is the capital and largest city of France."]
@@ -237,9 +265,6 @@ class SparseEmbedding(Embedding):
         if sentence is None or sentence.splade is None:
             return {}
         return {"pooling": sentence.splade, "activation": sentence.splade_activation}
-
-    def format_reader(self, format_name: str) -> dict[str, Any]:
-        return dict(FORMAT_COLUMNS[format_name])
 
     def metric_defaults(self, kind: str | None, reader: Any = None) -> tuple[str, ...]:
         return RANKING_METRICS
@@ -309,25 +334,6 @@ class SparseEmbedding(Embedding):
         qrels = {q: {f"d{documents[e.texts[1]]}": 1.0} for q, e in zip(query_ids, examples)}
         figures = sparse_retrieval_figures(queries, corpus, query_ids, [f"d{i}" for i in documents.values()], qrels)
         return {name: figures[name] for name in RANKING_METRICS}, {}, []
-
-    # --- training ---------------------------------------------------------------------------------
-    @property
-    def training_class(self) -> type[BertForSparseEmbedding]:
-        return BertForSparseEmbedding
-
-    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> SparseObjective:
-        if loss is not None and (loss.class_weights is not None or loss.focal_gamma):
-            raise ConfigError("class weights and focal loss apply to classification and tagging, not to sparse "
-                              "training; remove head.class_weights / head.focal_gamma")
-        return SparseObjective(sparse_loss(loss.contrastive if loss is not None else None))
-
-    def prepare_model(self, model: torch.nn.Module, task: Any, loss: LossSettings | None) -> None:
-        """The task's pooling, activation and window, saved in the trained model's SparseEncoder files."""
-        sparse_loss(loss.contrastive if loss is not None else None)  # refuse unsupported settings early
-        if task.options["max_terms"]:
-            raise ConfigError("max_terms prunes vectors after training; remove it from the training run")
-        model.sparse = replace(model.sparse, splade=task.options["pooling"], splade_activation=task.options["activation"],
-                               max_seq_length=task.inputs.max_seq_length)
 
 
 FAMILY = SparseEmbedding()

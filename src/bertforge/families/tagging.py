@@ -54,6 +54,7 @@ from bertforge.data.tagging import (
 from bertforge.errors import CheckpointError, ConfigError, InputError
 from bertforge.families.base import (
     Family,
+    FamilyTraining,
     FineTuningModel,
     InputSettings,
     LossSettings,
@@ -340,6 +341,48 @@ def readable_tags(names: Sequence[str]) -> tuple[list[str], bool]:
     return tags, any(t[:2] in ("E-", "S-") for t in tags)
 
 
+class TaggingTraining(FamilyTraining):
+    """What fine-tuning asks of tagging: the run's tag set in its scheme, tags per word for class weights,
+    the head and its objective (the CRF's likelihood or the weighed cross-entropy)."""
+
+    settings = frozenset({"head.crf", "features.tag_scheme", "features.label_policy", "head.class_weights",
+                          "head.balanced_class_weights", "head.focal_gamma", "data.token_column", "data.tag_column",
+                          "data.separator", "data.bio_errors"})
+
+    def label_names(self, examples, given, settings, kind=None):
+        # A named task's (or --labels') tag set is complete even when a small --train-limit misses some tags.
+        return scheme_tags(given, settings.tag_scheme) if given else tag_list(examples, settings.tag_scheme)
+
+    def label_counts(self, examples, label_names, settings):
+        """Training words per tag, in the model's scheme (what the loss counts with label_policy "first")."""
+        index = {name: i for i, name in enumerate(label_names)}
+        counts = [0] * len(label_names)
+        for example in examples:
+            if example.tags is not None:
+                for tag in bio_to_iobes(example.tags) if settings.tag_scheme == "IOBES" else example.tags:
+                    counts[index[tag]] += 1
+        return counts
+
+    def head_config(self, label_names, kind=None):
+        return {"id2label": dict(enumerate(label_names)), "label2id": None, "problem_type": None}
+
+    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> TaggingObjective:
+        """The CRF likelihood when `config.use_crf`, else the cross-entropy weighed by `loss`.
+
+        Raises:
+            ConfigError: class weights / focal loss together with the CRF (whose loss is per sentence, not per
+                token), or class weights that do not give one number per label.
+        """
+        self.refuse_contrastive(loss)
+        if loss is not None and not loss.plain:
+            if config.use_crf:
+                raise ConfigError("head.class_weights and head.focal_gamma weigh each token's cross-entropy, which "
+                                  "head.crf replaces by the sentence's likelihood; remove head.class_weights / "
+                                  "head.focal_gamma or turn head.crf off")
+            loss.check_labels(config.num_labels)
+        return TaggingObjective(config.use_crf, loss)
+
+
 class Tagging(Family):
     """Named entities (or any word labels) with character offsets."""
 
@@ -354,9 +397,7 @@ class Tagging(Family):
 
     default_metrics = ("f1", "precision", "recall")
     formats = {"ner": None}
-    settings = frozenset({"head.crf", "features.tag_scheme", "features.label_policy", "head.class_weights",
-                          "head.balanced_class_weights", "head.focal_gamma", "data.token_column", "data.tag_column",
-                          "data.separator", "data.bio_errors"})
+    training_hooks = TaggingTraining
 
     def check_model(self, config: BertConfig) -> None:
         if not config.id2label:
@@ -376,44 +417,11 @@ class Tagging(Family):
     def metric_names(self, task, dev_examples=None):
         return ("f1", "precision", "recall", "invalid_span_share")
 
-    def label_names(self, examples, given, settings, kind=None):
-        # A named task's (or --labels') tag set is complete even when a small --train-limit misses some tags.
-        return scheme_tags(given, settings.tag_scheme) if given else tag_list(examples, settings.tag_scheme)
-
     def check_labels(self, examples, label_names, settings, origin="training"):
         check_tag_labels(examples, {name: i for i, name in enumerate(label_names)}, settings.tag_scheme, origin)
 
-    def label_counts(self, examples, label_names, settings):
-        """Training words per tag, in the model's scheme (what the loss counts with label_policy "first")."""
-        index = {name: i for i, name in enumerate(label_names)}
-        counts = [0] * len(label_names)
-        for example in examples:
-            if example.tags is not None:
-                for tag in bio_to_iobes(example.tags) if settings.tag_scheme == "IOBES" else example.tags:
-                    counts[index[tag]] += 1
-        return counts
-
-    def head_config(self, label_names, kind=None):
-        return {"id2label": dict(enumerate(label_names)), "label2id": None, "problem_type": None}
-
     def labelled(self, examples):
         return all(e.tags is not None for e in examples)
-
-    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> TaggingObjective:
-        """The CRF likelihood when `config.use_crf`, else the cross-entropy weighed by `loss`.
-
-        Raises:
-            ConfigError: class weights / focal loss together with the CRF (whose loss is per sentence, not per
-                token), or class weights that do not give one number per label.
-        """
-        self.refuse_contrastive(loss)
-        if loss is not None and not loss.plain:
-            if config.use_crf:
-                raise ConfigError("head.class_weights and head.focal_gamma weigh each token's cross-entropy, which "
-                                  "head.crf replaces by the sentence's likelihood; remove head.class_weights / "
-                                  "head.focal_gamma or turn head.crf off")
-            loss.check_labels(config.num_labels)
-        return TaggingObjective(config.use_crf, loss)
 
     def parse(self, item: Any) -> TaggingExample:
         if isinstance(item, Mapping) and "words" in item:

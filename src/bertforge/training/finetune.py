@@ -107,13 +107,13 @@ def prepare_data(config: FinetuneConfig, task: TaskDescription, directory: Model
         task = task.replace(inputs=dataclasses.replace(task.inputs, max_seq_length=min(task.inputs.max_seq_length,
                                                                                          limit)))
     origin = "given" if config.data.labels else "task" if task.labels else "training"
-    labels = family.label_names(train_examples, task.labels, task.inputs, task.kind)
+    labels = family.training.label_names(train_examples, task.labels, task.inputs, task.kind)
     task = task.replace(labels=None if labels is None else tuple(labels),
                         options=family.options_for_data(task.options, [*train_examples, *dev_examples]))
     if labels is not None:
         family.check_labels(train_examples, labels, task.inputs, origin)
         family.check_labels(dev_examples, labels, task.inputs, origin)
-    head = directory.config.replace(**family.head_config(labels, task.kind))
+    head = directory.config.replace(**family.training.head_config(labels, task.kind))
     tokenizer = directory.require_tokenizer()
     train_features = family.features(train_examples, tokenizer, task.inputs, config=head, report=train_report,
                                      training=True)
@@ -133,10 +133,10 @@ def load_task_model(config: FinetuneConfig, task: TaskDescription, directory: Mo
         overrides["classifier_hidden_sizes"] = list(head.classifier_hidden_sizes)
     if head.classifier_dropout is not None:
         overrides["classifier_dropout"] = head.classifier_dropout
-    overrides.update(task.family.head_config(None if task.labels is None else list(task.labels), task.kind))
+    overrides.update(task.family.training.head_config(None if task.labels is None else list(task.labels), task.kind))
     if head.crf:
         overrides["use_crf"] = True
-    model, _ = registry.load_model(directory, task.family.training_class, config_overrides=overrides,
+    model, _ = registry.load_model(directory, task.family.training.trained_class, config_overrides=overrides,
                                    fresh_head=head.fresh_head, fast_path=config.fast_path)
     if task.inputs.max_seq_length > model.config.max_position_embeddings:
         raise ConfigError(f"max_seq_length={task.inputs.max_seq_length} exceeds the model's max_position_embeddings="
@@ -230,8 +230,8 @@ def run_finetuning(config: FinetuneConfig) -> FinetuneResult | SeedsResult:
     run = DevEvaluations(config, prepared, model, steps_per_epoch)
     loss = config.head.loss_settings(task, prepared.train_examples)
     try:
-        objective = task.family.objective_for(model.config, loss)
-        task.family.prepare_model(model, task, loss)
+        objective = task.family.training.objective_for(model.config, loss)
+        task.family.training.prepare_model(model, task, loss)
     except ConfigError as exc:
         raise ConfigError(f"finetune: {exc}") from None
     outcome = train(model, batches, objective, training, eval_fn=run if run.evaluator else None,

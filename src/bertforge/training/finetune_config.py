@@ -197,7 +197,7 @@ class HeadConfig:
             if task.labels is None:
                 raise ConfigError("finetune.head.balanced_class_weights needs named labels; this task has none "
                                   "(regression or question answering): remove it")
-            counts = task.family.label_counts(examples, task.labels, task.inputs)
+            counts = task.family.training.label_counts(examples, task.labels, task.inputs)
             missing = [name for name, n in zip(task.labels, counts) if n == 0]
             if missing:
                 raise ConfigError(f"finetune.head.balanced_class_weights: labels {missing} have no training "
@@ -290,13 +290,13 @@ TABLES: dict[str, type] = {"data": DataConfig, "features": FeatureConfig, "head"
 
 
 def family_settings() -> dict[str, list[str]]:
-    """Every family-specific setting (`Family.settings`) -> who honours it ("tagging", "single label
-    classification"), by family and problem kind (`Family.run_settings`)."""
+    """Every family-specific setting (`FamilyTraining.settings`) -> who honours it ("tagging", "single label
+    classification"), by family and problem kind (`FamilyTraining.run_settings`)."""
     users: dict[str, list[str]] = {}
     for family in registry.FINETUNING_FAMILIES:
         for kind in family.kinds or (None,):
             who = family.name if kind is None else kind.replace("_", " ")
-            for key in sorted(family.run_settings(kind)):
+            for key in sorted(family.training.run_settings(kind)):
                 users.setdefault(key, []).append(who)
     return users
 
@@ -304,7 +304,7 @@ def family_settings() -> dict[str, list[str]]:
 def check_family_settings(config: FinetuneConfig, task: TaskDescription) -> None:
     """Refuse a setting that only other families (or other problem kinds) use, set away from its default: it
     would be accepted and do nothing. The message names the flag, the setting and who uses it."""
-    honoured = task.family.run_settings(task.kind)
+    honoured = task.family.training.run_settings(task.kind)
     for key, users in family_settings().items():
         if key in honoured:
             continue
@@ -405,7 +405,7 @@ def _base_task(config: FinetuneConfig) -> TaskDescription:
     family, kind = registry.formats()[data.format]
     if data.multi_label and kind is not None:
         kind = MULTI_LABEL
-    reader = reader_settings(**family.format_reader(data.format))
+    reader = reader_settings(**family.training.format_reader(data.format))
     return TaskDescription(
         name=data.format, family=family, kind=kind,
         train=(DataSource(data.train),) if data.train else (), dev=(DataSource(data.dev),) if data.dev else (),

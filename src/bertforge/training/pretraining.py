@@ -106,7 +106,7 @@ class PretrainConfig:
         if not (Path(self.model).is_dir() or self.model in PRESETS):
             raise ConfigError(f"model={self.model!r} is neither a model directory nor a preset; use one of "
                               f"{sorted(PRESETS)} or the path of a saved model")
-        PRETRAINING.model_class_for(self.objective)  # validates the objective
+        PRETRAINING.training.model_class_for(self.objective)  # validates the objective
         if self.model_overrides and Path(self.model).is_dir():
             raise ConfigError("model_overrides apply to a preset; a model directory keeps its own config.json")
         for name, low in (("eval_batches", 0), ("pad_to_multiple_of", 1)):
@@ -130,7 +130,7 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, max_seq_length: in
     """A fresh model of the objective's class (`BertForPretraining` or `BertForMaskedLM`) from a preset, or one
     loaded from a model directory (heads the directory lacks start fresh; an NSP head the objective does not
     train is left out)."""
-    cls = PRETRAINING.model_class_for(config.objective)
+    cls = PRETRAINING.training.model_class_for(config.objective)
     if Path(config.model).is_dir():
         model = cls.from_pretrained(config.model)
         if model.config.vocab_size != tokenizer.vocab_size:
@@ -210,7 +210,7 @@ def run_pretraining(config: PretrainConfig) -> TrainResult:
                               workers=training.resolved_data_workers(device), pin_memory=device.type == "cuda",
                               fixed_shapes=training.compile)  # a few shapes, each compiled once
     eval_fn = None
-    task = PRETRAINING
+    task = PRETRAINING.training
     if sum(int(record["instances"]) for record in index.shards("heldout")) > 0:
         heldout = PretrainingData(index, split="heldout", batch_size=training.batch_size,
                                   drop_last=False, **common)
