@@ -1,5 +1,6 @@
 """CPU inference at each precision, side by side in one process: transformers fp32, ONNX Runtime fp32 and int8
-(on transformers' export and on ours, each through ONNX Runtime's BERT optimizer), bertforge fp32, bf16, int8.
+(on transformers' export and on ours, each through ONNX Runtime's BERT optimizer, int8 by `quantize_dynamic`'s
+defaults), bertforge fp32, bf16, int8, and bertforge's ONNX Runtime engine (`--engine onnxruntime`) fp32 and int8.
 
 Work: BERT-base (random weights of the `base` preset: speed only) and all-MiniLM-L6-v2 (real weights);
 inputs: variable lengths uniform in [16, 128] (a batch padded to its longest, as a user's batch is) and fixed
@@ -11,6 +12,7 @@ cosine to transformers fp32 (min and mean) for every system.
 
     python -m benchmarks.cpu_precision --quick          # MiniLM, variable lengths, 3 repeats (minutes)
     python -m benchmarks.cpu_precision                  # everything (BERT-base at 512 too: long on 2 cores)
+    python -m benchmarks.cpu_precision --quick --batches 1 --threads 1   # the batch-1 rows only, one thread
 
 Prints a markdown table and writes JSON (--out, default benchmarks/results/cpu_precision.json).
 """
@@ -35,12 +37,14 @@ from bertforge.checkpoint_format import read_directory
 from bertforge.engine.bf16 import Bf16Linear
 from bertforge.engine.build import build_engine, plan_engine
 from bertforge.engine.int8 import Int8Linear, quantization_engine
+from bertforge.families import registry
 from bertforge.model import BertConfig, BertModel
 
 SETTLE_SECONDS = 0.5  # idle time before each timed system (`measure`)
 CEILING_TOKENS_PER_S = 20_000  # BERT-base bf16 on 2 AMX cores (issue #21): ~4 TFLOP/s / 0.17 GFLOP per token
 SYSTEMS = ("transformers fp32", "ORT fp32 (HF export)", "ORT int8 (HF export)", "ORT fp32 (our export)",
-           "ORT int8 (our export)", "bertforge fp32", "bertforge bf16", "bertforge int8")
+           "ORT int8 (our export)", "bertforge fp32", "bertforge bf16", "bertforge int8",
+           "bertforge onnxruntime fp32", "bertforge onnxruntime int8")
 
 
 def minilm_dir() -> Path:
@@ -97,6 +101,19 @@ def bertforge_runner(directory: Path, precision: str):
     return run
 
 
+def engine_runner(directory: Path, precision: str, threads: int, work: Path):
+    """bertforge's ONNX Runtime engine (`--engine onnxruntime`): the exported, fused graph (int8: per-channel
+    weight scales, `bertforge export --optimize --quantize int8`'s), its cache in `work`."""
+    model = BertModel.from_pretrained(directory)
+    engine = build_engine(model, plan_engine("cpu", precision, "onnxruntime", threads), work)
+    engine.prepare(registry.for_model(model))
+
+    def run(ids, mask):
+        with engine.running():
+            return engine(ids, attention_mask=mask).last_hidden_state.float()
+    return run
+
+
 def hf_export(model, path: Path) -> None:
     """transformers' model through torch.onnx (the TorchScript exporter, as optimum uses it)."""
     class Wrapper(torch.nn.Module):  # keyword arguments: transformers 5's forward takes others positionally
@@ -120,12 +137,9 @@ def hf_export(model, path: Path) -> None:
 
 def our_export(directory: Path, path: Path) -> str:
     """Our ONNX export: the optimized one where `engine.onnx_export` offers it, else the plain one."""
-    from bertforge.inference import export
+    from bertforge.engine.onnx_export import export_onnx
 
-    if "optimize" in export.export_onnx.__code__.co_varnames:
-        export.export_onnx(directory, path, check=False, optimize=True)
-        return "bertforge export --optimize"
-    export.export_onnx(directory, path, check=False)
+    export_onnx(directory, path, check=False)
     return "bertforge export, then ONNX Runtime's BERT optimizer (what export --optimize runs)"
 
 
@@ -176,7 +190,11 @@ def runners_for(directory: Path, work: Path, threads: int, skip: set[str]) -> tu
         ort_ours, notes["fused ops (our export)"] = ort_runners(work / "ours.onnx", config, threads)
         runners.update({"ORT fp32 (our export)": ort_ours["fp32"], "ORT int8 (our export)": ort_ours["int8"]})
     for precision in ("fp32", "bf16", "int8"):
-        runners[f"bertforge {precision}"] = bertforge_runner(directory, precision)
+        if f"bertforge {precision}" not in skip:
+            runners[f"bertforge {precision}"] = bertforge_runner(directory, precision)
+    for precision in ("fp32", "int8"):
+        if f"bertforge onnxruntime {precision}" not in skip:
+            runners[f"bertforge onnxruntime {precision}"] = engine_runner(directory, precision, threads, work)
     return {k: v for k, v in runners.items() if k not in skip}, notes
 
 
@@ -272,6 +290,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=8, help="batch-1 calls per timed repeat (default 8)")
     parser.add_argument("--skip", default="", help="comma list of systems to leave out (e.g. 'bertforge bf16')")
     parser.add_argument("--sentences", type=int, default=64, help="SST-2 sentences for the cosine check")
+    parser.add_argument("--batches", default="1,32", help="comma list of batch sizes (default 1,32)")
     parser.add_argument("--out", default="benchmarks/results/cpu_precision.json")
     args = parser.parse_args()
     models = (args.models or ("minilm" if args.quick else "minilm,base")).split(",")
@@ -281,6 +300,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
     rows, notes, cosines = [], {}, {}
+    load_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         for model_name in models:
             work = Path(tmp) / model_name
@@ -292,7 +312,7 @@ def main() -> None:
             config = read_directory(directory).config
             vocab = config.vocab_size
             for length in lengths:
-                for batch in (1, 32):
+                for batch in [int(b) for b in args.batches.split(",")]:
                     batches = make_batches(vocab, batch, length, args.calls if batch == 1 else 1, seed=batch)
                     tokens = sum(int(mask.sum()) for _, mask in batches) / len(batches)
                     flops = encoder_flops(config, batches)
@@ -327,11 +347,13 @@ def main() -> None:
     record = {"rows": rows, "cosine_to_transformers_fp32": cosines, "notes": notes, "threads": args.threads,
               "machine_peak_gops": {name: value / 1e9 for name, value in peaks.items()},
               "repeats": repeats, "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
-              "cpu_flags_amx": "amx" in Path("/proc/cpuinfo").read_text(), "load_average_at_end": load,
+              "cpu_flags_amx": "amx" in Path("/proc/cpuinfo").read_text(), "load_average_at_start": load_at_start,
+              "load_average_at_end": load,
               "quick": args.quick, "table": "\n".join(lines)}
     for model_name, note in notes.items():
         print(f"{model_name}: {json.dumps(note)}")
-    print(f"threads {args.threads}, median of {repeats} interleaved repeats; load average at end {load}; "
+    print(f"threads {args.threads}, median of {repeats} interleaved repeats; load average at start {load_at_start}, "
+          f"at end {load}; "
           f"measured matmul peak fp32 {peaks['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s, "
           f"int8 {peaks['int8'] / 1e9:.0f} GOP/s")
     out = Path(args.out)
