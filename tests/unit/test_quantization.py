@@ -3,7 +3,7 @@
 The tolerances are the stated int8 contract on a real checkpoint (all-MiniLM-L6-v2 on real SST-2 sentences):
 mean-pooled embeddings keep cosine >= 1 - INT8_COSINE_TOLERANCE to fp32 for every sentence, and a
 classifier's probabilities move by at most INT8_PROBABILITY_TOLERANCE. The figures they were set from are in
-docs/cpu_inference.md.
+docs/notes/cpu_inference.md.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ once for oneDNN's bf16 matmul (AMX tiles or AVX-512 bf16) where PyTorch's oneDNN
 
 Why: under `torch.autocast` alone, a CPU bf16 forward casts every fp32 weight to bf16 again on every call,
 and oneDNN reorders each plain [O, I] weight into its blocked layout on every call too. Measured on a 2-core
-Xeon with AMX (docs/cpu_inference.md, "bf16 on CPU"): the casts were 43% of a MiniLM batch-1 call; casting
+Xeon with AMX (docs/notes/cpu_inference.md, "bf16 on CPU"): the casts were 43% of a MiniLM batch-1 call; casting
 once took BERT-base batch 1 from 45 to 26 ms, and the packed weight halves a batch-1 matmul again
 (BERT-base's [70, 768] x [768, 3072]: 390 -> 204 us).
 
@@ -14,7 +14,7 @@ packed path: the feed-forward's activation (exact GELU, ReLU) runs inside the up
 its fp32 result before the one rounding to bf16, where autocast rounds the matmul's output, applies GELU to it
 and rounds again. A bf16 GELU on its own cost more than the fp32 one (45 against 25 us at 72 x 1536 on 2 AMX
 cores), and fused, a MiniLM batch-1 call was 5% faster, with the outputs as close to fp32 as before
-(docs/cpu_inference.md, "bf16 at batch 1"). The model still runs
+(docs/notes/cpu_inference.md, "bf16 at batch 1"). The model still runs
 under autocast (its engine's `running`): embeddings, LayerNorm, softmax, the pooler and the heads do what
 autocast does with them; only these linears skip the casts. `pack_bf16` is applied by `engine.build.build_engine`
 for bf16 on the CPU, which also gives the model a traced layer graph (`engine.layer_graph`, as int8 has): a

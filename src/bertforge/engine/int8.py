@@ -11,12 +11,12 @@ they are a small share of the time and the most sensitive to rounding.
 Why this kernel: `torch.ops.quantized.linear_dynamic` (PyTorch's fbgemm / oneDNN dynamic quantized
 linear, the kernel behind `torch.ao.quantization.quantize_dynamic`) was measured on a 2-core AMD EPYC
 (AVX2, no AVX-512, no VNNI, no AMX) against the alternatives PyTorch 2.13 offers on a
-CPU (docs/cpu_inference.md, "Choosing the int8 kernel"): `torch._int_mm` and
+CPU (docs/notes/cpu_inference.md, "Choosing the int8 kernel"): `torch._int_mm` and
 `aten._weight_int8pack_mm` fall back to reference loops there (10-100x slower than fp32), and the
 inductor int8 flow needs the PT2E quantizer, which PyTorch no longer ships (it moved to torchao). On the AMX
 Xeon `torch._int_mm` is the fastest int8 product (a third to two thirds of `linear_dynamic`'s time at 24-128
 rows), but quantizing its input and scaling its output back takes PyTorch operators that cost more than it
-saves (docs/cpu_inference.md, "The int8 matmul call is where short inputs lose"). We call
+saves (docs/notes/cpu_inference.md, "The int8 matmul call is where short inputs lose"). We call
 the operator directly rather than through `quantize_dynamic` because the fused QKV projection is a
 parameter pair, not an `nn.Linear`, and so the quantized model keeps the encoder's own classes. The
 engine the weights are packed for is chosen per CPU (`quantization_engine`): oneDNN where AMX is present.
@@ -38,7 +38,7 @@ range. So the down projection's activations are quantized per token (`per_token`
 own max |x| (or a cheaper bound from the activation's least value, `least_value`) before the kernel, which then
 quantizes rows already on one scale, and the output rows are multiplied back, bias added after:
 x W^T + b = r (x / r) W^T + b, exactly, for any r > 0. This was measured on
-the accuracy budget's fine-tuned MiniLM models (docs/cpu_inference.md, "Per-token scales for the down
+the accuracy budget's fine-tuned MiniLM models (docs/notes/cpu_inference.md, "Per-token scales for the down
 projection"): SQuAD exact match went from -1.08 to -0.29 points of fp32 and STS-B Spearman from -0.89 to
 -0.21, for 3-7% more int8 time; per token on all four projections was little closer and cost 18-34%.
 SmoothQuant's per-channel rescaling, which int8 used before, is gone: once the down projection was per token,
@@ -66,7 +66,7 @@ from bertforge.errors import ConfigError
 
 # The packed weights' engine, the first of these this build supports: oneDNN first on a CPU with AMX tiles
 # (its int8 matmul runs on them: 1.2-1.5x PyTorch's x86 engine end to end on BERT-base, 1.3-3.5x per matmul,
-# measured on a 2-core Sapphire Rapids-class Xeon, docs/cpu_inference.md); elsewhere PyTorch's x86 engine
+# measured on a 2-core Sapphire Rapids-class Xeon, docs/notes/cpu_inference.md); elsewhere PyTorch's x86 engine
 # (fbgemm's AVX2 / AVX-512 kernels), which oneDNN did not beat on the 2-core AVX2 EPYC.
 PREFERRED_ENGINES = ("x86", "fbgemm", "onednn")
 AMX_PREFERRED_ENGINES = ("onednn", "x86", "fbgemm")

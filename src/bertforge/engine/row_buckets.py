@@ -2,7 +2,7 @@
 
 oneDNN, which runs the CPU int8 (`engine.int8`) and packed bf16 (`engine.bf16`) linears, compiles a kernel
 for every row count it meets and keeps at most 1,024 of them. Measured on a 2-core AMX Xeon (one [384 -> 1536]
-linear, row counts 60-99 each called twice; docs/cpu_inference.md, "Row buckets"): int8's first call 823 us, its
+linear, row counts 60-99 each called twice; docs/notes/cpu_inference.md, "Row buckets"): int8's first call 823 us, its
 second 169 us; bf16's 904 / 165 us. Without padding, a batch-1 MiniLM call at a length not met before cost ~2.6 ms
 more, and a server meeting lengths of 16-512 tokens needed ~2,000 kernels, more than the cache holds, so it kept
 paying. With it, every call of `rows` rows runs at `bucket_rows(rows)`: steps of BUCKET_STEP rows below

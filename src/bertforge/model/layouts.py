@@ -161,7 +161,7 @@ class Unpadded:
             # CPU, few sequences: one unmasked SDPA call per sequence over its own L tokens (L^2 rather than
             # T^2). Many sequences take the one masked call below instead: per-sequence calls are ~30 small
             # kernels per sequence and layer, each a thread barrier, and on shared cores (other processes
-            # running) every barrier waits for a descheduled thread (docs/cpu_inference.md, "Contention").
+            # running) every barrier waits for a descheduled thread (docs/notes/cpu_inference.md, "Contention").
             contexts = []
             for qs, ks, vs in zip(q.split(self.lengths), k.split(self.lengths), v.split(self.lengths)):
                 length = qs.shape[0]
