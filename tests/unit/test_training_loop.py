@@ -292,6 +292,29 @@ def test_train_task_without_counts_needs_single_term(tmp_path):
         train(tiny_model(), SyntheticSource(2, 2), TwoTerms(), config_for(tmp_path, steps=1))
 
 
+class StepRecorder(SingleTermTaskWithCounts):
+    """Records the steps the loop announces (`at_step`) and how many windows ran after each."""
+
+    def __init__(self):
+        self.announced: list[tuple[int, int]] = []
+        self.passes: list[int] = []
+
+    def at_step(self, step, total_steps):
+        self.announced.append((step, total_steps))
+        self.passes.append(0)
+
+    def loss_terms(self, output, batch):
+        self.passes[-1] += 1
+        return super().loss_terms(output, batch)
+
+
+def test_train_tells_the_task_each_step_before_its_window(tmp_path):
+    task = StepRecorder()
+    train(tiny_model(), SyntheticSource(6, 2), task, config_for(tmp_path, grad_accumulation=2, batch_size=2, steps=3))
+    assert task.announced == [(0, 3), (1, 3), (2, 3)]
+    assert task.passes == [2, 2, 2]  # both micro-batches of a step run after its announcement
+
+
 class NanAfter(PretrainingObjective):
     def __init__(self, good_steps: int):
         self.calls = 0

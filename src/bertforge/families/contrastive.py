@@ -45,6 +45,8 @@ class ContrastiveLoss:
         vectors can then be truncated to any of them; list the full width to train it too).
     query_regularizer, document_regularizer: sparse (SPLADE) training only: the weights of the FLOPS
         regulariser of the query and of the document vectors (None: `families.sparse_objective`'s defaults).
+    regularizer_warmup: sparse training only: the fraction of the run's steps over which those weights grow
+        from 0 to their value, quadratically (None: `families.sparse_objective`'s default, 1/3; 0: constant).
     """
 
     loss: str = "auto"
@@ -54,6 +56,7 @@ class ContrastiveLoss:
     matryoshka_dims: tuple[int, ...] = ()
     query_regularizer: float | None = None
     document_regularizer: float | None = None
+    regularizer_warmup: float | None = None
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -67,6 +70,10 @@ class ContrastiveLoss:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int | float) and 0 <= value < float("inf")):
                 raise ConfigError(f"{name}={value!r}: use a weight >= 0 (e.g. 5e-5 for queries, 3e-5 for documents)")
+        warmup = self.regularizer_warmup
+        if warmup is not None and not (isinstance(warmup, int | float) and 0 <= warmup <= 1):
+            raise ConfigError(f"regularizer_warmup={warmup!r}: use a fraction of the steps in [0, 1] (0: the "
+                              "regularizer weights are constant)")
         if any(d < 1 for d in self.matryoshka_dims):
             raise ConfigError(f"matryoshka_dims={list(self.matryoshka_dims)}: use positive widths, e.g. 256,128,64")
 

@@ -7,14 +7,14 @@ SparseEncoder modules beside it), the family (`SparseEmbedding`: the `embed-spar
 features and decoding into ``{"indices": [...], "values": [...]}``, dev retrieval scoring; its training hooks
 are `SparseEmbeddingTraining`) and top-k pruning of terms (`prune`).
 
-Memory: the [rows, T, V] logits are the largest tensor (32 texts of 256 tokens are 1 GB in float32), so they are
-made `LOGIT_BUDGET` floats at a time and reduced at once. With max pooling the reduction is taken on the raw
-logits and log(1 + relu(.)) applied to the [rows, V] maxima: both are monotonic, so the result is the same
-number, and the backward pass keeps only the argmax indices instead of three [rows, T, V] tensors. With max
-pooling over BERT's head the decoder's product and the maximum are one autograd step (`MaxLogits`): only the
-winning token of each (row, term) gets a gradient, so its backward adds V rows of the decoder per text instead
-of multiplying the [rows x T, V] gradient through it (the same gradient as autograd's through the plain path,
-tested; `fast=False` is the plain path).
+Memory and work: the [rows, T, V] logits are the largest tensor (32 texts of 256 tokens are 1 GB in float32),
+so they are made `LOGIT_BUDGET` floats at a time and reduced at once. With max pooling the reduction is taken
+on the raw logits and log(1 + relu(.)) applied to the [rows, V] maxima: both are monotonic, so the result is the
+same number. With max pooling over BERT's head the decoder's product and the maximum are one autograd step
+(`MaxLogits`): each text's logits stop at its last real token (texts of like length are pieced together, so a
+short query beside long paragraphs makes no logits for its padding), and the backward sends each active term's
+gradient to its winning token only, a few hundred [H] rows per text instead of the [T, V] gradient through the
+decoder (the same gradient as autograd's through the plain path, tested; `fast=False` is the plain path).
 
 The training objective (in-batch negatives + FLOPS) is `families.sparse_objective`.
 """
@@ -62,34 +62,55 @@ def activate(x: torch.Tensor, activation: str) -> torch.Tensor:
 
 
 class MaxLogits(torch.autograd.Function):
-    """The maximum over real tokens of `features @ weight.T + bias` ([B, T, H] -> [B, V] float32), in pieces of
-    `rows` texts. Backward: the gradient autograd gives through the dense [B, T, V] logits, where every entry
-    but each (row, term)'s winning token gets 0, computed from the winners alone."""
+    """The maximum over real tokens of `features @ weight.T + bias` ([B, T, H] -> [B, V] float32), at most
+    `budget` logits at a time. Backward: the gradient autograd gives through the dense [B, T, V] logits, where every entry
+    but each (row, term)'s winning token gets 0, computed from the winners of the terms with a gradient alone."""
 
     @staticmethod
-    def forward(ctx, features, weight, bias, real, rows):
-        values, winners = [], []
-        for start in range(0, features.shape[0], rows):
-            logits = F.linear(features[start:start + rows], weight, bias).float()  # [b, T, V]
-            best = logits.masked_fill(~real[start:start + rows, :, None], float("-inf")).max(1)
-            values.append(best.values)
-            winners.append(best.indices)  # [b, V]: the token of each term's maximum
-        ctx.save_for_backward(features, weight, torch.cat(winners))
-        ctx.bias_dtype = bias.dtype
-        return torch.cat(values)
+    def forward(ctx, features, weight, bias, real, budget):
+        batch, tokens = real.shape
+        # Each text up to its last real token only, texts of like extent together, at most `budget` logits at
+        # once: a short query batched with long paragraphs makes no logits for its padding (the decoder's
+        # [T, V] product is most of a step's work).
+        positions = torch.arange(1, tokens + 1, device=real.device)
+        extents = (real * positions).amax(1).tolist()  # [B]: 1 + the last real position (0: no real token)
+        order = sorted(range(batch), key=lambda i: -extents[i])
+        values = features.new_empty((batch, weight.shape[0]), dtype=torch.float32)
+        winners = torch.zeros((batch, weight.shape[0]), dtype=torch.long, device=features.device)
+        start = 0
+        while start < batch:
+            extent = max(1, extents[order[start]])  # the longest of this piece (sorted longest first)
+            stop = min(batch, start + max(1, budget // (extent * weight.shape[0])))
+            rows = torch.tensor(order[start:stop], device=features.device)
+            logits = F.linear(features[rows, :extent], weight, bias).float()  # [b, t, V]
+            best = logits.masked_fill(~real[rows, :extent, None], float("-inf")).max(1)
+            values[rows], winners[rows] = best.values, best.indices  # [b, V]: the token of each term's maximum
+            start = stop
+        ctx.save_for_backward(features, weight, winners)
+        ctx.bias_dtype, ctx.budget = bias.dtype, budget
+        return values
 
     @staticmethod
     def backward(ctx, grad):
         features, weight, winners = ctx.saved_tensors
-        grad, decoder = grad.float(), weight.float()
-        grad_features = torch.zeros(features.shape, dtype=torch.float32, device=features.device)
+        grad = grad.float()
+        # Only the (text, term) pairs with a gradient matter: after log(1 + relu(.)) those are the text's active
+        # terms (tens to hundreds of V), each sending its gradient to its winning token alone.
+        rows, terms = torch.nonzero(grad, as_tuple=True)  # [K]
+        positions = rows * features.shape[1] + winners[rows, terms]  # [K]: the winner in the [B x T] rows
+        flat = features.reshape(-1, features.shape[-1])  # [B x T, H]
+        decoder = weight.float()
+        grad_features = torch.zeros(flat.shape, dtype=torch.float32, device=features.device)
         grad_weight = torch.zeros_like(decoder)
-        for row in range(grad.shape[0]):
-            # d logit[t, v] / d features[t] = weight[v]: each term's gradient goes to its winning token
-            grad_features[row].index_add_(0, winners[row], grad[row, :, None] * decoder)  # [V, H] into [T, H]
-            grad_weight += grad[row, :, None] * features[row, winners[row]].float()  # [V, H]
-        return (grad_features.to(features.dtype), grad_weight.to(weight.dtype), grad.sum(0).to(ctx.bias_dtype),
-                None, None)
+        step = max(1, ctx.budget // features.shape[-1])  # [k, H] pieces: as many floats as the forward's logits
+        for start in range(0, positions.shape[0], step):
+            piece = slice(start, start + step)
+            scale = grad[rows[piece], terms[piece]][:, None]  # [k, 1]
+            # d logit[t, v] / d features[t] = weight[v];  d logit[t, v] / d weight[v] = features[t]
+            grad_features.index_add_(0, positions[piece], scale * decoder[terms[piece]])
+            grad_weight.index_add_(0, terms[piece], scale * flat[positions[piece]].float())
+        return (grad_features.view(features.shape).to(features.dtype), grad_weight.to(weight.dtype),
+                grad.sum(0).to(ctx.bias_dtype), None, None)
 
 
 def splade_pool(hidden: torch.Tensor, attention_mask: torch.Tensor, head: Any, *, pooling: str = "max",
@@ -104,7 +125,7 @@ def splade_pool(hidden: torch.Tensor, attention_mask: torch.Tensor, head: Any, *
     rows = max(1, budget // max(1, tokens * head.width))
     if pooling == "max" and fast and hasattr(head, "decoder"):
         features, weight, bias = head.decoder(hidden)
-        return activate(MaxLogits.apply(features, weight, bias, real[..., 0], rows), activation)
+        return activate(MaxLogits.apply(features, weight, bias, real[..., 0], budget), activation)
     pieces = []
     for start in range(0, batch, rows):
         logits = head(hidden[start:start + rows]).float()  # [b, T, V]
@@ -199,7 +220,7 @@ class SparseEmbeddingTraining(EmbeddingTraining):
     negatives + FLOPS objective and the task's pooling and activation on the model."""
 
     settings = frozenset({"head.loss", "head.symmetric", "head.query_regularizer", "head.document_regularizer",
-                          "data.negative_column"})
+                          "head.regularizer_warmup", "data.negative_column"})
 
     def format_reader(self, format_name: str) -> dict[str, Any]:
         return dict(FORMAT_COLUMNS[format_name])

@@ -165,6 +165,11 @@ class WindowStep:
     def metric_names(self) -> list[str]:
         return self.task_metrics + ([f"adv_{n}" for n in self.task_terms] if self.fgm is not None else [])
 
+    def at_step(self, step: int, total_steps: int) -> None:
+        """Tell a task that schedules its loss (`task.at_step`) which optimizer step the next window is."""
+        if hasattr(self.task, "at_step"):
+            self.task.at_step(step, total_steps)
+
     def __call__(self, micro_batches: list[Any]) -> torch.Tensor:
         """Run the window; return the global statistics vector (see `split`); gradients are left in .grad."""
         denominators = self.window_denominators(micro_batches) if self.counts_first else None

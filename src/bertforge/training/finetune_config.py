@@ -55,7 +55,7 @@ log = logging.getLogger("bertforge.finetuning")
 THRESHOLD_MODES = ("global", "per_label", "none")
 # `[head]` fields that set the embedding family's `ContrastiveLoss` (its own field names).
 CONTRASTIVE_FIELDS = ("loss", "scale", "symmetric", "mini_batch_size", "matryoshka_dims", "query_regularizer",
-                      "document_regularizer")
+                      "document_regularizer", "regularizer_warmup")
 
 
 def _checker(table: str, config: Any):
@@ -173,6 +173,8 @@ class HeadConfig:
                                                     "(default 5e-5)")
     document_regularizer: float | None = setting(None, "sparse: FLOPS regulariser weight of the document vectors "
                                                        "(default 3e-5)")
+    regularizer_warmup: float | None = setting(None, "sparse: fraction of the steps over which both regulariser "
+                                                     "weights grow quadratically from 0 (default 1/3; 0: constant)")
 
     def __post_init__(self) -> None:
         need = _checker("head", self)

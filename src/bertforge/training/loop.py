@@ -9,7 +9,8 @@ A task plugs in through three methods (no callbacks, no framework):
 
 (`counts` may be left out by a task with a single loss term: see `accumulation.WindowStep`.) R-Drop also
 asks `task.consistency(output_a, output_b, batch)` -> a tensor: the disagreement of two dropout passes
-summed over the items the task's first loss term counts. The model is called as
+summed over the items the task's first loss term counts; a task with `at_step(step, total_steps)` is told
+the optimizer step (0-based) before its window runs (sparse training's regulariser warm-up). The model is called as
 `model(**batch.model_inputs())`; the task computes its losses from the output and the batch.
 
 The loss of an optimizer step is  sum over terms of  (sum of the term over all micro-batches and ranks) /
@@ -272,6 +273,7 @@ def run_steps(state: RunState, restored: Restored, stream: Iterator, window_step
     try:
         while step < cadence.total_steps:
             micro_batches = [next(stream).to(window_step.device) for _ in range(config.grad_accumulation)]
+            window_step.at_step(step, cadence.total_steps)
             done = updater(window_step(micro_batches), window_step, step)
             step += 1
             report.add(step, done, updater.skipped)
