@@ -115,3 +115,17 @@ def test_finetune_sparse_pairs_with_separate_flops_weights(tmp_path, tiny_sparse
     assert {"ndcg@10", "mrr@10", "query_terms", "document_terms"} <= set(results["best_metrics"])
     modules = json.loads((best / "modules.json").read_text())
     assert [m["type"].rsplit(".", 1)[-1] for m in modules][-1] == "SpladePooling"
+
+
+def test_finetune_embedding_margins_train_margin_mse_and_report_retrieval(tmp_path, tiny_minilm_model, capsys):
+    rows = [f"{a}\t{p}\t{PAIRS[(i + 3) % len(PAIRS)][1]}\t{0.5 + 0.05 * i}" for i, (a, p) in enumerate(PAIRS)]
+    data = tmp_path / "margins.tsv"
+    data.write_text("anchor\tpositive\tnegative\tmargin\n" + "\n".join(rows * 2) + "\n", encoding="utf-8")
+    assert finetune(tiny_minilm_model, tmp_path / "run", "--format", "embedding-margins", "--train", str(data),
+                    "--dev", str(data)) == 0
+    results = json.loads((tmp_path / "run" / "eval_results.json").read_text())
+    assert {"ndcg@10", "mrr@10", "accuracy@1", "recall@10"} == set(results["best_metrics"])
+    assert finetune(tiny_minilm_model, tmp_path / "run2", "--format", "embedding-margins", "--train", str(data),
+                    "--dev", str(data), "--loss", "mnrl") == 2
+    assert "loss=mnrl needs pairs or triplets, but the data has scored triplets; use margin_mse" in \
+        capsys.readouterr().err

@@ -18,6 +18,7 @@ from bertforge.families.contrastive import (
     ContrastiveLoss,
     ContrastiveObjective,
     cosent_loss,
+    margin_mse_loss,
     ranking_loss,
     text_keys,
 )
@@ -80,6 +81,45 @@ def test_contrastive_loss_refuses_a_loss_that_does_not_fit_the_data():
     with pytest.raises(ConfigError, match="needs pairs or triplets"):
         ContrastiveLoss(loss="mnrl").resolved(scored=True)
     assert ContrastiveLoss().resolved(scored=True) == "cosent"
+
+
+def test_margin_mse_loss_equals_the_hand_computation_and_its_gradient():
+    vectors = torch.tensor([[[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]],  # cos(a, p) = 0.6, cos(a, n) = 0: margin 0.6
+                            [[2.0, 0.0], [0.0, 3.0], [1.0, 0.0]]], requires_grad=True)  # 0 - 1 = -1
+    loss, correct = margin_mse_loss(vectors, torch.tensor([0.5, 0.25]))
+    assert float(loss.detach()) == pytest.approx((0.6 - 0.5) ** 2 + (-1.0 - 0.25) ** 2, rel=1e-6)
+    assert float(correct) == 1.0  # only the first triplet puts its positive closer
+    loss.backward()
+    # d/dp of (cos(a, p) - cos(a, n) - m)^2 = 2 (margin error) (â - cos(a, p) p̂) / |p|, here |p| = 1.
+    a, p = torch.tensor([1.0, 0.0]), torch.tensor([0.6, 0.8])
+    expected = 2 * (0.6 - 0.5) * (a - 0.6 * p) / 1.0
+    torch.testing.assert_close(vectors.grad[0, 1], expected, atol=1e-6, rtol=1e-5)
+    assert float(vectors.grad[0, 2].abs().sum()) > 0  # the negative is pushed too
+
+
+def test_margin_mse_objective_trains_scored_triplets():
+    features = [Feature(i, [[2, 5 + i, 3], [2, 20 + i, 3], [2, 40 + i, 3]], [[0] * 3] * 3, label=0.1 * i)
+                for i in range(4)]
+    batch = collate_features(features, range(4), 0)
+    objective = ContrastiveObjective(ContrastiveLoss())
+    assert objective.loss_of(batch) == "margin_mse"
+    model = BertForSentenceEmbedding(make_tiny_config()).eval()
+    output = model(**batch.model_inputs())
+    total, count = objective.loss_terms(output, batch)["contrastive"]
+    expected, correct = margin_mse_loss(output.embeddings.float(), batch.labels)
+    assert float(count) == 4 and float(total.detach()) == pytest.approx(float(expected.detach()), rel=1e-6)
+    accuracy, seen = objective.metrics(output, batch)["accuracy"]
+    assert float(accuracy) == float(correct) and float(seen) == 4
+
+
+def test_contrastive_loss_fits_margin_mse_to_scored_triplets_only():
+    assert ContrastiveLoss().resolved(scored=True, texts=3) == "margin_mse"
+    with pytest.raises(ConfigError, match="needs triplets with a margin column"):
+        ContrastiveLoss(loss="margin_mse").resolved(scored=True, texts=2)
+    with pytest.raises(ConfigError, match="use margin_mse"):
+        ContrastiveLoss(loss="cosent").resolved(scored=True, texts=3)
+    with pytest.raises(ConfigError, match="symmetric applies"):
+        ContrastiveLoss(symmetric=True).resolved(scored=True, texts=3)
 
 
 # --- the cached run: same gradients, less memory ----------------------------------------------------------

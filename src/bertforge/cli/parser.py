@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import argparse
 
-from bertforge.cli import commands, corpus_commands, index_commands, map_commands, retrieval_commands
+from bertforge.cli import (
+    commands,
+    corpus_commands,
+    index_commands,
+    map_commands,
+    mining_commands,
+    retrieval_commands,
+)
 from bertforge.cli.flags import (
     FINETUNE_FLAGS,
     PRETRAIN_FLAGS,
@@ -48,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     corpus_commands.add_parsers(sub)
     index_commands.add_parsers(sub)
     retrieval_commands.add_parsers(sub)
+    mining_commands.add_parsers(sub)
     map_commands.add_parsers(sub)
     return parser
 

@@ -1,17 +1,19 @@
 """Sentence-embedding training data as people have it: (anchor, positive) pairs, (anchor, positive, negative)
 triplets, and scored pairs (STS style), in TSV, CSV or JSON Lines.
 
-Owns `TextGroup` (the texts of one training example, in role order, and its score) and `read_text_groups`,
-the one reader of such tables. Files go through `data.files` (byte-order marks, line ends, non-UTF-8, empty
+Owns `TextGroup` (the texts of one training example, in role order, and its score), `read_text_groups`,
+the one reader of such tables, and `write_text_groups`, their writer (mined triplets, teacher margins). Files go through `data.files` (byte-order marks, line ends, non-UTF-8, empty
 files, the bad-row policy), so the official STS-B TSV reads as shipped: its `sentence1`, `sentence2` and
 `score` columns by name. What the texts are for (in-batch negatives, CoSENT) is the embedding family's.
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from bertforge.data.files import (
@@ -27,6 +29,7 @@ from bertforge.data.files import (
 )
 from bertforge.data.finetuning import DataReport
 from bertforge.errors import ConfigError, DataError
+from bertforge.storage import open_atomic
 
 
 @dataclass(frozen=True)
@@ -122,3 +125,32 @@ def read_text_groups(path: str | os.PathLike, *, texts: Sequence[Column], score:
     if not records:
         raise no_rows(path, header_line)
     return groups
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.replace("\t", " ").splitlines())
+
+
+def write_text_groups(path: str | os.PathLike, columns: Sequence[str], rows: Iterable[Sequence[str | float]]) -> int:
+    """Write rows under a header of `columns`, atomically, in the format the name says: .jsonl (one object per
+    row), .csv (standard quoting) or else TSV (tabs and line breaks inside a text become spaces: TSV has no
+    quoting). Numbers are written as Python prints them (round-trip exact). Returns the rows written."""
+    file_format = detect_format(path)
+    count = 0
+    with open_atomic(path, newline="") as handle:
+        writer = csv.writer(handle, lineterminator="\n") if file_format == "csv" else None
+        if writer is not None:
+            writer.writerow(columns)
+        elif file_format == "tsv":
+            handle.write("\t".join(columns) + "\n")
+        for row in rows:
+            if len(row) != len(columns):
+                raise ValueError(f"a row of {len(row)} values for {len(columns)} columns")
+            if writer is not None:
+                writer.writerow([repr(v) if isinstance(v, float) else v for v in row])
+            elif file_format == "jsonl":
+                handle.write(json.dumps(dict(zip(columns, row)), ensure_ascii=False) + "\n")
+            else:
+                handle.write("\t".join(repr(v) if isinstance(v, float) else _one_line(v) for v in row) + "\n")
+            count += 1
+    return count

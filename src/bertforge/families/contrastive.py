@@ -1,5 +1,6 @@
 """The training objectives of sentence embeddings: in-batch negatives (multiple-negatives ranking), CoSENT for
-scored pairs, Matryoshka dimensions over either; and the settings that choose them (`ContrastiveLoss`).
+scored pairs, MarginMSE for triplets scored by a teacher, Matryoshka dimensions over any of them; and the
+settings that choose them (`ContrastiveLoss`).
 
 Owns the losses and the one place where in-batch negatives cross processes (`gather`): under DDP every rank
 scores its own anchors against the candidates of every rank, gathered *with* their gradients, so N processes
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from bertforge.errors import ConfigError
 from bertforge.families.base import Objective
 
-LOSSES = ("auto", "mnrl", "cached_mnrl", "cosent")
+LOSSES = ("auto", "mnrl", "cached_mnrl", "cosent", "margin_mse")
 # The softmax temperature of both losses (sentence-transformers' default scale 20, i.e. 1/0.05).
 DEFAULT_SCALE = 20.0
 
@@ -36,8 +37,9 @@ class ContrastiveLoss:
 
     loss: "mnrl" (multiple-negatives ranking: each anchor's positive among every candidate of the batch),
         "cached_mnrl" (the same loss with the batch run in `mini_batch_size` pieces: a large batch in small
-        memory), "cosent" (scored pairs: the cosine order follows the score order), "auto" (cosent for scored
-        pairs, else mnrl).
+        memory), "cosent" (scored pairs: the cosine order follows the score order), "margin_mse" (triplets
+        with a teacher's margin: cos(anchor, positive) - cos(anchor, negative) regressed onto it), "auto"
+        (cosent for scored pairs, margin_mse for scored triplets, else mnrl).
     scale: multiplies cosine similarities before the softmax (20).
     symmetric: mnrl also scores each positive against every anchor, and averages both directions.
     mini_batch_size: cached_mnrl: rows per piece (default 32).
@@ -77,15 +79,19 @@ class ContrastiveLoss:
         if any(d < 1 for d in self.matryoshka_dims):
             raise ConfigError(f"matryoshka_dims={list(self.matryoshka_dims)}: use positive widths, e.g. 256,128,64")
 
-    def resolved(self, scored: bool) -> str:
-        """The loss for data with scores (`scored`) or without; ConfigError when they do not fit."""
-        loss = self.loss if self.loss != "auto" else ("cosent" if scored else "mnrl")
-        if scored != (loss == "cosent"):
-            raise ConfigError(f"loss={loss} needs {'scored pairs' if loss == 'cosent' else 'pairs or triplets'}, but "
-                              f"the data has {'scores' if scored else 'no scores'}; use "
-                              f"{'cosent' if scored else 'mnrl or cached_mnrl'}")
-        if self.symmetric and loss == "cosent":
-            raise ConfigError("symmetric applies to mnrl and cached_mnrl, not cosent")
+    def resolved(self, scored: bool, texts: int = 2) -> str:
+        """The loss for data with scores (`scored`) or without, of `texts` texts per example; ConfigError when
+        they do not fit."""
+        fitting = ("margin_mse" if texts == 3 else "cosent") if scored else "mnrl"
+        loss = self.loss if self.loss != "auto" else fitting
+        needs = {"cosent": "scored pairs", "margin_mse": "triplets with a margin column (anchor, positive, "
+                 "negative, margin: `bertforge score-margins` writes them)"}.get(loss, "pairs or triplets")
+        if scored != (loss in ("cosent", "margin_mse")) or (scored and loss != fitting):
+            shape = f"{'scored ' if scored else ''}{'triplets' if texts == 3 else 'pairs' if texts == 2 else 'groups'}"
+            raise ConfigError(f"loss={loss} needs {needs}, but the data has {shape}; use "
+                              f"{fitting if scored else 'mnrl or cached_mnrl'}")
+        if self.symmetric and loss in ("cosent", "margin_mse"):
+            raise ConfigError(f"symmetric applies to mnrl and cached_mnrl, not {loss}")
         return loss
 
     @property
@@ -181,10 +187,26 @@ def cosent_loss(vectors: torch.Tensor, scores: torch.Tensor, scale: float) -> to
     return torch.logsumexp(torch.cat([differences.new_zeros(1), differences]), dim=0)
 
 
+def margin_mse_loss(vectors: torch.Tensor, margins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed squared error, correct count) of MarginMSE (Hofstätter et al., 2020): the student's margin
+    cos(anchor, positive) - cos(anchor, negative) against the teacher's margin, per triplet.
+
+    vectors [B, 3, D] (anchor, positive, negative), margins [B]. Cosines, as the trainer's other losses score:
+    a margin lies in [-2, 2], so the teacher's margins should be on that scale (`score-margins` writes the
+    difference of two relevances in [0, 1]). Correct: the positive is the closer of the two.
+    """
+    anchors = F.normalize(vectors[:, 0], dim=-1)
+    positive = (anchors * F.normalize(vectors[:, 1], dim=-1)).sum(-1)  # [B]
+    negative = (anchors * F.normalize(vectors[:, 2], dim=-1)).sum(-1)  # [B]
+    student = positive - negative
+    return ((student - margins.to(student.dtype)) ** 2).sum(), (student > 0).float().sum()
+
+
 class ContrastiveObjective(Objective):
     """The training loop's view of an embedding model (`BertForSentenceEmbedding`'s output `.embeddings`
-    [B, C, D]): one loss term, per anchor (mnrl) or per micro-batch (cosent, a loss over the batch's pairs),
-    each Matryoshka width adding its own loss to it; `accuracy` is the anchors whose positive scored highest."""
+    [B, C, D]): one loss term, per anchor (mnrl, margin_mse) or per micro-batch (cosent, a loss over the batch's
+    pairs), each Matryoshka width adding its own loss to it; `accuracy` is the anchors whose positive scored
+    highest (margin_mse: above the triplet's negative)."""
 
     def __init__(self, settings: ContrastiveLoss):
         self.settings = settings
@@ -194,7 +216,7 @@ class ContrastiveObjective(Objective):
 
     def loss_of(self, batch) -> str:
         """The loss of this batch: the settings' own, or for "auto" cosent when the batch has scores."""
-        return self.settings.resolved(scored=batch.labels is not None)
+        return self.settings.resolved(scored=batch.labels is not None, texts=batch.input_ids.shape[1])
 
     def counts(self, batch) -> dict[str, torch.Tensor]:
         return {"contrastive": torch.tensor(1.0 if self.loss_of(batch) == "cosent" else float(batch.input_ids.shape[0]))}
@@ -213,6 +235,13 @@ class ContrastiveObjective(Objective):
         count = self.counts(batch)["contrastive"].to(vectors.device)
         if self.loss_of(batch) == "cosent":
             total = sum(cosent_loss(v, batch.labels.float(), self.settings.scale) for v in self.widths(vectors))
+        elif self.loss_of(batch) == "margin_mse":
+            total = 0.0
+            for v in self.widths(vectors):
+                loss, correct = margin_mse_loss(v, batch.labels)
+                total = total + loss
+                if v.shape[-1] == vectors.shape[-1]:
+                    self.scored = (output, correct.detach())
         else:
             total = 0.0
             for v in self.widths(vectors):
@@ -229,6 +258,8 @@ class ContrastiveObjective(Objective):
             correct = self.scored[1]
         else:
             with torch.no_grad():
-                _, correct = mnrl_terms(output.embeddings.detach().float(), batch.input_ids, self.settings)
+                vectors = output.embeddings.detach().float()
+                _, correct = (margin_mse_loss(vectors, batch.labels) if self.loss_of(batch) == "margin_mse"
+                              else mnrl_terms(vectors, batch.input_ids, self.settings))
         self.scored = None
         return {"accuracy": (correct, correct.new_tensor(float(batch.input_ids.shape[0])))}

@@ -38,6 +38,9 @@ FORMAT_COLUMNS: dict[str, dict[str, Any]] = {
     "embedding-pairs": {"text_a_column": "anchor", "text_b_column": "positive"},
     "embedding-triplets": {"text_a_column": "anchor", "text_b_column": "positive", "negative_column": "negative"},
     "embedding-scored": {"text_a_column": "sentence1", "text_b_column": "sentence2", "label_column": "score"},
+    # Triplets with a teacher's margin (MarginMSE distillation; `bertforge score-margins` writes them).
+    "embedding-margins": {"text_a_column": "anchor", "text_b_column": "positive", "negative_column": "negative",
+                          "label_column": "margin"},
 }
 # What a dev evaluation reports: scored pairs their correlations, pairs and triplets a retrieval among the dev
 # set's own positives (each anchor's positive is its one relevant text).
@@ -193,7 +196,8 @@ class EmbeddingTraining(FamilyTraining):
         mini-batches, on the training model; the pooler (unused by the losses) is frozen so DDP does not wait
         for its gradients."""
         settings = (loss.contrastive if loss is not None else None) or ContrastiveLoss()
-        settings.resolved(scored=task.reader.label_column is not None)
+        settings.resolved(scored=task.reader.label_column is not None,
+                          texts=3 if task.reader.negative_column is not None else 2)
         sentence = replace(model.sentence, pooling=task.options["pooling"], normalize=task.options["normalize"],
                            max_seq_length=task.inputs.max_seq_length)
         if task.options["layer"] != -1:
@@ -272,8 +276,9 @@ class Embedding(Family):
         return self.metric_defaults(task.kind, task.reader)
 
     def metric_defaults(self, kind: str | None, reader: Any = None) -> tuple[str, ...]:
-        """Scored pairs (the reader names a score column) report correlations, pairs and triplets retrieval."""
-        scored = reader is not None and reader.label_column is not None
+        """Scored pairs (the reader names a score column) report correlations; pairs and triplets, scored
+        (margins) or not, retrieval."""
+        scored = reader is not None and reader.label_column is not None and reader.negative_column is None
         return SCORED_METRICS if scored else RANKING_METRICS
 
     def labelled(self, examples: Sequence[Any]) -> bool:
@@ -342,11 +347,11 @@ class Embedding(Family):
         return {"id": example.id, "texts": list(example.texts), "score": example.score, "cosine": result["cosine"]}
 
     def score(self, examples, results, config, **settings):
-        """Scored pairs: Pearson and Spearman of the cosine against the scores. Pairs and triplets: every
+        """Scored pairs: Pearson and Spearman of the cosine against the scores. Pairs and triplets (margins or not): every
         anchor retrieves among all positives of the set (its own is the one relevant text; equal texts are
         one document), reported as nDCG@10, MRR@10, accuracy@1, recall@10."""
         vectors = np.stack([r["vectors"].numpy() for r in results])  # [N, C, D]
-        if examples and examples[0].score is not None:
+        if examples and examples[0].score is not None and len(examples[0].texts) == 2:
             return sts_scores(vectors[:, 0], vectors[:, 1], [e.score for e in examples]), {}, []
         documents: dict[str, int] = {}
         for index, example in enumerate(examples):

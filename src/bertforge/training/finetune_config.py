@@ -161,7 +161,8 @@ class HeadConfig:
                                         "model: one for all labels, one per label, or none (0.5)",
                               choices=THRESHOLD_MODES)
     loss: str | None = setting(None, "embedding: mnrl (in-batch negatives), cached_mnrl (the same, a large batch "
-                                     "in mini-batches), cosent (scored pairs) (default: cosent for scored pairs, "
+                                     "in mini-batches), cosent (scored pairs), margin_mse (triplets with a teacher's "
+                                     "margin) (default: cosent for scored pairs, margin_mse for scored triplets, "
                                      "else mnrl)", choices=LOSSES[1:])
     scale: float | None = setting(None, f"embedding: the similarity scale of mnrl and cosent (default "
                                         f"{DEFAULT_SCALE:g})")

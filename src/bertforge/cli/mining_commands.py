@@ -1,0 +1,129 @@
+"""`bertforge mine-negatives` (hard negatives for (anchor, positive) training pairs, by an embedding model) and
+`bertforge score-margins` (a cross-encoder's margin for each triplet, for MarginMSE distillation): their flags
+and what they run. The work is `inference.negative_mining`; the files are `data.embedding`'s tables."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bertforge.cli.flags import add_engine_flags
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Declare this module's subcommands on the `bertforge` parser."""
+    add_mine_negatives(sub)
+    add_score_margins(sub)
+
+
+def add_mine_negatives(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("mine-negatives", help="hard negatives for (anchor, positive) training pairs: each anchor's "
+                       "nearest texts by an embedding model, minus its positives and near-positives",
+                       description="Embeds the pairs' positives (the corpus) and anchors, takes each anchor's "
+                       "nearest texts ranked --range-min to --range-max once its own positives are removed, drops "
+                       "those scored too close to the positive (possible false negatives: --relative-margin, "
+                       "--margin) and writes anchor, positive, negative rows (one per negative), the file "
+                       "`finetune --format embedding-triplets` reads.")
+    p.add_argument("--model", required=True, metavar="DIR", help="the embedding model that ranks (usually the "
+                   "model you will train)")
+    p.add_argument("--train", required=True, metavar="FILE", help="(anchor, positive) pairs: TSV/CSV/JSONL with a "
+                   "header (e.g. from `bertforge retrieval-set --train-pairs`)")
+    p.add_argument("--out", required=True, metavar="FILE", help="the triplets (.tsv, .csv or .jsonl: by its name)")
+    p.add_argument("--text-a", default="anchor", help="the anchor column (default anchor)")
+    p.add_argument("--text-b", default="positive", help="the positive column (default positive)")
+    p.add_argument("--on-invalid", choices=["error", "skip"], default="error", help="a malformed row: stop naming "
+                   "its file and line (default), or skip it, counted")
+    p.add_argument("--num-negatives", type=int, default=1, help="negatives per pair, one row each (default 1)")
+    p.add_argument("--range-min", type=int, default=0, help="skip the anchor's nearest N candidates (default 0)")
+    p.add_argument("--range-max", type=int, default=50, help="consider candidates ranked below N (default 50)")
+    p.add_argument("--relative-margin", type=float, default=0.05, help="keep a candidate only if its cosine is at "
+                   "most (1 - this) x the positive's (default 0.05; 0 turns it off)")
+    p.add_argument("--margin", type=float, help="keep a candidate only if its cosine is at most the positive's "
+                   "minus this (default: no absolute margin)")
+    p.add_argument("--output-format", choices=["triplet", "labeled-pair"], default="triplet", help="triplet: "
+                   "anchor, positive, negative rows (default; `finetune --format embedding-triplets`); labeled-pair: "
+                   "anchor, text, label rows, the positive labelled 1 and each negative 0 (a cross-encoder's "
+                   "training file: `finetune --format pair --text-a anchor --text-b text`)")
+    p.add_argument("--sampling", choices=["top", "random"], default="top", help="top: the best-ranked candidates "
+                   "left (default); random: drawn from all that are left")
+    p.add_argument("--seed", type=int, default=0, help="--sampling random's seed (default 0)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-length", type=int, help="tokens per text (default: the model's)")
+    add_engine_flags(p)
+    p.set_defaults(func=cmd_mine_negatives)
+
+
+def add_score_margins(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("score-margins", help="a cross-encoder's margin (positive minus negative relevance) for each "
+                       "(anchor, positive, negative) triplet: MarginMSE distillation data",
+                       description="Scores both texts of every triplet against its anchor with a cross-encoder "
+                       "(the rerank task) and writes anchor, positive, negative, margin rows, the file `finetune "
+                       "--format embedding-margins` trains on (loss margin_mse).")
+    p.add_argument("--model", required=True, metavar="DIR", help="the cross-encoder directory (a pair classifier "
+                   "with one output or two labels, e.g. trained by `bertforge finetune --format pair`)")
+    p.add_argument("--triplets", required=True, metavar="FILE", help="anchor, positive, negative rows (e.g. from "
+                   "`bertforge mine-negatives`)")
+    p.add_argument("--out", required=True, metavar="FILE", help="the scored triplets (.tsv, .csv or .jsonl)")
+    p.add_argument("--on-invalid", choices=["error", "skip"], default="error", help="a malformed row: stop naming "
+                   "its file and line (default), or skip it, counted")
+    p.add_argument("--margin-of", choices=["score", "logit"], default="score", help="score: relevance in [0, 1], "
+                   "so margins lie in [-1, 1] like the cosine margins the student learns (default); logit: the raw "
+                   "output")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-length", type=int, help="tokens per (anchor, text) input (default: the model's)")
+    add_engine_flags(p)
+    p.set_defaults(func=cmd_score_margins)
+
+
+def _engine_options(args: argparse.Namespace) -> dict:
+    return {"device": args.device, "precision": args.precision, "engine": args.engine, "threads": args.threads,
+            "batch_size": args.batch_size, "max_length": args.max_length}
+
+
+def cmd_mine_negatives(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.data.embedding import read_text_groups, write_text_groups
+    from bertforge.inference.negative_mining import MiningReport, MiningSettings, mine_negatives
+    from bertforge.inference.pipelines import load_pipeline
+
+    settings = MiningSettings(num_negatives=args.num_negatives, range_min=args.range_min, range_max=args.range_max,
+                              margin=args.margin, relative_margin=args.relative_margin or None,
+                              sampling=args.sampling, seed=args.seed)
+    groups = read_text_groups(args.train, texts=[args.text_a, args.text_b], on_invalid=args.on_invalid)  # a bad row fails before loading
+    pipeline = load_pipeline(args.model, "embed", **_engine_options(args))
+    report = MiningReport()
+    mined = mine_negatives([(g.texts[0], g.texts[1]) for g in groups], lambda texts: pipeline.encode(texts),
+                           settings, report=report)
+    if args.output_format == "triplet":
+        write_text_groups(args.out, ("anchor", "positive", "negative"),
+                          [(m.anchor, m.positive, m.negative) for m in mined])
+        use = "train with --format embedding-triplets"
+    else:
+        rows, seen = [], set()
+        for m in mined:  # each pair's positive once, then each of its negatives
+            if (m.anchor, m.positive) not in seen:
+                seen.add((m.anchor, m.positive))
+                rows.append((m.anchor, m.positive, "1"))
+            rows.append((m.anchor, m.negative, "0"))
+        write_text_groups(args.out, ("anchor", "text", "label"), rows)
+        use = "train a cross-encoder with --format pair --text-a anchor --text-b text"
+    for line in report.lines():
+        print(line, file=sys.stderr)
+    print(f"{args.output_format} rows written to {args.out} ({use})", file=sys.stderr)
+
+
+def cmd_score_margins(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.data.embedding import read_text_groups, write_text_groups
+    from bertforge.inference.negative_mining import teacher_margins
+    from bertforge.inference.pipelines import load_pipeline
+
+    groups = read_text_groups(args.triplets, texts=["anchor", "positive", "negative"],
+                              on_invalid=args.on_invalid)
+    pipeline = load_pipeline(args.model, "rerank", **_engine_options(args))
+    margins = teacher_margins([g.texts for g in groups], pipeline.run, kind=args.margin_of)
+    write_text_groups(args.out, ("anchor", "positive", "negative", "margin"),
+                      [(*g.texts, m) for g, m in zip(groups, margins)])
+    mean = sum(margins) / len(margins)
+    wrong = sum(m <= 0 for m in margins)
+    print(f"{len(margins)} triplets scored by {args.model}: mean margin {mean:.4f}, {wrong} with the negative "
+          f"scored at least as high as the positive; written to {args.out} (train with --format embedding-margins)",
+          file=sys.stderr)
