@@ -89,7 +89,8 @@ def train(out: Path, name: str, data: Path, fmt: str, seed: int, recipe: dict, *
     return (run / "final" if (run / "final").is_dir() else run / "best"), seconds
 
 
-def prepare(out: Path, limit: int) -> tuple[Path, Path, Path, Path, dict]:
+def prepare(out: Path, limit: int, relative_margin: str, teacher_rows: bool = True
+            ) -> tuple[Path, Path, Path, Path, dict]:
     """(beir, pairs, triplets, teacher rows): the retrieval set; `limit` training pairs spread evenly over the
     training articles (every k-th pair of the file); negatives mined for them among their own paragraphs; the
     pairs that found one, as pairs, triplets and the teacher's labelled pairs (positive 1, negative 0)."""
@@ -104,11 +105,13 @@ def prepare(out: Path, limit: int) -> tuple[Path, Path, Path, Path, dict]:
     seconds = 0.0
     if not mined.is_file():
         seconds = bertforge("mine-negatives", "--model", start_model(), "--train", str(sampled), "--out", str(mined),
-                            "--max-length", str(RECIPE["max_seq_length"]), "--device", "cpu")
+                            "--max-length", str(RECIPE["max_seq_length"]), "--device", "cpu", "--relative-margin",
+                            relative_margin)
     teacher = out / "teacher.tsv"
-    if not teacher.is_file():
+    if teacher_rows and not teacher.is_file():
         bertforge("mine-negatives", "--model", start_model(), "--train", str(sampled), "--out", str(teacher),
-                  "--max-length", str(RECIPE["max_seq_length"]), "--device", "cpu", "--output-format", "labeled-pair")
+                  "--max-length", str(RECIPE["max_seq_length"]), "--device", "cpu", "--output-format", "labeled-pair",
+                  "--relative-margin", relative_margin)
     triplets = read_rows(mined)
     pairs, triples = out / "pairs.tsv", out / "triplets.tsv"
     write_rows(pairs, ["anchor", "positive"], [t[:2] for t in triplets])
@@ -128,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--train-limit", type=int, default=2000, help="training pairs (default 2000)")
+    parser.add_argument("--relative-margin", default="0.05", help="mine-negatives --relative-margin (default 0.05)")
     parser.add_argument("--start", choices=["splade-tiny", "minilm"], default="splade-tiny")
     parser.add_argument("--out", default="runs/hard_negatives")
     parser.add_argument("--arms", default="mnrl,mnrl_mined,margin_mse")
@@ -142,7 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         from benchmarks.sparse_retrieval import splade_tiny
 
         START["path"] = str(splade_tiny(out))
-    beir, pairs, triplets, teacher_rows, info = prepare(out, args.train_limit)
+    beir, pairs, triplets, teacher_rows, info = prepare(out, args.train_limit, args.relative_margin,
+                                                          "margin_mse" in arms)
     results: dict[str, object] = {"recipe": RECIPE, "teacher_recipe": TEACHER, "threads": os.cpu_count(),
                                   "data": "SQuAD v1.1 dev, retrieval-set --eval-fraction 0.2 --seed 42", **info}
     results["start"] = args.start

@@ -61,7 +61,7 @@ DOC_COMMANDS = {
     "finetuning.md": ("finetune", "evaluate"), "glue.md": ("glue", "finetune"),
     "serving.md": ("predict", "serve", "attention", "export"), "benchmarks.md": ("pretrain",),
     "embeddings.md": ("predict", "finetune", "retrieval-set", "evaluate-embeddings", "embed", "search", "serve",
-                      "plot-embeddings", "index"),
+                      "plot-embeddings", "index", "mine-negatives", "score-margins"),
 }
 # Which arguments of a command are files it reads, and which it writes.
 INPUTS = {"vocab": ("corpus",), "prepare": ("corpus", "tokenizer"), "pretrain": ("data", "tokenizer", "model"),
@@ -71,7 +71,8 @@ INPUTS = {"vocab": ("corpus",), "prepare": ("corpus", "tokenizer"), "pretrain": 
           "info": ("model",), "retrieval-set": ("squad",), "evaluate-embeddings": ("model", "retrieval", "sts",
                                                                                      "paraphrase", "rerank_model"),
           "embed": ("model", "input"), "search": ("index", "queries", "model"), "index": ("index",),
-          "plot-embeddings": ("index", "input")}
+          "plot-embeddings": ("index", "input"), "mine-negatives": ("model", "train"),
+          "score-margins": ("model", "triplets")}
 OUTPUTS = ("out", "output", "train_pairs")
 OVERRIDE_COMMANDS = ("pretrain", "finetune", "evaluate")
 
@@ -346,7 +347,8 @@ BASE = {"vocab": ["--corpus", "c", "--vocab-size", "10", "--out", "o"],
         "export": ["--model", "m"], "attention": ["--model", "m", "text"], "plot": ["run"],
         "retrieval-set": ["--squad", "s", "--out", "o"], "evaluate-embeddings": ["--model", "m", "--sts", "s"],
         "embed": ["--model", "m", "--input", "i", "--out", "o"], "search": ["--index", "i", "--query", "q"],
-        "plot-embeddings": ["--index", "i"]}
+        "plot-embeddings": ["--index", "i"], "mine-negatives": ["--model", "m", "--train", "t", "--out", "o"],
+        "score-margins": ["--model", "m", "--triplets", "t", "--out", "o"]}
 
 
 def is_placeholder(value: str) -> bool:
@@ -601,7 +603,8 @@ DEFAULT_RUNS = {
     "docs/glue.md": ("glue",),
     "docs/faq.md": ("convert", "finetune"),
     "docs/serving.md": ("predict",),
-    "docs/embeddings.md": ("retrieval-set", "finetune", "evaluate-embeddings", "embed", "search", "index"),
+    "docs/embeddings.md": ("retrieval-set", "finetune", "evaluate-embeddings", "embed", "search", "index",
+                           "mine-negatives", "score-margins"),
 }
 RUN_ORDER = ["docs/pretraining.md", "docs/chinese.md", "docs/finetuning.md", "docs/glue.md", "docs/faq.md",
              "README.md", "docs/serving.md", "docs/embeddings.md"]

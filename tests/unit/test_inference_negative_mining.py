@@ -155,3 +155,7 @@ def test_mine_negatives_names_the_bad_line(tmp_path, tiny_minilm_model, capsys):
     pairs.write_text("question\tanswer\nWho?\tHe did.\n", encoding="utf-8")
     assert main(["mine-negatives", "--model", str(tiny_minilm_model), "--train", str(pairs), "--out", str(out)]) == 2
     assert "no column named 'anchor'" in capsys.readouterr().err
+    pairs.write_text("anchor\tpositive\nWho?\tHe did.\nWhere?\tThere.\n", encoding="utf-8")
+    assert main(["mine-negatives", "--model", str(tiny_minilm_model), "--train", str(pairs), "--out", str(out),
+                 "--relative-margin", "0.99"]) == 2
+    assert "found a negative" in capsys.readouterr().err and not out.exists()

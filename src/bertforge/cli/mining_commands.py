@@ -93,6 +93,12 @@ def cmd_mine_negatives(args: argparse.Namespace, extra: list[str]) -> None:
     report = MiningReport()
     mined = mine_negatives([(g.texts[0], g.texts[1]) for g in groups], lambda texts: pipeline.encode(texts),
                            settings, report=report)
+    if not mined:
+        from bertforge.errors import ConfigError
+
+        raise ConfigError(f"no pair of {args.train} found a negative ({report.removed_by_margin} candidates were "
+                          "scored too close to their positive): lower --relative-margin (a model not trained for "
+                          "sentence vectors gives every pair a cosine near 1) or --margin, or widen --range-max")
     if args.output_format == "triplet":
         write_text_groups(args.out, ("anchor", "positive", "negative"),
                           [(m.anchor, m.positive, m.negative) for m in mined])
