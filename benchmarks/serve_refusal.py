@@ -5,8 +5,10 @@ alone and while another process resends one request:
   refused with 413 from its words, then with 429 unread during `--refusal-cooldown-s`);
 - `--attack in-limit`: the largest request the server admits, inside every limit (texts of 99,950 characters,
   as many as the request deadline allows: the attacker asks with 12, the issue's case, and on a 413 sends as
-  many as the refusal's own numbers say fit, 90% of them), resent as soon as it is answered; after a 413 or
-  a 429 it waits the answer's Retry-After (at least 1 s), as a client must.
+  many as the refusal's own numbers say fit, 90% of them, or one shorter text where not even one fits),
+  resent as soon as it is answered; after a 413 or a 429 it waits the answer's Retry-After (at least 1 s),
+  as a client must. Its own throughput (characters answered per second) is printed too, alone (the probe
+  that found its size, on the idle server) and under the clients' load.
 
 Both phases run against one `bertforge serve` subprocess on a loopback port, one after the other, so they see
 the same machine; the figure is the ratio of the two throughputs (the clients' requests per second under
@@ -58,38 +60,42 @@ IN_LIMIT_ATTACKER = """
 import json, re, sys, time
 import httpx
 url, seconds, first = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "probe"
-text = ("the weather in lisbon was warm, and the market by the river sold fish. " * 1400)[:99_950]
-count = 12 if first else int(sys.argv[4])
-statuses, took, alone = [], [], {"status": None, "seconds": 0}
+source = "the weather in lisbon was warm, and the market by the river sold fish. " * 1400
+count, chars = (12, 99_950) if first else (int(sys.argv[4]), int(sys.argv[5]))
+statuses, took, alone, answered = [], [], {"status": None, "seconds": 0}, 0
+began_all = time.monotonic()
 stop = time.monotonic() + (600 if first else seconds)
 
 
 def send(client):
-    global count
+    global count, chars
     began = time.monotonic()
-    answer = client.post("/v1/classify", json={"inputs": [text] * count})
+    answer = client.post("/v1/classify", json={"inputs": [source[:chars]] * count})
     spent = round(time.monotonic() - began, 1)
     if answer.status_code in (413, 429):
         numbers = re.search(r"make (\\d+) tokens.*at most (\\d+) tokens", answer.text)
         if answer.status_code == 413 and numbers:
-            count = max(1, int(count * int(numbers[2]) / int(numbers[1]) * 0.9))
+            fits = count * int(numbers[2]) / int(numbers[1]) * 0.9  # texts that fit
+            count, chars = (int(fits), chars) if fits >= 1 else (1, max(100, int(chars * fits)))
         time.sleep(max(1.0, float(answer.headers.get("retry-after") or 1)))
     return answer.status_code, spent
 
 
 with httpx.Client(base_url=url, timeout=600) as client:
     while time.monotonic() < stop:
-        sending = count
+        sending = count * chars
         status, spent = send(client)
         statuses.append(status)
         took.append(spent)
+        answered += sending if status == 200 else 0
         if first and status not in (413, 429):
-            alone = {"status": status, "seconds": spent, "texts": sending}
+            alone = {"status": status, "seconds": spent, "texts": count, "chars": chars}
             break
 if first:
-    print(json.dumps({"texts": alone.get("texts", count), "alone": alone, "statuses": statuses}))
+    print(json.dumps({"texts": alone.get("texts", count), "chars": chars, "alone": alone, "statuses": statuses}))
 else:
-    print(json.dumps({"statuses": statuses, "texts": count, "chars": len(text), "seconds": took}))
+    print(json.dumps({"statuses": statuses, "texts": count, "chars": chars, "seconds": took,
+                      "answered_chars": answered, "elapsed": time.monotonic() - began_all}))
 """
 
 
@@ -171,7 +177,7 @@ def in_limit(args: argparse.Namespace) -> None:
             count = found["texts"]
             alone, errors = asyncio.run(load(port, "classify", texts, args.clients, args.seconds))
             attacker = subprocess.Popen([sys.executable, "-c", IN_LIMIT_ATTACKER, url, str(args.seconds), "send",
-                                         str(count)], stdout=subprocess.PIPE, text=True)
+                                         str(count), str(found["chars"])], stdout=subprocess.PIPE, text=True)
             time.sleep(1.0)  # its first request is in the server before the clients start
             attacked, attacked_errors = asyncio.run(load(port, "classify", texts, args.clients, args.seconds))
             report = json.loads(attacker.communicate(timeout=900)[0])
@@ -185,6 +191,12 @@ def in_limit(args: argparse.Namespace) -> None:
           f"alone: status {found['alone']['status']} in {found['alone']['seconds']} s), "
           f"{len(report['statuses'])} times (statuses {dict(Counter(report['statuses']))}, seconds each "
           f"{report['seconds'][:20]}): {under / base:.2f} of their throughput kept; errors {errors + attacked_errors}")
+    first = found["alone"]
+    heavy_alone = first["texts"] * first["chars"] / first["seconds"] if first["status"] == 200 else float("nan")
+    heavy_under = report["answered_chars"] / report["elapsed"]
+    print(f"the large client: {heavy_alone:.0f} characters/s answered alone (its first admitted request, idle "
+          f"server), {heavy_under:.0f} characters/s under the clients' load ({report['answered_chars']} characters "
+          f"answered in {report['elapsed']:.1f} s)")
 
 
 if __name__ == "__main__":

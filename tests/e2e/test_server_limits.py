@@ -70,7 +70,7 @@ def test_limits_request_over_the_deadline_at_the_measured_speed_is_refused_at_on
     service = app.state.service
     calls = []
     original = service.pipelines["classify"].forward
-    service.pipelines["classify"].forward = lambda f, o, p=None: calls.append(len(f)) or original(f, o, p)
+    service.pipelines["classify"].forward = lambda f, o: calls.append(len(f)) or original(f, o)
     with running(app) as client:
         assert service.scheduler.throughput.full_tokens_per_s is not None  # timed by the warm-up
         service.scheduler.throughput.full_tokens_per_s = 100.0  # as if full calls ran at 100 tokens/s

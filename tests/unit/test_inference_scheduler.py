@@ -300,13 +300,68 @@ def test_scheduler_small_requests_run_between_the_pieces_of_a_big_one():
         second, third = scheduler.submit("t", ["second"], {}), scheduler.submit("t", ["third"], {})
         while not big.gone:
             await scheduler.step()
-        # A request in progress still gets every other call; new ones share the calls in between.
-        assert fake.calls == [["big"] * 2, ["big"] * 2, ["small"], ["big"] * 2, ["second", "third"],
+        # New requests run first in the next call; the request in progress has its equal share of each call
+        # (the budget / requests in progress: 4 tokens, one window, beside one, 8/3 beside two), alone the rest.
+        assert fake.calls == [["big"] * 2, ["big"] * 2, ["small", "big"], ["second", "third", "big"],
                               ["big"] * 2, ["big"] * 2]
         assert big.future.result() == whole([words("big", 40)])
         assert second.future.result() == whole(["second"]) and third.future.result() == whole(["third"])
 
     scenario(test, max_batch_tokens=8)
+
+
+def test_scheduler_shares_each_call_equally_between_short_requests_and_a_worst_case_one():
+    # One client keeps a request of 100 windows, all of the longest length (4 tokens), in progress; 8 others
+    # send 1-token requests in a closed loop (a new one as soon as the last is answered). Each request is one
+    # share: the large one runs about as many tokens per call as each short one, instead of every other call
+    # of the whole budget, so the short clients are answered in every call, not every second one.
+    async def test(scheduler, fake, events):
+        heavy = scheduler.submit("t", [words("heavy", 400)], {})
+        shorts = [scheduler.submit("t", [f"s{client}"], {}) for client in range(8)]
+        answered = 0
+        for _ in range(40):
+            await scheduler.step()
+            for client, job in enumerate(shorts):
+                if job.gone:
+                    assert job.future.result() == whole([f"s{client}"])
+                    answered += 1
+                    shorts[client] = scheduler.submit("t", [f"s{client}"], {})
+        heavy_tokens = 4 * sum(call.count("heavy") for call in fake.calls)
+        short_tokens = sum(len(call) - call.count("heavy") for call in fake.calls)
+        assert answered == 8 * 40  # every short client answered in every call
+        assert short_tokens == 320 and 8 <= heavy_tokens <= 2 * short_tokens / 8  # about one short client's share
+        assert all(len(call) - call.count("heavy") == 8 for call in fake.calls)
+        # Alone, the large request fills the budget again and finishes, answered as if run whole.
+        for job in shorts:
+            job.future.cancel()
+        calls = len(fake.calls)
+        while not heavy.gone:
+            await scheduler.step()
+        assert heavy.future.result() == whole([words("heavy", 400)])
+        assert all(call == ["heavy"] * 8 for call in fake.calls[calls + 1:-1])
+
+    scenario(test, max_batch_tokens=32)
+
+
+def test_scheduler_refuses_at_once_what_cannot_finish_in_time_at_its_equal_share():
+    async def test(scheduler, fake, events):
+        scheduler.throughput.full_tokens_per_s = 10.0  # 100 tokens within the 10 s deadline, alone
+        alone = scheduler.submit("t", [words("alone", 30)], {})
+        while not alone.gone:
+            await scheduler.step()
+        assert alone.future.result() == whole([words("alone", 30)])
+        # Beside 4 other requests it has a fifth of the speed: 20 tokens in 10 s; refused before any call.
+        others = [scheduler.submit("t", [f"other{index}"], {}) for index in range(4)]
+        shared = scheduler.submit("t", [words("shared", 30)], {})
+        calls = len(fake.calls)
+        await scheduler.step()
+        message = failure(shared).message
+        assert failure(shared).kind == "too_large" and "the 5 requests in progress or waiting" in message
+        assert "at most 20 tokens" in message and "about 2 tokens/s each" in message
+        assert all(job.gone and not job.future.exception() for job in others)
+        assert fake.calls[calls:] == [[f"other{index}" for index in range(4)]]
+
+    scenario(test, request_timeout_s=10.0)
 
 
 # --- work nobody waits for ----------------------------------------------------------------------------------------
@@ -634,15 +689,15 @@ def test_scheduler_refuses_when_the_expected_wait_passes_max_queue_wait_s():
     scenario(test, max_queue_wait_s=3.0)
 
 
-def test_scheduler_expected_wait_counts_one_call_of_a_large_request_waiting_ahead():
-    # A request not started yet gets one call (`plan`), then alternates with the newcomer's: the wait it
-    # causes is that one call, not its whole work (which made every small request a 429 while it waited).
+def test_scheduler_expected_wait_counts_one_share_of_a_large_request_waiting_ahead():
+    # The calls are shared equally (`plan`): a large request ahead delays a newcomer by its share of a call,
+    # not its whole work (which made every small request a 429 while it waited).
     async def test(scheduler, fake, events):
         scheduler.throughput.tokens_per_s = 10.0
         scheduler.submit("t", [words("a", 400)], {})  # 799 characters: 201 tokens, 4 calls of 50
-        assert scheduler.expected_wait_s() == pytest.approx(5.0)  # one call of 50 tokens, not 20.1 s
-        scheduler.submit("t", ["third"], {})  # 3 tokens more: still within the limit of 6 s
-        assert scheduler.expected_wait_s() == pytest.approx(5.3)
+        assert scheduler.expected_wait_s() == pytest.approx(2.5)  # its share of a call beside the newcomer
+        scheduler.submit("t", ["third"], {})  # 3 tokens more: a third of a call each
+        assert scheduler.expected_wait_s() == pytest.approx(2 * 50 / 3 / 10)  # two shares of a third of a call
         assert scheduler.queue_depth == 2
 
     scenario(test, max_batch_tokens=50, max_queue_wait_s=6.0)

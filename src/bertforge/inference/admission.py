@@ -10,8 +10,9 @@ Two questions are answered here without tokenizing anything:
   seconds of tokenizing and windowing on the model thread while other clients wait. The floor is exact as a bound, never an estimate: a request under it is windowed and
   counted exactly on the model thread as before.
 - **Can it finish before its deadline?** `Throughput.deadline_refusal`: a request whose tokens (the floor
-  here, the exact count once windowed) need longer than `request_timeout_s` at the recent speed of full model
-  calls is refused at once (413, with the numbers), instead of running until the deadline drops its work.
+  here, the exact count once windowed) need longer than `request_timeout_s` at its equal share of the recent
+  speed of full model calls (the scheduler shares the model equally between the requests in progress) is
+  refused at once (413, with the numbers), instead of running until the deadline drops its work.
 - **How long would it wait?** `Throughput` keeps the recent rate of model calls (tokens per second), and
   `estimate_tokens` a rough size of a waiting request; the scheduler divides the work already accepted by the
   rate to refuse (429, with a Retry-After) a request that would wait longer than `max_queue_wait_s`.
@@ -185,17 +186,23 @@ class Throughput:
             return None
         return int(self.full_tokens_per_s * seconds)
 
-    def deadline_refusal(self, tokens: int, seconds: float, counted: str) -> str | None:
-        """Why a request of `tokens` tokens cannot be answered within `seconds` at the recent speed of full
-        calls, or None when it can (or no full call was timed yet: nothing to refuse on)."""
-        budget = self.deadline_tokens(seconds)
-        if budget is None or tokens <= budget:
+    def deadline_refusal(self, tokens: int, seconds: float, counted: str, shared: int = 1) -> str | None:
+        """Why a request of `tokens` tokens cannot be answered within `seconds` at its equal share (one of
+        `shared` requests) of the recent speed of full calls, or None when it can (or no full call was timed
+        yet: nothing to refuse on)."""
+        whole = self.deadline_tokens(seconds)
+        if whole is None or tokens * shared <= whole:
             return None
-        need = tokens / self.full_tokens_per_s
-        return (f"the inputs make {tokens} tokens {counted}; this server runs about {self.full_tokens_per_s:.0f} "
-                f"tokens/s, so they need about {need:.0f} s, more than the request deadline of {seconds:g} s "
-                f"(request_timeout_s): split the request into parts of at most {budget} tokens (send fewer or "
-                "shorter texts), or start the server with a longer --request-timeout-s")
+        budget, rate = whole // shared, self.full_tokens_per_s / shared
+        speed = f"about {self.full_tokens_per_s:.0f} tokens/s"
+        if shared > 1:
+            speed += (f", shared equally by the {shared} requests in progress or waiting (this one included): "
+                      f"about {rate:.0f} tokens/s each")
+        return (f"the inputs make {tokens} tokens {counted}; this server runs {speed}, so they need about "
+                f"{tokens / rate:.0f} s, more than the request deadline of {seconds:g} s (request_timeout_s): "
+                f"split the request into parts of at most {budget} tokens (send fewer or shorter texts)"
+                + (", retry when the server is less busy" if shared > 1 else "")
+                + ", or start the server with a longer --request-timeout-s")
 
     def seconds_for(self, tokens: int) -> float | None:
         """Expected seconds to run `tokens` tokens at the recent rate (None before any call was timed)."""

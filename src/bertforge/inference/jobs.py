@@ -145,7 +145,8 @@ class Job:
     tokens: list[int] = field(default_factory=list)  # per feature
     todo: list[int] = field(default_factory=list)  # features not run yet, the order they will run in
     outputs: list[Any] = field(default_factory=list)  # per feature, None until run
-    served: int = 0  # tokens run so far: the worker serves the least-served requests first
+    served: int = 0  # tokens run so far
+    start: float = 0.0  # the scheduler's share clock when its windows were built (`Scheduler.position`)
     error: BaseException | None = None  # why its windows could not be built
     estimate: int = 0  # rough tokens before windowing (`admission.estimate_tokens`), for the wait estimate
     timing: JobTiming = field(default_factory=JobTiming)
@@ -166,6 +167,7 @@ class Step:
     """One model call: windows of jobs with the same task and parameters, at most `max_batch_tokens` tokens."""
 
     parts: list[tuple[Job, list[int]]]  # (job, its feature indices in this call)
+    shared: int = 1  # the requests in progress that share the model's time while it runs (`Scheduler.plan`)
 
     @property
     def features(self) -> list[Any]:

@@ -12,8 +12,10 @@ can be run and tested with only the core install. One turn of the worker (`Sched
   still, in `submit`, before it costs the model thread anything: `inference.admission.token_floor`);
 - forget requests nobody waits for any more (client gone, timed out): their windows not run yet never run;
 - plan and run one model call (`Pipeline.forward`) of at most `max_batch_tokens` tokens of windows of
-  requests with the same task and parameters, least-served first, so a large request is split over several
-  calls and a request that arrives meanwhile gets a call of its own before the large one's next piece;
+  requests with the same task and parameters, the model's tokens shared equally between the requests in
+  progress (`plan`): a large request is split over several calls, and while short requests wait it gets a
+  window only as often as its equal share allows, so one client's huge requests (however many windows, all
+  of the longest length) cannot fill the calls everyone else waits for;
 - decode (`Pipeline.decode`) each request whose windows have all run, so its answer is the same as if it
   had run whole.
 
@@ -30,9 +32,16 @@ and readiness (`Scheduler.ready`) is false until the server is restarted.
 Admission (`submit`) refuses at once, with a Retry-After: when `max_queue` requests wait, or when the work
 already accepted would make a new request wait longer than `max_queue_wait_s` at the recent throughput
 (`inference.admission.Throughput`; only work that will run before its request's deadline counts). A request
-that cannot finish within `request_timeout_s` at the recent speed of full model calls is refused at once
-("too_large", with the numbers): from its words' floor in `submit`, from its exact tokens once windowed in
-`admit`, before any model call (the warm-up times one full call, `calibrate`, so the speed is known). `drain` (at shutdown) refuses new requests and lets accepted ones finish.
+that cannot finish within `request_timeout_s` at its equal share of the recent speed of full model calls (the
+speed divided by the requests in progress and waiting, itself included) is refused at once ("too_large", with
+the numbers): from its words' floor in `submit`, from its exact tokens once windowed in `admit`, before any
+model call (the warm-up times one full call, `calibrate`, so the speed is known). `drain` (at shutdown)
+refuses new requests and lets accepted ones finish.
+
+A share belongs to a request, not to a client: the scheduler cannot tell clients apart reliably (behind a
+proxy, or on one host, every client has the same address; API keys are optional and often one per
+application, shared by all its users), and a client that sends many requests at once meets the queue's
+limits (`max_queue`, `max_queue_wait_s`) as everyone does.
 """
 
 from __future__ import annotations
@@ -95,7 +104,9 @@ class Scheduler:
         self.active = 0
         # Requests whose windows are built and some still to run, in arrival order.
         self.running: list[Job] = []
-        self.fresh_turn = False  # whether the last model call was for requests not started before it
+        # The tokens each request in progress would have run so far had every model call been split equally
+        # between them (`plan`); back to 0 whenever nothing is in progress.
+        self.clock = 0.0
         self.throughput = Throughput()
         self.queued_estimate = 0  # `Job.estimate` of the requests waiting in the queue, each at most one call
         self.unhealthy: str | None = None  # why the model cannot be trusted any more (non-finite outputs)
@@ -186,17 +197,13 @@ class Scheduler:
         return self.queue.qsize() if self.queue is not None else 0
 
     def expected_wait_s(self) -> float | None:
-        """Seconds a request arriving now would wait for its first model call, at the recent throughput: the
-        requests not started yet run first (`plan` gives them calls of their own), but each only its first
-        call (at most `max_batch_tokens`: then it is a started one), and started ones take every other call
-        (at most `max_batch_tokens` each). The rest of a large request runs in calls that alternate with the
-        newcomer's, so it is not counted. None before any model call was timed."""
-        budget = self.settings.max_batch_tokens
-        waiting = self.queued_estimate + sum(min(self.will_run(job), budget) for job in self.running
-                                             if not job.served)
-        calls = -(-waiting // budget) if waiting else 0  # the fresh calls ahead, each followed by a started one
-        started = budget * max(1, calls) if any(job.served for job in self.running) else 0
-        return self.throughput.seconds_for(waiting + started)
+        """Seconds a request arriving now would wait for its answer's model call, at the recent throughput:
+        every request in progress or waiting shares the calls with it equally (`plan`), so each runs ahead of
+        it at most its share of a call (`max_batch_tokens` / requests, plus one window), never its whole work;
+        a waiting one counts its first call at most (`Job.estimate`). None before any model call was timed."""
+        share = self.settings.max_batch_tokens / self.sharing()
+        ahead = sum(min(self.will_run(job), share + max(job.tokens)) for job in self.running)
+        return self.throughput.seconds_for(ahead + min(self.queued_estimate, share * self.queue_depth))
 
     def will_run(self, job: Job) -> int:
         """The tokens of `job` still to run that can run before its deadline (`request_timeout_s`): the rest
@@ -258,7 +265,8 @@ class Scheduler:
                                          f"{settings.max_request_tokens} per request (max_request_tokens; raise "
                                          "it with `bertforge serve --max-request-tokens`), so split the request "
                                          "or send shorter texts")
-        late = self.deadline_refusal(floor, "after windowing or more (counted from their words)")
+        late = self.deadline_refusal(floor, "after windowing or more (counted from their words)",
+                                     self.sharing())
         if late is not None:
             raise JobFailed("too_large", late)
         wait = self.expected_wait_s()
@@ -418,6 +426,7 @@ class Scheduler:
     def admit(self, jobs: list[Job]) -> None:
         """Prepared jobs join the running ones, unless they failed or are over the token budget."""
         limit = self.settings.max_request_tokens
+        shared = len(self.running) + len(jobs) + self.queue_depth  # each of `jobs` would share with all of these
         for job in jobs:
             if job.error is not None:
                 self.fail_job(job, job.error)
@@ -432,16 +441,24 @@ class Scheduler:
                                       " raise it with `bertforge serve --max-request-tokens`), so split the "
                                       "request or send shorter texts")
                 continue
-            late = self.deadline_refusal(total, f"after windowing ({len(job.features)} windows)")
+            late = self.deadline_refusal(total, f"after windowing ({len(job.features)} windows)", shared)
             if late is not None:
                 job.fail("too_large", late)
                 continue
+            if not self.running:
+                self.clock = 0.0  # nothing in progress: positions start afresh
+            job.start = self.clock  # its share starts now: it is owed nothing for the time it waited
             self.running.append(job)
 
-    def deadline_refusal(self, tokens: int, counted: str) -> str | None:
-        """Why `tokens` cannot run within the request deadline at the recent speed, or None."""
+    def sharing(self) -> int:
+        """The requests a new one would share the model with, itself included: those in progress and waiting."""
+        return len(self.running) + self.queue_depth + 1
+
+    def deadline_refusal(self, tokens: int, counted: str, shared: int = 1) -> str | None:
+        """Why `tokens` cannot run within the request deadline at an equal share (of `shared`) of the recent
+        speed, or None."""
         timeout = self.settings.request_timeout_s
-        return self.throughput.deadline_refusal(tokens, timeout, counted) if timeout else None
+        return self.throughput.deadline_refusal(tokens, timeout, counted, shared) if timeout else None
 
     def fail_job(self, job: Job, error: BaseException) -> None:
         if isinstance(error, BertforgeError):  # an input the model cannot take (too long ...)
@@ -460,31 +477,42 @@ class Scheduler:
                 kept.append(job)
         self.running = kept
 
+    def position(self, job: Job) -> float:
+        """Where `job` stands against its equal share: the `clock` when it was admitted plus its tokens run
+        (below the clock: owed tokens; above: ahead of its share)."""
+        return job.start + job.served
+
     def plan(self) -> Step:
-        """The next model call. Requests not started yet get calls of their own, so one that arrives while a
-        large request is in progress waits for at most that request's current call; a request in progress
-        still gets at least every other call, so it is never starved. Within the call, requests with the
-        fewest tokens run so far come first, each giving windows in its own order while they fit in
-        `max_batch_tokens`; at least one window, so a window larger than the budget still runs (alone)."""
-        fresh = [job for job in self.running if not job.served]
-        started = [job for job in self.running if job.served]
-        self.fresh_turn = bool(fresh) and (not started or not self.fresh_turn)
-        order = sorted(fresh if self.fresh_turn else started, key=lambda job: (job.served, job.arrival))
+        """The next model call, the model's tokens shared equally between the requests in progress (each
+        request one share, however many windows it has: see the module docstring for why not one per client).
+
+        `clock` moves by each call's tokens divided by the requests in progress, so it counts what each of
+        them would have run had every call been split equally. Requests furthest behind their share come first
+        (`position`; a new one before a started one at the same place), each giving windows in its own order
+        while its position is below the clock plus an equal part of the budget (`max_batch_tokens` / requests)
+        and they fit in `max_batch_tokens`. A request alone fills the budget; beside short requests, a long
+        one's window runs only when its share has caught up, so the calls they wait for stay short instead of
+        filled with its windows. The first request takes at least one window: a window larger than the budget
+        still runs (alone), and nobody waits for ever."""
+        shared = len(self.running)
+        order = sorted(self.running, key=lambda job: (self.position(job), job.served > 0, job.arrival))
+        level = self.clock + self.settings.max_batch_tokens / shared
         key, room, parts = order[0].key, self.settings.max_batch_tokens, []
         for job in order:
             if job.key != key:
                 continue
-            taken = []
+            taken, position = [], self.position(job)
             for index in job.todo:
-                if job.tokens[index] > room and (taken or parts):
+                if (taken or parts) and (job.tokens[index] > room or position >= level):
                     break
                 taken.append(index)
                 room -= job.tokens[index]
+                position += job.tokens[index]
             if taken:
                 parts.append((job, taken))
             if room <= 0 or not self.settings.micro_batching:
                 break
-        return Step(parts)
+        return Step(parts, shared)
 
     async def run_step(self, step: Step) -> None:
         """Run one model call; decode each request whose windows have now all run."""
@@ -498,7 +526,7 @@ class Scheduler:
             if len(step.parts) > 1:
                 # Find the culprit: every other request still gets its answer.
                 for part in step.parts:
-                    await self.run_step(Step([part]))
+                    await self.run_step(Step([part], step.shared))
                 return
             self.fail_job(first, error)
             self.running.remove(first)
@@ -510,6 +538,7 @@ class Scheduler:
                                 "task")
             return
         self.throughput.record(step.tokens, elapsed, full=step.tokens >= self.settings.max_batch_tokens // 4)
+        self.clock += step.tokens / step.shared
         if not all(job.silent for job, _ in step.parts):
             self.events.model_call(len(outputs), step.tokens)
         position, finished = 0, []
