@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.ort_int8_accuracy import SYSTEMS, OrtTaskModel, crf_scores, export_graphs, session
+from benchmarks.ort_int8_accuracy import ort_engines
 from benchmarks.scoring_args import add_scoring_arguments, check_scoring_arguments, table
 from bertforge.engine.build import build_engine, plan_engine
 from bertforge.evaluation.intervals import paired_changes
@@ -50,12 +50,10 @@ def system_results(model_dir, data_file, *, threads: int, batch_size: int, limit
         model, _ = registry.load_model(prepared.directory, prepared.family.model_class, device="cpu")
         evaluation = reference.at_precision(precision)
         results[f"bertforge {precision}"] = evaluation.results(build_engine(model, plan_engine("cpu", precision)))
-    crf = crf_scores(model_dir)
     with tempfile.TemporaryDirectory() as tmp:
-        graphs, _ = export_graphs(model_dir, Path(tmp), per_channel=True)
-        for name, graph in SYSTEMS.items():
+        for name, engine in ort_engines(model_dir, Path(tmp), threads).items():
             if name != "ORT fp32":  # equal to bertforge fp32 on every budget task (docs); not needed here
-                results[name] = reference.results(OrtTaskModel(session(graphs[graph], threads), crf))
+                results[name] = reference.at_precision(engine.plan.precision).results(engine)
     return reference, results
 
 
