@@ -2,9 +2,9 @@
 
 1. learn a WordPiece vocabulary from the books;  2. cut them into pretraining instances (shards);
 3. ask a freshly initialised model to fill in masked words (sentences of held-out documents);  4. pretrain
-a small BERT for a time budget (masked LM without next-sentence prediction, warmup-stable-decay schedule: the
-recipe that learned most in the same minutes here), said up front with the steps it should hold from a timed
-warm-up of a few steps on this machine, and report held-out MLM accuracy against the majority-token
+a small BERT for the steps a time budget holds on this machine, or for --minutes (masked LM without
+next-sentence prediction, warmup-stable-decay schedule: the recipe that learned most in the same minutes
+here), said up front from a timed warm-up of a few steps on this machine, and report held-out MLM accuracy against the majority-token
 baseline;  5. ask again;  6. fine-tune it to tell which book a sentence comes from and report dev
 accuracy against chance;  7. write a report folder (summary.md, curves, every intermediate artifact).
 It uses only the public pieces (tokenization, data, training, inference) — the same calls a user makes.
@@ -208,6 +208,14 @@ def pretraining_budget(minutes: float | None, step_seconds: float) -> tuple[floa
     return budget, budget_steps, ""
 
 
+def pretraining_length(minutes: float | None, budget: float, steps: int) -> tuple[int, float]:
+    """(steps, minutes) that end the pretraining run: a budget the user gave (`minutes`) ends it on time; the
+    default ends it after the `steps` the measured warm-up expects of `budget`, so a machine that slows down
+    after the warm-up (other jobs start) takes longer rather than stopping before the model has learned (a 2-core
+    machine whose load rose from 2 to 15 gave 420 of 3,000 steps in the time: fill-mask answered ', . the')."""
+    return (0, budget) if minutes is not None else (steps, 0.0)
+
+
 @dataclass(frozen=True)
 class StepCost:
     """What a pretraining step and a held-out evaluation cost on this machine, measured (seconds)."""
@@ -253,19 +261,23 @@ def measure_step_cost(model: str, data_dir: Path, out_dir: Path, seed: int) -> S
 
 def _pretrain(config: BertConfig, initial: BertForPretraining, out: Path, model: str, minutes: float | None,
               seed: int, summary: dict) -> Path | None:
-    """Step 4: pretrain for a time budget (without one given, the default, raised to what MIN_PRETRAIN_STEPS take
-    at the step time of a measured warm-up), said up front; the checkpoint directory."""
+    """Step 4: pretrain for a time budget given, else for the steps the default budget holds at the step time of
+    a measured warm-up (at least MIN_PRETRAIN_STEPS), said up front; the checkpoint directory."""
     cost = measure_step_cost(model, out / "data", out / "timing", seed)
     budget, steps, note = pretraining_budget(minutes, cost.step_seconds)
-    # The run ends when its time budget is spent (the schedule decays on time), then evaluates once more.
+    # The run ends when its steps are done (the default) or its time budget is spent (--minutes; the schedule
+    # then decays on time), and evaluates once more.
+    run_steps, run_minutes = pretraining_length(minutes, budget, steps)
     estimate = budget + cost.eval_seconds / 60
+    length = f"{run_steps} steps of {BATCH_SIZE}, about {budget:.1f} min" if run_steps else \
+        f"{budget:.1f} min, about {steps} steps of {BATCH_SIZE}"
     print(f"[4/6] pretraining {model} ({sum(p.numel() for p in initial.parameters()) / 1e6:.1f}M parameters, "
-          f"{OBJECTIVE_WORDS}) for {budget:.1f} min, about {estimate:.1f} min with the last evaluation: about "
-          f"{steps} steps of {BATCH_SIZE} at {1000 * cost.step_seconds:.0f} ms per step, timed in a warm-up of "
-          f"{TIMING_STEPS} steps on this machine now{note}")
+          f"{OBJECTIVE_WORDS}) for {length} ({estimate:.1f} min with the last evaluation) at "
+          f"{1000 * cost.step_seconds:.0f} ms per step, timed in a warm-up of {TIMING_STEPS} steps on this machine "
+          f"now{note}")
     started = time.perf_counter()
     result = run_pretraining(pretraining_settings(model, out / "data", out / "pretrain", steps, seed,
-                                                  minutes=budget))
+                                                  minutes=run_minutes))
     minutes_taken = (time.perf_counter() - started) / 60
     heldout = result.eval
     baseline = heldout.get("mlm_majority_acc", float("nan"))

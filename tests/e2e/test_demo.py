@@ -54,3 +54,11 @@ def test_demo_pretrains_its_recipe_for_the_time_budget(tmp_path):
     assert training.eval_every == 700 and training.log_every == 175  # the evaluations spread over the steps expected
     timed = demo.pretraining_settings("tiny", tmp_path / "data", tmp_path / "out", 15, seed=0)
     assert timed.training.steps == 15 and timed.training.minutes == 0  # the warm-up: the same recipe, by steps
+
+
+def test_demo_pretraining_length_ends_the_default_run_on_steps_and_a_given_budget_on_time():
+    assert demo.pretraining_length(None, 5.0, 3000) == (3000, 0.0)  # a machine that slows still does the steps
+    assert demo.pretraining_length(2.0, 2.0, 800) == (0, 2.0)  # the user's budget is kept
+    steps, minutes = demo.pretraining_length(None, 5.0, 3000)
+    config = demo.pretraining_settings("tiny", Path("data"), Path("out"), steps, seed=0, minutes=minutes)
+    assert (config.training.steps, config.training.minutes) == (3000, 0)
