@@ -31,7 +31,6 @@ import json
 import math
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -126,10 +125,7 @@ def st_worker(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - started
-    model.save(args.out)
-    # transformers 5 saves the fast tokenizer's tokenizer.json alone; bertforge reads vocab.txt (the same
-    # vocabulary, the start's): copied beside it.
-    shutil.copy(Path(args.start) / "vocab.txt", Path(args.out) / "vocab.txt")
+    model.save(args.out)  # its tokenizer as tokenizer.json alone (transformers 5), which bertforge reads
     print(json.dumps({"loop_s": seconds, "steps": trainer.state.global_step}))
 
 

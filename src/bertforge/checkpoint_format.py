@@ -1,8 +1,10 @@
 """Model directories on disk: the generic reader and writer below every model class.
 
 A directory holds everything needed to use a model: `config.json` (architecture, label names, task kind),
-`model.safetensors`, and when a tokenizer is saved with it `vocab.txt` + `tokenizer_config.json`, plus the
-fine-tuning record `finetuning.json` of a fine-tuned model. It is a valid Hugging Face BERT checkpoint:
+`model.safetensors`, and when a tokenizer is saved with it `vocab.txt` + `tokenizer_config.json` (and
+`tokenizer.json`), plus the fine-tuning record `finetuning.json` of a fine-tuned model. A directory whose
+tokenizer is a `tokenizer.json` alone (what sentence-transformers 6 and transformers 5 save) loads too: its
+vocabulary and normaliser settings are read from that file (`interop.sentence_transformers.read_wordpiece`). It is a valid Hugging Face BERT checkpoint:
 parameter names are translated by `interop.huggingface` on the way out and on the way in, and
 `pytorch_model.bin` files from elsewhere load too (with `weights_only=True`).
 
@@ -31,7 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +51,7 @@ from bertforge.constants import (
     VOCAB_NAME,
     WEIGHTS_NAME,
 )
-from bertforge.errors import CheckpointError, ConfigError
+from bertforge.errors import CheckpointError, ConfigError, DataError
 from bertforge.interop import google_tf
 from bertforge.interop import huggingface as hf
 from bertforge.interop import sentence_transformers as st
@@ -64,7 +66,8 @@ from bertforge.storage import (
     write_text,
 )
 from bertforge.tokenization.tokenizer import Tokenizer
-from bertforge.tokenization.vocab import check_fits_embeddings
+from bertforge.tokenization.tokenizer_files import TokenizerConfig
+from bertforge.tokenization.vocab import Vocab, check_fits_embeddings
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +98,7 @@ class ModelDirectory:
     """A model directory read once: everything a run needs besides the weights.
 
     config: the architecture (and label names). architecture: our class name from config.json (None when
-    it names none). tokenizer: None when the directory has no vocab.txt. finetuning: the fine-tuning record
+    it names none). tokenizer: None when the directory has neither vocab.txt nor tokenizer.json. finetuning: the fine-tuning record
     (`finetuning.json`: how inputs were built), None for a model that was not fine-tuned here. sentence: how
     a sentence-transformers directory pools (its modules.json and configs), None for other directories.
     """
@@ -109,9 +112,9 @@ class ModelDirectory:
 
     def require_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:
-            raise CheckpointError(f"{self.path}: no {VOCAB_NAME}; this model directory was saved without a "
-                                  f"tokenizer (copy the vocab.txt and {TOKENIZER_CONFIG_NAME} it was trained "
-                                  "with into it)")
+            raise CheckpointError(f"{self.path}: no {VOCAB_NAME} (nor {st.TOKENIZER_JSON_NAME}); this model "
+                                  "directory was saved without a tokenizer (copy the vocab.txt and "
+                                  f"{TOKENIZER_CONFIG_NAME} it was trained with into it)")
         return self.tokenizer
 
 
@@ -242,11 +245,7 @@ def read_directory(path: str | os.PathLike, *, do_lower_case: bool | None = None
     `Tokenizer.from_pretrained`)."""
     config, architecture = read_config(path)
     folder = Path(path)
-    tokenizer = Tokenizer.from_pretrained(folder, do_lower_case=do_lower_case) \
-        if (folder / VOCAB_NAME).exists() else None
-    if tokenizer is not None:
-        check_fits_embeddings(len(tokenizer.vocab), config.vocab_size, folder / VOCAB_NAME)
-        check_tokenizer_json(folder, tokenizer, do_lower_case is not None)
+    tokenizer = read_tokenizer(folder, do_lower_case, config.vocab_size)
     record_file = folder / FINETUNING_NAME
     record = read_json_object(record_file, FINETUNING_NAME) if record_file.exists() else None
     return ModelDirectory(folder, config, architecture, tokenizer, record, st.read_settings(folder))
@@ -266,6 +265,9 @@ def check_tokenizer_json(folder: Path, tokenizer: Tokenizer, casing_given: bool 
            f"differently: restore both from the same save, or re-save the model with bertforge (save_pretrained "
            f"writes both from one tokenizer), or delete {st.TOKENIZER_JSON_NAME} if {VOCAB_NAME} and "
            f"{TOKENIZER_CONFIG_NAME} are right")
+    if not (folder / VOCAB_NAME).exists():  # the vocabulary came from tokenizer.json: only the settings can differ
+        fix = (f"Hugging Face tokenizers run {st.TOKENIZER_JSON_NAME}'s normalizer: make {TOKENIZER_CONFIG_NAME} "
+               "say the same (or restore both from the same save)")
     tokens = tokenizer.vocab.tokens
     wrong = next(((token, index) for index, token in enumerate(tokens) if theirs.vocab.get(token) != index), None)
     if wrong is not None or len(theirs.vocab) != len(tokens):
@@ -287,16 +289,58 @@ def check_tokenizer_json(folder: Path, tokenizer: Tokenizer, casing_given: bool 
                                   f"{own}; {fix}")
 
 
+def tokenizer_source(folder: Path) -> Path:
+    """The file a directory's vocabulary is read from: vocab.txt, else tokenizer.json."""
+    return folder / VOCAB_NAME if (folder / VOCAB_NAME).exists() else folder / st.TOKENIZER_JSON_NAME
+
+
+def read_tokenizer(folder: Path, do_lower_case: bool | None = None,
+                   vocab_size: int | None = None) -> Tokenizer | None:
+    """The tokenizer of a model directory: from vocab.txt and tokenizer_config.json (checked against a
+    tokenizer.json beside them), else from a tokenizer.json alone; None when it has neither. `vocab_size`: the
+    model's embedding rows, which the vocabulary must fit (checked first: the clearest error)."""
+    if (folder / VOCAB_NAME).exists():
+        tokenizer = Tokenizer.from_pretrained(folder, do_lower_case=do_lower_case)
+    elif (folder / st.TOKENIZER_JSON_NAME).is_file():
+        tokenizer = tokenizer_from_json(folder, do_lower_case)
+    else:
+        return None
+    if vocab_size is not None:
+        check_fits_embeddings(len(tokenizer.vocab), vocab_size, tokenizer_source(folder))
+    check_tokenizer_json(folder, tokenizer, do_lower_case is not None)
+    return tokenizer
+
+
+def tokenizer_from_json(folder: Path, do_lower_case: bool | None = None) -> Tokenizer:
+    """The WordPiece tokenizer a directory's tokenizer.json describes (no vocab.txt beside it): the vocabulary,
+    casing, accent and CJK handling from that file; special tokens and the length limit from
+    tokenizer_config.json when there is one (its casing must then agree: `check_tokenizer_json`)."""
+    file = folder / st.TOKENIZER_JSON_NAME
+    verify_checksum(file)
+    wordpiece = st.read_wordpiece(file)
+    if wordpiece.beyond:
+        log.warning("%s: added tokens %s follow the vocabulary; bertforge's tokenizer does not read them: text "
+                    "holding them is split into word pieces", file, list(wordpiece.beyond[:8]))
+    config_file = folder / TOKENIZER_CONFIG_NAME
+    stated = read_json_object(config_file, TOKENIZER_CONFIG_NAME) if config_file.is_file() else {}
+    try:
+        config = TokenizerConfig.from_dict({**wordpiece.settings, **stated})
+        if do_lower_case is not None:
+            config = replace(config, do_lower_case=do_lower_case)
+        return Tokenizer(Vocab(wordpiece.tokens, unk_token=config.unk_token), config)
+    except (ConfigError, DataError) as error:
+        raise CheckpointError(f"{config_file if stated else file}: {error}") from None
+
+
 def load_tokenizer(path: str | os.PathLike, *, do_lower_case: bool | None = None) -> Tokenizer:
     """The tokenizer saved in a model directory (clear error when the directory has none)."""
     folder = Path(path)
-    if not (folder / VOCAB_NAME).exists():
-        raise CheckpointError(f"{folder}: no {VOCAB_NAME}; this model directory was saved without a tokenizer "
-                              f"(copy the vocab.txt and {TOKENIZER_CONFIG_NAME} it was trained with into it)")
-    tokenizer = Tokenizer.from_pretrained(folder, do_lower_case=do_lower_case)
-    check_tokenizer_json(folder, tokenizer, do_lower_case is not None)
-    if (folder / CONFIG_NAME).is_file():
-        check_fits_embeddings(len(tokenizer.vocab), read_config(folder)[0].vocab_size, folder / VOCAB_NAME)
+    vocab_size = read_config(folder)[0].vocab_size if (folder / CONFIG_NAME).is_file() else None
+    tokenizer = read_tokenizer(folder, do_lower_case, vocab_size)
+    if tokenizer is None:
+        raise CheckpointError(f"{folder}: no {VOCAB_NAME} (nor {st.TOKENIZER_JSON_NAME}); this model directory was "
+                              f"saved without a tokenizer (copy the vocab.txt and {TOKENIZER_CONFIG_NAME} it was "
+                              "trained with into it)")
     return tokenizer
 
 

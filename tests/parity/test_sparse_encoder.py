@@ -79,8 +79,8 @@ def test_sparse_encoder_directory_loads_with_their_vectors(tmp_path, vocab_dir):
     encoder = st.SparseEncoder(modules=[Transformer(str(tiny_mlm(tmp_path / "mlm", vocab_dir)),
                                                     transformer_task="fill-mask"), SpladePooling("max")], device="cpu")
     encoder.save(str(tmp_path / "theirs"))
-    # sentence-transformers 6 saves the tokenizer as tokenizer.json only; published SPLADE models ship vocab.txt.
-    shutil.copy(vocab_dir / "vocab.txt", tmp_path / "theirs" / "vocab.txt")
+    # sentence-transformers 6 saves the tokenizer as tokenizer.json only (no vocab.txt): read from it, as saved.
+    assert not (tmp_path / "theirs" / "vocab.txt").exists()
     assert_same(our_vectors(tmp_path / "theirs", TEXTS), their_vectors(encoder, TEXTS))
 
 

@@ -308,7 +308,9 @@ CASES = {
                                          r"vocab\.txt:300: the vocabulary file is not valid UTF-8"),
     "vocab_without_unk": Case(vocab_lines([t for t in tokens() if t != "[UNK]"]), DataError,
                               r"vocab\.txt: the vocabulary has no unknown token '\[UNK\]'"),
-    "vocab_missing": Case(remove("vocab.txt"), CheckpointError, r"no vocab\.txt; .*copy the vocab\.txt"),
+    # without vocab.txt the vocabulary is read from tokenizer.json (tests/unit/test_tokenizer_json_directory.py)
+    "vocab_missing": Case(lambda p: [remove("vocab.txt")(p), remove("tokenizer.json")(p)], CheckpointError,
+                          r"no vocab\.txt \(nor tokenizer\.json\); .*copy the vocab\.txt"),
     "tokenizer_config_garbage": Case(damaged_foreign(write("tokenizer_config.json", b"{\"do_lower_case\": tr")),
                                      DataError, r"tokenizer_config\.json:1: invalid JSON"),
     "tokenizer_config_missing": Case(damaged_foreign(remove("tokenizer_config.json")), CheckpointError,

@@ -41,7 +41,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from bertforge import storage
-from bertforge.checkpoint_format import weights_file
+from bertforge.checkpoint_format import tokenizer_source, weights_file
 from bertforge.data.corpus_records import (
     INPUT_FORMATS,
     CorpusSettings,
@@ -99,6 +99,9 @@ def model_fingerprint(model_dir: str | os.PathLike) -> str:
     same model has the same fingerprint, a retrained one another."""
     folder = Path(model_dir)
     files = {weights_file(folder), *(path for pattern in MODEL_FILES for path in folder.glob(pattern))}
+    vocabulary = tokenizer_source(folder)  # tokenizer.json where there is no vocab.txt (sentence-transformers 6)
+    if vocabulary.is_file():
+        files.add(vocabulary)
     digest = hashlib.sha256()
     for path in sorted(files):
         digest.update(f"{path.relative_to(folder).as_posix()}\0{path.stat().st_size}\0".encode())

@@ -10,7 +10,9 @@ Owns: reading those files into one typed `SentenceSettings` (`read_settings`; No
 `modules.json`), the files that describe one (`settings_files`, written beside every embedding model we save:
 always the pooling config, without which sentence-transformers and text-embeddings-inference fall back to
 different poolings), the pooling names of both sides (`POOLING_MODES`), and `tokenizer_json` (the Rust
-`tokenizers` file of a WordPiece vocabulary: text-embeddings-inference refuses to start without it).
+`tokenizers` file of a WordPiece vocabulary: text-embeddings-inference refuses to start without it) with its
+readers: `read_tokenizer_json` (to check it against vocab.txt) and `read_wordpiece` (the whole tokenizer of a
+directory that has no vocab.txt, as sentence-transformers 6 saves them; anything but BERT's WordPiece refused).
 
 Foreign names live here only: the rest of bertforge speaks of pooling "cls", "mean", "max", "mean_sqrt_len",
 "weightedmean", "lasttoken" (several joined by "+", concatenated in that order, as sentence-transformers does).
@@ -289,12 +291,8 @@ class TokenizerJson:
     handle_chinese_chars: bool | None = None
 
 
-def read_tokenizer_json(path: Path) -> TokenizerJson:
-    """The vocabulary and BERT normaliser settings of a Rust `tokenizers` file.
-
-    Raises:
-        CheckpointError: not JSON, or not a WordPiece tokenizer with a vocabulary of token -> integer id.
-    """
+def _tokenizer_data(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the whole file, its "model" object) of a WordPiece `tokenizer.json`."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as error:
@@ -304,10 +302,82 @@ def read_tokenizer_json(path: Path) -> TokenizerJson:
     vocab = model.get("vocab") if isinstance(model, dict) else None
     if not isinstance(vocab, dict) or model.get("type", "WordPiece") != "WordPiece" or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in vocab.values()):
-        raise CheckpointError(f"{path}: not a WordPiece tokenizer (expected \"model\": {{\"type\": \"WordPiece\", "
-                              "\"vocab\": {token: id}}); restore it from the model's source, or delete it")
+        kind = model.get("type") if isinstance(model, dict) else None
+        raise CheckpointError(f"{path}: not a WordPiece tokenizer (model.type {kind!r}; expected \"model\": "
+                              "{\"type\": \"WordPiece\", \"vocab\": {token: id}}); bertforge runs BERT's WordPiece "
+                              "tokenizer only: restore the file from the model's source, or delete it")
+    return data, model
+
+
+def read_tokenizer_json(path: Path) -> TokenizerJson:
+    """The vocabulary and BERT normaliser settings of a Rust `tokenizers` file.
+
+    Raises:
+        CheckpointError: not JSON, or not a WordPiece tokenizer with a vocabulary of token -> integer id.
+    """
+    data, model = _tokenizer_data(path)
+    vocab = model["vocab"]
     normalizer = data.get("normalizer")
     if not isinstance(normalizer, dict) or normalizer.get("type") != "BertNormalizer":
         return TokenizerJson(vocab)
     return TokenizerJson(vocab, normalizer.get("lowercase"), normalizer.get("strip_accents"),
                          normalizer.get("handle_chinese_chars"))
+
+
+@dataclass(frozen=True)
+class WordPieceJson:
+    """A `tokenizer.json` read as the whole description of a BERT WordPiece tokenizer (a directory that
+    sentence-transformers 6 or transformers 5 saved holds no vocab.txt).
+
+    tokens: the vocabulary in id order. settings: `TokenizerConfig` fields by our names (do_lower_case,
+    strip_accents, tokenize_chinese_chars, max_input_chars_per_word, unk_token). beyond: added tokens whose ids
+    follow the vocabulary (bertforge's tokenizer does not produce them).
+    """
+
+    tokens: tuple[str, ...]
+    settings: dict[str, Any]
+    beyond: tuple[str, ...] = ()
+
+
+def read_wordpiece(path: Path) -> WordPieceJson:
+    """The BERT WordPiece tokenizer a `tokenizer.json` describes, for a directory without vocab.txt.
+
+    Raises:
+        CheckpointError: naming the file and the field, when it describes another tokenizer than BERT's:
+            another model type, word-piece prefix, normaliser or pre-tokeniser, or ids with gaps.
+    """
+    data, model = _tokenizer_data(path)
+    vocab: dict[str, int] = model["vocab"]
+    fix = ("bertforge runs BERT's WordPiece tokenizer only (BertNormalizer, BertPreTokenizer, '##' pieces); "
+           "if this is a BERT model, save its tokenizer with vocab.txt and tokenizer_config.json beside the weights")
+
+    def refuse(field_name: str, value: Any, expected: str) -> CheckpointError:
+        return CheckpointError(f"{path}: {field_name} is {value!r}, expected {expected}; {fix}")
+
+    prefix = model.get("continuing_subword_prefix", "##")
+    if prefix != "##":
+        raise refuse("model.continuing_subword_prefix", prefix, "'##'")
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    gap = next((index for index, token in enumerate(tokens) if vocab[token] != index), None)
+    if gap is not None or not tokens:
+        raise refuse("model.vocab", f"{len(tokens)} tokens" if gap is None else f"id {gap} missing",
+                     "ids 0 .. n-1, one per token")
+    normalizer = data.get("normalizer")
+    kind = normalizer.get("type") if isinstance(normalizer, dict) else normalizer
+    if kind != "BertNormalizer":
+        raise refuse("normalizer.type", kind, "'BertNormalizer'")
+    if normalizer.get("clean_text", True) is not True:
+        raise refuse("normalizer.clean_text", normalizer.get("clean_text"), "true (bertforge always cleans text)")
+    pre = data.get("pre_tokenizer")
+    kind = pre.get("type") if isinstance(pre, dict) else pre
+    if kind != "BertPreTokenizer":
+        raise refuse("pre_tokenizer.type", kind, "'BertPreTokenizer'")
+    lowercase = normalizer.get("lowercase", True)
+    settings = {"do_lower_case": lowercase, "strip_accents": normalizer.get("strip_accents"),
+                "tokenize_chinese_chars": normalizer.get("handle_chinese_chars", True),
+                "max_input_chars_per_word": model.get("max_input_chars_per_word", 100),
+                "unk_token": model.get("unk_token", "[UNK]")}
+    added = data.get("added_tokens") or []
+    beyond = tuple(str(entry.get("content")) for entry in added if isinstance(entry, dict)
+                   and isinstance(entry.get("id"), int) and entry["id"] >= len(tokens))
+    return WordPieceJson(tuple(tokens), settings, beyond)
