@@ -26,9 +26,11 @@ pytestmark = pytest.mark.slow
 
 SPARSE_BOUND, DENSE_BOUND = 1e-5, 1e-6
 STSB_DEV = Path(__file__).resolve().parents[3] / "shared" / "data" / "glue" / "STS-B" / "dev.tsv"
-# Beyond ordinary sentences: accents (stripped by the uncased normaliser), CJK, a very long word, an empty-ish text.
+# Beyond ordinary sentences: accents (stripped by the uncased normaliser), CJK, a very long word, a short text,
+# and one past both models' windows (MiniLM 256 tokens, SPLADE-tiny 512: the limit each side reads must agree).
 EXTRA = ["Crème brûlée and naïve café façades in Zürich.", "北京是中国的首都。", "ok", "x" * 150 + " word",
-         "Supercalifragilisticexpialidocious antidisestablishmentarianism!"]
+         "Supercalifragilisticexpialidocious antidisestablishmentarianism!",
+         " ".join(["The quick brown fox jumps over the lazy dog near the river bank."] * 60)]
 
 
 def texts(count: int = 64) -> list[str]:
