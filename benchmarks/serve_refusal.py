@@ -127,6 +127,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="per phase")
     parser.add_argument("--refusal-cooldown-s", type=float, default=1.0)
     parser.add_argument("--attack", choices=("over-budget", "in-limit"), default="over-budget")
+    parser.add_argument("--max-request-share", type=float, default=None,
+                        help="the server's --max-request-share (default: the server's own)")
     args = parser.parse_args()
     if args.attack == "in-limit":
         return in_limit(args)
@@ -164,8 +166,9 @@ def in_limit(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         model = args.model or classifier_dir(Path(scratch))
         port = free_port()
+        share = [] if args.max_request_share is None else ["--max-request-share", str(args.max_request_share)]
         server = subprocess.Popen([sys.executable, "-m", "bertforge", "serve", "--model", model, "--port", str(port),
-                                   "--precision", "fp32"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                   "--precision", "fp32", *share], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
         try:
             wait_ready(port, server)

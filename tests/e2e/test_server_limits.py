@@ -66,7 +66,8 @@ def port_of(client) -> int:
 
 def test_limits_request_over_the_deadline_at_the_measured_speed_is_refused_at_once_with_the_numbers(
         classifier_dir):
-    app = create_app(classifier_dir, precision="fp32", request_timeout_s=5)
+    # One request is guaranteed the whole speed here (max_request_share=1), over 75% of its 5 s deadline.
+    app = create_app(classifier_dir, precision="fp32", request_timeout_s=5, max_request_share=1.0)
     service = app.state.service
     calls = []
     original = service.pipelines["classify"].forward
@@ -74,17 +75,18 @@ def test_limits_request_over_the_deadline_at_the_measured_speed_is_refused_at_on
     with running(app) as client:
         assert service.scheduler.throughput.full_tokens_per_s is not None  # timed by the warm-up
         service.scheduler.throughput.full_tokens_per_s = 100.0  # as if full calls ran at 100 tokens/s
+        service.scheduler.throughput.record = lambda *args, **kwargs: None  # and keep running so
         calls.clear()
-        # 20 windows of 64 tokens (about 1,300 tokens): 13 s at that speed, more than the 5 s deadline. Its
+        # 20 windows of 64 tokens (about 1,300 tokens): 13 s at that speed, more than the 3.75 s planned. Its
         # characters (its words' floor) already say so: refused before it is windowed.
         text = "the weather in lisbon was warm and the market sold fish " * 120
         refused = client.post("/v1/classify", json={"inputs": [text]})
         assert refused.status_code == 413, refused.text
         message = refused.json()["error"]
-        assert "100 tokens/s" in message and "request deadline of 5 s" in message and "at most 500 tokens" in message
+        assert "100 tokens/s" in message and "request deadline of 5 s" in message and "at most 375 tokens" in message
         # A request whose words are under the budget but whose windows are over it: refused once windowed,
         # before any model call (windows overlap: 64-token windows with a stride repeat tokens).
-        service.scheduler.throughput.full_tokens_per_s = 60.0
+        service.scheduler.throughput.full_tokens_per_s = 70.0  # 262 tokens: the 252 of its words fit
         text = "word " * 250
         windowed = client.post("/v1/classify", json={"inputs": [text]})
         assert windowed.status_code == 413 and "windows)" in windowed.json()["error"], windowed.text
@@ -93,7 +95,8 @@ def test_limits_request_over_the_deadline_at_the_measured_speed_is_refused_at_on
 
 
 def test_limits_retry_after_counts_only_work_that_runs_before_its_deadline(classifier_dir):
-    app = create_app(classifier_dir, precision="fp32", request_timeout_s=10, max_queue_wait_s=1, max_wait_ms=1)
+    app = create_app(classifier_dir, precision="fp32", request_timeout_s=10, max_queue_wait_s=1, max_wait_ms=1,
+                     max_request_share=1.0)
     scheduler = app.state.service.scheduler
     release = threading.Event()
     with running(app) as client, ThreadPoolExecutor(2) as pool:

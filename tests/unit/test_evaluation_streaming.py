@@ -12,7 +12,7 @@ import torch
 
 from bertforge.errors import InputError
 from bertforge.evaluation import run_features, run_streamed
-from bertforge.evaluation.streaming import budget_batches
+from bertforge.evaluation.streaming import budget_batches, padding_batches
 from bertforge.families.embedding import FAMILY as EMBEDDING
 from bertforge.inference import pipelines as P
 from bertforge.model.bert import BertModel
@@ -53,6 +53,36 @@ def test_budget_batches_sort_by_length_and_respect_rows_and_tokens():
         assert len(batch) <= 3 and (len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 30)
     assert [5] in batches  # longer than the budget: a batch of its own
     assert budget_batches([4] * 10, max_rows=100, max_tokens=16) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_padding_batches_never_pad_short_windows_to_a_long_ones_length():
+    # A server call: 48 short requests (16 tokens) beside 2 windows of a large request (128 tokens). Cut by
+    # rows only, the second batch padded 16 short windows to 128 tokens (2,816 padded tokens for 1,024 real).
+    lengths = [16] * 24 + [128] + [16] * 24 + [128]
+    batches = padding_batches(lengths, max_rows=32)
+    assert [i for batch in batches for i in batch] == sorted(range(50), key=lambda i: lengths[i])
+    assert sum(len(batch) * max(lengths[i] for i in batch) for batch in batches) == sum(lengths) == 1024
+    # Lengths that grow a little at a time stay in full batches (splitting costs a call of its own).
+    assert [len(batch) for batch in padding_batches([10 + i // 4 for i in range(64)], max_rows=32)] == [32, 32]
+
+
+def test_pipeline_forward_runs_short_and_long_windows_in_separate_batches(pipeline):
+    short, long = [pipeline.parse(" ".join(["cat"] * 3)) for _ in range(12)], [pipeline.parse(" ".join(WORDS * 3))]
+    features = pipeline.features(short + long + short[:3])
+    shapes = []
+    original = pipeline.family_forward
+
+    def recorded(options):
+        forward = original(options)
+        return lambda engine, batch: shapes.append(tuple(batch.input_ids.shape)) or forward(engine, batch)
+
+    pipeline.family_forward = recorded
+    try:
+        outputs = pipeline.forward(features, pipeline.check_options({}))
+    finally:
+        del pipeline.family_forward
+    assert len(outputs) == len(features)
+    assert sum(rows * width for rows, width in shapes) == sum(len(feature) for feature in features)
 
 
 def test_run_streamed_equals_features_first_in_input_order(pipeline):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import json
 import math
 import platform
@@ -30,7 +31,7 @@ from bertforge.inference.scheduler import JobFailed, Scheduler, SchedulerEvents,
 WEB_FRAMEWORKS = ("fastapi", "starlette", "uvicorn", "pydantic")
 INFERENCE = Path(__file__).resolve().parents[2] / "src" / "bertforge" / "inference"
 # The scheduler and the modules it is made of (its vocabulary, its admission checks).
-SCHEDULER_SOURCES = [INFERENCE / name for name in ("scheduler.py", "jobs.py", "admission.py")]
+SCHEDULER_SOURCES = [INFERENCE / name for name in ("scheduler.py", "jobs.py", "admission.py", "pacing.py")]
 EMBEDDING_TOLERANCE = 1e-5  # fp32: one window's output does not depend on the windows sharing its call
 
 
@@ -343,25 +344,114 @@ def test_scheduler_shares_each_call_equally_between_short_requests_and_a_worst_c
     scenario(test, max_batch_tokens=32)
 
 
-def test_scheduler_refuses_at_once_what_cannot_finish_in_time_at_its_equal_share():
+def test_scheduler_large_request_alone_in_progress_shares_calls_with_requests_on_their_way_in():
+    # Under a closed-loop load the queue is empty just after each call while the clients' next requests are
+    # being read: counted alone, a large request filled the whole budget (8 windows) and they all waited for
+    # that call. Counting the 7 requests on their way in, it runs its share (one window) until they arrive.
     async def test(scheduler, fake, events):
-        scheduler.throughput.full_tokens_per_s = 10.0  # 100 tokens within the 10 s deadline, alone
-        alone = scheduler.submit("t", [words("alone", 30)], {})
+        heavy = scheduler.submit("t", [words("heavy", 400)], {})
+        with contextlib.ExitStack() as arriving:
+            for _ in range(8):  # the large request's own, and 7 others being read
+                arriving.enter_context(scheduler.incoming())
+            await scheduler.step()
+            await scheduler.step()
+        await scheduler.step()  # nobody on the way in any more: it is alone and fills the budget again
+        assert fake.calls == [["heavy"], ["heavy"], ["heavy"] * 8]
+        assert not heavy.gone
+
+    scenario(test, max_batch_tokens=32)
+
+
+def test_scheduler_refuses_at_once_what_cannot_finish_in_time_at_its_guaranteed_pace():
+    # A request is guaranteed half the speed of full calls (max_request_share=0.5) over 75% of its 10 s
+    # deadline: at 10 tokens/s, 37 tokens. That many is admitted on the idle server; more is refused before
+    # any model call, idle server or not (the old rule admitted up to 100 tokens alone, then starved it).
+    async def test(scheduler, fake, events):
+        scheduler.throughput.full_tokens_per_s = 10.0
+        scheduler.throughput.record = lambda *args, **kwargs: None  # the speed stays as set
+        alone = scheduler.submit("t", [words("alone", 36)], {})  # 36 tokens, 9 windows
         while not alone.gone:
             await scheduler.step()
-        assert alone.future.result() == whole([words("alone", 30)])
-        # Beside 4 other requests it has a fifth of the speed: 20 tokens in 10 s; refused before any call.
-        others = [scheduler.submit("t", [f"other{index}"], {}) for index in range(4)]
-        shared = scheduler.submit("t", [words("shared", 30)], {})
+        assert alone.future.result() == whole([words("alone", 36)])
         calls = len(fake.calls)
+        large = scheduler.submit("t", [words("large", 40)], {})
         await scheduler.step()
-        message = failure(shared).message
-        assert failure(shared).kind == "too_large" and "the 5 requests in progress or waiting" in message
-        assert "at most 20 tokens" in message and "about 2 tokens/s each" in message
-        assert all(job.gone and not job.future.exception() for job in others)
-        assert fake.calls[calls:] == [[f"other{index}" for index in range(4)]]
+        message = failure(large).message
+        assert failure(large).kind == "too_large" and fake.calls[calls:] == []
+        assert "make 40 tokens" in message and "at most 37 tokens" in message and "50% of that" in message
+        assert "about 5 tokens/s" in message and "request deadline of 10 s" in message
 
-    scenario(test, request_timeout_s=10.0)
+    scenario(test, request_timeout_s=10.0, max_request_share=0.5)
+
+
+def test_scheduler_admitted_request_keeps_its_pace_and_finishes_while_short_requests_keep_arriving():
+    # The issue's case: a large request admitted on the idle server, then 16 closed-loop clients of 1-token
+    # requests. Time is counted from the work: a call of n tokens takes n / 100 s (full calls run 100 tokens/s).
+    # Its pace (720 tokens in 75% of 60 s: 16 tokens/s, within its 20% share) gets it windows beside theirs,
+    # so it is answered before its deadline; at an equal share (the old rule: about 1/17 of calls of ~20
+    # tokens, 5 tokens/s) it had run about a third of its tokens when the deadline dropped it. The short
+    # clients still run more than 75% of the tokens while it is in progress.
+    clock = [0.0]
+
+    class Timed(FakePipeline):
+        def forward(self, features, options):
+            clock[0] += sum(len(window.input_ids) for window in features) / 100
+            return super().forward(features, options)
+
+    async def main():
+        fake = Timed()
+        scheduler = Scheduler({"t": fake}, SchedulerSettings(max_batch_tokens=32, request_timeout_s=60.0,
+                                                             max_request_share=0.2), now=lambda: clock[0])
+        scheduler.throughput.full_tokens_per_s = 100.0
+        scheduler.throughput.record = lambda *args, **kwargs: None
+        await scheduler.start(run_worker=False)
+        try:
+            heavy = scheduler.submit("t", [words("heavy", 720)], {})
+            await scheduler.step()  # admitted alone: its first call is full
+            shorts = [scheduler.submit("t", [f"s{client}"], {}) for client in range(16)]
+            answered = 0
+            while not heavy.gone and clock[0] < 60:
+                await scheduler.step()
+                for client, job in enumerate(shorts):
+                    if job.gone:
+                        answered += 1
+                        shorts[client] = scheduler.submit("t", [f"s{client}"], {})
+            assert heavy.gone and heavy.future.result() == whole([words("heavy", 720)])
+            assert clock[0] <= 45 + 0.32  # by its pace's end (75% of the deadline), give or take a call
+            later = fake.calls[1:]
+            heavy_tokens = 4 * sum(call.count("heavy") for call in later)
+            short_tokens = sum(len(call) - call.count("heavy") for call in later)
+            assert short_tokens == answered + sum(job.gone is False and job in scheduler.running for job in shorts)
+            assert heavy_tokens <= 0.25 * (heavy_tokens + short_tokens)
+        finally:
+            await scheduler.stop()
+
+    asyncio.run(main())
+
+
+def test_scheduler_refuses_what_the_guaranteed_paces_cannot_hold_saying_when_they_free_up():
+    # Every request in progress is guaranteed its pace; together at most 90% of the speed (RESERVED_SHARE).
+    # Two of 2,200 tokens need 49 tokens/s each of 100: the second gets 429 with a Retry-After that ends when
+    # the first's pace does (45 s), not a guess from work that may never run.
+    clock = [0.0]
+
+    async def test(scheduler, fake, events):
+        scheduler.now = lambda: clock[0]
+        scheduler.throughput.full_tokens_per_s = 100.0
+        scheduler.throughput.record = lambda *args, **kwargs: None
+        first = scheduler.submit("t", [words("first", 2200)], {})
+        await scheduler.step()
+        clock[0] = 5.0
+        second = scheduler.submit("t", [words("second", 2200)], {})
+        await scheduler.step()
+        assert failure(second).kind == "busy" and failure(second).retry_after_s == 40
+        assert "guaranteed 49 of the model's 100 tokens/s" in failure(second).message
+        assert not first.gone and all(call == ["first"] * 8 for call in fake.calls)
+        small = scheduler.submit("t", [words("small", 40)], {})  # 0.9 tokens/s: fits beside it
+        await scheduler.step()
+        assert not small.gone or small.future.exception() is None
+
+    scenario(test, max_batch_tokens=32, request_timeout_s=60.0, max_request_share=0.5)
 
 
 # --- work nobody waits for ----------------------------------------------------------------------------------------

@@ -228,6 +228,10 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                    help="tokens of windows one request may make; more is refused with 413 (default 524288)")
     p.add_argument("--request-timeout-s", type=float,
                    help="a request not answered by then gets 503 (default 60; 0: no limit)")
+    p.add_argument("--max-request-share", type=float,
+                   help="the most of the model's measured speed one request is guaranteed, so that what is admitted "
+                        "finishes within --request-timeout-s whatever arrives after it; larger requests get 413 "
+                        "with the numbers (default 0.1)")
     p.add_argument("--max-queue-wait-s", type=float,
                    help="refuse (429, Retry-After) a request that would wait longer than this at the recent "
                         "throughput (default 10; 0: no limit)")

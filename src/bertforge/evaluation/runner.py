@@ -20,15 +20,16 @@ labels are withheld can be matched to its rows and submitted.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import torch
 
-from bertforge.data.finetuning import Feature, FeatureBatches, FinetuneBatch
+from bertforge.data.finetuning import Feature, FeatureBatches, FinetuneBatch, collate_features
 from bertforge.engine.build import as_engine
+from bertforge.evaluation.streaming import padding_batches
 from bertforge.families.base import Family
 from bertforge.families.task import TaskDescription
 from bertforge.model.config import BertConfig
@@ -54,18 +55,26 @@ class EvalResult:
 def run_features(model: torch.nn.Module, features: Sequence[Feature],
                  forward: Callable[[torch.nn.Module, FinetuneBatch], list[Any]], *, batch_size: int,
                  pad_token_id: int, device: torch.device | str | None = None,
-                 precision: str = DEFAULT_PRECISION) -> list[Any]:
+                 precision: str = DEFAULT_PRECISION, split_padding: bool = False) -> list[Any]:
     """`forward(engine, batch)` over every feature once, batched by length; one output per feature, in order.
 
     `model` is an engine (`engine.build.build_engine`), or a model run as it is (its training mode is restored
-    afterwards); an int8 precision needs an engine built for it.
+    afterwards); an int8 precision needs an engine built for it. `split_padding`: also start a new batch where
+    the next feature would pad it by more than it holds (`streaming.padding_batches`: the server's calls mix
+    short requests with a large one's long windows).
     """
     if not features:
         return []
     engine = as_engine(model, device=device, precision=precision)
     outputs: list[Any] = [None] * len(features)
+    if split_padding:
+        batches: Iterable[FinetuneBatch] = (
+            collate_features([features[i] for i in rows], rows, pad_token_id)
+            for rows in padding_batches([len(feature) for feature in features], batch_size))
+    else:
+        batches = FeatureBatches(features, batch_size, pad_token_id, shuffle=False)
     with engine.running():
-        for batch in FeatureBatches(features, batch_size, pad_token_id, shuffle=False):
+        for batch in batches:
             rows = batch.feature_index.tolist()
             results = forward(engine, batch.to(engine.device))
             for index, result in zip(rows, results):

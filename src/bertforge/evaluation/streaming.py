@@ -50,6 +50,35 @@ def budget_batches(lengths: Sequence[int], max_rows: int, max_tokens: int) -> li
     return batches
 
 
+# Tokens a batch may pad beyond its own before a new batch starts (`padding_batches`): about what one more
+# batch costs on a CPU (its fixed per-call work), so tiny length differences never split a batch.
+PADDING_SLACK_TOKENS = 64
+
+
+def padding_batches(lengths: Sequence[int], max_rows: int) -> list[list[int]]:
+    """Indices sorted by length (ties keep order), cut into batches of at most `max_rows` rows, and also
+    where the next item would pad the batch by more than it holds (and more than `PADDING_SLACK_TOKENS`): a
+    call mixing short and long windows (a server's small requests beside a large one's windows) runs them
+    in separate batches instead of padding the short ones to the long ones' length."""
+    if max_rows < 1:
+        raise ConfigError(f"batches need max_rows >= 1, got {max_rows}")
+    batches: list[list[int]] = []
+    current: list[int] = []
+    held = 0  # tokens of the items in `current`
+    for index in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        length = lengths[index]
+        if current:
+            added = len(current) * (length - lengths[current[-1]])  # sorted: the last one is the longest
+            if len(current) >= max_rows or added > max(PADDING_SLACK_TOKENS, held):
+                batches.append(current)
+                current, held = [], 0
+        current.append(index)
+        held += length
+    if current:
+        batches.append(current)
+    return batches
+
+
 def pinned(batch: FinetuneBatch) -> FinetuneBatch:
     """The batch in page-locked memory, so that its copy to a GPU runs asynchronously."""
     return replace(batch, **{f.name: getattr(batch, f.name).pin_memory() for f in fields(batch)

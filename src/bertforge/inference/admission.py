@@ -1,6 +1,6 @@
 """What the scheduler decides about a request before it joins the queue, in the event loop and cheaply.
 
-Two questions are answered here without tokenizing anything:
+Three questions are answered here without tokenizing anything:
 
 - **Can it fit the token budget at all?** `token_floor` is a lower bound of the tokens a request makes after
   windowing, read from its characters in linear time (C-speed string operations; for plain ASCII text one
@@ -9,10 +9,11 @@ Two questions are answered here without tokenizing anything:
   is over `max_request_tokens` is refused at once, so a refused request of megabytes costs milliseconds, not
   seconds of tokenizing and windowing on the model thread while other clients wait. The floor is exact as a bound, never an estimate: a request under it is windowed and
   counted exactly on the model thread as before.
-- **Can it finish before its deadline?** `Throughput.deadline_refusal`: a request whose tokens (the floor
-  here, the exact count once windowed) need longer than `request_timeout_s` at its equal share of the recent
-  speed of full model calls (the scheduler shares the model equally between the requests in progress) is
-  refused at once (413, with the numbers), instead of running until the deadline drops its work.
+- **Can it finish before its deadline, whatever arrives after it?** `Throughput.size_refusal`: a request
+  is guaranteed at most `max_request_share` of the recent speed of full model calls (the scheduler then gives
+  it windows at that pace however many requests share the model: `Scheduler.plan`); one whose tokens (the
+  floor here, the exact count once windowed) need longer than `PACE_MARGIN` of `request_timeout_s` at that
+  pace is refused at once (413, with the numbers), instead of running until the deadline drops its work.
 - **How long would it wait?** `Throughput` keeps the recent rate of model calls (tokens per second), and
   `estimate_tokens` a rough size of a waiting request; the scheduler divides the work already accepted by the
   rate to refuse (429, with a Retry-After) a request that would wait longer than `max_queue_wait_s`.
@@ -43,6 +44,13 @@ CHARS_PER_TOKEN = 4
 # Special tokens every window holds ([CLS] and [SEP]).
 SPECIAL_TOKENS = 2
 # The weight of the newest model call in the throughput average.
+# The part of the request deadline a request's guaranteed pace is planned over (`Throughput.size_refusal`,
+# `Scheduler.admit`): the rest covers its wait for the worker, tokenizing, decoding and answering, and a
+# model somewhat slower than its recent speed.
+PACE_MARGIN = 0.75
+# The most of the recent speed of full calls all requests in progress may be guaranteed together: the rest
+# is never promised, so the paces hold when the speed wavers.
+RESERVED_SHARE = 0.9
 THROUGHPUT_SMOOTHING = 0.2
 # Printable ASCII with tab, newline and carriage return: an ASCII text of only these has no character that
 # cleaning deletes, so its `bytes.split()` chunks are exactly the tokenizer's words.
@@ -186,23 +194,28 @@ class Throughput:
             return None
         return int(self.full_tokens_per_s * seconds)
 
-    def deadline_refusal(self, tokens: int, seconds: float, counted: str, shared: int = 1) -> str | None:
-        """Why a request of `tokens` tokens cannot be answered within `seconds` at its equal share (one of
-        `shared` requests) of the recent speed of full calls, or None when it can (or no full call was timed
-        yet: nothing to refuse on)."""
-        whole = self.deadline_tokens(seconds)
-        if whole is None or tokens * shared <= whole:
+    def guaranteed_tokens(self, seconds: float, share: float) -> int | None:
+        """The most tokens a request guaranteed `share` of the recent speed of full calls runs in `seconds`
+        (None: no full call timed yet)."""
+        if self.full_tokens_per_s is None:
             return None
-        budget, rate = whole // shared, self.full_tokens_per_s / shared
-        speed = f"about {self.full_tokens_per_s:.0f} tokens/s"
-        if shared > 1:
-            speed += (f", shared equally by the {shared} requests in progress or waiting (this one included): "
-                      f"about {rate:.0f} tokens/s each")
-        return (f"the inputs make {tokens} tokens {counted}; this server runs {speed}, so they need about "
-                f"{tokens / rate:.0f} s, more than the request deadline of {seconds:g} s (request_timeout_s): "
-                f"split the request into parts of at most {budget} tokens (send fewer or shorter texts)"
-                + (", retry when the server is less busy" if shared > 1 else "")
-                + ", or start the server with a longer --request-timeout-s")
+        return int(self.full_tokens_per_s * share * max(0.0, seconds))
+
+    def size_refusal(self, tokens: int, seconds: float, share: float, counted: str) -> str | None:
+        """Why a request of `tokens` tokens is too large to finish within the deadline of `seconds` at the pace
+        one request is guaranteed (`share` of the recent speed of full calls, over `PACE_MARGIN` of the
+        deadline), whatever else arrives, or None when it fits (or no full call was timed yet)."""
+        budget = self.guaranteed_tokens(seconds * PACE_MARGIN, share)
+        if budget is None or tokens <= budget:
+            return None
+        rate = self.full_tokens_per_s * share
+        return (f"the inputs make {tokens} tokens {counted}; this server runs about {self.full_tokens_per_s:.0f} "
+                f"tokens/s and guarantees one request {share:.0%} of that (about {rate:.0f} tokens/s, "
+                f"max_request_share) whatever else arrives, so that it finishes within the request deadline of "
+                f"{seconds:g} s (request_timeout_s; {PACE_MARGIN:.0%} of it planned, the rest kept for waiting, "
+                f"tokenizing and answering): they need about {tokens / rate:.0f} s; split the request into parts "
+                f"of at most {budget} tokens (send fewer or shorter texts), or start the server with a longer "
+                "--request-timeout-s or a larger --max-request-share")
 
     def seconds_for(self, tokens: int) -> float | None:
         """Expected seconds to run `tokens` tokens at the recent rate (None before any call was timed)."""

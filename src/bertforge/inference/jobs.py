@@ -56,6 +56,10 @@ class SchedulerSettings:
         drain_timeout_s: at shutdown, how long accepted requests may take to finish before they fail.
         release_memory_after_s: once model calls have run, when no request arrives for this long, the heap
             memory they freed is handed back to the operating system (`runtime.release_freed_memory`; 0: never).
+        max_request_share: the most of the model's measured speed one request is guaranteed: a request is
+            admitted only at a size that runs within (most of) `request_timeout_s` at this share, and is then
+            given windows at that pace whatever arrives after it (`Scheduler.plan`), so what is admitted
+            finishes, and one client's largest request takes about this share from everyone else (0 < x <= 1).
     """
 
     max_batch_size: int = 32
@@ -68,11 +72,16 @@ class SchedulerSettings:
     max_queue_wait_s: float = 10.0
     drain_timeout_s: float = 30.0
     release_memory_after_s: float = 2.0
+    max_request_share: float = 0.1
 
     def __post_init__(self) -> None:
         check_positive(self, ("max_batch_size", "max_batch_tokens", "max_request_tokens", "max_queue"))
         check_seconds(self, ("max_wait_ms", "request_timeout_s", "max_queue_wait_s", "drain_timeout_s",
                              "release_memory_after_s"))
+        share = self.max_request_share
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+            raise ConfigError(f"server max_request_share must be a fraction of the model's speed, 0 < x <= 1 "
+                              f"(0.1: one request is guaranteed a tenth), got {share!r}")
 
 
 def check_seconds(settings: object, names: Sequence[str]) -> None:
@@ -147,6 +156,8 @@ class Job:
     outputs: list[Any] = field(default_factory=list)  # per feature, None until run
     served: int = 0  # tokens run so far
     start: float = 0.0  # the scheduler's share clock when its windows were built (`Scheduler.position`)
+    admitted: float = 0.0  # when its windows were built and it joined the requests in progress
+    pace: float = 0.0  # tokens per second it is guaranteed from then on, so it finishes in time (`Scheduler.admit`)
     error: BaseException | None = None  # why its windows could not be built
     estimate: int = 0  # rough tokens before windowing (`admission.estimate_tokens`), for the wait estimate
     timing: JobTiming = field(default_factory=JobTiming)

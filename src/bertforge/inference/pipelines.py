@@ -305,7 +305,7 @@ class Pipeline:
         """Step 3: one model output per feature, in order. Any subset of an input's features may run in any
         call: `decode` gets them back together."""
         return run_features(self.engine, features, self.family_forward(options), batch_size=self.batch_size,
-                            pad_token_id=self.tokenizer.pad_token_id, precision=self.precision)
+                            pad_token_id=self.tokenizer.pad_token_id, precision=self.precision, split_padding=True)
 
     def family_forward(self, options: dict[str, Any]) -> Callable[[torch.nn.Module, FinetuneBatch], list[Any]]:
         """The family's forward for one call, with the call's options (embed's pooling and layer shape the run;

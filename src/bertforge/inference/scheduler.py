@@ -12,10 +12,12 @@ can be run and tested with only the core install. One turn of the worker (`Sched
   still, in `submit`, before it costs the model thread anything: `inference.admission.token_floor`);
 - forget requests nobody waits for any more (client gone, timed out): their windows not run yet never run;
 - plan and run one model call (`Pipeline.forward`) of at most `max_batch_tokens` tokens of windows of
-  requests with the same task and parameters, the model's tokens shared equally between the requests in
-  progress (`plan`): a large request is split over several calls, and while short requests wait it gets a
-  window only as often as its equal share allows, so one client's huge requests (however many windows, all
-  of the longest length) cannot fill the calls everyone else waits for;
+  requests with the same task and parameters (`plan`, `inference.pacing`): first the windows a request needs
+  to keep the pace it was admitted with (so it finishes in time whatever arrived after it), then the model's
+  tokens shared equally between the requests in progress: a large request is split over several calls, and
+  while short requests wait it gets a window only as often as its pace or its equal share allows, so one
+  client's huge requests (however many windows, all of the longest length) cannot fill the calls everyone
+  else waits for;
 - decode (`Pipeline.decode`) each request whose windows have all run, so its answer is the same as if it
   had run whole.
 
@@ -32,11 +34,12 @@ and readiness (`Scheduler.ready`) is false until the server is restarted.
 Admission (`submit`) refuses at once, with a Retry-After: when `max_queue` requests wait, or when the work
 already accepted would make a new request wait longer than `max_queue_wait_s` at the recent throughput
 (`inference.admission.Throughput`; only work that will run before its request's deadline counts). A request
-that cannot finish within `request_timeout_s` at its equal share of the recent speed of full model calls (the
-speed divided by the requests in progress and waiting, itself included) is refused at once ("too_large", with
-the numbers): from its words' floor in `submit`, from its exact tokens once windowed in `admit`, before any
-model call (the warm-up times one full call, `calibrate`, so the speed is known). `drain` (at shutdown)
-refuses new requests and lets accepted ones finish.
+that cannot finish within `request_timeout_s` at the pace one request is guaranteed (`max_request_share` of
+the recent speed of full model calls, `inference.pacing`) is refused at once ("too_large", with the numbers):
+from its words' floor in `submit`, from its exact tokens once windowed in `admit`, before any model call (the
+warm-up times one full call, `calibrate`, so the speed is known); one whose pace the requests in progress
+leave no room for is "busy", with the time their paces end. `drain` (at shutdown) refuses new requests and
+lets accepted ones finish.
 
 A share belongs to a request, not to a client: the scheduler cannot tell clients apart reliably (behind a
 proxy, or on one host, every client has the same address; API keys are optional and often one per
@@ -56,7 +59,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from bertforge.errors import BertforgeError
-from bertforge.inference.admission import Throughput, estimate_tokens, token_floor
+from bertforge.inference.admission import PACE_MARGIN, Throughput, estimate_tokens, token_floor
 
 # The scheduler's vocabulary lives in `inference.jobs`; these names are imported from here as well.
 from bertforge.inference.jobs import (
@@ -74,6 +77,7 @@ from bertforge.inference.jobs import (
     check_positive,
     retry_after,
 )
+from bertforge.inference.pacing import pace_refusal, plan_call, reserved
 from bertforge.inference.pipelines import feature_tokens
 from bertforge.inference.wire_inputs import plain_inputs
 from bertforge.runtime import release_freed_memory
@@ -91,8 +95,11 @@ class Scheduler:
     """The queue, the worker and the model thread for already-loaded pipelines (one per task)."""
 
     def __init__(self, pipelines: Mapping[str, ModelSteps], settings: SchedulerSettings | None = None,
-                 events: SchedulerEvents | None = None):
+                 events: SchedulerEvents | None = None, now: Callable[[], float] | None = None):
         self.pipelines = pipelines
+        # The clock of arrivals, paces and deadlines (default: the event loop's); tests give one that moves
+        # with the work the model did, so what they check is counted, not timed.
+        self.now = now or (lambda: asyncio.get_running_loop().time())
         self.settings = settings or SchedulerSettings()
         self.events = events or SchedulerEvents()
         self.queue: asyncio.Queue[Job] | None = None
@@ -202,8 +209,15 @@ class Scheduler:
         it at most its share of a call (`max_batch_tokens` / requests, plus one window), never its whole work;
         a waiting one counts its first call at most (`Job.estimate`). None before any model call was timed."""
         share = self.settings.max_batch_tokens / self.sharing()
-        ahead = sum(min(self.will_run(job), share + max(job.tokens)) for job in self.running)
-        return self.throughput.seconds_for(ahead + min(self.queued_estimate, share * self.queue_depth))
+        left = [(self.will_run(job), job.pace) for job in self.running]
+        shares = [min(will, share + max(job.tokens)) for (will, _), job in zip(left, self.running)]
+        ahead = sum(shares) + min(self.queued_estimate, share * self.queue_depth)
+        seconds = self.throughput.seconds_for(ahead)
+        if seconds is None or not any(pace for _, pace in left):
+            return seconds
+        # A request in progress also keeps its guaranteed pace while the newcomer waits (what of it will run).
+        return self.throughput.seconds_for(ahead + sum(min(will - counted, pace * seconds)
+                                                       for (will, pace), counted in zip(left, shares)))
 
     def will_run(self, job: Job) -> int:
         """The tokens of `job` still to run that can run before its deadline (`request_timeout_s`): the rest
@@ -212,16 +226,25 @@ class Scheduler:
         timeout = self.settings.request_timeout_s
         if not timeout:
             return left
-        remaining = job.arrival + timeout - asyncio.get_running_loop().time()
+        remaining = job.arrival + timeout - self.now()
         budget = self.throughput.deadline_tokens(remaining)
         return left if budget is None else max(0, min(left, budget))
 
     def token_limit(self) -> int:
-        """The most tokens a request may make: `max_request_tokens`, and what full model calls run within the
-        request deadline at the recent speed."""
-        limit = self.settings.max_request_tokens
-        budget = self.throughput.deadline_tokens(self.settings.request_timeout_s) if self.settings.request_timeout_s else None
+        """The most tokens a request may make: `max_request_tokens`, and what its guaranteed pace
+        (`max_request_share` of the recent speed of full calls) runs within the request deadline."""
+        limit, timeout = self.settings.max_request_tokens, self.settings.request_timeout_s
+        budget = (self.throughput.guaranteed_tokens(timeout * PACE_MARGIN, self.settings.max_request_share)
+                  if timeout else None)
         return limit if budget is None else min(limit, budget)
+
+    def reserved(self) -> float:
+        """Tokens per second guaranteed to the requests in progress together (`pacing.reserved`)."""
+        return reserved(self.running)
+
+    def pace_refusal(self, tokens: int, counted: str, seconds: float | None = None) -> JobFailed | None:
+        """Why a request of `tokens` tokens is not admitted now at its guaranteed pace (`pacing.pace_refusal`)."""
+        return pace_refusal(self.running, self.throughput, self.settings, self.now(), tokens, counted, seconds)
 
     # --- the side of the requests ------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -265,10 +288,9 @@ class Scheduler:
                                          f"{settings.max_request_tokens} per request (max_request_tokens; raise "
                                          "it with `bertforge serve --max-request-tokens`), so split the request "
                                          "or send shorter texts")
-        late = self.deadline_refusal(floor, "after windowing or more (counted from their words)",
-                                     self.sharing())
-        if late is not None:
-            raise JobFailed("too_large", late)
+        refused = self.pace_refusal(floor, "after windowing or more (counted from their words)")
+        if refused is not None and refused.kind == "too_large":
+            raise refused
         wait = self.expected_wait_s()
         if self.queue.full():
             raise JobFailed("busy", f"server busy: {settings.max_queue} requests are already waiting; retry "
@@ -277,9 +299,11 @@ class Scheduler:
             raise JobFailed("busy", f"server busy: a request now would wait about {wait:.1f} s at the recent "
                                     f"throughput, more than max_queue_wait_s={settings.max_queue_wait_s:g}; retry "
                                     "shortly", retry_after(wait - settings.max_queue_wait_s))
+        if refused is not None:  # the paces of the requests in progress leave too little for it
+            raise refused
         loop = asyncio.get_running_loop()
         key = task + json.dumps(options, sort_keys=True)
-        job = Job(task, key, parsed, options, loop.create_future(), arrival=loop.time(),
+        job = Job(task, key, parsed, options, loop.create_future(), arrival=self.now(),
                   estimate=estimate_tokens(parsed), silent=silent)
         self.queue.put_nowait(job)
         self.queued_estimate += min(job.estimate, settings.max_batch_tokens)  # its first call (expected_wait_s)
@@ -289,7 +313,7 @@ class Scheduler:
     def taken(self, job: Job) -> Job:
         """`job` leaves the queue for the worker."""
         self.queued_estimate -= min(job.estimate, self.settings.max_batch_tokens)
-        job.timing.queue_s = asyncio.get_running_loop().time() - job.arrival
+        job.timing.queue_s = self.now() - job.arrival
         return job
 
     async def result(self, job: Job, gone: Awaitable[Any] | None = None) -> Any:
@@ -425,8 +449,7 @@ class Scheduler:
 
     def admit(self, jobs: list[Job]) -> None:
         """Prepared jobs join the running ones, unless they failed or are over the token budget."""
-        limit = self.settings.max_request_tokens
-        shared = len(self.running) + len(jobs) + self.queue_depth  # each of `jobs` would share with all of these
+        limit, timeout = self.settings.max_request_tokens, self.settings.request_timeout_s
         for job in jobs:
             if job.error is not None:
                 self.fail_job(job, job.error)
@@ -441,10 +464,16 @@ class Scheduler:
                                       " raise it with `bertforge serve --max-request-tokens`), so split the "
                                       "request or send shorter texts")
                 continue
-            late = self.deadline_refusal(total, f"after windowing ({len(job.features)} windows)", shared)
-            if late is not None:
-                job.fail("too_large", late)
+            job.admitted = self.now()
+            # Its pace: all its tokens by `PACE_MARGIN` of its deadline (counted from its arrival).
+            planned = job.arrival + timeout * PACE_MARGIN - job.admitted
+            refused = self.pace_refusal(total, f"after windowing ({len(job.features)} windows)", planned)
+            if refused is not None:
+                if not job.future.done():
+                    job.future.set_exception(refused)  # with its Retry-After, if it has one
                 continue
+            if timeout and self.throughput.full_tokens_per_s is not None:
+                job.pace = total / planned
             if not self.running:
                 self.clock = 0.0  # nothing in progress: positions start afresh
             job.start = self.clock  # its share starts now: it is owed nothing for the time it waited
@@ -453,12 +482,6 @@ class Scheduler:
     def sharing(self) -> int:
         """The requests a new one would share the model with, itself included: those in progress and waiting."""
         return len(self.running) + self.queue_depth + 1
-
-    def deadline_refusal(self, tokens: int, counted: str, shared: int = 1) -> str | None:
-        """Why `tokens` cannot run within the request deadline at an equal share (of `shared`) of the recent
-        speed, or None."""
-        timeout = self.settings.request_timeout_s
-        return self.throughput.deadline_refusal(tokens, timeout, counted, shared) if timeout else None
 
     def fail_job(self, job: Job, error: BaseException) -> None:
         if isinstance(error, BertforgeError):  # an input the model cannot take (too long ...)
@@ -477,42 +500,12 @@ class Scheduler:
                 kept.append(job)
         self.running = kept
 
-    def position(self, job: Job) -> float:
-        """Where `job` stands against its equal share: the `clock` when it was admitted plus its tokens run
-        (below the clock: owed tokens; above: ahead of its share)."""
-        return job.start + job.served
-
     def plan(self) -> Step:
-        """The next model call, the model's tokens shared equally between the requests in progress (each
-        request one share, however many windows it has: see the module docstring for why not one per client).
-
-        `clock` moves by each call's tokens divided by the requests in progress, so it counts what each of
-        them would have run had every call been split equally. Requests furthest behind their share come first
-        (`position`; a new one before a started one at the same place), each giving windows in its own order
-        while its position is below the clock plus an equal part of the budget (`max_batch_tokens` / requests)
-        and they fit in `max_batch_tokens`. A request alone fills the budget; beside short requests, a long
-        one's window runs only when its share has caught up, so the calls they wait for stay short instead of
-        filled with its windows. The first request takes at least one window: a window larger than the budget
-        still runs (alone), and nobody waits for ever."""
-        shared = len(self.running)
-        order = sorted(self.running, key=lambda job: (self.position(job), job.served > 0, job.arrival))
-        level = self.clock + self.settings.max_batch_tokens / shared
-        key, room, parts = order[0].key, self.settings.max_batch_tokens, []
-        for job in order:
-            if job.key != key:
-                continue
-            taken, position = [], self.position(job)
-            for index in job.todo:
-                if (taken or parts) and (job.tokens[index] > room or position >= level):
-                    break
-                taken.append(index)
-                room -= job.tokens[index]
-                position += job.tokens[index]
-            if taken:
-                parts.append((job, taken))
-            if room <= 0 or not self.settings.micro_batching:
-                break
-        return Step(parts, shared)
+        """The next model call (`pacing.plan_call`): first the windows a request needs to keep its guaranteed
+        pace, then the model's tokens shared equally between the requests in progress and on their way in."""
+        step, self.clock = plan_call(self.running, self.clock, self.settings, self.throughput, self.now(),
+                                     self.active)
+        return step
 
     async def run_step(self, step: Step) -> None:
         """Run one model call; decode each request whose windows have now all run."""
