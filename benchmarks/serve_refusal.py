@@ -1,5 +1,6 @@
 """What one hostile client costs everyone else: small-request throughput of `--clients` closed-loop clients,
-alone and while another process resends one request:
+alone and while another process resends one request (`--attack in-limit`: alone, attacked, alone again, the
+attacked phase compared with the mean of the two alone phases, as the machine's load drifts):
 
 - `--attack over-budget` (default): a request over `max_request_tokens` (64 texts of 99,000 characters:
   refused with 413 from its words, then with 429 unread during `--refusal-cooldown-s`);
@@ -161,6 +162,28 @@ def main() -> None:
           f"errors {errors + attacked_errors}")
 
 
+def call_counts(url: str) -> dict[str, float]:
+    """The server's model calls so far (/metrics): calls, tokens, and calls of more than 2048 tokens."""
+    import httpx
+
+    values = {}
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return {"calls": values.get("bertforge_model_calls_total", float("nan")),
+            "tokens": values.get("bertforge_batch_tokens_sum", float("nan")),
+            "over_2048": values.get("bertforge_batch_tokens_count", float("nan"))
+            - values.get('bertforge_batch_tokens_bucket{le="2048.0"}', float("nan"))}
+
+
+def calls_between(before: dict[str, float], after: dict[str, float]) -> str:
+    calls = after["calls"] - before["calls"]
+    tokens = after["tokens"] - before["tokens"]
+    return (f"{calls:.0f} model calls, {tokens / max(calls, 1):.0f} tokens each on average, "
+            f"{after['over_2048'] - before['over_2048']:.0f} of more than 2048 tokens")
+
+
 def in_limit(args: argparse.Namespace) -> None:
     """Both phases with the in-limit attacker (see the module docstring); prints both throughputs."""
     with tempfile.TemporaryDirectory() as scratch:
@@ -178,22 +201,34 @@ def in_limit(args: argparse.Namespace) -> None:
                                    text=True, timeout=600, check=True)
             found = json.loads(probe.stdout)
             count = found["texts"]
+            counts = [call_counts(url)]
             alone, errors = asyncio.run(load(port, "classify", texts, args.clients, args.seconds))
+            counts.append(call_counts(url))
             attacker = subprocess.Popen([sys.executable, "-c", IN_LIMIT_ATTACKER, url, str(args.seconds), "send",
                                          str(count), str(found["chars"])], stdout=subprocess.PIPE, text=True)
             time.sleep(1.0)  # its first request is in the server before the clients start
+            counts.append(call_counts(url))
             attacked, attacked_errors = asyncio.run(load(port, "classify", texts, args.clients, args.seconds))
+            counts.append(call_counts(url))
             report = json.loads(attacker.communicate(timeout=900)[0])
+            # Alone again once the large client has stopped: the machine's load drifts over minutes (other
+            # jobs), so the attacked phase is compared with the mean of the phases before and after it.
+            again, again_errors = asyncio.run(load(port, "classify", texts, args.clients, args.seconds))
+            errors += again_errors
         finally:
             server.terminate()
             server.wait(timeout=120)
-    base, under = len(alone) / args.seconds, len(attacked) / args.seconds
+    before, under, after = (len(phase) / args.seconds for phase in (alone, attacked, again))
+    base = (before + after) / 2
     print(f"{args.clients} clients, {args.seconds:g} s per phase, {os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.1f}: {base:.1f} requests/s alone, {under:.1f} requests/s while one client sent "
+          f"{os.getloadavg()[0]:.1f}: {base:.1f} requests/s alone ({before:.1f} before, {after:.1f} after), "
+          f"{under:.1f} requests/s while one client sent "
           f"{report['texts']} texts of {report['chars']} characters per request (found by {found['statuses']}; "
           f"alone: status {found['alone']['status']} in {found['alone']['seconds']} s), "
           f"{len(report['statuses'])} times (statuses {dict(Counter(report['statuses']))}, seconds each "
           f"{report['seconds'][:20]}): {under / base:.2f} of their throughput kept; errors {errors + attacked_errors}")
+    print(f"model calls: alone {calls_between(counts[0], counts[1])}; with the large client "
+          f"{calls_between(counts[2], counts[3])}")
     first = found["alone"]
     heavy_alone = first["texts"] * first["chars"] / first["seconds"] if first["status"] == 200 else float("nan")
     heavy_under = report["answered_chars"] / report["elapsed"]
