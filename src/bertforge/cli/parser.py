@@ -244,6 +244,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body-bytes", type=int, help="request body limit; larger gets 413 (default 8 MiB)")
     p.add_argument("--body-timeout-s", type=float,
                    help="a request body must arrive whole within this time of its headers, else 408 (default 30)")
+    p.add_argument("--max-incomplete-bodies", type=int,
+                   help="requests whose bodies are still arriving at once; more get 503 at once, before a byte "
+                        "of theirs is read (default 128)")
     p.add_argument("--refusal-cooldown-s", type=float,
                    help="after a 413 to a body of 256 KiB or more, large bodies from that address get 429 for "
                         "this long, unread (default 1; 0: never)")
