@@ -104,6 +104,12 @@ def test_ort_engine_describes_its_threads_and_graph(exports, tmp_path):
     assert described["converters"] == ["onnx_export", "ort_optimizer", "ort_int8"]
 
 
+def load_tokenizer_of(directory):
+    from bertforge.checkpoint_format import load_tokenizer
+
+    return load_tokenizer(directory)
+
+
 def refusal(call) -> str:
     with pytest.raises(ConfigError) as error:
         call()
@@ -116,11 +122,9 @@ def test_ort_engine_refuses_what_it_cannot_run_naming_the_fix(tmp_path, monkeypa
     said = refusal(lambda: plan_engine(torch.device("meta"), "fp32", "onnxruntime"))
     assert "runs on cpu" in said and "--device cpu" in said
 
-    pretraining = BertForPretraining(make_tiny_config())
-    engine = build_engine(pretraining, plan_engine("cpu", "fp32", "onnxruntime", 1))
-    said = refusal(lambda: engine.prepare(registry.for_model(pretraining)))
-    assert "fill-mask" in said or "pretraining" in said
-    assert "--engine torch" in said
+    encoder = build_engine(BertModel(make_tiny_config()), plan_engine("cpu", "fp32", "onnxruntime", 1))
+    said = refusal(lambda: encoder(torch.tensor([[2, 7, 3]]), output_hidden_states=True))  # embed's `layer` option
+    assert "output_hidden_states" in said and "--engine torch" in said
 
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if it were not installed
     said = refusal(lambda: build_engine(BertModel(make_tiny_config()), plan_engine("cpu", "fp32", "onnxruntime")))
@@ -166,3 +170,27 @@ def test_ort_engine_serves_embedding_and_classification_routes_as_torch(tiny_min
     vectors, torch_vectors = ([row["embedding"] for row in outputs] for outputs in (rows, torch_vectors))
     assert cosines(vectors, torch_vectors).min() >= SERVED_MIN_COSINE
     assert cosines(openai_vectors, torch_openai).min() >= SERVED_MIN_COSINE
+
+
+def test_ort_engine_runs_mlm_heads_in_pytorch_on_the_encoder_graph(tiny_sparse_model, tmp_path):
+    """Fill-mask and SPLADE vectors ask the model for more than a graph's outputs (masked positions; pooling
+    over [B, T, V] logits): the engine runs their heads in PyTorch on the encoder's graph, and the PyTorch encoder
+    is not called."""
+    from bertforge.inference.pipelines import load_pipeline
+
+    torch.manual_seed(0)
+    BertForPretraining(make_tiny_config(vocab_size=load_tokenizer_of(tiny_sparse_model).vocab_size)).save_pretrained(
+        tmp_path / "mlm", tokenizer=load_tokenizer_of(tiny_sparse_model))
+    encoder_calls: list[str] = []
+    for model_dir, task, inputs, family in ((tiny_sparse_model, "embed-sparse", ["a cat sat on the mat"],
+                                             "sparse_embedding"),
+                                            (tmp_path / "mlm", "fill-mask", ["the cat [MASK] on the mat"],
+                                             "pretraining")):
+        torch_answer = load_pipeline(model_dir, task, device="cpu")(inputs)
+        pipeline = load_pipeline(model_dir, task, device="cpu", engine="onnxruntime")
+        pipeline.engine.model.bert.register_forward_hook(lambda *_, task=task: encoder_calls.append(task))
+        answer = pipeline(inputs)
+        assert encoder_calls == []  # the encoder ran as its graph
+        described = pipeline.engine.describe()
+        assert described["heads_in_pytorch"] == [family] and list(described["graphs"]) == ["encoder"]
+        assert json.dumps(answer)[:40] == json.dumps(torch_answer)[:40]  # the same terms / tokens first

@@ -6,7 +6,12 @@ The engine is model-shaped like every engine: a family's forward calls it with `
 PyTorch engine. `engine.bert` is the encoder's graph (what the embedding family runs on any model). Output fields
 that do not depend on the input (a CRF's transition scores: `constant_outputs`) come from the PyTorch model. A
 family whose forward asks the model for more than its exported outputs (fill-mask's masked positions, sparse
-vectors' pooling) is refused with the fix (`prepare`).
+vectors' pooling over the MLM logits: `Family.runs_as_graph` False) runs its model's heads in PyTorch on the
+encoder's graph (`on_encoder_graph`): the model with its encoder replaced by the encoder's graph, so the heads
+are the model's own code and the graph gives only the hidden states. The [B, T, V] logits of an MLM head
+would be the largest tensor a graph could give (128 MiB for 32 texts of 32 tokens); the heads reduce them
+where they are made. At int8 this is what the PyTorch engine's int8 does too: only the encoder's linears are
+quantized, the heads run in float32.
 
 The graph is `bertforge export --optimize [--quantize int8]`'s: our export of the plain path
 (`onnx_export.trace_module`), fused by ONNX Runtime's BERT optimizer (`onnx_graph.fuse`: Attention,
@@ -152,22 +157,46 @@ class OrtEngine(Engine):
     def __init__(self, model: nn.Module, plan: EnginePlan, source: str | os.PathLike | None = None):
         converters = ["onnx_export", "ort_optimizer"] + (["ort_int8"] if plan.precision == "int8" else [])
         super().__init__(model, plan, converters)
-        # Plain attributes (not submodules): the graph, its lock, and the encoder's own engine.
-        self.__dict__.update(source=source, graph=None, lock=threading.Lock(), encoder_engine=None)
+        # Plain attributes (not submodules): the graph, its lock, the encoder's own engine, and the model with
+        # its encoder replaced by that engine (`on_encoder_graph`).
+        self.__dict__.update(source=source, graph=None, lock=threading.Lock(), encoder_engine=None, headed=None,
+                             heads=set())
 
     # --- the graph -------------------------------------------------------------------------------------
-    def runs(self, family: Any) -> bool:
-        return family.runs_as_graph
-
     def prepare(self, family: Any) -> None:
-        """Export (or load) the graph `family` reads now, not at the first request; refuse a family whose
-        forward asks the model for more than its graph gives."""
-        if not self.runs(family):
-            raise ConfigError(f"the {family.name} family asks the model for more than its exported graph gives "
-                              "(input_ids, token_type_ids and attention_mask in, the family's outputs out); run it "
-                              "with --engine torch")
-        target = self if isinstance(self.model, family.model_class) else self.bert
-        target.session_graph()
+        """Export (or load) the graph `family` reads now, not at the first request: the model's own graph when
+        the family reads nothing but its exported outputs, else the encoder's, under the model's heads."""
+        if family.runs_as_graph and isinstance(self.model, family.model_class):
+            self.session_graph()
+            return
+        if not family.runs_as_graph:
+            self.heads.add(family.name)
+            if self.plan.threads is not None and self.plan.threads != torch.get_num_threads():
+                torch.set_num_threads(self.plan.threads)  # the heads run in PyTorch: at the plan's threads too
+        self.bert.session_graph()
+
+    @property
+    def on_encoder_graph(self) -> nn.Module:
+        """The wrapped model with its encoder (`model.bert`) replaced by the encoder's graph (`bert`): its heads
+        run in PyTorch on the graph's hidden states (a bare encoder: this engine itself)."""
+        if isinstance(self.model, BertModel):
+            return self
+        if self.headed is None:
+            headed = copy.copy(self.model)  # shares parameters, buffers and config with the model
+            headed.__dict__["_modules"] = {**self.model._modules, "bert": self.bert}
+            self.__dict__["headed"] = headed
+        return self.headed
+
+    def __getattr__(self, name: str) -> Any:
+        """The wrapped model's attributes, its methods bound to `on_encoder_graph` (`sparse_rows` runs the
+        encoder's graph, then the MLM head in PyTorch)."""
+        try:
+            return nn.Module.__getattr__(self, name)  # the engine's own parameters, buffers and modules
+        except AttributeError:
+            model = self.__dict__.get("_modules", {}).get("model")
+            if model is None:
+                raise
+        return getattr(model if isinstance(model, BertModel) else self.on_encoder_graph, name)
 
     def session_graph(self) -> Graph:
         """The wrapped model's graph in its session: loaded from the cache, else exported into it first."""
@@ -243,8 +272,11 @@ class OrtEngine(Engine):
                 attention_mask: torch.Tensor | None = None, **asked: Any) -> GraphOutput:
         more = sorted(name for name, value in asked.items() if value is not None and value is not False)
         if more:
-            raise ConfigError(f"the onnxruntime engine runs the exported graph, which takes input_ids, token_type_ids "
-                              f"and attention_mask only; {', '.join(more)} need --engine torch")
+            if isinstance(self.model, BertModel):
+                raise ConfigError(f"the onnxruntime engine runs the exported encoder, which takes input_ids, "
+                                  f"token_type_ids and attention_mask only; {', '.join(more)} need --engine torch")
+            # fill-mask's masked positions and the like: the model's heads, on the encoder's graph
+            return self.on_encoder_graph(input_ids, token_type_ids, attention_mask, **asked)
         graph = self.graph or self.session_graph()
         given = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
         feeds = {}
@@ -262,7 +294,8 @@ class OrtEngine(Engine):
                   for role, engine in (("model", self), ("encoder", self.encoder_engine))
                   if engine is not None and engine.graph is not None}
         return {**super().describe(), "onnxruntime": onnxruntime_module().__version__,
-                "intra_op_threads": self.plan.threads, "inter_op_threads": INTER_OP_THREADS, "graphs": graphs}
+                "intra_op_threads": self.plan.threads, "inter_op_threads": INTER_OP_THREADS, "graphs": graphs,
+                "heads_in_pytorch": sorted(self.heads)}
 
 
 class GraphOutput(dict):
