@@ -142,6 +142,14 @@ def test_mine_negatives_and_score_margins_commands_write_training_files(tmp_path
     scored = read_text_groups(margins, texts=["anchor", "positive", "negative"], score="margin")
     assert [g.texts for g in scored] == [(r["anchor"], r["positive"], r["negative"]) for r in rows]
     assert all(-1 <= g.score <= 1 for g in scored) and len({g.score for g in scored}) > 1
+    scores = tmp_path / "scores.tsv"
+    assert main(["score-margins", "--model", str(tmp_path / "ce"), "--triplets", str(triplets), "--out",
+                 str(scores), "--device", "cpu", "--output-format", "scores", "--margin-of", "score"]) == 0
+    per_text = read_text_groups(scores, texts=["anchor", "positive", "negative"],
+                                score=["positive_score", "negative_score"])
+    assert [g.texts for g in per_text] == [g.texts for g in scored]
+    assert [g.score[0] - g.score[1] for g in per_text] == pytest.approx([g.score for g in scored], abs=1e-9)
+    assert "train with --format embedding-scores" in capsys.readouterr().err
 
 
 def test_mine_negatives_names_the_bad_line(tmp_path, tiny_minilm_model, capsys):

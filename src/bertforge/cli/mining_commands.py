@@ -1,5 +1,6 @@
 """`bertforge mine-negatives` (hard negatives for (anchor, positive) training pairs, by an embedding model) and
-`bertforge score-margins` (a cross-encoder's margin for each triplet, for MarginMSE distillation): their flags
+`bertforge score-margins` (a cross-encoder's margin for each triplet, for MarginMSE distillation, or its score
+of each candidate, for KL distillation): their flags
 and what they run. The work is `inference.negative_mining`; the files are `data.embedding`'s tables."""
 
 from __future__ import annotations
@@ -55,10 +56,13 @@ def add_mine_negatives(sub: argparse._SubParsersAction) -> None:
 
 def add_score_margins(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("score-margins", help="a cross-encoder's margin (positive minus negative relevance) for each "
-                       "(anchor, positive, negative) triplet: MarginMSE distillation data",
+                       "(anchor, positive, negative) triplet, or its score of each text: MarginMSE or KL "
+                       "distillation data",
                        description="Scores both texts of every triplet against its anchor with a cross-encoder "
                        "(the rerank task) and writes anchor, positive, negative, margin rows, the file `finetune "
-                       "--format embedding-margins` trains on (loss margin_mse).")
+                       "--format embedding-margins` trains on (loss margin_mse); with --output-format scores, "
+                       "anchor, positive, negative, positive_score, negative_score rows, the file `finetune "
+                       "--format embedding-scores` trains on (loss kl).")
     p.add_argument("--model", required=True, metavar="DIR", help="the cross-encoder directory (a pair classifier "
                    "with one output or two labels, e.g. trained by `bertforge finetune --format pair`)")
     p.add_argument("--triplets", required=True, metavar="FILE", help="anchor, positive, negative rows (e.g. from "
@@ -66,9 +70,13 @@ def add_score_margins(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, metavar="FILE", help="the scored triplets (.tsv, .csv or .jsonl)")
     p.add_argument("--on-invalid", choices=["error", "skip"], default="error", help="a malformed row: stop naming "
                    "its file and line (default), or skip it, counted")
-    p.add_argument("--margin-of", choices=["score", "logit"], default="score", help="score: relevance in [0, 1], "
-                   "so margins lie in [-1, 1] like the cosine margins the student learns (default); logit: the raw "
-                   "output")
+    p.add_argument("--output-format", choices=["margin", "scores"], default="margin", help="margin: one margin "
+                   "column (default; MarginMSE); scores: the teacher's score of the positive and of the negative "
+                   "(KL distillation)")
+    p.add_argument("--margin-of", choices=["score", "logit"], help="what is compared: score, relevance in [0, 1], "
+                   "so margins lie in [-1, 1] like the cosine margins the student learns (the default of "
+                   "margin); logit, the raw output (the default of scores: a softmax over logits keeps the "
+                   "teacher's confidence)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, help="tokens per (anchor, text) input (default: the model's)")
     add_engine_flags(p)
@@ -119,17 +127,24 @@ def cmd_mine_negatives(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_score_margins(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.data.embedding import read_text_groups, write_text_groups
-    from bertforge.inference.negative_mining import teacher_margins
+    from bertforge.inference.negative_mining import teacher_scores
     from bertforge.inference.pipelines import load_pipeline
 
     groups = read_text_groups(args.triplets, texts=["anchor", "positive", "negative"],
                               on_invalid=args.on_invalid)
     pipeline = load_pipeline(args.model, "rerank", **_engine_options(args))
-    margins = teacher_margins([g.texts for g in groups], pipeline.run, kind=args.margin_of)
-    write_text_groups(args.out, ("anchor", "positive", "negative", "margin"),
-                      [(*g.texts, m) for g, m in zip(groups, margins)])
+    kind = args.margin_of or ("logit" if args.output_format == "scores" else "score")
+    scores = teacher_scores([g.texts for g in groups], pipeline.run, kind=kind)
+    margins = [positive - negative for positive, negative in scores]
+    if args.output_format == "scores":
+        write_text_groups(args.out, ("anchor", "positive", "negative", "positive_score", "negative_score"),
+                          [(*g.texts, *s) for g, s in zip(groups, scores)])
+        use = "--format embedding-scores"
+    else:
+        write_text_groups(args.out, ("anchor", "positive", "negative", "margin"),
+                          [(*g.texts, m) for g, m in zip(groups, margins)])
+        use = "--format embedding-margins"
     mean = sum(margins) / len(margins)
     wrong = sum(m <= 0 for m in margins)
-    print(f"{len(margins)} triplets scored by {args.model}: mean margin {mean:.4f}, {wrong} with the negative "
-          f"scored at least as high as the positive; written to {args.out} (train with --format embedding-margins)",
-          file=sys.stderr)
+    print(f"{len(margins)} triplets scored by {args.model} ({kind}): mean margin {mean:.4f}, {wrong} with the negative "
+          f"scored at least as high as the positive; written to {args.out} (train with {use})", file=sys.stderr)

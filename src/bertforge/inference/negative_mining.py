@@ -2,8 +2,9 @@
 
 Owns `mine_negatives` (each (anchor, positive) pair's nearest texts of a corpus, by an embedding model's
 cosine, minus its positives and minus texts scored too close to its positive to be safely wrong) with its
-settings (`MiningSettings`), and `teacher_margins` (relevance(anchor, positive) - relevance(anchor, negative)
-of a reranker, per triplet, what MarginMSE regresses onto). The commands are `bertforge mine-negatives` and
+settings (`MiningSettings`), `teacher_scores` (a reranker's score of each text after the anchor, what KL
+distillation softmaxes) and `teacher_margins` (relevance(anchor, positive) - relevance(anchor, negative) of a
+reranker, per triplet, what MarginMSE regresses onto). The commands are `bertforge mine-negatives` and
 `bertforge score-margins`; the files they write are read by `finetune --format embedding-triplets` and
 `--format embedding-margins`.
 
@@ -175,7 +176,14 @@ def mine_negatives(pairs: Sequence[tuple[str, str]], encode: Callable[[list[str]
 def teacher_margins(triplets: Sequence[Sequence[str]], rank: Callable[[list[dict]], list[dict]],
                     kind: str = "score") -> list[float]:
     """A cross-encoder's margin per (anchor, positive, negative): its relevance of the positive minus that of
-    the negative.
+    the negative (`teacher_scores`' two scores)."""
+    return [positive - negative for positive, negative in teacher_scores(triplets, rank, kind)]
+
+
+def teacher_scores(triplets: Sequence[Sequence[str]], rank: Callable[[list[dict]], list[dict]],
+                   kind: str = "score") -> list[tuple[float, ...]]:
+    """A cross-encoder's score of each text after the anchor, per (anchor, positive, negative, ...) group:
+    what KL distillation softmaxes, and what MarginMSE subtracts.
 
     Args:
         rank: a `rerank` pipeline's `run` (inputs {"query", "texts"} -> {"results": [{"index", "score",
@@ -185,9 +193,9 @@ def teacher_margins(triplets: Sequence[Sequence[str]], rank: Callable[[list[dict
     """
     if kind not in MARGIN_KINDS:
         raise ConfigError(f"margin kind {kind!r}: use one of {MARGIN_KINDS}")
-    results = rank([{"query": t[0], "texts": [t[1], t[2]]} for t in triplets])
-    margins = []
-    for result in results:
+    results = rank([{"query": t[0], "texts": list(t[1:])} for t in triplets])
+    scores = []
+    for group, result in zip(triplets, results):
         by_index = {item["index"]: item[kind] for item in result["results"]}
-        margins.append(float(by_index[0] - by_index[1]))
-    return margins
+        scores.append(tuple(float(by_index[i]) for i in range(len(group) - 1)))
+    return scores
