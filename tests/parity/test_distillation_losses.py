@@ -36,3 +36,44 @@ def test_kl_loss_matches_their_distill_kl_div_loss(scale, teacher_temperature):
     # Theirs is a batch mean times student_temperature² (Hinton's factor); ours a sum in nats.
     expected = float(theirs) / student_temperature**2 * vectors.shape[0]
     assert float(ours) == pytest.approx(expected, rel=LOSS_TOLERANCE, abs=LOSS_TOLERANCE)
+
+
+class FixedLogits(torch.nn.Module):
+    """A stand-in cross-encoder for their `ListNetLoss`: the score of the i-th (query, document) pair it is
+    given is `logits[i]`, so their loss runs on exactly the logits ours gets."""
+
+    num_labels = 1
+    device = torch.device("cpu")
+
+    def __init__(self, logits: torch.Tensor):
+        super().__init__()
+        self.logits = logits
+
+    def preprocess(self, pairs, **_):
+        start = getattr(self, "seen", 0)
+        self.seen = start + len(pairs)
+        return {"index": torch.arange(start, start + len(pairs))}
+
+    def forward(self, tokens):
+        return {"scores": self.logits[tokens["index"]]}
+
+
+def test_listnet_loss_matches_their_listnet_loss_on_lists_of_different_lengths():
+    from sentence_transformers.cross_encoder.losses import ListNetLoss
+
+    from bertforge.families.reranking import listnet_loss
+
+    lengths = [3, 5, 2, 4]
+    generator = torch.Generator().manual_seed(7)
+    flat_logits = 2.0 * torch.randn(sum(lengths), generator=generator)
+    labels = [torch.randint(0, 4, (n,), generator=generator).float() for n in lengths]
+    docs = [[f"doc {i}" for i in range(n)] for n in lengths]
+    theirs = ListNetLoss(FixedLogits(flat_logits))([[f"q{i}" for i in range(len(lengths))], docs], labels)
+    width = max(lengths)
+    logits = torch.zeros(len(lengths), width)
+    padded = torch.full((len(lengths), width), float("nan"))
+    for row, (piece, label) in enumerate(zip(flat_logits.split(lengths), labels)):
+        logits[row, :len(piece)], padded[row, :len(piece)] = piece, label
+    ours, _ = listnet_loss(logits, padded)
+    # Theirs is the mean over lists; ours the sum.
+    assert float(ours) / len(lengths) == pytest.approx(float(theirs), rel=LOSS_TOLERANCE, abs=LOSS_TOLERANCE)
