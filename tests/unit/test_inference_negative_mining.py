@@ -130,6 +130,18 @@ def test_mine_negatives_and_score_margins_commands_write_training_files(tmp_path
     groups = read_text_groups(labelled, texts=["anchor", "text"], score="label")
     assert [g.score for g in groups] == [1.0, 0.0] * len(PAIRS)  # each positive, then its negative
     assert [g.texts for g in groups[::2]] == PAIRS
+    lists = tmp_path / "lists.jsonl"
+    assert main(["mine-negatives", "--model", str(tiny_minilm_model), "--train", str(pairs), "--out", str(lists),
+                 "--num-negatives", "2", "--relative-margin", "0", "--output-format", "labeled-list",
+                 "--device", "cpu"]) == 0
+    from bertforge.data.reranking import read_rerank_lists
+
+    read = read_rerank_lists(lists)  # what `finetune --format rerank-lists` reads
+    assert [(q.query, q.texts[0]) for q in read] == PAIRS
+    assert all(q.labels == (1.0, 0.0, 0.0) and len(set(q.texts)) == 3 for q in read)
+    assert main(["mine-negatives", "--model", str(tiny_minilm_model), "--train", str(pairs), "--out",
+                 str(tmp_path / "lists.tsv"), "--output-format", "labeled-list"]) == 2
+    assert "name the file .jsonl" in capsys.readouterr().err
 
     tokenizer = Tokenizer.from_pretrained(tiny_minilm_model)
     torch.manual_seed(0)

@@ -41,10 +41,13 @@ def add_mine_negatives(sub: argparse._SubParsersAction) -> None:
                    "most (1 - this) x the positive's (default 0.05; 0 turns it off)")
     p.add_argument("--margin", type=float, help="keep a candidate only if its cosine is at most the positive's "
                    "minus this (default: no absolute margin)")
-    p.add_argument("--output-format", choices=["triplet", "labeled-pair"], default="triplet", help="triplet: "
-                   "anchor, positive, negative rows (default; `finetune --format embedding-triplets`); labeled-pair: "
-                   "anchor, text, label rows, the positive labelled 1 and each negative 0 (a cross-encoder's "
-                   "training file: `finetune --format pair --text-a anchor --text-b text`)")
+    p.add_argument("--output-format", choices=["triplet", "labeled-pair", "labeled-list"], default="triplet",
+                   help="triplet: anchor, positive, negative rows (default; `finetune --format embedding-triplets`); "
+                   "labeled-pair: anchor, text, label rows, the positive labelled 1 and each negative 0 (a "
+                   "cross-encoder's training file: `finetune --format pair --text-a anchor --text-b text`); "
+                   "labeled-list: one JSON line per pair, its query, docs (the positive, then its negatives) and "
+                   "labels (1, then 0s) (listwise cross-encoder training: `finetune --format rerank-lists`; the "
+                   "file must be .jsonl)")
     p.add_argument("--sampling", choices=["top", "random"], default="top", help="top: the best-ranked candidates "
                    "left (default); random: drawn from all that are left")
     p.add_argument("--seed", type=int, default=0, help="--sampling random's seed (default 0)")
@@ -90,9 +93,12 @@ def _engine_options(args: argparse.Namespace) -> dict:
 
 def cmd_mine_negatives(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.data.embedding import read_text_groups, write_text_groups
+    from bertforge.errors import ConfigError
     from bertforge.inference.negative_mining import MiningReport, MiningSettings, mine_negatives
     from bertforge.inference.pipelines import load_pipeline
 
+    if args.output_format == "labeled-list" and not str(args.out).endswith(".jsonl"):
+        raise ConfigError(f"--out {args.out}: --output-format labeled-list writes JSON Lines; name the file .jsonl")
     settings = MiningSettings(num_negatives=args.num_negatives, range_min=args.range_min, range_max=args.range_max,
                               margin=args.margin, relative_margin=args.relative_margin or None,
                               sampling=args.sampling, seed=args.seed)
@@ -102,8 +108,6 @@ def cmd_mine_negatives(args: argparse.Namespace, extra: list[str]) -> None:
     mined = mine_negatives([(g.texts[0], g.texts[1]) for g in groups], lambda texts: pipeline.encode(texts),
                            settings, report=report)
     if not mined:
-        from bertforge.errors import ConfigError
-
         raise ConfigError(f"no pair of {args.train} found a negative ({report.removed_by_margin} candidates were "
                           "scored too close to their positive): lower --relative-margin (a model not trained for "
                           "sentence vectors gives every pair a cosine near 1) or --margin, or widen --range-max")
@@ -111,6 +115,13 @@ def cmd_mine_negatives(args: argparse.Namespace, extra: list[str]) -> None:
         write_text_groups(args.out, ("anchor", "positive", "negative"),
                           [(m.anchor, m.positive, m.negative) for m in mined])
         use = "train with --format embedding-triplets"
+    elif args.output_format == "labeled-list":
+        lists: dict[tuple[str, str], list[str]] = {}
+        for m in mined:  # each pair's positive, then its negatives in rank order
+            lists.setdefault((m.anchor, m.positive), [m.positive]).append(m.negative)
+        write_text_groups(args.out, ("query", "docs", "labels"),
+                          [(anchor, docs, [1] + [0] * (len(docs) - 1)) for (anchor, _), docs in lists.items()])
+        use = "train a cross-encoder on the lists with --format rerank-lists"
     else:
         rows, seen = [], set()
         for m in mined:  # each pair's positive once, then each of its negatives
