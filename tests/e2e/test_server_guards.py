@@ -197,6 +197,19 @@ def blocking(app, release: threading.Event) -> None:
     pipeline.forward = forward
 
 
+def counting(app) -> list[int]:
+    """The inputs of every model call of the app's classifier, as they start (a list the test reads)."""
+    pipeline = app.state.service.pipelines["classify"]
+    original, calls = pipeline.forward, []
+
+    def forward(features, options):
+        calls.append(len(features))
+        return original(features, options)
+
+    pipeline.forward = forward
+    return calls
+
+
 def wait_until(condition, timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -210,13 +223,16 @@ def test_guards_429_at_once_with_retry_after_when_the_queue_is_full(classifier_d
     release = threading.Event()
     with running(app) as client, ThreadPoolExecutor(4) as pool:
         blocking(app, release)
+        calls = counting(app)
         first = pool.submit(client.post, "/v1/classify", json={"inputs": ["runs first"]})
         wait_until(lambda: scheduler.running)  # in the model call
         second = pool.submit(client.post, "/v1/classify", json={"inputs": ["waits in the queue"]})
         wait_until(lambda: scheduler.queue_depth == 1)
-        began = time.monotonic()
         full = client.post("/v1/classify", json={"inputs": ["one too many"]})
-        assert time.monotonic() - began < 1  # at once, not after the queue moved
+        # At once, not after the queue moved: the model call is still held, so neither request ahead has been
+        # answered, and the refused one made no model call of its own.
+        assert not first.done() and not second.done() and scheduler.queue_depth == 1
+        assert calls == [1]
         assert full.status_code == 429 and full.headers["retry-after"].isdigit()
         assert "requests are already waiting" in full.json()["error"]
         tei = client.post("/embed", json={"inputs": "one too many"})
@@ -313,6 +329,9 @@ def test_scheduler_refuses_new_requests_with_503_while_draining(classifier_dir):
         app.state.service.scheduler.draining = True  # as during shutdown, for a connection still open
         refused = client.post("/v1/classify", json={"inputs": ["late"]})
         assert refused.status_code == 503 and "shutting down" in refused.json()["error"]
+        # OpenAI's clients read it as OpenAI's "overloaded or not ready yet" 503.
+        openai_style = client.post("/v1/embeddings", json={"input": "late", "model": "model"}).json()["error"]
+        assert (openai_style["code"], openai_style["type"]) == ("server_is_overloaded", "service_unavailable_error")
         assert client.get("/ready").status_code == 503
         app.state.service.scheduler.draining = False
 
@@ -400,12 +419,13 @@ def test_serve_flags_and_environment_reach_the_guard_settings(monkeypatch):
     assert main(["serve", "--model", "DIR", "--api-key", "first-key-12345,second-key-12345", "--api-key",
                  "shared-key-12345", "--allowed-host", "api.example", "--cors-origin", "https://app.example",
                  "--max-queue-wait-s", "2.5", "--drain-timeout-s", "5", "--max-body-bytes", "1000",
-                 "--refusal-cooldown-s", "0"]) == 0
+                 "--refusal-cooldown-s", "0", "--body-timeout-s", "7.5", "--max-incomplete-bodies", "9"]) == 0
     settings = ServerSettings(**{k: v for k, v in seen.items() if k in ServerSettings.__dataclass_fields__})
     assert settings.api_keys == ("first-key-12345", "second-key-12345", "shared-key-12345", "from-the-environment-1")
     assert settings.allowed_hosts == ("api.example",) and settings.cors_origins == ("https://app.example",)
     assert (settings.max_queue_wait_s, settings.drain_timeout_s, settings.max_body_bytes) == (2.5, 5.0, 1000)
     assert settings.refusal_cooldown_s == 0.0
+    assert (settings.body_timeout_s, settings.max_incomplete_bodies) == (7.5, 9)
     with pytest.raises(ConfigError, match="refusal_cooldown_s must be >= 0"):
         ServerSettings(refusal_cooldown_s=-1)
     monkeypatch.setenv("BERTFORGE_API_KEYS", "short")

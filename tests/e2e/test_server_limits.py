@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -47,15 +46,22 @@ def classifier_dir(tmp_path_factory):
 
 def raw_exchange(port: int, head: bytes, body: bytes = b"", wait_s: float = 10.0) -> bytes:
     """Send `head` + `body` on a new loopback connection and read what comes back within `wait_s`."""
+    return exchange(port, head, body, wait_s)[0]
+
+
+def exchange(port: int, head: bytes, body: bytes = b"", wait_s: float = 10.0) -> tuple[bytes, bool]:
+    """(what came back, whether the server closed the connection) for `head` + `body` sent on a new loopback
+    connection, reading until the server closes it or `wait_s` passes without a byte."""
     with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as connection:
         connection.sendall(head + body)
-        answer = b""
+        answer, closed = b"", False
         try:
             while chunk := connection.recv(65536):
                 answer += chunk
+            closed = True
         except TimeoutError:
             pass
-    return answer
+    return answer, closed
 
 
 def port_of(client) -> int:
@@ -122,11 +128,10 @@ def test_limits_body_shorter_than_its_content_length_gets_408_and_such_connectio
         port = port_of(client)
         head = (b"POST /v1/classify HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                 b"Content-Length: 100000\r\n\r\n")
-        began = time.monotonic()
-        answer = raw_exchange(port, head, b'{"inputs": [')
+        answer, closed = exchange(port, head, b'{"inputs": [')
         assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
         assert b"body_timeout_s" in answer and b"12 of 100000 bytes" in answer
-        assert time.monotonic() - began < 8  # closed by the server, not by the probe's own 10 s limit
+        assert closed  # by the server, not by the probe's own limit of 10 s without a byte
         # Three connections hold their bodies back; a fourth is refused at once, not after the timeout.
         holders = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(3)]
         try:
@@ -170,6 +175,32 @@ def test_limits_413_for_an_oversized_body_whether_or_not_the_client_waits_for_10
         assert raw_exchange(port_of(client), head + b"\r\n", body).startswith(b"HTTP/1.1 413")
         expect = raw_exchange(port_of(client), head + b"Expect: 100-continue\r\n\r\n", wait_s=5)
         assert b"HTTP/1.1 413" in expect and b"100 Continue" not in expect
+        assert client.post("/v1/classify", json={"inputs": ["fine"]}).status_code == 200
+
+
+def test_limits_body_over_four_times_the_limit_is_refused_413_without_being_read(classifier_dir, monkeypatch):
+    from bertforge.serving import guards
+
+    reads = []  # every wait of the guards for a piece of a body (`guards.within`)
+    original = guards.within
+    monkeypatch.setattr(guards, "within", lambda receive, deadline: reads.append(1) or original(receive, deadline))
+    limit = 1000
+    app = create_app(classifier_dir, precision="fp32", max_body_bytes=limit, refusal_cooldown_s=0, body_timeout_s=30)
+    assert guards.DRAIN_FACTOR == 4
+    with running(app) as client:
+        def head(length: int) -> bytes:
+            return (f"POST /v1/classify HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {length}\r\n\r\n").encode()
+
+        # Over 4x the limit: answered from its Content-Length alone. The probe sends no byte of the body, so a
+        # server that waited to read it would answer nothing before its 30 s body timeout.
+        reads.clear()
+        huge = raw_exchange(port_of(client), head(4 * limit + 1))
+        assert huge.startswith(b"HTTP/1.1 413") and b"max_body_bytes" in huge, huge[:200]
+        assert reads == []
+        # Up to 4x: read and dropped first (the client sending it whole before reading gets its 413).
+        large = raw_exchange(port_of(client), head(3 * limit), b"x" * (3 * limit))
+        assert large.startswith(b"HTTP/1.1 413") and reads, large[:200]
         assert client.post("/v1/classify", json={"inputs": ["fine"]}).status_code == 200
 
 
@@ -229,6 +260,39 @@ def test_limits_openai_error_codes_where_openai_documents_one(classifier_dir):
         assert busy.value.code == "rate_limit_exceeded"
         release.set()
         assert first.result().status_code == 200 and second.result().status_code == 200
+
+
+def test_limits_openai_error_codes_of_fields_and_overload_as_openai_names_them(classifier_dir):
+    openai = pytest.importorskip("openai")
+    app = create_app(classifier_dir, precision="fp32", max_items=4, body_timeout_s=5, max_incomplete_bodies=1)
+    with running(app) as client:
+        sdk = openai.OpenAI(base_url=str(client.base_url) + "/v1", api_key="unused", max_retries=0)
+        codes = {}
+        for name, call in (("unknown", {"input": "a", "extra_body": {"surprise": 1}}),
+                           ("wrong type", {"input": None}),
+                           ("too many inputs", {"input": ["a"] * 5}),
+                           ("empty text", {"input": ""})):
+            with pytest.raises(openai.BadRequestError) as refused:
+                sdk.embeddings.create(model="model", **call)
+            codes[name] = (refused.value.code, refused.value.body["param"])
+        missing = client.post("/v1/embeddings", json={"model": "model"}).json()["error"]
+        codes["missing"] = (missing["code"], missing["param"])
+        assert codes == {"unknown": ("unknown_parameter", "surprise"), "wrong type": ("invalid_type", "input"),
+                         "missing": ("missing_required_parameter", "input"),
+                         # OpenAI's embeddings route leaves these null; so do we.
+                         "too many inputs": (None, "input"), "empty text": (None, "input")}
+        # Our own routes keep their envelope, without OpenAI's fields.
+        assert client.post("/v1/classify", json={"inputs": ["a"], "surprise": 1}).json().keys() == {"error"}
+        # 503 while the server cannot take a body (max_incomplete_bodies): OpenAI's overloaded code and type.
+        head = (b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 1000\r\n\r\n")
+        with socket.create_connection(("127.0.0.1", port_of(client)), timeout=10) as holder:
+            holder.sendall(head + b"{")
+            wait_until(lambda: app.middleware_stack is not None and guards_of(app).incomplete == 1)
+            answer = raw_exchange(port_of(client), head, b"{", wait_s=5)
+        assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
+        error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+        assert (error["code"], error["type"]) == ("server_is_overloaded", "service_unavailable_error")
 
 
 # --- 21: charset and duplicate keys ------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bertforge.cli.corpus_commands import FORMAT_CHOICES
 from bertforge.cli.flags import add_engine_flags
 
 
@@ -24,12 +25,37 @@ def add_mine_negatives(sub: argparse._SubParsersAction) -> None:
                        "nearest texts ranked --range-min to --range-max once its own positives are removed, drops "
                        "those scored too close to the positive (possible false negatives: --relative-margin, "
                        "--margin) and writes anchor, positive, negative rows (one per negative), the file "
-                       "`finetune --format embedding-triplets` reads.")
+                       "`finetune --format embedding-triplets` reads. With --corpus the candidates are that corpus's "
+                       "texts too (embedded by the `bertforge embed` job into --corpus-vectors, ranked by exact "
+                       "search), a text equal to the anchor or to one of its positives (whitespace aside) is never "
+                       "its negative, the pairs are mined in shards a rerun resumes, and under torchrun each "
+                       "process mines every N-th shard (the output is the same as one process's).")
     p.add_argument("--model", required=True, metavar="DIR", help="the embedding model that ranks (usually the "
                    "model you will train)")
     p.add_argument("--train", required=True, metavar="FILE", help="(anchor, positive) pairs: TSV/CSV/JSONL with a "
                    "header (e.g. from `bertforge retrieval-set --train-pairs`)")
     p.add_argument("--out", required=True, metavar="FILE", help="the triplets (.tsv, .csv or .jsonl: by its name)")
+    corpus = p.add_argument_group("mining from a corpus (resumable, runs under torchrun)")
+    corpus.add_argument("--corpus", metavar="FILE_OR_DIR", help="mine from these texts (a text/TSV/CSV/JSONL file "
+                        "or a folder of them, read as `bertforge embed --input` reads it) besides the pairs' "
+                        "positives; embedded once into --corpus-vectors, pairs mined in shards written to "
+                        "OUT.parts/, so a rerun resumes")
+    corpus.add_argument("--corpus-vectors", metavar="DIR", help="--corpus: the corpus's embedding folder (default "
+                        "OUT.corpus-vectors; kept, reused by the next mining of the same model and corpus, an "
+                        "unfinished one is finished)")
+    corpus.add_argument("--positives", action=argparse.BooleanOptionalAction, default=True, help="--corpus: the "
+                        "pairs' positives compete too, as without --corpus (default; never as their own anchor's "
+                        "negative); --no-positives: only corpus texts")
+    corpus.add_argument("--shard-size", type=int, help="--corpus: pairs per shard, the unit of resuming and of "
+                        "sharing among torchrun processes (default 1000)")
+    corpus.add_argument("--format", choices=FORMAT_CHOICES, default="auto",
+                        help="--corpus's format (default auto: by file name; .txt and others: one text per line)")
+    corpus.add_argument("--text-column", "--text-field", dest="text_column", default="text",
+                        help="--corpus: TSV/CSV header name (or 0-based index) or JSONL field of the text (default "
+                        "text)")
+    corpus.add_argument("--id-column", "--id-field", dest="id_column",
+                        help="--corpus: column or field of each record's id (default: 'id' where present, else the "
+                        "line)")
     p.add_argument("--text-a", default="anchor", help="the anchor column (default anchor)")
     p.add_argument("--text-b", default="positive", help="the positive column (default positive)")
     p.add_argument("--on-invalid", choices=["error", "skip"], default="error", help="a malformed row: stop naming "
@@ -94,7 +120,7 @@ def _engine_options(args: argparse.Namespace) -> dict:
 def cmd_mine_negatives(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.data.embedding import read_text_groups, write_text_groups
     from bertforge.errors import ConfigError
-    from bertforge.inference.negative_mining import MiningReport, MiningSettings, mine_negatives
+    from bertforge.inference.negative_mining import MiningReport, MiningSettings, mine_negatives, output_rows
     from bertforge.inference.pipelines import load_pipeline
 
     if args.output_format == "labeled-list" and not str(args.out).endswith(".jsonl"):
@@ -103,34 +129,41 @@ def cmd_mine_negatives(args: argparse.Namespace, extra: list[str]) -> None:
                               margin=args.margin, relative_margin=args.relative_margin or None,
                               sampling=args.sampling, seed=args.seed)
     groups = read_text_groups(args.train, texts=[args.text_a, args.text_b], on_invalid=args.on_invalid)  # a bad row fails before loading
-    pipeline = load_pipeline(args.model, "embed", **_engine_options(args))
-    report = MiningReport()
-    mined = mine_negatives([(g.texts[0], g.texts[1]) for g in groups], lambda texts: pipeline.encode(texts),
-                           settings, report=report)
-    if not mined:
-        raise ConfigError(f"no pair of {args.train} found a negative ({report.removed_by_margin} candidates were "
-                          "scored too close to their positive): lower --relative-margin (a model not trained for "
-                          "sentence vectors gives every pair a cosine near 1) or --margin, or widen --range-max")
-    if args.output_format == "triplet":
-        write_text_groups(args.out, ("anchor", "positive", "negative"),
-                          [(m.anchor, m.positive, m.negative) for m in mined])
-        use = "train with --format embedding-triplets"
-    elif args.output_format == "labeled-list":
-        lists: dict[tuple[str, str], list[str]] = {}
-        for m in mined:  # each pair's positive, then its negatives in rank order
-            lists.setdefault((m.anchor, m.positive), [m.positive]).append(m.negative)
-        write_text_groups(args.out, ("query", "docs", "labels"),
-                          [(anchor, docs, [1] + [0] * (len(docs) - 1)) for (anchor, _), docs in lists.items()])
-        use = "train a cross-encoder on the lists with --format rerank-lists"
+    pairs = [(g.texts[0], g.texts[1]) for g in groups]
+    corpus_only = [flag for flag, given in (("--corpus-vectors", args.corpus_vectors is not None),
+                                            ("--no-positives", not args.positives),
+                                            ("--shard-size", args.shard_size is not None),
+                                            ("--format", args.format != "auto"),
+                                            ("--text-column", args.text_column != "text"),
+                                            ("--id-column", args.id_column is not None)) if given]
+    if args.corpus is None and corpus_only:
+        raise ConfigError(f"{corpus_only[0]} applies to mining from a corpus; add --corpus FILE_OR_DIR or remove it")
+    if args.corpus is not None:
+        from bertforge.inference.embed_corpus import CorpusSettings
+        from bertforge.inference.mine_corpus import DEFAULT_SHARD_SIZE, mine_corpus
+        from bertforge.processes import Ranks
+
+        report = mine_corpus(args.model, args.train, pairs, args.corpus, args.out, settings=settings,
+                             pairs_columns=(args.text_a, args.text_b),
+                             corpus_settings=CorpusSettings(file_format=args.format, text_column=args.text_column,
+                                                            id_column=args.id_column),
+                             corpus_vectors=args.corpus_vectors, include_positives=args.positives,
+                             output_format=args.output_format, shard_size=args.shard_size or DEFAULT_SHARD_SIZE,
+                             **_engine_options(args))
+        if Ranks.from_env().rank != 0:  # rank 0 reports for every process
+            return
     else:
-        rows, seen = [], set()
-        for m in mined:  # each pair's positive once, then each of its negatives
-            if (m.anchor, m.positive) not in seen:
-                seen.add((m.anchor, m.positive))
-                rows.append((m.anchor, m.positive, "1"))
-            rows.append((m.anchor, m.negative, "0"))
-        write_text_groups(args.out, ("anchor", "text", "label"), rows)
-        use = "train a cross-encoder with --format pair --text-a anchor --text-b text"
+        pipeline = load_pipeline(args.model, "embed", **_engine_options(args))
+        report = MiningReport()
+        mined = mine_negatives(pairs, lambda texts: pipeline.encode(texts), settings, report=report)
+        if not mined:
+            raise ConfigError(f"no pair of {args.train} found a negative ({report.removed_by_margin} candidates were "
+                              "scored too close to their positive): lower --relative-margin (a model not trained for "
+                              "sentence vectors gives every pair a cosine near 1) or --margin, or widen --range-max")
+        write_text_groups(args.out, *output_rows(mined, args.output_format))
+    use = {"triplet": "train with --format embedding-triplets",
+           "labeled-pair": "train a cross-encoder with --format pair --text-a anchor --text-b text",
+           "labeled-list": "train a cross-encoder on the lists with --format rerank-lists"}[args.output_format]
     for line in report.lines():
         print(line, file=sys.stderr)
     print(f"{args.output_format} rows written to {args.out} ({use})", file=sys.stderr)

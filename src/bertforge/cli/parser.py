@@ -227,7 +227,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-request-tokens", type=int,
                    help="tokens of windows one request may make; more is refused with 413 (default 524288)")
     p.add_argument("--request-timeout-s", type=float,
-                   help="a request not answered by then gets 503 (default 60; 0: no limit)")
+                   help="a request not answered by then gets 503 (default 300; 0: no limit)")
     p.add_argument("--max-request-share", type=float,
                    help="the most of the model's measured speed one request is guaranteed, so that what is admitted "
                         "finishes within --request-timeout-s whatever arrives after it; larger requests get 413 "
@@ -244,6 +244,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body-bytes", type=int, help="request body limit; larger gets 413 (default 8 MiB)")
     p.add_argument("--body-timeout-s", type=float,
                    help="a request body must arrive whole within this time of its headers, else 408 (default 30)")
+    p.add_argument("--max-incomplete-bodies", type=int,
+                   help="requests whose bodies are still arriving at once; more get 503 at once, before a byte "
+                        "of theirs is read (default 128)")
     p.add_argument("--refusal-cooldown-s", type=float,
                    help="after a 413 to a body of 256 KiB or more, large bodies from that address get 429 for "
                         "this long, unread (default 1; 0: never)")
@@ -306,8 +309,9 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lang", choices=["en", "zh"], default="en")
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--corpus", help="folder of books (default: data/demo/<lang>)")
-    p.add_argument("--minutes", type=float, help="pretraining time budget, kept even when it allows fewer than 600 "
-                   "steps (default 5, and at least 600 steps: longer on a slow machine)")
+    p.add_argument("--minutes", type=float, help="pretraining time budget, kept even when it allows fewer steps "
+                   "than the default run's floor (default: the steps 5 minutes hold at the step time a warm-up "
+                   "measures, with a floor said up front: longer on a slow machine)")
     p.add_argument("--model", default="tiny", help="preset to pretrain (default tiny: the most steps per minute)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=commands.cmd_demo)

@@ -68,7 +68,10 @@ class SchedulerSettings:
     max_request_tokens: int = 524_288
     max_queue: int = 256
     micro_batching: bool = True
-    request_timeout_s: float = 60.0
+    # Five minutes: the stock clients wait longer (openai's SDK, and LangChain through it, 600 s; huggingface_hub
+    # without limit), and at a tenth of the model's speed a minute held only about 4.5 s of full-speed work:
+    # too little for the openai SDK's 2,048 short texts on two busy CPU cores (37,943 tokens at 4,178 tokens/s).
+    request_timeout_s: float = 300.0
     max_queue_wait_s: float = 10.0
     drain_timeout_s: float = 30.0
     release_memory_after_s: float = 2.0

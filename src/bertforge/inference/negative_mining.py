@@ -19,7 +19,7 @@ memory grows with the corpus, not with anchors x corpus.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +29,7 @@ from bertforge.inference.vector_index import QUERY_BLOCK, block_top_k
 from bertforge.metrics.embedding import normalize_rows
 
 SAMPLINGS = ("top", "random")
+OUTPUT_FORMATS = ("triplet", "labeled-pair", "labeled-list")
 MARGIN_KINDS = ("score", "logit")
 
 
@@ -94,9 +95,13 @@ class MiningReport:
     short_pairs: int = 0
     dropped_pairs: int = 0
     removed_by_margin: int = 0
+    removed_as_equal: int = 0
 
     def lines(self) -> list[str]:
+        equal = (f"{self.removed_as_equal} candidates skipped as equal to their anchor, one of its positives or a "
+                 "better-ranked candidate (whitespace aside)")
         return [f"{self.pairs} pairs, corpus of {self.corpus} texts: {self.rows} rows written",
+                *([equal] if self.removed_as_equal else []),
                 f"{self.removed_by_margin} candidates in range removed as too close to their positive "
                 "(possible false negatives)",
                 f"{self.short_pairs} pairs found fewer negatives than asked; {self.dropped_pairs} found none "
@@ -152,25 +157,63 @@ def mine_negatives(pairs: Sequence[tuple[str, str]], encode: Callable[[list[str]
     for anchor, positive in pairs:
         a = anchors[anchor]
         positive_score = float(queries[a] @ documents[where[positive]])
-        ceiling = float("inf")
-        if settings.margin is not None:
-            ceiling = min(ceiling, positive_score - settings.margin)
-        if settings.relative_margin is not None:
-            ceiling = min(ceiling, positive_score * (1 - settings.relative_margin))
-        ranked = [(rank, r, s) for rank, (r, s) in enumerate(candidates[a], start=settings.range_min)]
-        allowed = [item for item in ranked if item[2] <= ceiling]
-        report.removed_by_margin += len(ranked) - len(allowed)
-        if settings.sampling == "random" and len(allowed) > settings.num_negatives:
-            picks = sorted(generator.choice(len(allowed), settings.num_negatives, replace=False).tolist())
-            chosen = [allowed[i] for i in picks]
-        else:
-            chosen = allowed[:settings.num_negatives]
-        if len(chosen) < settings.num_negatives:
-            report.short_pairs += 1
-            report.dropped_pairs += not chosen
-        mined += [MinedNegative(anchor, positive, texts[r], rank, s, positive_score) for rank, r, s in chosen]
+        chosen = choose_negatives([(texts[r], s) for r, s in candidates[a]], positive_score, settings, generator,
+                                  report)
+        mined += [MinedNegative(anchor, positive, text, rank, s, positive_score) for rank, text, s in chosen]
     report.rows = len(mined)
     return mined
+
+
+def choose_negatives(candidates: Sequence[tuple[str, float]], positive_score: float, settings: MiningSettings,
+                     generator: np.random.Generator, report: MiningReport) -> list[tuple[int, str, float]]:
+    """One pair's negatives, (rank, text, cosine) each, from its candidates in range (ranked
+    `settings.range_min` onwards, best first, its positives already removed): those below both margins of
+    `positive_score`, the best `num_negatives` of them or as many drawn by `generator` (`sampling`); the
+    margin's removals and a short or empty choice are counted in `report`."""
+    ceiling = float("inf")
+    if settings.margin is not None:
+        ceiling = min(ceiling, positive_score - settings.margin)
+    if settings.relative_margin is not None:
+        ceiling = min(ceiling, positive_score * (1 - settings.relative_margin))
+    ranked = [(rank, text, s) for rank, (text, s) in enumerate(candidates, start=settings.range_min)]
+    allowed = [item for item in ranked if item[2] <= ceiling]
+    report.removed_by_margin += len(ranked) - len(allowed)
+    if settings.sampling == "random" and len(allowed) > settings.num_negatives:
+        picks = sorted(generator.choice(len(allowed), settings.num_negatives, replace=False).tolist())
+        chosen = [allowed[i] for i in picks]
+    else:
+        chosen = allowed[:settings.num_negatives]
+    if len(chosen) < settings.num_negatives:
+        report.short_pairs += 1
+        report.dropped_pairs += not chosen
+    return chosen
+
+
+def output_rows(mined: Iterable[MinedNegative], output_format: str) -> tuple[tuple[str, ...], Iterator[tuple]]:
+    """(columns, rows) of a mining output file: "triplet" (anchor, positive, negative: `finetune --format
+    embedding-triplets`), "labeled-pair" (anchor, text, label: each pair's positive once labelled 1, then each
+    of its negatives labelled 0, a cross-encoder's training file) or "labeled-list" (query, docs, labels: one row
+    per pair, its positive then its negatives, labelled 1 then 0s: `finetune --format rerank-lists`, JSON Lines)."""
+    if output_format not in OUTPUT_FORMATS:
+        raise ConfigError(f"output format {output_format!r}: use one of {OUTPUT_FORMATS}")
+    if output_format == "triplet":
+        return ("anchor", "positive", "negative"), ((m.anchor, m.positive, m.negative) for m in mined)
+    if output_format == "labeled-list":
+        lists: dict[tuple[str, str], list[str]] = {}
+        for m in mined:  # each pair's positive, then its negatives in rank order
+            lists.setdefault((m.anchor, m.positive), [m.positive]).append(m.negative)
+        return ("query", "docs", "labels"), ((anchor, docs, [1] + [0] * (len(docs) - 1))
+                                             for (anchor, _), docs in lists.items())
+
+    def labelled() -> Iterator[tuple]:
+        seen = set()
+        for m in mined:  # each pair's positive once, then each of its negatives
+            if (m.anchor, m.positive) not in seen:
+                seen.add((m.anchor, m.positive))
+                yield m.anchor, m.positive, "1"
+            yield m.anchor, m.negative, "0"
+
+    return ("anchor", "text", "label"), labelled()
 
 
 def teacher_margins(triplets: Sequence[Sequence[str]], rank: Callable[[list[dict]], list[dict]],

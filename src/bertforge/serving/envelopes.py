@@ -32,10 +32,17 @@ OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
                 404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
                 415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
                 499: "client_closed_request", 503: "server_error", 500: "server_error"}
-# OpenAI's documented `error.code` of the refusals that have one by their status alone (its SDKs and the
-# frameworks on them branch on it); others name theirs where they are made (`model_not_found`,
-# `context_length_exceeded`), and the rest stay null as OpenAI leaves them.
+# OpenAI's `error.code` of the refusals that have one by their status alone (its SDKs and the frameworks on
+# them branch on it). Others are named where they are made, as OpenAI's API names the same refusal:
+# `model_not_found` (404), `missing_required_parameter`, `unknown_parameter` and `invalid_type` (400, a
+# body's field: `wire_schemas.openai_code`), `server_is_overloaded` (503 while the server cannot take the
+# request: too many bodies arriving, shutting down). The rest stay null, as OpenAI leaves them: its embeddings
+# route answers too many inputs, an empty text, and even an input over the model's context length, with
+# `code: null` (`context_length_exceeded` is its chat routes' code, and this server windows long texts).
 OPENAI_CODES = {401: "invalid_api_key", 429: "rate_limit_exceeded"}
+# A code whose OpenAI `type` is not its status's (OpenAI sends server_is_overloaded as service_unavailable_error).
+OPENAI_CODE_TYPES = {"server_is_overloaded": "service_unavailable_error"}
+OVERLOADED = "server_is_overloaded"
 # TEI's `error_type` for each status (its ErrorType names: Validation, Tokenizer, Overloaded, Unhealthy,
 # Backend, Empty); statuses TEI never sends get the closest one.
 TEI_TYPES = {400: "Validation", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "Validation",
@@ -60,8 +67,9 @@ def error_payload(path: str, status: int, message: str, *, param: str | None = N
     """The JSON body of a refusal with `status` and `message`, in the envelope of `path`'s API style."""
     style = style_of(path)
     if style == "openai":
-        return {"error": {"message": message, "type": OPENAI_TYPES.get(status, "invalid_request_error"),
-                          "param": param, "code": code or OPENAI_CODES.get(status)}}
+        code = code or OPENAI_CODES.get(status)
+        kind = OPENAI_CODE_TYPES.get(code or "") or OPENAI_TYPES.get(status, "invalid_request_error")
+        return {"error": {"message": message, "type": kind, "param": param, "code": code}}
     if style == "tei":
         return {"error": message, "error_type": TEI_TYPES.get(status, "Backend")}
     return {"error": message}

@@ -51,7 +51,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Seque
 from typing import Any
 
 from bertforge.errors import ConfigError
-from bertforge.serving.envelopes import error_payload
+from bertforge.serving.envelopes import OVERLOADED, error_payload
 
 log = logging.getLogger("bertforge.http")
 
@@ -336,7 +336,9 @@ def replay(body: bytes, receive: Receive) -> Receive:
 
 async def respond(scope: Scope, send: Send, status: int, message: str, headers: list[tuple[str, str]]) -> None:
     """Answer a refusal in the error envelope of the request path's API style."""
-    body = json.dumps(error_payload(scope["path"], status, message)).encode("utf-8")
+    # The guards' only 503 is the cap on bodies still arriving: the server is too busy to take this one now.
+    code = OVERLOADED if status == 503 else None
+    body = json.dumps(error_payload(scope["path"], status, message, code=code)).encode("utf-8")
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode("ascii"))]
     raw += [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
     if status in (408, 413, 429, 503):  # the body was not read whole: the connection cannot carry another request

@@ -33,7 +33,7 @@ from bertforge.inference.jobs import check_seconds
 from bertforge.inference.pipelines import Pipeline, load_pipelines
 from bertforge.inference.scheduler import Failure, JobFailed, Scheduler, SchedulerSettings, check_positive
 from bertforge.runtime import DEFAULT_PRECISION
-from bertforge.serving.envelopes import RequestError, error_payload, serve_extra_missing
+from bertforge.serving.envelopes import OVERLOADED, RequestError, error_payload, serve_extra_missing
 from bertforge.serving.guards import (
     LARGE_BODY_BYTES,
     check_guard_settings,
@@ -249,7 +249,8 @@ class InferenceService:
             results = await self.scheduler.result(job, gone=client_gone(request))
         except JobFailed as error:
             retry = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s is not None else None
-            raise RequestError(FAILURE_STATUS[error.kind], error.message, headers=retry) from None
+            raise RequestError(FAILURE_STATUS[error.kind], error.message, headers=retry,
+                               code=OVERLOADED if error.kind == "shutdown" else None) from None
         note_timing(request.scope, job.timing.queue_s, job.timing.tokenization_s, job.timing.inference_s)
         return results
 

@@ -186,6 +186,26 @@ def described(schema: dict[str, Any], components: dict[str, Any], depth: int = 0
     return "a value"
 
 
+def first_error(errors: Sequence[Any]) -> Any:
+    """The most telling of pydantic's errors: an unknown or missing field, then an empty text or list anywhere
+    (the deepest location of a union's branches), then the first."""
+    order = {"extra_forbidden": 0, "missing": 1, **dict.fromkeys(CONSTRAINTS, 2)}
+    return min(errors, key=lambda e: (2 if is_empty(e) else order.get(e.get("type"), 3), errors.index(e)))
+
+
+def openai_code(error: Any) -> str | None:
+    """OpenAI's `error.code` for the kind of a pydantic error, where its API names that refusal (an unknown
+    field, a missing one, a value of the wrong JSON type); None otherwise, as OpenAI leaves it."""
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        return "unknown_parameter"
+    if kind == "missing":
+        return "missing_required_parameter"
+    if kind.endswith("_type"):
+        return "invalid_type"
+    return None
+
+
 def validation_message(errors: Sequence[Any], model: type[BaseModel] | None = None,
                        body: Any = None) -> tuple[str, str | None]:
     """(one line naming the first problem, its field and the fix, the top-level field) of pydantic's errors,
@@ -195,8 +215,7 @@ def validation_message(errors: Sequence[Any], model: type[BaseModel] | None = No
         return "invalid request body", None
     # The most telling error first: an unknown or missing field, then an empty text or list anywhere (the
     # deepest location of a union's branches), then the first.
-    order = {"extra_forbidden": 0, "missing": 1, **dict.fromkeys(CONSTRAINTS, 2)}
-    first = min(errors, key=lambda e: (2 if is_empty(e) else order.get(e.get("type"), 3), errors.index(e)))
+    first = first_error(errors)
     location = [part for part in first.get("loc", ()) if part != "body"]
     top = next((part for part in location if isinstance(part, str)), None)
     path, kind = error_path(location), first.get("type", "")
@@ -251,8 +270,10 @@ def check_body(model: type[BaseModel], body: Any, status: int = 422) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as error:
-        message, param = validation_message(error.errors(include_url=False), model, body)
-        raise RequestError(status, message, param=param) from None
+        errors = error.errors(include_url=False)
+        message, param = validation_message(errors, model, body)
+        raise RequestError(status, message, param=param, code=openai_code(first_error(errors)) if errors else None
+                           ) from None
 
 
 def request_body(model: type[BaseModel], example: Any = None, serves: str | None = None) -> dict[str, Any]:
