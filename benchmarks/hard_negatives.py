@@ -1,6 +1,7 @@
 """Hard negatives and distillation on the project's held-apart SQuAD set: multiple-negatives ranking (MNRL) on
-(question, paragraph) pairs, the same with one mined hard negative per pair, and MarginMSE from a cross-encoder
-trained with bertforge, each from the commands a user runs (`retrieval-set`, `mine-negatives`, `finetune`,
+(question, paragraph) pairs, the same with one mined hard negative per pair, and MarginMSE or KL distillation
+(`--arms ...,kl`: the teacher's logits of positive and negative, `score-margins --output-format scores`) from a
+cross-encoder trained with bertforge, each from the commands a user runs (`retrieval-set`, `mine-negatives`, `finetune`,
 `score-margins`, `evaluate-embeddings`), several seeds each.
 
     python -m benchmarks.hard_negatives [--seeds 1,2,3] [--train-limit 1000] [--start minilm|splade-tiny]
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--teacher-lr", type=float, default=TEACHER["lr"],
                         help=f"the cross-encoder's learning rate (default {TEACHER['lr']})")
     parser.add_argument("--out", default="runs/hard_negatives")
-    parser.add_argument("--arms", default="mnrl,mnrl_mined,margin_mse")
+    parser.add_argument("--arms", default="mnrl,mnrl_mined,margin_mse", help="of mnrl, mnrl_mined, margin_mse, kl")
     parser.add_argument("--corpus", action="store_true", help="mine among every paragraph of the training articles "
                         "(`mine-negatives --corpus`), not only the sampled pairs' own")
     args = parser.parse_args(argv)
@@ -193,15 +194,15 @@ def main(argv: list[str] | None = None) -> None:
         START["path"] = str(splade_tiny(out))
     mining = ["--range-min", args.range_min, "--range-max", args.range_max, "--relative-margin", args.relative_margin,
               "--sampling", args.sampling]
-    beir, pairs, triplets, teacher_rows, info = prepare(out, args.train_limit, mining, "margin_mse" in arms,
-                                                        args.corpus)
+    distilled = "margin_mse" in arms or "kl" in arms
+    beir, pairs, triplets, teacher_rows, info = prepare(out, args.train_limit, mining, distilled, args.corpus)
     results: dict[str, object] = {"recipe": RECIPE, "teacher_recipe": TEACHER, "eval_max_length": EVAL_MAX_LENGTH,
                                   "mining": " ".join(mining), "threads": os.cpu_count(),
                                   "data": "SQuAD v1.1 dev, retrieval-set --eval-fraction 0.2 --seed 42", **info}
     results["start"] = args.start
     results["start_model"] = evaluate(out, "start", beir, start_model())
-    margins = out / "margins.tsv"
-    if "margin_mse" in arms:
+    margins, scores = out / "margins.tsv", out / "scores.tsv"
+    if distilled:
         teacher, seconds = train(out, "teacher", teacher_rows, "pair", TEACHER["seed"], TEACHER, "--text-a", "anchor",
                                  "--text-b", "text")
         results["teacher_train_seconds"] = seconds
@@ -214,8 +215,18 @@ def main(argv: list[str] | None = None) -> None:
         # The margins of the teacher's view, on the whole texts the other arms train on.
         write_rows(margins, ["anchor", "positive", "negative", "margin"],
                    [[*t, m[-1]] for t, m in zip(read_rows(triplets), read_rows(scored), strict=True)])
+    if "kl" in arms:
+        logits = out / "teacher_scores.tsv"
+        if not logits.is_file():
+            results["kl_scoring_seconds"] = bertforge("score-margins", "--model", str(teacher),
+                                                      "--triplets", str(out / "teacher_triplets.tsv"), "--out",
+                                                      str(logits), "--output-format", "scores", "--device", "cpu",
+                                                      "--batch-size", "64", "--max-length",
+                                                      str(TEACHER["max_seq_length"]))
+        write_rows(scores, ["anchor", "positive", "negative", "positive_score", "negative_score"],
+                   [[*t, *s[-2:]] for t, s in zip(read_rows(triplets), read_rows(logits), strict=True)])
     data = {"mnrl": (pairs, "embedding-pairs"), "mnrl_mined": (triplets, "embedding-triplets"),
-            "margin_mse": (margins, "embedding-margins")}
+            "margin_mse": (margins, "embedding-margins"), "kl": (scores, "embedding-scores")}
     runs: dict[str, dict[str, dict]] = {arm: {} for arm in arms}
     for seed in [int(s) for s in args.seeds.split(",")]:
         for arm in arms:

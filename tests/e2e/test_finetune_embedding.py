@@ -129,3 +129,26 @@ def test_finetune_embedding_margins_train_margin_mse_and_report_retrieval(tmp_pa
                     "--dev", str(data), "--loss", "mnrl") == 2
     assert "loss=mnrl needs pairs or triplets, but the data has scored triplets; use margin_mse" in \
         capsys.readouterr().err
+
+
+def test_finetune_embedding_scores_train_kl_on_several_negatives(tmp_path, tiny_minilm_model, capsys):
+    n = len(PAIRS)
+    rows = [f"{a}\t{p}\t{PAIRS[(i + 3) % n][1]}\t{PAIRS[(i + 5) % n][1]}\t{2.0 + 0.1 * i}\t-1.0\t0.5"
+            for i, (a, p) in enumerate(PAIRS)]
+    data = tmp_path / "scores.tsv"
+    data.write_text("anchor\tpositive\tnegative\tnegative_2\tpositive_score\tnegative_score\tnegative_2_score\n"
+                    + "\n".join(rows * 2) + "\n", encoding="utf-8")
+    flags = ["--format", "embedding-scores", "--train", str(data), "--dev", str(data),
+             "--data.negative_column=negative,negative_2"]
+    assert finetune(tiny_minilm_model, tmp_path / "run", *flags, "--label",
+                    "positive_score,negative_score,negative_2_score", "--head.teacher_temperature=2") == 0
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [r["values"] for r in metrics if r["split"] == "train"]
+    assert train and all(v["loss"] >= 0 for v in train)  # a KL divergence
+    results = json.loads((tmp_path / "run" / "eval_results.json").read_text())
+    assert {"ndcg@10", "mrr@10", "accuracy@1", "recall@10"} == set(results["best_metrics"])
+    assert finetune(tiny_minilm_model, tmp_path / "run2", *flags) == 2  # two score columns for three candidates
+    assert "2 score columns ['positive_score', 'negative_score'] for 3 candidates" in capsys.readouterr().err
+    assert finetune(tiny_minilm_model, tmp_path / "run3", *flags, "--label",
+                    "positive_score,negative_score,negative_2_score", "--loss", "margin_mse") == 2
+    assert "use kl" in capsys.readouterr().err

@@ -18,6 +18,7 @@ from bertforge.families.contrastive import (
     ContrastiveLoss,
     ContrastiveObjective,
     cosent_loss,
+    kl_loss,
     margin_mse_loss,
     ranking_loss,
     text_keys,
@@ -120,6 +121,44 @@ def test_contrastive_loss_fits_margin_mse_to_scored_triplets_only():
         ContrastiveLoss(loss="cosent").resolved(scored=True, texts=3)
     with pytest.raises(ConfigError, match="symmetric applies"):
         ContrastiveLoss(symmetric=True).resolved(scored=True, texts=3)
+
+
+def test_kl_loss_equals_the_hand_computation():
+    vectors = torch.tensor([[[1.0, 0.0], [0.6, 0.8], [0.0, 1.0], [1.0, 0.0]]])  # cosines 0.6, 0, 1
+    teacher = torch.tensor([[2.0, -1.0, 0.5]])
+    loss, correct = kl_loss(vectors, teacher, scale=20.0, teacher_temperature=2.0)
+    p = torch.softmax(teacher[0] / 2.0, -1)
+    q = torch.softmax(20.0 * torch.tensor([0.6, 0.0, 1.0]), -1)
+    assert float(loss) == pytest.approx(float((p * (p.log() - q.log())).sum()), rel=1e-6)
+    assert float(correct) == 0.0  # the student's best is the last candidate, the teacher's the positive
+    same, _ = kl_loss(vectors, 20.0 * torch.tensor([[0.6, 0.0, 1.0]]), scale=20.0)
+    assert abs(float(same)) < 1e-6  # a teacher that agrees with the student: no divergence
+
+
+def test_kl_objective_trains_candidate_scores_and_auto_picks_it():
+    features = [Feature(i, [[2, 5 + i, 3], [2, 20 + i, 3], [2, 40 + i, 3], [2, 60 + i, 3]], [[0] * 3] * 4,
+                        label=[1.0 + i, 0.5, -1.0]) for i in range(4)]
+    batch = collate_features(features, range(4), 0)
+    assert tuple(batch.labels.shape) == (4, 3)
+    objective = ContrastiveObjective(ContrastiveLoss(teacher_temperature=0.5))
+    assert objective.loss_of(batch) == "kl"
+    model = BertForSentenceEmbedding(make_tiny_config()).eval()
+    output = model(**batch.model_inputs())
+    total, count = objective.loss_terms(output, batch)["contrastive"]
+    expected, correct = kl_loss(output.embeddings.float(), batch.labels, 20.0, 0.5)
+    assert float(count) == 4 and float(total.detach()) == pytest.approx(float(expected.detach()), rel=1e-6)
+    accuracy, seen = objective.metrics(output, batch)["accuracy"]
+    assert float(accuracy) == float(correct) and float(seen) == 4
+
+
+def test_contrastive_loss_fits_kl_to_candidate_scores_only():
+    assert ContrastiveLoss().resolved(scored=True, texts=4, candidate_scores=True) == "kl"
+    with pytest.raises(ConfigError, match="needs an anchor, a positive and negatives with a teacher score"):
+        ContrastiveLoss(loss="kl").resolved(scored=True, texts=3)
+    with pytest.raises(ConfigError, match="triplets with a score per candidate; use kl"):
+        ContrastiveLoss(loss="margin_mse").resolved(scored=True, texts=3, candidate_scores=True)
+    with pytest.raises(ConfigError, match="teacher_temperature=0"):
+        ContrastiveLoss(teacher_temperature=0)
 
 
 # --- the cached run: same gradients, less memory ----------------------------------------------------------

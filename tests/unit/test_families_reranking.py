@@ -4,15 +4,19 @@ the same scores on the same saved directory."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 
 import numpy as np
 import pytest
 import torch
 
-from bertforge.errors import CheckpointError, InputError
+from bertforge.data.finetuning import Feature, collate_features
+from bertforge.data.reranking import read_rerank_lists
+from bertforge.errors import CheckpointError, DataError, InputError
 from bertforge.families.classification import BertForSequenceClassification
-from bertforge.families.reranking import relevance
+from bertforge.families.reranking import ListNetObjective, listnet_loss, relevance
 from bertforge.inference.pipelines import Pipeline, load_pipeline, rerank_scores, supported_tasks
 from bertforge.tokenization import Tokenizer
 from conftest import make_tiny_config
@@ -103,3 +107,44 @@ def test_rerank_route_is_served_for_a_cross_encoder(tmp_path, tokenizer):
     ranked = answer.json()["outputs"][0]["results"]
     assert len(ranked) == 2 and ranked[0]["score"] >= ranked[1]["score"]
     assert bad.status_code == 422 and "non-empty list" in bad.text
+
+
+# --- listwise training -------------------------------------------------------------------------------------
+def test_listnet_loss_equals_the_hand_computation_and_ignores_padding():
+    logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, 1.5, 7.0]])
+    labels = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, math.nan]])  # the second list has two documents
+    loss, correct = listnet_loss(logits, labels)
+    first = -(torch.softmax(labels[0], -1) * torch.log_softmax(logits[0], -1)).sum()
+    second = -(torch.softmax(labels[1, :2], -1) * torch.log_softmax(logits[1, :2], -1)).sum()
+    assert float(loss) == pytest.approx(float(first + second), rel=1e-6)
+    assert float(correct) == 2.0  # each list's best-scored real document carries its top label
+
+
+def test_collate_pads_shorter_lists_with_nan_labels():
+    features = [Feature(0, [[2, 5, 3], [2, 6, 3]], [[0] * 3] * 2, label=[1.0, 0.0]),
+                Feature(1, [[2, 7, 3], [2, 8, 3], [2, 9, 9, 3]], [[0] * 3] * 2 + [[0] * 4], label=[0.0, 2.0, 1.0])]
+    batch = collate_features(features, range(2), 0)
+    assert tuple(batch.input_ids.shape) == (2, 3, 4)
+    assert batch.labels[0, 2].isnan() and not batch.labels[1].isnan().any()
+    assert batch.attention_mask[0, 2].tolist() == [1, 0, 0, 0]  # one token, so the row can attend to it
+    model = BertForSequenceClassification(make_tiny_config().replace(problem_type="regression")).eval()
+    output = model(**batch.model_inputs())
+    assert tuple(output.logits.shape) == (2, 3)
+    total, count = ListNetObjective().loss_terms(output, batch)["listnet"]
+    assert torch.isfinite(total) and float(count) == 2
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"query": "q", "docs": ["a", "b"], "labels": [0, 0]}, "no document is labelled relevant"),
+    ({"query": "q", "docs": ["a", "b", "c"], "labels": [1, 0]}, "2 labels for 3 docs"),
+    ({"query": "q", "docs": ["a"], "labels": [1]}, "'docs' must be a list of at least two documents"),
+    ({"query": "q", "docs": ["a", ""], "labels": [1, 0]}, "docs[1] is not a non-empty string"),
+    ({"query": "q", "docs": ["a", "b"], "labels": [1, "x"]}, "labels[1] = 'x' is not a finite number")])
+def test_read_rerank_lists_refuses_a_bad_list_naming_its_line(tmp_path, row, message):
+    path = tmp_path / "lists.jsonl"
+    good = {"query": "Where?", "docs": ["Paris.", "Bees."], "labels": [1, 0]}
+    path.write_text(json.dumps(good) + "\n" + json.dumps(row) + "\n", encoding="utf-8")
+    with pytest.raises(DataError) as caught:
+        read_rerank_lists(path)
+    assert f"{path}:2: {message}" in str(caught.value)
+    assert len(read_rerank_lists(path, on_invalid="skip")) == 1

@@ -130,6 +130,18 @@ def test_mine_negatives_and_score_margins_commands_write_training_files(tmp_path
     groups = read_text_groups(labelled, texts=["anchor", "text"], score="label")
     assert [g.score for g in groups] == [1.0, 0.0] * len(PAIRS)  # each positive, then its negative
     assert [g.texts for g in groups[::2]] == PAIRS
+    lists = tmp_path / "lists.jsonl"
+    assert main(["mine-negatives", "--model", str(tiny_minilm_model), "--train", str(pairs), "--out", str(lists),
+                 "--num-negatives", "2", "--relative-margin", "0", "--output-format", "labeled-list",
+                 "--device", "cpu"]) == 0
+    from bertforge.data.reranking import read_rerank_lists
+
+    read = read_rerank_lists(lists)  # what `finetune --format rerank-lists` reads
+    assert [(q.query, q.texts[0]) for q in read] == PAIRS
+    assert all(q.labels == (1.0, 0.0, 0.0) and len(set(q.texts)) == 3 for q in read)
+    assert main(["mine-negatives", "--model", str(tiny_minilm_model), "--train", str(pairs), "--out",
+                 str(tmp_path / "lists.tsv"), "--output-format", "labeled-list"]) == 2
+    assert "name the file .jsonl" in capsys.readouterr().err
 
     tokenizer = Tokenizer.from_pretrained(tiny_minilm_model)
     torch.manual_seed(0)
@@ -142,6 +154,14 @@ def test_mine_negatives_and_score_margins_commands_write_training_files(tmp_path
     scored = read_text_groups(margins, texts=["anchor", "positive", "negative"], score="margin")
     assert [g.texts for g in scored] == [(r["anchor"], r["positive"], r["negative"]) for r in rows]
     assert all(-1 <= g.score <= 1 for g in scored) and len({g.score for g in scored}) > 1
+    scores = tmp_path / "scores.tsv"
+    assert main(["score-margins", "--model", str(tmp_path / "ce"), "--triplets", str(triplets), "--out",
+                 str(scores), "--device", "cpu", "--output-format", "scores", "--margin-of", "score"]) == 0
+    per_text = read_text_groups(scores, texts=["anchor", "positive", "negative"],
+                                score=["positive_score", "negative_score"])
+    assert [g.texts for g in per_text] == [g.texts for g in scored]
+    assert [g.score[0] - g.score[1] for g in per_text] == pytest.approx([g.score for g in scored], abs=1e-9)
+    assert "train with --format embedding-scores" in capsys.readouterr().err
 
 
 def test_mine_negatives_names_the_bad_line(tmp_path, tiny_minilm_model, capsys):

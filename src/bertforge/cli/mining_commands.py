@@ -1,5 +1,6 @@
 """`bertforge mine-negatives` (hard negatives for (anchor, positive) training pairs, by an embedding model) and
-`bertforge score-margins` (a cross-encoder's margin for each triplet, for MarginMSE distillation): their flags
+`bertforge score-margins` (a cross-encoder's margin for each triplet, for MarginMSE distillation, or its score
+of each candidate, for KL distillation): their flags
 and what they run. The work is `inference.negative_mining`; the files are `data.embedding`'s tables."""
 
 from __future__ import annotations
@@ -66,10 +67,13 @@ def add_mine_negatives(sub: argparse._SubParsersAction) -> None:
                    "most (1 - this) x the positive's (default 0.05; 0 turns it off)")
     p.add_argument("--margin", type=float, help="keep a candidate only if its cosine is at most the positive's "
                    "minus this (default: no absolute margin)")
-    p.add_argument("--output-format", choices=["triplet", "labeled-pair"], default="triplet", help="triplet: "
-                   "anchor, positive, negative rows (default; `finetune --format embedding-triplets`); labeled-pair: "
-                   "anchor, text, label rows, the positive labelled 1 and each negative 0 (a cross-encoder's "
-                   "training file: `finetune --format pair --text-a anchor --text-b text`)")
+    p.add_argument("--output-format", choices=["triplet", "labeled-pair", "labeled-list"], default="triplet",
+                   help="triplet: anchor, positive, negative rows (default; `finetune --format embedding-triplets`); "
+                   "labeled-pair: anchor, text, label rows, the positive labelled 1 and each negative 0 (a "
+                   "cross-encoder's training file: `finetune --format pair --text-a anchor --text-b text`); "
+                   "labeled-list: one JSON line per pair, its query, docs (the positive, then its negatives) and "
+                   "labels (1, then 0s) (listwise cross-encoder training: `finetune --format rerank-lists`; the "
+                   "file must be .jsonl)")
     p.add_argument("--sampling", choices=["top", "random"], default="top", help="top: the best-ranked candidates "
                    "left (default); random: drawn from all that are left")
     p.add_argument("--seed", type=int, default=0, help="--sampling random's seed (default 0)")
@@ -81,10 +85,13 @@ def add_mine_negatives(sub: argparse._SubParsersAction) -> None:
 
 def add_score_margins(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("score-margins", help="a cross-encoder's margin (positive minus negative relevance) for each "
-                       "(anchor, positive, negative) triplet: MarginMSE distillation data",
+                       "(anchor, positive, negative) triplet, or its score of each text: MarginMSE or KL "
+                       "distillation data",
                        description="Scores both texts of every triplet against its anchor with a cross-encoder "
                        "(the rerank task) and writes anchor, positive, negative, margin rows, the file `finetune "
-                       "--format embedding-margins` trains on (loss margin_mse).")
+                       "--format embedding-margins` trains on (loss margin_mse); with --output-format scores, "
+                       "anchor, positive, negative, positive_score, negative_score rows, the file `finetune "
+                       "--format embedding-scores` trains on (loss kl).")
     p.add_argument("--model", required=True, metavar="DIR", help="the cross-encoder directory (a pair classifier "
                    "with one output or two labels, e.g. trained by `bertforge finetune --format pair`)")
     p.add_argument("--triplets", required=True, metavar="FILE", help="anchor, positive, negative rows (e.g. from "
@@ -92,9 +99,13 @@ def add_score_margins(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, metavar="FILE", help="the scored triplets (.tsv, .csv or .jsonl)")
     p.add_argument("--on-invalid", choices=["error", "skip"], default="error", help="a malformed row: stop naming "
                    "its file and line (default), or skip it, counted")
-    p.add_argument("--margin-of", choices=["score", "logit"], default="score", help="score: relevance in [0, 1], "
-                   "so margins lie in [-1, 1] like the cosine margins the student learns (default); logit: the raw "
-                   "output")
+    p.add_argument("--output-format", choices=["margin", "scores"], default="margin", help="margin: one margin "
+                   "column (default; MarginMSE); scores: the teacher's score of the positive and of the negative "
+                   "(KL distillation)")
+    p.add_argument("--margin-of", choices=["score", "logit"], help="what is compared: score, relevance in [0, 1], "
+                   "so margins lie in [-1, 1] like the cosine margins the student learns (the default of "
+                   "margin); logit, the raw output (the default of scores: a softmax over logits keeps the "
+                   "teacher's confidence)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, help="tokens per (anchor, text) input (default: the model's)")
     add_engine_flags(p)
@@ -112,6 +123,8 @@ def cmd_mine_negatives(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.inference.negative_mining import MiningReport, MiningSettings, mine_negatives, output_rows
     from bertforge.inference.pipelines import load_pipeline
 
+    if args.output_format == "labeled-list" and not str(args.out).endswith(".jsonl"):
+        raise ConfigError(f"--out {args.out}: --output-format labeled-list writes JSON Lines; name the file .jsonl")
     settings = MiningSettings(num_negatives=args.num_negatives, range_min=args.range_min, range_max=args.range_max,
                               margin=args.margin, relative_margin=args.relative_margin or None,
                               sampling=args.sampling, seed=args.seed)
@@ -148,8 +161,9 @@ def cmd_mine_negatives(args: argparse.Namespace, extra: list[str]) -> None:
                               "scored too close to their positive): lower --relative-margin (a model not trained for "
                               "sentence vectors gives every pair a cosine near 1) or --margin, or widen --range-max")
         write_text_groups(args.out, *output_rows(mined, args.output_format))
-    use = ("train with --format embedding-triplets" if args.output_format == "triplet" else
-           "train a cross-encoder with --format pair --text-a anchor --text-b text")
+    use = {"triplet": "train with --format embedding-triplets",
+           "labeled-pair": "train a cross-encoder with --format pair --text-a anchor --text-b text",
+           "labeled-list": "train a cross-encoder on the lists with --format rerank-lists"}[args.output_format]
     for line in report.lines():
         print(line, file=sys.stderr)
     print(f"{args.output_format} rows written to {args.out} ({use})", file=sys.stderr)
@@ -157,17 +171,24 @@ def cmd_mine_negatives(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_score_margins(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.data.embedding import read_text_groups, write_text_groups
-    from bertforge.inference.negative_mining import teacher_margins
+    from bertforge.inference.negative_mining import teacher_scores
     from bertforge.inference.pipelines import load_pipeline
 
     groups = read_text_groups(args.triplets, texts=["anchor", "positive", "negative"],
                               on_invalid=args.on_invalid)
     pipeline = load_pipeline(args.model, "rerank", **_engine_options(args))
-    margins = teacher_margins([g.texts for g in groups], pipeline.run, kind=args.margin_of)
-    write_text_groups(args.out, ("anchor", "positive", "negative", "margin"),
-                      [(*g.texts, m) for g, m in zip(groups, margins)])
+    kind = args.margin_of or ("logit" if args.output_format == "scores" else "score")
+    scores = teacher_scores([g.texts for g in groups], pipeline.run, kind=kind)
+    margins = [positive - negative for positive, negative in scores]
+    if args.output_format == "scores":
+        write_text_groups(args.out, ("anchor", "positive", "negative", "positive_score", "negative_score"),
+                          [(*g.texts, *s) for g, s in zip(groups, scores)])
+        use = "--format embedding-scores"
+    else:
+        write_text_groups(args.out, ("anchor", "positive", "negative", "margin"),
+                          [(*g.texts, m) for g, m in zip(groups, margins)])
+        use = "--format embedding-margins"
     mean = sum(margins) / len(margins)
     wrong = sum(m <= 0 for m in margins)
-    print(f"{len(margins)} triplets scored by {args.model}: mean margin {mean:.4f}, {wrong} with the negative "
-          f"scored at least as high as the positive; written to {args.out} (train with --format embedding-margins)",
-          file=sys.stderr)
+    print(f"{len(margins)} triplets scored by {args.model} ({kind}): mean margin {mean:.4f}, {wrong} with the negative "
+          f"scored at least as high as the positive; written to {args.out} (train with {use})", file=sys.stderr)

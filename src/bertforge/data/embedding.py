@@ -35,11 +35,12 @@ from bertforge.storage import open_atomic
 @dataclass(frozen=True)
 class TextGroup:
     """One training example: `texts` in role order (anchor, positive, then hard negatives; or the two
-    sentences of a scored pair), its `score` (scored pairs; None otherwise), where it came from ("file:line")
+    sentences of a scored pair), its `score` (scored pairs, margins; a tuple of one per candidate after the
+    anchor for distillation by KL; None otherwise), where it came from ("file:line")
     and its id."""
 
     texts: tuple[str, ...]
-    score: float | None
+    score: float | tuple[float, ...] | None
     source: str
     id: str = ""
 
@@ -52,7 +53,8 @@ def _score(raw: object) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def read_text_groups(path: str | os.PathLike, *, texts: Sequence[Column], score: Column | None = None,
+def read_text_groups(path: str | os.PathLike, *, texts: Sequence[Column],
+                     score: Column | Sequence[Column] | None = None,
                      header: bool | None = None, file_format: str | None = None, on_invalid: str = "error",
                      report: DataReport | None = None, id_column: Column | None = None) -> list[TextGroup]:
     """Read a table of text groups.
@@ -60,7 +62,8 @@ def read_text_groups(path: str | os.PathLike, *, texts: Sequence[Column], score:
     Args:
         path: the file (.tsv/.txt: tab-separated, no quoting; .csv; .jsonl).
         texts: the text columns in role order (header names, JSON keys or 0-based indices), at least two.
-        score: the score column of scored pairs (a number); None for pairs and triplets.
+        score: the score column of scored pairs or margins (a number), or a list of them (a score per
+            candidate, read as a tuple); None for pairs and triplets.
         header: whether the first row names the columns; None: yes when a column is given by name (JSONL
             always has names).
         on_invalid: "error" raises at the first malformed row; "skip" drops it, counted as `skipped_<reason>`.
@@ -76,8 +79,10 @@ def read_text_groups(path: str | os.PathLike, *, texts: Sequence[Column], score:
     report = report if report is not None else DataReport()
     file_format = detect_format(path, file_format)
     columns = [parse_column(c) for c in texts]
-    score_column, id_given = parse_column(score), parse_column(id_column)
-    named = [c for c in (*columns, score_column, id_given) if isinstance(c, str)]
+    several = isinstance(score, list | tuple)
+    score_columns = [parse_column(c) for c in (score if several else [score] if score is not None else [])]
+    id_given = parse_column(id_column)
+    named = [c for c in (*columns, *score_columns, id_given) if isinstance(c, str)]
     header = (bool(named) and file_format != "jsonl") if header is None else header
     names: dict[str, int] | None = None
     width = header_line = None
@@ -109,13 +114,13 @@ def read_text_groups(path: str | os.PathLike, *, texts: Sequence[Column], score:
             keys = f" (this line has keys {sorted(row)})" if isinstance(row, dict) else ""
             invalid(report, on_invalid, "empty_text", f"text column {texts[empty]!r} is {missing}{keys}", path, line)
             continue
-        value = None
-        if score_column is not None:
-            value = _score(cell(row, score_column, names))
-            if value is None:
-                invalid(report, on_invalid, "bad_label", f"score {cell(row, score_column, names)!r} is not a "
-                        "finite number", path, line)
-                continue
+        values_read = [_score(cell(row, c, names)) for c in score_columns]
+        bad = next((i for i, v in enumerate(values_read) if v is None), None)
+        if bad is not None:
+            invalid(report, on_invalid, "bad_label", f"score {cell(row, score_columns[bad], names)!r} (column "
+                    f"{score_columns[bad]!r}) is not a finite number", path, line)
+            continue
+        value = tuple(values_read) if several else values_read[0] if values_read else None
         ident_column = id_given if id_given is not None else default_id_column(
             row if isinstance(row, dict) else (names or {}), {"text": None})
         ident = cell(row, ident_column, names) if ident_column is not None else None

@@ -17,7 +17,9 @@ Windowing is the tokenizer's (`tokenization.windows`); each family's feature bui
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -181,6 +183,15 @@ def collate_features(features: Sequence[Feature], indices: Sequence[int], pad_to
     """
     width = max(len(f) for f in features)
     choice = isinstance(features[0].input_ids[0], list) if features[0].input_ids else False
+    rows = max(len(f.input_ids) for f in features) if choice else 0
+    if choice and any(len(f.input_ids) != rows for f in features):
+        # Lists of different lengths (listwise reranking): the short ones get one-token padding rows (a row
+        # without a real token has nothing to attend to) and NaN labels, which their loss leaves out.
+        features = [f if len(f.input_ids) == rows else dataclasses.replace(
+            f, input_ids=f.input_ids + [[pad_token_id]] * (rows - len(f.input_ids)),
+            token_type_ids=f.token_type_ids + [[0]] * (rows - len(f.input_ids)),
+            label=list(f.label) + [math.nan] * (rows - len(f.input_ids)))
+            for f in features]
 
     def pad(rows, value: int) -> torch.Tensor:
         if choice:  # [B][C][T_c] -> [B, C, T]: every choice row padded to the batch's longest

@@ -1,5 +1,6 @@
 """The training objectives of sentence embeddings: in-batch negatives (multiple-negatives ranking), CoSENT for
-scored pairs, MarginMSE for triplets scored by a teacher, Matryoshka dimensions over any of them; and the
+scored pairs, MarginMSE for triplets scored by a teacher, KL distillation for an anchor's candidates each scored
+by a teacher, Matryoshka dimensions over any of them; and the
 settings that choose them (`ContrastiveLoss`).
 
 Owns the losses and the one place where in-batch negatives cross processes (`gather`): under DDP every rank
@@ -26,7 +27,9 @@ import torch.nn.functional as F
 from bertforge.errors import ConfigError
 from bertforge.families.base import Objective
 
-LOSSES = ("auto", "mnrl", "cached_mnrl", "cosent", "margin_mse")
+LOSSES = ("auto", "mnrl", "cached_mnrl", "cosent", "margin_mse", "kl")
+# The losses that train on a teacher's or a gold score (the others on texts alone).
+SCORED_LOSSES = ("cosent", "margin_mse", "kl")
 # The softmax temperature of both losses (sentence-transformers' default scale 20, i.e. 1/0.05).
 DEFAULT_SCALE = 20.0
 
@@ -56,6 +59,7 @@ class ContrastiveLoss:
     symmetric: bool = False
     mini_batch_size: int | None = None
     matryoshka_dims: tuple[int, ...] = ()
+    teacher_temperature: float = 1.0
     query_regularizer: float | None = None
     document_regularizer: float | None = None
     regularizer_warmup: float | None = None
@@ -65,6 +69,9 @@ class ContrastiveLoss:
             raise ConfigError(f"loss={self.loss!r}: use one of {LOSSES}")
         if not self.scale > 0:
             raise ConfigError(f"scale={self.scale!r}: use a positive number (20 is usual)")
+        if not 0 < self.teacher_temperature < float("inf"):
+            raise ConfigError(f"teacher_temperature={self.teacher_temperature!r}: use a positive number (1 keeps a "
+                              "cross-encoder's logits as they are)")
         if self.mini_batch_size is not None and (self.mini_batch_size < 1 or self.loss != "cached_mnrl"):
             raise ConfigError(f"mini_batch_size={self.mini_batch_size!r} applies to loss=cached_mnrl, as a positive "
                               "number of rows")
@@ -79,18 +86,22 @@ class ContrastiveLoss:
         if any(d < 1 for d in self.matryoshka_dims):
             raise ConfigError(f"matryoshka_dims={list(self.matryoshka_dims)}: use positive widths, e.g. 256,128,64")
 
-    def resolved(self, scored: bool, texts: int = 2) -> str:
-        """The loss for data with scores (`scored`) or without, of `texts` texts per example; ConfigError when
-        they do not fit."""
-        fitting = ("margin_mse" if texts == 3 else "cosent") if scored else "mnrl"
+    def resolved(self, scored: bool, texts: int = 2, candidate_scores: bool = False) -> str:
+        """The loss for data with scores (`scored`) or without, of `texts` texts per example, with one score per
+        candidate (`candidate_scores`: kl's data) or one per example; ConfigError when they do not fit."""
+        fitting = ("kl" if candidate_scores else "margin_mse" if texts == 3 else "cosent") if scored else "mnrl"
         loss = self.loss if self.loss != "auto" else fitting
         needs = {"cosent": "scored pairs", "margin_mse": "triplets with a margin column (anchor, positive, "
-                 "negative, margin: `bertforge score-margins` writes them)"}.get(loss, "pairs or triplets")
-        if scored != (loss in ("cosent", "margin_mse")) or (scored and loss != fitting):
-            shape = f"{'scored ' if scored else ''}{'triplets' if texts == 3 else 'pairs' if texts == 2 else 'groups'}"
+                 "negative, margin: `bertforge score-margins` writes them)",
+                 "kl": "an anchor, a positive and negatives with a teacher score per candidate (`bertforge "
+                 "score-margins --output-format scores` writes them)"}.get(loss, "pairs or triplets")
+        if scored != (loss in SCORED_LOSSES) or (scored and loss != fitting):
+            kind = "groups" if texts > 3 else "triplets" if texts == 3 else "pairs"
+            shape = (f"{kind} with a score per candidate" if candidate_scores else
+                     f"{'scored ' if scored else ''}{kind}")
             raise ConfigError(f"loss={loss} needs {needs}, but the data has {shape}; use "
                               f"{fitting if scored else 'mnrl or cached_mnrl'}")
-        if self.symmetric and loss in ("cosent", "margin_mse"):
+        if self.symmetric and loss in SCORED_LOSSES:
             raise ConfigError(f"symmetric applies to mnrl and cached_mnrl, not {loss}")
         return loss
 
@@ -202,11 +213,30 @@ def margin_mse_loss(vectors: torch.Tensor, margins: torch.Tensor) -> tuple[torch
     return ((student - margins.to(student.dtype)) ** 2).sum(), (student > 0).float().sum()
 
 
+def kl_loss(vectors: torch.Tensor, teacher: torch.Tensor, scale: float, teacher_temperature: float = 1.0
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed KL divergence, correct count) of distillation from a teacher's scores over each anchor's
+    candidates (Lin et al., 2020): KL(softmax(teacher / teacher_temperature) || softmax(scale · cos(anchor, c))).
+
+    vectors [B, C, D] (anchor, positive, C-2 negatives), teacher [B, C-1] (its score of each candidate, the
+    positive first). Summed over anchors, so the loop's mean is sentence-transformers' `DistillKLDivLoss`
+    ("batchmean") with its student temperature 1/scale, without its factor student_temperature²: the loss
+    stays in nats and its gradient on the scaled cosines has the size of mnrl's, for which the recipes'
+    learning rates are set. Correct: the student's best candidate is the teacher's.
+    """
+    anchors = F.normalize(vectors[:, 0], dim=-1)[:, None]  # [B, 1, D]
+    student = scale * (anchors * F.normalize(vectors[:, 1:], dim=-1)).sum(-1)  # [B, C-1]
+    teacher = teacher.to(student.dtype)
+    target = torch.softmax(teacher / teacher_temperature, dim=-1)
+    loss = F.kl_div(torch.log_softmax(student, dim=-1), target, reduction="sum")
+    return loss, (student.argmax(-1) == teacher.argmax(-1)).float().sum()
+
+
 class ContrastiveObjective(Objective):
     """The training loop's view of an embedding model (`BertForSentenceEmbedding`'s output `.embeddings`
-    [B, C, D]): one loss term, per anchor (mnrl, margin_mse) or per micro-batch (cosent, a loss over the batch's
+    [B, C, D]): one loss term, per anchor (mnrl, margin_mse, kl) or per micro-batch (cosent, a loss over the batch's
     pairs), each Matryoshka width adding its own loss to it; `accuracy` is the anchors whose positive scored
-    highest (margin_mse: above the triplet's negative)."""
+    highest (margin_mse: above the triplet's negative; kl: the candidate the teacher scored highest)."""
 
     def __init__(self, settings: ContrastiveLoss):
         self.settings = settings
@@ -215,8 +245,11 @@ class ContrastiveObjective(Objective):
         self.scored: tuple[Any, torch.Tensor] | None = None
 
     def loss_of(self, batch) -> str:
-        """The loss of this batch: the settings' own, or for "auto" cosent when the batch has scores."""
-        return self.settings.resolved(scored=batch.labels is not None, texts=batch.input_ids.shape[1])
+        """The loss of this batch: the settings' own, or for "auto" the one its scores call for (cosent for a
+        score per pair, margin_mse per triplet, kl for a row of scores [B, C-1] per anchor)."""
+        labels = batch.labels
+        return self.settings.resolved(scored=labels is not None, texts=batch.input_ids.shape[1],
+                                      candidate_scores=labels is not None and labels.dim() == 2)
 
     def counts(self, batch) -> dict[str, torch.Tensor]:
         return {"contrastive": torch.tensor(1.0 if self.loss_of(batch) == "cosent" else float(batch.input_ids.shape[0]))}
@@ -235,10 +268,10 @@ class ContrastiveObjective(Objective):
         count = self.counts(batch)["contrastive"].to(vectors.device)
         if self.loss_of(batch) == "cosent":
             total = sum(cosent_loss(v, batch.labels.float(), self.settings.scale) for v in self.widths(vectors))
-        elif self.loss_of(batch) == "margin_mse":
+        elif self.loss_of(batch) in ("margin_mse", "kl"):
             total = 0.0
             for v in self.widths(vectors):
-                loss, correct = margin_mse_loss(v, batch.labels)
+                loss, correct = self.distilled(v, batch)
                 total = total + loss
                 if v.shape[-1] == vectors.shape[-1]:
                     self.scored = (output, correct.detach())
@@ -251,6 +284,12 @@ class ContrastiveObjective(Objective):
                     self.scored = (output, correct.detach())
         return {"contrastive": (total, count)}
 
+    def distilled(self, vectors: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss sum, correct count) of a teacher's scores: margin_mse (one margin per triplet) or kl."""
+        if self.loss_of(batch) == "kl":
+            return kl_loss(vectors, batch.labels, self.settings.scale, self.settings.teacher_temperature)
+        return margin_mse_loss(vectors, batch.labels)
+
     def metrics(self, output, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         if self.loss_of(batch) == "cosent":
             return {}
@@ -259,7 +298,7 @@ class ContrastiveObjective(Objective):
         else:
             with torch.no_grad():
                 vectors = output.embeddings.detach().float()
-                _, correct = (margin_mse_loss(vectors, batch.labels) if self.loss_of(batch) == "margin_mse"
+                _, correct = (self.distilled(vectors, batch) if self.loss_of(batch) in ("margin_mse", "kl")
                               else mnrl_terms(vectors, batch.input_ids, self.settings))
         self.scored = None
         return {"accuracy": (correct, correct.new_tensor(float(batch.input_ids.shape[0])))}

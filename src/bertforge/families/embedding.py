@@ -41,6 +41,10 @@ FORMAT_COLUMNS: dict[str, dict[str, Any]] = {
     # Triplets with a teacher's margin (MarginMSE distillation; `bertforge score-margins` writes them).
     "embedding-margins": {"text_a_column": "anchor", "text_b_column": "positive", "negative_column": "negative",
                           "label_column": "margin"},
+    # An anchor's candidates (positive, negatives) with a teacher's score each (KL distillation; `bertforge
+    # score-margins --output-format scores` writes them). More negatives: list the columns, comma-separated.
+    "embedding-scores": {"text_a_column": "anchor", "text_b_column": "positive", "negative_column": "negative",
+                         "label_column": "positive_score,negative_score"},
 }
 # What a dev evaluation reports: scored pairs their correlations, pairs and triplets a retrieval among the dev
 # set's own positives (each anchor's positive is its one relevant text).
@@ -49,6 +53,26 @@ RANKING_METRICS = ("ndcg@10", "mrr@10", "accuracy@1", "recall@10")
 
 # One pooling each (several join with "+", concatenated in this order, as sentence-transformers does).
 POOLINGS = ("cls", "max", "mean", "mean_sqrt_len", "weightedmean", "lasttoken")
+
+
+def listed(column: Any) -> list[Any]:
+    """A reader column setting as a list: None none, "a,b" two names, anything else itself."""
+    if column is None:
+        return []
+    return [c.strip() for c in column.split(",")] if isinstance(column, str) and "," in column else [column]
+
+
+def group_columns(reader: Any) -> tuple[list[Any], list[Any]]:
+    """(text columns in role order, score columns) of an embedding file's `ReaderSettings`: the negative and
+    label settings may list several columns, comma-separated (several negatives; a score per candidate, which
+    must then name one column per candidate after the anchor)."""
+    texts = [c for c in (reader.text_a_column, reader.text_b_column) if c is not None] + listed(reader.negative_column)
+    scores = listed(reader.label_column)
+    if len(scores) > 1 and len(scores) != len(texts) - 1:
+        raise ConfigError(f"{len(scores)} score columns {scores} for {len(texts) - 1} candidates {texts[1:]}: give "
+                          "one score column per candidate (the positive's first), in the candidates' order, e.g. "
+                          "--label positive_score,negative_score")
+    return texts, scores
 
 
 def check_pooling(pooling: Any) -> tuple[str, ...]:
@@ -173,7 +197,7 @@ class EmbeddingTraining(FamilyTraining):
     task's pooling on it."""
 
     settings = frozenset({"head.loss", "head.scale", "head.symmetric", "head.mini_batch_size", "head.matryoshka_dims",
-                          "features.pooling", "features.normalize", "data.negative_column"})
+                          "head.teacher_temperature", "features.pooling", "features.normalize", "data.negative_column"})
 
     def format_reader(self, format_name: str) -> dict[str, Any]:
         return dict(FORMAT_COLUMNS[format_name])
@@ -196,8 +220,8 @@ class EmbeddingTraining(FamilyTraining):
         mini-batches, on the training model; the pooler (unused by the losses) is frozen so DDP does not wait
         for its gradients."""
         settings = (loss.contrastive if loss is not None else None) or ContrastiveLoss()
-        settings.resolved(scored=task.reader.label_column is not None,
-                          texts=3 if task.reader.negative_column is not None else 2)
+        texts, scores = group_columns(task.reader)
+        settings.resolved(scored=bool(scores), texts=len(texts), candidate_scores=len(scores) > 1)
         sentence = replace(model.sentence, pooling=task.options["pooling"], normalize=task.options["normalize"],
                            max_seq_length=task.inputs.max_seq_length)
         if task.options["layer"] != -1:
@@ -264,11 +288,12 @@ class Embedding(Family):
     def read(self, path, *, part, task, report, labelled=True) -> list[TextGroup]:
         """(anchor, positive[, negative]) groups, or scored pairs when the reader names a label (score) column."""
         reader = task.reader
-        texts = [c for c in (reader.text_a_column, reader.text_b_column, reader.negative_column) if c is not None]
+        texts, scores = group_columns(reader)
         if len(texts) < 2:
             raise ConfigError(f"{task.name}: an embedding file needs two text columns: give --text-a and --text-b "
                               "(data.text_a_column / data.text_b_column)")
-        return read_text_groups(path, texts=texts, score=reader.label_column if labelled else None,
+        score = (scores if len(scores) > 1 else scores[0] if scores else None) if labelled else None
+        return read_text_groups(path, texts=texts, score=score,
                                 header=reader.header, file_format=reader.file_format, on_invalid=reader.on_invalid,
                                 report=report, id_column=reader.id_column)
 
@@ -300,7 +325,8 @@ class Embedding(Family):
         for index, example in enumerate(examples):
             if isinstance(example, TextGroup):
                 rows = [window(text) for text in example.texts]
-                features.append(Feature(index, [r[0] for r in rows], [r[1] for r in rows], label=example.score))
+                label = list(example.score) if isinstance(example.score, tuple) else example.score
+                features.append(Feature(index, [r[0] for r in rows], [r[1] for r in rows], label=label))
             else:
                 features.append(Feature(index, *window(example)))
         return features

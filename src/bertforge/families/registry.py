@@ -31,7 +31,7 @@ from bertforge.model.fast_paths import set_fast_paths
 FAMILIES: tuple[Family, ...] = (CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE, PRETRAINING,
                                 RERANKING, SPARSE_EMBEDDING, EMBEDDING)
 FINETUNING_FAMILIES: tuple[Family, ...] = (CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE,
-                                           SPARSE_EMBEDDING, EMBEDDING)
+                                           RERANKING, SPARSE_EMBEDDING, EMBEDDING)
 
 
 def _key(name: str) -> str:

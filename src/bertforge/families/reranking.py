@@ -3,41 +3,54 @@
 A cross-encoder is a sentence-pair classifier (`BertForSequenceClassification`) that reads the query and one
 candidate together, ``[CLS] query [SEP] text [SEP]``, and scores their relevance with one output (the
 cross-encoders of sentence-transformers and text-embeddings-inference: `num_labels` 1, relevance =
-sigmoid(logit)) or two labels (relevance = the probability of the last one, "relevant"). Fine-tune one as a
-pair classifier (`--format pair`, labels 0/1) or a one-output regressor (`--format regression`, scores 0/1).
+sigmoid(logit)) or two labels (relevance = the probability of the last one, "relevant"). Fine-tune one
+pointwise, as a pair classifier (`--format pair`, labels 0/1) or a one-output regressor (`--format
+regression`, scores 0/1), or listwise on a query's list of documents (`--format rerank-lists`, this family's
+training: ListNet, `listnet_loss`).
 
 Owns: the `rerank` route's input (``{"query": ..., "texts": [...]}``), its features (one window per candidate,
 the candidate cut to fit: the pair windows of `tokenization.pairs`, long segment second), the relevance rule
-above and the route's JSON (``{"results": [{"index", "score", "logit"}...]}``, best first). Bi-encoder top-k
-lists are reranked with it in `evaluation.embedding.evaluate_retrieval(..., rerank=...)`.
+above and the route's JSON (``{"results": [{"index", "score", "logit"}...]}``, best first), and listwise
+training: the ListNet objective, its features (one [C][T] feature per list) and the lists' figures (nDCG@10,
+MRR@10 of each list ranked by the model). Bi-encoder top-k lists are reranked with it in
+`evaluation.embedding.evaluate_retrieval(..., rerank=...)`.
+
+ListNet (Cao et al., 2007), as sentence-transformers' `ListNetLoss` defines it: the cross-entropy between the
+softmax of a list's labels and the softmax of the model's logits over its documents, averaged over lists. It
+was chosen over LambdaLoss for its single definition with no weighting scheme or NDCG truncation to choose, and
+because it needs nothing but a softmax over the list (LambdaLoss ranks better in sentence-transformers' MS MARCO
+runs; it can join this family as a second objective over the same features).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from bertforge.data.finetuning import DataReport, Feature
+from bertforge.data.reranking import RerankQuery, read_rerank_lists
 from bertforge.errors import CheckpointError, InputError
-from bertforge.families.base import Family, InputSettings, check_number, check_text
+from bertforge.families.base import (
+    REGRESSION,
+    Family,
+    FamilyTraining,
+    InputSettings,
+    LossSettings,
+    Objective,
+    check_number,
+    check_text,
+)
 from bertforge.families.classification import BertForSequenceClassification
+from bertforge.metrics.embedding import retrieval_scores
 from bertforge.model.config import BertConfig
 from bertforge.tokenization.pairs import pair_windows
 from bertforge.tokenization.tokenizer import Tokenizer
 
 # How many candidates one request may rank (each is one model input).
 MAX_CANDIDATES = 1000
-
-
-@dataclass(frozen=True)
-class RerankQuery:
-    """One query and its candidate texts."""
-
-    query: str
-    texts: tuple[str, ...]
 
 
 def relevance(logits: np.ndarray) -> np.ndarray:
@@ -47,6 +60,57 @@ def relevance(logits: np.ndarray) -> np.ndarray:
         return 1.0 / (1.0 + np.exp(-logits[:, 0]))
     shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
     return shifted[:, -1] / shifted.sum(axis=1)
+
+
+# What a list evaluation reports (each list ranked by the model, its labels the relevance).
+LIST_METRICS = ("ndcg@10", "mrr@10")
+
+
+def listnet_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed ListNet loss, correct count) of lists: -sum_i softmax(labels)_i · log softmax(logits)_i per list.
+
+    logits, labels [B, C]; a list shorter than C has NaN labels in its padding, which takes no part in either
+    softmax. Correct: the model's best document is one of the highest labelled.
+    """
+    real = ~labels.isnan()
+    logits = logits.float().masked_fill(~real, float("-inf"))
+    target = torch.softmax(labels.float().masked_fill(~real, float("-inf")), dim=-1)
+    terms = torch.where(real, target * torch.log_softmax(logits, dim=-1), torch.zeros_like(target))
+    best = labels.nan_to_num(float("-inf")).amax(-1)
+    chosen = labels.gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
+    return -terms.sum(), (chosen == best).float().sum()
+
+
+class ListNetObjective(Objective):
+    """The training loop's view of a cross-encoder trained on lists (`BertForSequenceClassification` given
+    [B, C, T] inputs scores each document: logits [B, C]): ListNet per list; accuracy is the lists whose best
+    scored document has the highest label."""
+
+    def counts(self, batch) -> dict[str, torch.Tensor]:
+        return {"listnet": torch.tensor(float(batch.input_ids.shape[0]))}
+
+    def loss_terms(self, output, batch):
+        loss, _ = listnet_loss(output.logits, batch.labels)
+        return {"listnet": (loss, loss.new_tensor(float(batch.input_ids.shape[0])))}
+
+    def metrics(self, output, batch):
+        _, correct = listnet_loss(output.logits.detach(), batch.labels)
+        return {"accuracy": (correct, correct.new_tensor(float(batch.input_ids.shape[0])))}
+
+
+class RerankingTraining(FamilyTraining):
+    """What fine-tuning asks of listwise reranking: the file's keys, a one-output head (a cross-encoder that
+    `rerank`, sentence-transformers' `CrossEncoder` and text-embeddings-inference read) and ListNet."""
+
+    def format_reader(self, format_name: str) -> dict[str, Any]:
+        return {"text_a_column": "query", "text_b_column": "docs", "label_column": "labels"}
+
+    def head_config(self, label_names, kind=None) -> dict[str, Any]:
+        return {"problem_type": REGRESSION, "id2label": None, "label2id": None}
+
+    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> ListNetObjective:
+        self.refuse_loss_settings(loss)
+        return ListNetObjective()
 
 
 class Reranking(Family):
@@ -61,6 +125,9 @@ class Reranking(Family):
     options = {"top_n": None, "return_text": False}
     example_inputs = [{"query": "What is the capital of France?",
                        "texts": ["Paris is the capital of France.", "Berlin is in Germany.", "France is in Europe."]}]
+    formats = {"rerank-lists": None}
+    training_hooks = RerankingTraining
+    default_metrics = LIST_METRICS
 
     def check_model(self, config: BertConfig) -> None:
         if config.num_labels not in (1, 2):
@@ -92,19 +159,38 @@ class Reranking(Family):
         return RerankQuery(check_text(item["query"], "query"),
                            tuple(check_text(t, f"texts[{i}]") for i, t in enumerate(texts)))
 
+    def read(self, path, *, part, task, report, labelled=True) -> list[RerankQuery]:
+        reader = task.reader
+        return read_rerank_lists(path, query_column=reader.text_a_column, docs_column=reader.text_b_column,
+                                 labels_column=reader.label_column if labelled else None,
+                                 file_format=reader.file_format, on_invalid=reader.on_invalid, report=report)
+
+    def metric_names(self, task, dev_examples=None) -> tuple[str, ...]:
+        return LIST_METRICS
+
+    def labelled(self, examples: Sequence[Any]) -> bool:
+        return all(isinstance(e, RerankQuery) and e.labels is not None for e in examples)
+
     def features(self, examples: Sequence[RerankQuery], tokenizer: Tokenizer, settings: InputSettings, *,
                  config: BertConfig, report: DataReport | None = None, training: bool = False) -> list[Feature]:
         """One ``[CLS] query [SEP] text [SEP]`` window per candidate (`Feature.window` = its index), the
-        candidate cut to the room the query leaves."""
+        candidate cut to the room the query leaves; for training, a list's windows are the rows of one [C][T]
+        feature with its labels (ListNet scores the list at once)."""
         post = tokenizer.post_processor
         features = []
         for index, example in enumerate(examples):
             query = tokenizer.encode(example.query, add_special_tokens=False).ids
+            rows = []
             for position, text in enumerate(example.texts):
                 ids = tokenizer.encode(text, add_special_tokens=False).ids
                 first = pair_windows(query, ids, post, settings.max_seq_length, long="second",
                                      doc_stride=settings.doc_stride).windows[0]
-                features.append(Feature(index, first.ids, first.type_ids, window=position))
+                rows.append(Feature(index, first.ids, first.type_ids, window=position))
+            if training:
+                features.append(Feature(index, [r.input_ids for r in rows], [r.token_type_ids for r in rows],
+                                        label=list(example.labels)))
+            else:
+                features += rows
         return features
 
     def decode(self, examples: Sequence[RerankQuery], features: Sequence[Feature], outputs: Sequence[Any],
@@ -123,6 +209,21 @@ class Reranking(Family):
                                          **({"text": example.texts[i]} if options["return_text"] else {})}
                                         for i, s, raw in kept]})
         return results
+
+
+    def score(self, examples, results, config, **settings):
+        """Each list ranked by the model against its labels (relevant: label > 0, graded by the label):
+        nDCG@10 and MRR@10 averaged over the lists."""
+        ranked = {str(q): [str(item["index"]) for item in result["results"]] for q, result in enumerate(results)}
+        qrels = {str(q): {str(i): label for i, label in enumerate(example.labels) if label > 0}
+                 for q, example in enumerate(examples)}
+        figures = retrieval_scores(ranked, qrels, k_values=(10,), mrr_at=(10,), ndcg_at=(10,), map_at=(10,),
+                                   graded=True)
+        return {name: figures[name] for name in LIST_METRICS}, {}, []
+
+    def record(self, example: RerankQuery, result: dict[str, Any]) -> dict[str, Any]:
+        return {"id": example.id, "query": example.query, "texts": list(example.texts),
+                "labels": None if example.labels is None else list(example.labels), **result}
 
 
 FAMILY = Reranking()

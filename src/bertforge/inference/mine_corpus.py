@@ -307,7 +307,7 @@ def mine_corpus(model_dir: str | os.PathLike, pairs_file: str | os.PathLike, pai
             (`corpus_settings`: format, text and id columns).
         corpus_vectors: the corpus's embedding folder (default: `<output>.corpus-vectors`).
         include_positives: the pairs' positives compete besides the corpus (never as their own anchor's).
-        output_format: "triplet" or "labeled-pair" (`negative_mining.output_rows`).
+        output_format: "triplet", "labeled-pair" or "labeled-list" (`negative_mining.output_rows`).
         shard_size: pairs per shard (the unit of sharing and of resuming).
         batch_size, max_length, device, precision, engine, threads: the pipeline's (`load_pipeline`).
 

@@ -2,8 +2,9 @@
 
 Owns `mine_negatives` (each (anchor, positive) pair's nearest texts of a corpus, by an embedding model's
 cosine, minus its positives and minus texts scored too close to its positive to be safely wrong) with its
-settings (`MiningSettings`), and `teacher_margins` (relevance(anchor, positive) - relevance(anchor, negative)
-of a reranker, per triplet, what MarginMSE regresses onto). The commands are `bertforge mine-negatives` and
+settings (`MiningSettings`), `teacher_scores` (a reranker's score of each text after the anchor, what KL
+distillation softmaxes) and `teacher_margins` (relevance(anchor, positive) - relevance(anchor, negative) of a
+reranker, per triplet, what MarginMSE regresses onto). The commands are `bertforge mine-negatives` and
 `bertforge score-margins`; the files they write are read by `finetune --format embedding-triplets` and
 `--format embedding-margins`.
 
@@ -28,7 +29,7 @@ from bertforge.inference.vector_index import QUERY_BLOCK, block_top_k
 from bertforge.metrics.embedding import normalize_rows
 
 SAMPLINGS = ("top", "random")
-OUTPUT_FORMATS = ("triplet", "labeled-pair")
+OUTPUT_FORMATS = ("triplet", "labeled-pair", "labeled-list")
 MARGIN_KINDS = ("score", "logit")
 
 
@@ -190,12 +191,19 @@ def choose_negatives(candidates: Sequence[tuple[str, float]], positive_score: fl
 
 def output_rows(mined: Iterable[MinedNegative], output_format: str) -> tuple[tuple[str, ...], Iterator[tuple]]:
     """(columns, rows) of a mining output file: "triplet" (anchor, positive, negative: `finetune --format
-    embedding-triplets`) or "labeled-pair" (anchor, text, label: each pair's positive once labelled 1, then each
-    of its negatives labelled 0, a cross-encoder's training file)."""
+    embedding-triplets`), "labeled-pair" (anchor, text, label: each pair's positive once labelled 1, then each
+    of its negatives labelled 0, a cross-encoder's training file) or "labeled-list" (query, docs, labels: one row
+    per pair, its positive then its negatives, labelled 1 then 0s: `finetune --format rerank-lists`, JSON Lines)."""
     if output_format not in OUTPUT_FORMATS:
         raise ConfigError(f"output format {output_format!r}: use one of {OUTPUT_FORMATS}")
     if output_format == "triplet":
         return ("anchor", "positive", "negative"), ((m.anchor, m.positive, m.negative) for m in mined)
+    if output_format == "labeled-list":
+        lists: dict[tuple[str, str], list[str]] = {}
+        for m in mined:  # each pair's positive, then its negatives in rank order
+            lists.setdefault((m.anchor, m.positive), [m.positive]).append(m.negative)
+        return ("query", "docs", "labels"), ((anchor, docs, [1] + [0] * (len(docs) - 1))
+                                             for (anchor, _), docs in lists.items())
 
     def labelled() -> Iterator[tuple]:
         seen = set()
@@ -211,7 +219,14 @@ def output_rows(mined: Iterable[MinedNegative], output_format: str) -> tuple[tup
 def teacher_margins(triplets: Sequence[Sequence[str]], rank: Callable[[list[dict]], list[dict]],
                     kind: str = "score") -> list[float]:
     """A cross-encoder's margin per (anchor, positive, negative): its relevance of the positive minus that of
-    the negative.
+    the negative (`teacher_scores`' two scores)."""
+    return [positive - negative for positive, negative in teacher_scores(triplets, rank, kind)]
+
+
+def teacher_scores(triplets: Sequence[Sequence[str]], rank: Callable[[list[dict]], list[dict]],
+                   kind: str = "score") -> list[tuple[float, ...]]:
+    """A cross-encoder's score of each text after the anchor, per (anchor, positive, negative, ...) group:
+    what KL distillation softmaxes, and what MarginMSE subtracts.
 
     Args:
         rank: a `rerank` pipeline's `run` (inputs {"query", "texts"} -> {"results": [{"index", "score",
@@ -221,9 +236,9 @@ def teacher_margins(triplets: Sequence[Sequence[str]], rank: Callable[[list[dict
     """
     if kind not in MARGIN_KINDS:
         raise ConfigError(f"margin kind {kind!r}: use one of {MARGIN_KINDS}")
-    results = rank([{"query": t[0], "texts": [t[1], t[2]]} for t in triplets])
-    margins = []
-    for result in results:
+    results = rank([{"query": t[0], "texts": list(t[1:])} for t in triplets])
+    scores = []
+    for group, result in zip(triplets, results):
         by_index = {item["index"]: item[kind] for item in result["results"]}
-        margins.append(float(by_index[0] - by_index[1]))
-    return margins
+        scores.append(tuple(float(by_index[i]) for i in range(len(group) - 1)))
+    return scores

@@ -54,7 +54,8 @@ log = logging.getLogger("bertforge.finetuning")
 
 THRESHOLD_MODES = ("global", "per_label", "none")
 # `[head]` fields that set the embedding family's `ContrastiveLoss` (its own field names).
-CONTRASTIVE_FIELDS = ("loss", "scale", "symmetric", "mini_batch_size", "matryoshka_dims", "query_regularizer",
+CONTRASTIVE_FIELDS = ("loss", "scale", "symmetric", "mini_batch_size", "matryoshka_dims", "teacher_temperature",
+                      "query_regularizer",
                       "document_regularizer", "regularizer_warmup")
 
 
@@ -162,10 +163,13 @@ class HeadConfig:
                               choices=THRESHOLD_MODES)
     loss: str | None = setting(None, "embedding: mnrl (in-batch negatives), cached_mnrl (the same, a large batch "
                                      "in mini-batches), cosent (scored pairs), margin_mse (triplets with a teacher's "
-                                     "margin) (default: cosent for scored pairs, margin_mse for scored triplets, "
-                                     "else mnrl)", choices=LOSSES[1:])
+                                     "margin), kl (an anchor's candidates with a teacher score each) (default: cosent "
+                                     "for scored pairs, margin_mse for scored triplets, kl for a score per "
+                                     "candidate, else mnrl)", choices=LOSSES[1:])
     scale: float | None = setting(None, f"embedding: the similarity scale of mnrl and cosent (default "
                                         f"{DEFAULT_SCALE:g})")
+    teacher_temperature: float | None = setting(None, "embedding: kl divides the teacher's scores by it before "
+                                                      "their softmax (default 1)")
     symmetric: bool | None = setting(None, "embedding: mnrl also ranks the anchors for each positive")
     mini_batch_size: int | None = setting(None, "embedding: cached_mnrl's rows per mini-batch (default 32)")
     matryoshka_dims: list[int] | None = setting(None, "embedding: also train these leading widths of the vectors, "
