@@ -134,6 +134,8 @@ def main() -> None:
     parser.add_argument("--attack", choices=("over-budget", "in-limit"), default="over-budget")
     parser.add_argument("--max-request-share", type=float, default=None,
                         help="the server's --max-request-share (default: the server's own)")
+    parser.add_argument("--request-timeout-s", type=float, default=None,
+                        help="the server's --request-timeout-s (default: the server's own)")
     parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args()
     if args.attack == "in-limit":
@@ -186,7 +188,8 @@ def write_figures(args: argparse.Namespace, figures: dict) -> None:
         return value
 
     run = {"attack": args.attack, "clients": args.clients, "seconds_per_phase": args.seconds,
-           "max_request_share": args.max_request_share, "refusal_cooldown_s": args.refusal_cooldown_s,
+           "max_request_share": args.max_request_share,
+           "request_timeout_s": args.request_timeout_s, "refusal_cooldown_s": args.refusal_cooldown_s,
            "model": args.model or "MiniLM classifier (benchmarks/serve_load.py)", "cpu_count": os.cpu_count(),
            "load_average": os.getloadavg(), "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     write_json(args.json, clean({**run, **figures}))
@@ -221,6 +224,8 @@ def in_limit(args: argparse.Namespace) -> None:
         model = args.model or classifier_dir(Path(scratch))
         port = free_port()
         share = [] if args.max_request_share is None else ["--max-request-share", str(args.max_request_share)]
+        if args.request_timeout_s is not None:
+            share += ["--request-timeout-s", str(args.request_timeout_s)]
         server = subprocess.Popen([sys.executable, "-m", "bertforge", "serve", "--model", model, "--port", str(port),
                                    "--precision", "fp32", *share], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
