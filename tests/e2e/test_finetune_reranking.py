@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bertforge.checkpoint_format import read_config
 from bertforge.cli import main
 from bertforge.inference.pipelines import load_pipeline
@@ -42,6 +44,11 @@ def test_finetune_rerank_lists_train_listnet_and_serve_rerank(tmp_path, tiny_min
     ranked = load_pipeline(best, "rerank", device="cpu").run([{"query": FACTS[0][0], "texts": [FACTS[1][1],
                                                                                              FACTS[0][1]]}])
     assert sorted(item["index"] for item in ranked[0]["results"]) == [0, 1]
+    # `bertforge evaluate` scores the saved reranker as a reranker (its record says so; the architecture is a
+    # one-output classifier's) with the figures fine-tuning reported.
+    assert main(["evaluate", "--model", str(best), "--data", str(data), "--out", str(tmp_path / "eval")]) == 0
+    scored = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert scored["metrics"]["ndcg@10"] == pytest.approx(results["best_metrics"]["ndcg@10"], abs=1e-6)
 
 
 def test_finetune_rerank_lists_refuses_a_list_without_a_positive(tmp_path, tiny_minilm_model, capsys):

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from bertforge.checkpoint_format import read_directory
+from bertforge.cli import main
 from bertforge.constants import FINETUNING_NAME
 from bertforge.engine.build import ENGINES, as_engine, build_engine, plan_engine
 from bertforge.engine.engine import Engine, TorchEngine
@@ -50,7 +51,7 @@ ILL_CONDITIONED = ("regression",)
 # The families evaluate scores here by fixture, and the pipeline inputs of every family (`pipeline_case`).
 EVALUATED = {"pair": "classification", "regression": "classification", "multilabel": "classification",
              "ner_iobes_crf": "tagging", "qa_v2": "question_answering", "choice": "multiple_choice",
-             "embedding": "embedding", "sparse": "sparse_embedding"}
+             "embedding": "embedding", "sparse": "sparse_embedding", "rerank": "reranking"}
 PAIRS = [("a man is eating food", "a man eats something", 4.5), ("a cat sits on the mat", "the stock fell", 0.2),
          ("the stock market fell sharply today", "shares dropped", 3.8), ("it rains", "the weather is wet", 3.0)]
 
@@ -125,6 +126,16 @@ def evaluated_case(name: str, tmp_path: Path, tiny_minilm_model: Path, tiny_spar
         shutil.copytree(SAVED / name, tmp_path / name)
         data = next(p for p in (tmp_path / name).iterdir() if p.name.startswith("data."))
         return tmp_path / name / "model", data, None
+    if name == "rerank":  # a one-output cross-encoder fine-tuned on lists (ListNet), scored on them
+        data = tmp_path / "lists.jsonl"
+        answers = [b for _, b, _ in PAIRS]
+        data.write_text("".join(json.dumps({"query": a, "docs": [answers[(i + 1) % 4], answers[(i + 2) % 4], b],
+                                            "labels": [0, 0, 1]}) + "\n" for i, (a, b, _) in enumerate(PAIRS * 2)),
+                        encoding="utf-8")
+        assert main(["finetune", "--model", str(tiny_minilm_model), "--format", "rerank-lists", "--train",
+                     str(data), "--dev", str(data), "--out", str(tmp_path / "run"), "--epochs", "1",
+                     "--batch-size", "4"]) == 0
+        return tmp_path / "run" / "best", data, None
     model = tmp_path / name
     shutil.copytree(tiny_minilm_model if name == "embedding" else tiny_sparse_model, model)
     data = tmp_path / f"{name}.tsv"
@@ -145,7 +156,7 @@ def evaluated_case(name: str, tmp_path: Path, tiny_minilm_model: Path, tiny_spar
 def test_engine_parity_every_engine_scores_every_family_as_torch_fp32(name, tmp_path, tiny_minilm_model,
                                                                      tiny_sparse_model):
     model, data, overrides = evaluated_case(name, tmp_path, tiny_minilm_model, tiny_sparse_model)
-    assert registry.for_model(registry.model_class(read_directory(model).architecture)).name == EVALUATED[name]
+    assert registry.for_directory(read_directory(model)).name == EVALUATED[name]
     reference = evaluate(model, data, out_dir=tmp_path / "torch-fp32", device="cpu", overrides=overrides)
     expected = numbers(reference.predictions)
     assert expected, name

@@ -53,7 +53,7 @@ def prepare_evaluation(model_dir: str | os.PathLike, data_file: str | os.PathLik
     same path (benchmarks/ort_int8_accuracy.py) starts here."""
     model_dir = Path(model_dir)
     directory = read_directory(model_dir)
-    family = registry.for_model(registry.model_class(directory.architecture))
+    family = registry.for_directory(directory)
     if family not in registry.FINETUNING_FAMILIES:
         raise ConfigError(f"{model_dir}: config.json names {directory.architecture or 'BertModel'}, which has no "
                           "fine-tuned head to evaluate; pass a directory saved by `bertforge finetune`")

@@ -100,6 +100,19 @@ def for_model(model: Any) -> Family:
     raise ConfigError(f"no task family holds a {cls.__name__}; bertforge has {sorted(MODEL_CLASSES)}")
 
 
+def for_directory(directory: ModelDirectory) -> Family:
+    """The family of a saved model: its architecture's, unless its fine-tuning record names another family
+    with the same model class (a reranker fine-tuned on lists is a one-output `BertForSequenceClassification`
+    whose record says reranking: it is scored as a reranker)."""
+    cls = model_class(directory.architecture)
+    found = for_model(cls)
+    named = (directory.finetuning or {}).get("family")
+    other = _BY_NAME.get(_key(named)) if isinstance(named, str) else None
+    if other is not None and other is not found and issubclass(cls, other.model_class):
+        return other
+    return found
+
+
 def model_class(architecture: str | None) -> type[BertPretrainedModel]:
     """The class a config.json's architecture names (our spelling; None = BertModel)."""
     if architecture is None:
