@@ -40,13 +40,13 @@ import re
 import shutil
 import sys
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 from bertforge.constants import CHECKSUMS_NAME
-from bertforge.errors import CheckpointError
+from bertforge.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -429,3 +429,32 @@ def _differs(file: Path, entry: dict[str, Any]) -> str | None:
     if file_sha256(file) != entry.get("sha256"):
         return f"its sha256 differs from the one saved in {CHECKSUMS_NAME} (the file is damaged)"
     return None
+
+
+def start_parts(parts: Path, manifest: dict[str, Any], *, what: str,
+                differences: Callable[[dict[str, Any], dict[str, Any]], list[str]],
+                subfolders: Iterable[str] = (), manifest_name: str = "manifest.json") -> None:
+    """Prepare the parts folder of a resumable job that writes its output in parts (rank 0, before any rank
+    writes; `bertforge predict` of a file, `bertforge mine-negatives --corpus`): a new folder gets `manifest`;
+    a folder of the same run loses the temporary files a killed run left behind (in it and in `subfolders`), so
+    their parts are redone; a folder of another run is refused, `differences(existing, manifest)` saying how.
+
+    Raises:
+        ConfigError: the folder holds the `what` of another run, or a manifest that cannot be read.
+    """
+    try:
+        existing = read_json(parts / manifest_name, what=f"{what} manifest")
+    except FileNotFoundError:
+        existing = None
+    except ValueError as error:
+        raise ConfigError(f"{error}; delete {parts} to start over") from None
+    manifest = json.loads(json.dumps(manifest))  # as read back (lists, not tuples)
+    if existing is not None and existing != manifest:
+        raise ConfigError(f"{parts} holds the {what} of another run ({'; '.join(differences(existing, manifest))}); "
+                          f"rerun the same command to resume, or delete {parts} to start over")
+    parts.mkdir(parents=True, exist_ok=True)
+    for folder in (parts, *(parts / name for name in subfolders)):
+        for stale in folder.glob(".*.tmp"):
+            stale.unlink(missing_ok=True)
+    if existing is None:
+        write_json(parts / manifest_name, manifest)

@@ -111,39 +111,27 @@ def new_manifest(model_dir: str | os.PathLike, pairs_file: Path, pairs_columns: 
 
 
 def start_parts(parts: Path, manifest: dict[str, Any]) -> None:
-    """Prepare the parts folder (rank 0, before any rank writes): a new one gets the manifest, one of the same
-    run loses the temporary files a killed run left behind.
+    """Prepare the parts folder (rank 0, before any rank writes): `storage.start_parts`, naming what differs
+    setting by setting for a folder of another mining run."""
+    storage.start_parts(parts, manifest, what="unfinished mining shards", differences=manifest_changes,
+                        subfolders=("progress",), manifest_name=MANIFEST_NAME)
 
-    Raises:
-        ConfigError: the folder holds the shards of another run (the message says what differs).
-    """
-    try:
-        existing = storage.read_json(parts / MANIFEST_NAME, what="mining parts manifest")
-    except FileNotFoundError:
-        existing = None
-    except ValueError as error:
-        raise ConfigError(f"{error}; delete {parts} to start over") from None
-    manifest = json.loads(json.dumps(manifest))  # as read back (lists, not tuples)
-    if existing is not None and existing != manifest:
-        changes = []
-        for key in sorted(set(existing) | set(manifest)):
-            was, now = existing.get(key), manifest.get(key)
-            if was == now:
-                continue
-            if key == "model":
-                changes.append("another model")
-            elif isinstance(was, dict) and isinstance(now, dict) and key in ("mining", "pairs"):
-                changes += [f"{key}.{name} {was.get(name)!r} -> {now.get(name)!r}"
-                            for name in sorted(set(was) | set(now)) if was.get(name) != now.get(name)]
-            else:
-                changes.append(f"the {key} changed" if isinstance(was, dict) else f"{key} {was!r} -> {now!r}")
-        raise ConfigError(f"{parts} holds the unfinished shards of a mining run made differently ({'; '.join(changes)}"
-                          f"); rerun the same command to resume, or delete {parts} to start over")
-    parts.mkdir(parents=True, exist_ok=True)
-    for stale in [*parts.glob(".*.tmp"), *(parts / "progress").glob(".*.tmp")]:
-        stale.unlink(missing_ok=True)  # a killed run's half-written file; its shard is redone
-    if existing is None:
-        storage.write_json(parts / MANIFEST_NAME, manifest)
+
+def manifest_changes(existing: dict[str, Any], manifest: dict[str, Any]) -> list[str]:
+    """What differs between two mining manifests, in words ("mining.range_max 50 -> 30", "another model")."""
+    changes = []
+    for key in sorted(set(existing) | set(manifest)):
+        was, now = existing.get(key), manifest.get(key)
+        if was == now:
+            continue
+        if key == "model":
+            changes.append("another model")
+        elif isinstance(was, dict) and isinstance(now, dict) and key in ("mining", "pairs"):
+            changes += [f"{key}.{name} {was.get(name)!r} -> {now.get(name)!r}"
+                        for name in sorted(set(was) | set(now)) if was.get(name) != now.get(name)]
+        else:
+            changes.append(f"the {key} changed" if isinstance(was, dict) else f"{key} {was!r} -> {now!r}")
+    return changes
 
 
 def write_positives(parts: Path, positives: Sequence[str]) -> Path:

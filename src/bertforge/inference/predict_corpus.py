@@ -24,7 +24,6 @@ Several nodes need the output's folder on a filesystem they share.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -69,30 +68,12 @@ def new_manifest(model_dir: str | os.PathLike, task: str, inputs: Path, settings
 
 
 def start_parts(parts: Path, manifest: dict[str, Any]) -> None:
-    """Prepare the parts folder (rank 0, before any rank writes): a new one gets the manifest; one of the
-    same run loses the temporary files a killed run left behind.
-
-    Raises:
-        ConfigError: the folder holds the chunks of another run (the message says what differs).
-    """
-    try:
-        existing = storage.read_json(parts / MANIFEST_NAME, what="predict parts manifest")
-    except FileNotFoundError:
-        existing = None
-    except ValueError as error:
-        raise ConfigError(f"{error}; delete {parts} to start over") from None
-    manifest = json.loads(json.dumps(manifest))  # as read back (lists, not tuples)
-    if existing is not None and existing != manifest:
-        changed = sorted(key for key in set(existing) | set(manifest) if existing.get(key) != manifest.get(key))
-        what = {"model": "another model", "input": "the input file changed", "settings": "other options"}
-        raise ConfigError(f"{parts} holds the finished chunks of another run "
-                          f"({', '.join(what.get(key, key) for key in changed)}); rerun the same command to resume, "
-                          f"or delete {parts} to start over")
-    parts.mkdir(parents=True, exist_ok=True)
-    for stale in parts.glob(".*.tmp"):
-        stale.unlink(missing_ok=True)  # a killed run's half-written chunk; it is redone
-    if existing is None:
-        storage.write_json(parts / MANIFEST_NAME, manifest)
+    """Prepare the parts folder (rank 0, before any rank writes): `storage.start_parts`, naming what differs
+    for a folder of another run (another model, the input file changed, other options)."""
+    what = {"model": "another model", "input": "the input file changed", "settings": "other options"}
+    storage.start_parts(parts, manifest, what="finished chunks", manifest_name=MANIFEST_NAME,
+                        differences=lambda was, now: [what.get(key, key) for key in sorted(set(was) | set(now))
+                                                      if was.get(key) != now.get(key)])
 
 
 def read_chunks(inputs: Path, chunk_lines: int) -> Iterator[tuple[int, list[str]]]:
