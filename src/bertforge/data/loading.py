@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -36,9 +36,6 @@ from bertforge.data.collate import (
 )
 from bertforge.data.masking import MaskedBatch, Masker, mask_batch, mask_rows
 from bertforge.data.shards import ShardIndex, SplitReader
-
-if TYPE_CHECKING:
-    from bertforge.data.datasets import PretrainingData
 
 # Batches each worker keeps ready: enough to ride out a slow batch, few enough to bound pinned memory.
 PREFETCH_PER_WORKER = 4
@@ -125,6 +122,18 @@ class BatchMaker:
                            widen(masked.labels, slots, IGNORE_INDEX), masked.counts)
 
 
+class PlannedStream(Protocol):
+    """What the loader reads of a stream (`data.datasets.PretrainingData`): its position, its batch maker and
+    the plan after a cursor. Named here so that this module does not import the stream that imports it."""
+
+    epoch: int
+    position: int
+    micro: int
+    maker: BatchMaker
+
+    def plan_next(self, cursor: list[int]) -> BatchPlan: ...
+
+
 class _PlannedBatches(torch.utils.data.Dataset):
     """What a worker holds: the maker; the DataLoader hands it plans as 'indices'."""
 
@@ -138,7 +147,7 @@ class _PlannedBatches(torch.utils.data.Dataset):
 class _Plans(torch.utils.data.Sampler):
     """The stream's plans from its current position on, endlessly (a cursor of its own: it runs ahead)."""
 
-    def __init__(self, data: PretrainingData):
+    def __init__(self, data: PlannedStream):
         self.data = data
 
     def __iter__(self) -> Iterator[BatchPlan]:
@@ -151,7 +160,7 @@ def _as_is(item: Any) -> Any:
     return item
 
 
-def start_loader(data: PretrainingData, workers: int, pin_memory: bool) -> Iterator[tuple[BatchPlan, PretrainingBatch]]:
+def start_loader(data: PlannedStream, workers: int, pin_memory: bool) -> Iterator[tuple[BatchPlan, PretrainingBatch]]:
     """(plan, batch) pairs made by `workers` processes from `data`'s position on, in stream order."""
     loader = torch.utils.data.DataLoader(
         _PlannedBatches(data.maker), sampler=_Plans(data), batch_size=None, num_workers=workers,
