@@ -44,6 +44,8 @@ def test_finetune_rerank_lists_train_listnet_and_serve_rerank(tmp_path, tiny_min
     ranked = load_pipeline(best, "rerank", device="cpu").run([{"query": FACTS[0][0], "texts": [FACTS[1][1],
                                                                                              FACTS[0][1]]}])
     assert sorted(item["index"] for item in ranked[0]["results"]) == [0, 1]
+    # Without a task named, the saved reranker serves rerank (its record's family), as `rerank` ranks.
+    assert load_pipeline(best, device="cpu").task == "rerank"
     # `bertforge evaluate` scores the saved reranker as a reranker (its record says so; the architecture is a
     # one-output classifier's) with the figures fine-tuning reported.
     assert main(["evaluate", "--model", str(best), "--data", str(data), "--out", str(tmp_path / "eval")]) == 0

@@ -78,9 +78,9 @@ def route(task: str) -> str:
     return TASK_ALIASES.get(task, task) if isinstance(task, str) else task
 
 
-def own_task(architecture: str | None) -> str:
-    """The route a directory with this config.json architecture serves when no task is named."""
-    return for_model(model_class(architecture)).task
+def own_task(directory: ModelDirectory) -> str:
+    """The route a saved model serves when no task is named: its family's (`for_directory`)."""
+    return for_directory(directory).task
 
 
 def for_task(task: str) -> Family:

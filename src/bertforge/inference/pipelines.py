@@ -105,7 +105,10 @@ def saved_task(model: BertPretrainedModel, family: Family, record: Mapping[str, 
                ) -> TaskDescription | None:
     """The task description the model was fine-tuned with (`finetuning.json`, read as evaluate reads it) when
     it describes this family; None otherwise (a classifier's record says nothing about embed)."""
-    if record is not None and registry.for_model(model) is family:
+    if record is None:
+        return None
+    named = record.get("family")  # (records written before the description had a version name none)
+    if named == family.name or (named is None and registry.for_model(model) is family):
         return read_description(record, family)
     return None
 
@@ -476,7 +479,7 @@ def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None,
             check_task(task)
     directory = checkpoint_format.read_directory(model_dir)
     if tasks is not None:
-        tasks = [registry.own_task(directory.architecture) if task is None else task for task in tasks]
+        tasks = [registry.own_task(directory) if task is None else task for task in tasks]
     named = registry.class_for_tasks(directory.architecture, tasks)
     for task in tasks or ():
         family = registry.for_task(task)
