@@ -55,7 +55,7 @@ FORBIDDEN = {
 NEVER_IMPORTED = ("transformers",)
 # Third-party packages only some components may import (a component's submodules included): the web framework
 # is the server's alone, so the library, the CLI and the scheduler load without the `serve` extra.
-WEB_FRAMEWORK = ("fastapi", "fastapi_offline", "starlette", "uvicorn", "pydantic", "prometheus_client")
+WEB_FRAMEWORK = ("fastapi", "fastapi_offline", "starlette", "uvicorn", "pydantic", "prometheus_client", "orjson")
 ONLY = {package: ("serving",) for package in WEB_FRAMEWORK}
 # Folders of the repository that are not part of the installed package: importing them works only from a
 # checkout, so the package must not.

@@ -281,7 +281,8 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     limits = {name: getattr(args, name) for name in ("max_batch_tokens", "max_request_tokens", "request_timeout_s",
                                                      "max_queue_wait_s", "drain_timeout_s", "max_body_bytes",
                                                      "max_request_share", "refusal_cooldown_s", "max_items",
-                                                     "body_timeout_s", "max_incomplete_bodies")
+                                                     "body_timeout_s", "max_incomplete_bodies", "max_answer_bytes",
+                                                     "max_sparse_terms")
               if getattr(args, name) is not None}
     from bertforge.serving.guards import split_keys
 

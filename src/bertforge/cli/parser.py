@@ -242,6 +242,13 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                         "(default 2048, as OpenAI's embeddings API); each request is run in model calls of at most "
                         "--max-batch-tokens tokens")
     p.add_argument("--max-body-bytes", type=int, help="request body limit; larger gets 413 (default 8 MiB)")
+    p.add_argument("--max-answer-bytes", type=int,
+                   help="the most bytes one answer may take (vectors, token vectors, sparse vectors, attention "
+                        "maps), counted before any model call at the most each number takes; larger gets 413 "
+                        "(default 64 MiB)")
+    p.add_argument("--max-sparse-terms", type=int,
+                   help="terms a sparse (SPLADE) vector keeps at most, its largest weights (default 256; 0: all, "
+                        "under --max-answer-bytes)")
     p.add_argument("--body-timeout-s", type=float,
                    help="a request body must arrive whole within this time of its headers, else 408 (default 30)")
     p.add_argument("--max-incomplete-bodies", type=int,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -165,6 +165,8 @@ class Job:
     estimate: int = 0  # rough tokens before windowing (`admission.estimate_tokens`), for the wait estimate
     timing: JobTiming = field(default_factory=JobTiming)
     silent: bool = False  # the server's own warm-up: not reported to the events (metrics count clients' work)
+    # The bound on its answer once its windows' token counts are known: a refusal ("too_large") or None.
+    limit: Callable[[list[int]], str | None] | None = None
 
     @property
     def gone(self) -> bool:

@@ -265,10 +265,11 @@ class Scheduler:
                            self.token_limit())
 
     def submit(self, task: str, parsed: list[Any], options: dict[str, Any], *, silent: bool = False,
-               floor: int | None = None) -> Job:
+               floor: int | None = None, limit: Callable[[list[int]], str | None] | None = None) -> Job:
         """Queue a request of inputs already validated by the task's pipeline (`parse`, `check_options`);
         `silent`: the server's own (warm-up), not reported to `events`; `floor`: its `token_floor`, when
-        the caller counted it already.
+        the caller counted it already; `limit`: the bound of its answer, checked on its windows' token counts
+        before any model call (a refusal message fails it "too_large").
 
         Raises:
             JobFailed: "shutdown" while draining; "unhealthy" once the model gave non-finite outputs;
@@ -304,7 +305,7 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         key = task + json.dumps(options, sort_keys=True)
         job = Job(task, key, parsed, options, loop.create_future(), arrival=self.now(),
-                  estimate=estimate_tokens(parsed), silent=silent)
+                  estimate=estimate_tokens(parsed), silent=silent, limit=limit)
         self.queue.put_nowait(job)
         self.queued_estimate += min(job.estimate, settings.max_batch_tokens)  # its first call (expected_wait_s)
         self.arrived.set()
@@ -463,6 +464,10 @@ class Scheduler:
                                       f"windows); this server runs at most {limit} per request (max_request_tokens;"
                                       " raise it with `bertforge serve --max-request-tokens`), so split the "
                                       "request or send shorter texts")
+                continue
+            refused = job.limit(job.tokens) if job.limit is not None else None
+            if refused is not None:  # the answer these windows would make is over its bound
+                job.fail("too_large", refused)
                 continue
             job.admitted = self.now()
             # Its pace: all its tokens by `PACE_MARGIN` of its deadline (counted from its arrival).

@@ -33,6 +33,7 @@ from bertforge.inference.jobs import check_seconds
 from bertforge.inference.pipelines import Pipeline, load_pipelines
 from bertforge.inference.scheduler import Failure, JobFailed, Scheduler, SchedulerSettings, check_positive
 from bertforge.runtime import DEFAULT_PRECISION
+from bertforge.serving.answers import bound_answer, task_outputs
 from bertforge.serving.envelopes import OVERLOADED, RequestError, error_payload, serve_extra_missing
 from bertforge.serving.guards import (
     LARGE_BODY_BYTES,
@@ -73,6 +74,11 @@ class ServerSettings(SchedulerSettings):
             they are read (`http_guards`); 0: never.
         body_timeout_s: a request body must arrive whole within this many seconds of its headers (else 408).
         max_incomplete_bodies: requests whose bodies are being received at once; more get 503 at once.
+        max_answer_bytes: the most bytes one answer may take, counted before any model call at the most each of
+            its numbers takes (`answers.bound_answer`: vectors, token vectors, sparse vectors, attention maps);
+            more: 413 naming it. 64 MiB: OpenAI's full batch of 2,048 vectors of 1,024 numbers fits (36 MB).
+        max_sparse_terms: the terms a sparse vector keeps at most, its largest weights (0: every non-zero one,
+            under `max_answer_bytes`); a request's own `max_terms` may ask for fewer, and more is 413.
     """
 
     max_items: int = 2048
@@ -84,10 +90,14 @@ class ServerSettings(SchedulerSettings):
     refusal_cooldown_s: float = 1.0
     body_timeout_s: float = 30.0
     max_incomplete_bodies: int = 128
+    max_answer_bytes: int = 64 * 1024 * 1024
+    max_sparse_terms: int = 256
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_positive(self, ("max_items", "max_chars", "max_body_bytes", "max_incomplete_bodies"))
+        check_positive(self, ("max_items", "max_chars", "max_body_bytes", "max_incomplete_bodies", "max_answer_bytes"))
+        if isinstance(self.max_sparse_terms, bool) or not isinstance(self.max_sparse_terms, int) or self.max_sparse_terms < 0:
+            raise ConfigError(f"server max_sparse_terms must be an integer >= 0 (0: no cap), got {self.max_sparse_terms!r}")
         check_seconds(self, ("refusal_cooldown_s", "body_timeout_s"))
         check_guard_settings(self)
         self.api_keys, self.allowed_hosts, self.cors_origins = (
@@ -239,13 +249,18 @@ class InferenceService:
 
     async def run(self, task: str, parsed: list[Any], options: dict[str, Any], request: Request) -> list[Any]:
         """The pipeline's results for inputs already parsed and options already checked, through this model's
-        scheduler; RequestError with the status of a failure (`FAILURE_STATUS`)."""
+        scheduler; RequestError with the status of a failure (`FAILURE_STATUS`), or 413 for an answer over its
+        bound (`answers.bound_answer`), before any model call."""
+        settings = self.settings
+        options, limit = bound_answer(self.pipelines[task], options, len(parsed),
+                                      max_answer_bytes=settings.max_answer_bytes,
+                                      max_sparse_terms=settings.max_sparse_terms)
         try:
             floor = None
             if estimate_tokens(parsed) * CHARS_PER_TOKEN > self.scheduler.token_limit():
                 # Possibly over the token budget: its words are counted off the event loop.
                 floor = await asyncio.to_thread(self.scheduler.token_floor, task, parsed)
-            job = self.scheduler.submit(task, parsed, options, floor=floor)
+            job = self.scheduler.submit(task, parsed, options, floor=floor, limit=limit)
             results = await self.scheduler.result(job, gone=client_gone(request))
         except JobFailed as error:
             retry = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s is not None else None
@@ -255,14 +270,16 @@ class InferenceService:
         return results
 
     async def handle(self, task: str, request: Request, body: Any = None) -> tuple[int, dict[str, Any]]:
-        """(status, bertforge-style payload) for one of our `/v1/<task>` requests (`body`: already read)."""
+        """(status, bertforge-style payload) for one of our `/v1/<task>` requests (`body`: already read); the
+        payload's vectors are marked for `answers.respond`, which writes it."""
         # From its first byte the request counts as on its way in: the worker may wait for it to join a batch.
         with self.scheduler.incoming():
             try:
                 if body is None:
                     body = await read_body(request, self.settings)
                 parsed, options = self.validate(task, body)
-                return 200, {"outputs": await self.run(task, parsed, options, request)}
+                return 200, {"outputs": task_outputs(getattr(self.pipelines[task], "family", None),
+                                                  await self.run(task, parsed, options, request))}
             except RequestError as error:
                 note_retry_after(request.scope, error.headers)
                 return error.status, error_payload(request.url.path, error.status, error.message)

@@ -27,10 +27,11 @@ from bertforge.serving.model_service import ModelSet, RequestError, read_body, r
 
 import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from bertforge.inference.pipelines import EmbedText
+from bertforge.serving.answers import Floats, respond
 from bertforge.serving.wire_schemas import (
     ANY_MODEL,
     INPUTS,
@@ -157,13 +158,13 @@ def shorten(vectors: np.ndarray, dimensions: int | None, widths: tuple[int, ...]
     return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12) if renormalize else cut
 
 
-def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+def encode_vector(vector: np.ndarray, encoding_format: str) -> Floats | str:
     if encoding_format == "base64":
         return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
-    return vector.astype(np.float32).tolist()
+    return Floats(vector)
 
 
-async def create_embeddings(models: ModelSet, request: Request) -> JSONResponse:
+async def create_embeddings(models: ModelSet, request: Request) -> Response:
     began = time.perf_counter()
     service = None
     try:
@@ -183,14 +184,16 @@ async def create_embeddings(models: ModelSet, request: Request) -> JSONResponse:
                 parsed.append(EmbedText(ids=check_ids(item, pipeline.tokenizer.vocab_size, f"input[{index}]")))
         with service.scheduler.incoming():
             results = await service.run("embed", parsed, pipeline.check_options({}), request)
-        vectors = shorten(np.asarray([r["embedding"] for r in results], dtype=np.float32), call.dimensions,
-                          pipeline.matryoshka_dims)
-        tokens = sum(r["tokens"] for r in results)
-        payload = {"object": "list", "model": service.model_name,
-                   "data": [{"object": "embedding", "embedding": encode_vector(v, call.encoding_format), "index": i}
-                            for i, v in enumerate(vectors)],
-                   "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-        response = JSONResponse(payload)
+
+        def payload() -> dict[str, Any]:  # made in `respond`'s thread, off the event loop
+            vectors = shorten(np.asarray([r["embedding"] for r in results], dtype=np.float32), call.dimensions,
+                              pipeline.matryoshka_dims)
+            tokens = sum(r["tokens"] for r in results)
+            return {"object": "list", "model": service.model_name,
+                    "data": [{"object": "embedding", "embedding": encode_vector(v, call.encoding_format), "index": i}
+                             for i, v in enumerate(vectors)],
+                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        response = await respond(payload)
     except RequestError as error:
         status = 400 if error.status == 422 else error.status
         response = refusal(request, status, error.message, param=error.param, code=error.code,
@@ -208,7 +211,7 @@ def add_openai_routes(app: FastAPI, models: ModelSet) -> list[str]:
     """The OpenAI routes (embeddings only where some model serves embed: every BERT does)."""
     added = []
     if models.serving("embed"):
-        async def embeddings(request: Request) -> JSONResponse:
+        async def embeddings(request: Request) -> Response:
             return await create_embeddings(models, request)
 
         app.add_api_route("/v1/embeddings", embeddings, methods=["POST"], response_model=EmbeddingsResponse,

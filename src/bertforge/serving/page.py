@@ -24,11 +24,12 @@ from typing import Any
 from bertforge.serving.model_service import ModelSet, RequestError, read_body, refusal  # isort: skip
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from bertforge.errors import InputError
 from bertforge.inference.attention import MAX_TOKENS, attention_of, encoder_of
+from bertforge.serving.answers import Floats, check_attention, respond
 from bertforge.serving.guards import PAGE_ASSETS_URL
 from bertforge.serving.task_routes import MODEL_PREFIX, TASK_RESPONSES
 from bertforge.serving.wire_schemas import ANY_MODEL, FIT, SERVES
@@ -68,15 +69,24 @@ def attention_text(body: Any) -> str:
 
 
 def attention_payload(tokens: list[str], maps: Any) -> dict[str, Any]:
-    return {"tokens": tokens,
-            "attentions": [[[[round(w, 4) for w in row] for row in head] for head in layer] for layer in maps.tolist()]}
+    """One text's answer: its tokens and maps [L][N][T][T], weights rounded to 4 decimals (written by `respond`)."""
+    return {"tokens": tokens, "attentions": Floats(maps.numpy(), decimals=4)}
+
+
+def bounded_attention(pipeline: Any, text: str, max_answer_bytes: int) -> tuple[list[str], Any]:
+    """(tokens, maps) of `text` under the pipeline's encoder; 413 before the model runs when the maps (layers x
+    heads x tokens^2 weights) would be over `max_answer_bytes` (`answers.check_attention`)."""
+    encoder = encoder_of(pipeline.model)
+    tokens = min(len(pipeline.tokenizer.encode(text).ids), MAX_TOKENS)  # more: attention_of refuses the text
+    check_attention(encoder.config.num_hidden_layers, encoder.config.num_attention_heads, tokens, max_answer_bytes)
+    return attention_of(encoder, pipeline.tokenizer, text)
 
 
 def add_attention_routes(app: FastAPI, models: ModelSet) -> list[str]:
     """`POST /v1/attention` and `/models/{model}/v1/attention`: every served model has an encoder."""
     turns = {name: asyncio.Lock() for name in models.names}  # one map at a time per model: L*N*T*T floats
 
-    async def attention(request: Request, name: str | None, route: str) -> JSONResponse:
+    async def attention(request: Request, name: str | None, route: str) -> Response:
         began, service = time.perf_counter(), None
         try:
             service = models.named(name)
@@ -85,9 +95,9 @@ def add_attention_routes(app: FastAPI, models: ModelSet) -> list[str]:
                 raise RequestError(503, "the server is shutting down")
             pipeline = next(iter(service.pipelines.values()))  # every pipeline of a model holds its encoder
             async with turns[service.model_name]:
-                tokens, maps = await asyncio.to_thread(attention_of, encoder_of(pipeline.model),
-                                                       pipeline.tokenizer, text)
-            response = JSONResponse({"outputs": [attention_payload(tokens, maps)]})
+                tokens, maps = await asyncio.to_thread(bounded_attention, pipeline, text,
+                                                       service.settings.max_answer_bytes)
+            response = await respond({"outputs": [attention_payload(tokens, maps)]})
         except InputError as error:  # an empty text, or too many tokens for a readable map
             response = refusal(request, 422, f"inputs[0]: {error}")
         except RequestError as error:
@@ -96,10 +106,10 @@ def add_attention_routes(app: FastAPI, models: ModelSet) -> list[str]:
             service.metrics.record_request(route, response.status_code, time.perf_counter() - began)
         return response
 
-    async def attention_of_default(request: Request) -> JSONResponse:
+    async def attention_of_default(request: Request) -> Response:
         return await attention(request, None, "/v1/attention")
 
-    async def attention_of_model(request: Request, model: str) -> JSONResponse:
+    async def attention_of_model(request: Request, model: str) -> Response:
         return await attention(request, model, MODEL_PREFIX + "/v1/attention")
 
     options = dict(summary="attention maps of one text (every layer and head)", responses=TASK_RESPONSES,

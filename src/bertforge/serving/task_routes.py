@@ -16,11 +16,12 @@ from typing import Any
 # First: without the serve extra it raises the ConfigError saying how to install it.
 from bertforge.serving.model_service import ModelSet, RequestError, refusal  # isort: skip
 
+from bertforge.serving.answers import respond  # isort: skip
 from bertforge.serving.task_schemas import REQUEST_MODELS, RESPONSE_MODELS  # isort: skip
 from bertforge.serving.wire_schemas import FIT, SERVES, request_body  # isort: skip
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from pydantic import BaseModel
 
 MODEL_PREFIX = "/models/{model}"
@@ -42,7 +43,7 @@ REQUEST_SCHEMA = {
 }
 
 
-async def answer_task(models: ModelSet, task: str, request: Request, name: str | None, route: str) -> JSONResponse:
+async def answer_task(models: ModelSet, task: str, request: Request, name: str | None, route: str) -> Response:
     """One of our task requests, to the model `name` (None: the only one serving `task`)."""
     began = time.perf_counter()
     try:
@@ -50,16 +51,17 @@ async def answer_task(models: ModelSet, task: str, request: Request, name: str |
     except RequestError as error:
         return refusal(request, error.status, error.message)
     status, payload = await service.handle(task, request)
+    response = await respond(payload, status)  # written off the event loop
     service.metrics.record_request(route, status, time.perf_counter() - began)
-    return JSONResponse(payload, status_code=status)
+    return response
 
 
 def task_endpoint(models: ModelSet, task: str, route: str, prefixed: bool) -> Callable[..., Any]:
     if prefixed:
-        async def endpoint(request: Request, model: str) -> JSONResponse:
+        async def endpoint(request: Request, model: str) -> Response:
             return await answer_task(models, task, request, model, route)
     else:
-        async def endpoint(request: Request) -> JSONResponse:
+        async def endpoint(request: Request) -> Response:
             return await answer_task(models, task, request, None, route)
     endpoint.__name__ = task.replace("-", "_") + ("_of_model" if prefixed else "")
     return endpoint

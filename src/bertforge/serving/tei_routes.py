@@ -35,12 +35,13 @@ from bertforge.serving.model_service import (  # isort: skip  (first: the serve-
 
 import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from bertforge import __version__
 from bertforge.errors import InputError
 from bertforge.inference.pipelines import EmbedText, TruncatedInput
+from bertforge.serving.answers import Floats, SparseTerms, respond
 from bertforge.serving.openai_routes import check_ids, check_length, shorten
 from bertforge.serving.task_routes import MODEL_PREFIX, task_route_options
 from bertforge.serving.tei_schemas import (
@@ -119,26 +120,29 @@ async def embed(service: InferenceService, call: EmbedRequest, request: Request)
     parsed = embed_texts(service, EMBED, tei_inputs(call.inputs), call)
     options = service.check_options(EMBED, {"normalize": call.normalize})
     results = await service.run(EMBED, parsed, options, request)
-    vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)
-    try:
-        vectors = shorten(vectors, call.dimensions, pipeline.matryoshka_dims, renormalize=call.normalize)
-    except RequestError as error:
-        raise RequestError(422, error.message, param="dimensions") from None
-    return vectors.tolist()
+
+    def vectors() -> Floats:  # in `respond`'s thread
+        rows = np.asarray([r["embedding"] for r in results], dtype=np.float32)
+        try:
+            return Floats(shorten(rows, call.dimensions, pipeline.matryoshka_dims, renormalize=call.normalize))
+        except RequestError as error:
+            raise RequestError(422, error.message, param="dimensions") from None
+    return vectors
 
 
 async def embed_sparse(service: InferenceService, call: EmbedSparseRequest, request: Request) -> Any:
     """Each text's non-zero vocabulary terms as TEI's [{index, value}], term ids ascending."""
     parsed = embed_texts(service, EMBED_SPARSE, tei_inputs(call.inputs), call)
+    # Each keeps at most max_sparse_terms terms, its largest weights (`InferenceService.run`).
     results = await service.run(EMBED_SPARSE, parsed, service.check_options(EMBED_SPARSE, {}), request)
-    return [[{"index": i, "value": v} for i, v in zip(r["indices"], r["values"])] for r in results]
+    return [SparseTerms(r["indices"], r["values"]) for r in results]
 
 
 async def embed_all(service: InferenceService, call: EmbedAllRequest, request: Request) -> Any:
     """Each text's token vectors of the last layer, special tokens included: [texts][tokens][hidden]."""
     parsed = embed_texts(service, EMBED, tei_inputs(call.inputs), call)
     results = await service.run(EMBED, parsed, service.check_options(EMBED, {"token_vectors": True}), request)
-    return [r["embedding"] for r in results]
+    return [Floats(r["embedding"]) for r in results]
 
 
 async def similarity(service: InferenceService, call: SimilarityRequest, request: Request) -> Any:
@@ -149,8 +153,11 @@ async def similarity(service: InferenceService, call: SimilarityRequest, request
     parsed = embed_texts(service, EMBED, texts, call.parameters or SimilarityParameters(), "sentences",
                          counted=len(call.inputs.sentences))
     results = await service.run(EMBED, parsed, service.check_options(EMBED, {"normalize": True}), request)
-    vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)  # [1 + n, H], unit rows
-    return (vectors[1:] @ vectors[0]).tolist()
+
+    def cosines() -> Floats:  # in `respond`'s thread
+        vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)  # [1 + n, H], unit rows
+        return Floats(vectors[1:] @ vectors[0])
+    return cosines
 
 
 def query_pairs(query: Any) -> list[tuple[str, str]]:
@@ -304,12 +311,13 @@ async def cohere_rerank(models: ModelSet, call: CohereRerankRequest, request: Re
 
 # --- routes ---------------------------------------------------------------------------------------------
 
-async def answer(request: Request, run: Callable[[Any], Awaitable[Any]], route: str) -> JSONResponse:
-    """Run one wire request, recording its metrics; any refusal in the route's envelope."""
+async def answer(request: Request, run: Callable[[Any], Awaitable[Any]], route: str) -> Response:
+    """Run one wire request, recording its metrics; its answer written off the event loop (`respond`: `run`
+    may give a function that makes it there); any refusal in the route's envelope."""
     began = time.perf_counter()
     recorder: list[InferenceService] = []
     try:
-        response = JSONResponse(await run(recorder))
+        response = await respond(await run(recorder))
     except RequestError as error:
         response = refusal(request, error.status, error.message, param=error.param, code=error.code,
                            headers=error.headers)
@@ -355,14 +363,14 @@ async def tei_work(models: ModelSet, path: str, request: Request, name: str | No
 
 
 def tei_endpoint(models: ModelSet, path: str, route: str, prefixed: bool) -> Callable[..., Any]:
-    async def run(request: Request, name: str | None) -> JSONResponse:
+    async def run(request: Request, name: str | None) -> Response:
         return await answer(request, lambda recorder: tei_work(models, path, request, name, recorder), route)
 
     if prefixed:
-        async def endpoint(request: Request, model: str) -> JSONResponse:
+        async def endpoint(request: Request, model: str) -> Response:
             return await run(request, model)
     else:
-        async def endpoint(request: Request) -> JSONResponse:
+        async def endpoint(request: Request) -> Response:
             return await run(request, None)
     endpoint.__name__ = "tei_" + path.strip("/") + ("_of_model" if prefixed else "")
     return endpoint
@@ -389,7 +397,7 @@ def root_request(service: InferenceService) -> str:
 
 
 def root_endpoint(models: ModelSet, route: str, prefixed: bool) -> Callable[..., Any]:
-    async def run(request: Request, name: str | None) -> JSONResponse:
+    async def run(request: Request, name: str | None) -> Response:
         async def work(recorder: list[InferenceService]) -> Any:
             if name is None and len(models.services) > 1:
                 routes = ", ".join(f"POST /models/{n}{root_path_of(s)}" for n, s in models.services.items())
@@ -402,10 +410,10 @@ def root_endpoint(models: ModelSet, route: str, prefixed: bool) -> Callable[...,
         return await answer(request, work, route)
 
     if prefixed:
-        async def endpoint(request: Request, model: str) -> JSONResponse:
+        async def endpoint(request: Request, model: str) -> Response:
             return await run(request, model)
     else:
-        async def endpoint(request: Request) -> JSONResponse:
+        async def endpoint(request: Request) -> Response:
             return await run(request, None)
     endpoint.__name__ = "tei_root" + route.replace("/", "_").replace("{", "").replace("}", "")
     return endpoint
@@ -481,7 +489,7 @@ def add_dual_rerank(app: FastAPI, models: ModelSet) -> list[str]:
     options["description"] += ("\n\nAlso takes the Cohere/Infinity body {query, documents, top_n, return_documents,"
                                " model} and then answers {id, model, results: [{index, relevance_score, document}]}.")
 
-    async def rerank_either(request: Request, name: str | None, route: str) -> JSONResponse:
+    async def rerank_either(request: Request, name: str | None, route: str) -> Response:
         began = time.perf_counter()
         try:
             body = await read_body(request, models.first.settings)
@@ -489,18 +497,18 @@ def add_dual_rerank(app: FastAPI, models: ModelSet) -> list[str]:
                 service = models.pick(name, RERANK, field="path")
                 status, payload = await service.handle(RERANK, request, body)
                 service.metrics.record_request(route, status, time.perf_counter() - began)
-                return JSONResponse(payload, status_code=status)
+                return await respond(payload, status)
             call = check_body(CohereRerankRequest, body)
             if name is not None:
                 call = call.model_copy(update={"model": name})
-            return JSONResponse(await cohere_rerank(models, call, request))
+            return await respond(await cohere_rerank(models, call, request))
         except RequestError as error:
             return refusal(request, error.status, error.message, param=error.param, headers=error.headers)
 
-    async def v1_rerank(request: Request) -> JSONResponse:
+    async def v1_rerank(request: Request) -> Response:
         return await rerank_either(request, None, "/v1/rerank")
 
-    async def v1_rerank_of_model(request: Request, model: str) -> JSONResponse:
+    async def v1_rerank_of_model(request: Request, model: str) -> Response:
         return await rerank_either(request, model, MODEL_PREFIX + "/v1/rerank")
 
     app.add_api_route("/v1/rerank", v1_rerank, methods=["POST"], **options)
