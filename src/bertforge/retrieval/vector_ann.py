@@ -41,9 +41,9 @@ import numpy as np
 from bertforge import storage
 from bertforge.checkpoint_integrity import brief
 from bertforge.errors import ConfigError
-from bertforge.inference.index_sources import file_records, files_problem
-from bertforge.inference.vector_index import BLOCK_ROWS, VectorIndex, check_top_k, top_k_merge
-from bertforge.inference.vector_quantization import dequantize_int8
+from bertforge.retrieval.index_sources import file_records, files_problem
+from bertforge.retrieval.vector_index import BLOCK_ROWS, VectorIndex, check_top_k, top_k_merge
+from bertforge.retrieval.vector_quantization import dequantize_int8
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,10 @@ import numpy as np
 
 from bertforge import storage
 from bertforge.errors import ConfigError
-from bertforge.inference.index_sources import file_records, files_problem
-from bertforge.inference.sparse_vectors import SPARSE_FILES, SPARSE_TASK, encode_sparse, read_sparse_shard
-from bertforge.inference.vector_search import (
+from bertforge.metrics.sparse import InvertedIndex, SparseRows
+from bertforge.retrieval.index_sources import file_records, files_problem
+from bertforge.retrieval.sparse_vectors import SPARSE_FILES, SPARSE_TASK, encode_sparse, read_sparse_shard
+from bertforge.retrieval.vector_search import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_TOP_K,
     VectorIndex,
@@ -39,7 +40,6 @@ from bertforge.inference.vector_search import (
     hits_of,
     query_pipeline,
 )
-from bertforge.metrics.sparse import InvertedIndex, SparseRows
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from bertforge import storage
 from bertforge.errors import ConfigError
-from bertforge.inference.embed_corpus import MANIFEST_NAME, progress_path
+from bertforge.retrieval.embed_corpus import MANIFEST_NAME, progress_path
 
 
 def shard_error(directory: Path, shard: dict[str, Any], kind: str, problem: str) -> ConfigError:
