@@ -258,3 +258,9 @@ def test_vector_ann_index_command_then_search_uses_it_and_exact_scans(tiny_minil
                                atol=1e-6)
     assert cli.main(["search", "--index", str(tmp_path / "v"), "--query", "moon", "--exact", "--device", "cpu"]) == 0
     assert used == [1] and len(json.loads(capsys.readouterr().out)["hits"]) == 10
+    graph = tmp_path / "v" / A.GRAPH_NAME
+    graph.write_bytes(bytes(reversed(graph.read_bytes())))  # damaged, same size: was a raw faiss RuntimeError
+    assert cli.main(["search", "--index", str(tmp_path / "v"), "--top-k", "5", "--device", "cpu",
+                     *[arg for q in queries for arg in ("--query", q)]]) == 0
+    hits = [json.loads(line)["hits"] for line in capsys.readouterr().out.splitlines()]
+    assert used == [1, 1] and [[h["id"] for h in q] for q in hits] == [[h["id"] for h in q] for q in exact]

@@ -126,7 +126,8 @@ def cached_record(folder: Path, settings: dict[str, Any], precision: str) -> tup
         differ = sorted(name for name in settings if not isinstance(key, dict) or key.get(name) != settings[name])
         return None, f"{RECORD_NAME} records a graph of another model or settings (differs in {', '.join(differ)})"
     name = GRAPH_FILES[precision]
-    entry = (record.get("files") or {}).get(name) if isinstance(record.get("files"), dict) else None
+    files = record.get("files")
+    entry = files.get(name) if isinstance(files, dict) else None
     if not isinstance(entry, dict):
         return None, f"{RECORD_NAME} records no checksum of {name}"
     problem = storage.file_differs(folder / name, entry, RECORD_NAME)
