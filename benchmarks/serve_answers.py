@@ -14,7 +14,8 @@ route per phase,
 - `/v1/embeddings` of the openai SDK's full batch: 2,048 sentences (2,048 x 384 numbers).
 
 Phases: alone, then for each route a phase with the large client and one alone again (each attacked phase is
-compared with the mean of the alone phases before and after it, as the machine's load drifts). A prober sends
+compared with the mean of the alone phases before and after it, as the machine's load drifts; it lasts until the
+large client's last answer is read, so a stall at the end of one counts). A prober sends
 `GET /health` throughout, one at a time and 20 ms apart (a liveness probe, not a load of its own), and counts
 its answers per phase, with the longest wait for one. `--src` runs the server from another checkout (the code
 before a change) with the same requests; `--max-request-share` is passed to the server (1: admission by the
@@ -43,6 +44,7 @@ from benchmarks.serve_refusal import wait_ready
 SOURCE = Path(__file__).resolve().parents[1] / "src"
 ANSWER_BYTES, NUMBER_BYTES, ITEM_BYTES = 64 * 1024 * 1024, 17, 64  # the server's default budget and its count
 PROBE_PAUSE_S = 0.02
+PHASE_STEP_S = 2.0  # a phase with the large client goes on by this much until its last answer is read
 
 # The large client: resends one body to one path until the time is up, reading whole answers; prints the
 # statuses, answer bytes and seconds as JSON.
@@ -117,14 +119,22 @@ async def probe_health(port: int, stop: asyncio.Event) -> tuple[int, float]:
     return answered, longest
 
 
-async def phase(port: int, texts: list[str], clients: int, seconds: float) -> dict:
-    """One phase: the small clients' requests per second and errors, and the health prober's counts."""
+async def phase(port: int, texts: list[str], clients: int, seconds: float,
+                large: subprocess.Popen | None = None) -> dict:
+    """One phase: the small clients' requests per second and errors, and the health prober's counts; with a
+    `large` client, the phase lasts until its last answer is read (a stall at its end counts)."""
     stop = asyncio.Event()
     prober = asyncio.create_task(probe_health(port, stop))
+    began = time.perf_counter()
     latencies, errors = await load(port, "embed", texts, clients, seconds)
+    while large is not None and large.poll() is None:
+        more, failed = await load(port, "embed", texts, clients, PHASE_STEP_S)
+        latencies, errors = latencies + more, errors + failed
+    elapsed = time.perf_counter() - began
     stop.set()
     answered, longest = await prober
-    return {"requests_per_s": len(latencies) / seconds, "errors": errors, "health_answered": answered,
+    return {"requests_per_s": len(latencies) / elapsed, "errors": errors, "seconds": round(elapsed, 1),
+            "health_answered": answered, "health_per_s": round(answered / elapsed, 2),
             "health_longest_s": round(longest, 3)}
 
 
@@ -166,7 +176,7 @@ def main() -> None:
                 large = subprocess.Popen([sys.executable, "-c", LARGE_CLIENT, url, str(args.seconds), path, file],
                                          stdout=subprocess.PIPE, text=True)
                 time.sleep(1.0)  # its first request is in the server before the clients start
-                attacked = asyncio.run(phase(port, texts, args.clients, args.seconds))
+                attacked = asyncio.run(phase(port, texts, args.clients, args.seconds, large))
                 report = json.loads(large.communicate(timeout=1800)[0])
                 alone.append(asyncio.run(phase(port, texts, args.clients, args.seconds)))
                 rows.append(row(path, alone[-2], attacked, alone[-1], report))
@@ -178,8 +188,9 @@ def main() -> None:
     for figures in rows:
         print(f"  {figures['route']}: {figures['attacked']['requests_per_s']:.1f} requests/s with the large client, "
               f"{figures['alone_mean_requests_per_s']:.1f} alone: {figures['kept']:.2f} kept; /health answered "
-              f"{figures['attacked']['health_answered']} times (longest wait {figures['attacked']['health_longest_s']}"
-              f" s; alone {figures['alone_health_answered']}); the large client: statuses {figures['statuses']}, "
+              f"{figures['attacked']['health_answered']} times in {figures['attacked']['seconds']} s (longest wait "
+              f"{figures['attacked']['health_longest_s']} s; alone {figures['alone_health_per_s']:.1f}/s); the large "
+              f"client: statuses {figures['statuses']}, "
               f"answers of {figures['answer_bytes']:,} bytes, seconds each {figures['seconds_each']}"
               + (f"; refused: {figures['refusal']}" if figures["refusal"] else ""))
     if args.json is not None:
@@ -199,7 +210,7 @@ def row(path: str, before: dict, attacked: dict, after: dict, report: dict) -> d
     alone = (before["requests_per_s"] + after["requests_per_s"]) / 2
     return {"route": path, "attacked": attacked, "alone_mean_requests_per_s": alone,
             "kept": attacked["requests_per_s"] / alone,
-            "alone_health_answered": (before["health_answered"] + after["health_answered"]) / 2,
+            "alone_health_per_s": (before["health_per_s"] + after["health_per_s"]) / 2,
             "statuses": dict(Counter(report["statuses"])), "answer_bytes": max(report["bytes"], default=0),
             "seconds_each": report["seconds"], "refusal": report["refusal"]}
 
