@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from bertforge.inference.pipelines import EmbedText
-from bertforge.serving.answers import Floats, respond
+from bertforge.serving.answers import Floats, respond, vectors_of
 from bertforge.serving.wire_schemas import (
     ANY_MODEL,
     INPUTS,
@@ -186,8 +186,7 @@ async def create_embeddings(models: ModelSet, request: Request) -> Response:
             results = await service.run("embed", parsed, pipeline.check_options({}), request)
 
         def payload() -> dict[str, Any]:  # made in `respond`'s thread, off the event loop
-            vectors = shorten(np.asarray([r["embedding"] for r in results], dtype=np.float32), call.dimensions,
-                              pipeline.matryoshka_dims)
+            vectors = shorten(vectors_of(results), call.dimensions, pipeline.matryoshka_dims)
             tokens = sum(r["tokens"] for r in results)
             return {"object": "list", "model": service.model_name,
                     "data": [{"object": "embedding", "embedding": encode_vector(v, call.encoding_format), "index": i}

@@ -41,7 +41,7 @@ from pydantic import BaseModel
 from bertforge import __version__
 from bertforge.errors import InputError
 from bertforge.inference.pipelines import EmbedText, TruncatedInput
-from bertforge.serving.answers import Floats, SparseTerms, respond
+from bertforge.serving.answers import Floats, SparseTerms, respond, vectors_of
 from bertforge.serving.openai_routes import check_ids, check_length, shorten
 from bertforge.serving.task_routes import MODEL_PREFIX, task_route_options
 from bertforge.serving.tei_schemas import (
@@ -122,7 +122,7 @@ async def embed(service: InferenceService, call: EmbedRequest, request: Request)
     results = await service.run(EMBED, parsed, options, request)
 
     def vectors() -> Floats:  # in `respond`'s thread
-        rows = np.asarray([r["embedding"] for r in results], dtype=np.float32)
+        rows = vectors_of(results)
         try:
             return Floats(shorten(rows, call.dimensions, pipeline.matryoshka_dims, renormalize=call.normalize))
         except RequestError as error:
@@ -155,7 +155,7 @@ async def similarity(service: InferenceService, call: SimilarityRequest, request
     results = await service.run(EMBED, parsed, service.check_options(EMBED, {"normalize": True}), request)
 
     def cosines() -> Floats:  # in `respond`'s thread
-        vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)  # [1 + n, H], unit rows
+        vectors = vectors_of(results)  # [1 + n, H], unit rows
         return Floats(vectors[1:] @ vectors[0])
     return cosines
 
