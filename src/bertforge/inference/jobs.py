@@ -150,7 +150,7 @@ class Job:
     todo: list[int] = field(default_factory=list)  # features not run yet, the order they will run in
     outputs: list[Any] = field(default_factory=list)  # per feature, None until run
     served: int = 0  # tokens run so far
-    start: float = 0.0  # the scheduler's share clock when its windows were built (`Scheduler.position`)
+    start: float = 0.0  # the scheduler's share clock when its windows were built (`sharing.position`)
     error: BaseException | None = None  # why its windows could not be built
     estimate: int = 0  # rough tokens before windowing (`admission.estimate_tokens`), for the Retry-After only
     timing: JobTiming = field(default_factory=JobTiming)
