@@ -89,20 +89,20 @@ def test_limits_in_limit_request_is_answered_however_slow_the_measured_speed(cla
     import bertforge.inference.scheduler as scheduler_module
 
     monkeypatch.setattr(scheduler_module, "time", SlowClock())  # from the warm-up on: the model looks slow
-    app = create_app(classifier_dir, precision="fp32", max_request_tokens=262)
+    app = create_app(classifier_dir, precision="fp32", max_request_tokens=5000)
     service = app.state.service
     calls = []
     original = service.pipelines["classify"].forward
     service.pipelines["classify"].forward = lambda f, o: calls.append(len(f)) or original(f, o)
     with running(app) as client:
         calls.clear()
-        # Over max_request_tokens: 413 from its words (about 1,300 tokens), before it is windowed ...
-        text = "the weather in lisbon was warm and the market sold fish " * 120
+        # Over max_request_tokens: 413 from its words (6,600 of them), before it is windowed ...
+        text = "the weather in lisbon was warm and the market sold fish " * 600
         refused = client.post("/v1/classify", json={"inputs": [text]})
-        assert refused.status_code == 413 and "at most 262 per request" in refused.json()["error"], refused.text
+        assert refused.status_code == 413 and "at most 5000 per request" in refused.json()["error"], refused.text
         # ... and once windowed when its words are under the limit but its windows over it (64-token windows
-        # with a stride repeat tokens), before any model call.
-        windowed = client.post("/v1/classify", json={"inputs": ["word " * 250]})
+        # with a stride repeat tokens: about 8,200), before any model call.
+        windowed = client.post("/v1/classify", json={"inputs": ["word " * 4000]})
         assert windowed.status_code == 413 and "windows)" in windowed.json()["error"], windowed.text
         assert calls == []
         # Within every limit: accepted and answered at whatever speed was measured (the old rule refused it
