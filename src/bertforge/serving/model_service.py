@@ -5,8 +5,8 @@ micro-batching worker, token budgets; it also runs the model's attention maps, `
 .AttentionSteps`, so every model route shares one admission), its own `ServingMetrics`. It reads a request
 body under the limits (`read_body`: size, JSON through the untrusted-JSON decoder), validates our own
 ``{"inputs", "parameters"}`` bodies (`validate`), hands parsed inputs to the scheduler (`run`) and maps its
-failures to statuses (`FAILURE_STATUS`). The wire-format routes (`openai_routes`, `tei_routes`) build parsed inputs their own way
-and call the same `run`: one path from input to answer, whatever the API.
+failures to statuses (`FAILURE_STATUS`). The wire-format routes (`openai_routes`, `tei_routes`) build parsed
+inputs their own way and call the same `run`: one path from input to answer, whatever the API.
 
 `ModelSet` is the served models by name, and the one rule of which model answers a request (`pick`): the
 model named (OpenAI's `model` field, or the `/models/<name>/...` path prefix); with no name, the only model
