@@ -458,6 +458,24 @@ def test_scheduler_drops_the_remaining_windows_of_a_request_whose_client_left():
     scenario(test, max_batch_tokens=8)
 
 
+def test_scheduler_never_runs_a_waiting_request_whose_client_left_and_frees_its_place():
+    async def test(scheduler, fake, events):
+        running = scheduler.submit("t", [words("big", 16)], {})
+        await scheduler.step()  # 2 of its 4 windows run
+        waiting = scheduler.submit("t", [words("waiting", 40)], {})  # 10 windows, not built yet
+        gone = asyncio.get_running_loop().create_future()
+        gone.set_result(None)
+        with pytest.raises(JobFailed):
+            await scheduler.result(waiting, gone=gone)
+        assert scheduler.in_flight == 1  # its place in the queue is free at once
+        while not running.gone:
+            await scheduler.step()
+        assert all("waiting" not in call for call in fake.calls) and len(fake.calls) == 2
+        assert events.cancels == ["disconnect"]
+
+    scenario(test, max_batch_tokens=8, max_queue=2)
+
+
 def test_scheduler_timeout_fails_the_request_and_drops_its_remaining_windows():
     async def test(scheduler, fake, events):
         job = scheduler.submit("t", [words("big", 40)], {})
