@@ -344,39 +344,48 @@ def pretraining_settings(model: str, data_dir: Path, out_dir: Path, steps: int, 
                           masking=MaskingConfig(mlm_probability=MASK_RATE), training=training)
 
 
-def measure_step_cost(model: str, data_dir: Path, out_dir: Path, seed: int) -> StepCost:
-    """Time the demo's own pretraining on this machine, as it is loaded now: a warm-up run of
-    TIMING_STEPS steps on the prepared data and one held-out evaluation, at PyTorch's current thread count.
-    The first logging window is left out (first-call costs); the times come from the run's own metrics log."""
-    config = pretraining_settings(model, data_dir, out_dir, TIMING_STEPS, seed, progress=False)
+def measure_step_cost(model: str, data_dir: Path, out_dir: Path, seed: int, limit: float = 0.0) -> StepCost:
+    """Time the demo's own pretraining on this machine, as it is loaded now: a warm-up run of TIMING_STEPS
+    steps on the prepared data (or fewer, when `limit` seconds end it first) and one held-out evaluation, at
+    PyTorch's current thread count. The first logging window is left out (first-call costs) where the run
+    logged two; the times come from the run's own metrics log."""
+    config = pretraining_settings(model, data_dir, out_dir, TIMING_STEPS, seed, progress=False, minutes=limit / 60)
     # One evaluation, at the end, after the last timed step.
-    config = replace(config, training=replace(config.training, log_every=TIMING_LOG_EVERY, eval_every=0))
+    config = replace(config, training=replace(config.training, steps=TIMING_STEPS, log_every=TIMING_LOG_EVERY,
+                                              eval_every=0))
     quiet = logging.getLogger("bertforge")
     level = quiet.level
     quiet.setLevel(logging.WARNING)  # the warm-up's own log lines would read like the real run's
     try:
-        run_pretraining(config)
+        result = run_pretraining(config)
     finally:
         quiet.setLevel(level)
     events = read_metrics(out_dir)
     train = [e for e in events if e["split"] == "train"]
     evaluation = next(e for e in events if e["split"] == "eval")
     shutil.rmtree(out_dir, ignore_errors=True)
-    step_seconds = (train[-1]["time"] - train[0]["time"]) / max(1, train[-1]["step"] - train[0]["step"])
-    return StepCost(step_seconds=max(step_seconds, 1e-3),
-                    eval_seconds=max(0.0, evaluation["time"] - train[-1]["time"]), threads=torch.get_num_threads())
+    if len(train) >= 2:
+        step_seconds = (train[-1]["time"] - train[0]["time"]) / max(1, train[-1]["step"] - train[0]["step"])
+    else:  # cut short by `limit`: every step, the first-call costs included
+        step_seconds = result.seconds / max(1, result.step)
+    last_step = train[-1]["time"] if train else evaluation["time"]
+    return StepCost(step_seconds=max(step_seconds, 1e-3), eval_seconds=max(0.0, evaluation["time"] - last_step),
+                    threads=torch.get_num_threads())
 
 
-def choose_threads(measure: Callable[[], StepCost], threads: int) -> tuple[StepCost, str]:
-    """The cheaper of `measure()` at PyTorch's `threads` and at one thread, left set; and what each cost.
+def choose_threads(measure: Callable[[float], StepCost], threads: int) -> tuple[StepCost, str]:
+    """The cheaper of `measure(limit)` at one thread and at PyTorch's `threads`, left set; and what each cost.
+    The second warm-up gets the time the first one's steps took (`limit`, seconds): a thread count that is
+    much slower is seen in a few steps.
 
     On a busy 2-core machine two intra-op threads wait on each other at every operation of a model this small
-    (one of them shares its core with the neighbour): a step cost 3.4 s with 2 threads and 0.7 s with 1 on a
-    2-core Xeon at load 5-10. On an idle machine the second thread pays."""
-    costs = []
-    for count in sorted({threads, 1}, reverse=True):
-        torch.set_num_threads(count)
-        costs.append(measure())
+    (one of them shares its core with the other jobs): a step cost 6.6 s with 2 threads and 0.5 s with 1 on a
+    2-core Xeon at load 17. On an idle machine the second thread pays."""
+    torch.set_num_threads(1)
+    costs = [measure(0.0)]
+    if threads > 1:
+        torch.set_num_threads(threads)
+        costs.append(measure(TIMING_STEPS * costs[0].step_seconds))
     best = min(costs, key=lambda c: c.step_seconds)
     torch.set_num_threads(best.threads)
     said = ", ".join(f"{c.threads} thread{'s' if c.threads > 1 else ''} {1000 * c.step_seconds:.0f} ms"
@@ -389,7 +398,7 @@ def _pretrain(initial: BertForPretraining, out: Path, model: str, seed: int, bud
     """Step 4: time a warm-up, plan the rest of the budget and say so, then pretrain for the time planned;
     the checkpoint directory, the plan, and the step cost the run saw (the warm-up's, raised by as much as the
     run fell short of the steps expected)."""
-    cost, said = choose_threads(lambda: measure_step_cost(model, out / "data", out / "timing", seed),
+    cost, said = choose_threads(lambda limit: measure_step_cost(model, out / "data", out / "timing", seed, limit),
                                 torch.get_num_threads())
     plan = plan_demo(budget, time.perf_counter() - started, cost, books)
     print(announce_plan(plan, model, sum(p.numel() for p in initial.parameters()), time.time() - plan.spent))

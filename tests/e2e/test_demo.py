@@ -47,6 +47,8 @@ def test_demo_step_cost_is_measured_on_the_prepared_data(tmp_path, monkeypatch):
     cost = demo.measure_step_cost("tiny", tmp_path / "data", tmp_path / "timing", seed=0)
     assert cost.step_seconds > 0 and cost.eval_seconds >= 0
     assert not (tmp_path / "timing").exists()  # the warm-up leaves nothing behind
+    cut = demo.measure_step_cost("tiny", tmp_path / "data", tmp_path / "timing", seed=0, limit=1e-6)
+    assert cut.step_seconds > 0 and cut.eval_seconds >= 0  # a warm-up its limit ends after one step
 
 
 def test_demo_pretrains_its_recipe_for_the_time_budget(tmp_path):
@@ -129,20 +131,22 @@ def test_demo_keeps_the_cheaper_thread_count_of_its_warm_up():
     measured = []
 
     def measure(costs):
-        def run():
+        def run(limit):
             threads = torch.get_num_threads()
-            measured.append(threads)
+            measured.append((threads, limit))
             return demo.StepCost(costs[threads], 1.0, threads=threads)
         return run
 
     try:
-        busy, said = demo.choose_threads(measure({2: 3.4, 1: 0.7}), 2)  # a neighbour shares one of the cores
-        assert (busy.threads, torch.get_num_threads(), measured) == (1, 1, [2, 1])
-        assert said == "2 threads 3400 ms, 1 thread 700 ms"
+        busy, said = demo.choose_threads(measure({2: 6.6, 1: 0.5}), 2)  # other jobs share the cores
+        # one thread first; two get the time one thread's warm-up steps took
+        assert measured == [(1, 0.0), (2, pytest.approx(demo.TIMING_STEPS * 0.5))]
+        assert (busy.threads, torch.get_num_threads()) == (1, 1)
+        assert said == "1 thread 500 ms, 2 threads 6600 ms"
         idle, _ = demo.choose_threads(measure({2: 0.08, 1: 0.12}), 2)
         assert (idle.threads, torch.get_num_threads()) == (2, 2)
         measured.clear()
         single, _ = demo.choose_threads(measure({1: 0.2}), 1)  # one core: measured once
-        assert (single.threads, measured) == (1, [1])
+        assert (single.threads, measured) == (1, [(1, 0.0)])
     finally:
         torch.set_num_threads(before)
