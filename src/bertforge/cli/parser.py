@@ -309,7 +309,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lang", choices=["en", "zh"], default="en")
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--corpus", help="folder of books (default: data/demo/<lang>)")
-    p.add_argument("--minutes", type=float, help="the whole demo's time budget (default 8): a warm-up times a "
+    p.add_argument("--minutes", type=float, help="the whole demo's time budget (default 9): a warm-up times a "
                    "step on this machine, the demo announces its time and pretrains for what the budget leaves "
                    "(fewer steps on a slow or busy machine, never a longer run)")
     p.add_argument("--model", default="tiny", help="preset to pretrain (default tiny: the most steps per minute)")
