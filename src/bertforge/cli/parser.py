@@ -218,6 +218,10 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                         "--model embedder=DIR --model reranker=DIR); a plain DIR is named after its folder")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--rerank-label", action="append", default=[], metavar="[NAME=]LABEL",
+                   help="serve a two-label pair classifier (finetune --format pair) as a reranker too: relevance "
+                        "= the probability of LABEL (a label name or index); NAME= picks the model when several "
+                        "are served (repeat for several)")
     add_engine_flags(p)
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-wait-ms", type=float, default=5.0)

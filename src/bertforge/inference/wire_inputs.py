@@ -178,12 +178,16 @@ def count_tokens(results: list[dict[str, Any]], parsed: Sequence[Any], features:
 def with_logits(results: list[dict[str, Any]], parsed: Sequence[Any], features: Sequence[Feature],
                 outputs: Sequence[Any]) -> list[dict[str, Any]]:
     """`results` with each `TruncatedInput`'s raw model outputs, one row per pair in pair order (`"logits"`:
-    TEI's `raw_scores`; its windows are never averaged, so a row is the model's output for that pair)."""
+    TEI's `raw_scores`; its windows are never averaged, so a row is the model's output for that pair), and the
+    tokens its windows ran (`"tokens"`: a dialect's usage)."""
     rows: dict[int, list[tuple[int, list[float]]]] = {}
+    tokens: dict[int, int] = {}
     for feature, output in zip(features, outputs):
         if isinstance(parsed[feature.example_index], TruncatedInput):
             rows.setdefault(feature.example_index, []).append(
                 (feature.window, np.asarray(output, dtype=np.float64).reshape(-1).tolist()))
+            tokens[feature.example_index] = tokens.get(feature.example_index, 0) + len(feature.input_ids)
     for index, found in rows.items():
         results[index]["logits"] = [row for _, row in sorted(found, key=lambda pair: pair[0])]
+        results[index]["tokens"] = tokens[index]
     return results

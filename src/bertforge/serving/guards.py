@@ -31,7 +31,12 @@ In order, a request is refused with:
 Every answer carries ``X-Request-Id`` (the client's, when it is 1 to 128 characters of letters, digits and
 ``._:-``; else a new one), also written in the log line of the request, and TEI's timing headers in whole
 milliseconds: ``x-total-time`` always, and ``x-tokenization-time``, ``x-queue-time``, ``x-inference-time``
-when the route ran model work (`note_timing`). CORS is off unless `cors_origins` lists origins.
+when the route ran model work (`note_timing`); ``X-Model``, the name of the served model that made the answer
+(`note_model`), and ``X-Ignored-Fields``, the request fields a lenient route (TEI's) did not use
+(`note_ignored`). CORS is off unless `cors_origins` lists origins.
+
+Once an answer is sent, every request, refused here or answered by a route, is counted by the `record`
+callback the app gives (`/metrics`: its route template, `route_of`, and status).
 
 Refusals are written with `envelopes.error_payload`, so each API style gets its own error envelope.
 """
@@ -76,6 +81,12 @@ REQUEST_ID_KEY = "bertforge.request_id"
 TIMING_KEY = "bertforge.timing"
 RETRY_AFTER_KEY = "bertforge.retry_after"
 KEY_HELD_KEY = "bertforge.key_held"
+MODEL_KEY = "bertforge.model"
+IGNORED_KEY = "bertforge.ignored_fields"
+MODEL_HEADER = "x-model"
+IGNORED_HEADER = "x-ignored-fields"
+# The `route` of a request whose path no route has (`metrics.UNMATCHED_ROUTE`, said here without importing it).
+UNMATCHED = "unmatched"
 TIMING_HEADERS = {"tokenization_s": "x-tokenization-time", "queue_s": "x-queue-time",
                   "inference_s": "x-inference-time"}
 # A body this large costs milliseconds to read and decode: decoded off the event loop (`model_service`), and
@@ -125,6 +136,21 @@ def note_retry_after(scope: Scope, headers: MutableMapping[str, str] | dict[str,
         scope[RETRY_AFTER_KEY] = value
 
 
+def note_model(scope: Scope, name: str) -> None:
+    """The served model that makes this request's answer (``X-Model``, and the model its metrics count under)."""
+    scope[MODEL_KEY] = name
+
+
+def note_ignored(scope: Scope, fields: Sequence[str]) -> None:
+    """Request fields the route did not use (``X-Ignored-Fields``, comma-separated)."""
+    if fields:
+        scope[IGNORED_KEY] = ", ".join(fields)
+
+
+def model_of(scope: Scope) -> str | None:
+    return scope.get(MODEL_KEY)
+
+
 def key_held(scope: Scope) -> bool:
     """Whether the request holds one of the server's API keys (False when the server has none)."""
     return bool(scope.get(KEY_HELD_KEY))
@@ -138,8 +164,10 @@ class Guards:
     """The ASGI middleware (see the module docstring). `settings` has `api_keys`, `allowed_hosts` and
     `max_body_bytes` (`ServerSettings`)."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], settings: Any, routes: Sequence[Any] = ()):
+    def __init__(self, app: Callable[..., Awaitable[None]], settings: Any, routes: Sequence[Any] = (),
+                 record: Callable[[Scope, str, int, float], None] | None = None):
         self.app = app
+        self.record = record  # (scope, route template, status, seconds) of every request, once answered
         self.routes = routes  # the app's routes (Starlette's, live): a body is checked only for a route taking it
         self.keys = [key.encode("utf-8") for key in settings.api_keys]
         self.hosts = {host.lower().strip("[]") for host in settings.allowed_hosts}
@@ -172,6 +200,8 @@ class Guards:
                 extra += [(header.encode("ascii"), milliseconds(seconds))
                           for key, header in TIMING_HEADERS.items()
                           if (seconds := scope.get(TIMING_KEY, {}).get(key)) is not None]
+                extra += [(header.encode("ascii"), scope[key].encode("latin-1"))
+                          for key, header in ((MODEL_KEY, MODEL_HEADER), (IGNORED_KEY, IGNORED_HEADER)) if key in scope]
                 given = {name.lower() for name, _ in message.get("headers", [])}
                 if status == 429 and b"retry-after" not in given:  # every 429 says when to come back
                     extra.append((b"retry-after", str(scope.get(RETRY_AFTER_KEY, "1")).encode("ascii")))
@@ -189,8 +219,26 @@ class Guards:
             else:
                 await self.app(scope, replay(body, receive), answer)
         finally:
-            log.info("%s %s %s %d %.1f ms", request_id, scope["method"], scope["path"], status,
-                     1000 * (time.perf_counter() - began))
+            seconds = time.perf_counter() - began
+            log.info("%s %s %s %d %.1f ms", request_id, scope["method"], scope["path"], status, 1000 * seconds)
+            if self.record is not None:
+                # No answer started: the app raised, and the server answers 500.
+                self.record(scope, self.route_of(scope), status or 500, seconds)
+
+    def route_of(self, scope: Scope) -> str:
+        """The template of the route a request's path matches (`/models/{model}/embed`; a wrong method's too),
+        `UNMATCHED` for none; its path parameters are left in `scope["path_params"]` when none were yet."""
+        from starlette.routing import Match
+
+        partial = None
+        for route in self.routes:
+            match, child = route.matches(scope)
+            if match == Match.FULL or (match == Match.PARTIAL and partial is None):
+                scope.setdefault("path_params", child.get("path_params", {}))
+                if match == Match.FULL:
+                    return getattr(route, "path", UNMATCHED)
+                partial = getattr(route, "path", UNMATCHED)
+        return partial or UNMATCHED
 
     def refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str, list[tuple[str, str]]] | None:
         """(status, message, headers) of the first check the request fails, or None."""
@@ -375,13 +423,14 @@ def milliseconds(seconds: float) -> bytes:
     return str(int(seconds * 1000)).encode("ascii")
 
 
-def install_guards(app: Any, settings: Any) -> None:
+def install_guards(app: Any, settings: Any, record: Callable[[Scope, str, int, float], None] | None = None) -> None:
     """Put `Guards` (and, when `settings.cors_origins` lists origins, CORS outside it, so a preflight needs no
-    key) in front of every route of a Starlette/FastAPI `app`."""
-    app.add_middleware(Guards, settings=settings, routes=app.router.routes)
+    key) in front of every route of a Starlette/FastAPI `app`; `record` counts every request once answered."""
+    app.add_middleware(Guards, settings=settings, routes=app.router.routes, record=record)
     if settings.cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
-                           expose_headers=["X-Request-Id", "x-total-time", *TIMING_HEADERS.values()], max_age=600)
+                           expose_headers=["X-Request-Id", "x-total-time", *TIMING_HEADERS.values(), MODEL_HEADER,
+                                           IGNORED_HEADER], max_age=600)

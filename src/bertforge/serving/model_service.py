@@ -413,16 +413,24 @@ def parse_model_option(value: str) -> tuple[str, str]:
 
 def load_model_set(models: Mapping[str, str | Path], settings: ServerSettings, *, tasks: list[str] | None = None,
                    device: str = "auto", precision: str = DEFAULT_PRECISION, engine: str = DEFAULT_KIND,
-                   threads: int | None = None, batch_size: int = 32, max_length: int | None = None) -> ModelSet:
+                   threads: int | None = None, batch_size: int = 32, max_length: int | None = None,
+                   rerank_labels: Mapping[str, str] | None = None) -> ModelSet:
     """Load every named model directory (each its own pipelines, scheduler and metrics). A directory that
-    cannot be served fails the start with one line naming the model and its directory."""
+    cannot be served fails the start with one line naming the model and its directory. `rerank_labels`: model
+    name -> the label whose probability makes it a reranker too (`load_pipelines(rerank_label=...)`)."""
+    rerank_labels = dict(rerank_labels or {})
+    unknown = sorted(set(rerank_labels) - set(models))
+    if unknown:
+        raise ConfigError(f"--rerank-label names model(s) {unknown} that are not served; served: {list(models)} "
+                          "(use --rerank-label NAME=LABEL with a name given to --model)")
     services = {}
     for name, directory in models.items():
         if not MODEL_NAME.fullmatch(name):
             raise ConfigError(f"model name {name!r} must be letters, digits, '.', '_' or '-' (at most 64)")
         try:
             pipelines = load_pipelines(directory, tasks, device=device, precision=precision, engine=engine,
-                                       threads=threads, batch_size=batch_size, max_length=max_length)
+                                       threads=threads, batch_size=batch_size, max_length=max_length,
+                                       rerank_label=rerank_labels.get(name))
         except (BertforgeError, OSError) as error:
             reason = str(error).replace(str(directory) + ": ", "")
             # The kind of error stays (a corrupt checkpoint is a CheckpointError); the message names the model.

@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from bertforge.inference.pipelines import EmbedText
+from bertforge.serving.guards import note_model
 from bertforge.serving.wire_schemas import (
     ANY_MODEL,
     INPUTS,
@@ -164,13 +165,12 @@ def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str
 
 
 async def create_embeddings(models: ModelSet, request: Request) -> JSONResponse:
-    began = time.perf_counter()
-    service = None
     try:
         body = await read_body(request, models.first.settings)
         # OpenAI answers 400 for every invalid request (our routes: 422).
         call = check_body(EmbeddingsRequest, body, status=400)
         service = models.pick(call.model, "embed", lenient=True)
+        note_model(request.scope, service.model_name)
         pipeline = service.pipelines["embed"]
         items = embedding_inputs(call.input)
         service.check_count(len(items), "input", status=400)
@@ -195,8 +195,6 @@ async def create_embeddings(models: ModelSet, request: Request) -> JSONResponse:
         status = 400 if error.status == 422 else error.status
         response = refusal(request, status, error.message, param=error.param, code=error.code,
                            headers=error.headers)
-    if service is not None:
-        service.metrics.record_request("/v1/embeddings", response.status_code, time.perf_counter() - began)
     return response
 
 
