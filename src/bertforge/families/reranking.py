@@ -164,7 +164,7 @@ class Reranking(Family):
 
     def serves_by_default(self, config: BertConfig) -> bool:
         """A one-output classifier is a cross-encoder; a two-label one may be any binary classifier (sentiment),
-        so it reranks only when asked (`load_pipeline(dir, "rerank")`, `serve --tasks rerank`)."""
+        so it reranks only when asked (`load_pipeline(dir, "rerank")`, `serve --rerank-label LABEL`)."""
         return config.num_labels == 1
 
     def validate_options(self, options: dict[str, Any]) -> None:

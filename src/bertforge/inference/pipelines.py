@@ -499,8 +499,9 @@ def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None, *,
     engine = build_engine(set_fast_paths(model.to(plan.device).eval()), plan, model_dir)
     available = [task for task in supported_tasks(model) if engine.runs(registry.for_task(task))]
     chosen = list(tasks) if tasks else available
-    if rerank_label is not None and "rerank" not in chosen:
-        chosen.append("rerank")
+    reranking = registry.for_task("rerank")
+    if rerank_label is not None and reranking.task not in chosen:
+        chosen.append(reranking.task)
     for task in chosen:
         if not serves(type(model), registry.for_task(task)):
             raise CheckpointError(f"{model_dir}: a {type(model).__name__} cannot serve {task}; it supports "
@@ -509,8 +510,8 @@ def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None, *,
     for task in chosen:
         try:
             family = registry.for_task(task)
-            if task == "rerank" and rerank_label is not None:
-                family = family.scoring_by(rerank_label, model.config)
+            if family is reranking and rerank_label is not None:
+                family = reranking.scoring_by(rerank_label, model.config)
             pipelines[task] = make_pipeline(task, engine, tokenizer, record=directory.finetuning, report=report,
                                             sentence=directory.sentence, family=family, **options)
         except CheckpointError as error:
