@@ -54,6 +54,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 from bertforge.errors import ConfigError
 from bertforge.serving.envelopes import OVERLOADED, error_payload
@@ -85,6 +86,9 @@ MODEL_KEY = "bertforge.model"
 IGNORED_KEY = "bertforge.ignored_fields"
 MODEL_HEADER = "x-model"
 IGNORED_HEADER = "x-ignored-fields"
+# Characters a field name keeps as they are in X-Ignored-Fields (printable ASCII but the list's separator).
+HEADER_SAFE = "!#$&'()*+-./:;<=>?@[]^_`{|}~"
+IGNORED_SHOWN = 16
 # The `route` of a request whose path no route has (`metrics.UNMATCHED_ROUTE`, said here without importing it).
 UNMATCHED = "unmatched"
 TIMING_HEADERS = {"tokenization_s": "x-tokenization-time", "queue_s": "x-queue-time",
@@ -142,9 +146,12 @@ def note_model(scope: Scope, name: str) -> None:
 
 
 def note_ignored(scope: Scope, fields: Sequence[str]) -> None:
-    """Request fields the route did not use (``X-Ignored-Fields``, comma-separated)."""
+    """Request fields the route did not use (``X-Ignored-Fields``, comma-separated; a name is percent-encoded
+    where it holds what a header cannot, and at most `IGNORED_SHOWN` are named)."""
     if fields:
-        scope[IGNORED_KEY] = ", ".join(fields)
+        shown = [quote(name, safe=HEADER_SAFE) for name in fields[:IGNORED_SHOWN]]
+        more = len(fields) - len(shown)
+        scope[IGNORED_KEY] = ", ".join(shown) + (f", and {more} more" if more else "")
 
 
 def model_of(scope: Scope) -> str | None:
