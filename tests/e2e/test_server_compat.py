@@ -207,3 +207,20 @@ def test_similarity_names_the_blank_sentence_itself(http):
         assert response.status_code == 422
         assert response.json()["error"].startswith(f"{named}: text is empty"), response.text
 
+
+
+def test_serve_rerank_label_reaches_the_app_per_model(monkeypatch, capsys):
+    from bertforge import cli
+    from bertforge.serving import app as server
+
+    seen: dict = {}
+    monkeypatch.setattr(server, "serve", lambda model, **options: seen.update(options, model=model))
+    assert cli.main(["serve", "--model", "models/pair", "--rerank-label", "relevant"]) == 0
+    assert seen["rerank_labels"] == {"pair": "relevant"} and seen["model"] == "models/pair"
+    seen.clear()
+    assert cli.main(["serve", "--model", "e=DIR", "--model", "r=DIR2", "--rerank-label", "r=1"]) == 0
+    assert seen["rerank_labels"] == {"r": "1"}
+    assert cli.main(["serve", "--model", "e=DIR", "--model", "r=DIR2", "--rerank-label", "1"]) == 2
+    assert "--rerank-label NAME=1" in capsys.readouterr().err
+    with pytest.raises(Exception, match="names model\\(s\\) \\['x'\\] that are not served"):
+        create_app({"pair": "unused"}, rerank_labels={"x": "1"})

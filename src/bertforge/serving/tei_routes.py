@@ -2,8 +2,11 @@
 `POST /embed`, `/embed_sparse`, `/embed_all`, `/similarity`, `/rerank`, `/predict`, `/tokenize`, `/decode`,
 `GET /info`, each also under
 `/models/<name>/...` (a TEI client's base URL per model), and `POST /v1/rerank`, which takes bertforge's
-``{"inputs", "parameters"}`` body and the Cohere/Infinity one (``{"query", "documents", "top_n",
-"return_documents"}``) on one path, told apart by their fields.
+``{"inputs", "parameters"}`` body and Cohere's (``{"query", "documents", "top_n", "return_documents"}``) on
+one path, told apart by their fields. `/rerank` also takes Infinity's body (`documents` where TEI's has
+`texts`) and answers in Infinity's shape (`cohere_routes`). As TEI, the routes ignore request fields they do
+not use (`TeiModel`), naming them in ``X-Ignored-Fields``; /info answers without a model name (the first
+model's fields, and every model under `models`).
 
 Every route runs the served model's pipelines through its scheduler (`InferenceService.run`): /embed the
 `embed` pipeline (/embed_all with its token vectors, /similarity with its unit vectors: the cosine of the
@@ -15,7 +18,7 @@ any model call), cut from `truncation_direction`'s end with it (a pair longest f
 never windowed as our own /v1/classify windows a long text. `raw_scores` gives the model's output row as it
 is (/rerank: the relevant output's logit; /predict: every label's logit, best first, as TEI sorts). A route
 whose task no served model has answers 424, as TEI does for a model of the wrong kind. Refusals use TEI's
-`{"error", "error_type"}`.
+`{"error", "error_type"}`; every answer names its model in ``X-Model`` (`guards.note_model`).
 """
 
 from __future__ import annotations
