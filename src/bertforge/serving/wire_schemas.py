@@ -306,11 +306,12 @@ def lenient_body(model: type[BaseModel], body: Any, request: Any) -> Any:
 
 def request_body(model: type[BaseModel] | tuple[type[BaseModel], ...], example: Any = None,
                  serves: str | None = None) -> dict[str, Any]:
-    """The `openapi_extra` of a route whose JSON body is `model` (several: one of them; added to the components
-    by `with_wire_schemas`); `serves`: the task its model must serve (`SERVES`)."""
+    """The `openapi_extra` of a route whose JSON body is `model` (several: any of them, the route telling them
+    apart, as lenient bodies may match more than one; added to the components by `with_wire_schemas`); `serves`:
+    the task its model must serve (`SERVES`)."""
     bodies = model if isinstance(model, tuple) else (model,)
     refs = [{"$ref": SCHEMA_REF.format(model=one.__name__)} for one in bodies]
-    content: dict[str, Any] = {"schema": refs[0] if len(refs) == 1 else {"oneOf": refs}}
+    content: dict[str, Any] = {"schema": refs[0] if len(refs) == 1 else {"anyOf": refs}}
     if example is not None:
         content["example"] = example
     names = [one.__name__ for one in bodies]
