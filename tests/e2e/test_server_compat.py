@@ -110,6 +110,13 @@ def test_tei_routes_ignore_fields_they_do_not_use_and_say_which(http):
     assert schemas["EmbedRequest"].get("additionalProperties") is not False  # the document says so too
 
 
+def test_ignored_field_names_a_header_cannot_carry_are_percent_encoded_and_bounded(http):
+    odd = http.post("/models/cross/embed", json={"inputs": "a", "ünï\ncode, x": 1})
+    assert odd.status_code == 200 and odd.headers["x-ignored-fields"] == "%C3%BCn%C3%AF%0Acode%2C%20x"
+    many = http.post("/models/cross/embed", json={"inputs": "a", **{f"f{i}": i for i in range(20)}})
+    assert many.headers["x-ignored-fields"] == ", ".join(f"f{i}" for i in range(16)) + ", and 4 more"
+
+
 def test_a_cohere_v2_client_gets_cohere_v2s_rerank_shape(http):
     ours = http.post("/models/cross/rerank", json={"query": QUERY, "texts": DOCUMENTS}).json()
     best = [item["index"] for item in ours]
