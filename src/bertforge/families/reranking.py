@@ -3,7 +3,8 @@
 A cross-encoder is a sentence-pair classifier (`BertForSequenceClassification`) that reads the query and one
 candidate together, ``[CLS] query [SEP] text [SEP]``, and scores their relevance with one output (the
 cross-encoders of sentence-transformers and text-embeddings-inference: `num_labels` 1, relevance =
-sigmoid(logit)) or two labels (relevance = the probability of the last one, "relevant"). Fine-tune one
+sigmoid(logit)) or two labels (relevance = the probability of the last one, "relevant", or of the label
+`scoring_by` names: `serve --rerank-label`). Fine-tune one
 pointwise, as a pair classifier (`--format pair`, labels 0/1) or a one-output regressor (`--format
 regression`, scores 0/1), or listwise on a query's list of documents (`--format rerank-lists`, this family's
 training: ListNet, `listnet_loss`).
@@ -138,10 +139,9 @@ class Reranking(Family):
     # table allows, as sentence-transformers' CrossEncoder and text-embeddings-inference read them.
     served_max_seq_length = 512
 
-    def __init__(self, relevant: int = -1, relevant_label: str | None = None):
+    def __init__(self, relevant: int = -1):
         super().__init__()
         self.relevant = relevant  # the label whose probability is the relevance (two-label models)
-        self.relevant_label = relevant_label
 
     def check_model(self, config: BertConfig) -> None:
         if config.num_labels not in (1, 2):
@@ -160,7 +160,7 @@ class Reranking(Family):
         if index is None:
             raise CheckpointError(f"the rerank label {label!r} is not one of this model's labels "
                                   f"{sorted(names) or [0, 1]}; name the label that means relevant")
-        return Reranking(relevant=index, relevant_label=label)
+        return Reranking(relevant=index)
 
     def serves_by_default(self, config: BertConfig) -> bool:
         """A one-output classifier is a cross-encoder; a two-label one may be any binary classifier (sentiment),

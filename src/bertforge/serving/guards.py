@@ -89,7 +89,7 @@ IGNORED_HEADER = "x-ignored-fields"
 # Characters a field name keeps as they are in X-Ignored-Fields (printable ASCII but the list's separator).
 HEADER_SAFE = "!#$&'()*+-./:;<=>?@[]^_`{|}~"
 IGNORED_SHOWN = 16
-# The `route` of a request whose path no route has (`metrics.UNMATCHED_ROUTE`, said here without importing it).
+# The `route` label of a request whose path no route has (one value for them all: raw paths are unbounded).
 UNMATCHED = "unmatched"
 TIMING_HEADERS = {"tokenization_s": "x-tokenization-time", "queue_s": "x-queue-time",
                   "inference_s": "x-inference-time"}

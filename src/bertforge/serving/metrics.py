@@ -7,7 +7,7 @@ server; `METRIC_NAMES` lists every name the text carries and a test holds the ou
 - `bertforge_requests_total{route,status}` (counter) and `bertforge_request_latency_seconds{route}`
   (histogram): every HTTP request, counted by the guards (`guards.Guards`) once its answer is sent, whatever
   answered it (a route, a guard's 401/413/415, a 404 or 422): `route` is the route's template
-  (`/models/{model}/embed`, never the raw path, so the label's values are bounded), `UNMATCHED_ROUTE` for a
+  (`/models/{model}/embed`, never the raw path, so the label's values are bounded), `guards.UNMATCHED` for a
   path no route has; with several models, the model that answered (or the one the path names) counts it
   (`RequestMetrics`, and `""` for a request no model is named by);
 - `bertforge_batch_size`, `bertforge_batch_tokens` (histograms of windows and of tokens per model call),
@@ -31,8 +31,6 @@ from bertforge.inference.scheduler import CANCEL_REASONS, Failure, SchedulerEven
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # the Prometheus text format `generate_latest` writes
-# The `route` of a request whose path no route has (one label for them all: raw paths would be unbounded).
-UNMATCHED_ROUTE = "unmatched"
 
 # Every sample name /metrics carries, and its type (the histograms' `_bucket`, `_sum`, `_count` each).
 METRIC_TYPES = {
