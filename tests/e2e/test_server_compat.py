@@ -147,6 +147,8 @@ def test_an_infinity_client_posting_documents_to_rerank_gets_infinitys_shape(htt
     assert [r["index"] for r in answer["results"]] == best
     assert all(r["document"] == DOCUMENTS[r["index"]] for r in answer["results"])  # a string, as Infinity
     assert [r["relevance_score"] for r in answer["results"]] == pytest.approx([r["score"] for r in ours], abs=1e-6)
+    plain = http.post("/models/cross/rerank", json={"query": QUERY, "documents": DOCUMENTS, "top_n": 1}).json()
+    assert plain["results"] == [{"relevance_score": answer["results"][0]["relevance_score"], "index": best[0]}]
 
 
 def test_a_two_label_pair_classifier_reranks_by_its_positive_labels_probability(http, dirs):

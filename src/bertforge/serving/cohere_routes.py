@@ -9,7 +9,7 @@ pipeline of a served cross-encoder:
   [{index, relevance_score, document?: {text}}]}``;
 - Infinity, `POST /rerank` with ``{query, documents, model?, top_n?, return_documents?, raw_scores?}`` (TEI's
   path; its own body has `texts` instead of `documents`, and `tei_routes` tells the two apart by that field):
-  ``{object: "rerank", results: [{relevance_score, index, document: str | null}], model, usage:
+  ``{object: "rerank", results: [{relevance_score, index, document?: str}], model, usage:
   {prompt_tokens, total_tokens}, id, created}``, the document as a plain string, as Infinity answers it.
 
 Every dialect reads its query and documents the same way (`rank_documents`): the model named (any name picks
@@ -168,14 +168,14 @@ async def cohere_v2_rerank(models: ModelSet, call: CohereV2RerankRequest, reques
 
 async def infinity_rerank(models: ModelSet, name: str | None, call: InfinityRerankRequest,
                           request: Request) -> dict[str, Any]:
-    """Infinity's answer: the document as a plain string (null unless `return_documents`)."""
+    """Infinity's answer: the document as a plain string, when `return_documents` asks for it."""
     service, texts, result = await rank_documents(models, name or call.model, call.query, call.documents,
                                                   call.top_n, request)
     tokens = int(result.get("tokens", 0))
     return {"object": "rerank", "model": service.model_name, "id": f"infinity-{uuid.uuid4()}",
             "created": int(time.time()), "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             "results": [{"relevance_score": r["logit"] if call.raw_scores else r["score"], "index": r["index"],
-                         "document": texts[r["index"]] if call.return_documents else None}
+                         **({"document": texts[r["index"]]} if call.return_documents else {})}
                         for r in result["results"]]}
 
 
