@@ -330,10 +330,12 @@ class Pipeline:
         features, outputs = self.stream(parsed, options)
         return self.decode(parsed, features, outputs, options)
 
-    def stream(self, parsed: Sequence[Any], options: dict,
-               on_batch: Callable[[int], None] | None = None) -> tuple[list, list]:
-        """Steps 2 and 3: (features, an output per feature), made in a thread as the model runs (`streaming`)."""
-        return run_streamed(self.engine, parsed, self.features, self.family_forward(options), batch_size=self.batch_size,
+    def stream(self, parsed: Sequence[Any], options: dict, on_batch: Callable[[int], None] | None = None,
+               features: Callable[[list[Any]], list[Feature]] | None = None) -> tuple[list, list]:
+        """Steps 2 and 3: (features, an output per feature), made in a thread as the model runs (`streaming`);
+        `features`: step 2 as the caller wraps it (default `self.features`; `wire_inputs.noting_cuts`)."""
+        return run_streamed(self.engine, parsed, features or self.features, self.family_forward(options),
+                            batch_size=self.batch_size,
                             max_batch_tokens=self.max_batch_tokens, pad_token_id=self.tokenizer.pad_token_id,
                             precision=self.precision, on_batch=on_batch)
 

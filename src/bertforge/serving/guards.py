@@ -31,7 +31,9 @@ In order, a request is refused with:
 Every answer carries ``X-Request-Id`` (the client's, when it is 1 to 128 characters of letters, digits and
 ``._:-``; else a new one), also written in the log line of the request, and TEI's timing headers in whole
 milliseconds: ``x-total-time`` always, and ``x-tokenization-time``, ``x-queue-time``, ``x-inference-time``
-when the route ran model work (`note_timing`). CORS is off unless `cors_origins` lists origins.
+when the route ran model work (`note_timing`), and ``X-Truncated-Inputs`` (how many of its texts were cut to
+the model's window, `note_truncated`) on a successful answer of a route that cuts over-long inputs. CORS is off
+unless `cors_origins` lists origins.
 
 Refusals are written with `envelopes.error_payload`, so each API style gets its own error envelope.
 """
@@ -75,6 +77,9 @@ REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 REQUEST_ID_KEY = "bertforge.request_id"
 TIMING_KEY = "bertforge.timing"
 RETRY_AFTER_KEY = "bertforge.retry_after"
+TRUNCATED_KEY = "bertforge.truncated_inputs"
+# The header of every answer whose route cut over-long inputs to the model's window (how many: `wire_inputs`).
+TRUNCATED_HEADER = "x-truncated-inputs"
 KEY_HELD_KEY = "bertforge.key_held"
 TIMING_HEADERS = {"tokenization_s": "x-tokenization-time", "queue_s": "x-queue-time",
                   "inference_s": "x-inference-time"}
@@ -116,6 +121,11 @@ def split_keys(values: Iterable[str]) -> tuple[str, ...]:
 def note_timing(scope: Scope, queue_s: float, tokenization_s: float, inference_s: float) -> None:
     """A route's model work, for the timing headers of its answer (seconds)."""
     scope[TIMING_KEY] = {"queue_s": queue_s, "tokenization_s": tokenization_s, "inference_s": inference_s}
+
+
+def note_truncated(scope: Scope, count: int) -> None:
+    """How many texts a route's model work cut to the window, for the `TRUNCATED_HEADER` of its answer."""
+    scope[TRUNCATED_KEY] = scope.get(TRUNCATED_KEY, 0) + count
 
 
 def note_retry_after(scope: Scope, headers: MutableMapping[str, str] | dict[str, str]) -> None:
@@ -172,6 +182,8 @@ class Guards:
                 extra += [(header.encode("ascii"), milliseconds(seconds))
                           for key, header in TIMING_HEADERS.items()
                           if (seconds := scope.get(TIMING_KEY, {}).get(key)) is not None]
+                if TRUNCATED_KEY in scope and status < 300:  # the model ran and the answer is its work
+                    extra.append((TRUNCATED_HEADER.encode("ascii"), str(scope[TRUNCATED_KEY]).encode("ascii")))
                 given = {name.lower() for name, _ in message.get("headers", [])}
                 if status == 429 and b"retry-after" not in given:  # every 429 says when to come back
                     extra.append((b"retry-after", str(scope.get(RETRY_AFTER_KEY, "1")).encode("ascii")))
@@ -384,4 +396,4 @@ def install_guards(app: Any, settings: Any) -> None:
 
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
-                           expose_headers=["X-Request-Id", "x-total-time", *TIMING_HEADERS.values()], max_age=600)
+                           expose_headers=["X-Request-Id", "x-total-time", *TIMING_HEADERS.values(), TRUNCATED_HEADER], max_age=600)

@@ -8,11 +8,13 @@
 Every route runs the served model's pipelines through its scheduler (`InferenceService.run`): /embed the
 `embed` pipeline (/embed_all with its token vectors, /similarity with its unit vectors: the cosine of the
 source sentence with each other one), /embed_sparse the `embed-sparse` pipeline ([{index, value}] of each
-text's non-zero terms), /rerank the `rerank` pipeline, /predict the `classify` pipeline, each input with TEI's
-truncation rule (`wire_inputs`: `EmbedText`, `TruncatedInput`): an input, or a query+text pair, longer than
-the pipeline's window (`max_input_length` in /info) is refused without `truncate` (422 naming the limit, before
-any model call), cut from `truncation_direction`'s end with it (a pair longest first, as TEI's tokenizer),
-never windowed as our own /v1/classify windows a long text. `raw_scores` gives the model's output row as it
+text's non-zero terms), /rerank the `rerank` pipeline, /predict the `classify` pipeline, each input with the
+one truncation rule (`wire_inputs`: `EmbedText`, `TruncatedInput`): an input, or a query+text pair, longer than
+the pipeline's window (`max_input_length` in /info) is cut from `truncation_direction`'s end (a pair longest
+first, as TEI's tokenizer) when the request's `truncate` says so or, absent or null, when the server's
+`auto_truncate` does (its default, TEI's `--auto-truncate`, which `/info` reports), and the answer's
+``X-Truncated-Inputs`` header says how many were; otherwise it is refused (422 naming the limit, before any
+model call); never windowed as our own /v1/classify windows a long text. `raw_scores` gives the model's output row as it
 is (/rerank: the relevant output's logit; /predict: every label's logit, best first, as TEI sorts). A route
 whose task no served model has answers 424, as TEI does for a model of the wrong kind. Refusals use TEI's
 `{"error", "error_type"}`.
@@ -41,6 +43,7 @@ from pydantic import BaseModel
 from bertforge import __version__
 from bertforge.errors import InputError
 from bertforge.inference.pipelines import EmbedText, TruncatedInput
+from bertforge.inference.wire_inputs import query_pairs
 from bertforge.serving.openai_routes import check_ids, check_length, shorten
 from bertforge.serving.task_routes import MODEL_PREFIX, task_route_options
 from bertforge.serving.tei_schemas import (
@@ -102,15 +105,16 @@ def embed_texts(service: InferenceService, task: str, items: list[Any], call: An
     service.check_count(len(items) if counted is None else counted, where, status=413)
     prefix = prompt_of(service, call.prompt_name, task)
     direction = call.truncation_direction.lower()
+    truncate, fix = service.truncation(call.truncate, "truncate")
     parsed = []
     for index, item in enumerate(items):
         if isinstance(item, str):
             check_length(item, service.settings.max_chars, f"{where}[{index}]")
             text = service.parse(task, prefix + item, f"{where}[{index}]")
-            parsed.append(EmbedText(text=text, truncate=bool(call.truncate), direction=direction))
+            parsed.append(EmbedText(text=text, truncate=truncate, direction=direction, fix=fix))
         else:
             ids = check_ids(tuple(item), service.pipelines[task].tokenizer.vocab_size, f"{where}[{index}]")
-            parsed.append(EmbedText(ids=ids, truncate=bool(call.truncate), direction=direction))
+            parsed.append(EmbedText(ids=ids, truncate=truncate, direction=direction, fix=fix))
     return parsed
 
 
@@ -153,11 +157,6 @@ async def similarity(service: InferenceService, call: SimilarityRequest, request
     return (vectors[1:] @ vectors[0]).tolist()
 
 
-def query_pairs(query: Any) -> list[tuple[str, str]]:
-    """What a cross-encoder reads for a rerank query: (query, text) per text, in order (TEI's pairs)."""
-    return [(query.query, text) for text in query.texts]
-
-
 def text_pair(example: Any) -> list[tuple[str, str | None]]:
     """What a classifier reads for a classify input: its text and pair (None for a single text)."""
     return [(example.text_a, example.text_b)]
@@ -168,8 +167,9 @@ async def rerank(service: InferenceService, call: RerankRequest, request: Reques
     for where, text in (("query", call.query), *((f"texts[{i}]", t) for i, t in enumerate(call.texts))):
         check_length(text, service.settings.max_chars, where)
     query = service.parse(RERANK, {"query": call.query, "texts": call.texts}, "texts")
-    parsed = [TruncatedInput(query, query_pairs, "texts[{position}] with the query", truncate=bool(call.truncate),
-                             direction=call.truncation_direction.lower())]
+    truncate, fix = service.truncation(call.truncate, "truncate")
+    parsed = [TruncatedInput(query, query_pairs, "texts[{position}] with the query", truncate=truncate,
+                             direction=call.truncation_direction.lower(), fix=fix)]
     options = service.check_options(RERANK, {"return_text": call.return_text})
     ranked = (await service.run(RERANK, parsed, options, request))[0]["results"]
     # raw_scores: the relevant output's logit, else the relevance in [0, 1]; best first either way.
@@ -202,10 +202,11 @@ async def predict(service: InferenceService, call: PredictRequest, request: Requ
         for text in [item] if isinstance(item, str) else item:
             check_length(text, service.settings.max_chars, f"inputs[{index}]")
     parsed = []
+    truncate, fix = service.truncation(call.truncate, "truncate")
     for index, item in enumerate(items):
         example = service.parse(CLASSIFY, item if isinstance(item, str) else list(item), f"inputs[{index}]")
-        parsed.append(TruncatedInput(example, text_pair, "inputs[{index}]", truncate=bool(call.truncate),
-                                     direction=call.truncation_direction.lower()))
+        parsed.append(TruncatedInput(example, text_pair, "inputs[{index}]", truncate=truncate,
+                                     direction=call.truncation_direction.lower(), fix=fix))
     results = await service.run(CLASSIFY, parsed, service.check_options(CLASSIFY, {}), request)
     config = service.pipelines[CLASSIFY].config
     labels = [config.id2label[i] for i in sorted(config.id2label)] if config.id2label else []
@@ -283,7 +284,7 @@ def info(service: InferenceService) -> dict[str, Any]:
                                                                                           first.precision),
             "model_type": kind, "max_concurrent_requests": settings.max_queue, "max_input_length": served.max_length,
             "max_batch_tokens": settings.max_batch_tokens, "max_batch_requests": settings.max_batch_size,
-            "max_client_batch_size": settings.max_items, "auto_truncate": False, "tokenization_workers": 1,
+            "max_client_batch_size": settings.max_items, "auto_truncate": settings.auto_truncate, "tokenization_workers": 1,
             "version": __version__, "tasks": list(pipelines)}
 
 
@@ -293,7 +294,9 @@ async def cohere_rerank(models: ModelSet, call: CohereRerankRequest, request: Re
     service.check_count(len(texts), "documents")
     for where, text in (("query", call.query), *((f"documents[{i}]", t) for i, t in enumerate(texts))):
         check_length(text, service.settings.max_chars, where)
-    parsed = [service.parse(RERANK, {"query": call.query, "texts": texts}, "documents")]
+    query = service.parse(RERANK, {"query": call.query, "texts": texts}, "documents")
+    truncate, fix = service.truncation()
+    parsed = [TruncatedInput(query, query_pairs, "documents[{position}] with the query", truncate=truncate, fix=fix)]
     options = service.check_options(RERANK, {"top_n": call.top_n})
     ranked = (await service.run(RERANK, parsed, options, request))[0]["results"]
     return {"id": str(uuid.uuid4()), "model": service.model_name,

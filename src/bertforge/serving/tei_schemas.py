@@ -3,7 +3,8 @@ Cohere / Infinity rerank body that `/v1/rerank` also takes: strict pydantic mode
 unknown fields refused, no coercion) that validate each body and describe it in `/openapi.json`; the routes
 that answer them are `tei_routes`.
 
-`truncate` absent or null means false, as TEI without `--auto-truncate` (what `/info` reports); the direction
+`truncate` absent or null means the server's `auto_truncate` (TEI's `--auto-truncate`; what `/info` reports:
+true unless started with `--auto-truncate false`); the direction
 takes TEI's spellings ("Right"/"Left") and the lower-case ones its clients send.
 """
 
@@ -31,7 +32,7 @@ PromptName = Annotated[str, Field(json_schema_extra=fitted("prompt-name"))]
 class EmbedRequest(WireModel):
     inputs: Text | TokenIds | Annotated[list[Text | TokenIds], INPUTS]
     normalize: bool = True
-    truncate: bool | None = False
+    truncate: bool | None = None
     truncation_direction: Direction = "right"
     prompt_name: PromptName | None = None
     dimensions: Dimensions | None = None
@@ -40,7 +41,7 @@ class EmbedRequest(WireModel):
 @register
 class EmbedSparseRequest(WireModel):
     inputs: Text | TokenIds | Annotated[list[Text | TokenIds], INPUTS]
-    truncate: bool | None = False
+    truncate: bool | None = None
     truncation_direction: Direction = "right"
     prompt_name: PromptName | None = None
 
@@ -56,7 +57,7 @@ class SimilarityInput(WireModel):
 
 
 class SimilarityParameters(WireModel):
-    truncate: bool | None = False
+    truncate: bool | None = None
     truncation_direction: Direction = "right"
     prompt_name: PromptName | None = None
 
@@ -71,7 +72,7 @@ class SimilarityRequest(WireModel):
 class RerankRequest(WireModel):
     query: Text
     texts: Annotated[list[Text], INPUTS]
-    truncate: bool | None = False
+    truncate: bool | None = None
     truncation_direction: Direction = "right"
     raw_scores: bool = False
     return_text: bool = False
@@ -81,7 +82,7 @@ class RerankRequest(WireModel):
 class PredictRequest(WireModel):
     inputs: Text | Annotated[list[Text], Field(min_length=2, max_length=2)] | Annotated[
         list[Annotated[list[Text], Field(min_length=1, max_length=2)]], INPUTS]
-    truncate: bool | None = False
+    truncate: bool | None = None
     truncation_direction: Direction = "right"
     raw_scores: bool = False
 
