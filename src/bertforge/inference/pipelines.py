@@ -63,6 +63,7 @@ from bertforge.inference.wire_inputs import (
     count_tokens,
     family_examples,
     wire_features,
+    with_cuts,
     with_logits,
 )
 from bertforge.interop.sentence_transformers import SentenceSettings
@@ -318,10 +319,10 @@ class Pipeline:
     def decode(self, parsed: Sequence[Any], features: Sequence[Feature], outputs: Sequence[Any],
                options: dict[str, Any]) -> list[dict[str, Any]]:
         """Step 4: one result per input from all of its features' outputs (a `TruncatedInput`'s also with its
-        raw output rows, `"logits"`)."""
+        raw output rows, `"logits"`; a wire input's with its texts cut to the window, `wire_inputs.TRUNCATED`)."""
         results = self.family.decode(family_examples(parsed), features, outputs, options, self.config,
                                      self.tokenizer)
-        return with_logits(results, parsed, features, outputs)
+        return with_cuts(with_logits(results, parsed, features, outputs), parsed, features)
 
     def run_parsed(self, parsed: Sequence[Any], options: dict[str, Any]) -> list[dict[str, Any]]:
         """Run inputs already validated by `parse` with options already checked by `check_options`."""

@@ -209,11 +209,10 @@ def plain_inputs(parsed: Sequence[Any]) -> list[Any]:
 def count_tokens(results: list[dict[str, Any]], parsed: Sequence[Any], features: Sequence[Feature]
                  ) -> list[dict[str, Any]]:
     """`results` with the tokens each `EmbedText` input ran (one window per input, in input order; a family's own
-    `"tokens"`, sparse terms' names, stays) and whether it was cut (`TRUNCATED`)."""
+    `"tokens"`, sparse terms' names, stays)."""
     for result, item, feature in zip(results, parsed, features):
         if isinstance(item, EmbedText):
             result.setdefault("tokens", len(feature.input_ids))
-            result[TRUNCATED] = int(feature.truncated)
     return results
 
 
@@ -226,10 +225,20 @@ def with_logits(results: list[dict[str, Any]], parsed: Sequence[Any], features: 
         if isinstance(parsed[feature.example_index], TruncatedInput):
             rows.setdefault(feature.example_index, []).append(
                 (feature.window, np.asarray(output, dtype=np.float64).reshape(-1).tolist()))
-            results[feature.example_index][TRUNCATED] = (results[feature.example_index].get(TRUNCATED, 0)
-                                                         + int(feature.truncated))
     for index, found in rows.items():
         results[index]["logits"] = [row for _, row in sorted(found, key=lambda pair: pair[0])]
+    return results
+
+
+def with_cuts(results: list[dict[str, Any]], parsed: Sequence[Any], features: Sequence[Feature]
+              ) -> list[dict[str, Any]]:
+    """`results` with how many texts of each wire input were cut to the window (`TRUNCATED`: an `EmbedText`'s
+    one window, a `TruncatedInput`'s pairs)."""
+    wire = (EmbedText, TruncatedInput)
+    for feature in features:
+        if isinstance(parsed[feature.example_index], wire):
+            result = results[feature.example_index]
+            result[TRUNCATED] = result.get(TRUNCATED, 0) + int(feature.truncated)
     return results
 
 
