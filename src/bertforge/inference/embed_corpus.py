@@ -457,7 +457,7 @@ def run_shards(out: Path, pipeline: EmbedPipeline, options: dict[str, Any], sour
             progress.advance if progress is not None else None, chunking, records - count, spans,
             manifest.get("truncate", AUTO_TRUNCATE), progress.truncated if progress is not None else None)
         write_shard(out, index, ids, vectors, manifest["dtype"], tokens, manifest.get("calibration"),
-                    spans if chunking is not None else None, truncated=len(cut))
+                    spans if chunking is not None else None, len(cut))
         if cut:
             log.warning("shard %d: %d of %d texts are longer than the model's window of %d tokens and were cut to "
                         "it (first: %s); --chunk TOKENS embeds whole texts as several vectors, --truncate false "
@@ -467,6 +467,16 @@ def run_shards(out: Path, pipeline: EmbedPipeline, options: dict[str, Any], sour
             log.info("shard %d: %d texts, %d tokens; rank 0 of %d: %.0f texts/s, %.0f tokens/s", index, count,
                      tokens, ranks.world_size, done[0] / done[2], done[1] / done[2])
     return records, shards
+
+
+def check_output(shard_size: int, dtype: str, truncate: bool) -> None:
+    """ConfigError for a setting of the output that cannot work."""
+    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
+        raise ConfigError(f"shard_size must be a positive integer, got {shard_size!r}")
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype {dtype!r} is not supported; use one of {DTYPES}")
+    if not isinstance(truncate, bool):
+        raise ConfigError(f"truncate must be true or false, got {truncate!r}")
 
 
 def check_sparse_run(sparse: bool, dtype: str, normalize: bool | None, max_terms: int | None) -> None:
@@ -524,12 +534,7 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
         DataError: a bad input line (file:line), before the model runs on its shard.
         ConfigError: the folder holds another run's vectors, or a setting is invalid.
     """
-    if not isinstance(truncate, bool):
-        raise ConfigError(f"truncate must be true or false, got {truncate!r}")
-    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
-        raise ConfigError(f"shard_size must be a positive integer, got {shard_size!r}")
-    if dtype not in DTYPES:
-        raise ConfigError(f"dtype {dtype!r} is not supported; use one of {DTYPES}")
+    check_output(shard_size, dtype, truncate)
     check_sparse_run(sparse, dtype, normalize, max_terms)
     check_chunking(chunk, chunk_overlap)
     if late_chunking and (chunk is None or sparse):

@@ -273,12 +273,11 @@ def cut_inputs(task: str, parsed: Sequence[Any], truncate: bool, fix: Fix = SHOR
     """Our own routes' parsed inputs of `task` under the module's rule: a text of embed or embed-sparse as an
     `EmbedText`, a rerank query as a `TruncatedInput` of its (query, text) pairs (named
     ``"inputs[i].texts[j] with the query"``); other tasks' inputs as they are (their families window)."""
-    if task == "rerank":
-        return [TruncatedInput(item, query_pairs, "inputs[{index}].texts[{position}] with the query",
-                               truncate=truncate, fix=fix) for item in parsed]
-    if task in CUT_TASKS:
-        return [EmbedText(text=item, truncate=truncate, fix=fix) for item in parsed]
-    return list(parsed)
+    if task not in CUT_TASKS:
+        return list(parsed)
+    return [EmbedText(text=item, truncate=truncate, fix=fix) if isinstance(item, str) else
+            TruncatedInput(item, query_pairs, "inputs[{index}].texts[{position}] with the query", truncate=truncate,
+                           fix=fix) for item in parsed]
 
 
 def noting_cuts(make_features: Callable[[list[Any]], list[Feature]], cut: list[int],
