@@ -28,8 +28,9 @@ import numpy as np
 
 from bertforge import storage
 from bertforge.errors import ConfigError
-from bertforge.inference.sparse_vectors import SPARSE_FILES, SPARSE_TASK, encode_sparse, read_sparse_shard
-from bertforge.inference.vector_search import (
+from bertforge.metrics.sparse import InvertedIndex, SparseRows
+from bertforge.retrieval.sparse_vectors import SPARSE_FILES, SPARSE_TASK, encode_sparse, read_sparse_shard
+from bertforge.retrieval.vector_search import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_TOP_K,
     VectorIndex,
@@ -37,7 +38,6 @@ from bertforge.inference.vector_search import (
     hits_of,
     query_pipeline,
 )
-from bertforge.metrics.sparse import InvertedIndex, SparseRows
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from bertforge.errors import ConfigError, InputError
-from bertforge.inference.embed_corpus import MANIFEST_NAME, read_manifest
-from bertforge.inference.vector_quantization import (
+from bertforge.retrieval.embed_corpus import MANIFEST_NAME, read_manifest
+from bertforge.retrieval.vector_quantization import (
     DEFAULT_RESCORE_MULTIPLIER,
     binary_scores,
     int8_scores,
@@ -148,7 +148,7 @@ class VectorIndex:
             ([Q, k] scores, [Q, k] global row numbers), best first.
         """
         if self.kind == "sparse":
-            raise ConfigError(f"{self.directory} holds sparse vectors: search it with `inference.sparse_search` "
+            raise ConfigError(f"{self.directory} holds sparse vectors: search it with `retrieval.sparse_search` "
                               "(`bertforge search` picks it by the folder)")
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         if queries.ndim != 2 or queries.shape[1] != self.dim:

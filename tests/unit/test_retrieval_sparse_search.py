@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from bertforge.errors import ConfigError, InputError
-from bertforge.inference import embed_corpus as E
-from bertforge.inference import sparse_search as S
-from bertforge.inference.hybrid_search import folder_hits, hybrid_search_hits
 from bertforge.inference.pipelines import load_pipeline
-from bertforge.inference.sparse_vectors import encode_sparse
 from bertforge.metrics.fusion import reciprocal_rank_fusion
 from bertforge.metrics.sparse import InvertedIndex, SparseRows
+from bertforge.retrieval import embed_corpus as E
+from bertforge.retrieval import sparse_search as S
+from bertforge.retrieval.hybrid_search import folder_hits, hybrid_search_hits
+from bertforge.retrieval.sparse_vectors import encode_sparse
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex bad jumping frogs near "
          "old rivers and green hills under the pale winter moon").split()

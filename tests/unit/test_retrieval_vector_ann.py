@@ -13,10 +13,10 @@ import pytest
 
 from bertforge import cli
 from bertforge.errors import ConfigError
-from bertforge.inference import embed_corpus as E
-from bertforge.inference import vector_ann as A
-from bertforge.inference import vector_search as S
-from bertforge.inference.vector_quantization import calibrate
+from bertforge.retrieval import embed_corpus as E
+from bertforge.retrieval import vector_ann as A
+from bertforge.retrieval import vector_search as S
+from bertforge.retrieval.vector_quantization import calibrate
 
 faiss = pytest.importorskip("faiss")
 

@@ -35,8 +35,8 @@ import numpy as np
 
 from bertforge import storage
 from bertforge.errors import ConfigError
-from bertforge.inference.vector_index import BLOCK_ROWS, VectorIndex, check_top_k, top_k_merge
-from bertforge.inference.vector_quantization import dequantize_int8
+from bertforge.retrieval.vector_index import BLOCK_ROWS, VectorIndex, check_top_k, top_k_merge
+from bertforge.retrieval.vector_quantization import dequantize_int8
 
 log = logging.getLogger(__name__)
 
