@@ -66,7 +66,7 @@ def test_tei_root_of_a_sparse_model_answers_as_embed_sparse(client):
 
 
 @pytest.mark.parametrize("path, body, status, words", [
-    ("/embed_sparse", {"inputs": "word " * 100}, 422, "truncate"),  # over the 64-token window
+    ("/embed_sparse", {"inputs": "word " * 100, "truncate": False}, 422, "truncate"),  # over the 64-token window
     ("/embed_sparse", {"inputs": ["a"] * 9}, 413, "at most 8"),
     ("/models/embedder/embed_sparse", {"inputs": "a"}, 404, "embed-sparse"),
     ("/similarity", {"inputs": {"source_sentence": "a", "sentences": []}}, 422, "sentences"),

@@ -289,6 +289,8 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     limits["api_keys"] = split_keys([*args.api_key, os.environ.get("BERTFORGE_API_KEYS", "")])
     limits["allowed_hosts"] = tuple(args.allowed_host)
     limits["cors_origins"] = tuple(args.cors_origin)
+    if args.auto_truncate is not None:
+        limits["auto_truncate"] = args.auto_truncate
     named = [parse_model_option(value) for value in args.model]
     models = dict(named)
     if len(models) < len(named):

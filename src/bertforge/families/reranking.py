@@ -64,11 +64,6 @@ def relevance(logits: np.ndarray, relevant: int = -1) -> np.ndarray:
     return shifted[:, relevant] / shifted.sum(axis=1)
 
 
-def query_pairs(query: RerankQuery) -> list[tuple[str, str]]:
-    """What a cross-encoder reads for a rerank query: (query, text) per text, in order (TEI's pairs)."""
-    return [(query.query, text) for text in query.texts]
-
-
 # What a list evaluation reports (each list ranked by the model, its labels the relevance).
 LIST_METRICS = ("ndcg@10", "mrr@10")
 

@@ -63,6 +63,7 @@ from bertforge.inference.wire_inputs import (
     count_tokens,
     family_examples,
     wire_features,
+    with_cuts,
     with_logits,
 )
 from bertforge.interop.sentence_transformers import SentenceSettings
@@ -323,10 +324,10 @@ class Pipeline:
     def decode(self, parsed: Sequence[Any], features: Sequence[Feature], outputs: Sequence[Any],
                options: dict[str, Any]) -> list[dict[str, Any]]:
         """Step 4: one result per input from all of its features' outputs (a `TruncatedInput`'s also with its
-        raw output rows, `"logits"`)."""
+        raw output rows, `"logits"`; a wire input's with its texts cut to the window, `wire_inputs.TRUNCATED`)."""
         results = self.family.decode(family_examples(parsed), features, outputs, options, self.config,
                                      self.tokenizer)
-        return with_logits(results, parsed, features, outputs)
+        return with_cuts(with_logits(results, parsed, features, outputs), parsed, features)
 
     def run_parsed(self, parsed: Sequence[Any], options: dict[str, Any]) -> list[dict[str, Any]]:
         """Run inputs already validated by `parse` with options already checked by `check_options`."""
@@ -335,10 +336,12 @@ class Pipeline:
         features, outputs = self.stream(parsed, options)
         return self.decode(parsed, features, outputs, options)
 
-    def stream(self, parsed: Sequence[Any], options: dict,
-               on_batch: Callable[[int], None] | None = None) -> tuple[list, list]:
-        """Steps 2 and 3: (features, an output per feature), made in a thread as the model runs (`streaming`)."""
-        return run_streamed(self.engine, parsed, self.features, self.family_forward(options), batch_size=self.batch_size,
+    def stream(self, parsed: Sequence[Any], options: dict, on_batch: Callable[[int], None] | None = None,
+               features: Callable[[list[Any]], list[Feature]] | None = None) -> tuple[list, list]:
+        """Steps 2 and 3: (features, an output per feature), made in a thread as the model runs (`streaming`);
+        `features`: step 2 as the caller wraps it (default `self.features`; `wire_inputs.noting_cuts`)."""
+        return run_streamed(self.engine, parsed, features or self.features, self.family_forward(options),
+                            batch_size=self.batch_size,
                             max_batch_tokens=self.max_batch_tokens, pad_token_id=self.tokenizer.pad_token_id,
                             precision=self.precision, on_batch=on_batch)
 

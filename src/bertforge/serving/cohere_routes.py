@@ -38,8 +38,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from bertforge.families.reranking import FAMILY as RERANKING
-from bertforge.families.reranking import query_pairs
 from bertforge.inference.pipelines import TruncatedInput
+from bertforge.inference.wire_inputs import query_pairs
 from bertforge.serving.guards import note_model
 from bertforge.serving.openai_routes import check_length
 from bertforge.serving.task_routes import MODEL_PREFIX, TASK_RESPONSES
@@ -138,9 +138,11 @@ async def rank_documents(models: ModelSet, name: str | None, query: str, documen
     read = [cut_to_tokens(service, t, max_tokens) for t in texts] if max_tokens else texts
     parsed = service.parse(RERANK, {"query": query, "texts": read}, "documents")
     options = service.check_options(RERANK, {"top_n": top_n})
+    truncate, fix = service.truncation()
     with service.scheduler.incoming():
         result = (await service.run(RERANK, [TruncatedInput(parsed, query_pairs, "documents[{position}] with the "
-                                                            "query", truncate=True)], options, request))[0]
+                                                            "query", truncate=truncate, fix=fix)], options,
+                                    request))[0]
     return service, texts, result
 
 

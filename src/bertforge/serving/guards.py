@@ -33,7 +33,9 @@ Every answer carries ``X-Request-Id`` (the client's, when it is 1 to 128 charact
 milliseconds: ``x-total-time`` always, and ``x-tokenization-time``, ``x-queue-time``, ``x-inference-time``
 when the route ran model work (`note_timing`); ``X-Model``, the name of the served model that made the answer
 (`note_model`), and ``X-Ignored-Fields``, the request fields a lenient route (TEI's) did not use
-(`note_ignored`). CORS is off unless `cors_origins` lists origins.
+(`note_ignored`); ``X-Truncated-Inputs`` (how many of its texts were cut to the model's window,
+`note_truncated`) on a successful answer of a route that cuts over-long inputs. CORS is off unless
+`cors_origins` lists origins.
 
 Once an answer is sent, every request, refused here or answered by a route, is counted by the `record`
 callback the app gives (`/metrics`: its route template, `route_of`, and status).
@@ -81,6 +83,9 @@ REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 REQUEST_ID_KEY = "bertforge.request_id"
 TIMING_KEY = "bertforge.timing"
 RETRY_AFTER_KEY = "bertforge.retry_after"
+TRUNCATED_KEY = "bertforge.truncated_inputs"
+# The header of every answer whose route cut over-long inputs to the model's window (how many: `wire_inputs`).
+TRUNCATED_HEADER = "x-truncated-inputs"
 KEY_HELD_KEY = "bertforge.key_held"
 MODEL_KEY = "bertforge.model"
 IGNORED_KEY = "bertforge.ignored_fields"
@@ -131,6 +136,11 @@ def split_keys(values: Iterable[str]) -> tuple[str, ...]:
 def note_timing(scope: Scope, queue_s: float, tokenization_s: float, inference_s: float) -> None:
     """A route's model work, for the timing headers of its answer (seconds)."""
     scope[TIMING_KEY] = {"queue_s": queue_s, "tokenization_s": tokenization_s, "inference_s": inference_s}
+
+
+def note_truncated(scope: Scope, count: int) -> None:
+    """How many texts a route's model work cut to the window, for the `TRUNCATED_HEADER` of its answer."""
+    scope[TRUNCATED_KEY] = scope.get(TRUNCATED_KEY, 0) + count
 
 
 def note_retry_after(scope: Scope, headers: MutableMapping[str, str] | dict[str, str]) -> None:
@@ -209,6 +219,8 @@ class Guards:
                           if (seconds := scope.get(TIMING_KEY, {}).get(key)) is not None]
                 extra += [(header.encode("ascii"), scope[key].encode("latin-1"))
                           for key, header in ((MODEL_KEY, MODEL_HEADER), (IGNORED_KEY, IGNORED_HEADER)) if key in scope]
+                if TRUNCATED_KEY in scope and status < 300:  # the model ran and the answer is its work
+                    extra.append((TRUNCATED_HEADER.encode("ascii"), str(scope[TRUNCATED_KEY]).encode("ascii")))
                 given = {name.lower() for name, _ in message.get("headers", [])}
                 if status == 429 and b"retry-after" not in given:  # every 429 says when to come back
                     extra.append((b"retry-after", str(scope.get(RETRY_AFTER_KEY, "1")).encode("ascii")))
@@ -440,4 +452,4 @@ def install_guards(app: Any, settings: Any, record: Callable[[Scope, str, int, f
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
                            expose_headers=["X-Request-Id", "x-total-time", *TIMING_HEADERS.values(), MODEL_HEADER,
-                                           IGNORED_HEADER], max_age=600)
+                                           IGNORED_HEADER, TRUNCATED_HEADER], max_age=600)

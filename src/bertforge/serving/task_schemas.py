@@ -20,6 +20,7 @@ from typing import Annotated, Any, Union
 
 from bertforge.families.embedding import POOLINGS
 from bertforge.families.reranking import MAX_CANDIDATES
+from bertforge.inference.wire_inputs import CUT_TASKS
 from bertforge.interop.sentence_transformers import SPLADE_ACTIVATIONS, SPLADE_STRATEGIES
 from bertforge.serving.envelopes import RequestError
 
@@ -218,6 +219,12 @@ class RerankOutput(Output):
     results: list[Ranked]
 
 
+class TruncationUsage(Output):
+    """What the answer of a task that cuts over-long inputs to the window says of it (`wire_inputs`' rule)."""
+
+    truncated_inputs: int = Field(description="texts cut to the model's window (0: none)")
+
+
 def shape_of(value: Any) -> str:
     return "object" if isinstance(value, dict) else "list" if isinstance(value, list) else "text"
 
@@ -261,7 +268,8 @@ def build_models(task: str) -> tuple[type[WireModel], type[BaseModel]]:
     request = create_model(request_name, __base__=WireModel,
                            inputs=(Annotated[list[item], INPUTS], ...),
                            parameters=(parameters, Field(default_factory=parameters)))
-    response = create_model(response_name, __base__=Output, outputs=(list[output], ...))
+    usage = {"usage": (TruncationUsage, ...)} if task in CUT_TASKS else {}
+    response = create_model(response_name, __base__=Output, outputs=(list[output], ...), **usage)
     register(request)
     return request, response
 

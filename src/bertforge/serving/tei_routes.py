@@ -11,11 +11,13 @@ model's fields, and every model under `models`).
 Every route runs the served model's pipelines through its scheduler (`InferenceService.run`): /embed the
 `embed` pipeline (/embed_all with its token vectors, /similarity with its unit vectors: the cosine of the
 source sentence with each other one), /embed_sparse the `embed-sparse` pipeline ([{index, value}] of each
-text's non-zero terms), /rerank the `rerank` pipeline, /predict the `classify` pipeline, each input with TEI's
-truncation rule (`wire_inputs`: `EmbedText`, `TruncatedInput`): an input, or a query+text pair, longer than
-the pipeline's window (`max_input_length` in /info) is refused without `truncate` (422 naming the limit, before
-any model call), cut from `truncation_direction`'s end with it (a pair longest first, as TEI's tokenizer),
-never windowed as our own /v1/classify windows a long text. `raw_scores` gives the model's output row as it
+text's non-zero terms), /rerank the `rerank` pipeline, /predict the `classify` pipeline, each input with the
+one truncation rule (`wire_inputs`: `EmbedText`, `TruncatedInput`): an input, or a query+text pair, longer than
+the pipeline's window (`max_input_length` in /info) is cut from `truncation_direction`'s end (a pair longest
+first, as TEI's tokenizer) when the request's `truncate` says so or, absent or null, when the server's
+`auto_truncate` does (its default, TEI's `--auto-truncate`, which `/info` reports), and the answer's
+``X-Truncated-Inputs`` header says how many were; otherwise it is refused (422 naming the limit, before any
+model call); never windowed as our own /v1/classify windows a long text. `raw_scores` gives the model's output row as it
 is (/rerank: the relevant output's logit; /predict: every label's logit, best first, as TEI sorts). A route
 whose task no served model has answers 424, as TEI does for a model of the wrong kind. Refusals use TEI's
 `{"error", "error_type"}`; every answer names its model in ``X-Model`` (`guards.note_model`).
@@ -41,8 +43,8 @@ from pydantic import BaseModel
 
 from bertforge import __version__
 from bertforge.errors import InputError
-from bertforge.families.reranking import query_pairs
 from bertforge.inference.pipelines import EmbedText, TruncatedInput
+from bertforge.inference.wire_inputs import query_pairs
 from bertforge.serving.cohere_routes import (
     InfinityRerankRequest,
     InfinityRerankResponse,
@@ -112,16 +114,17 @@ def embed_texts(service: InferenceService, task: str, items: list[Any], call: An
     service.check_count(len(items) if counted is None else counted, where, status=413)
     prefix = prompt_of(service, call.prompt_name, task)
     direction = call.truncation_direction.lower()
+    truncate, fix = service.truncation(call.truncate, "truncate")
     parsed = []
     for index, item in enumerate(items):
         name = names[index] if names else f"{where}[{index}]"
         if isinstance(item, str):
             check_length(item, service.settings.max_chars, name)
             text = service.parse(task, prefix + item, name)
-            parsed.append(EmbedText(text=text, truncate=bool(call.truncate), direction=direction))
+            parsed.append(EmbedText(text=text, truncate=truncate, direction=direction, fix=fix))
         else:
             ids = check_ids(tuple(item), service.pipelines[task].tokenizer.vocab_size, name)
-            parsed.append(EmbedText(ids=ids, truncate=bool(call.truncate), direction=direction))
+            parsed.append(EmbedText(ids=ids, truncate=truncate, direction=direction, fix=fix))
     return parsed
 
 
@@ -175,8 +178,9 @@ async def rerank(service: InferenceService, call: RerankRequest, request: Reques
     for where, text in (("query", call.query), *((f"texts[{i}]", t) for i, t in enumerate(call.texts))):
         check_length(text, service.settings.max_chars, where)
     query = service.parse(RERANK, {"query": call.query, "texts": call.texts}, "texts")
-    parsed = [TruncatedInput(query, query_pairs, "texts[{position}] with the query", truncate=bool(call.truncate),
-                             direction=call.truncation_direction.lower())]
+    truncate, fix = service.truncation(call.truncate, "truncate")
+    parsed = [TruncatedInput(query, query_pairs, "texts[{position}] with the query", truncate=truncate,
+                             direction=call.truncation_direction.lower(), fix=fix)]
     options = service.check_options(RERANK, {"return_text": call.return_text})
     ranked = (await service.run(RERANK, parsed, options, request))[0]["results"]
     # raw_scores: the relevant output's logit, else the relevance in [0, 1]; best first either way.
@@ -209,10 +213,11 @@ async def predict(service: InferenceService, call: PredictRequest, request: Requ
         for text in [item] if isinstance(item, str) else item:
             check_length(text, service.settings.max_chars, f"inputs[{index}]")
     parsed = []
+    truncate, fix = service.truncation(call.truncate, "truncate")
     for index, item in enumerate(items):
         example = service.parse(CLASSIFY, item if isinstance(item, str) else list(item), f"inputs[{index}]")
-        parsed.append(TruncatedInput(example, text_pair, "inputs[{index}]", truncate=bool(call.truncate),
-                                     direction=call.truncation_direction.lower()))
+        parsed.append(TruncatedInput(example, text_pair, "inputs[{index}]", truncate=truncate,
+                                     direction=call.truncation_direction.lower(), fix=fix))
     results = await service.run(CLASSIFY, parsed, service.check_options(CLASSIFY, {}), request)
     config = service.pipelines[CLASSIFY].config
     labels = [config.id2label[i] for i in sorted(config.id2label)] if config.id2label else []
@@ -301,7 +306,7 @@ def model_info(service: InferenceService) -> dict[str, Any]:
                                                                                           first.precision),
             "model_type": kind, "max_concurrent_requests": settings.max_queue, "max_input_length": served.max_length,
             "max_batch_tokens": settings.max_batch_tokens, "max_batch_requests": settings.max_batch_size,
-            "max_client_batch_size": settings.max_items, "auto_truncate": False, "tokenization_workers": 1,
+            "max_client_batch_size": settings.max_items, "auto_truncate": settings.auto_truncate, "tokenization_workers": 1,
             "version": __version__, "tasks": list(pipelines)}
 
 

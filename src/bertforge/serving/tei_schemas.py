@@ -3,7 +3,8 @@ Cohere rerank body that `/v1/rerank` also takes: pydantic models that validate e
 `/openapi.json` (no coercion; TEI's ignore the fields TEI does not use, `TeiModel`; the Cohere body on our
 `/v1/rerank` refuses unknown fields); the routes that answer them are `tei_routes`.
 
-`truncate` absent or null means false, as TEI without `--auto-truncate` (what `/info` reports); the direction
+`truncate` absent or null means the server's `auto_truncate` (TEI's `--auto-truncate`; what `/info` reports:
+true unless started with `--auto-truncate false`); the direction
 takes TEI's spellings ("Right"/"Left") and the lower-case ones its clients send.
 """
 
@@ -39,7 +40,7 @@ PromptName = Annotated[str, Field(json_schema_extra=fitted("prompt-name"))]
 class EmbedRequest(TeiModel):
     inputs: Text | TokenIds | Annotated[list[Text | TokenIds], INPUTS]
     normalize: bool = True
-    truncate: bool | None = False
+    truncate: bool | None = None
     truncation_direction: Direction = "right"
     prompt_name: PromptName | None = None
     dimensions: Dimensions | None = None
@@ -48,7 +49,7 @@ class EmbedRequest(TeiModel):
 @register
 class EmbedSparseRequest(TeiModel):
     inputs: Text | TokenIds | Annotated[list[Text | TokenIds], INPUTS]
-    truncate: bool | None = False
+    truncate: bool | None = None
     truncation_direction: Direction = "right"
     prompt_name: PromptName | None = None
 
@@ -64,7 +65,7 @@ class SimilarityInput(TeiModel):
 
 
 class SimilarityParameters(TeiModel):
-    truncate: bool | None = False
+    truncate: bool | None = None
     truncation_direction: Direction = "right"
     prompt_name: PromptName | None = None
 
@@ -79,7 +80,7 @@ class SimilarityRequest(TeiModel):
 class RerankRequest(TeiModel):
     query: Text
     texts: Annotated[list[Text], INPUTS]
-    truncate: bool | None = False
+    truncate: bool | None = None
     truncation_direction: Direction = "right"
     raw_scores: bool = False
     return_text: bool = False
@@ -89,7 +90,7 @@ class RerankRequest(TeiModel):
 class PredictRequest(TeiModel):
     inputs: Text | Annotated[list[Text], Field(min_length=2, max_length=2)] | Annotated[
         list[Annotated[list[Text], Field(min_length=1, max_length=2)]], INPUTS]
-    truncate: bool | None = False
+    truncate: bool | None = None
     truncation_direction: Direction = "right"
     raw_scores: bool = False
 
