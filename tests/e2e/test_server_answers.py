@@ -29,7 +29,6 @@ from bertforge.families.sparse import BertForSparseEmbedding  # noqa: E402
 from bertforge.inference.attention import MAX_TOKENS  # noqa: E402
 from bertforge.model.bert import BertModel  # noqa: E402
 from bertforge.model.config import BertConfig  # noqa: E402
-from bertforge.serving import page  # noqa: E402
 from bertforge.serving.answers import ITEM_BYTES, NUMBER_BYTES  # noqa: E402
 from bertforge.serving.app import create_app  # noqa: E402
 from bertforge.serving.model_service import ServerSettings  # noqa: E402
@@ -92,12 +91,10 @@ def test_answers_health_answers_while_the_largest_answer_of_a_route_is_made(serv
     app, client = served
     path, body = largest_requests(app)[route]
     done, headers, stop = threading.Event(), threading.Event(), threading.Event()
-    # The model's work is done: the scheduler reports the answer, or the attention maps are back from the model.
+    # The model's work is done: the scheduler reports the answer (attention maps too go through it).
     for service in app.state.models.services.values():
         answered = service.metrics.answered
         monkeypatch.setattr(service.metrics, "answered", lambda *a, answered=answered: (answered(*a), done.set()))
-    attention_of = page.attention_of
-    monkeypatch.setattr(page, "attention_of", lambda *a: (attention_of(*a), done.set())[0])
     probes = []  # (sent after the model's work was done, answered before the large answer's headers)
 
     def probe() -> None:
@@ -137,6 +134,7 @@ def limited(model_dirs):
                 features, options)
     with running(app) as client:
         calls.clear()  # the warm-up's
+        client.app_services = list(app.state.models.services.values())
         yield client, calls
 
 
@@ -164,7 +162,8 @@ def test_answers_over_the_answer_budget_are_refused_naming_it_before_any_model_c
 def test_answers_attention_maps_over_the_budget_are_refused_before_the_model_runs(limited, monkeypatch):
     client, _ = limited
     runs = []
-    monkeypatch.setattr(page, "attention_of", lambda *a: runs.append(a))
+    for service in client.app_services:
+        monkeypatch.setattr(service.metrics, "model_call", lambda *a: runs.append(a))
     # 24 layers x 16 heads x 20^2 weights: about 1.1 MB of maps, over 100 kB
     response = client.post("/models/deep/v1/attention", json={"inputs": [" ".join(["a"] * 18)]})
     assert response.status_code == 413, response.text

@@ -7,7 +7,7 @@ that is untrained, or trained badly, gives weight to the whole vocabulary, 30k t
 (`NUMBER_BYTES`, `SPARSE_TERM_BYTES`, `WEIGHT_BYTES`: an upper bound, so an answer admitted is never larger) and
 refuses one over `max_answer_bytes` with a 413 that names the limit and its flag, before any model call: vectors
 and sparse vectors from the request alone, token vectors from the windows' tokens as the scheduler admits the
-request (a `TokenLimit` on the job), attention maps once their one text is tokenized (`check_attention`).
+request (a `TokenLimit` on the job), attention maps once their one text is tokenized (both a `TokenLimit` the scheduler checks as it admits).
 Sparse vectors keep at most `max_sparse_terms` terms each (the family's top-k pruning, `families.sparse.prune`,
 which runs with the model): by default their 256 largest weights.
 
@@ -31,6 +31,7 @@ import numpy as np
 
 from bertforge.families.embedding import Embedding, vector_width
 from bertforge.families.sparse import SparseEmbedding
+from bertforge.inference.attention import AttentionSteps
 from bertforge.serving.envelopes import RequestError, serve_extra_missing
 
 try:
@@ -98,6 +99,10 @@ def bound_answer(pipeline: Any, options: dict[str, Any], inputs: int, *, max_ans
     """(the options the model runs with, a bound for the scheduler to check once tokens are known) of a
     request of `inputs` inputs to `pipeline`; RequestError (413) when the answer is over `max_answer_bytes`
     whatever the tokens. Sparse vectors get `max_terms` at most `max_sparse_terms`."""
+    if isinstance(pipeline, AttentionSteps):  # one window per text: its tokens decide the maps' size
+        config = pipeline.encoder.config
+        return options, lambda tokens: attention_refusal(config.num_hidden_layers, config.num_attention_heads,
+                                                         max(tokens, default=0), max_answer_bytes)
     family = getattr(pipeline, "family", None)  # (a stand-in pipeline of a test may have none)
     if isinstance(family, SparseEmbedding):
         terms = sparse_terms(options, max_sparse_terms)
@@ -122,10 +127,10 @@ def bound_answer(pipeline: Any, options: dict[str, Any], inputs: int, *, max_ans
     return options, token_vectors
 
 
-def check_attention(layers: int, heads: int, tokens: int, limit: int) -> None:
-    """413 for attention maps of `tokens` tokens (layers x heads x tokens^2 weights) over the budget `limit`."""
+def attention_refusal(layers: int, heads: int, tokens: int, limit: int) -> str | None:
+    """The refusal of attention maps of `tokens` tokens (layers x heads x tokens^2 weights) over `limit`."""
     size = layers * heads * tokens * (tokens * WEIGHT_BYTES + 3) + ITEM_BYTES + tokens * ITEM_BYTES
-    check_size(size, limit, f"{layers} layers x {heads} heads x {tokens}^2 attention weights", param="inputs")
+    return over_budget(size, limit, f"{layers} layers x {heads} heads x {tokens}^2 attention weights")
 
 
 # --- bytes ----------------------------------------------------------------------------------------------
@@ -222,5 +227,5 @@ def task_outputs(family: Any, results: list[Any]) -> list[Any]:
 
 
 __all__ = ["BLOCK", "Floats", "NUMBER_BYTES", "SPARSE_TERM_BYTES", "SparseTerms", "TokenLimit", "WEIGHT_BYTES",
-           "bound_answer", "check_attention", "check_size", "encode", "respond", "sparse_terms", "task_outputs",
+           "attention_refusal", "bound_answer", "check_size", "encode", "respond", "sparse_terms", "task_outputs",
            "vectors_of"]

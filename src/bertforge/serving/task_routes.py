@@ -9,7 +9,6 @@ which accepts this shape and the Cohere one on the same path.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +16,7 @@ from typing import Any
 from bertforge.serving.model_service import ModelSet, RequestError, refusal  # isort: skip
 
 from bertforge.serving.answers import respond  # isort: skip
+from bertforge.serving.guards import note_model  # isort: skip
 from bertforge.serving.task_schemas import REQUEST_MODELS, RESPONSE_MODELS  # isort: skip
 from bertforge.serving.wire_schemas import FIT, SERVES, request_body  # isort: skip
 
@@ -45,15 +45,13 @@ REQUEST_SCHEMA = {
 
 async def answer_task(models: ModelSet, task: str, request: Request, name: str | None, route: str) -> Response:
     """One of our task requests, to the model `name` (None: the only one serving `task`)."""
-    began = time.perf_counter()
     try:
         service = models.pick(name, task, field="path")
     except RequestError as error:
         return refusal(request, error.status, error.message)
+    note_model(request.scope, service.model_name)
     status, payload = await service.handle(task, request)
-    response = await respond(payload, status)  # written off the event loop
-    service.metrics.record_request(route, status, time.perf_counter() - began)
-    return response
+    return await respond(payload, status)  # written off the event loop
 
 
 def task_endpoint(models: ModelSet, task: str, route: str, prefixed: bool) -> Callable[..., Any]:
