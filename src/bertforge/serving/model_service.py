@@ -282,7 +282,7 @@ class InferenceService:
         scheduler; RequestError with the status of a failure (`FAILURE_STATUS`), or 413 for an answer over its
         bound (`answers.bound_answer`), before any model call."""
         settings = self.settings
-        options, limit = bound_answer(self.pipelines[task], options, len(parsed),
+        options, limit = bound_answer(self.scheduler.pipelines[task], options, len(parsed),
                                       max_answer_bytes=settings.max_answer_bytes,
                                       max_sparse_terms=settings.max_sparse_terms)
         try:
