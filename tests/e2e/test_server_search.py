@@ -119,6 +119,9 @@ def test_search_route_one_query_and_its_refusals(server):
     assert 'route="/search",status="200"' in metrics and 'route="/search",status="404"' in metrics
     health = server.get("/health").json()
     assert health["indexes"]["hybrid"]["kinds"] == ["dense", "sparse"] and health["indexes"]["dense"]["count"] == 30
+    schema = server.get("/openapi.json").json()
+    assert "/search" in schema["paths"] and set(schema["components"]["schemas"]["SearchRequest"]["properties"]) >= {
+        "index", "query", "queries", "top_k", "show_text", "rrf_k"}
 
 
 def test_serve_index_option_parses_names_and_pairs():
