@@ -7,7 +7,8 @@ rank fusion), opened once when the server starts: manifests read, the approximat
 loaded. Its queries are embedded by the served model that made its vectors (the model the manifest names, found
 among the served models by its files' fingerprint; `load_index_models` adds it when it is not among them),
 through that model's scheduler like every other request: the same admission, keys, limits and metrics, with the
-options the corpus was embedded with. The search itself (numpy, faiss) runs off the event loop, one at a time
+options the corpus was embedded with (pooling, normalization, layer; the window and precision are the served
+model's, and a start that differs from the corpus's in them is logged). The search itself (numpy, faiss) runs off the event loop, one at a time
 per index.
 
 Owns: `--index` (`parse_index_option`), opening the indexes and binding each to its models (`open_indexes`,
@@ -17,6 +18,7 @@ Owns: `--index` (`parse_index_option`), opening the indexes and binding each to 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -45,6 +47,8 @@ from bertforge.metrics.sparse import SparseRows
 from bertforge.retrieval.searcher import DEFAULT_FUSION_DEPTH, DEFAULT_RRF_K, QueryModel, Searcher
 from bertforge.serving.openai_routes import check_length
 from bertforge.serving.wire_schemas import INPUTS, Text, WireModel, check_body, register, request_body
+
+log = logging.getLogger(__name__)
 
 PATH = "/search"
 
@@ -139,6 +143,14 @@ def bind_indexes(searchers: Mapping[str, Searcher], models: ModelSet) -> dict[st
             if wanted.task not in service.pipelines:
                 raise ConfigError(f"index {name}: model {service.model_name} does not serve {wanted.task}, which "
                                   "embeds its queries; serve that task too")
+            pipeline = service.pipelines[wanted.task]
+            if (pipeline.max_length, pipeline.precision) != (wanted.max_length, wanted.precision):
+                # Allowed (as `search --precision`), but the scores then differ from the command's by more
+                # than float rounding: say so once, at the start.
+                log.warning("index %s: model %s embeds its queries with a window of %d tokens at %s; the corpus was "
+                            "embedded with %d at %s (serve --max-length / --precision to match)", name,
+                            service.model_name, pipeline.max_length, pipeline.precision, wanted.max_length,
+                            wanted.precision)
             services[kind] = service
         bound[name] = ServedIndex(name, searcher, services, searcher.query_models())
     return bound
