@@ -132,6 +132,16 @@ def test_serve_index_option_parses_names_and_pairs():
             parse_index_option(bad)
 
 
+def test_serve_command_hands_every_index_to_the_server(monkeypatch):
+    from bertforge.serving import app
+
+    seen = {}
+    monkeypatch.setattr(app, "serve", lambda model, **options: seen.update(model=model, **options))
+    argv = ["serve", "--model", "m", "--index", "docs=a,b", "--index", "more=c", "--index", "more=d"]
+    assert cli.main(argv) == 0
+    assert seen["model"] == "m" and seen["indexes"] == {"docs": ["a", "b"], "more": ["c", "d"]}
+
+
 def test_serve_index_loads_the_model_that_made_it(tiny_sparse_model, tiny_minilm_model, folders, tmp_path):
     searchers = open_indexes({"docs": [folders / "dense"]})
     served = load_index_models(searchers, {"other": str(tiny_minilm_model)})
