@@ -5,7 +5,8 @@ Owns: the file names (`SHARD_FILES`, `PROGRESS_NAME`, `MANIFEST_NAME`), the mani
 resume must match: `identity`, `describe_changes`; reading it, old versions included: `read_manifest`), the
 settings that made the vectors (`EmbedSettings`, what the manifest stores), what is finished (`finished`), writing
 a shard (`write_shard`: dense float, int8 or binary codes, or sparse rows) and the finished folder opened for
-reading (`VectorFolder`: shards memory-mapped, per-row lines and sparse rows read back).
+reading (`VectorFolder`: shards memory-mapped, per-row lines and sparse rows read back, each shard file held
+to the size and sha256 its manifest records: `check_shard_sizes`, `verify_shard_file`).
 
 Layout of a folder: `manifest.json`; per shard `vectors-00000.npy` ([n, D], record order; binary shards also
 `codes-00000.npy`, their int8 codes; sparse shards `indptr-`, `terms-` and `weights-00000.npy`, compressed rows),
@@ -267,6 +268,50 @@ def finished(out: Path, index: int) -> dict[str, Any] | None:
     return record
 
 
+def shard_error(directory: Path, shard: dict[str, Any], kind: str, problem: str) -> ConfigError:
+    """The one error of a shard file that is not what the manifest records, with the way to rewrite it."""
+    progress = progress_path(directory, shard["index"])
+    return ConfigError(f"{directory / shard[kind]}: {problem}; the folder's vectors are not the ones `bertforge "
+                       f"embed` wrote: delete {progress} and rerun the same `bertforge embed` command to rewrite "
+                       "that shard")
+
+
+def check_shard_sizes(directory: Path, manifest: dict[str, Any]) -> None:
+    """Every file of every shard is present with the size the manifest records (no hashing: a stat each).
+
+    Raises:
+        ConfigError: a shard file is missing or of another size (truncated, or another folder's), naming it.
+    """
+    for shard in manifest["shards"]:
+        for kind, size in shard["bytes"].items():
+            path = directory / shard[kind]
+            try:
+                actual = path.stat().st_size
+            except FileNotFoundError:
+                raise shard_error(directory, shard, kind, f"missing, though {MANIFEST_NAME} lists it") from None
+            if actual != size:
+                raise shard_error(directory, shard, kind, f"{actual} bytes, but {size} were written (truncated or "
+                                  "replaced)")
+
+
+def verify_shard_file(directory: Path, shard: dict[str, Any], kind: str) -> Path:
+    """The path of shard file `kind` of `shard` (a manifest entry) after comparing its sha256 with the one the
+    manifest records (nothing to compare for an entry without one; skipped with BERTFORGE_SKIP_CHECKSUM=1).
+    sha256 reads a file once more (about 0.5 GB/s a core on the shared 2-core test machine): an open folder
+    hashes each file once, the first time it reads it, never per query.
+
+    Raises:
+        ConfigError: the file differs (rows reordered or rewritten, another folder's file copied in).
+    """
+    path = directory / shard[kind]
+    sha256 = shard.get("sha256", {}).get(kind)
+    if sha256 is not None and not storage.checksums_skipped():
+        problem = storage.file_differs(path, {"sha256": sha256, "bytes": shard["bytes"][kind]}, MANIFEST_NAME)
+        if problem is not None:
+            raise shard_error(directory, shard, kind, problem)
+    return path
+
+
 def sparse_arrays(rows: SparseRows) -> dict[str, np.ndarray]:
     """The arrays one sparse shard stores: {"indptr", "terms", "weights"}."""
     return {"indptr": rows.indptr.astype(np.int64), "terms": rows.indices.astype(np.int32),
@@ -324,8 +369,11 @@ class VectorFolder:
     Args:
         directory: the `--out` folder of `bertforge embed`.
 
+    Every shard file is checked against the manifest: its size at open (`check_shard_sizes`), its sha256 the
+    first time this folder reads it (`shard_path`): a shard rewritten or copied in is refused, never read.
+
     Raises:
-        ConfigError: no manifest, an unfinished run, or a shard file missing.
+        ConfigError: no manifest, an unfinished run, or a shard file missing or of another size.
     """
 
     def __init__(self, directory: str | os.PathLike):
@@ -336,11 +384,8 @@ class VectorFolder:
         if not manifest["complete"]:
             raise ConfigError(f"{self.directory}: the embedding run has not finished; rerun the same `bertforge "
                               "embed` command to complete it")
-        for shard in manifest["shards"]:
-            for kind in shard["bytes"]:
-                if not (self.directory / shard[kind]).is_file():
-                    raise ConfigError(f"{self.directory / shard[kind]} is missing; rerun `bertforge embed` to "
-                                      "rewrite it")
+        check_shard_sizes(self.directory, manifest)
+        self.verified: set[tuple[int, str]] = set()
         self.manifest = manifest
         self.settings = embed_settings(manifest)
         self.shards: list[dict[str, Any]] = manifest["shards"]
@@ -363,16 +408,24 @@ class VectorFolder:
         """Whether a row is a chunk of its record (`embed --chunk`), with its characters in the spans files."""
         return self.settings.chunk is not None
 
+    def shard_path(self, index: int, kind: str) -> Path:
+        """Shard `index`'s `kind` file, its sha256 compared with the manifest's the first time this folder
+        reads it (`verify_shard_file`)."""
+        if (index, kind) not in self.verified:
+            verify_shard_file(self.directory, self.shards[index], kind)
+            self.verified.add((index, kind))
+        return self.directory / self.shards[index][kind]
+
     def shard_vectors(self, index: int, kind: str = "vectors") -> np.ndarray:
         """Shard `index`'s stored vectors (float [n, H], int8 codes [n, H] or sign bits [n, H / 8]; `kind`
         "codes": a binary shard's int8 codes), memory-mapped (read from disk as they are used)."""
-        return np.load(self.directory / self.shards[index][kind], mmap_mode="r", allow_pickle=False)
+        return np.load(self.shard_path(index, kind), mmap_mode="r", allow_pickle=False)
 
     def shard_rows(self, index: int) -> SparseRows:
         """The rows of one sparse shard, checked against its record."""
         record = self.shards[index]
         try:
-            arrays = {kind: np.load(self.directory / record[kind], allow_pickle=False) for kind in SPARSE_KINDS}
+            arrays = {kind: np.load(self.shard_path(index, kind), allow_pickle=False) for kind in SPARSE_KINDS}
             rows = SparseRows(arrays["indptr"], arrays["terms"], arrays["weights"], self.dim)
         except (OSError, ValueError, KeyError, InputError) as error:
             raise ConfigError(f"{self.directory}: sparse shard {record.get('index')} is unreadable ({error}); rerun "
@@ -401,7 +454,7 @@ class VectorFolder:
         shard_of = np.searchsorted(self.offsets, wanted, side="right") - 1
         for shard in sorted(set(shard_of.tolist())):
             needed = {row - int(self.offsets[shard]) for row, s in zip(wanted, shard_of) if s == shard}
-            with open(self.directory / self.shards[shard][kind], encoding="utf-8") as handle:
+            with open(self.shard_path(shard, kind), encoding="utf-8") as handle:
                 for line_index, line in enumerate(handle):
                     if line_index in needed:
                         found[line_index + int(self.offsets[shard])] = json.loads(line)
@@ -409,5 +462,5 @@ class VectorFolder:
 
 
 __all__ = ["DTYPES", "FORMAT_VERSION", "MANIFEST_NAME", "SHARD_FILES", "EmbedSettings", "VectorFolder",
-           "describe_changes", "embed_settings", "finish_output", "finished", "identity", "new_manifest",
-           "progress_path", "read_manifest", "start_output", "write_shard"]
+           "check_shard_sizes", "describe_changes", "embed_settings", "finish_output", "finished", "identity", "new_manifest",
+           "progress_path", "read_manifest", "start_output", "verify_shard_file", "write_shard"]
