@@ -33,6 +33,7 @@ from bertforge import storage
 from bertforge.checkpoint_format import model_fingerprint
 from bertforge.data.corpus_records import CorpusSettings, SourceFile
 from bertforge.errors import ConfigError, InputError
+from bertforge.inference.wire_inputs import AUTO_TRUNCATE
 from bertforge.metrics.sparse import SparseRows
 from bertforge.retrieval.text_chunks import check_chunking
 from bertforge.retrieval.vector_quantization import QUANTIZED_DTYPES, coded
@@ -75,6 +76,8 @@ class EmbedSettings:
         chunk, chunk_overlap: cut every text into windows of `chunk` tokens overlapping by `chunk_overlap`,
             one row each (`text_chunks`). late_chunking: the whole text runs through the model once and each
             chunk is the mean of its tokens' vectors (dense, mean pooling).
+        truncate: a text longer than the model's window is cut to it and counted (`wire_inputs`' rule); False
+            refuses the run before any model work (`embed_corpus.check_fit`).
 
     Raises:
         ConfigError: a setting that is invalid or does not apply to this kind of vectors (names the flag).
@@ -90,8 +93,11 @@ class EmbedSettings:
     chunk: int | None = None
     chunk_overlap: int | None = None
     late_chunking: bool = False
+    truncate: bool = AUTO_TRUNCATE
 
     def __post_init__(self) -> None:
+        if not isinstance(self.truncate, bool):
+            raise ConfigError(f"truncate must be true or false, got {self.truncate!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype {self.dtype!r} is not supported; use one of {DTYPES}")
         if self.sparse and self.dtype != "float32":
@@ -138,7 +144,8 @@ def embed_settings(manifest: dict[str, Any]) -> EmbedSettings:
                          prompt=embedding.get("prompt"), dtype=manifest["dtype"], sparse=sparse,
                          max_terms=embedding.get("max_terms") if sparse else None, chunk=chunking.get("chunk"),
                          chunk_overlap=chunking.get("chunk_overlap") if chunking else None,
-                         late_chunking=bool(chunking.get("late", False)))
+                         late_chunking=bool(chunking.get("late", False)),
+                         truncate=manifest.get("truncate", AUTO_TRUNCATE))
 
 
 def progress_path(out: Path, index: int) -> Path:
@@ -202,7 +209,7 @@ def new_manifest(model_dir: str | os.PathLike, settings: EmbedSettings, embeddin
             # name, which --show-text looks up again)
             "input": {"path": str(Path(inputs).absolute()), "files": files,
                       "settings": {**asdict(corpus), "single_file": Path(inputs).is_file()}},
-            "count": None, "tokens": None, "shards": []}
+            "count": None, "tokens": None, "truncated": None, "shards": []}
 
 
 def read_manifest(out: Path) -> dict[str, Any] | None:
@@ -320,9 +327,10 @@ def sparse_arrays(rows: SparseRows) -> dict[str, np.ndarray]:
 
 def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray | SparseRows, dtype: str,
                 tokens: int, calibration: dict[str, Any] | None = None,
-                spans: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
+                spans: Sequence[Sequence[int]] | None = None, truncated: int = 0) -> dict[str, Any]:
     """Write one shard's vectors (coded as `dtype`: `vector_quantization.coded`; a binary shard also its int8
-    codes; sparse rows as `sparse_arrays`), then its ids, then its record (each atomically); return the record."""
+    codes; sparse rows as `sparse_arrays`), then its ids, then its record (each atomically, the record with its
+    texts cut to the window, `truncated`); return the record."""
     arrays = sparse_arrays(vectors) if isinstance(vectors, SparseRows) else coded(vectors, dtype, calibration)
     data = {}
     for kind, array in arrays.items():
@@ -335,7 +343,7 @@ def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray |
     names = {kind: SHARD_FILES[kind].format(index) for kind in data}
     for kind, payload in data.items():
         storage.write_bytes(out / names[kind], payload)
-    record = {"index": index, **names, "count": len(ids), "tokens": tokens,
+    record = {"index": index, **names, "count": len(ids), "tokens": tokens, "truncated": truncated,
               "bytes": {kind: len(payload) for kind, payload in data.items()},
               "sha256": {kind: hashlib.sha256(payload).hexdigest() for kind, payload in data.items()}}
     if isinstance(vectors, SparseRows):
@@ -356,7 +364,8 @@ def finish_output(out: Path, manifest: dict[str, Any], shards: int) -> dict[str,
         raise ConfigError(f"{out}: shards {missing[:5]} are missing after every rank finished; on several nodes "
                           "--out must be a folder every node sees (a shared filesystem); rerun to finish them")
     final = {**manifest, "complete": True, "count": sum(r["count"] for r in records),
-             "tokens": sum(r["tokens"] for r in records), "shards": records}
+             "tokens": sum(r["tokens"] for r in records),
+             "truncated": sum(r.get("truncated", 0) for r in records), "shards": records}
     storage.write_json(out / MANIFEST_NAME, final)
     return final
 
