@@ -323,9 +323,9 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lang", choices=["en", "zh"], default="en")
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--corpus", help="folder of books (default: data/demo/<lang>)")
-    p.add_argument("--minutes", type=float, help="pretraining time budget, kept even when it allows fewer steps "
-                   "than the default run's floor (default: the steps 5 minutes hold at the step time a warm-up "
-                   "measures, with a floor said up front: longer on a slow machine)")
+    p.add_argument("--minutes", type=float, help="the whole demo's time budget (default 9): a warm-up times a "
+                   "step on this machine, the demo announces its time and pretrains for what the budget leaves "
+                   "(fewer steps on a slow or busy machine, never a longer run)")
     p.add_argument("--model", default="tiny", help="preset to pretrain (default tiny: the most steps per minute)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=commands.cmd_demo)
