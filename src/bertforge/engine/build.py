@@ -3,7 +3,7 @@ refusal), `build_engine` (a loaded model + a plan -> an engine: the only place c
 `as_engine` (what a runner holds: an engine, or a model wrapped as it is) and `check_precision`.
 
 `ENGINES` maps an engine kind to its class (`engine.Engine`); a kind declares the devices and precisions it runs,
-which `plan_engine` checks before any work, and builds itself for a plan (`Engine.build(model, plan)`, which only
+which `plan_engine` checks before any work, and `auto` (the default, `choose_kind`) picks one of them, and builds itself for a plan (`Engine.build(model, plan)`, which only
 `build_engine` calls: `TorchEngine.build` chooses PyTorch's converters). Adding an engine is its own file plus one
 line here. A figure labelled int8 is always one measured with int8 layers (`check_precision`), and a model
 prepared for bf16 never runs without autocast.
@@ -11,6 +11,7 @@ prepared for bf16 never runs without autocast.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import torch
@@ -24,37 +25,75 @@ from bertforge.engine.plan import EnginePlan, plan_precision, plan_threads
 from bertforge.errors import ConfigError
 from bertforge.runtime import DEFAULT_PRECISION, resolve_device
 
-# Engine kind -> its class (`Engine.build(model, plan)` makes one). The first is the default.
+# Engine kind -> its class (`Engine.build(model, plan)` makes one). The first runs everything.
 ENGINES: dict[str, type[Engine]] = {
     "torch": TorchEngine,
     "onnxruntime": OrtEngine,
 }
-KINDS = tuple(ENGINES)
-DEFAULT_KIND = KINDS[0]
+TORCH_KIND = "torch"
+AUTO_KIND = "auto"
+KINDS = (AUTO_KIND, *ENGINES)
+DEFAULT_KIND = AUTO_KIND
+# What `auto` picks for every run when set (a deployment that pins its engine), else `choose_kind`'s rule.
+ENGINE_VARIABLE = "BERTFORGE_ENGINE"
+
+
+def choose_kind(device: torch.device, precision: str) -> tuple[str, str]:
+    """(engine kind, why) for `--engine auto`: ONNX Runtime for fp32 on the CPU where the `export` extra is
+    installed, else PyTorch (`ENGINE_VARIABLE` names another kind for every run).
+
+    Why: on the CPU ONNX Runtime's fused graph (tested equal to PyTorch within 1e-4: tests over `ENGINES`)
+    ran the whole `bertforge embed` and `predict` commands faster than our PyTorch path, idle and more so with
+    CPU-bound processes beside it (docs/benchmarks.md, "A shared CPU"); its graph is exported once per model
+    and cached. At int8 PyTorch's own kernels were faster (1.36x ONNX Runtime int8, docs/cpu_inference.md); bf16
+    and the GPU are PyTorch's alone.
+    """
+    pinned = os.environ.get(ENGINE_VARIABLE, "").strip()
+    if pinned and pinned != AUTO_KIND:
+        if pinned not in ENGINES:
+            raise ConfigError(f"{ENGINE_VARIABLE}={pinned!r} is not an engine; set it to one of {', '.join(ENGINES)}"
+                              f", or unset it")
+        return pinned, f"engine {pinned}: {ENGINE_VARIABLE}"
+    if device.type != "cpu":
+        return TORCH_KIND, f"engine auto: torch (on {device.type}; onnxruntime runs on the CPU only)"
+    if precision != "fp32":
+        return TORCH_KIND, f"engine auto: torch (at {precision}; onnxruntime is chosen at fp32)"
+    missing = [name for name in ("onnx", "onnxruntime") if importlib.util.find_spec(name) is None]
+    if missing:
+        return TORCH_KIND, (f"engine auto: torch ({' and '.join(missing)} not installed; onnxruntime runs fp32 "
+                            "faster on a CPU: pip install 'bertforge[export]')")
+    return "onnxruntime", ("engine auto: onnxruntime (fp32 on the CPU: its fused graph, held to PyTorch within "
+                           "1e-4, ran embed and predict faster, idle and beside busy processes; exported once "
+                           "per model and cached)")
 
 
 def plan_engine(device: str | torch.device | None = "auto", precision: str = DEFAULT_PRECISION,
                 kind: str = DEFAULT_KIND, threads: int | None = None, *, where: str = "precision") -> EnginePlan:
     """The plan every command makes from its flags (`--device`, `--precision`, `--engine`, `--threads`) before any
-    work: the one precision rule (`plan.plan_precision`), then what the engine kind runs.
+    work: the one precision rule (`plan.plan_precision`), the engine kind (`auto`: `choose_kind`), what the
+    kind runs, and the threads (`plan.plan_threads`: the cores this process may use).
 
     Raises:
         ConfigError: an unknown device or kind, a precision the device cannot honour, a device or precision
             the kind does not run, a thread count that is not a positive integer.
     """
     run_device = resolve_device(device)
-    if kind not in ENGINES:
+    if kind not in KINDS:
         raise ConfigError(f"unknown engine {kind!r}; use one of {', '.join(KINDS)}")
     chosen, why = plan_precision(precision, run_device, where)
+    reasons, auto = [why], kind == AUTO_KIND
+    if auto:
+        kind, kind_why = choose_kind(run_device, chosen)
+        reasons.append(kind_why)
     engine = ENGINES[kind]
     if engine.devices and run_device.type not in engine.devices:
         raise ConfigError(f"engine {kind} runs on {' or '.join(engine.devices)}, and this run is on "
-                          f"{run_device.type}; use --device {engine.devices[0]}, or --engine {DEFAULT_KIND}")
+                          f"{run_device.type}; use --device {engine.devices[0]}, or --engine {TORCH_KIND}")
     if engine.precisions and chosen not in engine.precisions:
         raise ConfigError(f"engine {kind} runs at {' or '.join(engine.precisions)}, not {chosen}; use --precision "
-                          f"{engine.precisions[0]}, or --engine {DEFAULT_KIND} for {chosen}")
-    count, threads_why = plan_threads(threads, run_device)
-    return EnginePlan(run_device, chosen, kind, count, f"{why}; {threads_why}")
+                          f"{engine.precisions[0]}, or --engine {TORCH_KIND} for {chosen}")
+    count, tokenizer_threads, threads_why = plan_threads(threads, run_device)
+    return EnginePlan(run_device, chosen, kind, count, "; ".join([*reasons, threads_why]), tokenizer_threads, auto)
 
 
 def build_engine(model: nn.Module | Engine, plan: EnginePlan, source: str | os.PathLike | None = None) -> Engine:
@@ -113,5 +152,5 @@ def check_precision(model: nn.Module | Engine, precision: str, unprepared_ok: bo
                           "first: bertforge.engine.build_engine(model, plan_engine('cpu', 'int8'))")
 
 
-__all__ = ["DEFAULT_KIND", "ENGINES", "KINDS", "as_engine", "build_engine", "check_precision", "plan_engine",
+__all__ = ["AUTO_KIND", "DEFAULT_KIND", "ENGINES", "ENGINE_VARIABLE", "KINDS", "TORCH_KIND", "choose_kind", "as_engine", "build_engine", "check_precision", "plan_engine",
            "prepared_precision"]
