@@ -201,11 +201,16 @@ def machine() -> dict[str, object]:
             "onnxruntime": onnxruntime.__version__, "torch_default_threads": torch.get_num_threads()}
 
 
-def plan_line(work: Path) -> str:
-    """What our default plan says on this machine (engine, threads, why), from the code the commands run."""
-    from bertforge.engine.build import plan_engine
+PLAN = ("from bertforge.engine.threads import quiet_waiting; quiet_waiting()\n"
+        "import json; from bertforge.engine.build import plan_engine\n"
+        "print(json.dumps(plan_engine('cpu').describe()))")
 
-    return json.dumps(plan_engine("cpu").describe())
+
+def plan_line() -> dict:
+    """What our default plan says on this machine (engine, threads, why), made in a fresh process as a
+    command makes it (waiting set before torch loads)."""
+    done = subprocess.run([sys.executable, "-c", PLAN], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown jobs {sorted(unknown)}; use {sorted(table)}")
     out = args.work / "out"
     result: dict[str, object] = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
-                                 "machine": machine(), "plan": plan_line(args.work), "rounds": args.rounds,
+                                 "machine": machine(), "plan": plan_line(), "rounds": args.rounds,
                                  "settings": []}
     print(f"machine: {result['machine']}\nour default plan: {result['plan']}", flush=True)
     if not args.no_warm_up:
@@ -243,7 +248,10 @@ def main(argv: list[str] | None = None) -> int:
                 for job in args.jobs:
                     commands = table[job][1]
                     for command in commands if round_ % 2 == 0 else commands[::-1]:
-                        runs.setdefault((job, command.label), []).append(run_once(command, out))
+                        done = run_once(command, out)
+                        runs.setdefault((job, command.label), []).append(done)
+                        print(f"  [{count} beside, round {round_ + 1}] {job} {command.label}: {done.wall:.2f} s, "
+                              f"{done.cpu:.2f} CPU s", flush=True)
         finally:
             stop_neighbours(neighbours)
         setting = {"neighbours": count, "load_before": load_before, "load_after": os.getloadavg(), "jobs": {}}
@@ -264,16 +272,44 @@ def main(argv: list[str] | None = None) -> int:
             setting["jobs"][job] = {"texts": texts, "reference": reference, "commands": figures}
         result["settings"].append(setting)
         report(setting)
-    idle = next((s for s in result["settings"] if s["neighbours"] == 0), None)
-    if idle is not None:
-        for setting in result["settings"]:
-            for job, figures in setting["jobs"].items():
-                for label, figure in figures["commands"].items():
-                    figure["cpu_vs_idle"] = figure["cpu_s"] / idle["jobs"][job]["commands"][label]["cpu_s"]
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        compare_to_idle(result)
+        if args.json:  # after every setting: a run cut short keeps what it measured
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0
+
+
+def compare_to_idle(result: dict) -> None:
+    """Each figure's CPU seconds against the same command's with no neighbour (`cpu_vs_idle`)."""
+    idle = next((s for s in result["settings"] if s["neighbours"] == 0), None)
+    if idle is None:
+        return
+    for setting in result["settings"]:
+        for job, figures in setting["jobs"].items():
+            for label, figure in figures["commands"].items():
+                figure["cpu_vs_idle"] = figure["cpu_s"] / idle["jobs"][job]["commands"][label]["cpu_s"]
+
+
+def section(result: dict) -> str:
+    """The markdown of a run (docs/benchmarks.md, "A shared CPU"): machine, date, load, threads, the table."""
+    machine_, plan = result["machine"], result["plan"]
+    lines = [f"Whole processes, alternated in one run (`python -m benchmarks.shared_cpu`; {result['rounds']} rounds, "
+             f"medians; `{Path(result.get('json', 'benchmarks/results/shared_cpu.json')).name}`): {machine_['cpu']}, "
+             f"{machine_['cpus']} CPUs (AMX: {'yes' if machine_['amx'] else 'no'}), torch {machine_['torch']}, "
+             f"onnxruntime {machine_['onnxruntime']}, {result['date']}. Our default plan there: engine "
+             f"{plan['kind']}, {plan['threads']} intra-op threads, {plan['tokenizer_threads']} tokenizer threads "
+             "beside them; the references run at torch's default of "
+             f"{machine_['torch_default_threads']} threads.", "",
+             "| job | beside | load before | command | wall s | CPU ms / text | CPU vs idle | speed-up vs reference |",
+             "|---|---|---|---|---|---|---|---|"]
+    for setting in result["settings"]:
+        load = "/".join(f"{x:.1f}" for x in setting["load_before"])
+        for job, figures in setting["jobs"].items():
+            for label, figure in figures["commands"].items():
+                speedup = f"**{figure['speedup']:.2f}x**" if "speedup" in figure else "1"
+                lines.append(f"| {job} | {setting['neighbours']} | {load} | {label} | {figure['wall_s']:.1f} | "
+                             f"{figure['cpu_ms_per_text']:.2f} | {figure.get('cpu_vs_idle', 1):.2f} | {speedup} |")
+    return "\n".join(lines)
 
 
 def report(setting: dict) -> None:

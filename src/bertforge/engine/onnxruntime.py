@@ -133,7 +133,7 @@ def export_graph(module: nn.Module, family: Any, folder: Path, precision: str) -
     record of what was made."""
     from bertforge.engine.onnx_graph import fuse, quantize_int8  # onnx and onnxruntime: the export extra
 
-    # The first run of a model on this engine pays for the export (about 10 s for MiniLM on 2 cores); say so.
+    # The first run of a model on this engine pays for the export (seconds to a minute); say so before it starts.
     log.info("onnxruntime engine: exporting %s to an ONNX graph and checking it against PyTorch (once per model "
              "and settings; later runs reuse it)", type(module).__name__)
     plain_model = set_fast_paths(copy.deepcopy(module), unpad=False, fused_qkv=False).float().eval()
