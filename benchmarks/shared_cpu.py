@@ -71,6 +71,10 @@ with torch.inference_mode(), open(out, "w", encoding="utf-8") as handle:
 """
 
 NEIGHBOUR = "while 1: pass"
+# Issue #48's targets: speed-up over the reference idle and with one neighbour; CPU seconds beside neighbours
+# at most this many times the same command's idle ones.
+TARGETS = {0: 1.3, 1: 1.2}
+CPU_TARGET = 1.1
 
 
 @dataclass
@@ -220,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--jobs", nargs="+", default=["embed-sentences", "embed-paragraphs", "predict-classify"])
     parser.add_argument("--variant", action="append", default=[], help="label:ENV=V,...:flags (our command again)")
+    parser.add_argument("--commands", nargs="+", help="run only these labels (default: all; speed-ups need the "
+                                                      "reference's)")
     parser.add_argument("--no-warm-up", action="store_true")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
@@ -229,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.jobs) - set(table)
     if unknown:
         parser.error(f"unknown jobs {sorted(unknown)}; use {sorted(table)}")
+    if args.commands:
+        table = {job: (texts, [c for c in commands if c.label in args.commands])
+                 for job, (texts, commands) in table.items()}
     out = args.work / "out"
     result: dict[str, object] = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
                                  "machine": machine(), "plan": plan_line(), "rounds": args.rounds,
@@ -266,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
                                           "walls": [round(r.wall, 2) for r in done],
                                           "cpus": [round(r.cpu, 2) for r in done]}
             for command in commands[:-1]:
-                figures[command.label]["speedup"] = figures[reference]["wall_s"] / figures[command.label]["wall_s"]
+                if reference in ("sentence-transformers", "transformers"):
+                    figures[command.label]["speedup"] = figures[reference]["wall_s"] / figures[command.label]["wall_s"]
             for figure in figures.values():
                 figure["cpu_ms_per_text"] = 1000 * figure["cpu_s"] / texts
             setting["jobs"][job] = {"texts": texts, "reference": reference, "commands": figures}
@@ -309,7 +319,30 @@ def section(result: dict) -> str:
                 speedup = f"**{figure['speedup']:.2f}x**" if "speedup" in figure else "1"
                 lines.append(f"| {job} | {setting['neighbours']} | {load} | {label} | {figure['wall_s']:.1f} | "
                              f"{figure['cpu_ms_per_text']:.2f} | {figure.get('cpu_vs_idle', 1):.2f} | {speedup} |")
+    if result.get("note"):
+        lines += ["", result["note"]]
+    lines += ["", "Against the targets (issue #48; the default command):", ""]
+    for setting in result["settings"]:
+        for job, figures in setting["jobs"].items():
+            figure = figures["commands"].get(result.get("default", "bertforge"))
+            if figure is None or "speedup" not in figure:
+                continue
+            target = TARGETS.get(setting["neighbours"])
+            verdict = "" if target is None else (" (target >= {:.1f}x: {})".format(
+                target, "met" if figure["speedup"] >= target else "missed"))
+            cpu = figure.get("cpu_vs_idle")
+            cpu_verdict = "" if cpu is None or not setting["neighbours"] else (
+                f"; CPU seconds {cpu:.2f}x idle (target <= {CPU_TARGET}x: {'met' if cpu <= CPU_TARGET else 'missed'})")
+            lines.append(f"- {job}, {setting['neighbours']} beside: {figure['speedup']:.2f}x the reference"
+                         f"{verdict}{cpu_verdict}")
     return "\n".join(lines)
+
+
+def committed_section(path: Path) -> str:
+    """`section` of the committed results at `path`, with what the figures say (docs/benchmarks.md)."""
+    if not path.is_file():
+        return f"Not measured: no {path.name} is committed (`python -m benchmarks.shared_cpu --json {path}`)."
+    return section(json.loads(path.read_text(encoding="utf-8")))
 
 
 def report(setting: dict) -> None:

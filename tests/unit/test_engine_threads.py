@@ -196,27 +196,45 @@ def test_inference_commands_hold_every_subcommand_with_an_engine_flag():
 
 # --- --engine auto ---------------------------------------------------------------------------------------
 
-def test_auto_picks_onnxruntime_for_fp32_on_the_cpu_and_says_why(monkeypatch):
+AMD_EPYC = "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse2 avx avx2 fma\n"
+INTEL_AVX512 = "vendor_id\t: GenuineIntel\nflags\t\t: fpu sse2 avx avx2 avx512f avx512bw amx_tile\n"
+INTEL_AVX2 = "vendor_id\t: GenuineIntel\nflags\t\t: fpu sse2 avx avx2 fma\n"
+
+
+def test_auto_picks_the_engine_measured_faster_for_the_cpu_and_says_why(monkeypatch):
     monkeypatch.delenv(ENGINE_VARIABLE, raising=False)
     if any(importlib.util.find_spec(name) is None for name in ("onnx", "onnxruntime")):
         pytest.skip("the export extra is not installed")
-    plan = plan_engine("cpu", "fp32")
-    assert plan.kind == "onnxruntime" and plan.auto
-    assert "engine auto: onnxruntime (fp32 on the CPU" in plan.reason
+    cpu = torch.device("cpu")
+    kind, why = choose_kind(cpu, "fp32", AMD_EPYC)
+    assert kind == "onnxruntime" and "engine auto: onnxruntime (fp32 on a AuthenticAMD" in why
+    assert choose_kind(cpu, "fp32", INTEL_AVX2)[0] == "onnxruntime"
+    kind, why = choose_kind(cpu, "fp32", INTEL_AVX512)
+    assert kind == "torch" and "an Intel CPU with AVX-512" in why
+    plan = plan_engine("cpu", "fp32")  # this machine's CPU decides
+    assert plan.auto and plan.kind == choose_kind(cpu, "fp32")[0] and "engine auto: " + plan.kind in plan.reason
     assert plan_engine("cpu", "fp32", "torch").kind == "torch"  # --engine torch still works
     assert not plan_engine("cpu", "fp32", "onnxruntime").auto
 
 
 def test_auto_picks_torch_where_onnxruntime_is_not_the_faster_or_cannot_run(monkeypatch):
     monkeypatch.delenv(ENGINE_VARIABLE, raising=False)
-    assert choose_kind(torch.device("cpu"), "int8")[0] == "torch"
-    assert choose_kind(torch.device("cpu"), "bf16")[0] == "torch"
+    assert choose_kind(torch.device("cpu"), "int8", AMD_EPYC)[0] == "torch"
+    assert choose_kind(torch.device("cpu"), "bf16", AMD_EPYC)[0] == "torch"
     kind, why = choose_kind(torch.device("cuda"), "bf16")
     assert kind == "torch" and "onnxruntime runs on the CPU only" in why
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
-    kind, why = choose_kind(torch.device("cpu"), "fp32")
+    kind, why = choose_kind(torch.device("cpu"), "fp32", AMD_EPYC)
     assert kind == "torch" and "onnxruntime not installed" in why and "pip install 'bertforge[export]'" in why
+
+
+def test_cpu_kind_reads_vendor_and_flags():
+    from bertforge.engine.build import cpu_kind
+
+    vendor, flags = cpu_kind(INTEL_AVX512 + "\nvendor_id\t: GenuineIntel\nflags\t\t: other\n")  # first CPU's
+    assert vendor == "GenuineIntel" and {"avx512f", "amx_tile"} <= flags
+    assert cpu_kind("") == ("", set())
 
 
 def test_engine_variable_pins_what_auto_picks_and_is_checked(monkeypatch):
@@ -240,8 +258,8 @@ def test_auto_runs_on_pytorch_a_call_the_graph_cannot_take(monkeypatch):
     ids = torch.tensor([[2, 7, 3]])
     with torch.inference_mode():
         expected = model(ids, output_hidden_states=True).hidden_states
-    engine = build_engine(model, plan_engine("cpu", "fp32", "auto", 1))
-    assert engine.plan.kind == "onnxruntime" and engine.plan.auto
+    plan = plan_engine("cpu", "fp32", "onnxruntime", 1)
+    engine = build_engine(model, EnginePlan(plan.device, "fp32", "onnxruntime", 1, "auto's pick", 0, auto=True))
     with engine.running():
         got = engine(ids, output_hidden_states=True).hidden_states  # embed's `layer` option: not in the graph
     assert engine.graph is None  # nothing was exported for it

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -38,15 +39,34 @@ DEFAULT_KIND = AUTO_KIND
 ENGINE_VARIABLE = "BERTFORGE_ENGINE"
 
 
-def choose_kind(device: torch.device, precision: str) -> tuple[str, str]:
-    """(engine kind, why) for `--engine auto`: ONNX Runtime for fp32 on the CPU where the `export` extra is
-    installed, else PyTorch (`ENGINE_VARIABLE` names another kind for every run).
+CPUINFO = Path("/proc/cpuinfo")
 
-    Why: on the CPU ONNX Runtime's fused graph (tested equal to PyTorch within 1e-4: tests over `ENGINES`)
-    ran the whole `bertforge embed` and `predict` commands faster than our PyTorch path, idle and more so with
-    CPU-bound processes beside it (docs/benchmarks.md, "A shared CPU"); its graph is exported once per model
-    and cached. At int8 PyTorch's own kernels were faster (1.36x ONNX Runtime int8, docs/cpu_inference.md); bf16
-    and the GPU are PyTorch's alone.
+
+def cpu_kind(cpuinfo: str | None = None) -> tuple[str, set[str]]:
+    """(vendor, feature flags) of this machine's CPU from /proc/cpuinfo (("", set()) where it is unreadable)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = CPUINFO.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    return fields.get("vendor_id", ""), set(fields.get("flags", "").split())
+
+
+def choose_kind(device: torch.device, precision: str, cpuinfo: str | None = None) -> tuple[str, str]:
+    """(engine kind, why) for `--engine auto` (`ENGINE_VARIABLE` names a kind for every run instead).
+
+    The rule, from whole `bertforge embed` / `predict` commands measured against each other
+    (docs/benchmarks.md, "A shared CPU"): on an Intel CPU with AVX-512 our PyTorch path (MKL/oneDNN kernels,
+    padding skipped in every matmul) used less CPU time and wall time than ONNX Runtime's fused graph, idle and
+    beside CPU-bound processes, so it runs there; on other CPUs (an AVX2 AMD EPYC in issue #48: onnxruntime
+    1.45x a sentence-transformers script beside a busy process where torch was 1.03x; batch 1 2.0x transformers
+    against torch's 1.1x, docs/cpu_inference.md) ONNX Runtime runs fp32 where the `export` extra is installed.
+    Its graph is held to PyTorch within 1e-4 (the tests over `ENGINES`) and exported once per model, cached.
+    At int8 PyTorch's own kernels were faster on both CPUs; bf16 and the GPU are PyTorch's alone.
     """
     pinned = os.environ.get(ENGINE_VARIABLE, "").strip()
     if pinned and pinned != AUTO_KIND:
@@ -57,14 +77,18 @@ def choose_kind(device: torch.device, precision: str) -> tuple[str, str]:
     if device.type != "cpu":
         return TORCH_KIND, f"engine auto: torch (on {device.type}; onnxruntime runs on the CPU only)"
     if precision != "fp32":
-        return TORCH_KIND, f"engine auto: torch (at {precision}; onnxruntime is chosen at fp32)"
+        return TORCH_KIND, f"engine auto: torch (at {precision}; PyTorch's kernels were the faster there)"
+    vendor, flags = cpu_kind(cpuinfo)
+    if vendor == "GenuineIntel" and "avx512f" in flags:
+        return TORCH_KIND, ("engine auto: torch (an Intel CPU with AVX-512: our PyTorch path ran embed and "
+                            "predict with less CPU and wall time than onnxruntime, idle and beside busy processes)")
     missing = [name for name in ("onnx", "onnxruntime") if importlib.util.find_spec(name) is None]
     if missing:
         return TORCH_KIND, (f"engine auto: torch ({' and '.join(missing)} not installed; onnxruntime runs fp32 "
-                            "faster on a CPU: pip install 'bertforge[export]')")
-    return "onnxruntime", ("engine auto: onnxruntime (fp32 on the CPU: its fused graph, held to PyTorch within "
-                           "1e-4, ran embed and predict faster, idle and beside busy processes; exported once "
-                           "per model and cached)")
+                            "faster on this CPU: pip install 'bertforge[export]')")
+    return "onnxruntime", (f"engine auto: onnxruntime (fp32 on a {vendor or 'CPU'} without Intel's AVX-512 "
+                           "kernels: its fused graph, held to PyTorch within 1e-4, ran faster than our PyTorch "
+                           "path beside busy processes; exported once per model and cached)")
 
 
 def plan_engine(device: str | torch.device | None = "auto", precision: str = DEFAULT_PRECISION,
@@ -152,5 +176,5 @@ def check_precision(model: nn.Module | Engine, precision: str, unprepared_ok: bo
                           "first: bertforge.engine.build_engine(model, plan_engine('cpu', 'int8'))")
 
 
-__all__ = ["AUTO_KIND", "DEFAULT_KIND", "ENGINES", "ENGINE_VARIABLE", "KINDS", "TORCH_KIND", "choose_kind", "as_engine", "build_engine", "check_precision", "plan_engine",
+__all__ = ["AUTO_KIND", "DEFAULT_KIND", "ENGINES", "ENGINE_VARIABLE", "KINDS", "TORCH_KIND", "choose_kind", "cpu_kind", "as_engine", "build_engine", "check_precision", "plan_engine",
            "prepared_precision"]
