@@ -3,7 +3,7 @@
 
 Corpus: the distinct lines of at least 20 characters of the bundled English books
 (../shared/data/pretrain_en, books/ then nltk_gutenberg/, files in sorted order, first occurrence kept), the
-first --count of them, embedded by `bertforge embed` (inference.embed_corpus) with the model's own pooling
+first --count of them, embedded by `bertforge embed` (retrieval.embed_corpus) with the model's own pooling
 and normalization (mean, unit length: the scores are cosines). Every vector is a real text's (the books hold
 205,995 such lines): no synthetic duplicates.
 Queries: --queries SQuAD v1.1 dev questions (a seeded sample), embedded by the same pipeline.
@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from bertforge.configuration import shared_data_root
-from bertforge.inference import embed_corpus as E
-from bertforge.inference import vector_ann as A
-from bertforge.inference import vector_search as S
 from bertforge.inference.pipelines import load_pipeline
+from bertforge.retrieval import embed_corpus as E
+from bertforge.retrieval import vector_ann as A
+from bertforge.retrieval import vector_search as S
 
 BOOKS = shared_data_root() / "pretrain_en"
 SQUAD = shared_data_root() / "squad_v1.1" / "dev-v1.1.json"

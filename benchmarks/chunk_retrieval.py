@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from bertforge.configuration import shared_data_root
-from bertforge.inference import embed_corpus as E
-from bertforge.inference import vector_search as S
 from bertforge.inference.pipelines import load_pipeline
+from bertforge.retrieval import embed_corpus as E
+from bertforge.retrieval import vector_search as S
 
 DATASETS = {"squad": shared_data_root() / "squad_v1.1" / "dev-v1.1.json",
             "drcd": shared_data_root() / "drcd" / "DRCD_dev.json"}

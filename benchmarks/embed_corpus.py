@@ -1,4 +1,4 @@
-"""Corpus embedding speed: `bertforge embed` (`inference.embed_corpus`) against sentence-transformers'
+"""Corpus embedding speed: `bertforge embed` (`retrieval.embed_corpus`) against sentence-transformers'
 `SentenceTransformer(path).encode(texts, batch_size=32)`, on the same texts, model and threads, in one run.
 
 The texts are the first N non-blank lines of the bundled English books (../shared/data/pretrain_en/books,
@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from bertforge.configuration import shared_data_root
-from bertforge.inference import embed_corpus as E
 from bertforge.inference.pipelines import feature_tokens, load_pipeline
+from bertforge.retrieval import embed_corpus as E
 
 BOOKS = shared_data_root() / "pretrain_en" / "books"
 

@@ -75,7 +75,7 @@ def parity(start: Path, beir: Path, count: int = 200) -> dict[str, float]:
     from sentence_transformers.sparse_encoder.modules import SpladePooling
 
     from bertforge.inference.pipelines import load_pipeline
-    from bertforge.inference.sparse_vectors import encode_sparse
+    from bertforge.retrieval.sparse_vectors import encode_sparse
 
     texts = []
     for name in ("corpus.jsonl", "queries.jsonl"):

@@ -2,7 +2,7 @@
 process, byte for byte, and a rerun under torchrun resumes what one process left unfinished.
 
 torchrun gives each process one intra-op thread (OMP_NUM_THREADS=1); the one-process runs here get one as
-well, because the thread count may change float rounding (see `inference.embed_corpus`).
+well, because the thread count may change float rounding (see `retrieval.embed_corpus`).
 """
 
 from __future__ import annotations

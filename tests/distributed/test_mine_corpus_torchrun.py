@@ -2,7 +2,7 @@
 shards between them and write the same triplets, byte for byte, as one process.
 
 torchrun gives each process one intra-op thread (OMP_NUM_THREADS=1); the one-process run gets one as well,
-because the thread count may change float rounding (see `inference.embed_corpus`).
+because the thread count may change float rounding (see `retrieval.embed_corpus`).
 """
 
 from __future__ import annotations

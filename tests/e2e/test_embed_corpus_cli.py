@@ -18,7 +18,7 @@ import pytest
 
 from bertforge import cli
 from bertforge.cli import corpus_commands
-from bertforge.inference import embed_corpus
+from bertforge.retrieval import embed_corpus
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex bad jumping frogs near "
          "old rivers and green hills under the pale winter moon").split()

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from bertforge import cli
-from bertforge.inference.embedding_map import sample_rows
-from bertforge.inference.vector_search import VectorIndex
+from bertforge.retrieval.embedding_map import sample_rows
+from bertforge.retrieval.vector_search import VectorIndex
 
 TOPICS = {"sport": "match goal team player score win league", "food": "bread cheese soup cook taste dinner salt"}
 

@@ -293,9 +293,9 @@ def refusal(call) -> str:
 def test_plan_refusals_are_the_same_for_every_command(flags, words_of_the_rule, tiny_minilm_model, tmp_path):
     """evaluate, predict (a file and a stream), embed, evaluate-embeddings and serve refuse the same flags with
     the same words, before any model loads."""
-    from bertforge.inference.embed_corpus import embed_corpus
     from bertforge.inference.pipelines import load_pipeline, load_pipelines
     from bertforge.inference.predict_corpus import predict_corpus
+    from bertforge.retrieval.embed_corpus import embed_corpus
 
     data = tmp_path / "lines.txt"
     data.write_text("good film\n")

@@ -1,7 +1,7 @@
 """`bertforge embed` (a corpus of any size -> vector shards, resumable, under torchrun) and `bertforge
 search` (exact top-k over those shards, dense or sparse, or both fused): their flags and what they run.
 
-The work is `inference.embed_corpus`, `vector_search`, `sparse_search` and `hybrid_search`, imported when a
+The work is `retrieval.embed_corpus`, `vector_search`, `sparse_search` and `hybrid_search`, imported when a
 command runs so that `bertforge --help` does not load them. Under torchrun every rank runs `embed`; only rank 0 prints.
 """
 
@@ -145,8 +145,8 @@ class EmbedBar:
 
 
 def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
-    from bertforge.inference.embed_corpus import CorpusSettings, embed_corpus
     from bertforge.processes import Ranks
+    from bertforge.retrieval.embed_corpus import CorpusSettings, embed_corpus
 
     settings = CorpusSettings(file_format=args.format, text_column=args.text_column, id_column=args.id_column)
     bar = EmbedBar()
@@ -161,7 +161,7 @@ def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
     finally:
         bar.close()
     if Ranks.from_env().rank == 0 and manifest.get("kind") == "sparse":
-        from bertforge.inference.sparse_search import SparseIndex
+        from bertforge.retrieval.sparse_search import SparseIndex
 
         SparseIndex(args.out).inverted()  # built once here, saved beside the shards for every search
         terms = sum(shard["nonzero"] for shard in manifest["shards"])
@@ -176,7 +176,7 @@ def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
 def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.data.text_files import iter_lines
     from bertforge.errors import ConfigError, DataError
-    from bertforge.inference.hybrid_search import folder_hits, hybrid_search_hits
+    from bertforge.retrieval.hybrid_search import folder_hits, hybrid_search_hits
 
     if args.queries is not None:
         queries = [line for line in iter_lines(args.queries) if line.strip()]

@@ -1,5 +1,5 @@
 """`bertforge index` (an approximate HNSW index beside the vectors `bertforge embed` wrote, which `bertforge
-search` then uses): its flags and what it runs. The work is `inference.vector_ann`."""
+search` then uses): its flags and what it runs. The work is `retrieval.vector_ann`."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_index(args: argparse.Namespace, extra: list[str]) -> None:
-    from bertforge.inference.vector_ann import build_ann
+    from bertforge.retrieval.vector_ann import build_ann
 
     record = build_ann(args.index, m=args.m, ef_construction=args.ef_construction, ef_search=args.ef_search)
     print(f"HNSW index of {record['count']} vectors ({record['dim']} dims, inner product: {record['similarity']}) "

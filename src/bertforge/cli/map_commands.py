@@ -1,5 +1,5 @@
 """`bertforge plot-embeddings`: a 2-D map of the vectors `bertforge embed` wrote, coloured by a column of the
-embedded input, as a PNG and as TensorBoard projector files (`inference.embedding_map`, imported when the
+embedded input, as a PNG and as TensorBoard projector files (`retrieval.embedding_map`, imported when the
 command runs)."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_plot_embeddings(args: argparse.Namespace, extra: list[str]) -> None:
-    from bertforge.inference.embedding_map import plot_embeddings
+    from bertforge.retrieval.embedding_map import plot_embeddings
 
     written = plot_embeddings(args.index, args.out, label=args.label, method=args.method,
                               max_points=args.max_points, seed=args.seed, inputs=args.input, png=not args.no_png)

@@ -1,7 +1,7 @@
 """`bertforge mine-negatives` (hard negatives for (anchor, positive) training pairs, by an embedding model) and
 `bertforge score-margins` (a cross-encoder's margin for each triplet, for MarginMSE distillation, or its score
 of each candidate, for KL distillation): their flags
-and what they run. The work is `inference.negative_mining`; the files are `data.embedding`'s tables."""
+and what they run. The work is `retrieval.negative_mining`; the files are `data.embedding`'s tables."""
 
 from __future__ import annotations
 
@@ -120,8 +120,8 @@ def _engine_options(args: argparse.Namespace) -> dict:
 def cmd_mine_negatives(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.data.embedding import read_text_groups, write_text_groups
     from bertforge.errors import ConfigError
-    from bertforge.inference.negative_mining import MiningReport, MiningSettings, mine_negatives, output_rows
     from bertforge.inference.pipelines import load_pipeline
+    from bertforge.retrieval.negative_mining import MiningReport, MiningSettings, mine_negatives, output_rows
 
     if args.output_format == "labeled-list" and not str(args.out).endswith(".jsonl"):
         raise ConfigError(f"--out {args.out}: --output-format labeled-list writes JSON Lines; name the file .jsonl")
@@ -139,9 +139,9 @@ def cmd_mine_negatives(args: argparse.Namespace, extra: list[str]) -> None:
     if args.corpus is None and corpus_only:
         raise ConfigError(f"{corpus_only[0]} applies to mining from a corpus; add --corpus FILE_OR_DIR or remove it")
     if args.corpus is not None:
-        from bertforge.inference.embed_corpus import CorpusSettings
-        from bertforge.inference.mine_corpus import DEFAULT_SHARD_SIZE, mine_corpus
         from bertforge.processes import Ranks
+        from bertforge.retrieval.embed_corpus import CorpusSettings
+        from bertforge.retrieval.mine_corpus import DEFAULT_SHARD_SIZE, mine_corpus
 
         report = mine_corpus(args.model, args.train, pairs, args.corpus, args.out, settings=settings,
                              pairs_columns=(args.text_a, args.text_b),
@@ -171,8 +171,8 @@ def cmd_mine_negatives(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_score_margins(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.data.embedding import read_text_groups, write_text_groups
-    from bertforge.inference.negative_mining import teacher_scores
     from bertforge.inference.pipelines import load_pipeline
+    from bertforge.retrieval.negative_mining import teacher_scores
 
     groups = read_text_groups(args.triplets, texts=["anchor", "positive", "negative"],
                               on_invalid=args.on_invalid)

@@ -180,7 +180,7 @@ def _sparse_figures(args: argparse.Namespace, pipeline, sparse: bool, data, opti
     """Sparse retrieval figures of --model, or with --hybrid-model those of both models and their fusion."""
     from bertforge.evaluation.embedding import evaluate_hybrid_retrieval, evaluate_sparse_retrieval
     from bertforge.inference.pipelines import load_pipeline
-    from bertforge.inference.sparse_vectors import encode_sparse
+    from bertforge.retrieval.sparse_vectors import encode_sparse
 
     pruning = {} if args.max_terms is None else {"max_terms": args.max_terms}
     other = None

@@ -1,4 +1,4 @@
-"""Corpus files as (id, text) records, for embedding a corpus (`inference.embed_corpus`): which files an input
+"""Corpus files as (id, text) records, for embedding a corpus (`retrieval.embed_corpus`): which files an input
 names, how each kind is read, and the shards records are grouped in.
 
 Records: the non-blank lines of text, TSV and JSON Lines files, the non-empty rows of CSV files (headers

@@ -307,7 +307,7 @@ def evaluate_sparse_retrieval(encode_sparse: EncodeSparse, retrieval_set: Retrie
     and `document_terms`: the average number of non-zero terms of a query and of a document.
 
     Args:
-        encode_sparse: texts -> `SparseRows` (e.g. `inference.sparse_vectors.encode_sparse` of a pipeline).
+        encode_sparse: texts -> `SparseRows` (e.g. `retrieval.sparse_vectors.encode_sparse` of a pipeline).
         encode_documents: a separate document encoder (inference-free or asymmetric models).
         Others: as `evaluate_retrieval`.
     """

@@ -38,9 +38,9 @@ from bertforge.data.files import not_utf8, open_text
 from bertforge.engine.build import DEFAULT_KIND
 from bertforge.errors import ConfigError, DataError
 from bertforge.inference import pipelines
-from bertforge.inference.embed_corpus import model_fingerprint
 from bertforge.inference.predict_lines import predict_stream
 from bertforge.processes import Group, Ranks
+from bertforge.retrieval.embed_corpus import model_fingerprint
 from bertforge.runtime import DEFAULT_PRECISION
 
 log = logging.getLogger(__name__)

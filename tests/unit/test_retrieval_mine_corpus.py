@@ -11,7 +11,7 @@ import pytest
 
 from bertforge.cli import main
 from bertforge.errors import ConfigError
-from bertforge.inference import embed_corpus, mine_corpus
+from bertforge.retrieval import embed_corpus, mine_corpus
 
 PAIRS = [("How old is the universe?", "The universe is about 13.8 billion years old."),
          ("Where do pandas live?", "Giant pandas live in the mountains of central China."),

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from bertforge.errors import ConfigError
-from bertforge.inference.sparse_search import SparseIndex, embed_sparse_queries, search_sparse_hits
-from bertforge.inference.vector_search import (
+from bertforge.metrics.fusion import DEFAULT_RRF_K, check_rrf_k, reciprocal_rank_fusion
+from bertforge.retrieval.sparse_search import SparseIndex, embed_sparse_queries, search_sparse_hits
+from bertforge.retrieval.vector_search import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_TOP_K,
     VectorIndex,
@@ -29,7 +30,6 @@ from bertforge.inference.vector_search import (
     hits_of,
     search_hits,
 )
-from bertforge.metrics.fusion import DEFAULT_RRF_K, check_rrf_k, reciprocal_rank_fusion
 
 # Rows each folder contributes per query before fusion.
 DEFAULT_FUSION_DEPTH = 100

@@ -13,6 +13,9 @@ rank the earlier record (lower shard, lower row) first, so the answer does not d
 int8 and binary folders are scored with the float query against their codes (`vector_quantization`): int8
 the dot product with the dequantized vector, binary a scan by sign then an int8 rescoring of the candidates.
 
+Integrity: every shard file has the size the manifest records when the folder is opened, and its sha256 the
+first time it is read (`index_sources`); a file that differs is refused, naming it and how to rewrite it.
+
 Memory: one block of one shard (at most `BLOCK_ROWS` rows, as float32), the queries' block of scores, and k
 (score, row) pairs per query; ids are read only for the winners, one ids file at a time.
 """
@@ -27,8 +30,9 @@ from typing import Any
 import numpy as np
 
 from bertforge.errors import ConfigError, InputError
-from bertforge.inference.embed_corpus import MANIFEST_NAME, read_manifest
-from bertforge.inference.vector_quantization import (
+from bertforge.retrieval.embed_corpus import MANIFEST_NAME, read_manifest
+from bertforge.retrieval.index_sources import check_shard_sizes, verify_shard_file
+from bertforge.retrieval.vector_quantization import (
     DEFAULT_RESCORE_MULTIPLIER,
     binary_scores,
     int8_scores,
@@ -98,11 +102,8 @@ class VectorIndex:
         if not manifest["complete"]:
             raise ConfigError(f"{self.directory}: the embedding run has not finished; rerun the same `bertforge "
                               "embed` command to complete it")
-        for shard in manifest["shards"]:
-            for kind in shard["bytes"]:
-                if not (self.directory / shard[kind]).is_file():
-                    raise ConfigError(f"{self.directory / shard[kind]} is missing; rerun `bertforge embed` to "
-                                      "rewrite it")
+        check_shard_sizes(self.directory, manifest)  # each file's sha256: `shard_path`, when it is first read
+        self.verified: set[tuple[int, str]] = set()
         self.manifest = manifest
         self.shards: list[dict[str, Any]] = manifest["shards"]
         self.offsets = np.cumsum([0] + [shard["count"] for shard in self.shards])  # global row of each shard
@@ -119,10 +120,18 @@ class VectorIndex:
         """"cosine" (the vectors are normalized) or "dot"."""
         return self.manifest["similarity"]
 
+    def shard_path(self, index: int, kind: str) -> Path:
+        """Shard `index`'s `kind` file, its sha256 compared with the manifest's the first time this folder
+        reads it (`index_sources.verify_shard_file`: a shard rewritten or copied in is refused, never read)."""
+        if (index, kind) not in self.verified:
+            verify_shard_file(self.directory, self.shards[index], kind)
+            self.verified.add((index, kind))
+        return self.directory / self.shards[index][kind]
+
     def shard_vectors(self, index: int, kind: str = "vectors") -> np.ndarray:
         """Shard `index`'s stored vectors (float [n, H], int8 codes [n, H] or sign bits [n, H / 8]; `kind`
         "codes": a binary shard's int8 codes), memory-mapped (read from disk as they are used)."""
-        return np.load(self.directory / self.shards[index][kind], mmap_mode="r", allow_pickle=False)
+        return np.load(self.shard_path(index, kind), mmap_mode="r", allow_pickle=False)
 
     def score_block(self, queries: np.ndarray, block: np.ndarray) -> np.ndarray:
         """[Q, n] scores of float queries against a block of stored rows, by the folder's dtype (module
@@ -148,7 +157,7 @@ class VectorIndex:
             ([Q, k] scores, [Q, k] global row numbers), best first.
         """
         if self.kind == "sparse":
-            raise ConfigError(f"{self.directory} holds sparse vectors: search it with `inference.sparse_search` "
+            raise ConfigError(f"{self.directory} holds sparse vectors: search it with `retrieval.sparse_search` "
                               "(`bertforge search` picks it by the folder)")
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         if queries.ndim != 2 or queries.shape[1] != self.dim:
@@ -203,7 +212,7 @@ class VectorIndex:
         shard_of = np.searchsorted(self.offsets, wanted, side="right") - 1
         for shard in sorted(set(shard_of.tolist())):
             needed = {row - int(self.offsets[shard]) for row, s in zip(wanted, shard_of) if s == shard}
-            with open(self.directory / self.shards[shard][kind], encoding="utf-8") as handle:
+            with open(self.shard_path(shard, kind), encoding="utf-8") as handle:
                 for line_index, line in enumerate(handle):
                     if line_index in needed:
                         found[line_index + int(self.offsets[shard])] = json.loads(line)

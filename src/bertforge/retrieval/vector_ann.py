@@ -3,9 +3,15 @@
 and searched by `bertforge search` instead of scanning every vector (`vector_search`).
 
 Owns: building the graph (`build_ann`), its two files in the embedding folder (`ann-hnsw.faiss`, the graph
-with its vectors; `ann.json`, what it was built from and with), the key that ties it to the shards
-(`shards_key`: a stale index is refused, never searched), opening it (`open_ann`) and searching it
-(`AnnIndex.search_vectors`, the same ([Q, k] scores, [Q, k] global rows) as `VectorIndex.search_vectors`).
+with its vectors; `ann.json`, what it was built from and with, and the graph file's sha256 and size), the key
+that ties it to the shards (`shards_key`), opening it (`open_ann`) and searching it (`AnnIndex.search_vectors`,
+the same ([Q, k] scores, [Q, k] global rows) as `VectorIndex.search_vectors`).
+
+Integrity: an index is searched only when `ann.json` was built from the vectors the shards hold now (the key
+of their manifest checksums, which `VectorIndex` holds the shard files to) and the graph file is the one built
+(its sha256: another folder's graph of the same size, a graph of the same vectors in another order, a
+truncated file). Otherwise `open_ann` logs why and builds the index again from the vectors, with the settings
+it recorded; hashing the graph costs about as much as faiss reading it.
 
 Metric: the inner product of the float query and the stored vector, exactly the score exact search
 computes: the cosine for a `--normalize`d corpus, else the plain dot product. The graph is built with that
@@ -28,22 +34,23 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bertforge import storage
+from bertforge.checkpoint_integrity import brief
 from bertforge.errors import ConfigError
-from bertforge.inference.vector_index import BLOCK_ROWS, VectorIndex, check_top_k, top_k_merge
-from bertforge.inference.vector_quantization import dequantize_int8
+from bertforge.retrieval.index_sources import file_records, files_problem
+from bertforge.retrieval.vector_index import BLOCK_ROWS, VectorIndex, check_top_k, top_k_merge
+from bertforge.retrieval.vector_quantization import dequantize_int8
 
 log = logging.getLogger(__name__)
 
 ANN_NAME = "ann.json"
 GRAPH_NAME = "ann-hnsw.faiss"
 FORMAT_NAME = "bertforge-ann"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: ann.json records the graph file's sha256
 # HNSW settings: neighbours per node (M), candidates while inserting (ef_construction) and while searching
 # (ef_search). M 32 / 200 are the values the field uses for sentence vectors of a few hundred dimensions;
 # ef_search 128 keeps recall@10 >= 0.95 on 200,000 MiniLM vectors (docs/embeddings.md).
@@ -97,11 +104,22 @@ def build_ann(directory: str | os.PathLike, *, m: int = DEFAULT_M, ef_constructi
         The `ann.json` record (what the graph was built from and with, and how long it took).
 
     Raises:
-        ConfigError: not a complete folder, a binary or sparse folder, a bad setting, or faiss missing.
+        ConfigError: not a complete folder, a binary or sparse folder, a bad setting, a shard that is not what
+            the manifest records, or faiss missing.
     """
-    for value, name in ((m, "m"), (ef_construction, "ef_construction"), (ef_search, "ef_search")):
-        check_positive(value, name)
     index = VectorIndex(directory)
+    graph, record = build_graph(index, {"m": m, "ef_construction": ef_construction, "ef_search": ef_search})
+    save_ann(index, graph, record)
+    log.info("HNSW index of %d vectors built in %.1f s (%d threads): %s", index.count, record["build_seconds"],
+             record["threads"], index.directory / GRAPH_NAME)
+    return record
+
+
+def build_graph(index: VectorIndex, settings: dict[str, int]) -> tuple[Any, dict[str, Any]]:
+    """(the HNSW graph of every vector of `index`, its record but the graph file's checksum); `settings`:
+    m, ef_construction, ef_search."""
+    for name, value in settings.items():
+        check_positive(value, name)
     if index.kind == "sparse":
         raise ConfigError(f"{index.directory} holds sparse vectors, which search through their inverted index; "
                           "`bertforge index` builds the approximate index of a dense folder")
@@ -110,25 +128,31 @@ def build_ann(directory: str | os.PathLike, *, m: int = DEFAULT_M, ef_constructi
                           "build the approximate index from a float32, float16 or int8 folder (embed --dtype)")
     faiss = import_faiss()
     started = time.perf_counter()
-    graph = faiss.IndexHNSWFlat(index.dim, m, faiss.METRIC_INNER_PRODUCT)
-    graph.hnsw.efConstruction = ef_construction
+    graph = faiss.IndexHNSWFlat(index.dim, settings["m"], faiss.METRIC_INNER_PRODUCT)
+    graph.hnsw.efConstruction = settings["ef_construction"]
     for shard in range(len(index.shards)):
-        vectors = index.shard_vectors(shard)
+        vectors = index.shard_vectors(shard)  # its sha256 checked against the manifest first
         for start in range(0, len(vectors), BLOCK_ROWS):  # rows are added in global order: faiss id = row
             graph.add(float_block(index, vectors[start:start + BLOCK_ROWS]))
-    seconds = time.perf_counter() - started
-    path = index.directory / GRAPH_NAME
-    with storage.atomic_path(path) as tmp:
-        faiss.write_index(graph, str(tmp))
     record = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "kind": "hnsw", "metric": "inner_product",
               "similarity": index.similarity, "count": index.count, "dim": index.dim,
-              "shards_key": shards_key(index.manifest), "m": m, "ef_construction": ef_construction,
-              "ef_search": ef_search, "faiss": faiss.__version__, "threads": faiss.omp_get_max_threads(),
-              "file": GRAPH_NAME, "bytes": path.stat().st_size, "build_seconds": round(seconds, 3)}
+              "shards_key": shards_key(index.manifest), **settings, "faiss": faiss.__version__,
+              "threads": faiss.omp_get_max_threads(), "file": GRAPH_NAME,
+              "build_seconds": round(time.perf_counter() - started, 3)}
+    return graph, record
+
+
+def save_ann(index: VectorIndex, graph: Any, record: dict[str, Any]) -> None:
+    """Write the graph file, then `ann.json` with the graph's sha256 and size (each atomically).
+
+    Raises:
+        OSError: the folder cannot be written.
+    """
+    path = index.directory / GRAPH_NAME
+    with storage.atomic_path(path) as tmp:
+        import_faiss().write_index(graph, str(tmp))
+        record.update(file_records(tmp.parent, [tmp.name])[tmp.name])  # "sha256", "bytes"
     storage.write_json(index.directory / ANN_NAME, record)
-    log.info("HNSW index of %d vectors built in %.1f s (%d threads): %s", index.count, seconds,
-             record["threads"], path)
-    return record
 
 
 @dataclass
@@ -162,41 +186,59 @@ class AnnIndex:
         return top_k_merge(scores.astype(np.float32), rows.astype(np.int64), k)  # exact search's tie order
 
 
-def read_ann_record(directory: Path) -> dict[str, Any] | None:
-    """The folder's `ann.json`, None when it has none."""
-    try:
-        return storage.read_json(directory / ANN_NAME, what="approximate index record")
-    except FileNotFoundError:
-        return None
-    except ValueError as error:
-        raise ConfigError(f"{error}; rebuild it with `bertforge index --index {directory}`") from None
+def ann_problem(index: VectorIndex, record: Any) -> str | None:
+    """What makes a folder's `ann.json` and graph file unusable for its shards (another format, built from
+    other vectors, a graph file that is not the one built: missing, truncated, another folder's, its vectors
+    reordered), or None."""
+    if not isinstance(record, dict) or record.get("format") != FORMAT_NAME or record.get("version") != FORMAT_VERSION:
+        return f"{ANN_NAME} is not a bertforge approximate index of this version"
+    if record.get("shards_key") != shards_key(index.manifest):
+        return (f"the index was built from other vectors than the folder's shards now hold ({record.get('count')} "
+                f"then, {index.count} now)")
+    return files_problem(index.directory, {GRAPH_NAME: {"sha256": record.get("sha256"), "bytes": record.get("bytes")}},
+                         ANN_NAME)
 
 
 def open_ann(index: VectorIndex) -> AnnIndex | None:
-    """The folder's approximate index, None when it has none.
+    """The folder's approximate index, None when it has none (no `ann.json`). One that is not what it records
+    (`ann_problem`), or that faiss cannot read, is built again from the folder's vectors with the settings it
+    recorded (after a log line saying why) and saved in its place; where the folder is read-only, the rebuilt
+    graph is used for this search only (with a warning).
 
     Raises:
-        ConfigError: the index was built from other vectors than the shards now hold (stale), its graph file
-            is missing or truncated, or faiss is not installed (the message names the extra, and --exact).
+        ConfigError: faiss is not installed (the message names the extra, and --exact), or a shard differs
+            from its manifest (the vectors themselves are damaged: `index_sources`).
     """
-    record = read_ann_record(index.directory)
-    if record is None:
+    path = index.directory / ANN_NAME
+    try:
+        record = storage.read_json(path, what="approximate index record")
+        problem = ann_problem(index, record)
+    except FileNotFoundError:
         return None
-    rebuild = f"rebuild it with `bertforge index --index {index.directory}`, or search with --exact"
-    if record.get("format") != FORMAT_NAME or record.get("version") != FORMAT_VERSION:
-        raise ConfigError(f"{index.directory / ANN_NAME} is not a bertforge approximate index of this version; "
-                          f"{rebuild}")
-    if record.get("shards_key") != shards_key(index.manifest):
-        raise ConfigError(f"{index.directory / ANN_NAME}: the approximate index was built from other vectors than "
-                          f"the folder's shards now hold ({record.get('count')} then, {index.count} now); {rebuild}")
-    path = index.directory / record["file"]
-    if not path.is_file() or path.stat().st_size != record["bytes"]:
-        raise ConfigError(f"{path} is missing or not the size {ANN_NAME} records; {rebuild}")
+    except ValueError as error:
+        record, problem = None, str(error)
     faiss = import_faiss()
-    graph = faiss.read_index(str(path))
-    if graph.ntotal != index.count or graph.d != index.dim or graph.metric_type != faiss.METRIC_INNER_PRODUCT:
-        raise ConfigError(f"{path} holds {graph.ntotal} vectors of {graph.d} dimensions (metric {graph.metric_type}"
-                          f"), not the folder's {index.count} x {index.dim} by inner product; {rebuild}")
+    if problem is None:
+        try:
+            graph = faiss.read_index(str(index.directory / GRAPH_NAME))
+        except RuntimeError as error:  # checksum of a file written by another faiss build
+            graph, problem = None, f"faiss cannot read {GRAPH_NAME} ({brief(error)})"
+        else:
+            if graph.ntotal != index.count or graph.d != index.dim or graph.metric_type != faiss.METRIC_INNER_PRODUCT:
+                problem = (f"{GRAPH_NAME} holds {graph.ntotal} vectors of {graph.d} dimensions (metric "
+                           f"{graph.metric_type}), not the folder's {index.count} x {index.dim} by inner product")
+    if problem is None:
+        return AnnIndex(index, record, graph)
+    log.warning("%s: %s; building the approximate index again from the folder's vectors", path, problem)
+    settings = {name: record[name] if isinstance(record, dict) and isinstance(record.get(name), int) else default
+                for name, default in (("m", DEFAULT_M), ("ef_construction", DEFAULT_EF_CONSTRUCTION),
+                                      ("ef_search", DEFAULT_EF_SEARCH))}
+    graph, record = build_graph(index, settings)
+    try:
+        save_ann(index, graph, record)
+    except OSError as error:
+        log.warning("%s: the rebuilt index could not be saved (%s); it is rebuilt at each search until `bertforge "
+                    "index --index %s` can write the folder", index.directory, error, index.directory)
     return AnnIndex(index, record, graph)
 
 

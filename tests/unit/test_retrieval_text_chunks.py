@@ -10,11 +10,11 @@ import pytest
 
 from bertforge import cli
 from bertforge.errors import ConfigError
-from bertforge.inference import embed_corpus as E
-from bertforge.inference import vector_search as S
 from bertforge.inference.pipelines import load_pipeline
-from bertforge.inference.text_chunks import chunk_spans
 from bertforge.inference.wire_inputs import EmbedText
+from bertforge.retrieval import embed_corpus as E
+from bertforge.retrieval import vector_search as S
+from bertforge.retrieval.text_chunks import chunk_spans
 from bertforge.tokenization import Tokenizer
 
 TEXT = ("The lighthouse keeper's log, kept since 1887, records storms, ships and birds. "

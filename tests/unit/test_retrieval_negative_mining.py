@@ -13,7 +13,7 @@ import torch
 from bertforge.cli import main
 from bertforge.data.embedding import read_text_groups, write_text_groups
 from bertforge.errors import ConfigError
-from bertforge.inference.negative_mining import MiningReport, MiningSettings, mine_negatives, teacher_margins
+from bertforge.retrieval.negative_mining import MiningReport, MiningSettings, mine_negatives, teacher_margins
 from conftest import make_tiny_config
 
 # Unit vectors at these angles (degrees) from the anchors' direction: cosine = cos(angle).

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertforge.errors import ConfigError
-from bertforge.inference.vector_index import QUERY_BLOCK, block_top_k
 from bertforge.metrics.embedding import normalize_rows
+from bertforge.retrieval.vector_index import QUERY_BLOCK, block_top_k
 
 SAMPLINGS = ("top", "random")
 OUTPUT_FORMATS = ("triplet", "labeled-pair", "labeled-list")

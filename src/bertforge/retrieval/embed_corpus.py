@@ -7,7 +7,7 @@ Owns: the output folder and its manifest (`start_output`, `finish_output`), what
 the output.
 
 Output: per shard `vectors-00000.npy` ([n, D], record order; sparse runs: `indptr-`, `terms-` and `weights-00000.npy`,
-compressed rows, `inference.sparse_vectors`), `ids-00000.jsonl` (JSON strings), then
+compressed rows, `retrieval.sparse_vectors`), `ids-00000.jsonl` (JSON strings), then
 `progress/shard-00000.json` (count, tokens, sizes, sha256), each atomically (`storage`): a shard is done when
 its record exists and the sizes match. Rank 0 writes `manifest.json` before any shard ("complete": false)
 and once every rank has finished (every shard's record, "complete": true). After a `kill -9` at any moment
@@ -56,16 +56,16 @@ from bertforge.engine.build import DEFAULT_KIND
 from bertforge.errors import ConfigError, DataError, InputError
 from bertforge.inference import pipelines
 from bertforge.inference.pipelines import EmbedPipeline, feature_tokens
-from bertforge.inference.sparse_vectors import SPARSE_FILES, SPARSE_TASK, encode_sparse_parsed, sparse_arrays
-from bertforge.inference.text_chunks import check_chunking, chunk_spans, late_chunk_vectors, per_text
-from bertforge.inference.vector_quantization import (
+from bertforge.metrics.sparse import SparseRows
+from bertforge.processes import Group, Ranks
+from bertforge.retrieval.sparse_vectors import SPARSE_FILES, SPARSE_TASK, encode_sparse_parsed, sparse_arrays
+from bertforge.retrieval.text_chunks import check_chunking, chunk_spans, late_chunk_vectors, per_text
+from bertforge.retrieval.vector_quantization import (
     DEFAULT_CALIBRATION_SIZE,
     QUANTIZED_DTYPES,
     calibrate,
     coded,
 )
-from bertforge.metrics.sparse import SparseRows
-from bertforge.processes import Group, Ranks
 from bertforge.runtime import DEFAULT_PRECISION
 
 log = logging.getLogger(__name__)

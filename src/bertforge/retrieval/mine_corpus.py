@@ -49,8 +49,9 @@ from bertforge.data.embedding import write_text_groups
 from bertforge.engine.build import DEFAULT_KIND
 from bertforge.errors import ConfigError
 from bertforge.inference import pipelines
-from bertforge.inference.embed_corpus import embed_corpus, finished, model_fingerprint, progress_path
-from bertforge.inference.negative_mining import (
+from bertforge.processes import Group, Ranks
+from bertforge.retrieval.embed_corpus import embed_corpus, finished, model_fingerprint, progress_path
+from bertforge.retrieval.negative_mining import (
     MinedNegative,
     MiningReport,
     MiningSettings,
@@ -58,10 +59,9 @@ from bertforge.inference.negative_mining import (
     corpus_of,
     output_rows,
 )
-from bertforge.inference.vector_index import VectorIndex, top_k_merge
-from bertforge.inference.vector_search import query_pipeline
-from bertforge.inference.vector_texts import record_texts
-from bertforge.processes import Group, Ranks
+from bertforge.retrieval.vector_index import VectorIndex, top_k_merge
+from bertforge.retrieval.vector_search import query_pipeline
+from bertforge.retrieval.vector_texts import record_texts
 from bertforge.runtime import DEFAULT_PRECISION
 
 log = logging.getLogger(__name__)

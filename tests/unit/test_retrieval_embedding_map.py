@@ -8,8 +8,8 @@ import pytest
 
 from bertforge.cli import map_commands
 from bertforge.errors import InputError
-from bertforge.inference import embedding_map
-from bertforge.inference.embedding_map import colour_groups, pca_2d, sample_rows, tsv_cell
+from bertforge.retrieval import embedding_map
+from bertforge.retrieval.embedding_map import colour_groups, pca_2d, sample_rows, tsv_cell
 
 
 def test_embedding_map_pca_equals_scikit_learn_up_to_sign_and_is_deterministic():

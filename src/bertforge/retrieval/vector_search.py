@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from bertforge.errors import ConfigError
-from bertforge.inference.embed_corpus import model_fingerprint
 from bertforge.inference.pipelines import DEFAULT_BATCH_SIZE, load_pipeline
-from bertforge.inference.vector_ann import open_ann
-from bertforge.inference.vector_index import (
+from bertforge.retrieval.embed_corpus import model_fingerprint
+from bertforge.retrieval.vector_ann import open_ann
+from bertforge.retrieval.vector_index import (
     BLOCK_ROWS,
     DEFAULT_TOP_K,
     QUERY_BLOCK,
@@ -25,8 +25,8 @@ from bertforge.inference.vector_index import (
     check_top_k,
     top_k_merge,
 )
-from bertforge.inference.vector_quantization import DEFAULT_RESCORE_MULTIPLIER
-from bertforge.inference.vector_texts import record_texts
+from bertforge.retrieval.vector_quantization import DEFAULT_RESCORE_MULTIPLIER
+from bertforge.retrieval.vector_texts import record_texts
 
 
 def query_pipeline(index: VectorIndex, *, model: str | os.PathLike | None = None, device: str = "auto",

@@ -38,7 +38,7 @@ from bertforge.data.corpus_records import (
 from bertforge.data.files import parse_column
 from bertforge.errors import ConfigError, DataError, InputError
 from bertforge.inference.plots import cjk_font, needs_cjk_font
-from bertforge.inference.vector_index import VectorIndex
+from bertforge.retrieval.vector_index import VectorIndex
 from bertforge.storage import write_bytes, write_text
 
 log = logging.getLogger(__name__)

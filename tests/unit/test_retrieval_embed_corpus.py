@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from bertforge.errors import ConfigError, DataError, InputError
-from bertforge.inference import embed_corpus as E
-from bertforge.inference import vector_search as S
 from bertforge.inference.pipelines import load_pipeline
+from bertforge.retrieval import embed_corpus as E
+from bertforge.retrieval import vector_search as S
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex bad jumping frogs near "
          "old rivers and green hills under the pale winter moon").split()

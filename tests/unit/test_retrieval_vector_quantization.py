@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from bertforge.errors import ConfigError
-from bertforge.inference import embed_corpus as E
-from bertforge.inference import vector_quantization as V
-from bertforge.inference import vector_search as S
+from bertforge.retrieval import embed_corpus as E
+from bertforge.retrieval import vector_quantization as V
+from bertforge.retrieval import vector_search as S
 
 DEMO_TEXT = Path(__file__).resolve().parents[2] / "data" / "demo" / "en" / "jekyll_and_hyde.txt"
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex bad jumping frogs".split()
