@@ -261,32 +261,48 @@ def main(argv: list[str] | None = None) -> int:
                         runs.setdefault((job, command.label), []).append(done)
                         print(f"  [{count} beside, round {round_ + 1}] {job} {command.label}: {done.wall:.2f} s, "
                               f"{done.cpu:.2f} CPU s", flush=True)
+                # after every round: a run cut short keeps what it measured
+                record(result, summarize(table, args.jobs, runs, count, load_before, round_ + 1), args.json)
         finally:
             stop_neighbours(neighbours)
-        setting = {"neighbours": count, "load_before": load_before, "load_after": os.getloadavg(), "jobs": {}}
-        for job in args.jobs:
-            texts, commands = table[job]
-            reference = commands[-1].label
-            figures = {}
-            for command in commands:
-                done = runs[(job, command.label)]
-                figures[command.label] = {"wall_s": statistics.median(r.wall for r in done),
-                                          "cpu_s": statistics.median(r.cpu for r in done),
-                                          "walls": [round(r.wall, 2) for r in done],
-                                          "cpus": [round(r.cpu, 2) for r in done]}
-            for command in commands[:-1]:
-                if reference in ("sentence-transformers", "transformers"):
-                    figures[command.label]["speedup"] = figures[reference]["wall_s"] / figures[command.label]["wall_s"]
-            for figure in figures.values():
-                figure["cpu_ms_per_text"] = 1000 * figure["cpu_s"] / texts
-            setting["jobs"][job] = {"texts": texts, "reference": reference, "commands": figures}
-        result["settings"].append(setting)
-        report(setting)
-        compare_to_idle(result)
-        if args.json:  # after every setting: a run cut short keeps what it measured
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        report(result["settings"][-1])
     return 0
+
+
+def summarize(table: dict, jobs_run: list[str], runs: dict[tuple[str, str], list[Run]], count: int,
+              load_before: tuple[float, ...], rounds: int) -> dict:
+    """One setting's figures: each command's medians, the speed-up over the reference, CPU ms per text."""
+    setting = {"neighbours": count, "rounds": rounds, "load_before": load_before, "load_after": os.getloadavg(),
+               "jobs": {}}
+    for job in jobs_run:
+        texts, commands = table[job]
+        reference = commands[-1].label
+        figures = {}
+        for command in commands:
+            done = runs[(job, command.label)]
+            figures[command.label] = {"wall_s": statistics.median(r.wall for r in done),
+                                      "cpu_s": statistics.median(r.cpu for r in done),
+                                      "walls": [round(r.wall, 2) for r in done],
+                                      "cpus": [round(r.cpu, 2) for r in done]}
+        for command in commands[:-1]:
+            if reference in ("sentence-transformers", "transformers"):
+                figures[command.label]["speedup"] = figures[reference]["wall_s"] / figures[command.label]["wall_s"]
+        for figure in figures.values():
+            figure["cpu_ms_per_text"] = 1000 * figure["cpu_s"] / texts
+        setting["jobs"][job] = {"texts": texts, "reference": reference, "commands": figures}
+    return setting
+
+
+def record(result: dict, setting: dict, path: Path | None) -> None:
+    """`setting` into `result` (replacing an earlier round's figures of the same setting), written to `path`."""
+    settings = result["settings"]
+    if settings and settings[-1]["neighbours"] == setting["neighbours"]:
+        settings.pop()
+    settings.append(setting)
+    compare_to_idle(result)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
 
 def compare_to_idle(result: dict) -> None:
