@@ -319,8 +319,9 @@ def compare_to_idle(result: dict) -> None:
 def section(result: dict) -> str:
     """The markdown of a run (docs/benchmarks.md, "A shared CPU"): machine, date, load, threads, the table."""
     machine_, plan = result["machine"], result["plan"]
-    lines = [f"Whole processes, alternated in one run (`python -m benchmarks.shared_cpu`; {result['rounds']} rounds, "
-             f"medians; `{Path(result.get('json', 'benchmarks/results/shared_cpu.json')).name}`): {machine_['cpu']}, "
+    rounds = ", ".join(f"{s.get('rounds', result['rounds'])} with {s['neighbours']} beside" for s in result["settings"])
+    lines = [f"Whole processes, alternated round by round (`python -m benchmarks.shared_cpu`; rounds: {rounds}; "
+             f"medians; `benchmarks/results/shared_cpu.json`): {machine_['cpu']}, "
              f"{machine_['cpus']} CPUs (AMX: {'yes' if machine_['amx'] else 'no'}), torch {machine_['torch']}, "
              f"onnxruntime {machine_['onnxruntime']}, {result['date']}. Our default plan there: engine "
              f"{plan['kind']}, {plan['threads']} intra-op threads, {plan['tokenizer_threads']} tokenizer threads "
