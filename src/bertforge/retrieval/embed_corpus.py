@@ -18,6 +18,12 @@ length, the same batches every run) given the same batch size, kind of device an
 with another model, embedding options, dtype, shard size, input settings or input files (names, sizes,
 mtimes) is refused, naming what changed.
 
+Long texts: a text longer than the model's window is cut to it, the rule of every embedding route of the server
+(`wire_inputs`), and said: the progress display counts the cut texts, each shard's record and the final
+manifest hold "truncated" (the manifest also "truncate", the setting), and a warning names the first one;
+`truncate=False` (`--truncate false`) refuses the run before any model work, naming the first over-long
+text's file and line (`check_fit`). `--chunk` embeds whole texts as several vectors instead.
+
 Processes: rank r of N embeds shards r, r+N, ...; every rank reads every line to count records but parses
 and tokenizes only its own. The ranks meet in a gloo group (CPU collectives, whatever the device) after rank
 0 has prepared the folder, and at the end, when rank 0 checks every shard's record and writes the manifest;
@@ -34,7 +40,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -56,6 +62,7 @@ from bertforge.engine.build import DEFAULT_KIND
 from bertforge.errors import ConfigError, DataError, InputError
 from bertforge.inference import pipelines
 from bertforge.inference.pipelines import EmbedPipeline, feature_tokens
+from bertforge.inference.wire_inputs import AUTO_TRUNCATE, EmbedText, Fix, noting_cuts, text_window
 from bertforge.metrics.sparse import SparseRows
 from bertforge.processes import Group, Ranks
 from bertforge.retrieval.sparse_vectors import SPARSE_FILES, SPARSE_TASK, encode_sparse_parsed, sparse_arrays
@@ -165,7 +172,7 @@ def new_manifest(model_dir: str | os.PathLike, pipeline: EmbedPipeline, options:
             # name, which --show-text looks up again)
             "input": {"path": str(Path(inputs).absolute()), "files": files,
                       "settings": {**asdict(settings), "single_file": Path(inputs).is_file()}},
-            "count": None, "tokens": None, "shards": []}
+            "count": None, "tokens": None, "truncated": None, "shards": []}
 
 
 def read_manifest(out: Path) -> dict[str, Any] | None:
@@ -231,10 +238,10 @@ def finished(out: Path, index: int) -> dict[str, Any] | None:
 
 def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray | SparseRows, dtype: str,
                 tokens: int, calibration: dict[str, Any] | None = None,
-                spans: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
+                spans: Sequence[Sequence[int]] | None = None, truncated: int = 0) -> dict[str, Any]:
     """Write one shard's vectors (coded as `dtype`: `vector_quantization.coded`; a binary shard also its int8
-    codes; sparse rows as `sparse_vectors.sparse_arrays`), then its ids, then its record (each atomically);
-    return the record."""
+    codes; sparse rows as `sparse_vectors.sparse_arrays`), then its ids, then its record (each atomically, the
+    record with its texts cut to the window, `truncated`); return the record."""
     if isinstance(vectors, SparseRows):
         arrays = sparse_arrays(vectors)
     else:
@@ -253,7 +260,7 @@ def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray |
     for kind, payload in data.items():
         storage.write_bytes(out / names[kind], payload)
     record = {"index": index, **{kind: names[kind] for kind in data}, "count": len(ids), "tokens": tokens,
-              "bytes": {kind: len(payload) for kind, payload in data.items()},
+              "truncated": truncated, "bytes": {kind: len(payload) for kind, payload in data.items()},
               "sha256": {kind: hashlib.sha256(payload).hexdigest() for kind, payload in data.items()}}
     if isinstance(vectors, SparseRows):
         record["nonzero"] = len(vectors.indices)  # stored terms, all texts together
@@ -273,7 +280,8 @@ def finish_output(out: Path, manifest: dict[str, Any], shards: int) -> dict[str,
         raise ConfigError(f"{out}: shards {missing[:5]} are missing after every rank finished; on several nodes "
                           "--out must be a folder every node sees (a shared filesystem); rerun to finish them")
     final = {**manifest, "complete": True, "count": sum(r["count"] for r in records),
-             "tokens": sum(r["tokens"] for r in records), "shards": records}
+             "tokens": sum(r["tokens"] for r in records),
+             "truncated": sum(r.get("truncated", 0) for r in records), "shards": records}
     storage.write_json(out / MANIFEST_NAME, final)
     return final
 
@@ -282,11 +290,14 @@ def finish_output(out: Path, manifest: dict[str, Any], shards: int) -> dict[str,
 
 class EmbedProgress(Protocol):
     """What `embed_corpus` tells a progress display (rank 0 only): the texts this process will embed and
-    those already done by an earlier run (`start`, once), then the texts of each model batch as it finishes."""
+    those already done by an earlier run (`start`, once), then the texts of each model batch as it finishes,
+    and the texts cut to the model's window as their windows are made (`truncated`, ahead of the model)."""
 
     def start(self, total: int, done: int) -> None: ...
 
     def advance(self, texts: int) -> None: ...
+
+    def truncated(self, texts: int) -> None: ...
 
 
 def rank_texts(sources: Sequence[SourceFile], settings: CorpusSettings, shard_size: int, ranks: Ranks,
@@ -314,26 +325,30 @@ def calibration_of(out: Path, manifest: dict[str, Any], pipeline: EmbedPipeline,
     if existing is not None and not describe_changes(existing, manifest) and "calibration" in existing:
         return {**manifest, "calibration": existing["calibration"]}
     sample = list(itertools.islice(read_records(sources, settings), DEFAULT_CALIBRATION_SIZE))
-    _, vectors, _ = embed_shard(pipeline, options, manifest["embedding"]["prompt"], sample, settings,
-                                manifest["input"]["settings"]["single_file"])
+    _, vectors, _, _ = embed_shard(pipeline, options, manifest["embedding"]["prompt"], sample, settings,
+                                   manifest["input"]["settings"]["single_file"],
+                                   truncate=manifest.get("truncate", AUTO_TRUNCATE))
     return {**manifest, "calibration": calibrate(vectors)}
 
 
-def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, records: Sequence[Record],
-                settings: CorpusSettings, single_file: bool,
-                on_batch: Callable[[int], None] | None = None, chunking: dict[str, int] | None = None,
-                first_record: int = 0, spans: list[list[int]] | None = None,
-                ) -> tuple[list[str], np.ndarray | SparseRows, int]:
-    """(ids, vectors [n, D] float32, tokens) of one shard, as `pipeline.encode(texts, prompt=prompt)` makes
-    them (an embed-sparse pipeline's: `SparseRows`, as `sparse_vectors.encode_sparse`); every record is parsed and checked before the model runs, whose batches go by length while a
-    thread tokenizes the next ones (`evaluation.run_streamed`; `on_batch(texts)` after each batch, in records
-    even where a record makes several rows: `text_chunks.per_text`).
+@dataclass(frozen=True)
+class ShardText:
+    """One row a shard embeds: its record (`owner`, the index in the shard's records), id, the text the model
+    reads (prompt included; late chunking: the record's text, prompted by `late_chunk_vectors`) and, with
+    --chunk, its [record number, start, end]."""
 
-    `chunking` ({"chunk", "chunk_overlap"} in tokens, `embed --chunk`): every record becomes one row per chunk
-    (`text_chunks.chunk_spans`), each with the record's id; `spans` then gets [record, start, end] per row
-    (record: `first_record` + its place in `records`; start, end: the chunk's characters of the text)."""
-    ids, parsed = [], []
-    for number, record in enumerate(records, start=first_record):
+    owner: int
+    ident: str
+    text: str
+    span: list[int] | None = None
+
+
+def shard_texts(pipeline: EmbedPipeline, prompt: str, records: Sequence[Record], settings: CorpusSettings,
+                single_file: bool, chunking: dict[str, int] | None = None, first_record: int = 0) -> list[ShardText]:
+    """The rows of `records`, each record parsed and checked (DataError naming its file and line): one per
+    record, or one per chunk (`text_chunks.chunk_spans`) with --chunk."""
+    rows = []
+    for owner, record in enumerate(records):
         ident, text = parse_record(record, settings, single_file)
         try:
             text = pipeline.parse(text)
@@ -341,31 +356,81 @@ def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, r
             raise DataError(f"{error} (blank lines are skipped; this one holds only invisible characters or is "
                             "an empty field): fix or remove it", record[0].path, record[1]) from None
         if chunking is None or chunking["late"]:
-            parsed.append(prompt + text if chunking is None else text)
-            ids.append(ident)
+            rows.append(ShardText(owner, ident, prompt + text if chunking is None else text))
             continue
         for chunk in chunk_spans(pipeline.tokenizer, text, chunking["chunk"], chunking["chunk_overlap"]):
-            parsed.append(prompt + text[chunk.start:chunk.end])
-            ids.append(ident)
-            if spans is not None:
-                spans.append([number, chunk.start, chunk.end])
-    if chunking is not None and chunking["late"]:  # one pass per text (window), pooled per chunk
-        vectors, chunks, tokens = late_chunk_vectors(pipeline, options, prompt, parsed, chunking["chunk"],
-                                                     chunking["chunk_overlap"], on_batch)
+            rows.append(ShardText(owner, ident, prompt + text[chunk.start:chunk.end],
+                                  [first_record + owner, chunk.start, chunk.end]))
+    return rows
+
+
+def refusal_fix(pipeline: EmbedPipeline) -> Fix:
+    """What `bertforge embed --truncate false` says to do with a text longer than the model's window."""
+    room = pipeline.max_length - pipeline.tokenizer.post_processor.added(False)
+    return Fix(f"embed it whole as several vectors with --chunk TOKENS (at most {room}), or leave out "
+               "--truncate false to have it cut to the window (and the cut counted)")
+
+
+def check_fit(pipeline: EmbedPipeline, prompt: str, sources: Sequence[SourceFile], settings: CorpusSettings,
+              single_file: bool, chunking: dict[str, int] | None, shard_size: int, ranks: Ranks) -> None:
+    """`--truncate false`: DataError naming the first text of this rank's shards that does not fit the model's
+    window (its file and line, its tokens, the limit and the fix: `wire_inputs`' rule), before any model work
+    (the tokenizer reads them once more: the price of refusing)."""
+    fix = refusal_fix(pipeline)
+    for _, _, records in shard_chunks(read_records(sources, settings), shard_size, ranks.owns):
+        for row in shard_texts(pipeline, prompt, records or [], settings, single_file, chunking):
+            try:
+                text_window(EmbedText(text=row.text, truncate=False, fix=fix), 0, pipeline.tokenizer,
+                            pipeline.max_length, name="the text")
+            except InputError as error:
+                raise DataError(str(error), records[row.owner][0].path, records[row.owner][1]) from None
+
+
+def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, records: Sequence[Record],
+                settings: CorpusSettings, single_file: bool,
+                on_batch: Callable[[int], None] | None = None, chunking: dict[str, int] | None = None,
+                first_record: int = 0, spans: list[list[int]] | None = None, truncate: bool = AUTO_TRUNCATE,
+                on_truncated: Callable[[int], None] | None = None,
+                ) -> tuple[list[str], np.ndarray | SparseRows, int, list[str]]:
+    """(ids, vectors [n, D] float32, tokens, where the texts cut to the window are) of one shard, as
+    `pipeline.encode(texts, prompt=prompt)` makes them (an embed-sparse pipeline's: `SparseRows`, as
+    `sparse_vectors.encode_sparse`); every record is parsed and checked before the model runs, whose batches go
+    by length while a thread tokenizes the next ones (`evaluation.run_streamed`; `on_batch(texts)` after each
+    batch, in records even where a record makes several rows: `text_chunks.per_text`).
+
+    A text longer than the model's window is cut to it (`wire_inputs`' rule, `truncate`; `on_truncated(texts)`
+    as their windows are made) and its "file:line" returned, once per record; `truncate` False refuses it
+    (`check_fit` refuses it before any model work).
+
+    `chunking` ({"chunk", "chunk_overlap"} in tokens, `embed --chunk`): every record becomes one row per chunk
+    (`text_chunks.chunk_spans`), each with the record's id; `spans` then gets [record, start, end] per row
+    (record: `first_record` + its place in `records`; start, end: the chunk's characters of the text)."""
+    rows = shard_texts(pipeline, prompt, records, settings, single_file, chunking, first_record)
+    ids = [row.ident for row in rows]
+    if chunking is not None and chunking["late"]:  # one pass per text (window), pooled per chunk: nothing is cut
+        vectors, chunks, tokens = late_chunk_vectors(pipeline, options, prompt, [row.text for row in rows],
+                                                     chunking["chunk"], chunking["chunk_overlap"], on_batch)
         rows_ids = []
         for number, (ident, mine) in enumerate(zip(ids, chunks), start=first_record):
             rows_ids += [ident] * len(mine)
             if spans is not None:
                 spans += [[number, c.start, c.end] for c in mine]
-        return rows_ids, vectors, tokens
+        return rows_ids, vectors, tokens, []
+    if spans is not None and chunking is not None:
+        spans += [row.span for row in rows]
+    fix = refusal_fix(pipeline)
+    parsed = [EmbedText(text=row.text, truncate=truncate, fix=fix) for row in rows]
+    cut: list[int] = []  # rows whose window was cut
+    features = noting_cuts(pipeline.features, cut, on_truncated)
     on_batch = per_text(on_batch, len(records), len(parsed))  # told in records, though chunks are more
     if pipeline.task == SPARSE_TASK:
-        rows, tokens = encode_sparse_parsed(pipeline, parsed, options, on_batch)
-        return ids, rows, tokens
-    # `encode_parsed`'s steps, with a progress display told of every batch
-    features, outputs = pipeline.stream(parsed, options, on_batch=on_batch)
-    tokens = sum(feature_tokens(feature) for feature in features)
-    return ids, np.stack([vector.numpy() for vector in outputs]), tokens  # [n, D], as `encode` returns them
+        vectors, tokens = encode_sparse_parsed(pipeline, parsed, options, on_batch, features=features)
+    else:  # `encode_parsed`'s steps, with a progress display told of every batch
+        made, outputs = pipeline.stream(parsed, options, on_batch=on_batch, features=features)
+        tokens = sum(feature_tokens(feature) for feature in made)
+        vectors = np.stack([vector.numpy() for vector in outputs])  # [n, D], as `encode` returns them
+    where = dict.fromkeys(f"{records[rows[row].owner][0].path}:{records[rows[row].owner][1]}" for row in cut)
+    return ids, vectors, tokens, list(where)
 
 
 def run_shards(out: Path, pipeline: EmbedPipeline, options: dict[str, Any], sources: Sequence[SourceFile],
@@ -387,16 +452,31 @@ def run_shards(out: Path, pipeline: EmbedPipeline, options: dict[str, Any], sour
             continue
         started = time.perf_counter()
         chunking, spans = manifest.get("chunking"), []
-        ids, vectors, tokens = embed_shard(pipeline, options, manifest["embedding"]["prompt"], chunk, settings,
-                                           single, progress.advance if progress is not None else None, chunking,
-                                           records - count, spans)
+        ids, vectors, tokens, cut = embed_shard(
+            pipeline, options, manifest["embedding"]["prompt"], chunk, settings, single,
+            progress.advance if progress is not None else None, chunking, records - count, spans,
+            manifest.get("truncate", AUTO_TRUNCATE), progress.truncated if progress is not None else None)
         write_shard(out, index, ids, vectors, manifest["dtype"], tokens, manifest.get("calibration"),
-                    spans if chunking is not None else None)
+                    spans if chunking is not None else None, len(cut))
+        if cut:
+            log.warning("shard %d: %d of %d texts are longer than the model's window of %d tokens and were cut to "
+                        "it (first: %s); --chunk TOKENS embeds whole texts as several vectors, --truncate false "
+                        "refuses them", index, len(cut), count, pipeline.max_length, cut[0])
         done += (count, tokens, time.perf_counter() - started)
         if ranks.rank == 0:  # the progress of one rank of N: the others run at the same pace
             log.info("shard %d: %d texts, %d tokens; rank 0 of %d: %.0f texts/s, %.0f tokens/s", index, count,
                      tokens, ranks.world_size, done[0] / done[2], done[1] / done[2])
     return records, shards
+
+
+def check_output(shard_size: int, dtype: str, truncate: bool) -> None:
+    """ConfigError for a setting of the output that cannot work."""
+    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
+        raise ConfigError(f"shard_size must be a positive integer, got {shard_size!r}")
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype {dtype!r} is not supported; use one of {DTYPES}")
+    if not isinstance(truncate, bool):
+        raise ConfigError(f"truncate must be true or false, got {truncate!r}")
 
 
 def check_sparse_run(sparse: bool, dtype: str, normalize: bool | None, max_terms: int | None) -> None:
@@ -419,7 +499,8 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
                  normalize: bool | None = None, prompt_name: str | None = None,
                  prompt: str | None = None, progress: EmbedProgress | None = None, sparse: bool = False,
                  max_terms: int | None = None, chunk: int | None = None,
-                 chunk_overlap: int | None = None, late_chunking: bool = False) -> dict[str, Any]:
+                 chunk_overlap: int | None = None, late_chunking: bool = False,
+                 truncate: bool = AUTO_TRUNCATE) -> dict[str, Any]:
     """Embed every record of `inputs` into shards under `out_dir`; a rerun resumes (see the module docstring).
     Under torchrun every rank calls it with the same arguments and embeds its share of the shards.
 
@@ -441,6 +522,10 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
             (`text_chunks`); the manifest's "chunking" records them. `late_chunking`: the whole text (a
             window at a time) runs through the model once and each chunk is the mean of its tokens' vectors
             (`text_chunks.late_chunk_vectors`; mean pooling, dense vectors only).
+        truncate: a text longer than the model's window is cut to it and counted (`wire_inputs`' rule: the
+            progress display is told, each shard's record and the manifest hold "truncated", a warning names
+            the first); False refuses the run before any model work, naming the first such text's file and line
+            (`check_fit`). --chunk keeps whole texts instead.
 
     Returns:
         The final manifest (on every rank): {"count", "dim", "dtype", "shards": [...], ...}.
@@ -449,10 +534,7 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
         DataError: a bad input line (file:line), before the model runs on its shard.
         ConfigError: the folder holds another run's vectors, or a setting is invalid.
     """
-    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
-        raise ConfigError(f"shard_size must be a positive integer, got {shard_size!r}")
-    if dtype not in DTYPES:
-        raise ConfigError(f"dtype {dtype!r} is not supported; use one of {DTYPES}")
+    check_output(shard_size, dtype, truncate)
     check_sparse_run(sparse, dtype, normalize, max_terms)
     check_chunking(chunk, chunk_overlap)
     if late_chunking and (chunk is None or sparse):
@@ -473,7 +555,9 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
         if chunking is not None and chunk + 2 > pipeline.max_length:  # [CLS] chunk [SEP] must fit the window
             raise ConfigError(f"--chunk {chunk} does not fit the model's window of {pipeline.max_length} tokens with "
                               f"[CLS] and [SEP]; use --chunk {pipeline.max_length - 2} or less")
-        chunked = {} if chunking is None else {"chunking": chunking}
+        chunked = {"truncate": truncate, **({} if chunking is None else {"chunking": chunking})}
+        if not truncate and not late_chunking:  # late chunks run whole texts a window at a time: none is cut
+            check_fit(pipeline, prefix, sources, settings, Path(inputs).is_file(), chunking, shard_size, ranks)
         manifest = group.from_main(lambda: start_output(out, calibration_of(out, {**new_manifest(
             model_dir, pipeline, options, prefix, inputs, sources, settings, shard_size, dtype), **chunked},
             pipeline, options, sources, settings)))

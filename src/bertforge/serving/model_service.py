@@ -1,11 +1,12 @@
 """The request handling behind every HTTP route, for one served model and for the set of them.
 
 `InferenceService` is one model: its pipelines (one per task it serves), its own `Scheduler` (queue,
-micro-batching worker, token budgets), its own `ServingMetrics`. It reads a request body under the limits
-(`read_body`: size, JSON through the untrusted-JSON decoder), validates our own ``{"inputs", "parameters"}``
-bodies (`validate`), hands parsed inputs to the scheduler (`run`) and maps its failures to statuses
-(`FAILURE_STATUS`). The wire-format routes (`openai_routes`, `tei_routes`) build parsed inputs their own way
-and call the same `run`: one path from input to answer, whatever the API.
+micro-batching worker, token budgets; it also runs the model's attention maps, `inference.attention
+.AttentionSteps`, so every model route shares one admission), its own `ServingMetrics`. It reads a request
+body under the limits (`read_body`: size, JSON through the untrusted-JSON decoder), validates our own
+``{"inputs", "parameters"}`` bodies (`validate`), hands parsed inputs to the scheduler (`run`) and maps its
+failures to statuses (`FAILURE_STATUS`). The wire-format routes (`openai_routes`, `tei_routes`) build parsed
+inputs their own way and call the same `run`: one path from input to answer, whatever the API.
 
 `ModelSet` is the served models by name, and the one rule of which model answers a request (`pick`): the
 model named (OpenAI's `model` field, or the `/models/<name>/...` path prefix); with no name, the only model
@@ -29,9 +30,19 @@ from bertforge.data.files import UntrustedJson, decode_json
 from bertforge.engine.build import DEFAULT_KIND
 from bertforge.errors import BertforgeError, CheckpointError, ConfigError, InputError
 from bertforge.inference.admission import CHARS_PER_TOKEN, estimate_tokens
+from bertforge.inference.attention import ATTENTION_TASK, AttentionSteps
 from bertforge.inference.jobs import check_seconds
 from bertforge.inference.pipelines import Pipeline, load_pipelines
 from bertforge.inference.scheduler import Failure, JobFailed, Scheduler, SchedulerSettings, check_positive
+from bertforge.inference.wire_inputs import (
+    AUTO_TRUNCATE,
+    CUT_TASKS,
+    Fix,
+    cut_inputs,
+    family_results,
+    plain_inputs,
+    truncated_count,
+)
 from bertforge.runtime import DEFAULT_PRECISION
 from bertforge.serving.envelopes import OVERLOADED, RequestError, error_payload, serve_extra_missing
 from bertforge.serving.guards import (
@@ -39,6 +50,7 @@ from bertforge.serving.guards import (
     check_guard_settings,
     note_retry_after,
     note_timing,
+    note_truncated,
 )
 
 try:
@@ -73,6 +85,10 @@ class ServerSettings(SchedulerSettings):
             they are read (`http_guards`); 0: never.
         body_timeout_s: a request body must arrive whole within this many seconds of its headers (else 408).
         max_incomplete_bodies: requests whose bodies are being received at once; more get 503 at once.
+        auto_truncate: an input longer than the model's window is cut to it on every embedding-like route
+            (`wire_inputs`' rule; TEI's `--auto-truncate`, `/info` says it), the count of cut texts said in the
+            answer; False refuses it naming the limit (`bertforge serve --auto-truncate false`). A TEI request's
+            own `truncate` decides for that request.
     """
 
     max_items: int = 2048
@@ -84,9 +100,12 @@ class ServerSettings(SchedulerSettings):
     refusal_cooldown_s: float = 1.0
     body_timeout_s: float = 30.0
     max_incomplete_bodies: int = 128
+    auto_truncate: bool = AUTO_TRUNCATE
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not isinstance(self.auto_truncate, bool):
+            raise ConfigError(f"auto_truncate must be true or false, got {self.auto_truncate!r}")
         check_positive(self, ("max_items", "max_chars", "max_body_bytes", "max_incomplete_bodies"))
         check_seconds(self, ("refusal_cooldown_s", "body_timeout_s"))
         check_guard_settings(self)
@@ -98,8 +117,8 @@ class ServerSettings(SchedulerSettings):
 FAILURE_STATUS: dict[Failure, int] = {
     "invalid": 422,  # an input the model cannot take (too long for fill-mask, no window ...)
     "too_large": 413,  # over max_request_tokens
-    "busy": 429,  # max_queue requests already waiting
-    "timeout": 503,
+    "busy": 429,  # max_queue requests already accepted and not answered (never the model's speed)
+    "timeout": 503,  # request_timeout_s, when set, passed
     # Nobody reads the answer; 499 ("client closed request", as nginx logs it) keeps the metrics honest.
     "disconnect": 499,
     "shutdown": 503,
@@ -185,7 +204,9 @@ class InferenceService:
         self.directory = str(directory) if directory is not None else model_name
         self.metrics = ServingMetrics(settings.max_batch_size, settings.max_batch_tokens,
                                       queue_depth=lambda: self.scheduler.queue_depth)
-        self.scheduler = Scheduler(pipelines, settings, events=self.metrics)
+        # Every model route through one scheduler: the tasks' pipelines, and the encoder's attention maps.
+        steps = {**pipelines, ATTENTION_TASK: AttentionSteps(next(iter(pipelines.values())))} if pipelines else {}
+        self.scheduler = Scheduler(steps, settings, events=self.metrics)
 
     def validate(self, task: str, body: Any) -> tuple[list[Any], dict[str, Any]]:
         """The parsed inputs and checked options of one of our ``{"inputs", "parameters"}`` bodies;
@@ -225,6 +246,15 @@ class InferenceService:
             raise RequestError(status, f"{count} inputs in one request; this server accepts at most "
                                        f"{self.settings.max_items} (max_items: split the request)", param=field)
 
+    def truncation(self, requested: bool | None = None, field: str | None = None) -> tuple[bool, Fix]:
+        """(whether an over-long input of a request is cut, the fix a refusal names): the request's own
+        `field` (TEI's `truncate`) where its dialect has one and it was sent, else the server's `auto_truncate`."""
+        ask = f"send {field}: true to cut it to the window" if field else None
+        if requested is not None:
+            return requested, Fix(f"shorten it, or {ask}")
+        server = "this server refuses over-long inputs (bertforge serve --auto-truncate false)"
+        return self.settings.auto_truncate, Fix(f"{server}: shorten it" + (f", or {ask}" if ask else ""))
+
     def check_options(self, task: str, parameters: Mapping[str, Any], field: str = "parameters") -> dict[str, Any]:
         try:
             return self.pipelines[task].check_options(parameters)
@@ -242,7 +272,7 @@ class InferenceService:
         scheduler; RequestError with the status of a failure (`FAILURE_STATUS`)."""
         try:
             floor = None
-            if estimate_tokens(parsed) * CHARS_PER_TOKEN > self.scheduler.token_limit():
+            if estimate_tokens(parsed) * CHARS_PER_TOKEN > self.settings.max_request_tokens:
                 # Possibly over the token budget: its words are counted off the event loop.
                 floor = await asyncio.to_thread(self.scheduler.token_floor, task, parsed)
             job = self.scheduler.submit(task, parsed, options, floor=floor)
@@ -252,6 +282,8 @@ class InferenceService:
             raise RequestError(FAILURE_STATUS[error.kind], error.message, headers=retry,
                                code=OVERLOADED if error.kind == "shutdown" else None) from None
         note_timing(request.scope, job.timing.queue_s, job.timing.tokenization_s, job.timing.inference_s)
+        if len(plain_inputs(parsed)) < len(parsed):  # inputs cut or refused by the rule: the answer says how many
+            note_truncated(request.scope, truncated_count(results))
         return results
 
     async def handle(self, task: str, request: Request, body: Any = None) -> tuple[int, dict[str, Any]]:
@@ -262,7 +294,10 @@ class InferenceService:
                 if body is None:
                     body = await read_body(request, self.settings)
                 parsed, options = self.validate(task, body)
-                return 200, {"outputs": await self.run(task, parsed, options, request)}
+                parsed = cut_inputs(task, parsed, *self.truncation())
+                results = await self.run(task, parsed, options, request)
+                usage = {"usage": {"truncated_inputs": truncated_count(results)}} if task in CUT_TASKS else {}
+                return 200, {"outputs": family_results(results, parsed), **usage}
             except RequestError as error:
                 note_retry_after(request.scope, error.headers)
                 return error.status, error_payload(request.url.path, error.status, error.message)
@@ -413,16 +448,24 @@ def parse_model_option(value: str) -> tuple[str, str]:
 
 def load_model_set(models: Mapping[str, str | Path], settings: ServerSettings, *, tasks: list[str] | None = None,
                    device: str = "auto", precision: str = DEFAULT_PRECISION, engine: str = DEFAULT_KIND,
-                   threads: int | None = None, batch_size: int = 32, max_length: int | None = None) -> ModelSet:
+                   threads: int | None = None, batch_size: int = 32, max_length: int | None = None,
+                   rerank_labels: Mapping[str, str] | None = None) -> ModelSet:
     """Load every named model directory (each its own pipelines, scheduler and metrics). A directory that
-    cannot be served fails the start with one line naming the model and its directory."""
+    cannot be served fails the start with one line naming the model and its directory. `rerank_labels`: model
+    name -> the label whose probability makes it a reranker too (`load_pipelines(rerank_label=...)`)."""
+    rerank_labels = dict(rerank_labels or {})
+    unknown = sorted(set(rerank_labels) - set(models))
+    if unknown:
+        raise ConfigError(f"--rerank-label names model(s) {unknown} that are not served; served: {list(models)} "
+                          "(use --rerank-label NAME=LABEL with a name given to --model)")
     services = {}
     for name, directory in models.items():
         if not MODEL_NAME.fullmatch(name):
             raise ConfigError(f"model name {name!r} must be letters, digits, '.', '_' or '-' (at most 64)")
         try:
             pipelines = load_pipelines(directory, tasks, device=device, precision=precision, engine=engine,
-                                       threads=threads, batch_size=batch_size, max_length=max_length)
+                                       threads=threads, batch_size=batch_size, max_length=max_length,
+                                       rerank_label=rerank_labels.get(name))
         except (BertforgeError, OSError) as error:
             reason = str(error).replace(str(directory) + ": ", "")
             # The kind of error stays (a corrupt checkpoint is a CheckpointError); the message names the model.
