@@ -98,7 +98,7 @@ def main() -> None:
     for name, options in (runs[run] for run in wanted):
         out = args.work / name.replace(" ", "_")
         started = time.perf_counter()
-        manifest = E.embed_corpus(model, corpus, out, device="cpu", batch_size=32, **options)
+        manifest = E.embed_corpus(model, corpus, out, E.EmbedSettings(**options), device="cpu", batch_size=32)
         seconds = time.perf_counter() - started
         hits = S.search_hits(out, [q["question"] for q in sample], top_k=5, device="cpu")
         if not options:  # one window per document: the characters the model read

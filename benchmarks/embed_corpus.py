@@ -68,8 +68,7 @@ def time_ours(model: str, corpus: Path, work: Path, batch_size: int, run: int) -
     E.embed_shard = timed
     try:
         start = time.perf_counter()
-        manifest = E.embed_corpus(model, corpus, work / f"ours-{run}", batch_size=batch_size, device="cpu",
-                                  normalize=True, pooling="mean")
+        manifest = E.embed_corpus(model, corpus, work / f"ours-{run}", batch_size=batch_size, device="cpu", embedding=E.EmbedSettings(normalize=True, pooling="mean"))
         total = time.perf_counter() - start
     finally:
         E.embed_shard = real
@@ -102,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         corpus = work / "corpus.txt"
         corpus.write_text("\n".join(texts) + "\n", encoding="utf-8")
         (work / "warm.txt").write_text("\n".join(texts[:64]) + "\n", encoding="utf-8")
-        E.embed_corpus(model, work / "warm.txt", work / "warm", device="cpu", normalize=True)  # warm-up
+        E.embed_corpus(model, work / "warm.txt", work / "warm", device="cpu", embedding=E.EmbedSettings(normalize=True))  # warm-up
         ours = [time_ours(model, corpus, work, args.batch_size, run) for run in range(args.repeats)]
     theirs = []
     for _ in range(args.repeats):

@@ -30,6 +30,7 @@ classifier whose config.json names no labels.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import pickle
@@ -342,6 +343,28 @@ def load_tokenizer(path: str | os.PathLike, *, do_lower_case: bool | None = None
                               f"saved without a tokenizer (copy the vocab.txt and {TOKENIZER_CONFIG_NAME} it was "
                               "trained with into it)")
     return tokenizer
+
+
+# Files of a model directory that decide its vectors (a README or an ONNX export beside them do not).
+MODEL_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "*.safetensors", "*.safetensors.index.json",
+               "pytorch_model*.bin")
+
+
+def model_fingerprint(model_dir: str | os.PathLike) -> str:
+    """sha256 over the files that decide a model's vectors (config, tokenizer, weights): a moved copy of the
+    same model has the same fingerprint, a retrained one another."""
+    folder = Path(model_dir)
+    files = {weights_file(folder), *(path for pattern in MODEL_FILES for path in folder.glob(pattern))}
+    vocabulary = tokenizer_source(folder)  # tokenizer.json where there is no vocab.txt (sentence-transformers 6)
+    if vocabulary.is_file():
+        files.add(vocabulary)
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(f"{path.relative_to(folder).as_posix()}\0{path.stat().st_size}\0".encode())
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def weights_file(path: str | os.PathLike, *, step: int | None = None) -> Path:

@@ -60,9 +60,11 @@ DOC_COMMANDS = {
     "README.md": None, "faq.md": None, "design.md": None,  # None: any subcommand
     "pretraining.md": ("vocab", "prepare", "pretrain", "plot"), "chinese.md": ("vocab", "prepare", "pretrain"),
     "finetuning.md": ("finetune", "evaluate"), "glue.md": ("glue", "finetune"),
-    "serving.md": ("predict", "serve", "attention", "export"), "benchmarks.md": ("pretrain",),
-    "embeddings.md": ("predict", "finetune", "retrieval-set", "evaluate-embeddings", "embed", "search", "serve",
-                      "plot-embeddings", "index", "mine-negatives", "score-margins"),
+    "serving.md": ("predict", "serve", "attention", "export"),
+    "benchmarks.md": ("pretrain", "embed", "search", "index", "finetune", "retrieval-set", "evaluate-embeddings"),
+    "embeddings.md": ("predict", "finetune", "retrieval-set", "evaluate-embeddings", "serve", "mine-negatives",
+                      "score-margins"),
+    "retrieval.md": ("embed", "search", "serve", "plot-embeddings", "index"),
 }
 # Which arguments of a command are files it reads, and which it writes.
 INPUTS = {"vocab": ("corpus",), "prepare": ("corpus", "tokenizer"), "pretrain": ("data", "tokenizer", "model"),
@@ -607,11 +609,11 @@ DEFAULT_RUNS = {
     "docs/glue.md": ("glue",),
     "docs/faq.md": ("convert", "finetune"),
     "docs/serving.md": ("predict",),
-    "docs/embeddings.md": ("retrieval-set", "finetune", "evaluate-embeddings", "embed", "search", "index",
-                           "mine-negatives", "score-margins"),
+    "docs/embeddings.md": ("retrieval-set", "finetune", "evaluate-embeddings", "mine-negatives", "score-margins"),
+    "docs/retrieval.md": ("embed", "search", "index"),
 }
 RUN_ORDER = ["docs/pretraining.md", "docs/chinese.md", "docs/finetuning.md", "docs/glue.md", "docs/faq.md",
-             "README.md", "docs/serving.md", "docs/embeddings.md"]
+             "README.md", "docs/serving.md", "docs/embeddings.md", "docs/retrieval.md"]
 
 
 def runnable(commands: list[DocCommand]) -> list[DocCommand]:

@@ -190,7 +190,7 @@ def test_embed_cli_cuts_long_texts_and_counts_them_in_progress_summary_and_manif
     summary = capsys.readouterr().err
     assert "3 of 6 texts were longer than the model's window" in summary and "--chunk" in summary
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
-    assert manifest["truncated"] == 3 and manifest["truncate"] is True
+    assert manifest["truncated"] == 3 and manifest["settings"]["truncate"] is True
     assert [shard["truncated"] for shard in manifest["shards"]] == [2, 1]  # lines 2, 4 | line 5
     progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("text ")]
     assert progress and "truncated=3" in progress[-1]  # the progress line counts them too

@@ -38,6 +38,9 @@ class Recorder:
     def advance(self, texts: int) -> None:
         self.calls.append(("advance", texts))
 
+    def truncated(self, texts: int) -> None:  # `EmbedProgress` is told the texts cut to the window too
+        self.calls.append(("truncated", texts))
+
 
 def test_embed_progress_is_told_every_batch_with_the_total_up_front(tiny_minilm_model, tmp_path):
     write_jsonl(tmp_path / "c.jsonl", 11)
@@ -66,8 +69,7 @@ def test_embed_cli_logs_progress_with_count_and_eta(tiny_minilm_model, tmp_path,
 @pytest.fixture
 def embedded(tiny_minilm_model, tmp_path) -> tuple[Path, list[dict]]:
     rows = write_jsonl(tmp_path / "c.jsonl", 12)
-    E.embed_corpus(tiny_minilm_model, tmp_path / "c.jsonl", tmp_path / "out", device="cpu", shard_size=5,
-                   normalize=True)
+    E.embed_corpus(tiny_minilm_model, tmp_path / "c.jsonl", tmp_path / "out", device="cpu", shard_size=5, embedding=E.EmbedSettings(normalize=True))
     return tmp_path, rows
 
 
@@ -96,7 +98,7 @@ def test_search_show_text_reads_a_symlinked_input_under_its_own_name(tiny_minilm
     # texts.txt -> lines.txt: the manifest names the file as the user did, so --show-text finds it again
     rows = write_jsonl(tmp_path / "lines.jsonl", 6)
     (tmp_path / "texts.jsonl").symlink_to(tmp_path / "lines.jsonl")
-    E.embed_corpus(tiny_minilm_model, tmp_path / "texts.jsonl", tmp_path / "out", device="cpu", normalize=True)
+    E.embed_corpus(tiny_minilm_model, tmp_path / "texts.jsonl", tmp_path / "out", device="cpu", embedding=E.EmbedSettings(normalize=True))
     hits = S.search_hits(tmp_path / "out", [rows[2]["text"]], show_text=True, device="cpu")
     assert hits[0][0]["text"] == rows[2]["text"]
 

@@ -12,6 +12,7 @@ table grows with the tree.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,10 +42,11 @@ ROWS = {
     "conversion": 5,
     "training": 6,
     "inference": 6,
-    "serving": 7,
-    "demo": 7,
-    "cli": 8,
-    "__main__": 9,
+    "retrieval": 7,
+    "serving": 8,
+    "demo": 8,
+    "cli": 9,
+    "__main__": 10,
 }
 # Components that must not import a given third-party top-level package or bertforge component.
 FORBIDDEN = {
@@ -210,6 +212,39 @@ def test_layering_model_classes_load_without_the_registry():
                if i.module.startswith(("bertforge.model", "bertforge.checkpoint_format"))]
     assert imports
     assert not [i.where() for i in imports if i.target.startswith("bertforge.families")]
+
+
+# --- retrieval's room (issue #47): the vector folder's format has one home -------------------------------
+
+# What serving and inference may import of retrieval: its entry points, never an index's or the store's insides.
+RETRIEVAL_PUBLIC = ("bertforge.retrieval", "bertforge.retrieval.searcher")
+# The vector folder's file names as code writes them (`store.SHARD_FILES`, `store.PROGRESS_NAME`) and its format
+# name: a module that spells one knows the format, which is `store.py`'s alone.
+SHARD_NAME_PATTERN = re.compile(r"""["'](?:vectors|codes|indptr|terms|weights|ids|spans|shard)-\{|bertforge-embeddings""")
+
+
+def test_layering_retrieval_never_imports_the_web_framework():
+    found = [item.where() for item in collect_imports(SOURCE_ROOT) if item.module.startswith("bertforge.retrieval")
+             and item.target.split(".")[0] in WEB_FRAMEWORK]
+    assert not found, "retrieval/ imports the web framework:\n" + "\n".join(found)
+
+
+def test_layering_serving_and_inference_import_only_retrieval_entry_points():
+    found = [item.where() for item in collect_imports(SOURCE_ROOT)
+             if item.module.startswith(("bertforge.serving", "bertforge.inference"))
+             and item.target.startswith("bertforge.retrieval")
+             and (item.module.startswith("bertforge.inference") or item.target not in RETRIEVAL_PUBLIC)]
+    assert not found, "retrieval internals imported from serving/ or inference/:\n" + "\n".join(found)
+
+
+def test_layering_only_the_store_names_shard_files():
+    found = [f"{path.relative_to(SOURCE_ROOT)}:{number}" for path in sorted((SOURCE_ROOT / PACKAGE).rglob("*.py"))
+             if path.relative_to(SOURCE_ROOT / PACKAGE).as_posix() != "retrieval/store.py"
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+             if SHARD_NAME_PATTERN.search(line)]
+    assert not found, "a vector folder's file names spelled outside retrieval/store.py:\n" + "\n".join(found)
+    store = (SOURCE_ROOT / PACKAGE / "retrieval" / "store.py").read_text(encoding="utf-8")
+    assert len(SHARD_NAME_PATTERN.findall(store)) >= 8  # the pattern finds what it looks for
 
 
 # --- the checker itself, on a small fake tree ------------------------------------------------------------

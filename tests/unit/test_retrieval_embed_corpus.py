@@ -4,6 +4,7 @@ bytes, a changed run is refused, bad lines are named, and search is exact."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -16,7 +17,10 @@ import torch
 from bertforge.errors import ConfigError, DataError, InputError
 from bertforge.inference.pipelines import load_pipeline
 from bertforge.retrieval import embed_corpus as E
+from bertforge.retrieval import store
 from bertforge.retrieval import vector_search as S
+
+EMBED_SETTINGS = {f.name for f in dataclasses.fields(E.EmbedSettings)}
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex bad jumping frogs near "
          "old rivers and green hills under the pale winter moon").split()
@@ -34,13 +38,13 @@ def shard_files(out: Path) -> dict[str, bytes]:
 
 
 def all_ids(out: Path) -> list[str]:
-    manifest = json.loads((out / E.MANIFEST_NAME).read_text(encoding="utf-8"))
+    manifest = json.loads((out / store.MANIFEST_NAME).read_text(encoding="utf-8"))
     return [json.loads(line) for shard in manifest["shards"]
             for line in (out / shard["ids"]).read_text(encoding="utf-8").splitlines()]
 
 
 def all_vectors(out: Path) -> np.ndarray:
-    manifest = json.loads((out / E.MANIFEST_NAME).read_text(encoding="utf-8"))
+    manifest = json.loads((out / store.MANIFEST_NAME).read_text(encoding="utf-8"))
     return np.concatenate([np.load(out / shard["vectors"]) for shard in manifest["shards"]])
 
 
@@ -59,7 +63,10 @@ def corpus(tmp_path) -> tuple[Path, list[str]]:
 
 
 def run(model, inputs, out, **options):
-    return E.embed_corpus(model, inputs, out, device="cpu", **{"shard_size": 5, "batch_size": 4, **options})
+    """`embed_corpus` on the CPU in shards of 5, batches of 4; `options` of `EmbedSettings` go into it."""
+    embedding = {name: options.pop(name) for name in [*options] if name in EMBED_SETTINGS}
+    return E.embed_corpus(model, inputs, out, E.EmbedSettings(**embedding), device="cpu",
+                          **{"shard_size": 5, "batch_size": 4, **options})
 
 
 # --- what the shards hold ------------------------------------------------------------------------------
@@ -178,7 +185,7 @@ def test_embed_corpus_resume_after_a_crash_is_byte_identical(tiny_minilm_model, 
     with pytest.raises(KeyboardInterrupt):
         run(tiny_minilm_model, path, crashed)
     monkeypatch.setattr(E, "write_shard", real_write)
-    manifest = json.loads((crashed / E.MANIFEST_NAME).read_text(encoding="utf-8"))
+    manifest = json.loads((crashed / store.MANIFEST_NAME).read_text(encoding="utf-8"))
     assert not manifest["complete"] and sorted(p.name for p in (crashed / "progress").iterdir()) == [
         "shard-00000.json", "shard-00001.json", "shard-00002.json"]
     done_before = {name: (crashed / name).stat().st_mtime_ns for name in ("vectors-00000.npy", "ids-00002.jsonl")}
@@ -191,8 +198,8 @@ def test_embed_corpus_resume_after_a_crash_is_byte_identical(tiny_minilm_model, 
     assert shard_files(crashed) == shard_files(tmp_path / "whole")
     assert not list(crashed.glob(".*.tmp"))
     assert {name: (crashed / name).stat().st_mtime_ns for name in done_before} == done_before
-    whole = json.loads((tmp_path / "whole" / E.MANIFEST_NAME).read_text(encoding="utf-8"))
-    assert json.loads((crashed / E.MANIFEST_NAME).read_text(encoding="utf-8")) == whole
+    whole = json.loads((tmp_path / "whole" / store.MANIFEST_NAME).read_text(encoding="utf-8"))
+    assert json.loads((crashed / store.MANIFEST_NAME).read_text(encoding="utf-8")) == whole
 
     embedded.clear()  # a finished folder: nothing to do
     assert run(tiny_minilm_model, path, crashed)["complete"] and embedded == []
@@ -366,8 +373,8 @@ def test_vector_search_refuses_an_unfinished_index_another_model_or_bad_k(index,
     model.save_pretrained(other, tokenizer=Tokenizer.from_pretrained(tiny_minilm_model))
     with pytest.raises(ConfigError, match="is not the model that embedded"):
         S.search(folder, ["x"], model=other, device="cpu")
-    manifest = json.loads((folder / E.MANIFEST_NAME).read_text(encoding="utf-8"))
-    (folder / E.MANIFEST_NAME).write_text(json.dumps({**manifest, "complete": False}), encoding="utf-8")
+    manifest = json.loads((folder / store.MANIFEST_NAME).read_text(encoding="utf-8"))
+    (folder / store.MANIFEST_NAME).write_text(json.dumps({**manifest, "complete": False}), encoding="utf-8")
     with pytest.raises(ConfigError, match="has not finished; rerun the same `bertforge embed`"):
         S.VectorIndex(folder)
     with pytest.raises(ConfigError, match="no manifest.json"):

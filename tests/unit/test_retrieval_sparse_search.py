@@ -17,6 +17,7 @@ from bertforge.metrics.fusion import reciprocal_rank_fusion
 from bertforge.metrics.sparse import InvertedIndex, SparseRows
 from bertforge.retrieval import embed_corpus as E
 from bertforge.retrieval import sparse_search as S
+from bertforge.retrieval import store
 from bertforge.retrieval.hybrid_search import folder_hits, hybrid_search_hits
 from bertforge.retrieval.sparse_vectors import encode_sparse
 
@@ -40,7 +41,7 @@ def corpus(tmp_path_factory) -> tuple[Path, list[str]]:
 @pytest.fixture(scope="module")
 def sparse_folder(tiny_sparse_model, corpus, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("sparse") / "out"
-    E.embed_corpus(tiny_sparse_model, corpus[0], out, shard_size=5, device="cpu", sparse=True)
+    E.embed_corpus(tiny_sparse_model, corpus[0], out, shard_size=5, device="cpu", embedding=E.EmbedSettings(sparse=True))
     return out
 
 
@@ -79,7 +80,7 @@ def test_sparse_pipeline_prunes_and_names_terms_as_encode_sparse(tiny_sparse_mod
 
 def test_embed_sparse_shards_equal_the_pipeline_and_resume(tiny_sparse_model, corpus, sparse_folder, tmp_path,
                                                            monkeypatch):
-    manifest = json.loads((sparse_folder / E.MANIFEST_NAME).read_text(encoding="utf-8"))
+    manifest = json.loads((sparse_folder / store.MANIFEST_NAME).read_text(encoding="utf-8"))
     assert manifest["kind"] == "sparse" and manifest["similarity"] == "dot" and manifest["count"] == 17
     assert [s["count"] for s in manifest["shards"]] == [5, 5, 5, 2]
     index = S.SparseIndex(sparse_folder)
@@ -90,20 +91,20 @@ def test_embed_sparse_shards_equal_the_pipeline_and_resume(tiny_sparse_model, co
     assert sum(s["nonzero"] for s in manifest["shards"]) == len(stored.indices)
     # A run that lost shard 2 (its record) redoes only it, to the same bytes.
     copy = tmp_path / "copy"
-    E.embed_corpus(tiny_sparse_model, corpus[0], copy, shard_size=5, device="cpu", sparse=True)
+    E.embed_corpus(tiny_sparse_model, corpus[0], copy, shard_size=5, device="cpu", embedding=E.EmbedSettings(sparse=True))
     before = {p.name: p.read_bytes() for p in copy.glob("*-0000*")}
-    E.progress_path(copy, 2).unlink()
+    store.progress_path(copy, 2).unlink()
     embedded = []
     real = E.embed_shard
     monkeypatch.setattr(E, "embed_shard", lambda *a, **k: embedded.append(len(a[3])) or real(*a, **k))
-    E.embed_corpus(tiny_sparse_model, corpus[0], copy, shard_size=5, device="cpu", sparse=True)
+    E.embed_corpus(tiny_sparse_model, corpus[0], copy, shard_size=5, device="cpu", embedding=E.EmbedSettings(sparse=True))
     assert embedded == [5] and {p.name: p.read_bytes() for p in copy.glob("*-0000*")} == before
     with pytest.raises(ConfigError, match=r"max_terms 0 -> 8"):
-        E.embed_corpus(tiny_sparse_model, corpus[0], copy, shard_size=5, device="cpu", sparse=True, max_terms=8)
+        E.embed_corpus(tiny_sparse_model, corpus[0], copy, shard_size=5, device="cpu", embedding=E.EmbedSettings(sparse=True, max_terms=8))
     with pytest.raises(ConfigError, match="remove --dtype int8"):
-        E.embed_corpus(tiny_sparse_model, corpus[0], tmp_path / "x", sparse=True, dtype="int8")
+        E.embed_corpus(tiny_sparse_model, corpus[0], tmp_path / "x", embedding=E.EmbedSettings(sparse=True, dtype="int8"))
     with pytest.raises(ConfigError, match="add --sparse"):
-        E.embed_corpus(tiny_sparse_model, corpus[0], tmp_path / "x", max_terms=8)
+        E.embed_corpus(tiny_sparse_model, corpus[0], tmp_path / "x", embedding=E.EmbedSettings(max_terms=8))
 
 
 def test_inverted_index_scores_equal_brute_force_bit_for_bit(sparse_folder, tiny_sparse_model):
@@ -132,11 +133,11 @@ def test_inverted_index_is_read_back_and_rebuilt_when_shards_change(sparse_folde
     monkeypatch.setattr(S, "build_inverted", lambda index: built.append(index) or real(index))
     first = S.SparseIndex(folder).inverted()
     assert built == [] and isinstance(first.rows, np.memmap)  # the saved index, mapped from disk
-    manifest = json.loads((folder / E.MANIFEST_NAME).read_text(encoding="utf-8"))
+    manifest = json.loads((folder / store.MANIFEST_NAME).read_text(encoding="utf-8"))
     weights = folder / manifest["shards"][0]["weights"]
     np.save(weights, np.load(weights) * 2)  # shard 0 rewritten, its manifest entry with it (as embed does)
     manifest["shards"][0]["sha256"]["weights"] = storage.file_sha256(weights)
-    (folder / E.MANIFEST_NAME).write_text(json.dumps(manifest), encoding="utf-8")
+    (folder / store.MANIFEST_NAME).write_text(json.dumps(manifest), encoding="utf-8")
     again = S.SparseIndex(folder).inverted()
     assert len(built) == 1
     np.testing.assert_array_equal(again.rows, first.rows)
@@ -211,7 +212,7 @@ def test_hybrid_search_fuses_the_dense_and_sparse_folders_ranks(tiny_sparse_mode
     other = tmp_path / "other.txt"
     other.write_text("\n".join(corpus[1][:9]) + "\n", encoding="utf-8")
     fewer = tmp_path / "fewer"
-    E.embed_corpus(tiny_sparse_model, other, fewer, device="cpu", sparse=True)
+    E.embed_corpus(tiny_sparse_model, other, fewer, device="cpu", embedding=E.EmbedSettings(sparse=True))
     with pytest.raises(ConfigError, match="embedded different input"):
         hybrid_search_hits(dense, fewer, queries, device="cpu")
     with pytest.raises(ConfigError, match="give --index the dense folder"):

@@ -13,6 +13,7 @@ from bertforge.errors import ConfigError
 from bertforge.inference.pipelines import load_pipeline
 from bertforge.inference.wire_inputs import EmbedText
 from bertforge.retrieval import embed_corpus as E
+from bertforge.retrieval import store
 from bertforge.retrieval import vector_search as S
 from bertforge.retrieval.text_chunks import chunk_spans
 from bertforge.tokenization import Tokenizer
@@ -52,11 +53,10 @@ def test_text_chunks_spans_map_back_to_the_exact_substring_of_each_window(tokeni
 def test_text_chunks_embed_writes_a_row_per_chunk_and_search_returns_the_span(tiny_minilm_model, tmp_path, capsys):
     texts = [TEXT, "A short line about the sea.", TEXT.upper()]
     (tmp_path / "c.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
-    manifest = E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / "v", device="cpu", shard_size=2,
-                              normalize=True, chunk=20, chunk_overlap=5)
+    manifest = E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / "v", device="cpu", shard_size=2, embedding=E.EmbedSettings(normalize=True, chunk=20, chunk_overlap=5))
     tokenizer = Tokenizer.from_pretrained(tiny_minilm_model)
     expected = [(number, c) for number, text in enumerate(texts) for c in chunk_spans(tokenizer, text, 20, 5)]
-    assert manifest["chunking"] == {"chunk": 20, "chunk_overlap": 5, "late": False} and manifest["count"] == len(expected)
+    assert store.embed_settings(manifest).chunking == {"chunk": 20, "chunk_overlap": 5, "late": False} and manifest["count"] == len(expected)
     index = S.VectorIndex(tmp_path / "v")
     rows = np.arange(index.count)[None, :]
     assert index.spans_at(rows)[0] == [[number, c.start, c.end] for number, c in expected]
@@ -74,23 +74,21 @@ def test_text_chunks_embed_writes_a_row_per_chunk_and_search_returns_the_span(ti
     assert best["text"] == query == texts[0][best["span"][0]:best["span"][1]]
     # a resume with another chunking is refused, naming it
     with pytest.raises(ConfigError, match="chunk 20 -> 30; chunk_overlap 5 -> 0"):
-        E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / "v", device="cpu", shard_size=2,
-                       normalize=True, chunk=30)
+        E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / "v", device="cpu", shard_size=2, embedding=E.EmbedSettings(normalize=True, chunk=30))
     with pytest.raises(ConfigError, match="does not fit the model's window"):
-        E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / "w", device="cpu", chunk=10_000)
+        E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / "w", device="cpu", embedding=E.EmbedSettings(chunk=10_000))
 
 
 def test_text_chunks_late_chunking_pools_each_chunk_from_one_pass_over_its_window(tiny_minilm_model, tmp_path):
     texts = [TEXT, "A short line about the sea."]
     (tmp_path / "c.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
-    manifest = E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / "v", device="cpu", max_length=24,
-                              normalize=True, chunk=8, chunk_overlap=2, late_chunking=True)
+    manifest = E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / "v", device="cpu", max_length=24, embedding=E.EmbedSettings(normalize=True, chunk=8, chunk_overlap=2, late_chunking=True))
     pipeline = load_pipeline(tiny_minilm_model, "embed", device="cpu", max_length=24)
     tokens = pipeline.tokenizer.encode(TEXT, add_special_tokens=False).tokens
     assert len(tokens) > 44  # the long text takes three passes of 22 tokens
     index = S.VectorIndex(tmp_path / "v")
     spans = index.spans_at(np.arange(index.count)[None, :])[0]
-    assert manifest["chunking"]["late"] and [s[0] for s in spans].count(1) == 1
+    assert store.embed_settings(manifest).chunking["late"] and [s[0] for s in spans].count(1) == 1
     vectors = np.load(tmp_path / "v" / index.shards[0]["vectors"])
     # chunk by chunk: the mean of its tokens' vectors in the pass over its 22-token window, normalized
     options = pipeline.check_options({"normalize": True})
@@ -113,7 +111,7 @@ def test_text_chunks_late_chunking_pools_each_chunk_from_one_pass_over_its_windo
     alone = pipeline.encode([TEXT[spans[1][1]:spans[1][2]]], normalize=True)[0]
     assert float(alone @ vectors[1]) < 0.9999  # the chunk saw its context: not the chunk embedded alone
     with pytest.raises(ConfigError, match="add --chunk TOKENS"):
-        E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / "w", device="cpu", late_chunking=True)
+        E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / "w", device="cpu", embedding=E.EmbedSettings(late_chunking=True))
 
 
 class CountingProgress:
@@ -138,8 +136,8 @@ def test_text_chunks_progress_counts_texts_not_chunks(tiny_minilm_model, tmp_pat
     for name, options in (("chunk", {}), ("late", {"late_chunking": True})):
         progress = CountingProgress()
         manifest = E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / name, device="cpu",
-                                  shard_size=2, batch_size=2, max_length=24, chunk=8, chunk_overlap=2,
-                                  progress=progress, **options)
+                                  shard_size=2, batch_size=2, max_length=24,
+                                  progress=progress, embedding=E.EmbedSettings(chunk=8, chunk_overlap=2, **options))
         assert manifest["count"] > 2 * len(texts)  # more rows than texts: the bar must not count rows
         assert (progress.total, progress.done) == (len(texts), 0)
         assert sum(progress.advances) == len(texts), (name, progress.advances)

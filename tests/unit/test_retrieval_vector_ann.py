@@ -15,6 +15,7 @@ import pytest
 from bertforge import cli
 from bertforge.errors import ConfigError
 from bertforge.retrieval import embed_corpus as E
+from bertforge.retrieval import store
 from bertforge.retrieval import vector_ann as A
 from bertforge.retrieval import vector_search as S
 from bertforge.retrieval.vector_quantization import calibrate
@@ -27,7 +28,7 @@ def vector_folder(out: Path, vectors: np.ndarray, *, dtype: str = "float32", sha
     """An embedding folder holding `vectors` (as `embed` writes one: shards, records, a complete manifest),
     without a model: the index and the exact search only read the vectors."""
     out.mkdir(parents=True, exist_ok=True)
-    manifest = {"format": E.FORMAT_NAME, "version": E.FORMAT_VERSION, "complete": False,
+    manifest = {"format": store.FORMAT_NAME, "version": store.FORMAT_VERSION, "complete": False,
                 "model": {"path": "none", "fingerprint": "none"},
                 "embedding": {"pooling": "mean", "normalize": normalized, "layer": -1, "prompt": "", "max_length": 8,
                               "precision": "fp32"},
@@ -39,9 +40,9 @@ def vector_folder(out: Path, vectors: np.ndarray, *, dtype: str = "float32", sha
     shards = 0
     for shards, start in enumerate(range(0, len(vectors), shard_size), start=1):
         block = vectors[start:start + shard_size]
-        E.write_shard(out, shards - 1, [str(start + i) for i in range(len(block))], block, dtype, 0,
-                      manifest.get("calibration"))
-    E.finish_output(out, manifest, shards)
+        store.write_shard(out, shards - 1, [str(start + i) for i in range(len(block))], block, dtype, 0,
+                          manifest.get("calibration"))
+    store.finish_output(out, manifest, shards)
     return out
 
 
@@ -111,7 +112,7 @@ def test_vector_ann_rebuilds_a_stale_index_refuses_a_binary_folder_and_names_the
     # the folder embedded again with other vectors: the index is stale, built again with its settings
     for path in folder.glob("progress/*.json"):
         path.unlink()
-    (folder / E.MANIFEST_NAME).unlink()
+    (folder / store.MANIFEST_NAME).unlink()
     vector_folder(folder, unit(clustered(130, 8, seed=7)), shard_size=50)
     with caplog.at_level("WARNING", logger=A.log.name):
         ann = A.open_ann(S.VectorIndex(folder))
@@ -240,8 +241,7 @@ def test_vector_ann_index_command_then_search_uses_it_and_exact_scans(tiny_minil
     words = "river moon fox wizard green hill pale winter frog bridge stone lamp".split()
     texts = [f"{i} " + " ".join(rng.choice(words, size=int(rng.integers(3, 12)))) for i in range(60)]
     (tmp_path / "c.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
-    E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / "v", device="cpu", shard_size=25,
-                   normalize=True)
+    E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / "v", device="cpu", shard_size=25, embedding=E.EmbedSettings(normalize=True))
     queries = [texts[3], texts[41], "winter bridge"]
     exact = S.search_hits(tmp_path / "v", queries, top_k=5, device="cpu")
     assert cli.main(["index", "--index", str(tmp_path / "v"), "--ef-search", "64"]) == 0

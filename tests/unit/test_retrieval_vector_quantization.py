@@ -13,6 +13,7 @@ import pytest
 
 from bertforge.errors import ConfigError
 from bertforge.retrieval import embed_corpus as E
+from bertforge.retrieval import store
 from bertforge.retrieval import vector_quantization as V
 from bertforge.retrieval import vector_search as S
 
@@ -61,7 +62,7 @@ def test_embed_int8_and_binary_store_4x_and_32x_less_and_search_finds_each_text(
     sizes = {}
     for dtype in ("float32", "int8", "binary"):
         manifest = E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / dtype, device="cpu",
-                                  shard_size=16, dtype=dtype, normalize=True)
+                                  shard_size=16, embedding=E.EmbedSettings(dtype=dtype, normalize=True))
         sizes[dtype] = sum(np.load(tmp_path / dtype / shard["vectors"]).nbytes for shard in manifest["shards"])
         if dtype != "float32":
             assert len(manifest["calibration"]["min"]) == manifest["dim"] == 32
@@ -75,13 +76,11 @@ def test_embed_int8_and_binary_store_4x_and_32x_less_and_search_finds_each_text(
 
 def test_embed_int8_resume_keeps_the_first_runs_calibration(tiny_minilm_model, tmp_path, monkeypatch):
     write_corpus(tmp_path / "c.txt", 20)
-    first = E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / "out", device="cpu", shard_size=8,
-                           dtype="int8")
+    first = E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / "out", device="cpu", shard_size=8, embedding=E.EmbedSettings(dtype="int8"))
     (tmp_path / "out" / first["shards"][2]["vectors"]).unlink()  # a lost shard: the rerun redoes it
     calls = []
     monkeypatch.setattr(E, "calibrate", lambda vectors: calls.append(len(vectors)) or {})
-    again = E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / "out", device="cpu", shard_size=8,
-                           dtype="int8")
+    again = E.embed_corpus(tiny_minilm_model, tmp_path / "c.txt", tmp_path / "out", device="cpu", shard_size=8, embedding=E.EmbedSettings(dtype="int8"))
     assert calls == [] and again["calibration"] == first["calibration"]
     with pytest.raises(ConfigError, match="needs an int8 calibration"):
         V.coded(np.zeros((1, 4), np.float32), "binary", None)
@@ -103,7 +102,7 @@ def real_folder(tmp_path_factory) -> tuple[Path, np.ndarray]:
 def recode(folder: Path, dtype: str) -> Path:
     """The float32 folder's vectors coded as `dtype` (as `embed --dtype` writes them, without re-embedding)."""
     source = folder / "float32"
-    manifest = json.loads((source / E.MANIFEST_NAME).read_text(encoding="utf-8"))
+    manifest = json.loads((source / store.MANIFEST_NAME).read_text(encoding="utf-8"))
     target = folder / dtype
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir()
@@ -112,9 +111,9 @@ def recode(folder: Path, dtype: str) -> Path:
     records = []
     for shard, shard_vectors in zip(manifest["shards"], vectors):
         ids = [json.loads(line) for line in (source / shard["ids"]).read_text(encoding="utf-8").splitlines()]
-        records.append(E.write_shard(target, shard["index"], ids, shard_vectors, dtype, shard["tokens"], calibration))
+        records.append(store.write_shard(target, shard["index"], ids, shard_vectors, dtype, shard["tokens"], calibration))
     final = {**manifest, "dtype": dtype, "calibration": calibration, "shards": records}
-    (target / E.MANIFEST_NAME).write_text(json.dumps(final), encoding="utf-8")
+    (target / store.MANIFEST_NAME).write_text(json.dumps(final), encoding="utf-8")
     return target
 
 

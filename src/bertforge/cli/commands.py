@@ -275,6 +275,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     try:
         from bertforge.serving.app import serve
         from bertforge.serving.model_service import parse_model_option
+        from bertforge.serving.search_routes import parse_index_option
     except ImportError as exc:
         raise ConfigError(f"serving needs the [serve] extra ({exc}); pip install 'bertforge[serve]'") from None
     # Settings left unset keep ServerSettings' defaults (the one place they are written down).
@@ -296,6 +297,9 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     if len(models) < len(named):
         twice = sorted({name for name, _ in named if [n for n, _ in named].count(name) > 1})
         raise ConfigError(f"--model: the name(s) {twice} are given twice; name each model once (NAME=DIR)")
+    indexes: dict[str, list[str]] = {}
+    for name, folders in map(parse_index_option, args.index):  # the same name twice: a hybrid pair
+        indexes.setdefault(name, []).extend(folders)
     # One plain `--model DIR` stays a directory (served under its folder's name).
     plain = len(args.model) == 1 and named[0][1] == args.model[0]
     labels = {}
@@ -307,7 +311,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
         labels[name or next(iter(models))] = label
     if labels:
         limits["rerank_labels"] = labels
-    serve(args.model[0] if plain else models, host=args.host, port=args.port, device=args.device,
+    serve(args.model[0] if plain else models, indexes=indexes, host=args.host, port=args.port, device=args.device,
           precision=args.precision, engine=args.engine, threads=args.threads,
           max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
           micro_batching=not args.no_batching, **limits)

@@ -155,22 +155,22 @@ class EmbedBar:
 
 def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.processes import Ranks
-    from bertforge.retrieval.embed_corpus import CorpusSettings, embed_corpus
+    from bertforge.retrieval.embed_corpus import CorpusSettings, EmbedSettings, embed_corpus
 
     settings = CorpusSettings(file_format=args.format, text_column=args.text_column, id_column=args.id_column)
     bar = EmbedBar()
     try:
-        manifest = embed_corpus(args.model, args.input, args.out, settings=settings, shard_size=args.shard_size,
-                                dtype=args.dtype, batch_size=args.batch_size, max_length=args.max_length,
+        embedding = EmbedSettings(pooling=args.pooling, normalize=args.normalize, prompt_name=args.prompt_name,
+                                  prompt=args.prompt, dtype=args.dtype, sparse=args.sparse, max_terms=args.max_terms,
+                                  chunk=args.chunk, chunk_overlap=args.chunk_overlap, late_chunking=args.late_chunking,
+                                  truncate=args.truncate)
+        manifest = embed_corpus(args.model, args.input, args.out, embedding, settings=settings,
+                                shard_size=args.shard_size, batch_size=args.batch_size, max_length=args.max_length,
                                 device=args.device, precision=args.precision, engine=args.engine,
-                                threads=args.threads, pooling=args.pooling,
-                                normalize=args.normalize, prompt_name=args.prompt_name, prompt=args.prompt,
-                                progress=bar, sparse=args.sparse, max_terms=args.max_terms, chunk=args.chunk,
-                                chunk_overlap=args.chunk_overlap, late_chunking=args.late_chunking,
-                                truncate=args.truncate)
+                                threads=args.threads, progress=bar)
     finally:
         bar.close()
-    if Ranks.from_env().rank == 0 and manifest.get("kind") == "sparse":
+    if Ranks.from_env().rank == 0 and manifest["kind"] == "sparse":
         from bertforge.retrieval.sparse_search import SparseIndex
 
         SparseIndex(args.out).inverted()  # built once here, saved beside the shards for every search

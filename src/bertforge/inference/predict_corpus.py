@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from bertforge import storage
+from bertforge.checkpoint_format import model_fingerprint
 from bertforge.data.files import not_utf8, open_text
 from bertforge.engine.build import DEFAULT_KIND
 from bertforge.errors import ConfigError, DataError
 from bertforge.inference import pipelines
 from bertforge.inference.predict_lines import predict_stream
 from bertforge.processes import Group, Ranks
-from bertforge.retrieval.embed_corpus import model_fingerprint
 from bertforge.runtime import DEFAULT_PRECISION
 
 log = logging.getLogger(__name__)

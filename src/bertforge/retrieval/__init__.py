@@ -1,3 +1,32 @@
-"""Retrieval: embedding a corpus into a vector folder, and everything that reads one (exact, approximate,
-sparse and hybrid search, chunks, maps, hard-negative mining). Above `bertforge.inference` (pipelines embed
-the texts), below `bertforge.serving`."""
+"""Retrieval: a corpus embedded into a vector folder, and everything that reads one. Above
+`bertforge.inference` (its pipelines embed the texts), below `bertforge.serving` (whose `POST /search` runs
+`Searcher`); never the web framework.
+
+- `store`: the folder's format (manifest, shard files, what is finished) and `EmbedSettings`, what it stores;
+- `embed_corpus`: the embed job (streamed, resumable, torchrun), writing through the store;
+- `vector_index` (exact), `vector_ann` (HNSW), `sparse_search` (inverted index), `vector_quantization` (int8,
+  binary): the indexes; `searcher`: the one search path from query vectors to hits (dense, sparse, hybrid);
+- `vector_search`, `hybrid_search`: `bertforge search`'s entry points (queries embedded by a pipeline of theirs);
+- `text_chunks`, `vector_texts`, `embedding_map`, `negative_mining`, `mine_corpus`: chunks, texts behind hits,
+  maps, hard negatives.
+
+Names are imported lazily: importing this package loads nothing else.
+"""
+
+from bertforge.lazy import lazy_getattr
+
+_LAZY = {
+    "EmbedSettings": "bertforge.retrieval.store",
+    "VectorFolder": "bertforge.retrieval.store",
+    "embed_corpus": "bertforge.retrieval.embed_corpus",
+    "Searcher": "bertforge.retrieval.searcher",
+    "search": "bertforge.retrieval.vector_search",
+    "folder_hits": "bertforge.retrieval.hybrid_search",
+    "hybrid_search_hits": "bertforge.retrieval.hybrid_search",
+}
+
+
+__getattr__ = lazy_getattr(__name__, _LAZY)
+
+
+__all__ = list(_LAZY)

@@ -1,13 +1,9 @@
-"""Hybrid search: a dense and a sparse embedding folder of the same input, their rankings fused by reciprocal
-rank fusion (`metrics.fusion`); and `folder_hits`, the search `bertforge search` runs on one folder of either kind.
+"""`bertforge search`'s entry points over sparse and hybrid folders, and over one folder of either kind: the
+queries embedded with pipelines of their own (`vector_search.embed_query_vectors`), then searched through
+`searcher.Searcher` (the one search path; hybrid fusion is described there).
 
-Owns: checking that two folders embed the same records (`check_same_input`: the same input files, read the
-same way, the same count, so row r is the same record in both), `hybrid_search_hits` and `folder_hits`.
-
-Each query is searched in both folders for its best `depth` rows (exactly: `vector_search`, `sparse_search`);
-a row's fused score is 1 / (rrf_k + its dense rank) + 1 / (rrf_k + its sparse rank), a rank it does not have
-adding nothing. The hits are the best `top_k` fused rows, with the rank each folder gave them (None: not in
-that folder's first `depth`).
+Owns: `search_sparse_hits`, `hybrid_search_hits` and `folder_hits` (which of them a folder takes, and the flags
+that do not apply to it).
 """
 
 from __future__ import annotations
@@ -16,38 +12,31 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from bertforge.errors import ConfigError
-from bertforge.metrics.fusion import DEFAULT_RRF_K, check_rrf_k, reciprocal_rank_fusion
-from bertforge.retrieval.sparse_search import SparseIndex, embed_sparse_queries, search_sparse_hits
+from bertforge.metrics.fusion import DEFAULT_RRF_K, check_rrf_k
+from bertforge.retrieval.searcher import DEFAULT_FUSION_DEPTH, Searcher, check_same_input
+from bertforge.retrieval.store import VectorFolder
 from bertforge.retrieval.vector_search import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_TOP_K,
-    VectorIndex,
     check_top_k,
-    embed_queries,
-    hits_of,
+    embed_query_vectors,
     search_hits,
 )
 
-# Rows each folder contributes per query before fusion.
-DEFAULT_FUSION_DEPTH = 100
 
-
-def check_same_input(dense: VectorIndex, sparse: VectorIndex) -> None:
-    """ConfigError unless both folders embedded the same records in the same order."""
-    if dense.kind != "dense" or sparse.kind != "sparse":
-        raise ConfigError(f"hybrid search fuses a dense folder ({dense.directory}: {dense.kind}) with a sparse one "
-                          f"({sparse.directory}: {sparse.kind}); give --index the dense folder (`bertforge embed`) "
-                          "and --hybrid the sparse one (`bertforge embed --sparse`)")
-    first, second = dense.manifest["input"], sparse.manifest["input"]
-    same = (first["files"] == second["files"] and first["settings"] == second["settings"]
-            and dense.count == sparse.count)
-    if not same:
-        raise ConfigError(f"{dense.directory} and {sparse.directory} embedded different input ({first['path']}, "
-                          f"{dense.count} records; {second['path']}, {sparse.count} records): embed the same input "
-                          "files with the same --format and columns into both")
+def search_sparse_hits(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
+                       show_text: bool = False, field: str | None = None, **embedding: Any,
+                       ) -> list[list[dict[str, Any]]]:
+    """The top-k hits {"id", "score"} of each query text in a sparse folder, best first (`show_text` / `field`
+    as `vector_search.search_hits`); the queries are embedded by `vector_search.embed_sparse_queries`
+    (`embedding`: model, device, batch_size, prompt_name, prompt, precision)."""
+    check_top_k(top_k)
+    searcher = Searcher(sparse=directory)
+    if not queries:
+        return []
+    return searcher.search(embed_query_vectors(searcher, queries, **embedding), top_k, show_text=show_text,
+                           field=field)
 
 
 def hybrid_search_hits(dense_directory: str | os.PathLike, sparse_directory: str | os.PathLike,
@@ -73,47 +62,27 @@ def hybrid_search_hits(dense_directory: str | os.PathLike, sparse_directory: str
     check_top_k(top_k)
     check_top_k(depth, "depth")
     check_rrf_k(rrf_k)
-    dense = VectorIndex(dense_directory)
-    check_same_input(dense, VectorIndex(sparse_directory))
-    sparse = SparseIndex(sparse_directory)
+    check_same_input(VectorFolder(dense_directory), VectorFolder(sparse_directory))
+    searcher = Searcher(dense_directory, sparse_directory)
     if not queries:
         return []
-    loading = {"device": device, "batch_size": batch_size, "precision": precision}
-    wide = max(depth, top_k)
-    dense_vectors = embed_queries(dense, queries, model=model, prompt_name=prompt_name, prompt=prompt, **loading)
-    _, dense_rows = dense.search_vectors(dense_vectors, wide)
-    _, sparse_rows = sparse.search_sparse(embed_sparse_queries(sparse, queries, model=sparse_model, **loading), wide)
-    k = min(top_k, dense.count)
-    fused_rows = np.zeros((len(queries), k), dtype=np.int64)
-    fused_scores = np.zeros((len(queries), k), dtype=np.float64)
-    ranks = []
-    for q, (by_dense, by_sparse) in enumerate(zip(dense_rows.tolist(), sparse_rows.tolist())):
-        fused = reciprocal_rank_fusion([by_dense, by_sparse], rrf_k, top=k)
-        fused_rows[q] = [row for row, _ in fused]
-        fused_scores[q] = [score for _, score in fused]
-        places = [{row: rank for rank, row in enumerate(ranking, start=1)} for ranking in (by_dense, by_sparse)]
-        ranks.append([(places[0].get(row), places[1].get(row)) for row, _ in fused])
-    hits = hits_of(dense, fused_scores, fused_rows, show_text, field)
-    for query_hits, query_ranks in zip(hits, ranks):
-        for hit, (dense_rank, sparse_rank) in zip(query_hits, query_ranks):
-            hit.update(dense_rank=dense_rank, sparse_rank=sparse_rank)
-    return hits
+    vectors = embed_query_vectors(searcher, queries, model=model, sparse_model=sparse_model, device=device,
+                                  batch_size=batch_size, prompt_name=prompt_name, prompt=prompt, precision=precision)
+    return searcher.search(vectors, top_k, show_text=show_text, field=field, rrf_k=rrf_k, depth=depth)
 
 
 def folder_hits(directory: str | os.PathLike, queries: Sequence[str], *, rescore_multiplier: int | None = None,
                 exact: bool = False, ef_search: int | None = None, **search: Any) -> list[list[dict[str, Any]]]:
     """`bertforge search` over one folder: dense (`vector_search.search_hits`, through its approximate index
-    unless `exact`) or sparse (`sparse_search.search_sparse_hits`) as its manifest says; `search`: their
-    common keywords."""
-    index = VectorIndex(directory)
-    if index.kind == "sparse":
+    unless `exact`) or sparse (`search_sparse_hits`) as its manifest says; `search`: their common keywords."""
+    if VectorFolder(directory).kind == "sparse":
         if rescore_multiplier is not None:
             raise ConfigError("--rescore-multiplier applies to binary dense folders; remove it for a sparse one")
         if ef_search is not None:
             raise ConfigError("--ef-search applies to a dense folder's approximate index; remove it for a sparse one")
-        return search_sparse_hits(SparseIndex(directory), queries, **search)
+        return search_sparse_hits(directory, queries, **search)
     extra = {} if rescore_multiplier is None else {"rescore_multiplier": rescore_multiplier}
     return search_hits(directory, queries, exact=exact, ef_search=ef_search, **search, **extra)
 
 
-__all__ = ["DEFAULT_FUSION_DEPTH", "check_same_input", "folder_hits", "hybrid_search_hits"]
+__all__ = ["DEFAULT_FUSION_DEPTH", "check_same_input", "folder_hits", "hybrid_search_hits", "search_sparse_hits"]

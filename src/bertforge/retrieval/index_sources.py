@@ -1,11 +1,8 @@
-"""What an index was built from, checked when it is opened: the shards of an embedding folder against the
-checksums their manifest records, and an index derived from them (an HNSW graph, an inverted index) against
-the record its builder kept beside it.
+"""What an index derived from a vector folder was built from, checked when it is opened: an HNSW graph or an
+inverted index against the record its builder kept beside it. The folder's own shards are checked against
+their manifest by `store` (`check_shard_sizes` at open, `verify_shard_file` the first time a shard is read).
 
-Owns: `check_shard_sizes` (every shard file of a folder `bertforge embed` wrote has the size its manifest
-records: a stat each, at open), `verify_shard_file` (one shard file against the sha256 its manifest records,
-the first time an open folder reads it: vectors are hashed shard by shard as they are used), and
-`file_records` / `files_problem` (a derived index's own files, by sha256 and size).
+Owns: `file_records` / `files_problem` (a derived index's own files, by sha256 and size).
 
 The two kinds of file fail differently. A shard is the source: nothing can be rebuilt from a damaged or
 replaced one, so a difference is one ConfigError naming the file and how to rewrite it (delete its progress
@@ -16,7 +13,7 @@ compared), as it does for model files.
 
 Cost: sha256 reads a file once more (about 0.5 GB/s a core on the shared 2-core test machine); each file is
 hashed once per opened folder, never per query. An exact search of one query over 77 MB of vectors took
-0.46-0.54 s verified against 0.14-0.15 s unverified (load average 15-16; docs/embeddings.md).
+0.46-0.54 s verified against 0.14-0.15 s unverified (load average 15-16; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -26,50 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from bertforge import storage
-from bertforge.errors import ConfigError
-from bertforge.retrieval.embed_corpus import MANIFEST_NAME, progress_path
-
-
-def shard_error(directory: Path, shard: dict[str, Any], kind: str, problem: str) -> ConfigError:
-    """The one error of a shard file that is not what the manifest records, with the way to rewrite it."""
-    progress = progress_path(directory, shard["index"])
-    return ConfigError(f"{directory / shard[kind]}: {problem}; the folder's vectors are not the ones `bertforge "
-                       f"embed` wrote: delete {progress} and rerun the same `bertforge embed` command to rewrite "
-                       "that shard")
-
-
-def check_shard_sizes(directory: Path, manifest: dict[str, Any]) -> None:
-    """Every file of every shard is present with the size the manifest records (no hashing: a stat each).
-
-    Raises:
-        ConfigError: a shard file is missing or of another size (truncated, or another folder's), naming it.
-    """
-    for shard in manifest["shards"]:
-        for kind, size in shard["bytes"].items():
-            path = directory / shard[kind]
-            try:
-                actual = path.stat().st_size
-            except FileNotFoundError:
-                raise shard_error(directory, shard, kind, f"missing, though {MANIFEST_NAME} lists it") from None
-            if actual != size:
-                raise shard_error(directory, shard, kind, f"{actual} bytes, but {size} were written (truncated or "
-                                  "replaced)")
-
-
-def verify_shard_file(directory: Path, shard: dict[str, Any], kind: str) -> Path:
-    """The path of shard file `kind` of `shard` (a manifest entry) after comparing its sha256 with the one the
-    manifest records (nothing to compare for an entry without one; skipped with BERTFORGE_SKIP_CHECKSUM=1).
-
-    Raises:
-        ConfigError: the file differs (rows reordered or rewritten, another folder's file copied in).
-    """
-    path = directory / shard[kind]
-    sha256 = shard.get("sha256", {}).get(kind)
-    if sha256 is not None and not storage.checksums_skipped():
-        problem = storage.file_differs(path, {"sha256": sha256, "bytes": shard["bytes"][kind]}, MANIFEST_NAME)
-        if problem is not None:
-            raise shard_error(directory, shard, kind, problem)
-    return path
 
 
 def file_records(folder: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -97,4 +50,4 @@ def files_problem(folder: Path, records: Any, recorded_in: str) -> str | None:
     return None
 
 
-__all__ = ["check_shard_sizes", "file_records", "files_problem", "verify_shard_file"]
+__all__ = ["file_records", "files_problem"]

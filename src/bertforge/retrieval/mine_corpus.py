@@ -44,13 +44,14 @@ from typing import Any
 import numpy as np
 
 from bertforge import storage
+from bertforge.checkpoint_format import model_fingerprint
 from bertforge.data.corpus_records import CorpusSettings, source_files
 from bertforge.data.embedding import write_text_groups
 from bertforge.engine.build import DEFAULT_KIND
 from bertforge.errors import ConfigError
 from bertforge.inference import pipelines
 from bertforge.processes import Group, Ranks
-from bertforge.retrieval.embed_corpus import embed_corpus, finished, model_fingerprint, progress_path
+from bertforge.retrieval.embed_corpus import embed_corpus
 from bertforge.retrieval.negative_mining import (
     MinedNegative,
     MiningReport,
@@ -59,6 +60,7 @@ from bertforge.retrieval.negative_mining import (
     corpus_of,
     output_rows,
 )
+from bertforge.retrieval.store import EmbedSettings, finished, progress_path
 from bertforge.retrieval.vector_index import VectorIndex, top_k_merge
 from bertforge.retrieval.vector_search import query_pipeline
 from bertforge.retrieval.vector_texts import record_texts
@@ -322,7 +324,7 @@ def mine_corpus(model_dir: str | os.PathLike, pairs_file: str | os.PathLike, pai
     for anchor, positive in pairs:
         own.setdefault(anchor, set()).add(same_text(positive))
     embedding = {"batch_size": batch_size, "max_length": max_length, "device": device, "precision": precision,
-                 "threads": threads, "engine": engine, "normalize": True}
+                 "threads": threads, "engine": engine, "embedding": EmbedSettings(normalize=True)}
     ranks = Ranks.from_env()
     with Group(ranks) as group:  # the embedding job's collectives run in this group
         manifest = new_manifest(model_dir, Path(pairs_file), pairs_columns, pairs, corpus, corpus_settings, settings,

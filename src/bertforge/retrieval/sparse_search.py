@@ -5,7 +5,8 @@ Owns: `SparseIndex` (a sparse embedding folder opened for search), building the 
 (`build_inverted`: term -> the rows holding it, ascending, and their weights; `metrics.sparse.InvertedIndex`
 scores with it), keeping it in `inverted/` beside the shards (`INVERTED_DIR`: three .npy arrays and a record
 of the shards it was built from and of each array's sha256 and size; a folder whose shards changed, or an
-array that is not the one saved, gets a new one, with a log line saying why) and `search_sparse_hits`.
+array that is not the one saved, gets a new one, with a log line saying why). Queries are embedded by
+`vector_search.embed_sparse_queries` and searched through `searcher.Searcher`.
 
 Score: the dot product of the query's and the document's term weights, summed in float32 over the query's
 terms in ascending term order, one posting list at a time. Every document holding a query term is scored, so
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -31,15 +31,8 @@ from bertforge import storage
 from bertforge.errors import ConfigError
 from bertforge.metrics.sparse import InvertedIndex, SparseRows
 from bertforge.retrieval.index_sources import file_records, files_problem
-from bertforge.retrieval.sparse_vectors import SPARSE_FILES, SPARSE_TASK, encode_sparse, read_sparse_shard
-from bertforge.retrieval.vector_search import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_TOP_K,
-    VectorIndex,
-    check_top_k,
-    hits_of,
-    query_pipeline,
-)
+from bertforge.retrieval.store import SPARSE_KINDS
+from bertforge.retrieval.vector_index import DEFAULT_TOP_K, VectorIndex, check_top_k
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +58,9 @@ class SparseIndex(VectorIndex):
                               "`bertforge embed --sparse`")
         self._inverted: InvertedIndex | None = None
 
-    def shard_rows(self, index: int) -> SparseRows:
-        for kind in SPARSE_FILES:
-            self.shard_path(index, kind)  # compared with the manifest's sha256 before it is read
-        return read_sparse_shard(self.directory, self.shards[index], self.dim)
-
     def source_record(self) -> dict[str, Any]:
         """What the saved index was built from: each shard's checksums, the row count and the width."""
-        return {"shards": [[shard["sha256"][kind] for kind in SPARSE_FILES] for shard in self.shards],
+        return {"shards": self.checksums(SPARSE_KINDS),
                 "count": self.count, "width": self.dim}
 
     def inverted(self) -> InvertedIndex:
@@ -160,29 +148,4 @@ def build_inverted(index: SparseIndex) -> InvertedIndex:
     return InvertedIndex(term_ptr, rows, weights, index.count, width)
 
 
-def embed_sparse_queries(index: VectorIndex, queries: Sequence[str], *, prompt_name: str | None = None,
-                         prompt: str | None = None, **loading: Any) -> SparseRows:
-    """Sparse query vectors, embedded as the folder's corpus was (`vector_search.query_pipeline`: the same
-    model, window, pooling, activation and `max_terms`); the prompt is the queries' own."""
-    pipeline, options = query_pipeline(index, task=SPARSE_TASK, **loading)
-    return encode_sparse(pipeline, list(queries), prompt_name=prompt_name, prompt=prompt, **options)
-
-
-def search_sparse_hits(directory: str | os.PathLike | SparseIndex, queries: Sequence[str], *,
-                       top_k: int = DEFAULT_TOP_K, show_text: bool = False, field: str | None = None,
-                       model: str | os.PathLike | None = None, device: str = "auto",
-                       batch_size: int = DEFAULT_BATCH_SIZE, prompt_name: str | None = None,
-                       prompt: str | None = None, precision: str | None = None) -> list[list[dict[str, Any]]]:
-    """The top-k hits {"id", "score"} of each query text in a sparse folder, best first (`show_text` /
-    `field` as `vector_search.search_hits`); the queries are embedded by `embed_sparse_queries`."""
-    index = directory if isinstance(directory, SparseIndex) else SparseIndex(directory)
-    check_top_k(top_k)
-    if not queries:
-        return []
-    vectors = embed_sparse_queries(index, queries, model=model, device=device, batch_size=batch_size,
-                                   prompt_name=prompt_name, prompt=prompt, precision=precision)
-    scores, rows = index.search_sparse(vectors, top_k)
-    return hits_of(index, scores, rows, show_text, field)
-
-
-__all__ = ["INVERTED_DIR", "SparseIndex", "build_inverted", "embed_sparse_queries", "search_sparse_hits"]
+__all__ = ["INVERTED_DIR", "SparseIndex", "build_inverted"]

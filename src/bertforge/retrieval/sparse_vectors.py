@@ -1,29 +1,18 @@
-"""Sparse (SPLADE) vectors in the Python API and on disk.
-
-Owns: `encode_sparse` (texts -> `metrics.sparse.SparseRows` through an `embed-sparse` pipeline, the sparse
-counterpart of `EmbedPipeline.encode`), the arrays a sparse shard stores (`sparse_arrays`) and reading them
-back (`read_sparse_shard`).
-
-A sparse shard of `bertforge embed --sparse` is compressed rows, one file per array, as numpy writes them:
-`indptr-00000.npy` ([n + 1] int64, row i's entries are indptr[i]:indptr[i+1]), `terms-00000.npy` (int32 term
-ids, ascending within a row) and `weights-00000.npy` (float32, > 0), beside the dense shards' `ids-00000.jsonl`
-and progress records. Each text keeps only its non-zero terms (its `max_terms` largest when pruned).
+"""Sparse (SPLADE) vectors in the Python API: `encode_sparse` (texts -> `metrics.sparse.SparseRows` through an
+`embed-sparse` pipeline, the sparse counterpart of `EmbedPipeline.encode`). Each text keeps only its non-zero
+terms (its `max_terms` largest when pruned). How a folder stores them (compressed rows, one file per array) is
+`store`'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from bertforge.errors import ConfigError, InputError
+from bertforge.errors import InputError
 from bertforge.metrics.sparse import SparseRows
 
 SPARSE_TASK = "embed-sparse"
-# kind in a shard record -> its file name (.format(shard index))
-SPARSE_FILES = {"indptr": "indptr-{:05d}.npy", "terms": "terms-{:05d}.npy", "weights": "weights-{:05d}.npy"}
 
 
 def check_sparse_pipeline(pipeline: Any) -> None:
@@ -66,25 +55,4 @@ def encode_sparse(pipeline: Any, texts: Sequence[str], *, prompt_name: str | Non
     return encode_sparse_parsed(pipeline, [prefix + pipeline.parse(t) for t in texts], checked)[0]
 
 
-def sparse_arrays(rows: SparseRows) -> dict[str, np.ndarray]:
-    """The arrays one sparse shard stores: {"indptr", "terms", "weights"}."""
-    return {"indptr": rows.indptr.astype(np.int64), "terms": rows.indices.astype(np.int32),
-            "weights": rows.values.astype(np.float32)}
-
-
-def read_sparse_shard(directory: Path, record: dict[str, Any], width: int) -> SparseRows:
-    """The rows of one sparse shard (its progress record names the files), checked."""
-    try:
-        arrays = {kind: np.load(directory / record[kind], allow_pickle=False) for kind in SPARSE_FILES}
-        rows = SparseRows(arrays["indptr"], arrays["terms"], arrays["weights"], width)
-    except (OSError, ValueError, KeyError, InputError) as error:
-        raise ConfigError(f"{directory}: sparse shard {record.get('index')} is unreadable ({error}); rerun "
-                          "`bertforge embed --sparse` to rewrite it") from None
-    if len(rows) != record["count"]:
-        raise ConfigError(f"{directory}: sparse shard {record['index']} holds {len(rows)} rows, its record says "
-                          f"{record['count']}; rerun `bertforge embed --sparse` to rewrite it")
-    return rows
-
-
-__all__ = ["SPARSE_FILES", "SPARSE_TASK", "encode_sparse", "encode_sparse_parsed", "read_sparse_shard",
-           "sparse_arrays"]
+__all__ = ["SPARSE_TASK", "encode_sparse", "encode_sparse_parsed"]

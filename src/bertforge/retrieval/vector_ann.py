@@ -21,7 +21,7 @@ are widened to float32; int8 folders are indexed by their dequantized vectors, t
 against. Binary folders are refused (their exact search is a scan by sign then a rescoring, not one metric).
 Hits come back ordered as exact search orders them: score descending, equal scores by lower row.
 
-What it trades: the graph finds most, not all, of the exact top k (recall@10 measured in docs/embeddings.md
+What it trades: the graph finds most, not all, of the exact top k (recall@10 measured in docs/benchmarks.md
 with `benchmarks/ann_search.py`); `ef_search` (candidates kept while walking the graph) buys recall with time.
 Memory: the whole graph and a float32 copy of every vector, in RAM while it is built or searched.
 """
@@ -53,7 +53,7 @@ FORMAT_NAME = "bertforge-ann"
 FORMAT_VERSION = 2  # 2: ann.json records the graph file's sha256
 # HNSW settings: neighbours per node (M), candidates while inserting (ef_construction) and while searching
 # (ef_search). M 32 / 200 are the values the field uses for sentence vectors of a few hundred dimensions;
-# ef_search 128 keeps recall@10 >= 0.95 on 200,000 MiniLM vectors (docs/embeddings.md).
+# ef_search 128 keeps recall@10 >= 0.95 on 200,000 MiniLM vectors (docs/benchmarks.md).
 DEFAULT_M = 32
 DEFAULT_EF_CONSTRUCTION = 200
 DEFAULT_EF_SEARCH = 128

@@ -1,9 +1,9 @@
 """An embedding folder opened for exact top-k search over its vector shards: every stored vector is
 scored, none is skipped.
 
-Owns: `VectorIndex` (the complete manifest, its shards memory-mapped one at a time), the running top-k
-(`top_k_merge`, `block_top_k`, `VectorIndex.search_vectors`) and mapping winning rows back to their ids,
-spans or other per-row lines. Embedding the queries and the `search` entry points are `vector_search`'s;
+Owns: `VectorIndex` (a `store.VectorFolder` that scores its shards, memory-mapped one at a time) and the
+running top-k (`top_k_merge`, `block_top_k`, `VectorIndex.search_vectors`); winning rows map back to their ids,
+spans or other per-row lines through the folder (`VectorFolder.lines_at`). Embedding the queries and the `search` entry points are `vector_search`'s;
 the approximate index (`vector_ann`) builds on this module.
 
 Score: the dot product of the query vector and the stored vector, in float32 (float16 shards are widened
@@ -22,16 +22,10 @@ Memory: one block of one shard (at most `BLOCK_ROWS` rows, as float32), the quer
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-from typing import Any
-
 import numpy as np
 
 from bertforge.errors import ConfigError, InputError
-from bertforge.retrieval.embed_corpus import MANIFEST_NAME, read_manifest
-from bertforge.retrieval.index_sources import check_shard_sizes, verify_shard_file
+from bertforge.retrieval.store import VectorFolder
 from bertforge.retrieval.vector_quantization import (
     DEFAULT_RESCORE_MULTIPLIER,
     binary_scores,
@@ -84,8 +78,8 @@ def check_top_k(top_k: int, name: str = "top_k") -> None:
         raise InputError(f"{name} must be a positive integer, got {top_k!r}")
 
 
-class VectorIndex:
-    """A complete embedding folder, opened for search (nothing is loaded until `search_vectors` scans it).
+class VectorIndex(VectorFolder):
+    """A complete embedding folder, opened for exact search (nothing is loaded until `search_vectors` scans it).
 
     Args:
         directory: the `--out` folder of `bertforge embed`.
@@ -93,45 +87,6 @@ class VectorIndex:
     Raises:
         ConfigError: no manifest, an unfinished run, or a shard file missing.
     """
-
-    def __init__(self, directory: str | os.PathLike):
-        self.directory = Path(directory)
-        manifest = read_manifest(self.directory) if self.directory.is_dir() else None
-        if manifest is None:
-            raise ConfigError(f"{self.directory}: no {MANIFEST_NAME}; give the folder `bertforge embed --out` wrote")
-        if not manifest["complete"]:
-            raise ConfigError(f"{self.directory}: the embedding run has not finished; rerun the same `bertforge "
-                              "embed` command to complete it")
-        check_shard_sizes(self.directory, manifest)  # each file's sha256: `shard_path`, when it is first read
-        self.verified: set[tuple[int, str]] = set()
-        self.manifest = manifest
-        self.shards: list[dict[str, Any]] = manifest["shards"]
-        self.offsets = np.cumsum([0] + [shard["count"] for shard in self.shards])  # global row of each shard
-        self.count = int(self.offsets[-1])
-        self.dim = int(manifest["dim"])
-
-    @property
-    def kind(self) -> str:
-        """"dense" (vectors) or "sparse" (`bertforge embed --sparse`: compressed rows of term weights)."""
-        return self.manifest.get("kind", "dense")
-
-    @property
-    def similarity(self) -> str:
-        """"cosine" (the vectors are normalized) or "dot"."""
-        return self.manifest["similarity"]
-
-    def shard_path(self, index: int, kind: str) -> Path:
-        """Shard `index`'s `kind` file, its sha256 compared with the manifest's the first time this folder
-        reads it (`index_sources.verify_shard_file`: a shard rewritten or copied in is refused, never read)."""
-        if (index, kind) not in self.verified:
-            verify_shard_file(self.directory, self.shards[index], kind)
-            self.verified.add((index, kind))
-        return self.directory / self.shards[index][kind]
-
-    def shard_vectors(self, index: int, kind: str = "vectors") -> np.ndarray:
-        """Shard `index`'s stored vectors (float [n, H], int8 codes [n, H] or sign bits [n, H / 8]; `kind`
-        "codes": a binary shard's int8 codes), memory-mapped (read from disk as they are used)."""
-        return np.load(self.shard_path(index, kind), mmap_mode="r", allow_pickle=False)
 
     def score_block(self, queries: np.ndarray, block: np.ndarray) -> np.ndarray:
         """[Q, n] scores of float queries against a block of stored rows, by the folder's dtype (module
@@ -196,24 +151,3 @@ class VectorIndex:
             scores.append(merged[0])
             rows.append(merged[1])
         return np.concatenate(scores), np.concatenate(rows)
-
-    def ids_at(self, rows: np.ndarray) -> list[list[str]]:
-        """The ids of global rows [Q, k], reading only the ids files that hold one of them."""
-        return self.lines_at(rows, "ids")
-
-    def spans_at(self, rows: np.ndarray) -> list[list[list[int]]]:
-        """[record, start, end] of global rows [Q, k] of an `embed --chunk` folder (its spans files)."""
-        return self.lines_at(rows, "spans")
-
-    def lines_at(self, rows: np.ndarray, kind: str) -> list[list[Any]]:
-        """The JSON lines of global rows [Q, k] in the shards' `kind` files, reading only those that hold one."""
-        wanted = sorted({int(row) for row in np.asarray(rows).ravel()})
-        found: dict[int, str] = {}
-        shard_of = np.searchsorted(self.offsets, wanted, side="right") - 1
-        for shard in sorted(set(shard_of.tolist())):
-            needed = {row - int(self.offsets[shard]) for row, s in zip(wanted, shard_of) if s == shard}
-            with open(self.shard_path(shard, kind), encoding="utf-8") as handle:
-                for line_index, line in enumerate(handle):
-                    if line_index in needed:
-                        found[line_index + int(self.offsets[shard])] = json.loads(line)
-        return [[found[int(row)] for row in query_rows] for query_rows in np.asarray(rows)]

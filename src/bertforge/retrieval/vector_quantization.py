@@ -29,7 +29,7 @@ from bertforge.errors import ConfigError
 QUANTIZED_DTYPES = ("int8", "binary")
 # The corpus's first records, embedded once more before the shards, whose vectors calibrate the int8 ranges.
 DEFAULT_CALIBRATION_SIZE = 1_000
-# Binary: candidates rescored per hit wanted (sentence-transformers' default is 2; measured in docs/embeddings.md).
+# Binary: candidates rescored per hit wanted (sentence-transformers' default is 2; measured in docs/benchmarks.md).
 DEFAULT_RESCORE_MULTIPLIER = 4
 LEVELS = 255  # int8 steps between a dimension's min and max
 

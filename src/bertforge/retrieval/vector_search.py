@@ -1,6 +1,7 @@
-"""Top-k search of query texts over an embedding folder: the queries embedded with the model and options
-the manifest records, then scored exactly (`vector_index.VectorIndex`) or through the folder's approximate
-index (`vector_ann`) when it has one; hits carry ids, scores and, on request, spans, texts or fields.
+"""Queries embedded as a folder's corpus was, with a pipeline of their own (`bertforge search`, the Python API):
+the manifest's model, options, window and precision (`searcher.QueryModel`); and the command's entry points over
+a dense folder (`search_hits`, `search`), which search through `searcher.Searcher`, the one search path the
+server's `POST /search` takes too.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from bertforge.checkpoint_format import model_fingerprint
 from bertforge.errors import ConfigError
 from bertforge.inference.pipelines import DEFAULT_BATCH_SIZE, load_pipeline
-from bertforge.retrieval.embed_corpus import model_fingerprint
-from bertforge.retrieval.vector_ann import open_ann
+from bertforge.metrics.sparse import SparseRows
+from bertforge.retrieval.searcher import Searcher, hits_of, query_model
+from bertforge.retrieval.sparse_vectors import SPARSE_TASK, encode_sparse
+from bertforge.retrieval.store import VectorFolder
 from bertforge.retrieval.vector_index import (
     BLOCK_ROWS,
     DEFAULT_TOP_K,
@@ -26,32 +30,29 @@ from bertforge.retrieval.vector_index import (
     top_k_merge,
 )
 from bertforge.retrieval.vector_quantization import DEFAULT_RESCORE_MULTIPLIER
-from bertforge.retrieval.vector_texts import record_texts
 
 
-def query_pipeline(index: VectorIndex, *, model: str | os.PathLike | None = None, device: str = "auto",
+def query_pipeline(index: VectorFolder, *, model: str | os.PathLike | None = None, device: str = "auto",
                    batch_size: int = DEFAULT_BATCH_SIZE, precision: str | None = None,
-                   task: str = "embed") -> tuple[Any, dict[str, Any]]:
+                   task: str | None = None) -> tuple[Any, dict[str, Any]]:
     """(pipeline, options) that embed queries as the corpus was: the manifest's model (or `model`, the same
-    files), window, options and precision (`precision` None: the corpus's); `task` "embed" or "embed-sparse".
+    files), window, options and precision (`precision` None: the corpus's); `task`: the folder's ("embed" or
+    "embed-sparse") unless given.
 
     Raises:
         ConfigError: `model` is missing or another model than the corpus's.
     """
-    manifest = index.manifest
-    model_dir = Path(model) if model is not None else Path(manifest["model"]["path"])
+    wanted = query_model(index)
+    model_dir = Path(model) if model is not None else wanted.directory
     if not model_dir.is_dir():
         raise ConfigError(f"{model_dir}: the model that embedded {index.directory} is not there; pass --model DIR "
                           "with a copy of it")
-    if model_fingerprint(model_dir) != manifest["model"]["fingerprint"]:
-        raise ConfigError(f"{model_dir} is not the model that embedded {index.directory} ({manifest['model']['path']}"
+    if model_fingerprint(model_dir) != wanted.fingerprint:
+        raise ConfigError(f"{model_dir} is not the model that embedded {index.directory} ({wanted.directory}"
                           "); queries must be embedded by the same model")
-    embedding = dict(manifest["embedding"])
-    embedding.pop("prompt")  # the corpus's; the queries have their own
-    corpus_precision = embedding.pop("precision")
-    pipeline = load_pipeline(model_dir, task, device=device, precision=precision or corpus_precision,
-                             batch_size=batch_size, max_length=embedding.pop("max_length"))
-    return pipeline, embedding
+    pipeline = load_pipeline(model_dir, task or wanted.task, device=device, precision=precision or wanted.precision,
+                             batch_size=batch_size, max_length=wanted.max_length)
+    return pipeline, dict(wanted.options)
 
 
 def embed_queries(index: VectorIndex, queries: Sequence[str], *, prompt_name: str | None = None,
@@ -62,50 +63,52 @@ def embed_queries(index: VectorIndex, queries: Sequence[str], *, prompt_name: st
     return pipeline.encode(list(queries), prompt_name=prompt_name, prompt=prompt, **embedding)  # [Q, D]
 
 
-def hits_of(index: VectorIndex, scores: np.ndarray, rows: np.ndarray, show_text: bool = False,
-            field: str | None = None) -> list[list[dict[str, Any]]]:
-    """Each query's hits {"id", "score"} from its best rows [Q, k] and their scores, best first (plus "text"
-    with `show_text`, or the record's `field`: read back from the input, `vector_texts.record_texts`)."""
-    ids = index.ids_at(rows)
-    hits = [[{"id": ident, "score": float(score)} for ident, score in zip(query_ids, query_scores)]
-            for query_ids, query_scores in zip(ids, scores)]
-    chunked = index.manifest.get("chunking") is not None  # `embed --chunk`: a row is a chunk of its record
-    spans = index.spans_at(rows) if chunked else [[[int(row), None, None] for row in query] for query in rows]
-    if chunked:
-        for query_hits, query_spans in zip(hits, spans):
-            for hit, (_, start, end) in zip(query_hits, query_spans):
-                hit["span"] = [start, end]  # the chunk's characters of its record's text
-    if show_text or field is not None:
-        texts = record_texts(index.manifest, {span[0] for query in spans for span in query}, field)
-        for query_hits, query_spans in zip(hits, spans):
-            for hit, (record, start, end) in zip(query_hits, query_spans):
-                # --show-text of a chunk: its own text; --field: the whole record's value
-                hit[field if field is not None else "text"] = texts[record][start:end] if field is None \
-                    else texts[record]
-    return hits
+def embed_sparse_queries(index: VectorFolder, queries: Sequence[str], *, prompt_name: str | None = None,
+                         prompt: str | None = None, **loading: Any) -> SparseRows:
+    """Sparse query vectors, embedded as the folder's corpus was (`query_pipeline`: the same model, window,
+    pooling, activation and `max_terms`); the prompt is the queries' own."""
+    pipeline, options = query_pipeline(index, task=SPARSE_TASK, **loading)
+    return encode_sparse(pipeline, list(queries), prompt_name=prompt_name, prompt=prompt, **options)
+
+
+def embed_query_vectors(searcher: Searcher, queries: Sequence[str], *, sparse_model: str | os.PathLike | None = None,
+                        **embedding: Any) -> dict[str, np.ndarray | SparseRows]:
+    """The query vectors `searcher.search` takes, each side's embedded as its corpus was (`embed_queries`,
+    `embed_sparse_queries`; `embedding`: model, device, batch_size, prompt_name, prompt, precision). Hybrid: the
+    prompt is the dense queries'; sparse queries get their model's default prompt, and `sparse_model` is a copy
+    of the sparse folder's model."""
+    vectors: dict[str, np.ndarray | SparseRows] = {}
+    if searcher.dense is not None:
+        vectors["dense"] = embed_queries(searcher.dense, queries, **embedding)
+    if searcher.sparse is not None:
+        if searcher.dense is not None:  # hybrid
+            loading = {k: v for k, v in embedding.items() if k in ("device", "batch_size", "precision")}
+            embedding = {**loading, "model": sparse_model}
+        vectors["sparse"] = embed_sparse_queries(searcher.sparse, queries, **embedding)
+    return vectors
 
 
 def search_hits(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
                 show_text: bool = False, field: str | None = None,
                 rescore_multiplier: int = DEFAULT_RESCORE_MULTIPLIER, exact: bool = False,
                 ef_search: int | None = None, **embedding: Any) -> list[list[dict[str, Any]]]:
-    """The top-k hits of each query text, best first, as {"id", "score"} (plus "text" with `show_text`, or
-    the record's `field`: read back from the input, `vector_texts.record_texts`); `rescore_multiplier`: see
+    """The top-k hits of each query text in a dense folder, best first, as {"id", "score"} (plus "text" with
+    `show_text`, or the record's `field`: `searcher.hits_of`); `rescore_multiplier`: see
     `VectorIndex.search_vectors`. A folder with an approximate index (`bertforge index`) is searched through
     it (`vector_ann`, `ef_search` candidates) unless `exact`.
 
     `embedding`: how the queries are embedded (`embed_queries`: model, device, batch_size, prompt_name,
     prompt, precision).
     """
-    index = VectorIndex(directory)
     check_top_k(top_k)
+    searcher = Searcher(directory, exact=exact)
     if not queries:
         return []
-    ann = None if exact else open_ann(index)  # before the model loads: a stale index fails fast
-    vectors = embed_queries(index, queries, **embedding)
-    scores, rows = (ann.search_vectors(vectors, top_k, ef_search) if ann is not None
-                    else index.search_vectors(vectors, top_k, rescore_multiplier))
-    return hits_of(index, scores, rows, show_text, field)
+    vectors = embed_query_vectors(searcher, queries, **embedding)
+    approximate = searcher.ann is not None  # `exact`, or no approximate index: ef_search does not apply
+    return searcher.search(vectors, top_k, show_text=show_text, field=field,
+                           ef_search=ef_search if approximate else None,
+                           rescore_multiplier=None if approximate else rescore_multiplier)
 
 
 def search(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
@@ -138,5 +141,6 @@ def search(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int =
     return [[(hit["id"], hit["score"]) for hit in query_hits] for query_hits in hits]
 
 
-__all__ = ["BLOCK_ROWS", "DEFAULT_TOP_K", "QUERY_BLOCK", "check_top_k", "VectorIndex", "block_top_k", "embed_queries", "hits_of", "query_pipeline", "search",
+__all__ = ["BLOCK_ROWS", "DEFAULT_TOP_K", "QUERY_BLOCK", "VectorIndex", "block_top_k", "check_top_k",
+           "embed_queries", "embed_query_vectors", "embed_sparse_queries", "hits_of", "query_pipeline", "search",
            "search_hits", "top_k_merge"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,13 @@ from bertforge.serving.model_service import (  # noqa: E402 (after the check of 
 )
 from bertforge.serving.openai_routes import add_openai_routes  # noqa: E402
 from bertforge.serving.page import add_page  # noqa: E402
+from bertforge.serving.search_routes import (  # noqa: E402
+    ServedIndex,
+    add_search_routes,
+    bind_indexes,
+    load_index_models,
+    open_indexes,
+)
 from bertforge.serving.task_routes import add_task_routes  # noqa: E402
 from bertforge.serving.tei_routes import DUAL_ROUTES, EMBED, add_tei_routes, root_request  # noqa: E402
 from bertforge.serving.wire_schemas import (  # noqa: E402
@@ -90,9 +97,10 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def build_app(models: ModelSet | Mapping[str, Pipeline], settings: ServerSettings | None = None,
-              model_name: str = "model") -> FastAPI:
-    """A FastAPI app serving already-loaded models (see `create_app`); a plain mapping task -> pipeline is one
-    model called `model_name`."""
+              model_name: str = "model", indexes: Mapping[str, ServedIndex] | None = None) -> FastAPI:
+    """A FastAPI app serving already-loaded models (see `create_app`) and the indexes bound to them
+    (`search_routes.bind_indexes`); a plain mapping task -> pipeline is one model called `model_name`."""
+    indexes = dict(indexes or {})
     settings = settings or ServerSettings()
     if not isinstance(models, ModelSet):
         models = ModelSet({model_name: InferenceService(dict(models), settings, model_name)})
@@ -116,7 +124,8 @@ def build_app(models: ModelSet | Mapping[str, Pipeline], settings: ServerSetting
 
     # The routes, in the order a reader looks for them: ours, then the compatible ones.
     served = (add_task_routes(app, models, elsewhere=DUAL_ROUTES) + add_tei_routes(app, models)
-              + add_cohere_routes(app, models) + add_openai_routes(app, models) + add_page(app, models))
+              + add_cohere_routes(app, models) + add_openai_routes(app, models) + add_search_routes(app, models, indexes)
+              + add_page(app, models))
     served += ["GET /health", "GET /ready", "GET /metrics", "GET /docs", "GET /redoc", "GET /openapi.json"]
     app.state.served = served
     with_wire_schemas(app, served_facts(models, settings))
@@ -143,7 +152,7 @@ def build_app(models: ModelSet | Mapping[str, Pipeline], settings: ServerSetting
 
     # Requests no model is named by (several served: a 401, an unknown path) are counted apart.
     unattributed = RequestMetrics()
-    add_probes(app, models, settings, unattributed)
+    add_probes(app, models, settings, unattributed, indexes)
 
     def record(scope: Scope, route: str, status: int, seconds: float) -> None:
         counted_by(models, scope, unattributed).record_request(route, status, seconds)
@@ -189,7 +198,8 @@ def served_facts(models: ModelSet, settings: ServerSettings) -> ServedFacts:
         keys=bool(settings.api_keys), open_paths=OPEN_PATHS)
 
 
-def add_probes(app: FastAPI, models: ModelSet, settings: ServerSettings, unattributed: RequestMetrics) -> None:
+def add_probes(app: FastAPI, models: ModelSet, settings: ServerSettings, unattributed: RequestMetrics,
+               indexes: Mapping[str, ServedIndex] | None = None) -> None:
     """`/health` (liveness, what is served), `/ready` (readiness) and `/metrics` (Prometheus)."""
     @app.get("/health", summary="each served model: name, tasks, device, precision, queue depth, settings (how "
                                 "many keys, never the keys); with a key, its directory")
@@ -199,7 +209,9 @@ def add_probes(app: FastAPI, models: ModelSet, settings: ServerSettings, unattri
         reports = {name: service.health(directory=held) for name, service in models.services.items()}
         # One model: its report at the top level as before, and under `models` like several.
         top = dict(reports[models.names[0]]) if len(reports) == 1 else {"status": "ok"}
-        return {**top, "models": reports}
+        served = {"indexes": {name: index.describe(directory=held) for name, index in indexes.items()}} \
+            if indexes else {}
+        return {**top, "models": reports, **served}
 
     @app.get("/ready", summary="readiness: every model loaded, warmed up and giving finite outputs (else 503)",
              responses={503: {"description": "not ready: warming up, unhealthy (non-finite outputs) or draining"}})
@@ -283,6 +295,7 @@ def model_directories(model: str | Path | Mapping[str, str | Path]) -> dict[str,
 def create_app(model: str | Path | Mapping[str, str | Path], *, tasks: list[str] | None = None,
                device: str = "auto", precision: str = DEFAULT_PRECISION, engine: str = DEFAULT_KIND,
                threads: int | None = None, batch_size: int = 32, max_length: int | None = None,
+               indexes: Mapping[str, Sequence[str | Path]] | None = None,
                rerank_labels: str | Mapping[str, str] | None = None, **settings: Any) -> FastAPI:
     """Load the model directories once and build the app serving every task each supports (or `tasks`).
 
@@ -290,6 +303,9 @@ def create_app(model: str | Path | Mapping[str, str | Path], *, tasks: list[str]
         model: a saved model directory, or a mapping name -> directory to serve several (each with its own
             scheduler and token budget; requests pick one by name, see `ModelSet.pick`).
         tasks: restrict the routes to these tasks (every model must serve them).
+        indexes: name -> vector folders to serve at `POST /search` (one folder, or a dense and a sparse one of
+            the same input); each is opened once, and the model that made its vectors is served beside it
+            (loaded from the directory its manifest names when no `model` is that model).
         device, precision, engine, threads, batch_size, max_length: pipeline options (see `Pipeline`; precision
             fp32 unless asked, as `bertforge evaluate`; engine "torch" or "onnxruntime"; the CPU's threads).
         rerank_labels: two-label pair classifiers to serve as rerankers too (relevance = the probability of the
@@ -304,13 +320,16 @@ def create_app(model: str | Path | Mapping[str, str | Path], *, tasks: list[str]
         server_settings = ServerSettings(**settings)
     except TypeError as error:
         raise ConfigError(f"unknown server setting: {error}") from None
+    searchers = open_indexes(indexes or {})  # before any model loads: a bad folder fails fast
     directories = model_directories(model)
     if isinstance(rerank_labels, str):
         rerank_labels = dict.fromkeys(directories, rerank_labels)
+    if searchers:
+        directories = load_index_models(searchers, directories)
     models = load_model_set(directories, server_settings, tasks=tasks, device=device,
                             precision=precision, engine=engine, threads=threads, batch_size=batch_size,
                             max_length=max_length, rerank_labels=rerank_labels)
-    return build_app(models, server_settings)
+    return build_app(models, server_settings, indexes=bind_indexes(searchers, models))
 
 
 def serve(model: str | Path | Mapping[str, str | Path], *, host: str = "127.0.0.1", port: int = 8000,

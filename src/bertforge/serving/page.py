@@ -4,7 +4,8 @@ model makes of it, and `POST /v1/attention` (+ `/models/<name>/v1/attention`), t
 The page is three files shipped in the package (`serving/static/`: page.html, page.js, page.css; package data
 in pyproject.toml), served from `/page/`; nothing is loaded from another host (the answer's
 Content-Security-Policy says so to the browser too). The script discovers the served models from `/health`
-and calls the same routes as any client (`/models/<name>/v1/<task>`), with the API key typed into the page
+and calls the same routes as any client (`/models/<name>/v1/<task>`; `POST /search` for the indexes `/health`
+lists, the Search tab), with the API key typed into the page
 as ``Authorization: Bearer``; it shows a refusal as the server words it. The page and its files need no key
 (`guards.OPEN_PAGE_PATHS`): they hold no data, and every request they make is checked like any other.
 

@@ -4,7 +4,7 @@
 "use strict";
 
 const KEY_STORE = "bertforge.apiKey";
-const state = { models: {}, model: null, task: null, keysRequired: false, maxItems: 64 };
+const state = { models: {}, indexes: {}, model: null, task: null, keysRequired: false, maxItems: 64 };
 
 // --- small DOM helpers -------------------------------------------------------------------------------------
 
@@ -66,20 +66,23 @@ function errorText(status, payload) {
   return `${status}: ${message}`;
 }
 
-async function call(task, body) {
+async function post(path, body) {
   const headers = { "Content-Type": "application/json" };
   const key = localStorage.getItem(KEY_STORE);
   if (key) headers.Authorization = `Bearer ${key}`;
   let response;
   try {
-    response = await fetch(`models/${encodeURIComponent(state.model)}/v1/${task}`,
-      { method: "POST", headers, body: JSON.stringify(body) });
+    response = await fetch(path, { method: "POST", headers, body: JSON.stringify(body) });
   } catch (failure) {
     throw new Error(`cannot reach the server (${failure.message})`);
   }
   const payload = await response.json().catch(() => null);
   if (!response.ok) throw new Error(payload ? errorText(response.status, payload) : `${response.status}: ${response.statusText}`);
-  return payload.outputs;
+  return payload;
+}
+
+async function call(task, body) {
+  return (await post(`models/${encodeURIComponent(state.model)}/v1/${task}`, body)).outputs;
 }
 
 const one = async (task, body) => (await call(task, body))[0];
@@ -192,6 +195,25 @@ const VIEWS = {
       return el("div", { class: "bars" }, ...endings.map((e, i) => bar(e, out.scores[i], i === out.choice)));
     },
   },
+  search: {
+    title: "Search",
+    help: "The records of a served index nearest to the query (POST /search), best first, with their text.",
+    fields: () => [
+      field("Index", el("select", { id: "index" }, ...indexesOf(state.model).map((name) => el("option", { value: name, text: name })))),
+      field("Query", el("input", { id: "query", value: "Who wrote the book?" })),
+      field("Hits", el("input", { id: "top-k", type: "number", min: 1, max: 100, value: 5 })),
+      field("Show the texts", el("input", { id: "show-text", type: "checkbox", checked: true }))],
+    async run() {
+      const answer = await post("search", { index: $("index").value, query: $("query").value,
+        top_k: Number($("top-k").value), show_text: $("show-text").checked });
+      const hits = answer.results[0];
+      if (!hits.length) return el("p", { class: "note", text: "no hits" });
+      return el("ol", { class: "hits" }, ...hits.map((hit) => el("li", {},
+        el("span", { class: "hit-id", text: `${hit.id}${hit.span ? ` [${hit.span[0]}, ${hit.span[1]})` : ""}` }),
+        el("span", { class: "note", text: ` score ${fixed(hit.score, 4)}` }),
+        hit.text !== undefined ? el("p", { class: "hit-text", text: hit.text }) : "")));
+    },
+  },
   attention: {
     title: "Attention",
     help: "Where each token looks: pick a layer and a head; hover a token to see only its lines.",
@@ -278,8 +300,14 @@ function tabs(container, names, current, label, choose) {
   })));
 }
 
+function indexesOf(model) {
+  return Object.entries(state.indexes).filter(([, index]) => Object.values(index.models).includes(model))
+    .map(([name]) => name);
+}
+
 function viewsOf(model) {
-  return [...state.models[model].filter((task) => VIEWS[task]), "attention"];
+  const search = indexesOf(model).length ? ["search"] : [];
+  return [...state.models[model].filter((task) => VIEWS[task]), ...search, "attention"];
 }
 
 function chooseModel(model) {
@@ -338,6 +366,7 @@ async function start() {
     const response = await fetch("health");
     const health = await response.json();
     if (!response.ok) throw new Error(errorText(response.status, health));
+    state.indexes = health.indexes || {};
     for (const [name, report] of Object.entries(health.models)) {
       state.models[name] = report.tasks;
       const settings = report.settings || {};

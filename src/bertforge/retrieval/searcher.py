@@ -1,0 +1,233 @@
+"""Search of one index, opened once and searched with query vectors: a dense folder (exact, or through its
+approximate index), a sparse one, or both fused by reciprocal rank fusion (hybrid). The one search path of
+`bertforge search` (which embeds the queries with a pipeline of its own, `vector_search`) and of the server's
+`POST /search` (which embeds them through the served model's scheduler).
+
+Owns: `Searcher` (the folders opened, the ANN graph and the inverted index loaded; `search` from query vectors to
+hits), what embeds a side's queries (`QueryModel`: the manifest's model, options, window and precision), turning
+rows into hits (`hits_of`: ids, scores, spans of chunks, texts or fields read back from the input) and the rule
+that two folders can be fused (`check_same_input`).
+
+Hybrid: each query is searched exactly in both folders for its best `depth` rows; a row's fused score is
+1 / (rrf_k + its dense rank) + 1 / (rrf_k + its sparse rank), a rank it does not have adding nothing. The hits are
+the best `top_k` fused rows, with the rank each folder gave them (None: not in that folder's first `depth`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertforge.errors import ConfigError, InputError
+from bertforge.metrics.fusion import DEFAULT_RRF_K, check_rrf_k, reciprocal_rank_fusion
+from bertforge.metrics.sparse import SparseRows
+from bertforge.retrieval.sparse_search import SparseIndex
+from bertforge.retrieval.sparse_vectors import SPARSE_TASK
+from bertforge.retrieval.store import VectorFolder
+from bertforge.retrieval.vector_ann import AnnIndex, open_ann
+from bertforge.retrieval.vector_index import DEFAULT_TOP_K, VectorIndex, check_top_k
+from bertforge.retrieval.vector_quantization import DEFAULT_RESCORE_MULTIPLIER
+from bertforge.retrieval.vector_texts import record_texts
+
+# Rows each folder contributes per query before fusion.
+DEFAULT_FUSION_DEPTH = 100
+KINDS = ("dense", "sparse")
+
+
+@dataclass(frozen=True)
+class QueryModel:
+    """How one folder's queries are embedded, as its corpus was: the model (its directory as the manifest names
+    it, and its fingerprint: a copy elsewhere must match it), the pipeline task, the family options, the window
+    and the precision the corpus was embedded with."""
+
+    directory: Path
+    fingerprint: str
+    task: str
+    options: dict[str, Any]
+    max_length: int
+    precision: str
+
+
+def query_model(folder: VectorFolder) -> QueryModel:
+    """The `QueryModel` of a folder, from its manifest (the prompt is the queries' own, not the corpus's)."""
+    embedding = dict(folder.manifest["embedding"])
+    embedding.pop("prompt")
+    return QueryModel(Path(folder.manifest["model"]["path"]), folder.manifest["model"]["fingerprint"],
+                      SPARSE_TASK if folder.kind == "sparse" else "embed", embedding,
+                      embedding.pop("max_length"), embedding.pop("precision"))
+
+
+def check_same_input(dense: VectorFolder, sparse: VectorFolder) -> None:
+    """ConfigError unless a dense and a sparse folder embedded the same records in the same order."""
+    if dense.kind != "dense" or sparse.kind != "sparse":
+        raise ConfigError(f"hybrid search fuses a dense folder ({dense.directory}: {dense.kind}) with a sparse one "
+                          f"({sparse.directory}: {sparse.kind}); give --index the dense folder (`bertforge embed`) "
+                          "and --hybrid the sparse one (`bertforge embed --sparse`)")
+    first, second = dense.manifest["input"], sparse.manifest["input"]
+    same = (first["files"] == second["files"] and first["settings"] == second["settings"]
+            and dense.count == sparse.count)
+    if not same:
+        raise ConfigError(f"{dense.directory} and {sparse.directory} embedded different input ({first['path']}, "
+                          f"{dense.count} records; {second['path']}, {sparse.count} records): embed the same input "
+                          "files with the same --format and columns into both")
+
+
+def hits_of(index: VectorFolder, scores: np.ndarray, rows: np.ndarray, show_text: bool = False,
+            field: str | None = None) -> list[list[dict[str, Any]]]:
+    """Each query's hits {"id", "score"} from its best rows [Q, k] and their scores, best first (plus "span" of
+    a chunked folder's rows, "text" with `show_text`, or the record's `field`: read back from the input,
+    `vector_texts.record_texts`)."""
+    ids = index.ids_at(rows)
+    hits = [[{"id": ident, "score": float(score)} for ident, score in zip(query_ids, query_scores)]
+            for query_ids, query_scores in zip(ids, scores)]
+    spans = index.spans_at(rows) if index.chunked else [[[int(row), None, None] for row in query] for query in rows]
+    if index.chunked:
+        for query_hits, query_spans in zip(hits, spans):
+            for hit, (_, start, end) in zip(query_hits, query_spans):
+                hit["span"] = [start, end]  # the chunk's characters of its record's text
+    if show_text or field is not None:
+        texts = record_texts(index.manifest, {span[0] for query in spans for span in query}, field)
+        for query_hits, query_spans in zip(hits, spans):
+            for hit, (record, start, end) in zip(query_hits, query_spans):
+                # --show-text of a chunk: its own text; --field: the whole record's value
+                hit[field if field is not None else "text"] = texts[record][start:end] if field is None \
+                    else texts[record]
+    return hits
+
+
+def fuse(dense_rows: np.ndarray, sparse_rows: np.ndarray, k: int, rrf_k: float,
+         ) -> tuple[np.ndarray, np.ndarray, list[list[tuple[int | None, int | None]]]]:
+    """([Q, k] fused scores, [Q, k] rows, each hit's (dense rank, sparse rank)) of two rankings [Q, depth]."""
+    fused_rows = np.zeros((len(dense_rows), k), dtype=np.int64)
+    fused_scores = np.zeros((len(dense_rows), k), dtype=np.float64)
+    ranks = []
+    for q, (by_dense, by_sparse) in enumerate(zip(dense_rows.tolist(), sparse_rows.tolist())):
+        fused = reciprocal_rank_fusion([by_dense, by_sparse], rrf_k, top=k)
+        fused_rows[q] = [row for row, _ in fused]
+        fused_scores[q] = [score for _, score in fused]
+        places = [{row: rank for rank, row in enumerate(ranking, start=1)} for ranking in (by_dense, by_sparse)]
+        ranks.append([(places[0].get(row), places[1].get(row)) for row, _ in fused])
+    return fused_scores, fused_rows, ranks
+
+
+class Searcher:
+    """An index opened for search: a dense folder, a sparse one, or a dense and a sparse folder of the same
+    input (hybrid). Everything a search reads more than once is loaded here: the manifests, a dense folder's
+    approximate index (unless `exact`, or hybrid: the fused dense ranking is exact), a sparse folder's inverted
+    index.
+
+    Args:
+        dense, sparse: the folders (`bertforge embed` and `bertforge embed --sparse`); at least one.
+        exact: score every dense vector even where the folder has an approximate index.
+
+    Raises:
+        ConfigError: no folder, a folder of the wrong kind, folders of different input, a stale approximate index.
+    """
+
+    def __init__(self, dense: str | os.PathLike | None = None, sparse: str | os.PathLike | None = None, *,
+                 exact: bool = False):
+        if dense is None and sparse is None:
+            raise ConfigError("a search needs a dense or a sparse folder (or both, for hybrid search)")
+        self.dense = VectorIndex(dense) if dense is not None else None
+        self.sparse: SparseIndex | None = None
+        if sparse is not None:
+            if self.dense is not None:
+                check_same_input(self.dense, VectorIndex(sparse))
+            self.sparse = SparseIndex(sparse)
+        elif self.dense is not None and self.dense.kind == "sparse":
+            raise ConfigError(f"{dense} holds sparse vectors: open it as the sparse folder")
+        self.ann: AnnIndex | None = None
+        if self.dense is not None and self.sparse is None and not exact:
+            self.ann = open_ann(self.dense)  # before any model loads: a stale index fails fast
+        if self.sparse is not None:
+            self.sparse.inverted()
+
+    @classmethod
+    def of_folders(cls, directories: Sequence[str | os.PathLike], *, exact: bool = False) -> Searcher:
+        """The searcher of one folder, dense or sparse as its manifest says, or of a dense and a sparse folder
+        of the same input (hybrid), in either order.
+
+        Raises:
+            ConfigError: no folder, or more than one of a kind.
+        """
+        kinds: dict[str, str | os.PathLike] = {}
+        for directory in directories:
+            kind = VectorFolder(directory).kind
+            if kind in kinds:
+                raise ConfigError(f"two {kind} folders ({kinds[kind]}, {directory}); an index is one folder, or a "
+                                  "dense and a sparse folder of the same input")
+            kinds[kind] = directory
+        return cls(kinds.get("dense"), kinds.get("sparse"), exact=exact)
+
+    @property
+    def hybrid(self) -> bool:
+        return self.dense is not None and self.sparse is not None
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of query vectors a search takes: ("dense",), ("sparse",) or both."""
+        return tuple(kind for kind in KINDS if self.folder(kind) is not None)
+
+    def folder(self, kind: str) -> VectorIndex | None:
+        return self.dense if kind == "dense" else self.sparse
+
+    def query_models(self) -> dict[str, QueryModel]:
+        """kind -> how that side's queries are embedded."""
+        return {kind: query_model(self.folder(kind)) for kind in self.kinds}
+
+    def search(self, vectors: dict[str, np.ndarray | SparseRows], top_k: int = DEFAULT_TOP_K, *,
+               show_text: bool = False, field: str | None = None, rescore_multiplier: int | None = None,
+               ef_search: int | None = None, exact: bool = False, rrf_k: float = DEFAULT_RRF_K,
+               depth: int = DEFAULT_FUSION_DEPTH) -> list[list[dict[str, Any]]]:
+        """The top-k hits of each query, best first: {"id", "score"} (plus "span", "text" or `field`, `hits_of`;
+        hybrid: the fused score and "dense_rank", "sparse_rank").
+
+        Args:
+            vectors: per kind of `kinds`, the queries' vectors ([Q, D] float32 dense, `SparseRows` sparse),
+                embedded as `query_models` says.
+            rescore_multiplier: binary dense folders (`VectorIndex.search_vectors`); ef_search: candidates of the
+                approximate index (`AnnIndex.search_vectors`); exact: score every vector even where the approximate
+                index is loaded; rrf_k, depth: hybrid fusion.
+
+        Raises:
+            InputError: a setting that is invalid or does not apply to this index (names it).
+        """
+        check_top_k(top_k)
+        missing = [kind for kind in self.kinds if kind not in vectors]
+        if missing:
+            raise InputError(f"the {missing[0]} query vectors are missing")
+        if rescore_multiplier is not None and (self.hybrid or self.dense is None):
+            raise InputError("rescore_multiplier applies to a binary dense folder searched alone")
+        approximate = self.ann is not None and not exact
+        if ef_search is not None and not approximate:
+            raise InputError("ef_search applies to a dense folder's approximate index, which this search does not use")
+        if self.hybrid:
+            check_top_k(depth, "depth")
+            check_rrf_k(rrf_k)
+            wide = max(depth, top_k)
+            _, dense_rows = self.dense.search_vectors(vectors["dense"], wide)
+            _, sparse_rows = self.sparse.search_sparse(vectors["sparse"], wide)
+            scores, rows, ranks = fuse(dense_rows, sparse_rows, min(top_k, self.dense.count), rrf_k)
+            hits = hits_of(self.dense, scores, rows, show_text, field)
+            for query_hits, query_ranks in zip(hits, ranks):
+                for hit, (dense_rank, sparse_rank) in zip(query_hits, query_ranks):
+                    hit.update(dense_rank=dense_rank, sparse_rank=sparse_rank)
+            return hits
+        if self.sparse is not None:
+            scores, rows = self.sparse.search_sparse(vectors["sparse"], top_k)
+            return hits_of(self.sparse, scores, rows, show_text, field)
+        if approximate:
+            scores, rows = self.ann.search_vectors(vectors["dense"], top_k, ef_search)
+        else:
+            scores, rows = self.dense.search_vectors(vectors["dense"], top_k,
+                                                     rescore_multiplier or DEFAULT_RESCORE_MULTIPLIER)
+        return hits_of(self.dense, scores, rows, show_text, field)
+
+
+__all__ = ["DEFAULT_FUSION_DEPTH", "DEFAULT_RRF_K", "QueryModel", "Searcher", "check_same_input", "hits_of",
+           "query_model"]

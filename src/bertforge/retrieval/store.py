@@ -1,0 +1,475 @@
+"""The vector folder: the one on-disk format `bertforge embed` writes and every index, search, map and miner
+reads (docs/retrieval.md). This is the only module that names a shard file or reads a manifest.
+
+Owns: the file names (`SHARD_FILES`, `PROGRESS_NAME`, `MANIFEST_NAME`), the manifest (its identity, what a
+resume must match: `identity`, `describe_changes`; reading it, old versions included: `read_manifest`), the
+settings that made the vectors (`EmbedSettings`, what the manifest stores), what is finished (`finished`), writing
+a shard (`write_shard`: dense float, int8 or binary codes, or sparse rows) and the finished folder opened for
+reading (`VectorFolder`: shards memory-mapped, per-row lines and sparse rows read back, each shard file held
+to the size and sha256 its manifest records: `check_shard_sizes`, `verify_shard_file`).
+
+Layout of a folder: `manifest.json`; per shard `vectors-00000.npy` ([n, D], record order; binary shards also
+`codes-00000.npy`, their int8 codes; sparse shards `indptr-`, `terms-` and `weights-00000.npy`, compressed rows),
+`ids-00000.jsonl` (JSON strings), `spans-00000.jsonl` (chunked runs: [record, start, end] of each row), then
+`progress/shard-00000.json` (count, tokens, sizes, sha256), each written atomically (`storage`): a shard is done
+when its record exists and the sizes match. The manifest says "complete": false until every shard's record is in
+it. Indexes built over a folder (`vector_ann`, `sparse_search`'s inverted index) keep their own files beside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertforge import storage
+from bertforge.checkpoint_format import model_fingerprint
+from bertforge.data.corpus_records import CorpusSettings, SourceFile
+from bertforge.errors import ConfigError, InputError
+from bertforge.inference.wire_inputs import AUTO_TRUNCATE
+from bertforge.metrics.sparse import SparseRows
+from bertforge.retrieval.text_chunks import check_chunking
+from bertforge.retrieval.vector_quantization import QUANTIZED_DTYPES, coded
+
+MANIFEST_NAME = "manifest.json"
+PROGRESS_DIR = "progress"
+PROGRESS_NAME = "shard-{:05d}.json"  # .format(shard index)
+FORMAT_NAME = "bertforge-embeddings"
+# 2: the manifest holds "settings" (`EmbedSettings`); version 1 folders (their settings spread over "kind",
+# "dtype", "chunking" and "embedding") still read, and resume.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+DTYPES = ("float32", "float16", *QUANTIZED_DTYPES)
+# kind in a shard record -> its file name (.format(shard index))
+SHARD_FILES = {
+    "vectors": "vectors-{:05d}.npy",
+    "codes": "codes-{:05d}.npy",  # binary shards: the int8 codes that rescore their candidates
+    "indptr": "indptr-{:05d}.npy",  # sparse shards: [n + 1] int64, row i's entries are indptr[i]:indptr[i+1]
+    "terms": "terms-{:05d}.npy",  # int32 term ids, ascending within a row
+    "weights": "weights-{:05d}.npy",  # float32, > 0
+    "ids": "ids-{:05d}.jsonl",
+    "spans": "spans-{:05d}.jsonl",  # chunked runs: [record, start, end] of each row (its record's characters)
+}
+SPARSE_KINDS = ("indptr", "terms", "weights")
+
+
+@dataclass(frozen=True)
+class EmbedSettings:
+    """How a corpus's texts become a folder's vectors: what the manifest stores, and what a resume must match.
+
+    Args:
+        pooling, normalize: embedding options (None: the model's, e.g. a sentence-transformers directory's);
+            for sparse vectors `pooling` is the SPLADE pooling (max, sum) and `normalize` must stay None.
+        prompt_name, prompt: a prefix before every text (`EmbedPipeline.prompt_text`; default: the model's).
+            The manifest stores the prefix itself, as `prompt`.
+        dtype: on disk (computed in float32): "float32", "float16", "int8" (calibrated on the first records) or
+            "binary" (sign bits, plus int8 codes for rescoring); sparse vectors are float32 weights.
+        sparse: SPLADE vectors of a masked-LM model (the embed-sparse task) as compressed rows.
+        max_terms: sparse only: keep each text's largest that many weights.
+        chunk, chunk_overlap: cut every text into windows of `chunk` tokens overlapping by `chunk_overlap`,
+            one row each (`text_chunks`). late_chunking: the whole text runs through the model once and each
+            chunk is the mean of its tokens' vectors (dense, mean pooling).
+        truncate: a text longer than the model's window is cut to it and counted (`wire_inputs`' rule); False
+            refuses the run before any model work (`embed_corpus.check_fit`).
+
+    Raises:
+        ConfigError: a setting that is invalid or does not apply to this kind of vectors (names the flag).
+    """
+
+    pooling: str | None = None
+    normalize: bool | None = None
+    prompt_name: str | None = None
+    prompt: str | None = None
+    dtype: str = "float32"
+    sparse: bool = False
+    max_terms: int | None = None
+    chunk: int | None = None
+    chunk_overlap: int | None = None
+    late_chunking: bool = False
+    truncate: bool = AUTO_TRUNCATE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.truncate, bool):
+            raise ConfigError(f"truncate must be true or false, got {self.truncate!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype {self.dtype!r} is not supported; use one of {DTYPES}")
+        if self.sparse and self.dtype != "float32":
+            raise ConfigError(f"sparse vectors are stored as float32 weights of their non-zero terms; remove --dtype "
+                              f"{self.dtype} (or --max-terms N keeps fewer terms)")
+        if self.sparse and self.normalize is not None:
+            raise ConfigError("sparse vectors are scored by their dot product as the model made them; remove "
+                              "--normalize / --no-normalize")
+        if not self.sparse and self.max_terms is not None:
+            raise ConfigError("--max-terms prunes sparse vectors; add --sparse (a masked-LM model) or remove it")
+        check_chunking(self.chunk, self.chunk_overlap)
+        if self.late_chunking and (self.chunk is None or self.sparse):
+            raise ConfigError("--late-chunking pools dense token vectors per chunk: add --chunk TOKENS"
+                              if self.chunk is None else "--late-chunking applies to dense vectors; remove it or "
+                              "--sparse")
+
+    @property
+    def kind(self) -> str:
+        """"sparse" or "dense"."""
+        return "sparse" if self.sparse else "dense"
+
+    @property
+    def chunking(self) -> dict[str, Any] | None:
+        """{"chunk", "chunk_overlap", "late"} of a chunked run, else None."""
+        if self.chunk is None:
+            return None
+        return {"chunk": self.chunk, "chunk_overlap": self.chunk_overlap or 0, "late": self.late_chunking}
+
+    def options(self) -> dict[str, Any]:
+        """The family options given (those left None take the model's): pooling, normalize, max_terms."""
+        return {name: value for name, value in (("pooling", self.pooling), ("normalize", self.normalize),
+                                                ("max_terms", self.max_terms)) if value is not None}
+
+
+def embed_settings(manifest: dict[str, Any]) -> EmbedSettings:
+    """The settings a manifest records: its "settings" (version 2), else gathered from a version 1 manifest's
+    "kind", "dtype", "chunking" and "embedding"."""
+    if "settings" in manifest:
+        known = {f.name for f in fields(EmbedSettings)}
+        return EmbedSettings(**{k: v for k, v in manifest["settings"].items() if k in known})
+    embedding, chunking = manifest["embedding"], manifest.get("chunking") or {}
+    sparse = manifest.get("kind", "dense") == "sparse"
+    return EmbedSettings(pooling=embedding.get("pooling"), normalize=None if sparse else embedding.get("normalize"),
+                         prompt=embedding.get("prompt"), dtype=manifest["dtype"], sparse=sparse,
+                         max_terms=embedding.get("max_terms") if sparse else None, chunk=chunking.get("chunk"),
+                         chunk_overlap=chunking.get("chunk_overlap") if chunking else None,
+                         late_chunking=bool(chunking.get("late", False)),
+                         truncate=manifest.get("truncate", AUTO_TRUNCATE))
+
+
+def progress_path(out: Path, index: int) -> Path:
+    """The record that says shard `index` of a folder of resumable parts is done."""
+    return out / PROGRESS_DIR / PROGRESS_NAME.format(index)
+
+
+# --- the manifest --------------------------------------------------------------------------------------------
+
+def identity(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What a resume must match: the model's files, the settings and model options, the shard size, how the input
+    is read and the input files themselves (the batch size and device may change: they move vectors only by
+    float rounding). A version 1 manifest of the same run has the same identity."""
+    return {"format": manifest["format"], "model": manifest["model"]["fingerprint"],
+            "settings": asdict(embed_settings(manifest)), "embedding": manifest["embedding"],
+            "shard_size": manifest["shard_size"], "input settings": manifest["input"]["settings"],
+            "input files": manifest["input"]["files"]}
+
+
+def describe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Plain phrases for the identity keys that differ between a manifest and this run."""
+    changes = []
+    for key, was in identity(old).items():
+        now = identity(new)[key]
+        if was == now:
+            continue
+        if key == "model":
+            changes.append(f"another model (the folder's was {old['model']['path']})")
+        elif key == "input files":
+            before, after = ({f["name"]: f for f in files} for files in (was, now))
+            names = sorted(set(before) ^ set(after)) or [n for n in after if before[n] != after[n]]
+            changes.append(f"the input files changed ({', '.join(names[:3])})")
+        elif isinstance(was, dict):
+            changes += [f"{name} {was.get(name)!r} -> {now.get(name)!r}" for name in sorted(set(was) | set(now))
+                        if was.get(name) != now.get(name)]
+        else:
+            changes.append(f"{key} {was!r} -> {now!r}")
+    return list(dict.fromkeys(changes))  # pooling, normalize, prompt: in the settings and the model's options
+
+
+def new_manifest(model_dir: str | os.PathLike, settings: EmbedSettings, embedding: dict[str, Any], dim: int,
+                 inputs: str | os.PathLike, sources: Sequence[SourceFile], corpus: CorpusSettings,
+                 shard_size: int) -> dict[str, Any]:
+    """The manifest of a run before any shard: its identity, "complete": false.
+
+    Args:
+        settings: the run's settings, resolved (pooling and normalize the model's where not given; `prompt` the
+            prefix itself).
+        embedding: the pipeline's options that make the vectors (pooling, normalize, layer or the sparse ones),
+            the prompt, the window (`max_length`) and the precision: what the queries are embedded with.
+        dim: the width of a vector (a sparse one's: the vocabulary's).
+    """
+    stats = [(source.name, source.path.stat()) for source in sources]
+    files = [{"name": name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns} for name, stat in stats]
+    return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "complete": False,
+            "model": {"path": str(Path(model_dir).resolve()), "fingerprint": model_fingerprint(model_dir)},
+            "kind": settings.kind, "settings": asdict(settings), "embedding": embedding,
+            "similarity": "dot" if settings.sparse or not embedding["normalize"] else "cosine",
+            "dim": dim, "dtype": settings.dtype, "shard_size": shard_size,
+            # absolute, not resolved: the files are named as the user named them (a symlinked input keeps its
+            # name, which --show-text looks up again)
+            "input": {"path": str(Path(inputs).absolute()), "files": files,
+                      "settings": {**asdict(corpus), "single_file": Path(inputs).is_file()}},
+            "count": None, "tokens": None, "truncated": None, "shards": []}
+
+
+def read_manifest(out: Path) -> dict[str, Any] | None:
+    """The folder's manifest (version 1 or 2), None when it has none."""
+    try:
+        manifest = storage.read_json(out / MANIFEST_NAME, what="embedding manifest")
+    except FileNotFoundError:
+        return None
+    except ValueError as error:
+        raise ConfigError(f"{error}; delete the folder to start over") from None
+    try:
+        if manifest["format"] != FORMAT_NAME or manifest["version"] not in READABLE_VERSIONS:
+            raise KeyError("version")
+        identity(manifest)
+    except (KeyError, TypeError, ConfigError):
+        raise ConfigError(f"{out / MANIFEST_NAME} is not a bertforge embedding manifest (of this version); "
+                          "choose another folder") from None
+    return manifest
+
+
+def start_output(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Check the output folder against this run and prepare it (rank 0, before any rank writes): a new
+    folder gets the manifest, a folder of the same run loses the temporary files a killed run left behind.
+
+    Returns:
+        The manifest in force: the folder's own when it is complete and all its shards are present.
+
+    Raises:
+        ConfigError: the folder holds another run's vectors (the message says what differs) or other files.
+    """
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file; --out names the folder to write the shards into")
+    out.mkdir(parents=True, exist_ok=True)
+    existing = read_manifest(out)
+    if existing is None:
+        foreign = [p.name for p in out.iterdir() if not p.name.endswith(".tmp")]
+        if foreign:
+            raise ConfigError(f"{out} is not empty ({', '.join(sorted(foreign)[:3])} ...) and holds no "
+                              f"{MANIFEST_NAME}; choose a new or empty --out folder")
+    else:
+        changes = describe_changes(existing, manifest)
+        if changes:
+            raise ConfigError(f"{out} holds vectors made differently ({'; '.join(changes)}); rerun with the same "
+                              "model, options and input to resume, or choose another --out (or delete the folder) "
+                              "to start over")
+        if existing["complete"] and all(finished(out, shard["index"]) for shard in existing["shards"]):
+            return existing
+    for stale in [*out.glob(".*.tmp"), *(out / PROGRESS_DIR).glob(".*.tmp")]:
+        stale.unlink(missing_ok=True)  # a killed run's half-written file; its shard is redone
+    storage.write_json(out / MANIFEST_NAME, manifest)
+    return manifest
+
+
+def finished(out: Path, index: int) -> dict[str, Any] | None:
+    """The record of shard `index` when it is done (record present, every file of its recorded size)."""
+    try:
+        record = json.loads(progress_path(out, index).read_text(encoding="utf-8"))
+        for kind in record["bytes"]:
+            if (out / record[kind]).stat().st_size != record["bytes"][kind]:
+                return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return record
+
+
+def shard_error(directory: Path, shard: dict[str, Any], kind: str, problem: str) -> ConfigError:
+    """The one error of a shard file that is not what the manifest records, with the way to rewrite it."""
+    progress = progress_path(directory, shard["index"])
+    return ConfigError(f"{directory / shard[kind]}: {problem}; the folder's vectors are not the ones `bertforge "
+                       f"embed` wrote: delete {progress} and rerun the same `bertforge embed` command to rewrite "
+                       "that shard")
+
+
+def check_shard_sizes(directory: Path, manifest: dict[str, Any]) -> None:
+    """Every file of every shard is present with the size the manifest records (no hashing: a stat each).
+
+    Raises:
+        ConfigError: a shard file is missing or of another size (truncated, or another folder's), naming it.
+    """
+    for shard in manifest["shards"]:
+        for kind, size in shard["bytes"].items():
+            path = directory / shard[kind]
+            try:
+                actual = path.stat().st_size
+            except FileNotFoundError:
+                raise shard_error(directory, shard, kind, f"missing, though {MANIFEST_NAME} lists it") from None
+            if actual != size:
+                raise shard_error(directory, shard, kind, f"{actual} bytes, but {size} were written (truncated or "
+                                  "replaced)")
+
+
+def verify_shard_file(directory: Path, shard: dict[str, Any], kind: str) -> Path:
+    """The path of shard file `kind` of `shard` (a manifest entry) after comparing its sha256 with the one the
+    manifest records (nothing to compare for an entry without one; skipped with BERTFORGE_SKIP_CHECKSUM=1).
+    sha256 reads a file once more (about 0.5 GB/s a core on the shared 2-core test machine): an open folder
+    hashes each file once, the first time it reads it, never per query.
+
+    Raises:
+        ConfigError: the file differs (rows reordered or rewritten, another folder's file copied in).
+    """
+    path = directory / shard[kind]
+    sha256 = shard.get("sha256", {}).get(kind)
+    if sha256 is not None and not storage.checksums_skipped():
+        problem = storage.file_differs(path, {"sha256": sha256, "bytes": shard["bytes"][kind]}, MANIFEST_NAME)
+        if problem is not None:
+            raise shard_error(directory, shard, kind, problem)
+    return path
+
+
+def sparse_arrays(rows: SparseRows) -> dict[str, np.ndarray]:
+    """The arrays one sparse shard stores: {"indptr", "terms", "weights"}."""
+    return {"indptr": rows.indptr.astype(np.int64), "terms": rows.indices.astype(np.int32),
+            "weights": rows.values.astype(np.float32)}
+
+
+def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray | SparseRows, dtype: str,
+                tokens: int, calibration: dict[str, Any] | None = None,
+                spans: Sequence[Sequence[int]] | None = None, truncated: int = 0) -> dict[str, Any]:
+    """Write one shard's vectors (coded as `dtype`: `vector_quantization.coded`; a binary shard also its int8
+    codes; sparse rows as `sparse_arrays`), then its ids, then its record (each atomically, the record with its
+    texts cut to the window, `truncated`); return the record."""
+    arrays = sparse_arrays(vectors) if isinstance(vectors, SparseRows) else coded(vectors, dtype, calibration)
+    data = {}
+    for kind, array in arrays.items():
+        buffer = io.BytesIO()
+        np.save(buffer, array, allow_pickle=False)
+        data[kind] = buffer.getvalue()
+    data["ids"] = "".join(json.dumps(ident, ensure_ascii=False) + "\n" for ident in ids).encode("utf-8")
+    if spans is not None:
+        data["spans"] = "".join(json.dumps(list(span)) + "\n" for span in spans).encode("utf-8")
+    names = {kind: SHARD_FILES[kind].format(index) for kind in data}
+    for kind, payload in data.items():
+        storage.write_bytes(out / names[kind], payload)
+    record = {"index": index, **names, "count": len(ids), "tokens": tokens, "truncated": truncated,
+              "bytes": {kind: len(payload) for kind, payload in data.items()},
+              "sha256": {kind: hashlib.sha256(payload).hexdigest() for kind, payload in data.items()}}
+    if isinstance(vectors, SparseRows):
+        record["nonzero"] = len(vectors.indices)  # stored terms, all texts together
+    storage.write_json(progress_path(out, index), record)
+    return record
+
+
+def finish_output(out: Path, manifest: dict[str, Any], shards: int) -> dict[str, Any]:
+    """The final manifest (rank 0, once every rank is done): every shard's record, read back from disk.
+
+    Raises:
+        ConfigError: a shard is missing (on several nodes: the folder is not on a filesystem they share).
+    """
+    records = [finished(out, index) for index in range(shards)]
+    missing = [index for index, record in enumerate(records) if record is None]
+    if missing:
+        raise ConfigError(f"{out}: shards {missing[:5]} are missing after every rank finished; on several nodes "
+                          "--out must be a folder every node sees (a shared filesystem); rerun to finish them")
+    final = {**manifest, "complete": True, "count": sum(r["count"] for r in records),
+             "tokens": sum(r["tokens"] for r in records),
+             "truncated": sum(r.get("truncated", 0) for r in records), "shards": records}
+    storage.write_json(out / MANIFEST_NAME, final)
+    return final
+
+
+# --- reading a finished folder ---------------------------------------------------------------------------------
+
+class VectorFolder:
+    """A complete vector folder, opened for reading (nothing is loaded until a shard is asked for).
+
+    Args:
+        directory: the `--out` folder of `bertforge embed`.
+
+    Every shard file is checked against the manifest: its size at open (`check_shard_sizes`), its sha256 the
+    first time this folder reads it (`shard_path`): a shard rewritten or copied in is refused, never read.
+
+    Raises:
+        ConfigError: no manifest, an unfinished run, or a shard file missing or of another size.
+    """
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        manifest = read_manifest(self.directory) if self.directory.is_dir() else None
+        if manifest is None:
+            raise ConfigError(f"{self.directory}: no {MANIFEST_NAME}; give the folder `bertforge embed --out` wrote")
+        if not manifest["complete"]:
+            raise ConfigError(f"{self.directory}: the embedding run has not finished; rerun the same `bertforge "
+                              "embed` command to complete it")
+        check_shard_sizes(self.directory, manifest)
+        self.verified: set[tuple[int, str]] = set()
+        self.manifest = manifest
+        self.settings = embed_settings(manifest)
+        self.shards: list[dict[str, Any]] = manifest["shards"]
+        self.offsets = np.cumsum([0] + [shard["count"] for shard in self.shards])  # global row of each shard
+        self.count = int(self.offsets[-1])
+        self.dim = int(manifest["dim"])
+
+    @property
+    def kind(self) -> str:
+        """"dense" (vectors) or "sparse" (`bertforge embed --sparse`: compressed rows of term weights)."""
+        return self.settings.kind
+
+    @property
+    def similarity(self) -> str:
+        """"cosine" (the vectors are normalized) or "dot"."""
+        return self.manifest["similarity"]
+
+    @property
+    def chunked(self) -> bool:
+        """Whether a row is a chunk of its record (`embed --chunk`), with its characters in the spans files."""
+        return self.settings.chunk is not None
+
+    def shard_path(self, index: int, kind: str) -> Path:
+        """Shard `index`'s `kind` file, its sha256 compared with the manifest's the first time this folder
+        reads it (`verify_shard_file`)."""
+        if (index, kind) not in self.verified:
+            verify_shard_file(self.directory, self.shards[index], kind)
+            self.verified.add((index, kind))
+        return self.directory / self.shards[index][kind]
+
+    def shard_vectors(self, index: int, kind: str = "vectors") -> np.ndarray:
+        """Shard `index`'s stored vectors (float [n, H], int8 codes [n, H] or sign bits [n, H / 8]; `kind`
+        "codes": a binary shard's int8 codes), memory-mapped (read from disk as they are used)."""
+        return np.load(self.shard_path(index, kind), mmap_mode="r", allow_pickle=False)
+
+    def shard_rows(self, index: int) -> SparseRows:
+        """The rows of one sparse shard, checked against its record."""
+        record = self.shards[index]
+        try:
+            arrays = {kind: np.load(self.shard_path(index, kind), allow_pickle=False) for kind in SPARSE_KINDS}
+            rows = SparseRows(arrays["indptr"], arrays["terms"], arrays["weights"], self.dim)
+        except (OSError, ValueError, KeyError, InputError) as error:
+            raise ConfigError(f"{self.directory}: sparse shard {record.get('index')} is unreadable ({error}); rerun "
+                              "`bertforge embed --sparse` to rewrite it") from None
+        if len(rows) != record["count"]:
+            raise ConfigError(f"{self.directory}: sparse shard {record['index']} holds {len(rows)} rows, its record "
+                              f"says {record['count']}; rerun `bertforge embed --sparse` to rewrite it")
+        return rows
+
+    def checksums(self, kinds: Sequence[str]) -> list[list[str]]:
+        """Each shard's recorded sha256 of its `kinds` files, in shard order (what an index is built from)."""
+        return [[shard["sha256"][kind] for kind in kinds] for shard in self.shards]
+
+    def ids_at(self, rows: np.ndarray) -> list[list[str]]:
+        """The ids of global rows [Q, k], reading only the ids files that hold one of them."""
+        return self.lines_at(rows, "ids")
+
+    def spans_at(self, rows: np.ndarray) -> list[list[list[int]]]:
+        """[record, start, end] of global rows [Q, k] of an `embed --chunk` folder (its spans files)."""
+        return self.lines_at(rows, "spans")
+
+    def lines_at(self, rows: np.ndarray, kind: str) -> list[list[Any]]:
+        """The JSON lines of global rows [Q, k] in the shards' `kind` files, reading only those that hold one."""
+        wanted = sorted({int(row) for row in np.asarray(rows).ravel()})
+        found: dict[int, str] = {}
+        shard_of = np.searchsorted(self.offsets, wanted, side="right") - 1
+        for shard in sorted(set(shard_of.tolist())):
+            needed = {row - int(self.offsets[shard]) for row, s in zip(wanted, shard_of) if s == shard}
+            with open(self.shard_path(shard, kind), encoding="utf-8") as handle:
+                for line_index, line in enumerate(handle):
+                    if line_index in needed:
+                        found[line_index + int(self.offsets[shard])] = json.loads(line)
+        return [[found[int(row)] for row in query_rows] for query_rows in np.asarray(rows)]
+
+
+__all__ = ["DTYPES", "FORMAT_VERSION", "MANIFEST_NAME", "SHARD_FILES", "EmbedSettings", "VectorFolder",
+           "check_shard_sizes", "describe_changes", "embed_settings", "finish_output", "finished", "identity", "new_manifest",
+           "progress_path", "read_manifest", "start_output", "verify_shard_file", "write_shard"]
