@@ -18,8 +18,8 @@ compared with the mean of the alone phases before and after it, as the machine's
 large client's last answer is read, so a stall at the end of one counts). A prober sends
 `GET /health` throughout, one at a time and 20 ms apart (a liveness probe, not a load of its own), and counts
 its answers per phase, with the longest wait for one. `--src` runs the server from another checkout (the code
-before a change) with the same requests; `--max-request-share` is passed to the server (1: admission by the
-measured speed lets the openai SDK's full batch in on a busy machine).
+before a change) with the same requests; `--max-request-share` is passed to a server that still has it (code
+from before admission stopped using the measured speed: 1 lets the openai SDK's full batch in on a busy machine).
 
     python -m benchmarks.serve_answers --clients 64 --seconds 30 --json FILE
     python -m benchmarks.serve_answers --clients 64 --seconds 30 --src /tmp/before/src
