@@ -93,8 +93,10 @@ class SparseIndex(VectorIndex):
                         self.directory, error)
         return index
 
-    def search_sparse(self, queries: SparseRows, top_k: int = DEFAULT_TOP_K) -> tuple[np.ndarray, np.ndarray]:
-        """([Q, k] scores, [Q, k] global rows) of each query's best rows, best first (equal scores: lower row).
+    def search_sparse(self, queries: SparseRows, top_k: int = DEFAULT_TOP_K,
+                      rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """([Q, k] scores, [Q, k] global rows) of each query's best rows, best first (equal scores: lower row),
+        among the live rows (`VectorFolder.live`) that are also in `rows` ([count] bool; None: all).
 
         Raises:
             ConfigError: the queries are of another vocabulary than the folder's.
@@ -104,8 +106,8 @@ class SparseIndex(VectorIndex):
             raise ConfigError(f"query vectors have {queries.width} terms, {self.directory} holds vectors of "
                               f"{self.dim}: embed the queries with the folder's model")
         block = max(1, min(64, SCORE_BUDGET // max(1, self.count)))
-        rows, scores = self.inverted().search(queries, top_k, query_block=block)
-        return scores, rows
+        found, scores = self.inverted().search(queries, top_k, query_block=block, allowed=self.allowed(rows))
+        return scores, found
 
 
 def build_inverted(index: SparseIndex) -> InvertedIndex:

@@ -21,6 +21,8 @@ import hashlib
 import io
 import json
 import os
+import re
+import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -39,6 +41,7 @@ from bertforge.retrieval.vector_quantization import QUANTIZED_DTYPES, coded
 MANIFEST_NAME = "manifest.json"
 PROGRESS_DIR = "progress"
 PROGRESS_NAME = "shard-{:05d}.json"  # .format(shard index)
+PROGRESS_FILE = re.compile(r"^shard-\d{5}\.json$")
 FORMAT_NAME = "bertforge-embeddings"
 # 2: the manifest holds "settings" (`EmbedSettings`); version 1 folders (their settings spread over "kind",
 # "dtype", "chunking" and "embedding") still read, and resume.
@@ -54,7 +57,11 @@ SHARD_FILES = {
     "weights": "weights-{:05d}.npy",  # float32, > 0
     "ids": "ids-{:05d}.jsonl",
     "spans": "spans-{:05d}.jsonl",  # chunked runs: [record, start, end] of each row (its record's characters)
+    "records": "records-{:05d}.jsonl",  # compacted shards of unchunked folders: each row's record in its input
 }
+# The rows deleted (or replaced) since the folder was embedded: sorted int64 global rows, one file per
+# generation (.format(generation)), so that a change never rewrites the file the manifest in force names.
+TOMBSTONES_NAME = "tombstones-{:05d}.npy"
 SPARSE_KINDS = ("indptr", "terms", "weights")
 
 
@@ -190,18 +197,23 @@ def new_manifest(model_dir: str | os.PathLike, settings: EmbedSettings, embeddin
             the prompt, the window (`max_length`) and the precision: what the queries are embedded with.
         dim: the width of a vector (a sparse one's: the vocabulary's).
     """
-    stats = [(source.name, source.path.stat()) for source in sources]
-    files = [{"name": name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns} for name, stat in stats]
     return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "complete": False,
             "model": {"path": str(Path(model_dir).resolve()), "fingerprint": model_fingerprint(model_dir)},
             "kind": settings.kind, "settings": asdict(settings), "embedding": embedding,
             "similarity": "dot" if settings.sparse or not embedding["normalize"] else "cosine",
             "dim": dim, "dtype": settings.dtype, "shard_size": shard_size,
-            # absolute, not resolved: the files are named as the user named them (a symlinked input keeps its
-            # name, which --show-text looks up again)
-            "input": {"path": str(Path(inputs).absolute()), "files": files,
-                      "settings": {**asdict(corpus), "single_file": Path(inputs).is_file()}},
-            "count": None, "tokens": None, "shards": []}
+            "input": input_record(inputs, sources, corpus), "count": None, "tokens": None, "shards": []}
+
+
+def input_record(inputs: str | os.PathLike, sources: Sequence[SourceFile], corpus: CorpusSettings) -> dict[str, Any]:
+    """What a manifest records of an input ("input", or one of "additions"): its path, each file's name, size
+    and mtime, and how it was read (what --show-text reads again, refusing a file that changed)."""
+    stats = [(source.name, source.path.stat()) for source in sources]
+    files = [{"name": name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns} for name, stat in stats]
+    # absolute, not resolved: the files are named as the user named them (a symlinked input keeps its name, which
+    # --show-text looks up again)
+    return {"path": str(Path(inputs).absolute()), "files": files,
+            "settings": {**asdict(corpus), "single_file": Path(inputs).is_file()}}
 
 
 def read_manifest(out: Path) -> dict[str, Any] | None:
@@ -275,10 +287,20 @@ def sparse_arrays(rows: SparseRows) -> dict[str, np.ndarray]:
 
 def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray | SparseRows, dtype: str,
                 tokens: int, calibration: dict[str, Any] | None = None,
-                spans: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
+                spans: Sequence[Sequence[int]] | None = None, **extra: Any) -> dict[str, Any]:
     """Write one shard's vectors (coded as `dtype`: `vector_quantization.coded`; a binary shard also its int8
-    codes; sparse rows as `sparse_arrays`), then its ids, then its record (each atomically); return the record."""
+    codes; sparse rows as `sparse_arrays`), then its ids, then its record (each atomically); return the record.
+    `extra`: more keys of the record (`write_shard_arrays`)."""
     arrays = sparse_arrays(vectors) if isinstance(vectors, SparseRows) else coded(vectors, dtype, calibration)
+    return write_shard_arrays(out, index, arrays, ids, tokens, spans, **extra)
+
+
+def write_shard_arrays(out: Path, index: int, arrays: dict[str, np.ndarray], ids: Sequence[str], tokens: int,
+                       spans: Sequence[Sequence[int]] | None = None, records: Sequence[int] | None = None,
+                       **extra: Any) -> dict[str, Any]:
+    """Write one shard's stored arrays as they are (`SHARD_FILES` kinds: "vectors", "codes" or the sparse ones),
+    its ids, spans and `records` (each row's record in its input, where rows are not consecutive records), then
+    its record with `extra` keys ("source", "first_record": `VectorFolder.records_at`), each file atomically."""
     data = {}
     for kind, array in arrays.items():
         buffer = io.BytesIO()
@@ -287,14 +309,16 @@ def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray |
     data["ids"] = "".join(json.dumps(ident, ensure_ascii=False) + "\n" for ident in ids).encode("utf-8")
     if spans is not None:
         data["spans"] = "".join(json.dumps(list(span)) + "\n" for span in spans).encode("utf-8")
+    if records is not None:
+        data["records"] = "".join(f"{int(record)}\n" for record in records).encode("utf-8")
     names = {kind: SHARD_FILES[kind].format(index) for kind in data}
     for kind, payload in data.items():
         storage.write_bytes(out / names[kind], payload)
     record = {"index": index, **names, "count": len(ids), "tokens": tokens,
               "bytes": {kind: len(payload) for kind, payload in data.items()},
-              "sha256": {kind: hashlib.sha256(payload).hexdigest() for kind, payload in data.items()}}
-    if isinstance(vectors, SparseRows):
-        record["nonzero"] = len(vectors.indices)  # stored terms, all texts together
+              "sha256": {kind: hashlib.sha256(payload).hexdigest() for kind, payload in data.items()}, **extra}
+    if "indptr" in arrays:
+        record["nonzero"] = int(arrays["indptr"][-1])  # stored terms, all texts together
     storage.write_json(progress_path(out, index), record)
     return record
 
@@ -314,6 +338,86 @@ def finish_output(out: Path, manifest: dict[str, Any], shards: int) -> dict[str,
              "tokens": sum(r["tokens"] for r in records), "shards": records}
     storage.write_json(out / MANIFEST_NAME, final)
     return final
+
+
+# --- changing a finished folder (`folder_growth`) -------------------------------------------------------------
+
+# Files a folder's manifest names, by name: what `sweep_folder` may remove once no manifest names them.
+SHARD_FILE = re.compile(r"^(?:{})-\d{{5}}\.(?:npy|jsonl)$".format("|".join(SHARD_FILES)))
+TOMBSTONES_FILE = re.compile(r"^tombstones-\d{5}\.npy$")
+
+
+def write_tombstones(out: Path, generation: int, rows: np.ndarray) -> dict[str, Any] | None:
+    """Write the deleted rows of generation `generation` (sorted, unique int64 global rows) atomically under
+    their own name; return the manifest's "tombstones" entry (None when no row is deleted)."""
+    rows = np.unique(np.asarray(rows, dtype=np.int64))
+    if not len(rows):
+        return None
+    buffer = io.BytesIO()
+    np.save(buffer, rows, allow_pickle=False)
+    payload = buffer.getvalue()
+    name = TOMBSTONES_NAME.format(generation)
+    storage.write_bytes(out / name, payload)
+    return {"file": name, "count": len(rows), "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+
+
+def read_tombstones(out: Path, manifest: dict[str, Any]) -> np.ndarray:
+    """The folder's deleted rows (sorted int64 global rows; none for a folder never changed).
+
+    Raises:
+        ConfigError: the tombstones file the manifest names is missing or not the one written.
+    """
+    entry = manifest.get("tombstones")
+    if not entry:
+        return np.zeros(0, np.int64)
+    path = out / entry["file"]
+    try:
+        payload = path.read_bytes()
+        if len(payload) != entry["bytes"] or hashlib.sha256(payload).hexdigest() != entry["sha256"]:
+            raise ValueError("not the file written")
+        rows = np.load(io.BytesIO(payload), allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{path}: the folder's deleted rows are unreadable ({error}); the folder's changes cannot "
+                          "be told apart: embed it again") from None
+    return rows.astype(np.int64)
+
+
+def commit_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    """The commit point of a change to a finished folder: its new manifest, written atomically (every file it
+    names was written before); then the files no manifest names any more go (`sweep_folder`). A process killed
+    before the rename leaves the old manifest in force, after it the new one."""
+    storage.write_json(out / MANIFEST_NAME, manifest)
+    sweep_folder(out, manifest)
+
+
+def sweep_folder(out: Path, manifest: dict[str, Any]) -> list[str]:
+    """Remove the shard files, shard records and tombstones of a finished folder that its manifest does not name
+    (an interrupted change's, or the shards a compaction replaced), and the temporary files that dead writers
+    left (this process's too: it holds the change lock and writes nothing else now); return the names removed.
+    Indexes built beside the shards keep their own files."""
+    named = {shard[kind] for shard in manifest["shards"] for kind in shard["bytes"]}
+    records = {PROGRESS_NAME.format(shard["index"]) for shard in manifest["shards"]}
+    if manifest.get("tombstones"):
+        named.add(manifest["tombstones"]["file"])
+    removed = []
+    for folder, keep, pattern in ((out, named, None), (out / PROGRESS_DIR, records, PROGRESS_FILE)):
+        for path in folder.iterdir() if folder.is_dir() else ():
+            name, temporary = path.name, storage.TEMPORARY_NAME.match(path.name)
+            if temporary is not None:
+                pid = int(temporary["pid"])
+                if pid != os.getpid() and storage.process_alive(pid):
+                    continue  # a search saving an index it built, still running
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+            elif name not in keep and (pattern.match(name) if pattern else
+                                       SHARD_FILE.match(name) or TOMBSTONES_FILE.match(name)):
+                path.unlink(missing_ok=True)
+            else:
+                continue
+            removed.append(name)
+    return removed
 
 
 # --- reading a finished folder ---------------------------------------------------------------------------------
@@ -347,6 +451,9 @@ class VectorFolder:
         self.offsets = np.cumsum([0] + [shard["count"] for shard in self.shards])  # global row of each shard
         self.count = int(self.offsets[-1])
         self.dim = int(manifest["dim"])
+        self.deleted = read_tombstones(self.directory, manifest)  # rows deleted or replaced since embedding
+        self.live_count = self.count - len(self.deleted)
+        self._live: np.ndarray | None = None
 
     @property
     def kind(self) -> str:
@@ -362,6 +469,71 @@ class VectorFolder:
     def chunked(self) -> bool:
         """Whether a row is a chunk of its record (`embed --chunk`), with its characters in the spans files."""
         return self.settings.chunk is not None
+
+    @property
+    def live(self) -> np.ndarray | None:
+        """[count] bool: the rows a search may return (False: deleted or replaced); None when none is deleted."""
+        if self._live is None and len(self.deleted):
+            self._live = np.ones(self.count, dtype=bool)
+            self._live[self.deleted] = False
+        return self._live
+
+    def allowed(self, rows: np.ndarray | None = None) -> np.ndarray | None:
+        """[count] bool: the live rows that are also among `rows` ([count] bool; None: all); None: every row."""
+        if rows is None:
+            return self.live
+        return rows if self.live is None else rows & self.live
+
+    def input_of(self, source: int) -> dict[str, Any]:
+        """The manifest with the "input" its rows of `source` were read from (0: the embedded input, k: the k-th
+        `bertforge add`'s), for `vector_texts.record_texts`."""
+        return self.manifest if source == 0 else {**self.manifest, "input": self.manifest["additions"][source - 1]}
+
+    def records_at(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(source, record) of global rows [Q, k]: which input each row's record was read from (`input_of`)
+        and its place there (0-based): the spans of a chunked folder, the records file of a compacted shard,
+        else the shard's first record plus the row's place in it."""
+        rows = np.asarray(rows, dtype=np.int64)
+        flat = rows.ravel()
+        shard_of = np.searchsorted(self.offsets, flat, side="right") - 1
+        sources = np.array([self.shards[s].get("source", 0) for s in shard_of.tolist()], dtype=np.int64)
+        if self.chunked:
+            records = np.array([span[0] for span in self.spans_at(flat[None, :])[0]], dtype=np.int64)
+            return sources.reshape(rows.shape), records.reshape(rows.shape)
+        records = np.empty(len(flat), dtype=np.int64)
+        listed = np.array(["records" in self.shards[s] for s in shard_of.tolist()], dtype=bool)
+        if listed.any():
+            records[listed] = self.lines_at(flat[listed][None, :], "records")[0]
+        for position in np.nonzero(~listed)[0].tolist():
+            shard = int(shard_of[position])
+            first = self.shards[shard].get("first_record", int(self.offsets[shard]))
+            records[position] = first + int(flat[position]) - int(self.offsets[shard])
+        return sources.reshape(rows.shape), records.reshape(rows.shape)
+
+    def rows_of(self, ids: set[str]) -> dict[str, list[int]]:
+        """The live global rows of each of `ids` found in the folder (several for a chunked record or an id given
+        twice), reading every ids file once."""
+        found: dict[str, list[int]] = {}
+        live = self.live
+        for shard in range(len(self.shards)):
+            first = int(self.offsets[shard])
+            for row, ident in enumerate(self.shard_lines(shard, "ids"), start=first):
+                if ident in ids and (live is None or live[row]):
+                    found.setdefault(ident, []).append(row)
+        return found
+
+    def shard_lines(self, index: int, kind: str) -> list[Any]:
+        """Every JSON line of shard `index`'s `kind` file ("ids", "spans", "records")."""
+        with open(self.directory / self.shards[index][kind], encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle]
+
+    def shard_arrays(self, index: int) -> dict[str, np.ndarray]:
+        """Shard `index`'s stored arrays as `write_shard_arrays` takes them: "vectors" (and a binary shard's
+        "codes"), or the sparse rows' "indptr", "terms", "weights"."""
+        if self.kind == "sparse":
+            return sparse_arrays(self.shard_rows(index))
+        return {kind: np.asarray(self.shard_vectors(index, kind)) for kind in ("vectors", "codes")
+                if kind in self.shards[index]}
 
     def shard_vectors(self, index: int, kind: str = "vectors") -> np.ndarray:
         """Shard `index`'s stored vectors (float [n, H], int8 codes [n, H] or sign bits [n, H / 8]; `kind`
@@ -408,6 +580,7 @@ class VectorFolder:
         return [[found[int(row)] for row in query_rows] for query_rows in np.asarray(rows)]
 
 
-__all__ = ["DTYPES", "FORMAT_VERSION", "MANIFEST_NAME", "SHARD_FILES", "EmbedSettings", "VectorFolder",
-           "describe_changes", "embed_settings", "finish_output", "finished", "identity", "new_manifest",
-           "progress_path", "read_manifest", "start_output", "write_shard"]
+__all__ = ["DTYPES", "FORMAT_VERSION", "MANIFEST_NAME", "SHARD_FILES", "TOMBSTONES_NAME", "EmbedSettings",
+           "VectorFolder", "commit_manifest", "describe_changes", "embed_settings", "finish_output", "finished",
+           "identity", "input_record", "new_manifest", "progress_path", "read_manifest", "read_tombstones", "start_output",
+           "sweep_folder", "write_shard", "write_shard_arrays", "write_tombstones"]

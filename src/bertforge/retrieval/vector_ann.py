@@ -62,11 +62,12 @@ def import_faiss() -> Any:
     return faiss
 
 
-def shards_key(manifest: dict[str, Any]) -> str:
+def shards_key(manifest: dict[str, Any], shards: int | None = None) -> str:
     """sha256 over what decides the indexed vectors: every shard's vectors file (its recorded sha256 and row
-    count, in order), the dtype, width and int8 calibration. Re-embedding the folder changes it."""
+    count, in order; the first `shards` of them), the dtype, width and int8 calibration. Re-embedding the folder
+    changes it; `bertforge add` appends shards, whose first ones keep the key the graph was built with."""
     parts = {"dtype": manifest["dtype"], "dim": manifest["dim"], "calibration": manifest.get("calibration"),
-             "shards": [[shard["sha256"]["vectors"], shard["count"]] for shard in manifest["shards"]]}
+             "shards": [[shard["sha256"]["vectors"], shard["count"]] for shard in manifest["shards"][:shards]]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -117,18 +118,61 @@ def build_ann(directory: str | os.PathLike, *, m: int = DEFAULT_M, ef_constructi
         for start in range(0, len(vectors), BLOCK_ROWS):  # rows are added in global order: faiss id = row
             graph.add(float_block(index, vectors[start:start + BLOCK_ROWS]))
     seconds = time.perf_counter() - started
-    path = index.directory / GRAPH_NAME
-    with storage.atomic_path(path) as tmp:
-        faiss.write_index(graph, str(tmp))
     record = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "kind": "hnsw", "metric": "inner_product",
               "similarity": index.similarity, "count": index.count, "dim": index.dim,
-              "shards_key": shards_key(index.manifest), "m": m, "ef_construction": ef_construction,
-              "ef_search": ef_search, "faiss": faiss.__version__, "threads": faiss.omp_get_max_threads(),
-              "file": GRAPH_NAME, "bytes": path.stat().st_size, "build_seconds": round(seconds, 3)}
-    storage.write_json(index.directory / ANN_NAME, record)
+              "shards_key": shards_key(index.manifest), "shards": len(index.shards), "m": m,
+              "ef_construction": ef_construction, "ef_search": ef_search, "faiss": faiss.__version__,
+              "threads": faiss.omp_get_max_threads(), "file": GRAPH_NAME, "build_seconds": round(seconds, 3)}
+    record = save_graph(index, graph, record)
     log.info("HNSW index of %d vectors built in %.1f s (%d threads): %s", index.count, seconds,
-             record["threads"], path)
+             record["threads"], index.directory / GRAPH_NAME)
     return record
+
+
+def save_graph(index: VectorIndex, graph: Any, record: dict[str, Any]) -> dict[str, Any]:
+    """Save a graph under its record's "file", then the record (`ann.json`, the index's commit point: it always
+    names a whole graph of the vectors it records), then remove the graph files it no longer names."""
+    faiss = import_faiss()
+    path = index.directory / record["file"]
+    with storage.atomic_path(path) as tmp:
+        faiss.write_index(graph, str(tmp))
+    record = {**record, "bytes": path.stat().st_size}
+    storage.write_json(index.directory / ANN_NAME, record)
+    sweep_graphs(index.directory)
+    return record
+
+
+def sweep_graphs(directory: Path) -> list[str]:
+    """Remove the graph files `ann.json` does not name (those it named before a save; a killed save's); return
+    their names."""
+    record = read_ann_record(directory)
+    removed = []
+    for old in directory.glob("ann-hnsw*.faiss"):
+        if record is not None and old.name != record.get("file"):
+            old.unlink(missing_ok=True)
+            removed.append(old.name)
+    return removed
+
+
+def extend_graph(ann: AnnIndex, index: VectorIndex) -> AnnIndex:
+    """The approximate index of a folder whose shards were appended to since it was built (`bertforge add`):
+    the graph gets the new shards' vectors (faiss id = global row, as at build) and is saved under a new name
+    with its record; deleted rows stay in the graph, masked at search."""
+    first = ann.record["shards"]
+    started = time.perf_counter()
+    for shard in range(first, len(index.shards)):
+        vectors = index.shard_vectors(shard)
+        for start in range(0, len(vectors), BLOCK_ROWS):
+            ann.graph.add(float_block(index, vectors[start:start + BLOCK_ROWS]))
+    record = {**ann.record, "count": index.count, "shards_key": shards_key(index.manifest),
+              "shards": len(index.shards), "file": f"ann-hnsw-{len(index.shards):05d}.faiss",
+              "extend_seconds": round(time.perf_counter() - started, 3)}
+    try:
+        record = save_graph(index, ann.graph, record)
+    except OSError as error:  # a read-only folder: extended in memory at each open
+        log.warning("%s: the extended approximate index could not be saved (%s)", index.directory, error)
+    log.info("%s: approximate index extended by %d vectors", index.directory, index.count - int(index.offsets[first]))
+    return AnnIndex(index, record, ann.graph)
 
 
 @dataclass
@@ -139,27 +183,37 @@ class AnnIndex:
     record: dict[str, Any]
     graph: Any  # faiss.IndexHNSWFlat
 
-    def search_vectors(self, queries: np.ndarray, top_k: int = 10,
-                       ef_search: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def search_vectors(self, queries: np.ndarray, top_k: int = 10, ef_search: int | None = None,
+                       rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The approximate top-k rows of every query vector: ([Q, k] scores, [Q, k] global rows), best first,
-        scored and ordered as `VectorIndex.search_vectors` does (k capped at the number of vectors).
+        scored and ordered as `VectorIndex.search_vectors` does (k capped at the number of rows allowed).
 
         Args:
             queries: [Q, H] float32 query vectors (embedded as the corpus was).
             ef_search: candidates kept while walking the graph (at least k; default: the index's).
+            rows: [count] bool, the rows a hit may be (None: every live row); deleted rows never are.
         """
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         if queries.ndim != 2 or queries.shape[1] != self.vectors.dim:
             raise ConfigError(f"query vectors must be [Q, {self.vectors.dim}], got {list(queries.shape)}")
         check_top_k(top_k)
-        k = min(top_k, self.vectors.count)
+        allowed = self.vectors.allowed(rows)
+        k = min(top_k, self.vectors.count if allowed is None else int(allowed.sum()))
         ef = check_positive(ef_search if ef_search is not None else self.record["ef_search"], "ef_search")
         self.graph.hnsw.efSearch = max(ef, k)  # fewer candidates than k would leave holes in the answer
-        scores, rows = self.graph.search(queries, k)  # [Q, k] each
-        if (rows < 0).any():  # only when the graph cannot reach k nodes: never for a connected HNSW
-            raise ConfigError(f"{self.vectors.directory / GRAPH_NAME} returned fewer than {k} hits; rebuild it "
-                              "with `bertforge index`")
-        return top_k_merge(scores.astype(np.float32), rows.astype(np.int64), k)  # exact search's tie order
+        if k == 0:
+            return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+        if allowed is None:
+            scores, found = self.graph.search(queries, k)  # [Q, k] each
+        else:  # the walk skips rows not allowed (deleted, filtered out): the top-k of the rows allowed
+            faiss = import_faiss()
+            bitmap = np.packbits(allowed, bitorder="little")  # faiss: bit i & 7 of byte i >> 3
+            chosen = faiss.IDSelectorBitmap(len(allowed), faiss.swig_ptr(bitmap))
+            params = faiss.SearchParametersHNSW(sel=chosen, efSearch=max(ef, k))
+            scores, found = self.graph.search(queries, k, params=params)
+        if (found < 0).any():  # the walk met fewer than k allowed rows (few are): the exact top-k of them
+            return self.vectors.search_vectors(queries, top_k, rows=rows)
+        return top_k_merge(scores.astype(np.float32), found.astype(np.int64), k)  # exact search's tie order
 
 
 def read_ann_record(directory: Path) -> dict[str, Any] | None:
@@ -186,7 +240,10 @@ def open_ann(index: VectorIndex) -> AnnIndex | None:
     if record.get("format") != FORMAT_NAME or record.get("version") != FORMAT_VERSION:
         raise ConfigError(f"{index.directory / ANN_NAME} is not a bertforge approximate index of this version; "
                           f"{rebuild}")
-    if record.get("shards_key") != shards_key(index.manifest):
+    first = record.get("shards")
+    appended = (record.get("shards_key") != shards_key(index.manifest) and isinstance(first, int)
+                and 0 < first < len(index.shards) and record["shards_key"] == shards_key(index.manifest, first))
+    if record.get("shards_key") != shards_key(index.manifest) and not appended:
         raise ConfigError(f"{index.directory / ANN_NAME}: the approximate index was built from other vectors than "
                           f"the folder's shards now hold ({record.get('count')} then, {index.count} now); {rebuild}")
     path = index.directory / record["file"]
@@ -194,10 +251,13 @@ def open_ann(index: VectorIndex) -> AnnIndex | None:
         raise ConfigError(f"{path} is missing or not the size {ANN_NAME} records; {rebuild}")
     faiss = import_faiss()
     graph = faiss.read_index(str(path))
+    if appended and graph.ntotal == record["count"] == int(index.offsets[first]):
+        return extend_graph(AnnIndex(index, record, graph), index)  # shards added since (`bertforge add`)
     if graph.ntotal != index.count or graph.d != index.dim or graph.metric_type != faiss.METRIC_INNER_PRODUCT:
         raise ConfigError(f"{path} holds {graph.ntotal} vectors of {graph.d} dimensions (metric {graph.metric_type}"
                           f"), not the folder's {index.count} x {index.dim} by inner product; {rebuild}")
     return AnnIndex(index, record, graph)
 
 
-__all__ = ["ANN_NAME", "DEFAULT_EF_SEARCH", "GRAPH_NAME", "AnnIndex", "build_ann", "open_ann", "shards_key"]
+__all__ = ["ANN_NAME", "DEFAULT_EF_SEARCH", "GRAPH_NAME", "AnnIndex", "build_ann", "open_ann", "shards_key",
+           "sweep_graphs"]
