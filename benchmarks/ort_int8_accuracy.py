@@ -18,7 +18,8 @@ tensor), what a CPU user does with ONNX Runtime by hand ("ORT int8", run by the 
     python -m benchmarks.ort_int8_accuracy --model runs/stsb/best --data ../shared/data/glue/STS-B/dev.tsv \
         --threads 1 --out runs/stsb/ort.json
 
-The engine keeps its graphs beside the model (`<model>/.bertforge-onnx/`): a second run exports nothing.
+The engine keeps its graphs in the user cache (`~/.cache/bertforge/onnx`, `$BERTFORGE_CACHE`): a second run
+exports nothing.
 """
 
 from __future__ import annotations

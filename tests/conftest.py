@@ -33,6 +33,16 @@ def make_tiny_config(**overrides):
     return BertConfig(**{**fields, **overrides})
 
 
+@pytest.fixture(scope="session", autouse=True)
+def user_cache(tmp_path_factory) -> Path:
+    """The user cache (`storage.user_cache`: the ONNX Runtime engine's graphs) of every test, and of the
+    processes they start, in a temporary folder: tests never write into the home directory."""
+    folder = tmp_path_factory.mktemp("bertforge-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BERTFORGE_CACHE", str(folder))
+        yield folder
+
+
 @pytest.fixture
 def tiny_config():
     """A fresh tiny `BertConfig` (see `make_tiny_config`); tests may `.replace(...)` fields freely."""

@@ -24,6 +24,11 @@ Checksums: `record_checksums` stores the sha256 and size of named files of a dir
 `checksums.json`; `verify_checksum` compares a file with it before it is read (a missing manifest or entry
 is fine: Hugging Face's directories and older saves have none). BERTFORGE_SKIP_CHECKSUM=1 skips the
 verification (hashing reads the whole file once more: 0.7 s for 256 MiB on the 2-core test machine).
+`file_record` / `file_differs` are the same check for a manifest of another name (an exported graph's
+engine.json, an index's record).
+
+The user's cache (`user_cache`): `$BERTFORGE_CACHE`, else `$XDG_CACHE_HOME/bertforge`, else
+`~/.cache/bertforge`: what bertforge makes for itself from inputs at hand (the ONNX Runtime engine's graphs).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ log = logging.getLogger(__name__)
 # old = moved aside by the two-rename fallback, del = being deleted (a pruned checkpoint).
 TEMPORARY_NAME = re.compile(r"^\.(?P<target>.+)\.(?P<kind>tmp|old|del)-(?P<pid>\d+)-(?P<token>[0-9a-f]{12})$")
 SKIP_CHECKSUM_ENV = "BERTFORGE_SKIP_CHECKSUM"
+CACHE_ENV = "BERTFORGE_CACHE"
 
 
 def temporary_sibling(path: str | os.PathLike, kind: str = "tmp") -> Path:
@@ -196,6 +202,17 @@ def swap_into_place(tmp: Path, path: Path) -> None:
         log.warning("%s: saved, but flushing its folder to disk failed (%s)", path, exc)
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def user_cache(*parts: str) -> Path:
+    """A folder of the user's bertforge cache: `$BERTFORGE_CACHE`, else `$XDG_CACHE_HOME/bertforge` (an
+    absolute path, as the XDG spec asks), else `~/.cache/bertforge`; `parts` below it. Nothing is created.
+    What is kept there is made from inputs at hand (an exported graph): deleting it costs a rebuild only."""
+    base = os.environ.get(CACHE_ENV, "").strip()
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+        base = os.path.join(xdg, "bertforge") if os.path.isabs(xdg) else os.path.join("~", ".cache", "bertforge")
+    return Path(base).expanduser().joinpath(*parts)
 
 
 def remove_directory(path: str | os.PathLike) -> None:
@@ -348,13 +365,17 @@ def file_sha256(path: str | os.PathLike) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
+def file_record(path: str | os.PathLike) -> dict[str, Any]:
+    """{"sha256", "bytes"} of a file: what a manifest keeps to tell it later from a damaged or foreign one."""
+    return {"sha256": file_sha256(path), "bytes": Path(path).stat().st_size}
+
+
 def record_checksums(folder: str | os.PathLike, names: Iterable[str]) -> None:
     """Add the sha256 and size of `folder`'s files `names` to its `checksums.json` (created when absent)."""
     folder = Path(folder)
     manifest = read_checksums(folder) or {}
     for name in names:
-        file = folder / name
-        manifest[name] = {"sha256": file_sha256(file), "bytes": file.stat().st_size}
+        manifest[name] = file_record(folder / name)
     write_json(folder / CHECKSUMS_NAME, {"written_by": "bertforge", "algorithm": "sha256",
                                          "files": dict(sorted(manifest.items()))})
 
@@ -403,14 +424,14 @@ def verify_checksum(file: str | os.PathLike) -> bool:
     entry = (read_checksums(file.parent) or {}).get(file.name)
     if not isinstance(entry, dict):
         return False
-    problem = _differs(file, entry)
+    problem = file_differs(file, entry)
     if problem is not None:
         # A reader racing a save of the same directory (a server reloading best/ while training replaces it)
         # may have read the manifest of one version and the file of the next: compare once more with what
         # the directory holds now, and report only a difference that stays.
         again = (read_checksums(file.parent) or {}).get(file.name)
         if again != entry and isinstance(again, dict):
-            problem = _differs(file, again)
+            problem = file_differs(file, again)
     if problem is not None:
         raise CheckpointError(f"{file}: {problem}; re-save or re-download it; if the file was replaced on purpose, "
                               f"delete {CHECKSUMS_NAME} beside it (or set {SKIP_CHECKSUM_ENV}=1 to load without "
@@ -418,16 +439,19 @@ def verify_checksum(file: str | os.PathLike) -> bool:
     return True
 
 
-def _differs(file: Path, entry: dict[str, Any]) -> str | None:
-    """How `file` differs from its manifest entry, or None when it matches."""
+def file_differs(file: str | os.PathLike, entry: dict[str, Any], recorded_in: str = CHECKSUMS_NAME) -> str | None:
+    """How `file` differs from its entry (`file_record`'s {"sha256", "bytes"}) in the manifest `recorded_in`
+    (missing, another size, another sha256), or None when it matches. The size is compared first: a
+    truncated file costs no hash."""
+    file = Path(file)
     try:
         size = file.stat().st_size
     except FileNotFoundError:
-        return f"missing, though {CHECKSUMS_NAME} lists it"
+        return f"missing, though {recorded_in} lists it"
     if size != entry.get("bytes"):
         return f"{size} bytes, but {entry.get('bytes')} were saved (truncated or damaged)"
     if file_sha256(file) != entry.get("sha256"):
-        return f"its sha256 differs from the one saved in {CHECKSUMS_NAME} (the file is damaged)"
+        return f"its sha256 differs from the one saved in {recorded_in} (the file is damaged or was replaced)"
     return None
 
 

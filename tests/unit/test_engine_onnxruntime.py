@@ -1,12 +1,16 @@
-"""The ONNX Runtime engine (`engine/onnxruntime.py`): its graph is exported once per weights and settings and
-reused after, it reports its threads, it refuses what it cannot run with the fix, and `serve --engine onnxruntime`
+"""The ONNX Runtime engine (`engine/onnxruntime.py`): its graph is exported once per weights and settings into
+the user's cache and reused after, verified against the checksums its export recorded (a foreign, truncated or
+unrecorded graph is exported again), it reports its threads, it refuses what it cannot run with the fix, and `serve --engine onnxruntime`
 answers as the PyTorch engine does. (Its scores on every family: `test_engine.py`'s parity test over `ENGINES`.)"""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,8 +34,9 @@ LABELS = {0: "negative", 1: "positive"}
 
 
 @pytest.fixture
-def exports(monkeypatch) -> list[str]:
-    """The precision of every graph export this test makes, in order."""
+def exports(monkeypatch, tmp_path) -> list[str]:
+    """The precision of every graph export this test makes, in order, into a user cache of its own."""
+    monkeypatch.setenv("BERTFORGE_CACHE", str(tmp_path / "cache"))
     made: list[str] = []
     export = ort_engine.export_graph
 
@@ -64,7 +69,7 @@ def test_ort_engine_reuses_its_cached_graph_without_exporting(exports, tmp_path)
     described = second.describe()
     assert described["graphs"]["model"]["cache"] == "reused"
     assert first.describe()["graphs"]["model"]["cache"] == "exported"
-    assert described["graphs"]["model"]["file"].startswith(str(model_dir / ort_engine.CACHE_FOLDER))
+    assert described["graphs"]["model"]["file"].startswith(str(ort_engine.cache_root()))
     ids = torch.tensor([[2, 7, 9, 3]])
     torch.testing.assert_close(first(ids).logits, second(ids).logits, atol=0, rtol=0)
 
@@ -90,6 +95,104 @@ def test_ort_engine_keeps_its_graph_in_the_user_cache_when_the_model_directory_i
         engine.prepare(registry.for_model(model))
     assert exports == ["fp32"]
     assert engine.describe()["graphs"]["model"]["file"].startswith(str(tmp_path / "cache" / "onnx"))
+
+
+def graph_folder(engine) -> Path:
+    return Path(engine.describe()["graphs"]["model"]["file"]).parent
+
+
+def logits_of(engine, ids: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return engine(ids).logits
+
+
+def test_ort_engine_exports_again_when_its_cache_folder_holds_another_models_graph(exports, tmp_path, caplog):
+    ids = torch.tensor([[2, 7, 9, 3, 11], [5, 8, 1, 4, 6]])
+    ours = ort_engine_of(saved_classifier(tmp_path / "ours", seed=0))
+    theirs = ort_engine_of(saved_classifier(tmp_path / "theirs", seed=1))
+    assert exports == ["fp32", "fp32"]
+    expected = logits_of(ours.model, ids)  # PyTorch, our weights
+    assert not torch.allclose(logits_of(theirs, ids), expected, atol=1e-3)
+    graph = ort_engine.GRAPH_FILES["fp32"]
+    # the other model's graph copied into our key folder (the issue's row: it was served silently)
+    shutil.copyfile(graph_folder(theirs) / graph, graph_folder(ours) / graph)
+    with caplog.at_level(logging.WARNING, logger=ort_engine.log.name):
+        again = ort_engine_of(tmp_path / "ours")
+    assert exports == ["fp32"] * 3 and again.describe()["graphs"]["model"]["cache"] == "exported"
+    torch.testing.assert_close(logits_of(again, ids), expected, atol=1e-4, rtol=0)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and f"{graph}: its sha256 differs from the one saved in engine.json" in said[0]
+    assert ort_engine_of(tmp_path / "ours").describe()["graphs"]["model"]["cache"] == "reused"
+    assert exports == ["fp32"] * 3
+
+    # the other model's whole key folder (its graph and its engine.json) copied under our key
+    shutil.rmtree(graph_folder(again))
+    shutil.copytree(graph_folder(theirs), graph_folder(again))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=ort_engine.log.name):
+        again = ort_engine_of(tmp_path / "ours")
+    assert exports == ["fp32"] * 4
+    torch.testing.assert_close(logits_of(again, ids), expected, atol=1e-4, rtol=0)
+    assert "records a graph of another model or settings (differs in weights)" in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize("damage", ["truncated graph", "no engine.json", "engine.json not JSON"])
+def test_ort_engine_exports_again_over_a_damaged_cache_folder_without_a_traceback(exports, tmp_path, caplog, damage):
+    ids = torch.tensor([[2, 7, 9, 3]])
+    first = ort_engine_of(saved_classifier(tmp_path / "model"), "int8")
+    folder = graph_folder(first)
+    graph = folder / ort_engine.GRAPH_FILES["int8"]
+    if damage == "truncated graph":
+        graph.write_bytes(graph.read_bytes()[:1000])  # ONNX Runtime: InvalidProtobuf
+    elif damage == "no engine.json":
+        (folder / ort_engine.RECORD_NAME).unlink()  # an export killed before its record (older versions)
+    else:
+        (folder / ort_engine.RECORD_NAME).write_text("{", encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger=ort_engine.log.name):
+        again = ort_engine_of(tmp_path / "model", "int8")
+    assert exports == ["int8", "int8"] and graph_folder(again) == folder
+    assert len(caplog.records) == 1 and str(folder) in caplog.records[0].getMessage()
+    torch.testing.assert_close(logits_of(again, ids), logits_of(first, ids), atol=0.05, rtol=0)
+    record = json.loads((folder / ort_engine.RECORD_NAME).read_text(encoding="utf-8"))
+    assert set(record["files"]) == {"model.optimized.onnx", "model.int8.onnx"}
+    assert record["files"]["model.int8.onnx"]["bytes"] == graph.stat().st_size
+    assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]  # no temporaries left beside it
+
+
+def test_ort_engine_never_writes_into_the_model_folder_and_a_killed_export_leaves_no_key_folder(
+        exports, tmp_path, monkeypatch):
+    model_dir = saved_classifier(tmp_path / "model")  # writable, as an installed package's folder often is
+    before = sorted(p.name for p in model_dir.iterdir())
+    cache = tmp_path / "xdg"
+    monkeypatch.delenv("BERTFORGE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+
+    def killed(module, family, folder, precision):
+        (folder / "model.optimized.onnx").write_bytes(b"half a graph")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ort_engine, "export_graph", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ort_engine_of(model_dir)
+    assert not [p for p in (cache / "bertforge" / "onnx").iterdir() if not p.name.startswith(".")]
+    monkeypatch.undo()
+    monkeypatch.setenv("BERTFORGE_CACHE", str(tmp_path / "cache"))
+    engine = ort_engine_of(model_dir)
+    assert graph_folder(engine).parent == tmp_path / "cache" / "onnx"
+    assert sorted(p.name for p in model_dir.iterdir()) == before
+
+
+def test_ort_engine_names_the_file_and_the_fix_when_a_graph_cannot_be_loaded_or_written(tmp_path, monkeypatch):
+    model_dir = saved_classifier(tmp_path / "model")
+    engine = ort_engine_of(model_dir)
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a graph")
+    said = refusal(lambda: engine.on_graph(broken))
+    assert said.startswith(f"{broken}: ONNX Runtime cannot load this graph (InvalidProtobuf")
+    (tmp_path / "a-file").write_text("", encoding="utf-8")
+    monkeypatch.setenv("BERTFORGE_CACHE", str(tmp_path / "a-file" / "cache"))  # a cache that cannot be made
+    said = refusal(lambda: ort_engine_of(model_dir))
+    assert "the exported graph cannot be written there" in said and "set BERTFORGE_CACHE" in said
 
 
 def test_ort_engine_describes_its_threads_and_graph(exports, tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bertforge import storage
 from bertforge.errors import ConfigError, InputError
 from bertforge.inference.pipelines import load_pipeline
 from bertforge.metrics.fusion import reciprocal_rank_fusion
@@ -133,11 +134,38 @@ def test_inverted_index_is_read_back_and_rebuilt_when_shards_change(sparse_folde
     first = S.SparseIndex(folder).inverted()
     assert built == [] and isinstance(first.rows, np.memmap)  # the saved index, mapped from disk
     manifest = json.loads((folder / store.MANIFEST_NAME).read_text(encoding="utf-8"))
-    manifest["shards"][0]["sha256"]["weights"] = "0" * 64  # as if shard 0 had been rewritten
+    weights = folder / manifest["shards"][0]["weights"]
+    np.save(weights, np.load(weights) * 2)  # shard 0 rewritten, its manifest entry with it (as embed does)
+    manifest["shards"][0]["sha256"]["weights"] = storage.file_sha256(weights)
     (folder / store.MANIFEST_NAME).write_text(json.dumps(manifest), encoding="utf-8")
     again = S.SparseIndex(folder).inverted()
     assert len(built) == 1
     np.testing.assert_array_equal(again.rows, first.rows)
+    assert not np.array_equal(again.weights, first.weights)
+
+
+def test_inverted_index_whose_arrays_are_not_the_saved_ones_is_rebuilt(sparse_folder, tmp_path, monkeypatch,
+                                                                       caplog):
+    import shutil
+
+    folder = tmp_path / "folder"
+    shutil.copytree(sparse_folder, folder)
+    saved = S.SparseIndex(folder).inverted()
+    expected = (np.array(saved.rows), np.array(saved.weights))
+    weights = folder / S.INVERTED_DIR / "weights.npy"
+    np.save(weights, np.load(weights)[::-1])  # the same size, other scores for every posting
+    built = []
+    real = S.build_inverted
+    monkeypatch.setattr(S, "build_inverted", lambda index: built.append(index) or real(index))
+    with caplog.at_level("WARNING", logger=S.log.name):
+        again = S.SparseIndex(folder).inverted()
+    assert len(built) == 1 and "weights.npy: its sha256 differs from the one saved in inverted.json" in caplog.text
+    np.testing.assert_array_equal(again.rows, expected[0])
+    np.testing.assert_array_equal(again.weights, expected[1])
+    (folder / S.INVERTED_DIR / "rows.npy").write_bytes(b"\x93NUMPY")  # truncated
+    assert S.SparseIndex(folder).inverted() is not None and len(built) == 2
+    S.SparseIndex(folder).inverted()
+    assert len(built) == 2  # saved again: read back
 
 
 def test_inverted_index_of_random_rows_ranks_ties_by_row():

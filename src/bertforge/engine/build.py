@@ -59,8 +59,8 @@ def plan_engine(device: str | torch.device | None = "auto", precision: str = DEF
 
 def build_engine(model: nn.Module | Engine, plan: EnginePlan, source: str | os.PathLike | None = None) -> Engine:
     """The engine that runs `model` as `plan` says; the model is converted in place (load it again for another
-    plan). `source`: the model directory `model` was loaded from, where known (an engine that exports a graph
-    keeps it beside the model). An engine already built for this plan is returned as it is (pipelines sharing
+    plan). `source`: the model directory `model` was loaded from, where known (named in what an engine
+    reports; an engine that exports a graph keys its cache by the weights, not by this folder). An engine already built for this plan is returned as it is (pipelines sharing
     one loaded model share its engine).
 
     Raises:

@@ -17,11 +17,17 @@ The graph is `bertforge export --optimize [--quantize int8]`'s: our export of th
 (`onnx_export.trace_module`), fused by ONNX Runtime's BERT optimizer (`onnx_graph.fuse`: Attention,
 EmbedLayerNormalization, SkipLayerNormalization, BiasGelu) and held to PyTorch within 1e-4 before it is used,
 then for int8 quantized by ONNX Runtime's dynamic quantizer with per-channel weight scales
-(`onnx_graph.quantize_int8`). It is made once per model and settings and kept in `<model dir>/.bertforge-onnx/
-<key>/` (or, where the model directory is not writable or unknown, `$BERTFORGE_CACHE/onnx/<key>/`, default
-`~/.cache/bertforge/onnx`), the key the sha256 of the weights' checksum and the export settings
-(`graph_key`); a later run with the same weights and settings loads it without exporting. The session runs on
-the CPU with the plan's intra-op thread count and one inter-op thread, both reported by `describe` (`/health`).
+(`onnx_graph.quantize_int8`). It is made once per model and settings and kept in the user's cache,
+`storage.user_cache("onnx", <key>)` (`$BERTFORGE_CACHE`, else `$XDG_CACHE_HOME/bertforge`, else
+`~/.cache/bertforge`), never in the model's own folder (an installed package's, a read-only mount, a folder
+under version control); the key is the sha256 of the weights' checksum, the model's config and the export
+settings (`graph_key`), so a later run with the same weights and settings loads it without exporting, from
+whatever folder the model was read. The folder is written whole or not at all (`storage.atomic_directory`),
+and its `engine.json` records what it was exported from (the key's inputs) and each graph file's sha256 and
+size; a load verifies both (`cached_record`) and exports again, with one log line saying why, when the folder
+has no record, another model's record, or a graph file that is not the one exported (another model's copied
+in, a truncated or damaged file). The session runs on the CPU with the plan's intra-op thread count and one
+inter-op thread, both reported by `describe` (`/health`).
 """
 
 from __future__ import annotations
@@ -29,9 +35,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import logging
 import os
-import shutil
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +45,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from bertforge import storage
+from bertforge.checkpoint_integrity import brief
 from bertforge.engine.engine import Engine
 from bertforge.engine.onnx_export import (
     DEFAULT_OPSET,
@@ -55,8 +62,9 @@ from bertforge.families import registry
 from bertforge.model.bert import BertModel
 from bertforge.model.fast_paths import set_fast_paths
 
-CACHE_FOLDER = ".bertforge-onnx"
-CACHE_VERSION = 1  # part of every key: a change of how graphs are made makes new ones
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = 2  # part of every key: a change of how graphs are made or recorded makes new ones
 GRAPH_FILES = {"fp32": "model.optimized.onnx", "int8": "model.int8.onnx"}
 RECORD_NAME = "engine.json"
 # The graph is one chain of operators: a second inter-op thread would only spin beside the intra-op pool.
@@ -85,23 +93,47 @@ def weights_checksum(module: nn.Module) -> str:
 
 
 def graph_key(module: nn.Module, precision: str, outputs: list[str]) -> tuple[str, dict[str, Any]]:
-    """(key, what it hashes): the weights' checksum and the export settings."""
+    """(key, what it hashes): the weights' checksum, the model's config (heads, activation, epsilon: what
+    the graph computes beyond the weights) and the export settings."""
+    config = getattr(module, "config", None)
     settings = {"version": CACHE_VERSION, "weights": weights_checksum(module), "class": type(module).__name__,
+                "config": config.to_dict() if hasattr(config, "to_dict") else None,
                 "outputs": outputs, "precision": precision, "opset": DEFAULT_OPSET,
                 "onnxruntime": onnxruntime_module().__version__, "torch": torch.__version__.split("+")[0]}
+    settings = json.loads(json.dumps(settings, sort_keys=True))  # as engine.json reads it back
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:32], settings
 
 
-def cache_root(source: str | os.PathLike | None) -> Path:
-    """Where graphs are kept: beside the model directory when it is known and writable, else the user cache."""
-    if source is not None:
-        folder = Path(source)
-        if folder.is_file():
-            folder = folder.parent
-        if folder.is_dir() and os.access(folder, os.W_OK):
-            return folder / CACHE_FOLDER
-    base = os.environ.get("BERTFORGE_CACHE") or Path.home() / ".cache" / "bertforge"
-    return Path(base) / "onnx"
+def cache_root() -> Path:
+    """Where graphs are kept: the user's cache (module docstring), one folder per key."""
+    return storage.user_cache("onnx")
+
+
+def cached_record(folder: Path, settings: dict[str, Any], precision: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(engine.json's record, None) when `folder` holds the graph exported for `settings` intact; (None, why
+    not) when it holds something else; (None, None) when there is no folder. The graph file is compared with
+    the sha256 and size its record keeps (the size first: a truncated file costs no hash)."""
+    if not folder.exists():
+        return None, None
+    try:
+        record = storage.read_json(folder / RECORD_NAME, what="engine record")
+    except FileNotFoundError:
+        return None, f"no {RECORD_NAME} (an export that did not finish, or a folder from elsewhere)"
+    except ValueError as error:
+        return None, str(error)
+    key = record.get("key") if isinstance(record, dict) else None
+    if key != settings:
+        differ = sorted(name for name in settings if not isinstance(key, dict) or key.get(name) != settings[name])
+        return None, f"{RECORD_NAME} records a graph of another model or settings (differs in {', '.join(differ)})"
+    name = GRAPH_FILES[precision]
+    files = record.get("files")
+    entry = files.get(name) if isinstance(files, dict) else None
+    if not isinstance(entry, dict):
+        return None, f"{RECORD_NAME} records no checksum of {name}"
+    problem = storage.file_differs(folder / name, entry, RECORD_NAME)
+    if problem is not None:
+        return None, f"{name}: {problem}"
+    return record, None
 
 
 @dataclass
@@ -118,7 +150,8 @@ class Graph:
     constants: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
-        return {"file": str(self.path), "cache": self.cache, "outputs": self.outputs,
+        sha256 = self.record.get("files", {}).get(self.path.name, {}).get("sha256")
+        return {"file": str(self.path), "sha256": sha256, "cache": self.cache, "outputs": self.outputs,
                 "fused": self.record.get("fused", {}), "max_abs_diff_fp32": self.record.get("max_abs_diff", {})}
 
 
@@ -208,30 +241,37 @@ class OrtEngine(Engine):
         return self.graph
 
     def load_graph(self) -> Graph:
+        """The graph from the cache when it holds this model's intact (`cached_record`), else exported now."""
         family = registry.for_model(self.model)
         precision = self.plan.precision
         names = list(output_axes(self.model, family))
         key, settings = graph_key(self.model, precision, names)
-        folder = cache_root(self.source) / key
+        folder = cache_root() / key
+        record, problem = cached_record(folder, settings, precision)
         cache = "reused"
-        if not (folder / RECORD_NAME).is_file():
+        if record is None:
+            if problem is not None:
+                log.warning("%s: %s; exporting the graph of %s again", folder, problem, self.source or "the model")
+            record = self.export_into(folder, family, precision, settings)
             cache = "exported"
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=folder.parent))
-            try:
-                record = {**export_graph(self.model, family, work, precision), "key": settings}
-                (work / RECORD_NAME).write_text(json.dumps(record, indent=1), encoding="utf-8")
-                try:
-                    os.replace(work, folder)
-                except OSError:  # another process made it first: use theirs
-                    cache = "reused"
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
-        record = json.loads((folder / RECORD_NAME).read_text(encoding="utf-8"))
         path = folder / GRAPH_FILES[precision]
-        session = self.session_of(path)
+        session = self.session_of(path, f"delete {folder} (it is exported again at the next start)")
         return Graph(path, record["outputs"], [i.name for i in session.get_inputs()], session, cache, record,
                      self.constant_outputs())
+
+    def export_into(self, folder: Path, family: Any, precision: str, settings: dict[str, Any]) -> dict[str, Any]:
+        """Export the graph into `folder` whole or not at all (built aside, then one rename replacing whatever
+        was there: a killed export leaves a temporary name, never a key folder); its record, with each file's
+        checksum."""
+        try:
+            with storage.atomic_directory(folder) as work:
+                record = {**export_graph(self.model, family, work, precision), "key": settings}
+                record["files"] = {path.name: storage.file_record(path) for path in sorted(work.iterdir())}
+                storage.write_json(work / RECORD_NAME, record)
+        except OSError as error:
+            raise ConfigError(f"{folder}: the exported graph cannot be written there ({error}); set "
+                              f"{storage.CACHE_ENV} to a folder you can write, or use --engine torch") from None
+        return record
 
     def constant_outputs(self) -> dict[str, Any]:
         """The wrapped model's output fields that do not depend on the input, computed once."""
@@ -239,13 +279,17 @@ class OrtEngine(Engine):
         with torch.inference_mode():
             return constant() if constant is not None else {}
 
-    def session_of(self, path: Path) -> Any:
-        """An ONNX Runtime CPU session on `path` with the plan's intra-op threads and `INTER_OP_THREADS`."""
+    def session_of(self, path: Path, fix: str) -> Any:
+        """An ONNX Runtime CPU session on `path` with the plan's intra-op threads and `INTER_OP_THREADS`;
+        a file ONNX Runtime cannot load is one ConfigError naming it and `fix`."""
         ort = onnxruntime_module()
         options = ort.SessionOptions()
         options.intra_op_num_threads = self.plan.threads or 1
         options.inter_op_num_threads = INTER_OP_THREADS
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        try:
+            return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as error:  # onnxruntime's own classes (InvalidProtobuf, Fail, NoSuchFile) are not ours
+            raise ConfigError(f"{path}: ONNX Runtime cannot load this graph ({brief(error)}); {fix}") from None
 
     def on_graph(self, path: str | os.PathLike) -> OrtEngine:
         """This engine's model and plan running another graph file with the same inputs and outputs as its own
@@ -253,7 +297,7 @@ class OrtEngine(Engine):
         it is: neither cached nor checked against PyTorch."""
         graph = self.session_graph()
         engine = OrtEngine(self.model, self.plan, self.source)
-        session = engine.session_of(Path(path))
+        session = engine.session_of(Path(path), "give a complete graph file exported from this model")
         engine.__dict__["graph"] = Graph(Path(path), graph.outputs, [i.name for i in session.get_inputs()], session,
                                          "given", {}, graph.constants)
         return engine
@@ -308,4 +352,4 @@ class GraphOutput(dict):
         return self.get(name)
 
 
-__all__ = ["CACHE_FOLDER", "GraphOutput", "OrtEngine", "cache_root", "graph_key", "weights_checksum"]
+__all__ = ["GraphOutput", "OrtEngine", "cache_root", "cached_record", "graph_key", "weights_checksum"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import shutil
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from bertforge import storage
 from bertforge.data.corpus_records import read_records, shard_chunks, source_files
 from bertforge.engine.build import DEFAULT_KIND
 from bertforge.errors import ConfigError, DataError
@@ -36,12 +38,16 @@ from bertforge.retrieval.embed_corpus import embed_shard, first_manifest
 from bertforge.retrieval.sparse_search import SparseIndex
 from bertforge.retrieval.sparse_vectors import SPARSE_TASK
 from bertforge.retrieval.store import (
+    MANIFEST_NAME,
+    PROGRESS_DIR,
+    PROGRESS_FILE,
+    PROGRESS_NAME,
+    SHARD_FILE,
+    TOMBSTONES_FILE,
     EmbedSettings,
     VectorFolder,
-    commit_manifest,
     describe_changes,
     input_record,
-    sweep_folder,
     write_shard,
     write_shard_arrays,
     write_tombstones,
@@ -113,6 +119,44 @@ def update_indexes(directory: Path, rebuild: bool = False) -> None:
             open_ann(folder)
     except ConfigError as error:  # the change is committed: the index is the next search's to refuse or rebuild
         log.warning("%s: the index beside the shards was not updated (%s)", directory, error)
+
+
+def commit_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    """The commit point of a change to a finished folder: its new manifest, written atomically (every file it
+    names was written before); then the files no manifest names any more go (`sweep_folder`). A process killed
+    before the rename leaves the old manifest in force, after it the new one."""
+    storage.write_json(out / MANIFEST_NAME, manifest)
+    sweep_folder(out, manifest)
+
+
+def sweep_folder(out: Path, manifest: dict[str, Any]) -> list[str]:
+    """Remove the shard files, shard records and tombstones of a finished folder that its manifest does not name
+    (an interrupted change's, or the shards a compaction replaced), and the temporary files that dead writers
+    left (this process's too: it holds the change lock and writes nothing else now); return the names removed.
+    Indexes built beside the shards keep their own files."""
+    named = {shard[kind] for shard in manifest["shards"] for kind in shard["bytes"]}
+    records = {PROGRESS_NAME.format(shard["index"]) for shard in manifest["shards"]}
+    if manifest.get("tombstones"):
+        named.add(manifest["tombstones"]["file"])
+    removed = []
+    for folder, keep, pattern in ((out, named, None), (out / PROGRESS_DIR, records, PROGRESS_FILE)):
+        for path in folder.iterdir() if folder.is_dir() else ():
+            name, temporary = path.name, storage.TEMPORARY_NAME.match(path.name)
+            if temporary is not None:
+                pid = int(temporary["pid"])
+                if pid != os.getpid() and storage.process_alive(pid):
+                    continue  # a search saving an index it built, still running
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+            elif name not in keep and (pattern.match(name) if pattern else
+                                       SHARD_FILE.match(name) or TOMBSTONES_FILE.match(name)):
+                path.unlink(missing_ok=True)
+            else:
+                continue
+            removed.append(name)
+    return removed
 
 
 # --- adding ------------------------------------------------------------------------------------------------
@@ -315,4 +359,5 @@ def embed_settings_given(**flags: Any) -> dict[str, Any]:
     return {name: value for name, value in flags.items() if name in names and value is not None}
 
 
-__all__ = ["LOCK_NAME", "add_records", "compact_folder", "delete_records", "embed_settings_given"]
+__all__ = ["LOCK_NAME", "add_records", "commit_manifest", "compact_folder", "delete_records",
+           "embed_settings_given", "sweep_folder"]

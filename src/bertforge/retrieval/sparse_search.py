@@ -4,7 +4,8 @@ built from them and saved beside them.
 Owns: `SparseIndex` (a sparse embedding folder opened for search), building the inverted index of its shards
 (`build_inverted`: term -> the rows holding it, ascending, and their weights; `metrics.sparse.InvertedIndex`
 scores with it), keeping it in `inverted/` beside the shards (`INVERTED_DIR`: three .npy arrays and a record
-of the shards it was built from; a folder whose shards changed gets a new one). Queries are embedded by
+of the shards it was built from and of each array's sha256 and size; a folder whose shards changed, or an
+array that is not the one saved, gets a new one, with a log line saying why). Queries are embedded by
 `vector_search.embed_sparse_queries` and searched through `searcher.Searcher`.
 
 Score: the dot product of the query's and the document's term weights, summed in float32 over the query's
@@ -29,6 +30,7 @@ import numpy as np
 from bertforge import storage
 from bertforge.errors import ConfigError
 from bertforge.metrics.sparse import InvertedIndex, SparseRows
+from bertforge.retrieval.index_sources import file_records, files_problem
 from bertforge.retrieval.store import SPARSE_KINDS
 from bertforge.retrieval.vector_index import DEFAULT_TOP_K, VectorIndex, check_top_k
 
@@ -69,16 +71,25 @@ class SparseIndex(VectorIndex):
         return self._inverted
 
     def load_inverted(self) -> InvertedIndex | None:
+        """The saved inverted index when it was built from these shards and its files are the ones saved
+        (`index_sources.files_problem`); else None, after a log line saying why it is built again."""
         folder = self.directory / INVERTED_DIR
+        if not folder.is_dir():
+            return None
         try:
             record = storage.read_json(folder / INVERTED_RECORD, what="inverted index record")
-            if record.get("source") != self.source_record():
-                return None
-            arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
-                      for name in INVERTED_ARRAYS}
-        except (OSError, ValueError):
-            return None
-        return InvertedIndex(arrays["term_ptr"], arrays["rows"], arrays["weights"], self.count, self.dim)
+            if not isinstance(record, dict) or record.get("source") != self.source_record():
+                problem = "it was built from other shards than the folder holds now"
+            else:
+                problem = files_problem(folder, record.get("files"), INVERTED_RECORD)
+            if problem is None:
+                arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+                          for name in INVERTED_ARRAYS}
+                return InvertedIndex(arrays["term_ptr"], arrays["rows"], arrays["weights"], self.count, self.dim)
+        except (OSError, ValueError) as error:
+            problem = str(error)
+        log.warning("%s: %s; building the inverted index again from the shards", folder, problem)
+        return None
 
     def save_inverted(self, index: InvertedIndex) -> InvertedIndex:
         try:
@@ -86,8 +97,9 @@ class SparseIndex(VectorIndex):
                 for name in INVERTED_ARRAYS:
                     with open(tmp / f"{name}.npy", "wb") as handle:
                         np.save(handle, getattr(index, name), allow_pickle=False)
+                files = file_records(tmp, [f"{name}.npy" for name in INVERTED_ARRAYS])
                 storage.write_json(tmp / INVERTED_RECORD, {"source": self.source_record(),
-                                                           "postings": int(len(index.rows))})
+                                                           "postings": int(len(index.rows)), "files": files})
         except OSError as error:  # a read-only folder still searches, with the index built in memory
             log.warning("%s: the inverted index could not be saved (%s); it is rebuilt at each search",
                         self.directory, error)

@@ -5,7 +5,8 @@ Owns: the file names (`SHARD_FILES`, `PROGRESS_NAME`, `MANIFEST_NAME`), the mani
 resume must match: `identity`, `describe_changes`; reading it, old versions included: `read_manifest`), the
 settings that made the vectors (`EmbedSettings`, what the manifest stores), what is finished (`finished`), writing
 a shard (`write_shard`: dense float, int8 or binary codes, or sparse rows) and the finished folder opened for
-reading (`VectorFolder`: shards memory-mapped, per-row lines and sparse rows read back).
+reading (`VectorFolder`: shards memory-mapped, per-row lines and sparse rows read back, each shard file held
+to the size and sha256 its manifest records: `check_shard_sizes`, `verify_shard_file`).
 
 Layout of a folder: `manifest.json`; per shard `vectors-00000.npy` ([n, D], record order; binary shards also
 `codes-00000.npy`, their int8 codes; sparse shards `indptr-`, `terms-` and `weights-00000.npy`, compressed rows),
@@ -13,6 +14,10 @@ Layout of a folder: `manifest.json`; per shard `vectors-00000.npy` ([n, D], reco
 `progress/shard-00000.json` (count, tokens, sizes, sha256), each written atomically (`storage`): a shard is done
 when its record exists and the sizes match. The manifest says "complete": false until every shard's record is in
 it. Indexes built over a folder (`vector_ann`, `sparse_search`'s inverted index) keep their own files beside it.
+A finished folder changed by `folder_growth` (`bertforge add`, `delete`, `compact`) gains shards under new numbers
+(a "source": the input of their addition, in "additions"; compacted shards list each row's record in `records-`),
+its deleted rows in `tombstones-00001.npy` (one file a "generation"; `VectorFolder.live`), each change committed
+by one manifest write.
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ import io
 import json
 import os
 import re
-import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -279,6 +283,50 @@ def finished(out: Path, index: int) -> dict[str, Any] | None:
     return record
 
 
+def shard_error(directory: Path, shard: dict[str, Any], kind: str, problem: str) -> ConfigError:
+    """The one error of a shard file that is not what the manifest records, with the way to rewrite it."""
+    progress = progress_path(directory, shard["index"])
+    return ConfigError(f"{directory / shard[kind]}: {problem}; the folder's vectors are not the ones `bertforge "
+                       f"embed` wrote: delete {progress} and rerun the same `bertforge embed` command to rewrite "
+                       "that shard")
+
+
+def check_shard_sizes(directory: Path, manifest: dict[str, Any]) -> None:
+    """Every file of every shard is present with the size the manifest records (no hashing: a stat each).
+
+    Raises:
+        ConfigError: a shard file is missing or of another size (truncated, or another folder's), naming it.
+    """
+    for shard in manifest["shards"]:
+        for kind, size in shard["bytes"].items():
+            path = directory / shard[kind]
+            try:
+                actual = path.stat().st_size
+            except FileNotFoundError:
+                raise shard_error(directory, shard, kind, f"missing, though {MANIFEST_NAME} lists it") from None
+            if actual != size:
+                raise shard_error(directory, shard, kind, f"{actual} bytes, but {size} were written (truncated or "
+                                  "replaced)")
+
+
+def verify_shard_file(directory: Path, shard: dict[str, Any], kind: str) -> Path:
+    """The path of shard file `kind` of `shard` (a manifest entry) after comparing its sha256 with the one the
+    manifest records (nothing to compare for an entry without one; skipped with BERTFORGE_SKIP_CHECKSUM=1).
+    sha256 reads a file once more (about 0.5 GB/s a core on the shared 2-core test machine): an open folder
+    hashes each file once, the first time it reads it, never per query.
+
+    Raises:
+        ConfigError: the file differs (rows reordered or rewritten, another folder's file copied in).
+    """
+    path = directory / shard[kind]
+    sha256 = shard.get("sha256", {}).get(kind)
+    if sha256 is not None and not storage.checksums_skipped():
+        problem = storage.file_differs(path, {"sha256": sha256, "bytes": shard["bytes"][kind]}, MANIFEST_NAME)
+        if problem is not None:
+            raise shard_error(directory, shard, kind, problem)
+    return path
+
+
 def sparse_arrays(rows: SparseRows) -> dict[str, np.ndarray]:
     """The arrays one sparse shard stores: {"indptr", "terms", "weights"}."""
     return {"indptr": rows.indptr.astype(np.int64), "terms": rows.indices.astype(np.int32),
@@ -342,7 +390,7 @@ def finish_output(out: Path, manifest: dict[str, Any], shards: int) -> dict[str,
 
 # --- changing a finished folder (`folder_growth`) -------------------------------------------------------------
 
-# Files a folder's manifest names, by name: what `sweep_folder` may remove once no manifest names them.
+# The files a manifest names, by name: what `folder_growth.sweep_folder` removes once no manifest names them.
 SHARD_FILE = re.compile(r"^(?:{})-\d{{5}}\.(?:npy|jsonl)$".format("|".join(SHARD_FILES)))
 TOMBSTONES_FILE = re.compile(r"^tombstones-\d{5}\.npy$")
 
@@ -382,44 +430,6 @@ def read_tombstones(out: Path, manifest: dict[str, Any]) -> np.ndarray:
     return rows.astype(np.int64)
 
 
-def commit_manifest(out: Path, manifest: dict[str, Any]) -> None:
-    """The commit point of a change to a finished folder: its new manifest, written atomically (every file it
-    names was written before); then the files no manifest names any more go (`sweep_folder`). A process killed
-    before the rename leaves the old manifest in force, after it the new one."""
-    storage.write_json(out / MANIFEST_NAME, manifest)
-    sweep_folder(out, manifest)
-
-
-def sweep_folder(out: Path, manifest: dict[str, Any]) -> list[str]:
-    """Remove the shard files, shard records and tombstones of a finished folder that its manifest does not name
-    (an interrupted change's, or the shards a compaction replaced), and the temporary files that dead writers
-    left (this process's too: it holds the change lock and writes nothing else now); return the names removed.
-    Indexes built beside the shards keep their own files."""
-    named = {shard[kind] for shard in manifest["shards"] for kind in shard["bytes"]}
-    records = {PROGRESS_NAME.format(shard["index"]) for shard in manifest["shards"]}
-    if manifest.get("tombstones"):
-        named.add(manifest["tombstones"]["file"])
-    removed = []
-    for folder, keep, pattern in ((out, named, None), (out / PROGRESS_DIR, records, PROGRESS_FILE)):
-        for path in folder.iterdir() if folder.is_dir() else ():
-            name, temporary = path.name, storage.TEMPORARY_NAME.match(path.name)
-            if temporary is not None:
-                pid = int(temporary["pid"])
-                if pid != os.getpid() and storage.process_alive(pid):
-                    continue  # a search saving an index it built, still running
-                if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    path.unlink(missing_ok=True)
-            elif name not in keep and (pattern.match(name) if pattern else
-                                       SHARD_FILE.match(name) or TOMBSTONES_FILE.match(name)):
-                path.unlink(missing_ok=True)
-            else:
-                continue
-            removed.append(name)
-    return removed
-
-
 # --- reading a finished folder ---------------------------------------------------------------------------------
 
 class VectorFolder:
@@ -428,8 +438,11 @@ class VectorFolder:
     Args:
         directory: the `--out` folder of `bertforge embed`.
 
+    Every shard file is checked against the manifest: its size at open (`check_shard_sizes`), its sha256 the
+    first time this folder reads it (`shard_path`): a shard rewritten or copied in is refused, never read.
+
     Raises:
-        ConfigError: no manifest, an unfinished run, or a shard file missing.
+        ConfigError: no manifest, an unfinished run, or a shard file missing or of another size.
     """
 
     def __init__(self, directory: str | os.PathLike):
@@ -440,11 +453,8 @@ class VectorFolder:
         if not manifest["complete"]:
             raise ConfigError(f"{self.directory}: the embedding run has not finished; rerun the same `bertforge "
                               "embed` command to complete it")
-        for shard in manifest["shards"]:
-            for kind in shard["bytes"]:
-                if not (self.directory / shard[kind]).is_file():
-                    raise ConfigError(f"{self.directory / shard[kind]} is missing; rerun `bertforge embed` to "
-                                      "rewrite it")
+        check_shard_sizes(self.directory, manifest)
+        self.verified: set[tuple[int, str]] = set()
         self.manifest = manifest
         self.settings = embed_settings(manifest)
         self.shards: list[dict[str, Any]] = manifest["shards"]
@@ -480,9 +490,7 @@ class VectorFolder:
 
     def allowed(self, rows: np.ndarray | None = None) -> np.ndarray | None:
         """[count] bool: the live rows that are also among `rows` ([count] bool; None: all); None: every row."""
-        if rows is None:
-            return self.live
-        return rows if self.live is None else rows & self.live
+        return self.live if rows is None else rows if self.live is None else rows & self.live
 
     def input_of(self, source: int) -> dict[str, Any]:
         """The manifest with the "input" its rows of `source` were read from (0: the embedded input, k: the k-th
@@ -494,20 +502,16 @@ class VectorFolder:
         and its place there (0-based): the spans of a chunked folder, the records file of a compacted shard,
         else the shard's first record plus the row's place in it."""
         rows = np.asarray(rows, dtype=np.int64)
-        flat = rows.ravel()
-        shard_of = np.searchsorted(self.offsets, flat, side="right") - 1
+        flat, shard_of = rows.ravel(), np.searchsorted(self.offsets, rows.ravel(), side="right") - 1
         sources = np.array([self.shards[s].get("source", 0) for s in shard_of.tolist()], dtype=np.int64)
         if self.chunked:
             records = np.array([span[0] for span in self.spans_at(flat[None, :])[0]], dtype=np.int64)
-            return sources.reshape(rows.shape), records.reshape(rows.shape)
-        records = np.empty(len(flat), dtype=np.int64)
-        listed = np.array(["records" in self.shards[s] for s in shard_of.tolist()], dtype=bool)
-        if listed.any():
-            records[listed] = self.lines_at(flat[listed][None, :], "records")[0]
-        for position in np.nonzero(~listed)[0].tolist():
-            shard = int(shard_of[position])
-            first = self.shards[shard].get("first_record", int(self.offsets[shard]))
-            records[position] = first + int(flat[position]) - int(self.offsets[shard])
+        else:
+            firsts = [self.shards[s].get("first_record", int(self.offsets[s])) for s in shard_of.tolist()]
+            records = np.asarray(firsts, dtype=np.int64) + flat - self.offsets[shard_of]
+            listed = np.array(["records" in self.shards[s] for s in shard_of.tolist()], dtype=bool)
+            if listed.any():
+                records[listed] = self.lines_at(flat[listed][None, :], "records")[0]
         return sources.reshape(rows.shape), records.reshape(rows.shape)
 
     def rows_of(self, ids: set[str]) -> dict[str, list[int]]:
@@ -524,7 +528,7 @@ class VectorFolder:
 
     def shard_lines(self, index: int, kind: str) -> list[Any]:
         """Every JSON line of shard `index`'s `kind` file ("ids", "spans", "records")."""
-        with open(self.directory / self.shards[index][kind], encoding="utf-8") as handle:
+        with open(self.shard_path(index, kind), encoding="utf-8") as handle:
             return [json.loads(line) for line in handle]
 
     def shard_arrays(self, index: int) -> dict[str, np.ndarray]:
@@ -535,16 +539,24 @@ class VectorFolder:
         return {kind: np.asarray(self.shard_vectors(index, kind)) for kind in ("vectors", "codes")
                 if kind in self.shards[index]}
 
+    def shard_path(self, index: int, kind: str) -> Path:
+        """Shard `index`'s `kind` file, its sha256 compared with the manifest's the first time this folder
+        reads it (`verify_shard_file`)."""
+        if (index, kind) not in self.verified:
+            verify_shard_file(self.directory, self.shards[index], kind)
+            self.verified.add((index, kind))
+        return self.directory / self.shards[index][kind]
+
     def shard_vectors(self, index: int, kind: str = "vectors") -> np.ndarray:
         """Shard `index`'s stored vectors (float [n, H], int8 codes [n, H] or sign bits [n, H / 8]; `kind`
         "codes": a binary shard's int8 codes), memory-mapped (read from disk as they are used)."""
-        return np.load(self.directory / self.shards[index][kind], mmap_mode="r", allow_pickle=False)
+        return np.load(self.shard_path(index, kind), mmap_mode="r", allow_pickle=False)
 
     def shard_rows(self, index: int) -> SparseRows:
         """The rows of one sparse shard, checked against its record."""
         record = self.shards[index]
         try:
-            arrays = {kind: np.load(self.directory / record[kind], allow_pickle=False) for kind in SPARSE_KINDS}
+            arrays = {kind: np.load(self.shard_path(index, kind), allow_pickle=False) for kind in SPARSE_KINDS}
             rows = SparseRows(arrays["indptr"], arrays["terms"], arrays["weights"], self.dim)
         except (OSError, ValueError, KeyError, InputError) as error:
             raise ConfigError(f"{self.directory}: sparse shard {record.get('index')} is unreadable ({error}); rerun "
@@ -573,7 +585,7 @@ class VectorFolder:
         shard_of = np.searchsorted(self.offsets, wanted, side="right") - 1
         for shard in sorted(set(shard_of.tolist())):
             needed = {row - int(self.offsets[shard]) for row, s in zip(wanted, shard_of) if s == shard}
-            with open(self.directory / self.shards[shard][kind], encoding="utf-8") as handle:
+            with open(self.shard_path(shard, kind), encoding="utf-8") as handle:
                 for line_index, line in enumerate(handle):
                     if line_index in needed:
                         found[line_index + int(self.offsets[shard])] = json.loads(line)
@@ -581,6 +593,7 @@ class VectorFolder:
 
 
 __all__ = ["DTYPES", "FORMAT_VERSION", "MANIFEST_NAME", "SHARD_FILES", "TOMBSTONES_NAME", "EmbedSettings",
-           "VectorFolder", "commit_manifest", "describe_changes", "embed_settings", "finish_output", "finished",
-           "identity", "input_record", "new_manifest", "progress_path", "read_manifest", "read_tombstones", "start_output",
-           "sweep_folder", "write_shard", "write_shard_arrays", "write_tombstones"]
+           "VectorFolder", "check_shard_sizes", "describe_changes", "embed_settings",
+           "finish_output", "finished", "identity", "input_record", "new_manifest", "progress_path", "read_manifest",
+           "read_tombstones", "start_output", "verify_shard_file", "write_shard", "write_shard_arrays",
+           "write_tombstones"]

@@ -3,9 +3,15 @@
 and searched by `bertforge search` instead of scanning every vector (`vector_search`).
 
 Owns: building the graph (`build_ann`), its two files in the embedding folder (`ann-hnsw.faiss`, the graph
-with its vectors; `ann.json`, what it was built from and with), the key that ties it to the shards
-(`shards_key`: a stale index is refused, never searched), opening it (`open_ann`) and searching it
-(`AnnIndex.search_vectors`, the same ([Q, k] scores, [Q, k] global rows) as `VectorIndex.search_vectors`).
+with its vectors; `ann.json`, what it was built from and with, and the graph file's sha256 and size), the key
+that ties it to the shards (`shards_key`), opening it (`open_ann`) and searching it (`AnnIndex.search_vectors`,
+the same ([Q, k] scores, [Q, k] global rows) as `VectorIndex.search_vectors`).
+
+Integrity: an index is searched only when `ann.json` was built from the vectors the shards hold now (the key
+of their manifest checksums, which `VectorIndex` holds the shard files to) and the graph file is the one built
+(its sha256: another folder's graph of the same size, a graph of the same vectors in another order, a
+truncated file). Otherwise `open_ann` logs why and builds the index again from the vectors, with the settings
+it recorded; hashing the graph costs about as much as faiss reading it.
 
 Metric: the inner product of the float query and the stored vector, exactly the score exact search
 computes: the cosine for a `--normalize`d corpus, else the plain dot product. The graph is built with that
@@ -34,7 +40,9 @@ from typing import Any
 import numpy as np
 
 from bertforge import storage
+from bertforge.checkpoint_integrity import brief
 from bertforge.errors import ConfigError
+from bertforge.retrieval.index_sources import file_records, files_problem
 from bertforge.retrieval.vector_index import BLOCK_ROWS, VectorIndex, check_top_k, top_k_merge
 from bertforge.retrieval.vector_quantization import dequantize_int8
 
@@ -43,7 +51,7 @@ log = logging.getLogger(__name__)
 ANN_NAME = "ann.json"
 GRAPH_NAME = "ann-hnsw.faiss"
 FORMAT_NAME = "bertforge-ann"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: ann.json records the graph file's sha256
 # HNSW settings: neighbours per node (M), candidates while inserting (ef_construction) and while searching
 # (ef_search). M 32 / 200 are the values the field uses for sentence vectors of a few hundred dimensions;
 # ef_search 128 keeps recall@10 >= 0.95 on 200,000 MiniLM vectors (docs/benchmarks.md).
@@ -98,11 +106,22 @@ def build_ann(directory: str | os.PathLike, *, m: int = DEFAULT_M, ef_constructi
         The `ann.json` record (what the graph was built from and with, and how long it took).
 
     Raises:
-        ConfigError: not a complete folder, a binary or sparse folder, a bad setting, or faiss missing.
+        ConfigError: not a complete folder, a binary or sparse folder, a bad setting, a shard that is not what
+            the manifest records, or faiss missing.
     """
-    for value, name in ((m, "m"), (ef_construction, "ef_construction"), (ef_search, "ef_search")):
-        check_positive(value, name)
     index = VectorIndex(directory)
+    graph, record = build_graph(index, {"m": m, "ef_construction": ef_construction, "ef_search": ef_search})
+    save_ann(index, graph, record)
+    log.info("HNSW index of %d vectors built in %.1f s (%d threads): %s", index.count, record["build_seconds"],
+             record["threads"], index.directory / GRAPH_NAME)
+    return record
+
+
+def build_graph(index: VectorIndex, settings: dict[str, int]) -> tuple[Any, dict[str, Any]]:
+    """(the HNSW graph of every vector of `index`, its record but the graph file's checksum); `settings`:
+    m, ef_construction, ef_search."""
+    for name, value in settings.items():
+        check_positive(value, name)
     if index.kind == "sparse":
         raise ConfigError(f"{index.directory} holds sparse vectors, which search through their inverted index; "
                           "`bertforge index` builds the approximate index of a dense folder")
@@ -111,54 +130,63 @@ def build_ann(directory: str | os.PathLike, *, m: int = DEFAULT_M, ef_constructi
                           "build the approximate index from a float32, float16 or int8 folder (embed --dtype)")
     faiss = import_faiss()
     started = time.perf_counter()
-    graph = faiss.IndexHNSWFlat(index.dim, m, faiss.METRIC_INNER_PRODUCT)
-    graph.hnsw.efConstruction = ef_construction
+    graph = faiss.IndexHNSWFlat(index.dim, settings["m"], faiss.METRIC_INNER_PRODUCT)
+    graph.hnsw.efConstruction = settings["ef_construction"]
     for shard in range(len(index.shards)):
-        vectors = index.shard_vectors(shard)
+        vectors = index.shard_vectors(shard)  # its sha256 checked against the manifest first
         for start in range(0, len(vectors), BLOCK_ROWS):  # rows are added in global order: faiss id = row
             graph.add(float_block(index, vectors[start:start + BLOCK_ROWS]))
-    seconds = time.perf_counter() - started
     record = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "kind": "hnsw", "metric": "inner_product",
               "similarity": index.similarity, "count": index.count, "dim": index.dim,
-              "shards_key": shards_key(index.manifest), "shards": len(index.shards), "m": m,
-              "ef_construction": ef_construction, "ef_search": ef_search, "faiss": faiss.__version__,
-              "threads": faiss.omp_get_max_threads(), "file": GRAPH_NAME, "build_seconds": round(seconds, 3)}
-    record = save_graph(index, graph, record)
-    log.info("HNSW index of %d vectors built in %.1f s (%d threads): %s", index.count, seconds,
-             record["threads"], index.directory / GRAPH_NAME)
-    return record
+              "shards_key": shards_key(index.manifest), "shards": len(index.shards), **settings,
+              "faiss": faiss.__version__,
+              "threads": faiss.omp_get_max_threads(), "file": GRAPH_NAME,
+              "build_seconds": round(time.perf_counter() - started, 3)}
+    return graph, record
 
 
-def save_graph(index: VectorIndex, graph: Any, record: dict[str, Any]) -> dict[str, Any]:
-    """Save a graph under its record's "file", then the record (`ann.json`, the index's commit point: it always
-    names a whole graph of the vectors it records), then remove the graph files it no longer names."""
-    faiss = import_faiss()
+def save_ann(index: VectorIndex, graph: Any, record: dict[str, Any]) -> None:
+    """Write the graph file (under the record's "file"), then `ann.json` with the graph's sha256 and size (each
+    atomically: `ann.json` is the index's commit point, always naming a whole graph of the vectors it records),
+    then remove the graph files it no longer names (`sweep_graphs`).
+
+    Raises:
+        OSError: the folder cannot be written.
+    """
     path = index.directory / record["file"]
     with storage.atomic_path(path) as tmp:
-        faiss.write_index(graph, str(tmp))
-    record = {**record, "bytes": path.stat().st_size}
+        import_faiss().write_index(graph, str(tmp))
+        record.update(file_records(tmp.parent, [tmp.name])[tmp.name])  # "sha256", "bytes"
     storage.write_json(index.directory / ANN_NAME, record)
     sweep_graphs(index.directory)
-    return record
+
+
+def read_ann_record(directory: Path) -> dict[str, Any] | None:
+    """The folder's `ann.json` (None when it has none, or it is unreadable: `open_ann` then builds it again)."""
+    try:
+        record = storage.read_json(directory / ANN_NAME, what="approximate index record")
+    except (FileNotFoundError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def sweep_graphs(directory: Path) -> list[str]:
-    """Remove the graph files `ann.json` does not name (those it named before a save; a killed save's); return
+    """Remove the graph files `ann.json` does not name (those it named before a save, a killed save's); return
     their names."""
     record = read_ann_record(directory)
     removed = []
-    for old in directory.glob("ann-hnsw*.faiss"):
-        if record is not None and old.name != record.get("file"):
+    for old in directory.glob("ann-hnsw*.faiss") if record is not None else ():
+        if old.name != graph_name(record):
             old.unlink(missing_ok=True)
             removed.append(old.name)
     return removed
 
 
-def extend_graph(ann: AnnIndex, index: VectorIndex) -> AnnIndex:
+def extend_graph(ann: AnnIndex) -> AnnIndex:
     """The approximate index of a folder whose shards were appended to since it was built (`bertforge add`):
     the graph gets the new shards' vectors (faiss id = global row, as at build) and is saved under a new name
     with its record; deleted rows stay in the graph, masked at search."""
-    first = ann.record["shards"]
+    index, first = ann.vectors, ann.record["shards"]
     started = time.perf_counter()
     for shard in range(first, len(index.shards)):
         vectors = index.shard_vectors(shard)
@@ -168,7 +196,7 @@ def extend_graph(ann: AnnIndex, index: VectorIndex) -> AnnIndex:
               "shards": len(index.shards), "file": f"ann-hnsw-{len(index.shards):05d}.faiss",
               "extend_seconds": round(time.perf_counter() - started, 3)}
     try:
-        record = save_graph(index, ann.graph, record)
+        save_ann(index, ann.graph, record)
     except OSError as error:  # a read-only folder: extended in memory at each open
         log.warning("%s: the extended approximate index could not be saved (%s)", index.directory, error)
     log.info("%s: approximate index extended by %d vectors", index.directory, index.count - int(index.offsets[first]))
@@ -216,48 +244,80 @@ class AnnIndex:
         return top_k_merge(scores.astype(np.float32), found.astype(np.int64), k)  # exact search's tie order
 
 
-def read_ann_record(directory: Path) -> dict[str, Any] | None:
-    """The folder's `ann.json`, None when it has none."""
-    try:
-        return storage.read_json(directory / ANN_NAME, what="approximate index record")
-    except FileNotFoundError:
-        return None
-    except ValueError as error:
-        raise ConfigError(f"{error}; rebuild it with `bertforge index --index {directory}`") from None
+def ann_problem(index: VectorIndex, record: Any) -> str | None:
+    """What makes a folder's `ann.json` and graph file unusable for its shards (another format, built from
+    other vectors, a graph file that is not the one built: missing, truncated, another folder's, its vectors
+    reordered), or None."""
+    if not isinstance(record, dict) or record.get("format") != FORMAT_NAME or record.get("version") != FORMAT_VERSION:
+        return f"{ANN_NAME} is not a bertforge approximate index of this version"
+    if record.get("shards_key") != shards_key(index.manifest) and appended_from(index, record) is None:
+        return (f"the index was built from other vectors than the folder's shards now hold ({record.get('count')} "
+                f"then, {index.count} now)")
+    return files_problem(index.directory, {graph_name(record): {"sha256": record.get("sha256"),
+                                                                "bytes": record.get("bytes")}}, ANN_NAME)
+
+
+def graph_name(record: dict[str, Any]) -> str:
+    """The graph file `ann.json` names (a plain name in the folder)."""
+    name = record.get("file")
+    return name if isinstance(name, str) and name == Path(name).name and name.startswith("ann-hnsw") else GRAPH_NAME
+
+
+def appended_from(index: VectorIndex, record: dict[str, Any]) -> int | None:
+    """The shards a graph was built from when the folder's later shards were added since (`bertforge add`: the
+    graph is extended by them, `extend_graph`), else None."""
+    first = record.get("shards")
+    if (isinstance(first, int) and 0 < first < len(index.shards)
+            and record.get("shards_key") == shards_key(index.manifest, first)):
+        return first
+    return None
 
 
 def open_ann(index: VectorIndex) -> AnnIndex | None:
-    """The folder's approximate index, None when it has none.
+    """The folder's approximate index, None when it has none (no `ann.json`). One that is not what it records
+    (`ann_problem`), or that faiss cannot read, is built again from the folder's vectors with the settings it
+    recorded (after a log line saying why) and saved in its place; where the folder is read-only, the rebuilt
+    graph is used for this search only (with a warning).
 
     Raises:
-        ConfigError: the index was built from other vectors than the shards now hold (stale), its graph file
-            is missing or truncated, or faiss is not installed (the message names the extra, and --exact).
+        ConfigError: faiss is not installed (the message names the extra, and --exact), or a shard differs
+            from its manifest (the vectors themselves are damaged: `index_sources`).
     """
-    record = read_ann_record(index.directory)
-    if record is None:
+    path = index.directory / ANN_NAME
+    try:
+        record = storage.read_json(path, what="approximate index record")
+        problem = ann_problem(index, record)
+    except FileNotFoundError:
         return None
-    rebuild = f"rebuild it with `bertforge index --index {index.directory}`, or search with --exact"
-    if record.get("format") != FORMAT_NAME or record.get("version") != FORMAT_VERSION:
-        raise ConfigError(f"{index.directory / ANN_NAME} is not a bertforge approximate index of this version; "
-                          f"{rebuild}")
-    first = record.get("shards")
-    appended = (record.get("shards_key") != shards_key(index.manifest) and isinstance(first, int)
-                and 0 < first < len(index.shards) and record["shards_key"] == shards_key(index.manifest, first))
-    if record.get("shards_key") != shards_key(index.manifest) and not appended:
-        raise ConfigError(f"{index.directory / ANN_NAME}: the approximate index was built from other vectors than "
-                          f"the folder's shards now hold ({record.get('count')} then, {index.count} now); {rebuild}")
-    path = index.directory / record["file"]
-    if not path.is_file() or path.stat().st_size != record["bytes"]:
-        raise ConfigError(f"{path} is missing or not the size {ANN_NAME} records; {rebuild}")
+    except ValueError as error:
+        record, problem = None, str(error)
     faiss = import_faiss()
-    graph = faiss.read_index(str(path))
-    if appended and graph.ntotal == record["count"] == int(index.offsets[first]):
-        return extend_graph(AnnIndex(index, record, graph), index)  # shards added since (`bertforge add`)
-    if graph.ntotal != index.count or graph.d != index.dim or graph.metric_type != faiss.METRIC_INNER_PRODUCT:
-        raise ConfigError(f"{path} holds {graph.ntotal} vectors of {graph.d} dimensions (metric {graph.metric_type}"
-                          f"), not the folder's {index.count} x {index.dim} by inner product; {rebuild}")
+    if problem is None:
+        name, first = graph_name(record), appended_from(index, record)
+        count = index.count if first is None else int(index.offsets[first])
+        try:
+            graph = faiss.read_index(str(index.directory / name))
+        except RuntimeError as error:  # checksum of a file written by another faiss build
+            graph, problem = None, f"faiss cannot read {name} ({brief(error)})"
+        else:
+            if graph.ntotal != count or graph.d != index.dim or graph.metric_type != faiss.METRIC_INNER_PRODUCT:
+                problem = (f"{name} holds {graph.ntotal} vectors of {graph.d} dimensions (metric "
+                           f"{graph.metric_type}), not the folder's {count} x {index.dim} by inner product")
+    if problem is None:
+        ann = AnnIndex(index, record, graph)
+        return ann if first is None else extend_graph(ann)  # shards added since (`bertforge add`)
+    log.warning("%s: %s; building the approximate index again from the folder's vectors", path, problem)
+    settings = {name: record[name] if isinstance(record, dict) and isinstance(record.get(name), int) else default
+                for name, default in (("m", DEFAULT_M), ("ef_construction", DEFAULT_EF_CONSTRUCTION),
+                                      ("ef_search", DEFAULT_EF_SEARCH))}
+    graph, record = build_graph(index, settings)
+    try:
+        save_ann(index, graph, record)
+    except OSError as error:
+        log.warning("%s: the rebuilt index could not be saved (%s); it is rebuilt at each search until `bertforge "
+                    "index --index %s` can write the folder", index.directory, error, index.directory)
     return AnnIndex(index, record, graph)
 
 
-__all__ = ["ANN_NAME", "DEFAULT_EF_SEARCH", "GRAPH_NAME", "AnnIndex", "build_ann", "open_ann", "shards_key",
-           "sweep_graphs"]
+__all__ = ["ANN_NAME", "DEFAULT_EF_SEARCH", "GRAPH_NAME", "AnnIndex", "build_ann", "open_ann", "read_ann_record",
+           "shards_key", "sweep_graphs"]

@@ -13,6 +13,9 @@ rank the earlier record (lower shard, lower row) first, so the answer does not d
 int8 and binary folders are scored with the float query against their codes (`vector_quantization`): int8
 the dot product with the dequantized vector, binary a scan by sign then an int8 rescoring of the candidates.
 
+Integrity: every shard file has the size the manifest records when the folder is opened, and its sha256 the
+first time it is read (`index_sources`); a file that differs is refused, naming it and how to rewrite it.
+
 Memory: one block of one shard (at most `BLOCK_ROWS` rows, as float32), the queries' block of scores, and k
 (score, row) pairs per query; ids are read only for the winners, one ids file at a time.
 """
