@@ -1,12 +1,14 @@
-"""`bertforge demo`: BERT's two stages, end to end, on the bundled books, in a few minutes of CPU.
+"""`bertforge demo`: BERT's two stages, end to end, on the bundled books, within a time budget on any CPU.
 
 1. learn a WordPiece vocabulary from the books;  2. cut them into pretraining instances (shards);
-3. ask a freshly initialised model to fill in masked words (sentences of held-out documents);  4. pretrain
-a small BERT for the steps a time budget holds on this machine, or for --minutes (masked LM without
-next-sentence prediction, warmup-stable-decay schedule: the recipe that learned most in the same minutes
-here), said up front from a timed warm-up of a few steps on this machine, and report held-out MLM accuracy against the majority-token
-baseline;  5. ask again;  6. fine-tune it to tell which book a sentence comes from and report dev
-accuracy against chance;  7. write a report folder (summary.md, curves, every intermediate artifact).
+3. ask a freshly initialised model to fill in masked words (sentences of held-out documents);  4. time a
+warm-up of the pretraining on this machine as it is loaded now (at PyTorch's threads and at one: the cheaper
+is kept), split what is left of the budget (--minutes, default DEFAULT_MINUTES) between pretraining and
+fine-tuning (`plan_demo`), announce the whole demo's time, and pretrain a small BERT for its share of the
+time (masked LM without next-sentence prediction, warmup-stable-decay on time: a machine that slows down
+gets fewer steps and still decays), then report held-out MLM accuracy against the majority-token baseline;
+5. ask again;  6. fine-tune it to tell which book a sentence comes from, sized to the time left, and report
+dev accuracy against chance;  7. write a report folder (summary.md, curves, every intermediate artifact).
 It uses only the public pieces (tokenization, data, training, inference) — the same calls a user makes.
 """
 
@@ -14,17 +16,21 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+import torch
 
 from bertforge.data.corpus import read_documents
 from bertforge.data.masking import MaskingConfig
 from bertforge.data.preparation import prepare_corpus
 from bertforge.data.text_files import resolve_inputs
-from bertforge.errors import DataError
+from bertforge.errors import ConfigError, DataError
 from bertforge.families.pretraining import FAMILY as PRETRAINING
 from bertforge.families.pretraining import BertForPretraining
 from bertforge.model.config import BertConfig
@@ -50,22 +56,60 @@ HELDOUT_DOCUMENTS = 8  # of the books' documents, for held-out MLM accuracy (the
 OBJECTIVE = "mlm"
 OBJECTIVE_WORDS = "masked LM, no next-sentence prediction"
 SCHEDULE = "wsd"
-MASK_RATE = 0.15
+# For the steps a busy machine affords (hundreds, not thousands): in 600-step runs on the books (tiny, batch 32,
+# one seed, docs/pretraining.md) an 8,000-token vocabulary and lr 1e-3 or 2e-3 stayed on the plateau of
+# frequent tokens; 4,000 tokens at lr 2e-3 left it by step 400 (held-out MLM accuracy 2.1x the baseline at
+# 600), masking 25% a little sooner (2.1x at 400); lr 3e-3 and 32-token instances stayed on it.
+MASK_RATE = 0.25
+# The whole demo's time budget (after the install) when --minutes is not given: warm-up, pretraining,
+# fine-tuning and the report fit in it on any machine; a slower machine pretrains for fewer steps.
+DEFAULT_MINUTES = 9.0
 # Past the plateau of predicting only frequent tokens and punctuation: with that recipe, at 1,251 steps the
 # held-out MLM accuracy is 2.4x the majority baseline but fill-mask still answers ", . the" everywhere; at
 # 3,120 steps it is 3.8x and the answers differ by sentence ("house, room, door"; "elizabeth, mr, he").
-MIN_PRETRAIN_STEPS = 3000
-DEFAULT_MINUTES = 5.0  # the pretraining budget when none is given (~3,500 steps on a quiet 2-core machine)
+# A plan with fewer steps than this says what to expect.
+LEARNING_STEPS = 1000
+MIN_PRETRAIN_SECONDS = 30.0  # a budget too short for the machine still pretrains this long (said up front)
 # The smallest preset: on 2 CPU cores the number of optimizer steps, not the width, is what gets BERT past
 # its plateau in minutes; a step of "tiny" costs a fraction of one of "mini".
 DEFAULT_MODEL = "tiny"
 BATCH_SIZE = 32
-PEAK_LR = 1e-3  # small BERTs need a higher peak than BERT-base's 1e-4 to leave the plateau within minutes
+PEAK_LR = 2e-3  # small BERTs need a higher peak than BERT-base's 1e-4 to leave the plateau within minutes
 WARMUP_RATIO = 0.06
 EVALUATIONS = 5  # held-out evaluations during pretraining (the curves)
 EVAL_BATCHES = 20
-TIMING_STEPS = 15  # the warm-up that times a step on this machine before the budget is turned into steps
-TIMING_LOG_EVERY = 5
+TIMING_STEPS = 12  # the warm-up that times a step on this machine before the budget is planned
+TIMING_LOG_EVERY = 4
+# Fine-tuning (which book is a sentence from?): up to FINETUNE_SHARE of the time left after the warm-up, its
+# training sentences cut to fit, never below FINETUNE_MIN_PER_BOOK a book.
+FINETUNE_SHARE = 0.3
+FINETUNE_BATCH = 32
+FINETUNE_LR = 1e-3  # from a model pretrained 800 steps: dev accuracy 0.594 at 1e-3, 0.552 at 2e-3, (600 steps) 0.372 at 3e-4
+FINETUNE_DEV_PER_BOOK = 150
+FINETUNE_MIN_PER_BOOK = 100
+
+
+@dataclass(frozen=True)
+class BookTask:
+    """The fine-tuning stage's size: training sentences per book, epochs, and the dev sentences per book."""
+
+    per_book_train: int
+    epochs: int
+    per_book_dev: int = FINETUNE_DEV_PER_BOOK
+
+    def steps(self, books: int) -> int:
+        return self.epochs * math.ceil(books * self.per_book_train / FINETUNE_BATCH)
+
+    def seconds(self, books: int, cost: StepCost) -> float:
+        """Expected: its steps at the measured step cost, a dev evaluation per epoch, loading and saving."""
+        steps = self.steps(books) * cost.step_seconds * FINETUNE_STEP_COST
+        return steps + self.epochs * books * self.per_book_dev * cost.example_seconds + FINETUNE_OVERHEAD_SECONDS
+
+
+FINETUNE_TASK = BookTask(per_book_train=600, epochs=3)  # the largest; 2,400 sentences, 225 steps
+FINETUNE_STEP_COST = 0.8  # a fine-tuning step (64 tokens, a 4-way head) over a pretraining step: 767 / 1,038 ms
+FINETUNE_OVERHEAD_SECONDS = 10.0  # tokenizing the sentences, loading the model, saving the best one
+REPORT_SECONDS = 15.0  # after pretraining: fill-mask, the curves and the report
 
 
 @dataclass(frozen=True)
@@ -78,7 +122,7 @@ class Language:
 
 LANGUAGES = {
     # Sentences of the held-out documents (never trained on), each with one word a reader can fill in.
-    "en": Language(8000, 40, (
+    "en": Language(4000, 40, (
         "Lucy was really tired, and we intended to creep off to [MASK] as soon as we could.",
         "I lit a match and found that she was not in the [MASK].",
         "He took her [MASK] and patted it as he replied:--",
@@ -138,13 +182,18 @@ def fill_masks(model_dir: Path, spec: Language) -> list[dict]:
 
 def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path | None = None,
              minutes: float | None = None, model: str = DEFAULT_MODEL, seed: int = 0) -> dict:
-    """Run the whole demo; returns the figures it printed (also in `out/report/summary.json`).
+    """Run the whole demo within `minutes` (default DEFAULT_MINUTES) from its start to its report; returns the
+    figures it printed (also in `out/report/summary.json`).
 
-    `minutes` is the pretraining time budget. Without it the budget is `DEFAULT_MINUTES`, and the demo
-    pretrains at least `MIN_PRETRAIN_STEPS` (longer on a slow machine, said up front); a budget given is kept
-    even when it allows fewer steps, and the demo says what that costs."""
+    After the vocabulary, the instances and the first fill-mask, a warm-up times a pretraining step on this
+    machine as it is loaded now; the rest of the budget is split between pretraining (a time budget of its own)
+    and fine-tuning, and the whole demo's time is announced. Fine-tuning is sized again from what is left when
+    pretraining ends."""
     if lang not in LANGUAGES:
         raise DataError(f"no demo for language {lang!r}; choose one of {sorted(LANGUAGES)}")
+    if minutes is not None and not 0 < minutes < math.inf:
+        raise ConfigError(f"--minutes {minutes:g} is not a time budget: give the demo's minutes, e.g. "
+                          f"--minutes {DEFAULT_MINUTES:g}")
     spec = LANGUAGES[lang]
     out = Path(out)
     corpus = Path(corpus) if corpus else Path("data/demo") / lang
@@ -153,10 +202,13 @@ def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path
                         path=corpus)
     files = resolve_inputs(corpus)
     rng = random.Random(seed)
-    summary: dict = {"lang": lang, "corpus": [str(f) for f in files], "model": model, "seed": seed}
+    budget = 60 * (DEFAULT_MINUTES if minutes is None else minutes)
+    summary: dict = {"lang": lang, "corpus": [str(f) for f in files], "model": model, "seed": seed,
+                     "budget_minutes": budget / 60}
     started = time.perf_counter()
 
-    print(f"[1/6] vocabulary of {spec.vocab_size} WordPiece tokens from {len(files)} books in {corpus}")
+    print(f"[1/6] vocabulary of {spec.vocab_size} WordPiece tokens from {len(files)} books in {corpus}; the demo's "
+          f"time budget is {budget / 60:g} min (--minutes)")
     heldout_lines = [s for f in files for s in book_sentences(f, spec.min_sentence_chars)[-200:]]
     vocab = build_vocab(files, spec.vocab_size, lang=lang)
     tokenizer = Tokenizer(vocab, TokenizerConfig(do_lower_case=True))
@@ -179,49 +231,104 @@ def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path
     print("[3/6] fill-mask with random weights (before pretraining), the model's top 5 as it ranks them:")
     summary["fill_mask_before"] = fill_masks(out / "initial", spec)
 
-    pretrained = _pretrain(config, initial, out, model, minutes, seed, summary)
+    pretrained, plan, cost = _pretrain(initial, out, model, seed, budget, started, len(files), summary)
 
     print("[5/6] fill-mask after pretraining, the model's top 5 as it ranks them:")
     summary["fill_mask_after"] = fill_masks(pretrained, spec)
 
-    _classify_books(files, pretrained, spec, out, rng, seed, summary)
+    # Sized again for the time left at the step cost pretraining saw (a machine that slowed down fine-tunes on
+    # fewer sentences rather than overrunning).
+    left = budget - (time.perf_counter() - started) - REPORT_SECONDS
+    task = book_task_for(min(left, plan.finetune_seconds), len(files), cost)
+    _classify_books(files, pretrained, spec, out, rng, seed, task, cost.threads, summary)
+    summary["announced_minutes"] = plan.total / 60
     _write_report(out, summary, started)
     return summary
 
 
-def pretraining_budget(minutes: float | None, step_seconds: float) -> tuple[float, int, str]:
-    """(minutes, steps expected, what to say of them): the pretraining time budget for `minutes` (None: the
-    default budget, raised to what MIN_PRETRAIN_STEPS take at `step_seconds` per step) and the steps it holds,
-    10% of the budget kept for evaluation."""
-    budget = DEFAULT_MINUTES if minutes is None else minutes
-    budget_steps = max(1, int(budget * 60 * 0.9 / step_seconds))
-    # Fewer steps than MIN_PRETRAIN_STEPS leave the model on its plateau and the classifier after it collapses
-    # to one class, which shows nothing: by default a slow or busy machine takes longer instead; a budget the
-    # user gave is theirs to keep.
-    if minutes is None and budget_steps < MIN_PRETRAIN_STEPS:
-        needed = MIN_PRETRAIN_STEPS * step_seconds / 0.9 / 60
-        return needed, MIN_PRETRAIN_STEPS, (f"; more than the default {budget:g} min, which would allow only "
-                                            f"{budget_steps} steps: pass --minutes to keep to a budget")
-    if budget_steps < MIN_PRETRAIN_STEPS:
-        return budget, budget_steps, (f"; --minutes {budget:g} allows fewer than {MIN_PRETRAIN_STEPS} steps: expect "
-                                      "fill-mask to guess frequent tokens and the book classifier to stay near chance")
-    return budget, budget_steps, ""
-
-
-def pretraining_length(minutes: float | None, budget: float, steps: int) -> tuple[int, float]:
-    """(steps, minutes) that end the pretraining run: a budget the user gave (`minutes`) ends it on time; the
-    default ends it after the `steps` the measured warm-up expects of `budget`, so a machine that slows down
-    after the warm-up (other jobs start) takes longer rather than stopping before the model has learned (a 2-core
-    machine whose load rose from 2 to 15 gave 420 of 3,000 steps in the time: fill-mask answered ', . the')."""
-    return (0, budget) if minutes is not None else (steps, 0.0)
-
-
 @dataclass(frozen=True)
 class StepCost:
-    """What a pretraining step and a held-out evaluation cost on this machine, measured (seconds)."""
+    """What a pretraining step and a held-out evaluation cost on this machine, measured (seconds), and the
+    intra-op threads they were measured with."""
 
     step_seconds: float
     eval_seconds: float
+    threads: int = 1
+
+    @property
+    def example_seconds(self) -> float:
+        """An evaluation's cost per example (it scores EVAL_BATCHES batches of BATCH_SIZE)."""
+        return self.eval_seconds / (EVAL_BATCHES * BATCH_SIZE)
+
+
+def book_task_for(seconds: float, books: int, cost: StepCost) -> BookTask:
+    """The largest fine-tuning stage (up to FINETUNE_TASK) that fits `seconds` at `cost`, never below
+    FINETUNE_MIN_PER_BOOK sentences per book (fewer teach the classifier nothing)."""
+    task = FINETUNE_TASK
+    while task.per_book_train > FINETUNE_MIN_PER_BOOK and task.seconds(books, cost) > seconds:
+        task = replace(task, per_book_train=max(FINETUNE_MIN_PER_BOOK, int(task.per_book_train * 0.8)))
+    return task
+
+
+@dataclass(frozen=True)
+class DemoPlan:
+    """How the demo spends its time budget on this machine, in seconds from its start: what the first steps
+    took (`spent`), then pretraining for a time budget of its own (its schedule decays on that time, so a
+    machine that slows down gets fewer steps, not a longer run), the last held-out evaluation, fine-tuning and
+    the report. Pretraining gets what the rest leaves; the steps it is expected to hold come from the measured
+    step cost."""
+
+    budget: float
+    spent: float
+    cost: StepCost
+    books: int
+    finetune: BookTask
+    finetune_seconds: float
+    pretrain_seconds: float
+
+    @property
+    def steps(self) -> int:
+        """Pretraining steps expected: its time less the evaluations inside it, at the measured step cost."""
+        evaluating = (EVALUATIONS - 1) * self.cost.eval_seconds
+        return max(1, int((self.pretrain_seconds - evaluating) / self.cost.step_seconds))
+
+    @property
+    def total(self) -> float:
+        return (self.spent + self.pretrain_seconds + self.cost.eval_seconds + self.finetune_seconds
+                + REPORT_SECONDS)
+
+
+def plan_demo(budget: float, spent: float, cost: StepCost, books: int) -> DemoPlan:
+    """Split what is left of `budget` seconds after `spent` between pretraining and fine-tuning at the measured
+    `cost`: fine-tuning gets up to FINETUNE_SHARE of it (its size shrunk to fit), pretraining the rest, at least
+    MIN_PRETRAIN_SECONDS (then the total is over the budget, and the announcement says so)."""
+    left = budget - spent - cost.eval_seconds - REPORT_SECONDS
+    task = book_task_for(FINETUNE_SHARE * left, books, cost)
+    finetune = task.seconds(books, cost)
+    return DemoPlan(budget, spent, cost, books, task, finetune, max(MIN_PRETRAIN_SECONDS, left - finetune))
+
+
+def announce_plan(plan: DemoPlan, model: str, parameters: int, started_at: float) -> str:
+    """The promise, printed before pretraining: the whole demo's time and when it ends, and how it is spent."""
+    ends = time.strftime("%H:%M", time.localtime(started_at + plan.total))
+    over = "" if plan.total <= plan.budget * 1.01 else f", over the {plan.budget / 60:.1f} min budget"
+    few = "" if plan.steps >= LEARNING_STEPS else (
+        f"; fewer than the {LEARNING_STEPS} steps the recipe needs to leave its plateau on the books: expect "
+        f"fill-mask to guess frequent tokens (--minutes {minutes_for(plan, LEARNING_STEPS)} would allow them)")
+    return (f"[4/6] the demo takes about {plan.total / 60:.1f} min in all (ends about {ends}){over}: "
+            f"{plan.spent / 60:.1f} min so far, pretraining {model} ({parameters / 1e6:.1f}M parameters, "
+            f"{OBJECTIVE_WORDS}) for {plan.pretrain_seconds / 60:.1f} min, about {plan.steps} steps of "
+            f"{BATCH_SIZE} at {1000 * plan.cost.step_seconds:.0f} ms per step ({plan.cost.threads} "
+            f"thread{'s' if plan.cost.threads > 1 else ''}, timed in a warm-up on this machine now), then "
+            f"fine-tuning for about {plan.finetune_seconds / 60:.1f} min{few}")
+
+
+def minutes_for(plan: DemoPlan, steps: int) -> int:
+    """The shortest budget (whole minutes) in which `plan`'s machine would pretrain for `steps`."""
+    minutes = math.ceil(plan.budget / 60)
+    while plan_demo(60 * minutes, plan.spent, plan.cost, plan.books).steps < steps:
+        minutes += 1
+    return minutes
 
 
 def pretraining_settings(model: str, data_dir: Path, out_dir: Path, steps: int, seed: int,
@@ -237,78 +344,110 @@ def pretraining_settings(model: str, data_dir: Path, out_dir: Path, steps: int, 
                           masking=MaskingConfig(mlm_probability=MASK_RATE), training=training)
 
 
-def measure_step_cost(model: str, data_dir: Path, out_dir: Path, seed: int) -> StepCost:
-    """Time the demo's own pretraining on this machine, as it is loaded now: a warm-up run of
-    TIMING_STEPS steps on the prepared data and one held-out evaluation. The first logging window is left
-    out (first-call costs); the times come from the run's own metrics log."""
-    config = pretraining_settings(model, data_dir, out_dir, TIMING_STEPS, seed, progress=False)
+def measure_step_cost(model: str, data_dir: Path, out_dir: Path, seed: int, limit: float = 0.0) -> StepCost:
+    """Time the demo's own pretraining on this machine, as it is loaded now: a warm-up run of TIMING_STEPS
+    steps on the prepared data (or fewer, when `limit` seconds end it first) and one held-out evaluation, at
+    PyTorch's current thread count. The first logging window is left out (first-call costs) where the run
+    logged two; the times come from the run's own metrics log."""
+    config = pretraining_settings(model, data_dir, out_dir, TIMING_STEPS, seed, progress=False, minutes=limit / 60)
     # One evaluation, at the end, after the last timed step.
-    config = replace(config, training=replace(config.training, log_every=TIMING_LOG_EVERY, eval_every=0))
+    config = replace(config, training=replace(config.training, steps=TIMING_STEPS, log_every=TIMING_LOG_EVERY,
+                                              eval_every=0))
     quiet = logging.getLogger("bertforge")
     level = quiet.level
     quiet.setLevel(logging.WARNING)  # the warm-up's own log lines would read like the real run's
     try:
-        run_pretraining(config)
+        result = run_pretraining(config)
     finally:
         quiet.setLevel(level)
     events = read_metrics(out_dir)
     train = [e for e in events if e["split"] == "train"]
     evaluation = next(e for e in events if e["split"] == "eval")
     shutil.rmtree(out_dir, ignore_errors=True)
-    step_seconds = (train[-1]["time"] - train[0]["time"]) / max(1, train[-1]["step"] - train[0]["step"])
-    return StepCost(step_seconds=max(step_seconds, 1e-3), eval_seconds=max(0.0, evaluation["time"] - train[-1]["time"]))
+    if len(train) >= 2:
+        step_seconds = (train[-1]["time"] - train[0]["time"]) / max(1, train[-1]["step"] - train[0]["step"])
+    else:  # cut short by `limit`: every step, the first-call costs included
+        step_seconds = result.seconds / max(1, result.step)
+    last_step = train[-1]["time"] if train else evaluation["time"]
+    return StepCost(step_seconds=max(step_seconds, 1e-3), eval_seconds=max(0.0, evaluation["time"] - last_step),
+                    threads=torch.get_num_threads())
 
 
-def _pretrain(config: BertConfig, initial: BertForPretraining, out: Path, model: str, minutes: float | None,
-              seed: int, summary: dict) -> Path | None:
-    """Step 4: pretrain for a time budget given, else for the steps the default budget holds at the step time of
-    a measured warm-up (at least MIN_PRETRAIN_STEPS), said up front; the checkpoint directory."""
-    cost = measure_step_cost(model, out / "data", out / "timing", seed)
-    budget, steps, note = pretraining_budget(minutes, cost.step_seconds)
-    # The run ends when its steps are done (the default) or its time budget is spent (--minutes; the schedule
-    # then decays on time), and evaluates once more.
-    run_steps, run_minutes = pretraining_length(minutes, budget, steps)
-    estimate = budget + cost.eval_seconds / 60
-    length = f"{run_steps} steps of {BATCH_SIZE}, about {budget:.1f} min" if run_steps else \
-        f"{budget:.1f} min, about {steps} steps of {BATCH_SIZE}"
-    print(f"[4/6] pretraining {model} ({sum(p.numel() for p in initial.parameters()) / 1e6:.1f}M parameters, "
-          f"{OBJECTIVE_WORDS}) for {length} ({estimate:.1f} min with the last evaluation) at "
-          f"{1000 * cost.step_seconds:.0f} ms per step, timed in a warm-up of {TIMING_STEPS} steps on this machine "
-          f"now{note}")
-    started = time.perf_counter()
-    result = run_pretraining(pretraining_settings(model, out / "data", out / "pretrain", steps, seed,
-                                                  minutes=run_minutes))
-    minutes_taken = (time.perf_counter() - started) / 60
+def choose_threads(measure: Callable[[float], StepCost], threads: int) -> tuple[StepCost, str]:
+    """The cheaper of `measure(limit)` at one thread and at PyTorch's `threads`, left set; and what each cost.
+    The second warm-up gets the time the first one's steps took (`limit`, seconds): a thread count that is
+    much slower is seen in a few steps.
+
+    On a busy 2-core machine two intra-op threads wait on each other at every operation of a model this small
+    (one of them shares its core with the other jobs): a step cost 6.6 s with 2 threads and 0.5 s with 1 on a
+    2-core Xeon at load 17. On an idle machine the second thread pays."""
+    torch.set_num_threads(1)
+    costs = [measure(0.0)]
+    if threads > 1:
+        torch.set_num_threads(threads)
+        costs.append(measure(TIMING_STEPS * costs[0].step_seconds))
+    best = min(costs, key=lambda c: c.step_seconds)
+    torch.set_num_threads(best.threads)
+    said = ", ".join(f"{c.threads} thread{'s' if c.threads > 1 else ''} {1000 * c.step_seconds:.0f} ms"
+                     for c in costs)
+    return best, said
+
+
+def _pretrain(initial: BertForPretraining, out: Path, model: str, seed: int, budget: float, started: float,
+              books: int, summary: dict) -> tuple[Path | None, DemoPlan, StepCost]:
+    """Step 4: time a warm-up, plan the rest of the budget and say so, then pretrain for the time planned;
+    the checkpoint directory, the plan, and the step cost the run saw (the warm-up's, raised by as much as the
+    run fell short of the steps expected)."""
+    cost, said = choose_threads(lambda limit: measure_step_cost(model, out / "data", out / "timing", seed, limit),
+                                torch.get_num_threads())
+    plan = plan_demo(budget, time.perf_counter() - started, cost, books)
+    print(announce_plan(plan, model, sum(p.numel() for p in initial.parameters()), time.time() - plan.spent))
+    print(f"      warm-up step times: {said}")
+    began = time.perf_counter()
+    result = run_pretraining(pretraining_settings(model, out / "data", out / "pretrain", plan.steps, seed,
+                                                  minutes=plan.pretrain_seconds / 60))
+    minutes_taken = (time.perf_counter() - began) / 60
     heldout = result.eval
     baseline = heldout.get("mlm_majority_acc", float("nan"))
-    summary["pretraining"] = {"steps": result.step, "seconds": result.seconds, "train": result.train,
-                              "heldout": heldout, "estimated_minutes": estimate, "minutes": minutes_taken,
-                              "step_seconds_measured": cost.step_seconds, "eval_seconds_measured": cost.eval_seconds}
-    print(f"      took {minutes_taken:.1f} min (estimated {estimate:.1f}), {result.step} steps")
-    nsp = f"; NSP accuracy {heldout['nsp_acc']:.3f} (chance 0.5)" if "nsp_acc" in heldout else ""
+    summary["pretraining"] = {"steps": result.step, "expected_steps": plan.steps, "seconds": result.seconds,
+                              "train": result.train, "heldout": heldout, "planned_minutes": plan.pretrain_seconds / 60,
+                              "minutes": minutes_taken, "step_seconds_measured": cost.step_seconds,
+                              "eval_seconds_measured": cost.eval_seconds, "threads": cost.threads,
+                              "warm_up": said}
+    print(f"      took {minutes_taken:.1f} min (planned {plan.pretrain_seconds / 60:.1f}), {result.step} steps "
+          f"(expected {plan.steps})")
     print(f"      held-out MLM accuracy {heldout.get('mlm_acc', float('nan')):.3f}, "
           f"{heldout.get('mlm_acc', float('nan')) / baseline:.1f}x the majority-token baseline {baseline:.3f} "
-          f"(always guessing the most frequent token){nsp}")
-    return result.checkpoint
+          f"(always guessing the most frequent token)")
+    slower = max(1.0, plan.steps / max(1, result.step))
+    seen = replace(cost, step_seconds=cost.step_seconds * slower, eval_seconds=cost.eval_seconds * slower)
+    return result.checkpoint, plan, seen
 
 
 def _classify_books(files: list[Path], pretrained: Path | None, spec: Language, out: Path, rng: random.Random,
-                    seed: int, summary: dict) -> None:
-    """Step 6: fine-tune the pretrained model to tell which book a sentence comes from."""
-    train_file, dev_file, books = write_book_task(files, out / "books", spec.min_sentence_chars, 600, 150, rng)
-    print(f"[6/6] fine-tuning: which of {len(books)} books is a sentence from? ({', '.join(books)})")
+                    seed: int, task: BookTask, threads: int, summary: dict) -> None:
+    """Step 6: fine-tune the pretrained model to tell which book a sentence comes from (`task`'s size), at the
+    thread count pretraining used (loading a pipeline may have set another)."""
+    train_file, dev_file, books = write_book_task(files, out / "books", spec.min_sentence_chars,
+                                                  task.per_book_train, task.per_book_dev, rng)
+    print(f"[6/6] fine-tuning: which of {len(books)} books is a sentence from? ({', '.join(books)}); "
+          f"{task.per_book_train} sentences of each, {task.epochs} epochs")
+    torch.set_num_threads(threads)
+    began = time.perf_counter()
     finetune = run_finetuning(FinetuneConfig(
         model=str(pretrained),
         data=DataConfig(format="classification", train=str(train_file), dev=str(dev_file), text_a_column="text_a",
                         label_column="label"),
-        features=FeatureConfig(max_seq_length=64),
-        training=FinetuneTrainingConfig(out_dir=str(out / "finetune"), epochs=3, batch_size=32, lr=3e-4, seed=seed,
-                                        device="cpu", precision="fp32", progress=False)))
+        features=FeatureConfig(max_seq_length=SEQUENCE_LENGTH),
+        training=FinetuneTrainingConfig(out_dir=str(out / "finetune"), epochs=task.epochs, batch_size=FINETUNE_BATCH,
+                                        lr=FINETUNE_LR, seed=seed, device="cpu", precision="fp32", progress=False)))
     accuracy = finetune.best_metrics.get("accuracy", float("nan"))
     chance = 1 / len(books)
     summary["book_classification"] = {"dev_accuracy": accuracy, "chance": chance, "books": books,
+                                      "per_book_train": task.per_book_train, "epochs": task.epochs,
+                                      "minutes": (time.perf_counter() - began) / 60,
                                       "model_dir": str(finetune.model_dir)}
-    print(f"      dev accuracy {accuracy:.3f} (chance {chance:.3f})")
+    print(f"      dev accuracy {accuracy:.3f} (chance {chance:.3f}) in {(time.perf_counter() - began) / 60:.1f} min")
 
 
 def _write_report(out: Path, summary: dict, started: float) -> None:
@@ -325,13 +464,16 @@ def _write_report(out: Path, summary: dict, started: float) -> None:
     (report_dir / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n",
                                              encoding="utf-8")
     write_summary_markdown(report_dir / "summary.md", summary)
-    print(f"done in {summary['seconds'] / 60:.1f} min; report in {report_dir}")
+    print(f"done in {summary['seconds'] / 60:.1f} min (announced {summary['announced_minutes']:.1f}); report in "
+          f"{report_dir}")
 
 
 def write_summary_markdown(path: Path, s: dict) -> None:
     pre = s["pretraining"]
     lines = [f"# bertforge demo ({s['lang']})", "",
              f"- corpus: {len(s['corpus'])} books; vocabulary [UNK] rate {100 * s['unk_rate']:.2f}%",
+             f"- time: {s['seconds'] / 60:.1f} min, announced {s['announced_minutes']:.1f} (budget "
+             f"{s['budget_minutes']:g} min)",
              f"- pretraining: {s['model']}, {OBJECTIVE_WORDS}, {SCHEDULE} schedule, {pre['steps']} steps in "
              f"{pre['seconds'] / 60:.1f} min; held-out MLM accuracy {pre['heldout'].get('mlm_acc', 0):.3f} "
              f"(majority-token baseline {pre['heldout'].get('mlm_majority_acc', 0):.3f})",

@@ -167,3 +167,61 @@ def test_embed_cli_peak_memory_is_flat_in_corpus_size(tiny_minilm_model, tmp_pat
                                                          "--shard-size", "1000")))
     print(f"peak RSS: 1x {peaks[1] / 1024:.0f} MiB, 8x {peaks[8] / 1024:.0f} MiB")
     assert peaks[8] <= peaks[1] * (1 + RSS_MARGIN), peaks
+
+
+# --- long texts: cut to the window and said, or refused (issue #46) ------------------------------------------
+
+def write_long_and_short(path: Path) -> tuple[Path, list[str]]:
+    """Six lines, lines 2, 4 and 5 (1-based) far longer than the tiny model's window."""
+    rng = np.random.default_rng(3)
+    texts = [" ".join(rng.choice(WORDS, size=size)) for size in (5, 400, 7, 300, 500, 6)]
+    path.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    return path, texts
+
+
+def test_embed_cli_cuts_long_texts_and_counts_them_in_progress_summary_and_manifest(tiny_minilm_model, tmp_path,
+                                                                                      capsys, caplog):
+    from bertforge.inference.pipelines import load_pipeline
+
+    inputs, texts = write_long_and_short(tmp_path / "articles.txt")
+    out = tmp_path / "index"
+    with caplog.at_level("INFO"):
+        assert cli.main(embed_args(tiny_minilm_model, inputs, out, "--shard-size", "4", "--batch-size", "2")) == 0
+    summary = capsys.readouterr().err
+    assert "3 of 6 texts were longer than the model's window" in summary and "--chunk" in summary
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["truncated"] == 3 and manifest["settings"]["truncate"] is True
+    assert [shard["truncated"] for shard in manifest["shards"]] == [2, 1]  # lines 2, 4 | line 5
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("text ")]
+    assert progress and "truncated=3" in progress[-1]  # the progress line counts them too
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(f"{inputs}:2" in w and "cut to it" in w for w in warnings)  # the first cut text, by its line
+    # The cut is the model's window, as every embedding route of the server cuts: the same vectors as encode.
+    vectors = np.concatenate([np.load(out / shard["vectors"]) for shard in manifest["shards"]])
+    expected = load_pipeline(tiny_minilm_model, "embed", device="cpu").encode(texts)
+    assert np.abs(vectors - expected).max() < 1e-5
+
+
+def test_embed_cli_truncate_false_refuses_naming_the_line_before_any_model_call(tiny_minilm_model, tmp_path,
+                                                                                  capsys, monkeypatch):
+    from bertforge.inference.pipelines import Pipeline
+
+    inputs, _ = write_long_and_short(tmp_path / "articles.txt")
+    calls = []
+    real = Pipeline.forward
+    monkeypatch.setattr(Pipeline, "forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(Pipeline, "stream", lambda *a, **k: calls.append(1))
+    code = cli.main(embed_args(tiny_minilm_model, inputs, tmp_path / "index", "--truncate", "false"))
+    error = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(error) == 1, error
+    assert f"{inputs}:2:" in error[0] and "tokens; this model takes at most" in error[0]
+    assert "--chunk TOKENS" in error[0] and "--truncate false" in error[0]
+    assert calls == []  # refused from the tokens alone: the model never ran (not even the width probe)
+
+
+def test_embed_cli_sparse_counts_cut_texts_too(tiny_sparse_model, tmp_path, capsys):
+    inputs, _ = write_long_and_short(tmp_path / "articles.txt")
+    out = tmp_path / "sparse"
+    assert cli.main(embed_args(tiny_sparse_model, inputs, out, "--sparse")) == 0
+    assert json.loads((out / "manifest.json").read_text(encoding="utf-8"))["truncated"] == 3
+    assert "3 of 6 texts were longer" in capsys.readouterr().err

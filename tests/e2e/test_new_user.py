@@ -73,16 +73,18 @@ def test_new_user_a_bad_flag_value_is_one_line_naming_the_flag(tmp_path, capsys)
     assert "defaults" not in error
 
 
-def test_new_user_demo_minutes_are_kept_and_the_cost_said():
-    from bertforge.demo import MIN_PRETRAIN_STEPS, pretraining_budget
+def test_new_user_demo_keeps_its_budget_and_says_the_cost(tmp_path):
+    from bertforge.demo import DEFAULT_MINUTES, LEARNING_STEPS, StepCost, announce_plan, plan_demo, run_demo
+    from bertforge.errors import ConfigError
 
-    # a slow machine, no budget given: the floor's steps, and the minutes they take
-    minutes, steps, note = pretraining_budget(None, step_seconds=0.2)
-    assert steps == MIN_PRETRAIN_STEPS and minutes == pytest.approx(MIN_PRETRAIN_STEPS * 0.2 / 0.9 / 60)
-    assert "pass --minutes" in note
-    minutes, steps, note = pretraining_budget(1.0, step_seconds=2.0)  # a budget given is kept: 27 steps, said
-    assert (minutes, steps) == (1.0, 27) and f"fewer than {MIN_PRETRAIN_STEPS} steps" in note
-    assert pretraining_budget(10.0, step_seconds=0.1) == (10.0, 5400, "")
+    # the busy machine of issue 48 (1.6 s a step): the default budget is kept, with fewer steps, said up front
+    plan = plan_demo(60 * DEFAULT_MINUTES, 30.0, StepCost(1.612, 12.0, threads=2), books=4)
+    assert plan.total <= 60 * DEFAULT_MINUTES and plan.steps < LEARNING_STEPS
+    said = announce_plan(plan, "tiny", 1_000_000, started_at=0.0)
+    assert f"about {plan.total / 60:.1f} min in all" in said and "--minutes " in said
+    with pytest.raises(ConfigError, match="--minutes 0 is not a time budget"):  # before any work
+        run_demo(out=tmp_path / "demo", minutes=0)
+    assert not (tmp_path / "demo").exists()
 
 
 def test_new_user_usual_jsonl_shape_reads_without_flags(tiny_minilm_model, tmp_path, capsys):

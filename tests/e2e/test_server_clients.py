@@ -121,8 +121,7 @@ def test_openai_client_every_call_and_its_errors(server, reference):
     assert wrong.value.code == "invalid_api_key" and "not valid" in wrong.value.message
     refusals = [({"input": ""}, "input", "text is empty"), ({"input": ["a", ""]}, "input", "input[1]: text is empty"),
                 ({"input": []}, "input", "list is empty"), ({"input": ["a"] * 2049}, "input", "at most 2048"),
-                ({"input": "a", "dimensions": 8}, "dimensions", "omit dimensions"),
-                ({"input": "word " * 100}, None, "64")]
+                ({"input": "a", "dimensions": 8}, "dimensions", "omit dimensions")]
     for call, param, words in refusals:
         with pytest.raises(openai.BadRequestError) as refused:
             client.embeddings.create(model="embedder", **call)
@@ -130,6 +129,9 @@ def test_openai_client_every_call_and_its_errors(server, reference):
         assert refused.value.status_code == 400 and words in body["message"], body
         assert body["type"] == "invalid_request_error" and (param is None or body["param"] == param), body
         assert "constrained" not in body["message"] and "pydantic" not in body["message"]
+    # A chunk over the window is cut (the server's default, as TEI's --auto-truncate) and the SDK keeps the count.
+    cut = client.embeddings.create(input="word " * 100, model="embedder")
+    assert len(cut.data) == 1 and cut.usage.total_tokens == 64 and cut.usage.model_extra == {"truncated_inputs": 1}
 
 
 def test_openai_async_client(server, reference):
@@ -225,7 +227,7 @@ def test_inference_client_errors_are_ours_and_name_the_field(server):
     client = hf.InferenceClient(base_url=server, api_key=KEY)
     for call, status, words in (({"text": ""}, 422, "inputs: text is empty"),
                                 ({"text": ["fine", ""]}, 422, "inputs[1]: text is empty"),
-                                ({"text": "word " * 100}, 422, "64"),
+                                ({"text": "word " * 100, "truncate": False}, 422, "64"),
                                 ({"text": "a", "prompt_name": "query"}, 422, "prompt_name"),
                                 ({"text": "a", "dimensions": 4}, 422, "dimensions")):
         with pytest.raises(HfHubHTTPError) as refused:

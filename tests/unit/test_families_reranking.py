@@ -83,6 +83,40 @@ def test_rerank_served_by_one_or_two_label_classifiers_only(tmp_path, tokenizer)
         Pipeline("rerank", cross_encoder(tokenizer, ["a", "b", "c"]), tokenizer)
 
 
+def test_rerank_label_makes_that_labels_probability_the_relevance(tmp_path, tokenizer):
+    # A pair classifier whose positive label is the first (as `finetune --format pair` may name them).
+    cross_encoder(tokenizer, ["relevant", "irrelevant"]).save_pretrained(tmp_path / "pair", tokenizer=tokenizer)
+    by_name = rerank_scores(load_pipeline(tmp_path / "pair", "rerank", rerank_label="relevant"), QUERY, TEXTS)
+    by_index = rerank_scores(load_pipeline(tmp_path / "pair", "rerank", rerank_label="0"), QUERY, TEXTS)
+    by_last = rerank_scores(load_pipeline(tmp_path / "pair", "rerank"), QUERY, TEXTS)  # "irrelevant"
+    assert by_name.tolist() == by_index.tolist()
+    assert (by_name + by_last).tolist() == pytest.approx([1.0] * len(TEXTS))
+    classify = load_pipeline(tmp_path / "pair", "classify")
+    assert by_name.tolist() == pytest.approx([classify((QUERY, t))["scores"]["relevant"] for t in TEXTS], abs=1e-6)
+    with pytest.raises(CheckpointError, match="'positive' is not one of this model's labels"):
+        load_pipeline(tmp_path / "pair", "rerank", rerank_label="positive")
+    cross_encoder(tokenizer, ["LABEL_0"]).save_pretrained(tmp_path / "one", tokenizer=tokenizer)
+    with pytest.raises(CheckpointError, match="one output, whose sigmoid is the relevance"):
+        load_pipeline(tmp_path / "one", "rerank", rerank_label="LABEL_0")
+
+
+def test_rerank_label_adds_rerank_to_a_classifiers_own_routes(tmp_path, tokenizer):
+    from bertforge.inference.pipelines import load_pipelines
+
+    cross_encoder(tokenizer, ["yes", "no"]).save_pretrained(tmp_path / "pair", tokenizer=tokenizer)
+    assert list(load_pipelines(tmp_path / "pair")) == ["classify", "embed"]
+    assert list(load_pipelines(tmp_path / "pair", rerank_label="yes")) == ["classify", "embed", "rerank"]
+
+
+def test_a_cross_encoder_without_a_reranking_record_reads_its_position_table(tmp_path, tokenizer):
+    torch.manual_seed(0)
+    config = make_tiny_config(vocab_size=tokenizer.vocab_size, max_position_embeddings=512)
+    BertForSequenceClassification(config.with_labels(["LABEL_0"])).save_pretrained(tmp_path / "ce",
+                                                                                    tokenizer=tokenizer)
+    assert load_pipeline(tmp_path / "ce", "rerank").max_length == 512
+    assert load_pipeline(tmp_path / "ce", "classify").max_length == 128  # the classifier's default stays
+
+
 def test_rerank_scores_equal_sentence_transformers_cross_encoder(tmp_path, tokenizer):
     st = pytest.importorskip("sentence_transformers")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

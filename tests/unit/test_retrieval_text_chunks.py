@@ -126,6 +126,9 @@ class CountingProgress:
     def advance(self, texts: int) -> None:
         self.advances.append(texts)
 
+    def truncated(self, texts: int) -> None:
+        raise AssertionError(f"{texts} chunks cut: a chunk fits the window")
+
 
 def test_text_chunks_progress_counts_texts_not_chunks(tiny_minilm_model, tmp_path):
     texts = [TEXT, "A short line about the sea.", TEXT.upper()]  # the long ones make several chunks each

@@ -290,6 +290,8 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     limits["api_keys"] = split_keys([*args.api_key, os.environ.get("BERTFORGE_API_KEYS", "")])
     limits["allowed_hosts"] = tuple(args.allowed_host)
     limits["cors_origins"] = tuple(args.cors_origin)
+    if args.auto_truncate is not None:
+        limits["auto_truncate"] = args.auto_truncate
     named = [parse_model_option(value) for value in args.model]
     models = dict(named)
     if len(models) < len(named):
@@ -300,6 +302,15 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
         indexes.setdefault(name, []).extend(folders)
     # One plain `--model DIR` stays a directory (served under its folder's name).
     plain = len(args.model) == 1 and named[0][1] == args.model[0]
+    labels = {}
+    for value in args.rerank_label:
+        name, sep, label = value.rpartition("=")
+        if not sep and len(models) > 1:
+            raise ConfigError(f"--rerank-label {value}: several models are served ({list(models)}); name the one "
+                              f"to rerank with: --rerank-label NAME={value}")
+        labels[name or next(iter(models))] = label
+    if labels:
+        limits["rerank_labels"] = labels
     serve(args.model[0] if plain else models, indexes=indexes, host=args.host, port=args.port, device=args.device,
           precision=args.precision, engine=args.engine, threads=args.threads,
           max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,

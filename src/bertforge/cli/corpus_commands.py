@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from bertforge.cli.flags import add_engine_flags
+from bertforge.cli.flags import add_engine_flags, read_bool
 
 # The choices of the flags, spelled here so that building the parser imports nothing heavy; the tests
 # check them against `embed_corpus.DTYPES` / `INPUT_FORMATS`. A pooling name is checked by the family.
@@ -45,7 +45,12 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
                    "int8: 4x smaller, calibrated per dimension on the first 1000 texts; binary: sign bits, 32x "
                    "smaller to scan, with int8 codes beside them to rescore the best candidates")
     p.add_argument("--batch-size", type=int, default=32, help="texts per model call (default 32)")
-    p.add_argument("--max-length", type=int, help="tokens per text, longer ones truncated (default: the model's)")
+    p.add_argument("--max-length", type=int, help="tokens per text, longer ones cut to it (default: the model's)")
+    p.add_argument("--truncate", type=read_bool, nargs="?", const=True, default=True, metavar="true|false",
+                   help="a text longer than the model's window is cut to it, and the cut texts are counted (in the "
+                   "progress, the summary and the manifest's \"truncated\"), as the server cuts them; false refuses "
+                   "the run before any model work, naming the first such text's file and line (default true; "
+                   "--chunk keeps whole texts)")
     add_engine_flags(p, device_help="auto, cpu, cuda or cuda:N (under torchrun: cuda:LOCAL_RANK)")
     p.add_argument("--pooling", help="cls, mean, max, ... or several joined by '+' (default: the model's, e.g. "
                    "a sentence-transformers directory's; else mean)")
@@ -58,7 +63,7 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
                    "non-zero ones)")
     p.add_argument("--chunk", type=int, metavar="TOKENS", help="long texts: cut each text into windows of this "
                    "many tokens, one vector each, with the characters each covers (search returns them as "
-                   "\"span\"); default: one window per text, longer ones truncated")
+                   "\"span\"); default: one window per text, longer ones cut to it and counted")
     p.add_argument("--chunk-overlap", type=int, metavar="TOKENS", help="--chunk: tokens shared by consecutive "
                    "windows (default 0)")
     p.add_argument("--late-chunking", action="store_true", help="--chunk: run each whole text through the model "
@@ -129,6 +134,7 @@ class EmbedBar:
 
     def __init__(self) -> None:
         self.progress = None
+        self.cut = 0  # texts cut to the model's window so far (shown once there is one)
 
     def start(self, total: int, done: int) -> None:
         from bertforge.training.logging import Progress
@@ -137,7 +143,10 @@ class EmbedBar:
 
     def advance(self, texts: int) -> None:
         if self.progress is not None:
-            self.progress.update(texts)
+            self.progress.update(texts, **({"truncated": self.cut} if self.cut else {}))
+
+    def truncated(self, texts: int) -> None:
+        self.cut += texts
 
     def close(self) -> None:
         if self.progress is not None:
@@ -153,7 +162,8 @@ def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
     try:
         embedding = EmbedSettings(pooling=args.pooling, normalize=args.normalize, prompt_name=args.prompt_name,
                                   prompt=args.prompt, dtype=args.dtype, sparse=args.sparse, max_terms=args.max_terms,
-                                  chunk=args.chunk, chunk_overlap=args.chunk_overlap, late_chunking=args.late_chunking)
+                                  chunk=args.chunk, chunk_overlap=args.chunk_overlap, late_chunking=args.late_chunking,
+                                  truncate=args.truncate)
         manifest = embed_corpus(args.model, args.input, args.out, embedding, settings=settings,
                                 shard_size=args.shard_size, batch_size=args.batch_size, max_length=args.max_length,
                                 device=args.device, precision=args.precision, engine=args.engine,
@@ -171,6 +181,11 @@ def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
         print(f"{manifest['count']} vectors ({manifest['dim']} dims, {manifest['dtype']}, "
               f"{manifest['similarity']} similarity) in {len(manifest['shards'])} shards in {args.out}",
               file=sys.stderr)
+    if Ranks.from_env().rank == 0 and manifest.get("truncated"):
+        window = manifest["embedding"]["max_length"]
+        print(f"{manifest['truncated']} of {manifest['count']} texts were longer than the model's window of {window} "
+              "tokens and were cut to it (the manifest's \"truncated\"); --chunk TOKENS embeds whole texts as "
+              "several vectors, --truncate false refuses them", file=sys.stderr)
 
 
 def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:

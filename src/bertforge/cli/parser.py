@@ -26,6 +26,7 @@ from bertforge.cli.flags import (
     add_engine_flags,
     add_field_flag,
     field_of,
+    read_bool,
 )
 
 # One precision rule for every command (`runtime.choose_precision`); training flags say it in their field help.
@@ -222,6 +223,10 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                         "hybrid); the model that made it is served too (the manifest names it)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--rerank-label", action="append", default=[], metavar="[NAME=]LABEL",
+                   help="serve a two-label pair classifier (finetune --format pair) as a reranker too: relevance "
+                        "= the probability of LABEL (a label name or index); NAME= picks the model when several "
+                        "are served (repeat for several)")
     add_engine_flags(p)
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
@@ -245,6 +250,11 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                    help="inputs in one request (as text-embeddings-inference names it); more are refused "
                         "(default 2048, as OpenAI's embeddings API); each request is run in model calls of at most "
                         "--max-batch-tokens tokens")
+    p.add_argument("--auto-truncate", type=read_bool, nargs="?", const=True, metavar="true|false",
+                   help="an input longer than the model's window is cut to it on every embedding route (/v1/embeddings, "
+                        "/embed, /embed_sparse, /embed_all, /similarity, rerank, /predict, /v1/embed), the count said "
+                        "in the answer (X-Truncated-Inputs, usage.truncated_inputs); false refuses it naming the "
+                        "limit. A TEI request's own truncate decides for it (default true, as TEI's --auto-truncate)")
     p.add_argument("--max-body-bytes", type=int, help="request body limit; larger gets 413 (default 8 MiB)")
     p.add_argument("--body-timeout-s", type=float,
                    help="a request body must arrive whole within this time of its headers, else 408 (default 30)")
@@ -313,9 +323,9 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lang", choices=["en", "zh"], default="en")
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--corpus", help="folder of books (default: data/demo/<lang>)")
-    p.add_argument("--minutes", type=float, help="pretraining time budget, kept even when it allows fewer steps "
-                   "than the default run's floor (default: the steps 5 minutes hold at the step time a warm-up "
-                   "measures, with a floor said up front: longer on a slow machine)")
+    p.add_argument("--minutes", type=float, help="the whole demo's time budget (default 9): a warm-up times a "
+                   "step on this machine, the demo announces its time and pretrains for what the budget leaves "
+                   "(fewer steps on a slow or busy machine, never a longer run)")
     p.add_argument("--model", default="tiny", help="preset to pretrain (default tiny: the most steps per minute)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=commands.cmd_demo)

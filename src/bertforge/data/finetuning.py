@@ -109,6 +109,8 @@ class Feature:
             windows of its example.
         window: position of this window among its example's windows.
         mask_positions: fill-mask: where the [MASK] tokens of the input are.
+        truncated: the window holds less than its input: cut to fit, not windowed (the embedding-like routes'
+            and `bertforge embed`'s rule, `inference.wire_inputs`), so that the cut can be counted and said.
     """
 
     example_index: int
@@ -123,6 +125,7 @@ class Feature:
     word_index: list[int | None] | None = None
     window: int = 0
     mask_positions: list[int] | None = None
+    truncated: bool = False
 
     def __len__(self) -> int:
         first = self.input_ids[0] if self.input_ids else []

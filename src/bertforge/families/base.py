@@ -323,8 +323,11 @@ class Family:
     Class attributes:
         name: the registry name. aliases: other names users type ("ner", "tag", "token classification").
         model_class: the `nn.Module` with this family's head (its `head_prefixes` name the head's parameters).
+        also_runs_on: other classes whose models run this family as they are (sparse vectors: every masked LM).
         task: the pipeline/server route name ("classify", "tag", "answer", "choose", "fill-mask").
         default_max_seq_length: window length when a model directory has no fine-tuning record.
+        served_max_seq_length: the window a model directory without this family's fine-tuning record is run
+            with (capped by its position table), where it differs from the training default.
         default_language: the scoring language of a file-format run ("auto" detects it from the data).
         input_axes: the model inputs' dimensions (ONNX dynamic axes): [B, T], or [B, C, T] for choices.
         options: decoding options and their defaults, under one name each in training, evaluate, predict and
@@ -343,8 +346,10 @@ class Family:
     name: ClassVar[str] = ""
     aliases: ClassVar[tuple[str, ...]] = ()
     model_class: ClassVar[type[BertPretrainedModel]]
+    also_runs_on: ClassVar[tuple[type, ...]] = ()
     task: ClassVar[str | None] = None
     default_max_seq_length: ClassVar[int] = 128
+    served_max_seq_length: ClassVar[int | None] = None
     default_language: ClassVar[str] = "en"
     input_axes: ClassVar[dict[int, str]] = {0: "batch", 1: "sequence"}
     options: ClassVar[dict[str, Any]] = {}

@@ -25,6 +25,7 @@ from bertforge.constants import IGNORE_INDEX
 from bertforge.data.finetuning import Feature
 from bertforge.errors import ConfigError, DataError, InputError
 from bertforge.families.base import Family, FamilyTraining, Objective, check_number, text_of
+from bertforge.families.sparse import SpladeRows
 from bertforge.model.bert import BertModel, BertPretrainedModel, IndexableOutput
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import MlmHead
@@ -58,7 +59,7 @@ class PretrainingOutput(IndexableOutput):
     attentions: tuple[torch.Tensor, ...] | None = None
 
 
-class BertForPretraining(BertPretrainedModel):
+class BertForPretraining(SpladeRows, BertPretrainedModel):
     """The encoder with the MLM head (decoder tied to the word embeddings) and the NSP head on the pooler."""
 
     encoder_prefix = "bert."

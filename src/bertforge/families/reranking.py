@@ -3,7 +3,8 @@
 A cross-encoder is a sentence-pair classifier (`BertForSequenceClassification`) that reads the query and one
 candidate together, ``[CLS] query [SEP] text [SEP]``, and scores their relevance with one output (the
 cross-encoders of sentence-transformers and text-embeddings-inference: `num_labels` 1, relevance =
-sigmoid(logit)) or two labels (relevance = the probability of the last one, "relevant"). Fine-tune one
+sigmoid(logit)) or two labels (relevance = the probability of the last one, "relevant", or of the label
+`scoring_by` names: `serve --rerank-label`). Fine-tune one
 pointwise, as a pair classifier (`--format pair`, labels 0/1) or a one-output regressor (`--format
 regression`, scores 0/1), or listwise on a query's list of documents (`--format rerank-lists`, this family's
 training: ListNet, `listnet_loss`).
@@ -53,13 +54,14 @@ from bertforge.tokenization.tokenizer import Tokenizer
 MAX_CANDIDATES = 1000
 
 
-def relevance(logits: np.ndarray) -> np.ndarray:
-    """Relevance in [0, 1] of logits [N, C]: sigmoid of the one output, or the last label's probability."""
+def relevance(logits: np.ndarray, relevant: int = -1) -> np.ndarray:
+    """Relevance in [0, 1] of logits [N, C]: sigmoid of the one output, or the probability of label `relevant`
+    (the last by default)."""
     logits = logits.astype(np.float64)
     if logits.shape[1] == 1:
         return 1.0 / (1.0 + np.exp(-logits[:, 0]))
     shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return shifted[:, -1] / shifted.sum(axis=1)
+    return shifted[:, relevant] / shifted.sum(axis=1)
 
 
 # What a list evaluation reports (each list ranked by the model, its labels the relevance).
@@ -128,15 +130,36 @@ class Reranking(Family):
     formats = {"rerank-lists": None}
     training_hooks = RerankingTraining
     default_metrics = LIST_METRICS
+    # A cross-encoder from elsewhere (no fine-tuning record of this family) reads pairs as long as its position
+    # table allows, as sentence-transformers' CrossEncoder and text-embeddings-inference read them.
+    served_max_seq_length = 512
+
+    def __init__(self, relevant: int = -1):
+        super().__init__()
+        self.relevant = relevant  # the label whose probability is the relevance (two-label models)
 
     def check_model(self, config: BertConfig) -> None:
         if config.num_labels not in (1, 2):
             raise CheckpointError(f"reranking needs a pair classifier with one output or two labels (relevant last); "
                                   f"this one has {config.num_labels} labels")
 
+    def scoring_by(self, label: str, config: BertConfig) -> Reranking:
+        """This family scoring relevance as the probability of `label` (a name of the model's labels, or its
+        index): a two-label pair classifier whose positive label is not the last (`serve --rerank-label`)."""
+        self.check_model(config)
+        names = {str(name): int(index) for index, name in (config.id2label or {}).items()}
+        if config.num_labels != 2:
+            raise CheckpointError("a rerank label is chosen among two labels; this model has one output, whose "
+                                  "sigmoid is the relevance: leave the label out")
+        index = names.get(label, int(label) if label.isdigit() and int(label) < 2 else None)
+        if index is None:
+            raise CheckpointError(f"the rerank label {label!r} is not one of this model's labels "
+                                  f"{sorted(names) or [0, 1]}; name the label that means relevant")
+        return Reranking(relevant=index)
+
     def serves_by_default(self, config: BertConfig) -> bool:
         """A one-output classifier is a cross-encoder; a two-label one may be any binary classifier (sentiment),
-        so it reranks only when asked (`load_pipeline(dir, "rerank")`, `serve --tasks rerank`)."""
+        so it reranks only when asked (`load_pipeline(dir, "rerank")`, `serve --rerank-label LABEL`)."""
         return config.num_labels == 1
 
     def validate_options(self, options: dict[str, Any]) -> None:
@@ -197,10 +220,11 @@ class Reranking(Family):
                options: Mapping[str, Any], config: BertConfig, tokenizer: Tokenizer | None = None
                ) -> list[dict[str, Any]]:
         logits = np.stack([np.asarray(o, dtype=np.float64) for o in outputs]) if outputs else np.zeros((0, 1))
-        scores = relevance(logits)
+        relevant = self.relevant if logits.shape[1] > 1 else -1
+        scores = relevance(logits, relevant)
         grouped: list[list[tuple[int, float, float]]] = [[] for _ in examples]
         for feature, score, row in zip(features, scores, logits):
-            grouped[feature.example_index].append((feature.window, float(score), float(row[-1])))
+            grouped[feature.example_index].append((feature.window, float(score), float(row[relevant])))
         results = []
         for example, ranked in zip(examples, grouped):
             ranked.sort(key=lambda item: (-item[1], item[0]))  # best first; ties in input order

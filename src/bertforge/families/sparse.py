@@ -155,7 +155,7 @@ def nonzero_row(weights: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
 class _Head:
     """The MLM head bound to its tied decoder weight, as `splade_pool` calls it."""
 
-    def __init__(self, model: BertForSparseEmbedding):
+    def __init__(self, model: SpladeRows):
         self.model = model
         self.width = model.config.vocab_size
 
@@ -168,7 +168,25 @@ class _Head:
         return mlm.norm(mlm.act(mlm.transform(hidden))), self.model.bert.embeddings.word.weight, mlm.bias
 
 
-class BertForSparseEmbedding(BertPretrainedModel):
+class SpladeRows:
+    """SPLADE vectors from a model's encoder (`bert`) and masked-LM head (`mlm`): what every BERT masked LM
+    gives. `BertForSparseEmbedding` is one; so are the pretraining family's models, so that a plain masked-LM
+    directory (SPLADE-tiny as shipped, `bert-base-uncased`) also serves `embed-sparse`, pooled by the maximum."""
+
+    # The pooling and activation without a SparseEncoder directory's own (`BertForSparseEmbedding` sets those).
+    sparse = SentenceSettings(similarity="dot", splade="max")
+    fast_max = True  # `MaxLogits` for max pooling; False: the plain autograd path
+
+    def sparse_rows(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                    attention_mask: torch.Tensor, pooling: str | None = None,
+                    activation: str | None = None) -> torch.Tensor:
+        """SPLADE vectors [N, V] of rows [N, T] (the model's own pooling and activation unless given)."""
+        hidden = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # [N, T, H]
+        return splade_pool(hidden, attention_mask, _Head(self), pooling=pooling or self.sparse.splade or "max",
+                           activation=activation or self.sparse.splade_activation, fast=self.fast_max)
+
+
+class BertForSparseEmbedding(SpladeRows, BertPretrainedModel):
     """BERT's encoder and masked-LM head, pooled into SPLADE vectors over the vocabulary.
 
     Given rows (input_ids [B, T]) it returns `SentenceOutput.embeddings` [B, V]; given texts grouped per
@@ -184,19 +202,11 @@ class BertForSparseEmbedding(BertPretrainedModel):
         self.bert = BertModel(config, add_pooling_layer=False)
         self.mlm = MlmHead(config)
         self.sparse = SentenceSettings(similarity="dot", splade="max")
-        self.fast_max = True  # `MaxLogits` for max pooling; False: the plain autograd path
+        self.fast_max = True
         self.init_weights()
 
     def directory_files(self) -> dict[str, str]:
         return sparse_settings_files(self.sparse, self.config.vocab_size)
-
-    def sparse_rows(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
-                    attention_mask: torch.Tensor, pooling: str | None = None,
-                    activation: str | None = None) -> torch.Tensor:
-        """SPLADE vectors [N, V] of rows [N, T] (the model's own pooling and activation unless given)."""
-        hidden = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # [N, T, H]
-        return splade_pool(hidden, attention_mask, _Head(self), pooling=pooling or self.sparse.splade or "max",
-                           activation=activation or self.sparse.splade_activation, fast=self.fast_max)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, **kwargs: Any) -> SentenceOutput:
         shape = input_ids.shape
@@ -257,6 +267,7 @@ class SparseEmbedding(Embedding):
     name = "sparse_embedding"
     aliases = ("sparse", "splade", "embed-sparse")
     model_class = BertForSparseEmbedding
+    also_runs_on = (SpladeRows,)
     task = "embed-sparse"
     default_max_seq_length = 512
     options = {"pooling": "max", "activation": "relu", "max_terms": 0, "tokens": False}

@@ -63,6 +63,7 @@ from bertforge.inference.wire_inputs import (
     count_tokens,
     family_examples,
     wire_features,
+    with_cuts,
     with_logits,
 )
 from bertforge.interop.sentence_transformers import SentenceSettings
@@ -96,9 +97,10 @@ def feature_tokens(feature: Feature) -> int:
 
 def serves(cls: type[BertPretrainedModel], family: Family) -> bool:
     """Whether models of class `cls` can run `family`: they are its model class, or hold one as their encoder
-    (every task model holds a `BertModel` under its `encoder_prefix`, so any model serves embed)."""
+    (every task model holds a `BertModel` under its `encoder_prefix`, so any model serves embed), or are among
+    the classes it also runs on (`Family.also_runs_on`: every masked LM gives sparse vectors)."""
     holds_encoder = bool(cls.encoder_prefix) and issubclass(BertModel, family.model_class)
-    return issubclass(cls, family.model_class) or holds_encoder
+    return issubclass(cls, (family.model_class, *family.also_runs_on)) or holds_encoder
 
 
 def saved_task(model: BertPretrainedModel, family: Family, record: Mapping[str, Any] | None
@@ -121,7 +123,8 @@ def input_settings(model: BertPretrainedModel, tokenizer, family: Family, task: 
     if task is not None:
         settings = task.inputs
     else:
-        settings = InputSettings(max_seq_length=min(family.default_max_seq_length, limit))
+        settings = InputSettings(max_seq_length=min(family.served_max_seq_length or family.default_max_seq_length,
+                                                     limit))
     changes = {}
     if max_length:
         changes["max_seq_length"] = max_length
@@ -162,20 +165,23 @@ class Pipeline:
         report: the loader's report; a head that started fresh is refused (it would answer at random).
         sentence: the directory's sentence-transformers settings (`ModelDirectory.sentence`): embed's pooling,
             normalization and window by default, as sentence-transformers and text-embeddings-inference use it.
+        family: the family object to run (default: the task's own), e.g. a reranker scoring by a chosen label
+            (`Reranking.scoring_by`).
     """
 
     def __init__(self, task: str, model: BertPretrainedModel | Engine, tokenizer, *,
                  device: str | torch.device = "auto", precision: str = DEFAULT_PRECISION, engine: str = DEFAULT_KIND,
                  threads: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE, max_length: int | None = None,
                  doc_stride: int | None = None, record: Mapping[str, Any] | None = None, max_batch_tokens: int | None = None,
-                 report: LoadReport | None = None, sentence: SentenceSettings | None = None):
+                 report: LoadReport | None = None, sentence: SentenceSettings | None = None,
+                 family: Family | None = None):
         check_task(task)
         own = ROUTE_PIPELINES.get(task, Pipeline)
         if not isinstance(self, own):
             raise InputError(f"task {task!r} runs through {own.__name__}: use {own.__name__}(model, tokenizer) or "
                              f"make_pipeline({task!r}, model, tokenizer)")
         self.task = task
-        self.family = registry.for_task(task)
+        self.family = family or registry.for_task(task)
         built = model if isinstance(model, Engine) else None
         model = built.model if built is not None else model
         self.check_model(model, report)
@@ -318,10 +324,10 @@ class Pipeline:
     def decode(self, parsed: Sequence[Any], features: Sequence[Feature], outputs: Sequence[Any],
                options: dict[str, Any]) -> list[dict[str, Any]]:
         """Step 4: one result per input from all of its features' outputs (a `TruncatedInput`'s also with its
-        raw output rows, `"logits"`)."""
+        raw output rows, `"logits"`; a wire input's with its texts cut to the window, `wire_inputs.TRUNCATED`)."""
         results = self.family.decode(family_examples(parsed), features, outputs, options, self.config,
                                      self.tokenizer)
-        return with_logits(results, parsed, features, outputs)
+        return with_cuts(with_logits(results, parsed, features, outputs), parsed, features)
 
     def run_parsed(self, parsed: Sequence[Any], options: dict[str, Any]) -> list[dict[str, Any]]:
         """Run inputs already validated by `parse` with options already checked by `check_options`."""
@@ -330,10 +336,12 @@ class Pipeline:
         features, outputs = self.stream(parsed, options)
         return self.decode(parsed, features, outputs, options)
 
-    def stream(self, parsed: Sequence[Any], options: dict,
-               on_batch: Callable[[int], None] | None = None) -> tuple[list, list]:
-        """Steps 2 and 3: (features, an output per feature), made in a thread as the model runs (`streaming`)."""
-        return run_streamed(self.engine, parsed, self.features, self.family_forward(options), batch_size=self.batch_size,
+    def stream(self, parsed: Sequence[Any], options: dict, on_batch: Callable[[int], None] | None = None,
+               features: Callable[[list[Any]], list[Feature]] | None = None) -> tuple[list, list]:
+        """Steps 2 and 3: (features, an output per feature), made in a thread as the model runs (`streaming`);
+        `features`: step 2 as the caller wraps it (default `self.features`; `wire_inputs.noting_cuts`)."""
+        return run_streamed(self.engine, parsed, features or self.features, self.family_forward(options),
+                            batch_size=self.batch_size,
                             max_batch_tokens=self.max_batch_tokens, pad_token_id=self.tokenizer.pad_token_id,
                             precision=self.precision, on_batch=on_batch)
 
@@ -467,10 +475,12 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, **options: Any
     return next(iter(load_pipelines(model_dir, [task], **options).values()))
 
 
-def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None,
+def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None, *, rerank_label: str | None = None,
                    **options: Any) -> dict[str, Pipeline]:
     """Every pipeline the model supports (or the `tasks` named; None among them: the model's own task),
-    sharing one loaded model and its engine (planned before the model loads: a refused plan is refused first)."""
+    sharing one loaded model and its engine (planned before the model loads: a refused plan is refused first).
+    `rerank_label`: also rerank, the relevance being the probability of this label (a two-label pair
+    classifier, which reranks only when asked: `Reranking.scoring_by`)."""
     plan = plan_engine(options.pop("device", "auto"), options.pop("precision", DEFAULT_PRECISION),
                        options.pop("engine", DEFAULT_KIND), options.pop("threads", None))
     tasks = None if tasks is None else [registry.route(task) for task in tasks]
@@ -492,6 +502,9 @@ def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None,
     engine = build_engine(set_fast_paths(model.to(plan.device).eval()), plan, model_dir)
     available = [task for task in supported_tasks(model) if engine.runs(registry.for_task(task))]
     chosen = list(tasks) if tasks else available
+    reranking = registry.for_task("rerank")
+    if rerank_label is not None and reranking.task not in chosen:
+        chosen.append(reranking.task)
     for task in chosen:
         if not serves(type(model), registry.for_task(task)):
             raise CheckpointError(f"{model_dir}: a {type(model).__name__} cannot serve {task}; it supports "
@@ -499,8 +512,11 @@ def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None,
     pipelines = {}
     for task in chosen:
         try:
+            family = registry.for_task(task)
+            if family is reranking and rerank_label is not None:
+                family = reranking.scoring_by(rerank_label, model.config)
             pipelines[task] = make_pipeline(task, engine, tokenizer, record=directory.finetuning, report=report,
-                                            sentence=directory.sentence, **options)
+                                            sentence=directory.sentence, family=family, **options)
         except CheckpointError as error:
             raise CheckpointError(f"{model_dir}: {error}") from None
     return pipelines

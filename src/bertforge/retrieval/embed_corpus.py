@@ -2,9 +2,10 @@
 torchrun processes, the same shards whatever the number of processes (docs/retrieval.md).
 
 Owns: the embed job, `embed_corpus` (what a shard's vectors are: `embed_shard`; which shards are left:
-`run_shards`). The folder's format (manifest, shard files, what a resume must match, what is finished) is
-`store`'s, which the job writes through; which process embeds which shard is `bertforge.processes` (`Ranks`,
-`Group`); how files become (id, text) records and shards is `data.corpus_records`.
+`run_shards`; `--truncate false`'s check before any model work: `check_fit`). The folder's format (manifest,
+shard files, what a resume must match, what is finished) is `store`'s, which the job writes through; which
+process embeds which shard is `bertforge.processes` (`Ranks`, `Group`); how files become (id, text) records and
+shards is `data.corpus_records`.
 
 Resuming: rank 0 writes the manifest before any shard ("complete": false) and once every rank has finished
 ("complete": true). After a `kill -9` at any moment the rerun removes temporary files (rank 0, before any rank
@@ -13,6 +14,12 @@ and the settings (its windows batched by length, the same batches every run) giv
 device and intra-op thread count (torchrun sets OMP_NUM_THREADS=1; other thread counts move vectors by float
 rounding, about 1e-7). A rerun with another model, `EmbedSettings`, shard size, input settings or input files
 (names, sizes, mtimes) is refused, naming what changed.
+
+Long texts: a text longer than the model's window is cut to it, the rule of every embedding route of the server
+(`wire_inputs`), and said: the progress display counts the cut texts, each shard's record and the final
+manifest hold "truncated" (its settings "truncate"), and a warning names the first one;
+`EmbedSettings(truncate=False)` (`--truncate false`) refuses the run before any model work, naming the first
+over-long text's file and line (`check_fit`). `--chunk` embeds whole texts as several vectors instead.
 
 Processes: rank r of N embeds shards r, r+N, ...; every rank reads every line to count records but parses
 and tokenizes only its own. The ranks meet in a gloo group (CPU collectives, whatever the device) after rank
@@ -27,7 +34,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,6 +54,7 @@ from bertforge.engine.build import DEFAULT_KIND
 from bertforge.errors import ConfigError, DataError, InputError
 from bertforge.inference import pipelines
 from bertforge.inference.pipelines import EmbedPipeline, feature_tokens
+from bertforge.inference.wire_inputs import AUTO_TRUNCATE, EmbedText, Fix, noting_cuts, text_window
 from bertforge.metrics.sparse import SparseRows
 from bertforge.processes import Group, Ranks
 from bertforge.retrieval.sparse_vectors import SPARSE_TASK, encode_sparse_parsed
@@ -76,11 +84,14 @@ DEFAULT_SHARD_SIZE = 10_000
 
 class EmbedProgress(Protocol):
     """What `embed_corpus` tells a progress display (rank 0 only): the texts this process will embed and
-    those already done by an earlier run (`start`, once), then the texts of each model batch as it finishes."""
+    those already done by an earlier run (`start`, once), then the texts of each model batch as it finishes,
+    and the texts cut to the model's window as their windows are made (`truncated`, ahead of the model)."""
 
     def start(self, total: int, done: int) -> None: ...
 
     def advance(self, texts: int) -> None: ...
+
+    def truncated(self, texts: int) -> None: ...
 
 
 def rank_texts(sources: Sequence[SourceFile], settings: CorpusSettings, shard_size: int, ranks: Ranks,
@@ -108,26 +119,30 @@ def calibration_of(out: Path, manifest: dict[str, Any], pipeline: EmbedPipeline,
     if existing is not None and not describe_changes(existing, manifest) and "calibration" in existing:
         return {**manifest, "calibration": existing["calibration"]}
     sample = list(itertools.islice(read_records(sources, settings), DEFAULT_CALIBRATION_SIZE))
-    _, vectors, _ = embed_shard(pipeline, options, manifest["embedding"]["prompt"], sample, settings,
-                                manifest["input"]["settings"]["single_file"])
+    _, vectors, _, _ = embed_shard(pipeline, options, manifest["embedding"]["prompt"], sample, settings,
+                                   manifest["input"]["settings"]["single_file"],
+                                   truncate=embed_settings(manifest).truncate)
     return {**manifest, "calibration": calibrate(vectors)}
 
 
-def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, records: Sequence[Record],
-                settings: CorpusSettings, single_file: bool,
-                on_batch: Callable[[int], None] | None = None, chunking: dict[str, int] | None = None,
-                first_record: int = 0, spans: list[list[int]] | None = None,
-                ) -> tuple[list[str], np.ndarray | SparseRows, int]:
-    """(ids, vectors [n, D] float32, tokens) of one shard, as `pipeline.encode(texts, prompt=prompt)` makes
-    them (an embed-sparse pipeline's: `SparseRows`, as `sparse_vectors.encode_sparse`); every record is parsed and checked before the model runs, whose batches go by length while a
-    thread tokenizes the next ones (`evaluation.run_streamed`; `on_batch(texts)` after each batch, in records
-    even where a record makes several rows: `text_chunks.per_text`).
+@dataclass(frozen=True)
+class ShardText:
+    """One row a shard embeds: its record (`owner`, the index in the shard's records), id, the text the model
+    reads (prompt included; late chunking: the record's text, prompted by `late_chunk_vectors`) and, with
+    --chunk, its [record number, start, end]."""
 
-    `chunking` ({"chunk", "chunk_overlap"} in tokens, `embed --chunk`): every record becomes one row per chunk
-    (`text_chunks.chunk_spans`), each with the record's id; `spans` then gets [record, start, end] per row
-    (record: `first_record` + its place in `records`; start, end: the chunk's characters of the text)."""
-    ids, parsed = [], []
-    for number, record in enumerate(records, start=first_record):
+    owner: int
+    ident: str
+    text: str
+    span: list[int] | None = None
+
+
+def shard_texts(pipeline: EmbedPipeline, prompt: str, records: Sequence[Record], settings: CorpusSettings,
+                single_file: bool, chunking: dict[str, int] | None = None, first_record: int = 0) -> list[ShardText]:
+    """The rows of `records`, each record parsed and checked (DataError naming its file and line): one per
+    record, or one per chunk (`text_chunks.chunk_spans`) with --chunk."""
+    rows = []
+    for owner, record in enumerate(records):
         ident, text = parse_record(record, settings, single_file)
         try:
             text = pipeline.parse(text)
@@ -135,31 +150,81 @@ def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, r
             raise DataError(f"{error} (blank lines are skipped; this one holds only invisible characters or is "
                             "an empty field): fix or remove it", record[0].path, record[1]) from None
         if chunking is None or chunking["late"]:
-            parsed.append(prompt + text if chunking is None else text)
-            ids.append(ident)
+            rows.append(ShardText(owner, ident, prompt + text if chunking is None else text))
             continue
         for chunk in chunk_spans(pipeline.tokenizer, text, chunking["chunk"], chunking["chunk_overlap"]):
-            parsed.append(prompt + text[chunk.start:chunk.end])
-            ids.append(ident)
-            if spans is not None:
-                spans.append([number, chunk.start, chunk.end])
-    if chunking is not None and chunking["late"]:  # one pass per text (window), pooled per chunk
-        vectors, chunks, tokens = late_chunk_vectors(pipeline, options, prompt, parsed, chunking["chunk"],
-                                                     chunking["chunk_overlap"], on_batch)
+            rows.append(ShardText(owner, ident, prompt + text[chunk.start:chunk.end],
+                                  [first_record + owner, chunk.start, chunk.end]))
+    return rows
+
+
+def refusal_fix(pipeline: EmbedPipeline) -> Fix:
+    """What `bertforge embed --truncate false` says to do with a text longer than the model's window."""
+    room = pipeline.max_length - pipeline.tokenizer.post_processor.added(False)
+    return Fix(f"embed it whole as several vectors with --chunk TOKENS (at most {room}), or leave out "
+               "--truncate false to have it cut to the window (and the cut counted)")
+
+
+def check_fit(pipeline: EmbedPipeline, prompt: str, sources: Sequence[SourceFile], settings: CorpusSettings,
+              single_file: bool, chunking: dict[str, int] | None, shard_size: int, ranks: Ranks) -> None:
+    """`--truncate false`: DataError naming the first text of this rank's shards that does not fit the model's
+    window (its file and line, its tokens, the limit and the fix: `wire_inputs`' rule), before any model work
+    (the tokenizer reads them once more: the price of refusing)."""
+    fix = refusal_fix(pipeline)
+    for _, _, records in shard_chunks(read_records(sources, settings), shard_size, ranks.owns):
+        for row in shard_texts(pipeline, prompt, records or [], settings, single_file, chunking):
+            try:
+                text_window(EmbedText(text=row.text, truncate=False, fix=fix), 0, pipeline.tokenizer,
+                            pipeline.max_length, name="the text")
+            except InputError as error:
+                raise DataError(str(error), records[row.owner][0].path, records[row.owner][1]) from None
+
+
+def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, records: Sequence[Record],
+                settings: CorpusSettings, single_file: bool,
+                on_batch: Callable[[int], None] | None = None, chunking: dict[str, int] | None = None,
+                first_record: int = 0, spans: list[list[int]] | None = None, truncate: bool = AUTO_TRUNCATE,
+                on_truncated: Callable[[int], None] | None = None,
+                ) -> tuple[list[str], np.ndarray | SparseRows, int, list[str]]:
+    """(ids, vectors [n, D] float32, tokens, where the texts cut to the window are) of one shard, as
+    `pipeline.encode(texts, prompt=prompt)` makes them (an embed-sparse pipeline's: `SparseRows`, as
+    `sparse_vectors.encode_sparse`); every record is parsed and checked before the model runs, whose batches go
+    by length while a thread tokenizes the next ones (`evaluation.run_streamed`; `on_batch(texts)` after each
+    batch, in records even where a record makes several rows: `text_chunks.per_text`).
+
+    A text longer than the model's window is cut to it (`wire_inputs`' rule, `truncate`; `on_truncated(texts)`
+    as their windows are made) and its "file:line" returned, once per record; `truncate` False refuses it
+    (`check_fit` refuses it before any model work).
+
+    `chunking` ({"chunk", "chunk_overlap"} in tokens, `embed --chunk`): every record becomes one row per chunk
+    (`text_chunks.chunk_spans`), each with the record's id; `spans` then gets [record, start, end] per row
+    (record: `first_record` + its place in `records`; start, end: the chunk's characters of the text)."""
+    rows = shard_texts(pipeline, prompt, records, settings, single_file, chunking, first_record)
+    ids = [row.ident for row in rows]
+    if chunking is not None and chunking["late"]:  # one pass per text (window), pooled per chunk: nothing is cut
+        vectors, chunks, tokens = late_chunk_vectors(pipeline, options, prompt, [row.text for row in rows],
+                                                     chunking["chunk"], chunking["chunk_overlap"], on_batch)
         rows_ids = []
         for number, (ident, mine) in enumerate(zip(ids, chunks), start=first_record):
             rows_ids += [ident] * len(mine)
             if spans is not None:
                 spans += [[number, c.start, c.end] for c in mine]
-        return rows_ids, vectors, tokens
+        return rows_ids, vectors, tokens, []
+    if spans is not None and chunking is not None:
+        spans += [row.span for row in rows]
+    fix = refusal_fix(pipeline)
+    parsed = [EmbedText(text=row.text, truncate=truncate, fix=fix) for row in rows]
+    cut: list[int] = []  # rows whose window was cut
+    features = noting_cuts(pipeline.features, cut, on_truncated)
     on_batch = per_text(on_batch, len(records), len(parsed))  # told in records, though chunks are more
     if pipeline.task == SPARSE_TASK:
-        rows, tokens = encode_sparse_parsed(pipeline, parsed, options, on_batch)
-        return ids, rows, tokens
-    # `encode_parsed`'s steps, with a progress display told of every batch
-    features, outputs = pipeline.stream(parsed, options, on_batch=on_batch)
-    tokens = sum(feature_tokens(feature) for feature in features)
-    return ids, np.stack([vector.numpy() for vector in outputs]), tokens  # [n, D], as `encode` returns them
+        vectors, tokens = encode_sparse_parsed(pipeline, parsed, options, on_batch, features=features)
+    else:  # `encode_parsed`'s steps, with a progress display told of every batch
+        made, outputs = pipeline.stream(parsed, options, on_batch=on_batch, features=features)
+        tokens = sum(feature_tokens(feature) for feature in made)
+        vectors = np.stack([vector.numpy() for vector in outputs])  # [n, D], as `encode` returns them
+    where = dict.fromkeys(f"{records[rows[row].owner][0].path}:{records[rows[row].owner][1]}" for row in cut)
+    return ids, vectors, tokens, list(where)
 
 
 def run_shards(out: Path, pipeline: EmbedPipeline, options: dict[str, Any], sources: Sequence[SourceFile],
@@ -181,11 +246,16 @@ def run_shards(out: Path, pipeline: EmbedPipeline, options: dict[str, Any], sour
             continue
         started = time.perf_counter()
         chunking, spans = embed_settings(manifest).chunking, []
-        ids, vectors, tokens = embed_shard(pipeline, options, manifest["embedding"]["prompt"], chunk, settings,
-                                           single, progress.advance if progress is not None else None, chunking,
-                                           records - count, spans)
+        ids, vectors, tokens, cut = embed_shard(
+            pipeline, options, manifest["embedding"]["prompt"], chunk, settings, single,
+            progress.advance if progress is not None else None, chunking, records - count, spans,
+            embed_settings(manifest).truncate, progress.truncated if progress is not None else None)
         write_shard(out, index, ids, vectors, manifest["dtype"], tokens, manifest.get("calibration"),
-                    spans if chunking is not None else None)
+                    spans if chunking is not None else None, len(cut))
+        if cut:
+            log.warning("shard %d: %d of %d texts are longer than the model's window of %d tokens and were cut to "
+                        "it (first: %s); --chunk TOKENS embeds whole texts as several vectors, --truncate false "
+                        "refuses them", index, len(cut), count, pipeline.max_length, cut[0])
         done += (count, tokens, time.perf_counter() - started)
         if ranks.rank == 0:  # the progress of one rank of N: the others run at the same pace
             log.info("shard %d: %d texts, %d tokens; rank 0 of %d: %.0f texts/s, %.0f tokens/s", index, count,
@@ -212,7 +282,8 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
         settings: how records become texts and ids (default: `CorpusSettings()`).
         shard_size: records per shard.
         batch_size, max_length, device, precision, engine, threads: the pipeline's (`load_pipeline`).
-        progress: told the texts to embed and each finished batch (rank 0 only; `bertforge embed`'s bar).
+        progress: told the texts to embed, each finished batch and the texts cut to the window (rank 0 only;
+            `bertforge embed`'s bar).
 
     Returns:
         The final manifest (on every rank): {"count", "dim", "dtype", "settings", "shards": [...], ...}.
@@ -237,6 +308,9 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
         if chunk is not None and chunk + 2 > pipeline.max_length:  # [CLS] chunk [SEP] must fit the window
             raise ConfigError(f"--chunk {chunk} does not fit the model's window of {pipeline.max_length} tokens with "
                               f"[CLS] and [SEP]; use --chunk {pipeline.max_length - 2} or less")
+        if not embedding.truncate and not embedding.late_chunking:  # late chunks run whole texts a window at a time
+            check_fit(pipeline, pipeline.prompt_text(embedding.prompt_name, embedding.prompt), sources, settings,
+                      Path(inputs).is_file(), embedding.chunking, shard_size, ranks)
         manifest = group.from_main(lambda: start_output(out, calibration_of(out, first_manifest(
             model_dir, pipeline, options, embedding, inputs, sources, settings, shard_size),
             pipeline, options, sources, settings)))

@@ -82,6 +82,18 @@ def changing(directory: str | os.PathLike) -> Iterator[VectorFolder]:
         yield folder
 
 
+def live_rows_of(folder: VectorFolder, ids: set[str]) -> dict[str, list[int]]:
+    """The live global rows of each of `ids` found in the folder (several for a chunked record or an id given
+    twice), reading every ids file once."""
+    found: dict[str, list[int]] = {}
+    live = folder.live
+    for shard in range(len(folder.shards)):
+        for row, ident in enumerate(folder.shard_lines(shard, "ids"), start=int(folder.offsets[shard])):
+            if ident in ids and (live is None or live[row]):
+                found.setdefault(ident, []).append(row)
+    return found
+
+
 def next_manifest(folder: VectorFolder, **changes: Any) -> dict[str, Any]:
     """The folder's manifest one generation on, with `changes` (shards, tombstones, additions...) and the row
     count of its shards."""
@@ -214,19 +226,21 @@ def add_records(directory: str | os.PathLike, inputs: str | os.PathLike, *, mode
         for _, count, chunk in shard_chunks(read_records(sources, corpus_settings), manifest["shard_size"],
                                             lambda _: True):
             spans: list[list[int]] = []
-            shard_ids, vectors, tokens = embed_shard(pipeline, options, prompt, chunk, corpus_settings, single,
-                                                     chunking=chunking, first_record=records, spans=spans)
+            shard_ids, vectors, tokens, cut = embed_shard(pipeline, options, prompt, chunk, corpus_settings, single,
+                                                          chunking=chunking, first_record=records, spans=spans,
+                                                          truncate=folder.settings.truncate)
             shards.append(write_shard(folder.directory, index, shard_ids, vectors, manifest["dtype"], tokens,
                                       manifest.get("calibration"), spans if chunking is not None else None,
-                                      source=source, first_record=records))
+                                      len(cut), source=source, first_record=records))
             ids += shard_ids
             index, records = index + 1, records + count
         if records == 0:
             raise DataError("no texts to add (only blank lines or headers); is this the right input?", inputs)
-        replaced = folder.rows_of(set(ids))
+        replaced = live_rows_of(folder, set(ids))
         tombstones = tombstones_with(folder, [row for rows in replaced.values() for row in rows])
         new = next_manifest(folder, shards=manifest["shards"] + shards, tombstones=tombstones,
                             tokens=(manifest.get("tokens") or 0) + sum(shard["tokens"] for shard in shards),
+                            truncated=(manifest.get("truncated") or 0) + sum(shard["truncated"] for shard in shards),
                             additions=[*manifest.get("additions", []),
                                        input_record(inputs, sources, corpus_settings)])
         commit_manifest(folder.directory, new)
@@ -256,7 +270,7 @@ def delete_records(directory: str | os.PathLike, ids: Sequence[str], *, missing_
     if not wanted:
         raise ConfigError("no id to delete: give --id ID (repeat it) or --ids-file FILE")
     with changing(directory) as folder:
-        found = folder.rows_of(wanted)
+        found = live_rows_of(folder, wanted)
         missing = sorted(wanted - set(found))
         if missing and not missing_ok:
             raise ConfigError(f"{folder.directory} holds no record of id {', '.join(map(repr, missing[:5]))}"

@@ -22,16 +22,17 @@ def check_sparse_pipeline(pipeline: Any) -> None:
 
 
 def encode_sparse_parsed(pipeline: Any, parsed: Sequence[Any], options: dict[str, Any],
-                         on_batch: Any = None) -> tuple[SparseRows, int]:
+                         on_batch: Any = None, features: Any = None) -> tuple[SparseRows, int]:
     """(rows, tokens run) of inputs already validated by `pipeline.parse` (prompts included), options already
-    checked (`pipeline.check_options`); `on_batch(texts)` after each model batch."""
+    checked (`pipeline.check_options`); `on_batch(texts)` after each model batch; `features`: the feature step
+    as the caller wraps it (`Pipeline.stream`)."""
     from bertforge.inference.pipelines import feature_tokens
 
     width = pipeline.config.vocab_size
     if not parsed:
         return SparseRows.from_vectors([], width), 0
-    features, outputs = pipeline.stream(parsed, options, on_batch=on_batch)
-    return SparseRows.from_vectors(outputs, width), sum(feature_tokens(feature) for feature in features)
+    made, outputs = pipeline.stream(parsed, options, on_batch=on_batch, features=features)
+    return SparseRows.from_vectors(outputs, width), sum(feature_tokens(feature) for feature in made)
 
 
 def encode_sparse(pipeline: Any, texts: Sequence[str], *, prompt_name: str | None = None, prompt: str | None = None,

@@ -38,6 +38,7 @@ from bertforge import storage
 from bertforge.checkpoint_format import model_fingerprint
 from bertforge.data.corpus_records import CorpusSettings, SourceFile
 from bertforge.errors import ConfigError, InputError
+from bertforge.inference.wire_inputs import AUTO_TRUNCATE
 from bertforge.metrics.sparse import SparseRows
 from bertforge.retrieval.text_chunks import check_chunking
 from bertforge.retrieval.vector_quantization import QUANTIZED_DTYPES, coded
@@ -85,6 +86,8 @@ class EmbedSettings:
         chunk, chunk_overlap: cut every text into windows of `chunk` tokens overlapping by `chunk_overlap`,
             one row each (`text_chunks`). late_chunking: the whole text runs through the model once and each
             chunk is the mean of its tokens' vectors (dense, mean pooling).
+        truncate: a text longer than the model's window is cut to it and counted (`wire_inputs`' rule); False
+            refuses the run before any model work (`embed_corpus.check_fit`).
 
     Raises:
         ConfigError: a setting that is invalid or does not apply to this kind of vectors (names the flag).
@@ -100,8 +103,11 @@ class EmbedSettings:
     chunk: int | None = None
     chunk_overlap: int | None = None
     late_chunking: bool = False
+    truncate: bool = AUTO_TRUNCATE
 
     def __post_init__(self) -> None:
+        if not isinstance(self.truncate, bool):
+            raise ConfigError(f"truncate must be true or false, got {self.truncate!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype {self.dtype!r} is not supported; use one of {DTYPES}")
         if self.sparse and self.dtype != "float32":
@@ -148,7 +154,8 @@ def embed_settings(manifest: dict[str, Any]) -> EmbedSettings:
                          prompt=embedding.get("prompt"), dtype=manifest["dtype"], sparse=sparse,
                          max_terms=embedding.get("max_terms") if sparse else None, chunk=chunking.get("chunk"),
                          chunk_overlap=chunking.get("chunk_overlap") if chunking else None,
-                         late_chunking=bool(chunking.get("late", False)))
+                         late_chunking=bool(chunking.get("late", False)),
+                         truncate=manifest.get("truncate", AUTO_TRUNCATE))
 
 
 def progress_path(out: Path, index: int) -> Path:
@@ -206,7 +213,8 @@ def new_manifest(model_dir: str | os.PathLike, settings: EmbedSettings, embeddin
             "kind": settings.kind, "settings": asdict(settings), "embedding": embedding,
             "similarity": "dot" if settings.sparse or not embedding["normalize"] else "cosine",
             "dim": dim, "dtype": settings.dtype, "shard_size": shard_size,
-            "input": input_record(inputs, sources, corpus), "count": None, "tokens": None, "shards": []}
+            "input": input_record(inputs, sources, corpus), "count": None, "tokens": None, "truncated": None,
+            "shards": []}
 
 
 def input_record(inputs: str | os.PathLike, sources: Sequence[SourceFile], corpus: CorpusSettings) -> dict[str, Any]:
@@ -335,17 +343,17 @@ def sparse_arrays(rows: SparseRows) -> dict[str, np.ndarray]:
 
 def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray | SparseRows, dtype: str,
                 tokens: int, calibration: dict[str, Any] | None = None,
-                spans: Sequence[Sequence[int]] | None = None, **extra: Any) -> dict[str, Any]:
+                spans: Sequence[Sequence[int]] | None = None, truncated: int = 0, **extra: Any) -> dict[str, Any]:
     """Write one shard's vectors (coded as `dtype`: `vector_quantization.coded`; a binary shard also its int8
-    codes; sparse rows as `sparse_arrays`), then its ids, then its record (each atomically); return the record.
-    `extra`: more keys of the record (`write_shard_arrays`)."""
+    codes; sparse rows as `sparse_arrays`), then its ids, then its record (each atomically, the record with its
+    texts cut to the window, `truncated`, and `extra` keys: `write_shard_arrays`); return the record."""
     arrays = sparse_arrays(vectors) if isinstance(vectors, SparseRows) else coded(vectors, dtype, calibration)
-    return write_shard_arrays(out, index, arrays, ids, tokens, spans, **extra)
+    return write_shard_arrays(out, index, arrays, ids, tokens, spans, truncated=truncated, **extra)
 
 
 def write_shard_arrays(out: Path, index: int, arrays: dict[str, np.ndarray], ids: Sequence[str], tokens: int,
                        spans: Sequence[Sequence[int]] | None = None, records: Sequence[int] | None = None,
-                       **extra: Any) -> dict[str, Any]:
+                       truncated: int = 0, **extra: Any) -> dict[str, Any]:
     """Write one shard's stored arrays as they are (`SHARD_FILES` kinds: "vectors", "codes" or the sparse ones),
     its ids, spans and `records` (each row's record in its input, where rows are not consecutive records), then
     its record with `extra` keys ("source", "first_record": `VectorFolder.records_at`), each file atomically."""
@@ -362,7 +370,7 @@ def write_shard_arrays(out: Path, index: int, arrays: dict[str, np.ndarray], ids
     names = {kind: SHARD_FILES[kind].format(index) for kind in data}
     for kind, payload in data.items():
         storage.write_bytes(out / names[kind], payload)
-    record = {"index": index, **names, "count": len(ids), "tokens": tokens,
+    record = {"index": index, **names, "count": len(ids), "tokens": tokens, "truncated": truncated,
               "bytes": {kind: len(payload) for kind, payload in data.items()},
               "sha256": {kind: hashlib.sha256(payload).hexdigest() for kind, payload in data.items()}, **extra}
     if "indptr" in arrays:
@@ -383,7 +391,8 @@ def finish_output(out: Path, manifest: dict[str, Any], shards: int) -> dict[str,
         raise ConfigError(f"{out}: shards {missing[:5]} are missing after every rank finished; on several nodes "
                           "--out must be a folder every node sees (a shared filesystem); rerun to finish them")
     final = {**manifest, "complete": True, "count": sum(r["count"] for r in records),
-             "tokens": sum(r["tokens"] for r in records), "shards": records}
+             "tokens": sum(r["tokens"] for r in records),
+             "truncated": sum(r.get("truncated", 0) for r in records), "shards": records}
     storage.write_json(out / MANIFEST_NAME, final)
     return final
 
@@ -513,18 +522,6 @@ class VectorFolder:
             if listed.any():
                 records[listed] = self.lines_at(flat[listed][None, :], "records")[0]
         return sources.reshape(rows.shape), records.reshape(rows.shape)
-
-    def rows_of(self, ids: set[str]) -> dict[str, list[int]]:
-        """The live global rows of each of `ids` found in the folder (several for a chunked record or an id given
-        twice), reading every ids file once."""
-        found: dict[str, list[int]] = {}
-        live = self.live
-        for shard in range(len(self.shards)):
-            first = int(self.offsets[shard])
-            for row, ident in enumerate(self.shard_lines(shard, "ids"), start=first):
-                if ident in ids and (live is None or live[row]):
-                    found.setdefault(ident, []).append(row)
-        return found
 
     def shard_lines(self, index: int, kind: str) -> list[Any]:
         """Every JSON line of shard `index`'s `kind` file ("ids", "spans", "records")."""

@@ -8,7 +8,8 @@ Which module holds what (see also docs/serving.md):
   `embed`), each also under `/models/<name>/...`;
 - `openai_routes`: OpenAI's `POST /v1/embeddings` and `GET /v1/models`;
 - `tei_routes`: text-embeddings-inference's `/embed`, `/rerank`, `/predict`, `/tokenize`, `/decode`,
-  `/info`, and `/v1/rerank` (ours and the Cohere/Infinity shape on one path);
+  `/info`, and `/v1/rerank` (ours and the Cohere shape on one path);
+- `cohere_routes`: Cohere v2's `/v2/rerank`, and the Cohere v1 and Infinity rerank answers;
 - `wire_schemas`: the strict pydantic models' helpers (a body checked against one, its place in
   `/openapi.json`); `embed_inputs`: the wire routes' embedding inputs (token ids, TEI's truncation rule);
 - `page`: the browser page at `GET /` (files in `static/`) and the `/v1/attention` route it draws;
@@ -51,11 +52,12 @@ try:
     from prometheus_client.registry import Collector
     from starlette.exceptions import HTTPException
 
-    from bertforge.serving.metrics import CONTENT_TYPE, ServingMetrics
+    from bertforge.serving.metrics import CONTENT_TYPE, RequestMetrics
 except ImportError as missing:  # the serve extra is optional; say how to get it when it is needed
     raise serve_extra_missing(missing) from None
 
-from bertforge.serving.guards import LOOPBACK_HOSTS, OPEN_PATHS, install_guards, key_held  # noqa: E402
+from bertforge.serving.cohere_routes import add_cohere_routes  # noqa: E402
+from bertforge.serving.guards import LOOPBACK_HOSTS, OPEN_PATHS, Scope, install_guards, key_held, model_of  # noqa: E402
 from bertforge.serving.model_service import (  # noqa: E402 (after the check of the serve extra)
     FAILURE_STATUS,
     InferenceService,
@@ -122,7 +124,8 @@ def build_app(models: ModelSet | Mapping[str, Pipeline], settings: ServerSetting
 
     # The routes, in the order a reader looks for them: ours, then the compatible ones.
     served = (add_task_routes(app, models, elsewhere=DUAL_ROUTES) + add_tei_routes(app, models)
-              + add_openai_routes(app, models) + add_search_routes(app, models, indexes) + add_page(app, models))
+              + add_cohere_routes(app, models) + add_openai_routes(app, models) + add_search_routes(app, models, indexes)
+              + add_page(app, models))
     served += ["GET /health", "GET /ready", "GET /metrics", "GET /docs", "GET /redoc", "GET /openapi.json"]
     app.state.served = served
     with_wire_schemas(app, served_facts(models, settings))
@@ -147,12 +150,27 @@ def build_app(models: ModelSet | Mapping[str, Pipeline], settings: ServerSetting
         message, param = validation_message(error.errors())
         return refusal(request, 422, message, param=param)
 
-    add_probes(app, models, settings, indexes)
+    # Requests no model is named by (several served: a 401, an unknown path) are counted apart.
+    unattributed = RequestMetrics()
+    add_probes(app, models, settings, unattributed, indexes)
+
+    def record(scope: Scope, route: str, status: int, seconds: float) -> None:
+        counted_by(models, scope, unattributed).record_request(route, status, seconds)
 
     # Guards (`http_guards`: keys, Host, Content-Type, body size, CORS, request ids, timing headers) are
-    # installed here, around every route above: they refuse through `envelopes.error_payload` like the routes.
-    install_guards(app, settings)
+    # installed here, around every route above: they refuse through `envelopes.error_payload` like the routes,
+    # and count every request once answered (`record`).
+    install_guards(app, settings, record=record)
     return app
+
+
+def counted_by(models: ModelSet, scope: Scope, unattributed: RequestMetrics) -> RequestMetrics:
+    """Whose metrics count a request: the model that answered it, else the one its path names, else the only
+    one served; with several and none of them named, `unattributed`."""
+    name = model_of(scope) or scope.get("path_params", {}).get("model")
+    if name in models.services:
+        return models.services[name].metrics
+    return models.first.metrics if len(models.services) == 1 else unattributed
 
 
 def served_facts(models: ModelSet, settings: ServerSettings) -> ServedFacts:
@@ -180,7 +198,7 @@ def served_facts(models: ModelSet, settings: ServerSettings) -> ServedFacts:
         keys=bool(settings.api_keys), open_paths=OPEN_PATHS)
 
 
-def add_probes(app: FastAPI, models: ModelSet, settings: ServerSettings,
+def add_probes(app: FastAPI, models: ModelSet, settings: ServerSettings, unattributed: RequestMetrics,
                indexes: Mapping[str, ServedIndex] | None = None) -> None:
     """`/health` (liveness, what is served), `/ready` (readiness) and `/metrics` (Prometheus)."""
     @app.get("/health", summary="each served model: name, tasks, device, precision, queue depth, settings (how "
@@ -208,21 +226,25 @@ def add_probes(app: FastAPI, models: ModelSet, settings: ServerSettings,
 
     @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(render_metrics(models), media_type=CONTENT_TYPE)
+        return PlainTextResponse(render_metrics(models, unattributed), media_type=CONTENT_TYPE)
 
 
-def render_metrics(models: ModelSet) -> bytes:
+def render_metrics(models: ModelSet, unattributed: RequestMetrics | None = None) -> bytes:
     """The Prometheus text of every model: one model's metrics as they are; several models' each with a
-    `model` label (one family per metric name, as scrapers require)."""
+    `model` label (one family per metric name, as scrapers require), and the requests no model was named by
+    (`unattributed`) with `model=""`."""
     if len(models.services) == 1:
         return models.first.metrics.render()
-    return generate_latest(ModelLabelled({name: s.metrics for name, s in models.services.items()}))
+    labelled: dict[str, RequestMetrics] = {name: s.metrics for name, s in models.services.items()}
+    if unattributed is not None:
+        labelled[""] = unattributed
+    return generate_latest(ModelLabelled(labelled))
 
 
 class ModelLabelled(Collector):
     """Several models' metrics as one set: each sample gains a `model` label, families of one name merged."""
 
-    def __init__(self, metrics: Mapping[str, ServingMetrics]):
+    def __init__(self, metrics: Mapping[str, RequestMetrics]):
         self.metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
@@ -273,7 +295,8 @@ def model_directories(model: str | Path | Mapping[str, str | Path]) -> dict[str,
 def create_app(model: str | Path | Mapping[str, str | Path], *, tasks: list[str] | None = None,
                device: str = "auto", precision: str = DEFAULT_PRECISION, engine: str = DEFAULT_KIND,
                threads: int | None = None, batch_size: int = 32, max_length: int | None = None,
-               indexes: Mapping[str, Sequence[str | Path]] | None = None, **settings: Any) -> FastAPI:
+               indexes: Mapping[str, Sequence[str | Path]] | None = None,
+               rerank_labels: str | Mapping[str, str] | None = None, **settings: Any) -> FastAPI:
     """Load the model directories once and build the app serving every task each supports (or `tasks`).
 
     Args:
@@ -285,6 +308,8 @@ def create_app(model: str | Path | Mapping[str, str | Path], *, tasks: list[str]
             (loaded from the directory its manifest names when no `model` is that model).
         device, precision, engine, threads, batch_size, max_length: pipeline options (see `Pipeline`; precision
             fp32 unless asked, as `bertforge evaluate`; engine "torch" or "onnxruntime"; the CPU's threads).
+        rerank_labels: two-label pair classifiers to serve as rerankers too (relevance = the probability of the
+            label named; `serve --rerank-label`): model name -> label, or the label alone for one model.
         **settings: `ServerSettings` fields (max_batch_size, max_wait_ms, max_queue, ...).
 
     Raises:
@@ -296,10 +321,14 @@ def create_app(model: str | Path | Mapping[str, str | Path], *, tasks: list[str]
     except TypeError as error:
         raise ConfigError(f"unknown server setting: {error}") from None
     searchers = open_indexes(indexes or {})  # before any model loads: a bad folder fails fast
-    directories = load_index_models(searchers, model_directories(model)) if searchers else model_directories(model)
+    directories = model_directories(model)
+    if isinstance(rerank_labels, str):
+        rerank_labels = dict.fromkeys(directories, rerank_labels)
+    if searchers:
+        directories = load_index_models(searchers, directories)
     models = load_model_set(directories, server_settings, tasks=tasks, device=device,
                             precision=precision, engine=engine, threads=threads, batch_size=batch_size,
-                            max_length=max_length)
+                            max_length=max_length, rerank_labels=rerank_labels)
     return build_app(models, server_settings, indexes=bind_indexes(searchers, models))
 
 

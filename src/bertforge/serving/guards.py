@@ -31,7 +31,14 @@ In order, a request is refused with:
 Every answer carries ``X-Request-Id`` (the client's, when it is 1 to 128 characters of letters, digits and
 ``._:-``; else a new one), also written in the log line of the request, and TEI's timing headers in whole
 milliseconds: ``x-total-time`` always, and ``x-tokenization-time``, ``x-queue-time``, ``x-inference-time``
-when the route ran model work (`note_timing`). CORS is off unless `cors_origins` lists origins.
+when the route ran model work (`note_timing`); ``X-Model``, the name of the served model that made the answer
+(`note_model`), and ``X-Ignored-Fields``, the request fields a lenient route (TEI's) did not use
+(`note_ignored`); ``X-Truncated-Inputs`` (how many of its texts were cut to the model's window,
+`note_truncated`) on a successful answer of a route that cuts over-long inputs. CORS is off unless
+`cors_origins` lists origins.
+
+Once an answer is sent, every request, refused here or answered by a route, is counted by the `record`
+callback the app gives (`/metrics`: its route template, `route_of`, and status).
 
 Refusals are written with `envelopes.error_payload`, so each API style gets its own error envelope.
 """
@@ -49,6 +56,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 from bertforge.errors import ConfigError
 from bertforge.serving.envelopes import OVERLOADED, error_payload
@@ -75,7 +83,19 @@ REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 REQUEST_ID_KEY = "bertforge.request_id"
 TIMING_KEY = "bertforge.timing"
 RETRY_AFTER_KEY = "bertforge.retry_after"
+TRUNCATED_KEY = "bertforge.truncated_inputs"
+# The header of every answer whose route cut over-long inputs to the model's window (how many: `wire_inputs`).
+TRUNCATED_HEADER = "x-truncated-inputs"
 KEY_HELD_KEY = "bertforge.key_held"
+MODEL_KEY = "bertforge.model"
+IGNORED_KEY = "bertforge.ignored_fields"
+MODEL_HEADER = "x-model"
+IGNORED_HEADER = "x-ignored-fields"
+# Characters a field name keeps as they are in X-Ignored-Fields (printable ASCII but the list's separator).
+HEADER_SAFE = "!#$&'()*+-./:;<=>?@[]^_`{|}~"
+IGNORED_SHOWN = 16
+# The `route` label of a request whose path no route has (one value for them all: raw paths are unbounded).
+UNMATCHED = "unmatched"
 TIMING_HEADERS = {"tokenization_s": "x-tokenization-time", "queue_s": "x-queue-time",
                   "inference_s": "x-inference-time"}
 # A body this large costs milliseconds to read and decode: decoded off the event loop (`model_service`), and
@@ -118,11 +138,34 @@ def note_timing(scope: Scope, queue_s: float, tokenization_s: float, inference_s
     scope[TIMING_KEY] = {"queue_s": queue_s, "tokenization_s": tokenization_s, "inference_s": inference_s}
 
 
+def note_truncated(scope: Scope, count: int) -> None:
+    """How many texts a route's model work cut to the window, for the `TRUNCATED_HEADER` of its answer."""
+    scope[TRUNCATED_KEY] = scope.get(TRUNCATED_KEY, 0) + count
+
+
 def note_retry_after(scope: Scope, headers: MutableMapping[str, str] | dict[str, str]) -> None:
     """A refusal's Retry-After (from its headers), for the answer of a route that returns no headers itself."""
     value = headers.get("Retry-After")
     if value is not None:
         scope[RETRY_AFTER_KEY] = value
+
+
+def note_model(scope: Scope, name: str) -> None:
+    """The served model that makes this request's answer (``X-Model``, and the model its metrics count under)."""
+    scope[MODEL_KEY] = name
+
+
+def note_ignored(scope: Scope, fields: Sequence[str]) -> None:
+    """Request fields the route did not use (``X-Ignored-Fields``, comma-separated; a name is percent-encoded
+    where it holds what a header cannot, and at most `IGNORED_SHOWN` are named)."""
+    if fields:
+        shown = [quote(name, safe=HEADER_SAFE) for name in fields[:IGNORED_SHOWN]]
+        more = len(fields) - len(shown)
+        scope[IGNORED_KEY] = ", ".join(shown) + (f", and {more} more" if more else "")
+
+
+def model_of(scope: Scope) -> str | None:
+    return scope.get(MODEL_KEY)
 
 
 def key_held(scope: Scope) -> bool:
@@ -138,8 +181,10 @@ class Guards:
     """The ASGI middleware (see the module docstring). `settings` has `api_keys`, `allowed_hosts` and
     `max_body_bytes` (`ServerSettings`)."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], settings: Any, routes: Sequence[Any] = ()):
+    def __init__(self, app: Callable[..., Awaitable[None]], settings: Any, routes: Sequence[Any] = (),
+                 record: Callable[[Scope, str, int, float], None] | None = None):
         self.app = app
+        self.record = record  # (scope, route template, status, seconds) of every request, once answered
         self.routes = routes  # the app's routes (Starlette's, live): a body is checked only for a route taking it
         self.keys = [key.encode("utf-8") for key in settings.api_keys]
         self.hosts = {host.lower().strip("[]") for host in settings.allowed_hosts}
@@ -172,6 +217,10 @@ class Guards:
                 extra += [(header.encode("ascii"), milliseconds(seconds))
                           for key, header in TIMING_HEADERS.items()
                           if (seconds := scope.get(TIMING_KEY, {}).get(key)) is not None]
+                extra += [(header.encode("ascii"), scope[key].encode("latin-1"))
+                          for key, header in ((MODEL_KEY, MODEL_HEADER), (IGNORED_KEY, IGNORED_HEADER)) if key in scope]
+                if TRUNCATED_KEY in scope and status < 300:  # the model ran and the answer is its work
+                    extra.append((TRUNCATED_HEADER.encode("ascii"), str(scope[TRUNCATED_KEY]).encode("ascii")))
                 given = {name.lower() for name, _ in message.get("headers", [])}
                 if status == 429 and b"retry-after" not in given:  # every 429 says when to come back
                     extra.append((b"retry-after", str(scope.get(RETRY_AFTER_KEY, "1")).encode("ascii")))
@@ -189,8 +238,26 @@ class Guards:
             else:
                 await self.app(scope, replay(body, receive), answer)
         finally:
-            log.info("%s %s %s %d %.1f ms", request_id, scope["method"], scope["path"], status,
-                     1000 * (time.perf_counter() - began))
+            seconds = time.perf_counter() - began
+            log.info("%s %s %s %d %.1f ms", request_id, scope["method"], scope["path"], status, 1000 * seconds)
+            if self.record is not None:
+                # No answer started: the app raised, and the server answers 500.
+                self.record(scope, self.route_of(scope), status or 500, seconds)
+
+    def route_of(self, scope: Scope) -> str:
+        """The template of the route a request's path matches (`/models/{model}/embed`; a wrong method's too),
+        `UNMATCHED` for none; its path parameters are left in `scope["path_params"]` when none were yet."""
+        from starlette.routing import Match
+
+        partial = None
+        for route in self.routes:
+            match, child = route.matches(scope)
+            if match == Match.FULL or (match == Match.PARTIAL and partial is None):
+                scope.setdefault("path_params", child.get("path_params", {}))
+                if match == Match.FULL:
+                    return getattr(route, "path", UNMATCHED)
+                partial = getattr(route, "path", UNMATCHED)
+        return partial or UNMATCHED
 
     def refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str, list[tuple[str, str]]] | None:
         """(status, message, headers) of the first check the request fails, or None."""
@@ -375,13 +442,14 @@ def milliseconds(seconds: float) -> bytes:
     return str(int(seconds * 1000)).encode("ascii")
 
 
-def install_guards(app: Any, settings: Any) -> None:
+def install_guards(app: Any, settings: Any, record: Callable[[Scope, str, int, float], None] | None = None) -> None:
     """Put `Guards` (and, when `settings.cors_origins` lists origins, CORS outside it, so a preflight needs no
-    key) in front of every route of a Starlette/FastAPI `app`."""
-    app.add_middleware(Guards, settings=settings, routes=app.router.routes)
+    key) in front of every route of a Starlette/FastAPI `app`; `record` counts every request once answered."""
+    app.add_middleware(Guards, settings=settings, routes=app.router.routes, record=record)
     if settings.cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
-                           expose_headers=["X-Request-Id", "x-total-time", *TIMING_HEADERS.values()], max_age=600)
+                           expose_headers=["X-Request-Id", "x-total-time", *TIMING_HEADERS.values(), MODEL_HEADER,
+                                           IGNORED_HEADER, TRUNCATED_HEADER], max_age=600)

@@ -5,7 +5,11 @@ one process (the tests) count apart. The names, types and labels are a contract 
 server; `METRIC_NAMES` lists every name the text carries and a test holds the output to it:
 
 - `bertforge_requests_total{route,status}` (counter) and `bertforge_request_latency_seconds{route}`
-  (histogram), counted by the HTTP side;
+  (histogram): every HTTP request, counted by the guards (`guards.Guards`) once its answer is sent, whatever
+  answered it (a route, a guard's 401/413/415, a 404 or 422): `route` is the route's template
+  (`/models/{model}/embed`, never the raw path, so the label's values are bounded), `guards.UNMATCHED` for a
+  path no route has; with several models, the model that answered (or the one the path names) counts it
+  (`RequestMetrics`, and `""` for a request no model is named by);
 - `bertforge_batch_size`, `bertforge_batch_tokens` (histograms of windows and of tokens per model call),
   `bertforge_model_calls_total`, `bertforge_windows_total`, `bertforge_inputs_total{task}`,
   `bertforge_cancelled_total{reason}`, `bertforge_dropped_windows_total` (counters), reported by the
@@ -66,16 +70,28 @@ class WithoutCreated(Collector):
             yield kept
 
 
-class ServingMetrics(SchedulerEvents):
-    """The metrics of one app: HTTP requests counted by the routes, the scheduler's work by its events."""
+class RequestMetrics:
+    """HTTP requests by route template and status, and their latency, in a registry of their own (or `registry`)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        self.requests = Counter("bertforge_requests", "HTTP requests by route and status code.",
+                                ("route", "status"), registry=self.registry)
+        self.latency = Histogram("bertforge_request_latency_seconds", "Time from request arrival to response.",
+                                 ("route",), buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.exposed = WithoutCreated(self.registry)
+
+    def record_request(self, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(route=route, status=str(status)).inc()
+        self.latency.labels(route=route).observe(seconds)
+
+
+class ServingMetrics(RequestMetrics, SchedulerEvents):
+    """The metrics of one served model: its HTTP requests (`RequestMetrics`), the scheduler's work by its events."""
 
     def __init__(self, max_batch_size: int, max_batch_tokens: int, queue_depth: Callable[[], int]):
-        self.registry = CollectorRegistry()
+        super().__init__()
         registry = self.registry
-        self.requests = Counter("bertforge_requests", "HTTP requests by route and status code.",
-                                ("route", "status"), registry=registry)
-        self.latency = Histogram("bertforge_request_latency_seconds", "Time from request arrival to response.",
-                                 ("route",), buckets=LATENCY_BUCKETS, registry=registry)
         # Bucket bounds cover the configured limits with room above (a window over the token budget runs alone).
         self.batch_size = Histogram("bertforge_batch_size", "Windows (model inputs) per model call.",
                                     buckets=powers_of_two(0, int(math.log2(max_batch_size)) + 3), registry=registry)
@@ -94,11 +110,6 @@ class ServingMetrics(SchedulerEvents):
                                        "Windows of given-up requests that were never run.", registry=registry)
         depth = Gauge("bertforge_queue_depth", "Requests waiting for the worker.", registry=registry)
         depth.set_function(lambda: float(queue_depth()))
-        self.exposed = WithoutCreated(registry)
-
-    def record_request(self, route: str, status: int, seconds: float) -> None:
-        self.requests.labels(route=route, status=str(status)).inc()
-        self.latency.labels(route=route).observe(seconds)
 
     # --- SchedulerEvents -------------------------------------------------------------------------------
     def model_call(self, windows: int, tokens: int) -> None:

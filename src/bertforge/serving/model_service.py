@@ -32,6 +32,15 @@ from bertforge.inference.admission import CHARS_PER_TOKEN, estimate_tokens
 from bertforge.inference.jobs import check_seconds
 from bertforge.inference.pipelines import Pipeline, load_pipelines
 from bertforge.inference.scheduler import Failure, JobFailed, Scheduler, SchedulerSettings, check_positive
+from bertforge.inference.wire_inputs import (
+    AUTO_TRUNCATE,
+    CUT_TASKS,
+    Fix,
+    cut_inputs,
+    family_results,
+    plain_inputs,
+    truncated_count,
+)
 from bertforge.runtime import DEFAULT_PRECISION
 from bertforge.serving.envelopes import OVERLOADED, RequestError, error_payload, serve_extra_missing
 from bertforge.serving.guards import (
@@ -39,6 +48,7 @@ from bertforge.serving.guards import (
     check_guard_settings,
     note_retry_after,
     note_timing,
+    note_truncated,
 )
 
 try:
@@ -73,6 +83,10 @@ class ServerSettings(SchedulerSettings):
             they are read (`http_guards`); 0: never.
         body_timeout_s: a request body must arrive whole within this many seconds of its headers (else 408).
         max_incomplete_bodies: requests whose bodies are being received at once; more get 503 at once.
+        auto_truncate: an input longer than the model's window is cut to it on every embedding-like route
+            (`wire_inputs`' rule; TEI's `--auto-truncate`, `/info` says it), the count of cut texts said in the
+            answer; False refuses it naming the limit (`bertforge serve --auto-truncate false`). A TEI request's
+            own `truncate` decides for that request.
     """
 
     max_items: int = 2048
@@ -84,9 +98,12 @@ class ServerSettings(SchedulerSettings):
     refusal_cooldown_s: float = 1.0
     body_timeout_s: float = 30.0
     max_incomplete_bodies: int = 128
+    auto_truncate: bool = AUTO_TRUNCATE
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not isinstance(self.auto_truncate, bool):
+            raise ConfigError(f"auto_truncate must be true or false, got {self.auto_truncate!r}")
         check_positive(self, ("max_items", "max_chars", "max_body_bytes", "max_incomplete_bodies"))
         check_seconds(self, ("refusal_cooldown_s", "body_timeout_s"))
         check_guard_settings(self)
@@ -225,6 +242,15 @@ class InferenceService:
             raise RequestError(status, f"{count} inputs in one request; this server accepts at most "
                                        f"{self.settings.max_items} (max_items: split the request)", param=field)
 
+    def truncation(self, requested: bool | None = None, field: str | None = None) -> tuple[bool, Fix]:
+        """(whether an over-long input of a request is cut, the fix a refusal names): the request's own
+        `field` (TEI's `truncate`) where its dialect has one and it was sent, else the server's `auto_truncate`."""
+        ask = f"send {field}: true to cut it to the window" if field else None
+        if requested is not None:
+            return requested, Fix(f"shorten it, or {ask}")
+        server = "this server refuses over-long inputs (bertforge serve --auto-truncate false)"
+        return self.settings.auto_truncate, Fix(f"{server}: shorten it" + (f", or {ask}" if ask else ""))
+
     def check_options(self, task: str, parameters: Mapping[str, Any], field: str = "parameters") -> dict[str, Any]:
         try:
             return self.pipelines[task].check_options(parameters)
@@ -252,6 +278,8 @@ class InferenceService:
             raise RequestError(FAILURE_STATUS[error.kind], error.message, headers=retry,
                                code=OVERLOADED if error.kind == "shutdown" else None) from None
         note_timing(request.scope, job.timing.queue_s, job.timing.tokenization_s, job.timing.inference_s)
+        if len(plain_inputs(parsed)) < len(parsed):  # inputs cut or refused by the rule: the answer says how many
+            note_truncated(request.scope, truncated_count(results))
         return results
 
     async def handle(self, task: str, request: Request, body: Any = None) -> tuple[int, dict[str, Any]]:
@@ -262,7 +290,10 @@ class InferenceService:
                 if body is None:
                     body = await read_body(request, self.settings)
                 parsed, options = self.validate(task, body)
-                return 200, {"outputs": await self.run(task, parsed, options, request)}
+                parsed = cut_inputs(task, parsed, *self.truncation())
+                results = await self.run(task, parsed, options, request)
+                usage = {"usage": {"truncated_inputs": truncated_count(results)}} if task in CUT_TASKS else {}
+                return 200, {"outputs": family_results(results, parsed), **usage}
             except RequestError as error:
                 note_retry_after(request.scope, error.headers)
                 return error.status, error_payload(request.url.path, error.status, error.message)
@@ -413,16 +444,24 @@ def parse_model_option(value: str) -> tuple[str, str]:
 
 def load_model_set(models: Mapping[str, str | Path], settings: ServerSettings, *, tasks: list[str] | None = None,
                    device: str = "auto", precision: str = DEFAULT_PRECISION, engine: str = DEFAULT_KIND,
-                   threads: int | None = None, batch_size: int = 32, max_length: int | None = None) -> ModelSet:
+                   threads: int | None = None, batch_size: int = 32, max_length: int | None = None,
+                   rerank_labels: Mapping[str, str] | None = None) -> ModelSet:
     """Load every named model directory (each its own pipelines, scheduler and metrics). A directory that
-    cannot be served fails the start with one line naming the model and its directory."""
+    cannot be served fails the start with one line naming the model and its directory. `rerank_labels`: model
+    name -> the label whose probability makes it a reranker too (`load_pipelines(rerank_label=...)`)."""
+    rerank_labels = dict(rerank_labels or {})
+    unknown = sorted(set(rerank_labels) - set(models))
+    if unknown:
+        raise ConfigError(f"--rerank-label names model(s) {unknown} that are not served; served: {list(models)} "
+                          "(use --rerank-label NAME=LABEL with a name given to --model)")
     services = {}
     for name, directory in models.items():
         if not MODEL_NAME.fullmatch(name):
             raise ConfigError(f"model name {name!r} must be letters, digits, '.', '_' or '-' (at most 64)")
         try:
             pipelines = load_pipelines(directory, tasks, device=device, precision=precision, engine=engine,
-                                       threads=threads, batch_size=batch_size, max_length=max_length)
+                                       threads=threads, batch_size=batch_size, max_length=max_length,
+                                       rerank_label=rerank_labels.get(name))
         except (BertforgeError, OSError) as error:
             reason = str(error).replace(str(directory) + ": ", "")
             # The kind of error stays (a corrupt checkpoint is a CheckpointError); the message names the model.

@@ -9,9 +9,11 @@ frameworks built on them (`base_url=http://host:port/v1`) work unchanged.
 - `encoding_format`: "float" (lists of numbers) or "base64" (the little-endian float32 bytes, base64).
 - `dimensions`: the first d dimensions, renormalized to unit length, for a model trained for it
   (`EmbedPipeline.matryoshka_dims`); other models refuse any d but their full width (400).
-- An input longer than the model's window is refused (400, naming the limit), as OpenAI does; refusals
-  answer OpenAI's `{"error": {"message", "type", "param", "code"}}` with OpenAI's statuses (400 for an
-  invalid request where our own routes say 422).
+- An input longer than the model's window is cut to it (`ServerSettings.auto_truncate`, the default: the
+  RAG clients that send long chunks cannot ask for it), and `usage.truncated_inputs` says how many were (an
+  extra key OpenAI's clients keep); a server started with `--auto-truncate false` refuses it (400, naming the
+  limit), as OpenAI does. Refusals answer OpenAI's `{"error": {"message", "type", "param", "code"}}` with
+  OpenAI's statuses (400 for an invalid request where our own routes say 422).
 
 Vectors come from the `embed` pipeline through the model's scheduler (`InferenceService.run`) with the
 model's own pooling and normalization (a sentence-transformers directory's).
@@ -31,6 +33,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from bertforge.inference.pipelines import EmbedText
+from bertforge.inference.wire_inputs import truncated_count
+from bertforge.serving.guards import note_model
 from bertforge.serving.wire_schemas import (
     ANY_MODEL,
     INPUTS,
@@ -73,6 +77,7 @@ class Usage(BaseModel):
     model_config = WIRE_CONFIG
     prompt_tokens: int
     total_tokens: int
+    truncated_inputs: int = Field(description="inputs cut to the model's window (bertforge's; OpenAI has none)")
 
 
 class EmbeddingsResponse(BaseModel):
@@ -164,23 +169,25 @@ def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str
 
 
 async def create_embeddings(models: ModelSet, request: Request) -> JSONResponse:
-    began = time.perf_counter()
-    service = None
     try:
         body = await read_body(request, models.first.settings)
         # OpenAI answers 400 for every invalid request (our routes: 422).
         call = check_body(EmbeddingsRequest, body, status=400)
         service = models.pick(call.model, "embed", lenient=True)
+        note_model(request.scope, service.model_name)
         pipeline = service.pipelines["embed"]
         items = embedding_inputs(call.input)
         service.check_count(len(items), "input", status=400)
         parsed = []
+        truncate, fix = service.truncation()
         for index, item in enumerate(items):
             if isinstance(item, str):
                 check_length(item, service.settings.max_chars, f"input[{index}]")
-                parsed.append(EmbedText(text=service.parse("embed", item, f"input[{index}]")))
+                parsed.append(EmbedText(text=service.parse("embed", item, f"input[{index}]"), truncate=truncate,
+                                        fix=fix))
             else:
-                parsed.append(EmbedText(ids=check_ids(item, pipeline.tokenizer.vocab_size, f"input[{index}]")))
+                parsed.append(EmbedText(ids=check_ids(item, pipeline.tokenizer.vocab_size, f"input[{index}]"),
+                                        truncate=truncate, fix=fix))
         with service.scheduler.incoming():
             results = await service.run("embed", parsed, pipeline.check_options({}), request)
         vectors = shorten(np.asarray([r["embedding"] for r in results], dtype=np.float32), call.dimensions,
@@ -189,14 +196,13 @@ async def create_embeddings(models: ModelSet, request: Request) -> JSONResponse:
         payload = {"object": "list", "model": service.model_name,
                    "data": [{"object": "embedding", "embedding": encode_vector(v, call.encoding_format), "index": i}
                             for i, v in enumerate(vectors)],
-                   "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+                   "usage": {"prompt_tokens": tokens, "total_tokens": tokens,
+                             "truncated_inputs": truncated_count(results)}}
         response = JSONResponse(payload)
     except RequestError as error:
         status = 400 if error.status == 422 else error.status
         response = refusal(request, status, error.message, param=error.param, code=error.code,
                            headers=error.headers)
-    if service is not None:
-        service.metrics.record_request("/v1/embeddings", response.status_code, time.perf_counter() - began)
     return response
 
 

@@ -18,7 +18,6 @@ row sums to 1), weights rounded to 4 decimals.
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from fastapi.staticfiles import StaticFiles
 
 from bertforge.errors import InputError
 from bertforge.inference.attention import MAX_TOKENS, attention_of, encoder_of
-from bertforge.serving.guards import PAGE_ASSETS_URL
+from bertforge.serving.guards import PAGE_ASSETS_URL, note_model
 from bertforge.serving.task_routes import MODEL_PREFIX, TASK_RESPONSES
 from bertforge.serving.wire_schemas import ANY_MODEL, FIT, SERVES
 
@@ -77,8 +76,8 @@ def add_attention_routes(app: FastAPI, models: ModelSet) -> list[str]:
     """`POST /v1/attention` and `/models/{model}/v1/attention`: every served model has an encoder."""
     turns = {name: asyncio.Lock() for name in models.names}  # one map at a time per model: L*N*T*T floats
 
-    async def attention(request: Request, name: str | None, route: str) -> JSONResponse:
-        began, service = time.perf_counter(), None
+    async def attention(request: Request, name: str | None) -> JSONResponse:
+        service = None
         try:
             service = models.named(name)
             text = attention_text(await read_body(request, service.settings))
@@ -94,14 +93,14 @@ def add_attention_routes(app: FastAPI, models: ModelSet) -> list[str]:
         except RequestError as error:
             response = refusal(request, error.status, error.message, headers=error.headers)
         if service is not None:
-            service.metrics.record_request(route, response.status_code, time.perf_counter() - began)
+            note_model(request.scope, service.model_name)
         return response
 
     async def attention_of_default(request: Request) -> JSONResponse:
-        return await attention(request, None, "/v1/attention")
+        return await attention(request, None)
 
     async def attention_of_model(request: Request, model: str) -> JSONResponse:
-        return await attention(request, model, MODEL_PREFIX + "/v1/attention")
+        return await attention(request, model)
 
     options = dict(summary="attention maps of one text (every layer and head)", responses=TASK_RESPONSES,
                    description=f"Runs the model's encoder on one text (at most {MAX_TOKENS} tokens) and answers "

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,7 @@ from bertforge.checkpoint_format import model_fingerprint
 from bertforge.errors import BertforgeError, ConfigError, DataError, InputError
 from bertforge.metrics.sparse import SparseRows
 from bertforge.retrieval.searcher import DEFAULT_FUSION_DEPTH, DEFAULT_RRF_K, QueryModel, Searcher
+from bertforge.serving.guards import note_model
 from bertforge.serving.openai_routes import check_length
 from bertforge.serving.wire_schemas import INPUTS, Text, WireModel, check_body, register, request_body
 
@@ -227,13 +227,12 @@ def run_search(served: ServedIndex, vectors: dict[str, Any], call: SearchRequest
 
 
 async def search(indexes: Mapping[str, ServedIndex], models: ModelSet, request: Request) -> JSONResponse:
-    began = time.perf_counter()
-    service = None
     try:
         body = await read_body(request, models.first.settings)
         call = check_body(SearchRequest, body)
         served = pick_index(indexes, call.index)
         service = served.services[served.searcher.kinds[0]]
+        note_model(request.scope, service.model_name)  # the guards count the request as this model's
         if (call.query is None) == (call.queries is None):
             raise RequestError(422, "give 'query' (one text) or 'queries' (a list of texts), not both",
                                param="query")
@@ -247,7 +246,6 @@ async def search(indexes: Mapping[str, ServedIndex], models: ModelSet, request: 
     except RequestError as error:
         response = refusal(request, error.status, error.message, param=error.param, code=error.code,
                            headers=error.headers)
-    (service or models.first).metrics.record_request(PATH, response.status_code, time.perf_counter() - began)
     return response
 
 

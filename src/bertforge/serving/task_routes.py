@@ -9,13 +9,13 @@ which accepts this shape and the Cohere one on the same path.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 # First: without the serve extra it raises the ConfigError saying how to install it.
 from bertforge.serving.model_service import ModelSet, RequestError, refusal  # isort: skip
 
+from bertforge.serving.guards import note_model  # isort: skip
 from bertforge.serving.task_schemas import REQUEST_MODELS, RESPONSE_MODELS  # isort: skip
 from bertforge.serving.wire_schemas import FIT, SERVES, request_body  # isort: skip
 
@@ -44,13 +44,12 @@ REQUEST_SCHEMA = {
 
 async def answer_task(models: ModelSet, task: str, request: Request, name: str | None, route: str) -> JSONResponse:
     """One of our task requests, to the model `name` (None: the only one serving `task`)."""
-    began = time.perf_counter()
     try:
         service = models.pick(name, task, field="path")
     except RequestError as error:
         return refusal(request, error.status, error.message)
+    note_model(request.scope, service.model_name)
     status, payload = await service.handle(task, request)
-    service.metrics.record_request(route, status, time.perf_counter() - began)
     return JSONResponse(payload, status_code=status)
 
 

@@ -20,6 +20,8 @@ from typing import Annotated, Any, Union
 
 from bertforge.families.embedding import POOLINGS
 from bertforge.families.reranking import MAX_CANDIDATES
+from bertforge.inference.wire_inputs import CUT_TASKS
+from bertforge.interop.sentence_transformers import SPLADE_ACTIVATIONS, SPLADE_STRATEGIES
 from bertforge.serving.envelopes import RequestError
 
 from bertforge.serving.wire_schemas import FIT, INPUTS, Text, WireModel, check_body, fitted, register  # isort: skip (first)
@@ -101,6 +103,13 @@ class EmbedParameters(WireModel):
     normalize: bool = option(None, "scale each vector to length 1")
     layer: int = option(None, "hidden layer to pool (-1: the last)", fit="layer")
     token_vectors: bool = option(None, "every token's vector of the layer instead of one pooled vector")
+
+
+class SparseParameters(WireModel):
+    pooling: str = option(None, "SPLADE pooling over the tokens", enum=list(SPLADE_STRATEGIES))
+    activation: str = option(None, "log(1 + relu) of the logits, or once more log1p", enum=list(SPLADE_ACTIVATIONS))
+    max_terms: Annotated[int, Field(ge=0)] = option(None, "keep each text's largest this many weights (0: all)")
+    tokens: bool = option(None, "add each term's vocabulary token")
 
 
 class FillMaskParameters(WireModel):
@@ -193,6 +202,12 @@ class EmbedOutput(Output):
     embedding: list[float] | list[list[float]]  # one vector, or one per token (token_vectors)
 
 
+class SparseOutput(Output):
+    indices: list[int]
+    values: list[float]
+    tokens: list[str] | None = None
+
+
 class Ranked(Output):
     index: int
     score: float
@@ -202,6 +217,12 @@ class Ranked(Output):
 
 class RerankOutput(Output):
     results: list[Ranked]
+
+
+class TruncationUsage(Output):
+    """What the answer of a task that cuts over-long inputs to the window says of it (`wire_inputs`' rule)."""
+
+    truncated_inputs: int = Field(description="texts cut to the model's window (0: none)")
 
 
 def shape_of(value: Any) -> str:
@@ -222,6 +243,7 @@ QuestionPair = Annotated[list[Text], Field(min_length=2, max_length=2, descripti
 TASK_MODELS: dict[str, tuple[Any, type[WireModel], type[BaseModel]]] = {
     "classify": (one_of(text=Text, list=Pair, object=PairInput), ClassifyParameters, ClassifyOutput),
     "embed": (one_of(text=Text, object=TextInput), EmbedParameters, EmbedOutput),
+    "embed-sparse": (one_of(text=Text, object=TextInput), SparseParameters, SparseOutput),
     "tag": (one_of(text=Text, object=TextInput | WordsInput), NoParameters, TagOutput),
     "answer": (one_of(object=QuestionInput, list=QuestionPair), AnswerParameters, AnswerOutput),
     "choose": (ChoiceInput, NoParameters, ChooseOutput),
@@ -246,7 +268,8 @@ def build_models(task: str) -> tuple[type[WireModel], type[BaseModel]]:
     request = create_model(request_name, __base__=WireModel,
                            inputs=(Annotated[list[item], INPUTS], ...),
                            parameters=(parameters, Field(default_factory=parameters)))
-    response = create_model(response_name, __base__=Output, outputs=(list[output], ...))
+    usage = {"usage": (TruncationUsage, ...)} if task in CUT_TASKS else {}
+    response = create_model(response_name, __base__=Output, outputs=(list[output], ...), **usage)
     register(request)
     return request, response
 

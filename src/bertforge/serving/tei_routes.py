@@ -2,26 +2,29 @@
 `POST /embed`, `/embed_sparse`, `/embed_all`, `/similarity`, `/rerank`, `/predict`, `/tokenize`, `/decode`,
 `GET /info`, each also under
 `/models/<name>/...` (a TEI client's base URL per model), and `POST /v1/rerank`, which takes bertforge's
-``{"inputs", "parameters"}`` body and the Cohere/Infinity one (``{"query", "documents", "top_n",
-"return_documents"}``) on one path, told apart by their fields.
+``{"inputs", "parameters"}`` body and Cohere's (``{"query", "documents", "top_n", "return_documents"}``) on
+one path, told apart by their fields. `/rerank` also takes Infinity's body (`documents` where TEI's has
+`texts`) and answers in Infinity's shape (`cohere_routes`). As TEI, the routes ignore request fields they do
+not use (`TeiModel`), naming them in ``X-Ignored-Fields``; /info answers without a model name (the first
+model's fields, and every model under `models`).
 
 Every route runs the served model's pipelines through its scheduler (`InferenceService.run`): /embed the
 `embed` pipeline (/embed_all with its token vectors, /similarity with its unit vectors: the cosine of the
 source sentence with each other one), /embed_sparse the `embed-sparse` pipeline ([{index, value}] of each
-text's non-zero terms), /rerank the `rerank` pipeline, /predict the `classify` pipeline, each input with TEI's
-truncation rule (`wire_inputs`: `EmbedText`, `TruncatedInput`): an input, or a query+text pair, longer than
-the pipeline's window (`max_input_length` in /info) is refused without `truncate` (422 naming the limit, before
-any model call), cut from `truncation_direction`'s end with it (a pair longest first, as TEI's tokenizer),
-never windowed as our own /v1/classify windows a long text. `raw_scores` gives the model's output row as it
+text's non-zero terms), /rerank the `rerank` pipeline, /predict the `classify` pipeline, each input with the
+one truncation rule (`wire_inputs`: `EmbedText`, `TruncatedInput`): an input, or a query+text pair, longer than
+the pipeline's window (`max_input_length` in /info) is cut from `truncation_direction`'s end (a pair longest
+first, as TEI's tokenizer) when the request's `truncate` says so or, absent or null, when the server's
+`auto_truncate` does (its default, TEI's `--auto-truncate`, which `/info` reports), and the answer's
+``X-Truncated-Inputs`` header says how many were; otherwise it is refused (422 naming the limit, before any
+model call); never windowed as our own /v1/classify windows a long text. `raw_scores` gives the model's output row as it
 is (/rerank: the relevant output's logit; /predict: every label's logit, best first, as TEI sorts). A route
 whose task no served model has answers 424, as TEI does for a model of the wrong kind. Refusals use TEI's
-`{"error", "error_type"}`.
+`{"error", "error_type"}`; every answer names its model in ``X-Model`` (`guards.note_model`).
 """
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -41,6 +44,14 @@ from pydantic import BaseModel
 from bertforge import __version__
 from bertforge.errors import InputError
 from bertforge.inference.pipelines import EmbedText, TruncatedInput
+from bertforge.inference.wire_inputs import query_pairs
+from bertforge.serving.cohere_routes import (
+    InfinityRerankRequest,
+    InfinityRerankResponse,
+    cohere_v1_rerank,
+    infinity_rerank,
+)
+from bertforge.serving.guards import note_model
 from bertforge.serving.openai_routes import check_ids, check_length, shorten
 from bertforge.serving.task_routes import MODEL_PREFIX, task_route_options
 from bertforge.serving.tei_schemas import (
@@ -64,10 +75,10 @@ from bertforge.serving.tei_schemas import (
     SparseValue,
     TokenizeRequest,
 )
-from bertforge.serving.wire_schemas import ANY_MODEL, ROOT, SERVES, check_body, request_body
+from bertforge.serving.wire_schemas import ANY_MODEL, ROOT, SERVES, check_body, lenient_body, request_body
 
 # The pipelines the TEI routes run (the routes are bound to them: /embed embeds, /rerank reranks ...).
-EMBED, RERANK, CLASSIFY, EMBED_SPARSE = "embed", "rerank", "classify", "embed-sparse"
+EMBED, RERANK, CLASSIFY, EMBED_SPARSE, FILL_MASK = "embed", "rerank", "classify", "embed-sparse", "fill-mask"
 # Our task routes this module serves on their path too (`/v1/rerank`: ours and Cohere's shape).
 DUAL_ROUTES = (RERANK,)
 
@@ -95,22 +106,25 @@ def prompt_of(service: InferenceService, name: str | None, task: str = EMBED) ->
 
 
 def embed_texts(service: InferenceService, task: str, items: list[Any], call: Any, where: str = "inputs",
-                counted: int | None = None) -> list[EmbedText]:
+                counted: int | None = None, names: list[str] | None = None) -> list[EmbedText]:
     """TEI's inputs (texts or token ids) of an embedding route as `EmbedText`s of `task`'s pipeline, checked,
     with the call's prompt and truncation (`call`: prompt_name, truncate, truncation_direction). `counted`: the
-    inputs held to `max_items` when not all of them are (the client's list, not what the route adds to it)."""
+    inputs held to `max_items` when not all of them are (the client's list, not what the route adds to it);
+    `names`: each item's place in the request, for refusals (default `where[index]`)."""
     service.check_count(len(items) if counted is None else counted, where, status=413)
     prefix = prompt_of(service, call.prompt_name, task)
     direction = call.truncation_direction.lower()
+    truncate, fix = service.truncation(call.truncate, "truncate")
     parsed = []
     for index, item in enumerate(items):
+        name = names[index] if names else f"{where}[{index}]"
         if isinstance(item, str):
-            check_length(item, service.settings.max_chars, f"{where}[{index}]")
-            text = service.parse(task, prefix + item, f"{where}[{index}]")
-            parsed.append(EmbedText(text=text, truncate=bool(call.truncate), direction=direction))
+            check_length(item, service.settings.max_chars, name)
+            text = service.parse(task, prefix + item, name)
+            parsed.append(EmbedText(text=text, truncate=truncate, direction=direction, fix=fix))
         else:
-            ids = check_ids(tuple(item), service.pipelines[task].tokenizer.vocab_size, f"{where}[{index}]")
-            parsed.append(EmbedText(ids=ids, truncate=bool(call.truncate), direction=direction))
+            ids = check_ids(tuple(item), service.pipelines[task].tokenizer.vocab_size, name)
+            parsed.append(EmbedText(ids=ids, truncate=truncate, direction=direction, fix=fix))
     return parsed
 
 
@@ -146,16 +160,12 @@ async def similarity(service: InferenceService, call: SimilarityRequest, request
     sentence-similarity task, `InferenceClient.sentence_similarity`)."""
     texts = [call.inputs.source_sentence, *call.inputs.sentences]
     # `sentences` is the list held to max_items (as the published schema says); the source sentence comes extra
+    names = ["source_sentence", *(f"sentences[{i}]" for i in range(len(call.inputs.sentences)))]
     parsed = embed_texts(service, EMBED, texts, call.parameters or SimilarityParameters(), "sentences",
-                         counted=len(call.inputs.sentences))
+                         counted=len(call.inputs.sentences), names=names)
     results = await service.run(EMBED, parsed, service.check_options(EMBED, {"normalize": True}), request)
     vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)  # [1 + n, H], unit rows
     return (vectors[1:] @ vectors[0]).tolist()
-
-
-def query_pairs(query: Any) -> list[tuple[str, str]]:
-    """What a cross-encoder reads for a rerank query: (query, text) per text, in order (TEI's pairs)."""
-    return [(query.query, text) for text in query.texts]
 
 
 def text_pair(example: Any) -> list[tuple[str, str | None]]:
@@ -168,8 +178,9 @@ async def rerank(service: InferenceService, call: RerankRequest, request: Reques
     for where, text in (("query", call.query), *((f"texts[{i}]", t) for i, t in enumerate(call.texts))):
         check_length(text, service.settings.max_chars, where)
     query = service.parse(RERANK, {"query": call.query, "texts": call.texts}, "texts")
-    parsed = [TruncatedInput(query, query_pairs, "texts[{position}] with the query", truncate=bool(call.truncate),
-                             direction=call.truncation_direction.lower())]
+    truncate, fix = service.truncation(call.truncate, "truncate")
+    parsed = [TruncatedInput(query, query_pairs, "texts[{position}] with the query", truncate=truncate,
+                             direction=call.truncation_direction.lower(), fix=fix)]
     options = service.check_options(RERANK, {"return_text": call.return_text})
     ranked = (await service.run(RERANK, parsed, options, request))[0]["results"]
     # raw_scores: the relevant output's logit, else the relevance in [0, 1]; best first either way.
@@ -202,10 +213,11 @@ async def predict(service: InferenceService, call: PredictRequest, request: Requ
         for text in [item] if isinstance(item, str) else item:
             check_length(text, service.settings.max_chars, f"inputs[{index}]")
     parsed = []
+    truncate, fix = service.truncation(call.truncate, "truncate")
     for index, item in enumerate(items):
         example = service.parse(CLASSIFY, item if isinstance(item, str) else list(item), f"inputs[{index}]")
-        parsed.append(TruncatedInput(example, text_pair, "inputs[{index}]", truncate=bool(call.truncate),
-                                     direction=call.truncation_direction.lower()))
+        parsed.append(TruncatedInput(example, text_pair, "inputs[{index}]", truncate=truncate,
+                                     direction=call.truncation_direction.lower(), fix=fix))
     results = await service.run(CLASSIFY, parsed, service.check_options(CLASSIFY, {}), request)
     config = service.pipelines[CLASSIFY].config
     labels = [config.id2label[i] for i in sorted(config.id2label)] if config.id2label else []
@@ -263,7 +275,18 @@ def decode(service: InferenceService, call: DecodeRequest) -> Any:
                              skip_special_tokens=call.skip_special_tokens) for index, ids in enumerate(batches)]
 
 
-def info(service: InferenceService) -> dict[str, Any]:
+def info(models: ModelSet, name: str | None) -> dict[str, Any]:
+    """TEI's /info of the model named (None: the first served, which answers TEI's single-model fields), with
+    `models`: every served model's name, kind, tasks and input limit (TEI serves one model; a client of several
+    finds them here)."""
+    service = models.named(name) if name is not None else models.first
+    return {**model_info(service), "models": [{key: value for key, value in model_info(s).items()
+                                               if key in ("model_id", "model_type", "tasks", "max_input_length")}
+                                              for s in models.services.values()]}
+
+
+def model_info(service: InferenceService) -> dict[str, Any]:
+    """TEI's /info fields of one served model (and `tasks`, ours)."""
     pipelines = service.pipelines
     config = next(iter(pipelines.values())).config
     labels = {"id2label": {str(k): v for k, v in (config.id2label or {}).items()},
@@ -273,7 +296,7 @@ def info(service: InferenceService) -> dict[str, Any]:
     elif CLASSIFY in pipelines:
         kind, served = {"classifier": labels}, pipelines[CLASSIFY]
     else:
-        kind = {"embedding": {"pooling": "splade" if EMBED_SPARSE in pipelines else pipelines[EMBED].defaults[
+        kind = {"embedding": {"pooling": "splade" if is_sparse(service) else pipelines[EMBED].defaults[
             "pooling"] if EMBED in pipelines else "cls"}}  # TEI's name of a sparse model's pooling: splade
         served = pipelines.get(EMBED_SPARSE) or pipelines.get(EMBED) or next(iter(pipelines.values()))
     first = pipelines.get(EMBED) or next(iter(pipelines.values()))
@@ -283,39 +306,19 @@ def info(service: InferenceService) -> dict[str, Any]:
                                                                                           first.precision),
             "model_type": kind, "max_concurrent_requests": settings.max_queue, "max_input_length": served.max_length,
             "max_batch_tokens": settings.max_batch_tokens, "max_batch_requests": settings.max_batch_size,
-            "max_client_batch_size": settings.max_items, "auto_truncate": False, "tokenization_workers": 1,
+            "max_client_batch_size": settings.max_items, "auto_truncate": settings.auto_truncate, "tokenization_workers": 1,
             "version": __version__, "tasks": list(pipelines)}
-
-
-async def cohere_rerank(models: ModelSet, call: CohereRerankRequest, request: Request) -> dict[str, Any]:
-    service = models.pick(call.model, RERANK, lenient=True)
-    texts = [d if isinstance(d, str) else d.text for d in call.documents]
-    service.check_count(len(texts), "documents")
-    for where, text in (("query", call.query), *((f"documents[{i}]", t) for i, t in enumerate(texts))):
-        check_length(text, service.settings.max_chars, where)
-    parsed = [service.parse(RERANK, {"query": call.query, "texts": texts}, "documents")]
-    options = service.check_options(RERANK, {"top_n": call.top_n})
-    ranked = (await service.run(RERANK, parsed, options, request))[0]["results"]
-    return {"id": str(uuid.uuid4()), "model": service.model_name,
-            "results": [{"index": r["index"], "relevance_score": r["score"],
-                         **({"document": {"text": texts[r["index"]]}} if call.return_documents else {})}
-                        for r in ranked]}
 
 
 # --- routes ---------------------------------------------------------------------------------------------
 
-async def answer(request: Request, run: Callable[[Any], Awaitable[Any]], route: str) -> JSONResponse:
-    """Run one wire request, recording its metrics; any refusal in the route's envelope."""
-    began = time.perf_counter()
-    recorder: list[InferenceService] = []
+async def answer(request: Request, run: Callable[[], Awaitable[Any]]) -> JSONResponse:
+    """Run one wire request; any refusal in the route's envelope."""
     try:
-        response = JSONResponse(await run(recorder))
+        return JSONResponse(await run())
     except RequestError as error:
-        response = refusal(request, error.status, error.message, param=error.param, code=error.code,
-                           headers=error.headers)
-    if recorder:
-        recorder[0].metrics.record_request(route, response.status_code, time.perf_counter() - began)
-    return response
+        return refusal(request, error.status, error.message, param=error.param, code=error.code,
+                       headers=error.headers)
 
 
 TEI_ROUTES: dict[str, tuple[str | None, type[BaseModel] | None, Any, str]] = {
@@ -330,33 +333,50 @@ TEI_ROUTES: dict[str, tuple[str | None, type[BaseModel] | None, Any, str]] = {
     "/tokenize": (None, TokenizeRequest, tokenize, "TEI: tokens with character offsets"),
     "/decode": (None, DecodeRequest, decode, "TEI: text of token ids"),
 }
+# Other dialects' bodies a TEI path also takes, told apart by a field only theirs has: Infinity's rerank body
+# (`documents` where TEI's has `texts`) on /rerank (`cohere_routes`). path: (field, request model, answer).
+OTHER_BODIES: dict[str, tuple[str, type[BaseModel], Any]] = {
+    "/rerank": ("documents", InfinityRerankRequest, infinity_rerank)}
 # What `POST /` of a classifier runs: /predict, taking Hugging Face's `parameters` too.
 MODEL_PREDICT = (CLASSIFY, ModelPredictRequest, predict_with_parameters, "")
 RESPONSES = {"/embed": list[list[float]], "/embed_sparse": list[list[SparseValue]],
-             "/embed_all": list[list[list[float]]], "/similarity": list[float], "/rerank": list[Rank], "/predict": list[Prediction] | list[list[Prediction]],
+             "/embed_all": list[list[list[float]]], "/similarity": list[float],
+             "/rerank": list[Rank] | InfinityRerankResponse, "/predict": list[Prediction] | list[list[Prediction]],
              "/tokenize": list[list[SimpleToken]], "/decode": list[str]}
 
 
-async def tei_work(models: ModelSet, path: str, request: Request, name: str | None,
-                   recorder: list[InferenceService]) -> Any:
-    """The answer of TEI route `path` to `request` for the model `name` (None: the route's rule of `pick`)."""
+async def tei_work(models: ModelSet, path: str, request: Request, name: str | None) -> Any:
+    """The answer of TEI route `path` to `request` for the model `name` (None: the route's rule of `pick`).
+    Fields the route does not use are ignored, as TEI ignores them, and named in ``X-Ignored-Fields``."""
     task, model_class, function, _ = MODEL_PREDICT if path == "/" + CLASSIFY else TEI_ROUTES[path]
     body = await read_body(request, models.first.settings)
-    call = check_body(model_class, body)
+    field, other_class, other = OTHER_BODIES.get(path, ("", None, None))
+    if other is not None and isinstance(body, dict) and field in body and "texts" not in body:
+        if not models.serving(task):
+            raise RequestError(424, no_model_does(models, task, path))
+        return await other(models, name, lenient_body(other_class, body, request), request)
+    call = lenient_body(model_class, body, request)
     if task is not None and not models.serving(task):
-        raise RequestError(424, f"no served model does {task} ({path}); served models: "
-                                f"{ {n: list(s.pipelines) for n, s in models.services.items()} }")
+        raise RequestError(424, no_model_does(models, task, path))
     service = models.pick(name, task, field="path") if task else models.named(name)
-    recorder.append(service)
+    note_model(request.scope, service.model_name)
     if task is None:
         return function(service, call)
     with service.scheduler.incoming():
         return await function(service, call, request)
 
 
+def no_model_does(models: ModelSet, task: str, path: str) -> str:
+    """The 424 of a TEI route whose task no served model has, naming what each serves and how to serve it."""
+    how = (" (a cross-encoder with one output reranks; serve a two-label pair classifier as one with "
+           "`bertforge serve --rerank-label LABEL`, LABEL its relevant label)") if task == RERANK else ""
+    return (f"no served model does {task} ({path}); served models: "
+            f"{ {n: list(s.pipelines) for n, s in models.services.items()} }{how}")
+
+
 def tei_endpoint(models: ModelSet, path: str, route: str, prefixed: bool) -> Callable[..., Any]:
     async def run(request: Request, name: str | None) -> JSONResponse:
-        return await answer(request, lambda recorder: tei_work(models, path, request, name, recorder), route)
+        return await answer(request, lambda: tei_work(models, path, request, name))
 
     if prefixed:
         async def endpoint(request: Request, model: str) -> JSONResponse:
@@ -373,13 +393,19 @@ def tei_endpoint(models: ModelSet, path: str, route: str, prefixed: bool) -> Cal
 ROOT_PATHS = ("/", "/invocations")
 
 
+def is_sparse(service: InferenceService) -> bool:
+    """Whether a model is a SPLADE model (TEI: an embedding model pooled by "splade"): it gives sparse vectors
+    and is no plain masked LM (which gives them too, besides fill-mask, and stays an embedder for TEI)."""
+    return EMBED_SPARSE in service.pipelines and FILL_MASK not in service.pipelines
+
+
 def root_path_of(service: InferenceService) -> str:
     """The TEI route a model answers at `POST /`, as TEI picks it from the model's kind: a reranker reranks, a
     classifier predicts, a sparse (SPLADE) model gives sparse vectors (TEI: an embedding model pooled by
     "splade" answers as /embed_sparse, though its encoder could also give dense vectors), any other embeds."""
     pipelines = service.pipelines
     return "/rerank" if RERANK in pipelines else "/predict" if CLASSIFY in pipelines else \
-        "/embed_sparse" if EMBED_SPARSE in pipelines else "/embed"
+        "/embed_sparse" if is_sparse(service) else "/embed"
 
 
 def root_request(service: InferenceService) -> str:
@@ -390,7 +416,7 @@ def root_request(service: InferenceService) -> str:
 
 def root_endpoint(models: ModelSet, route: str, prefixed: bool) -> Callable[..., Any]:
     async def run(request: Request, name: str | None) -> JSONResponse:
-        async def work(recorder: list[InferenceService]) -> Any:
+        async def work() -> Any:
             if name is None and len(models.services) > 1:
                 routes = ", ".join(f"POST /models/{n}{root_path_of(s)}" for n, s in models.services.items())
                 raise RequestError(400, f"POST {route} answers the model's task when one model is served; this "
@@ -398,8 +424,8 @@ def root_endpoint(models: ModelSet, route: str, prefixed: bool) -> Callable[...,
                                         f"name one with POST /models/<name> (a client's base URL), or use {routes}",
                                    param="path")
             path = root_path_of(models.named(name))
-            return await tei_work(models, "/" + CLASSIFY if path == "/predict" else path, request, name, recorder)
-        return await answer(request, work, route)
+            return await tei_work(models, "/" + CLASSIFY if path == "/predict" else path, request, name)
+        return await answer(request, work)
 
     if prefixed:
         async def endpoint(request: Request, model: str) -> JSONResponse:
@@ -436,21 +462,24 @@ def add_tei_routes(app: FastAPI, models: ModelSet) -> list[str]:
     """TEI's routes (and their `/models/{model}` forms), and `/v1/rerank` where a model reranks."""
     added = []
     for path, (task, model_class, _, summary) in TEI_ROUTES.items():
+        bodies = (model_class, OTHER_BODIES[path][1]) if path in OTHER_BODIES else model_class
         for prefixed in (False, True):
             route = (MODEL_PREFIX if prefixed else "") + path
             app.add_api_route(route, tei_endpoint(models, path, route, prefixed), methods=["POST"], summary=summary,
                               response_model=RESPONSES[path], responses=TEI_ERRORS,
-                              openapi_extra=request_body(model_class, serves=task or ANY_MODEL))
+                              openapi_extra=request_body(bodies, serves=task or ANY_MODEL))
             added.append(f"POST {route}")
 
     async def info_of(request: Request, name: str | None) -> JSONResponse:
         try:
-            return JSONResponse(info(models.named(name)))
+            answer = info(models, name)
         except RequestError as error:
             return refusal(request, error.status, error.message)
+        note_model(request.scope, answer["model_id"])
+        return JSONResponse(answer)
 
-    @app.get("/info", response_model=Info, summary="TEI: the served model, its limits", responses=TEI_ERRORS,
-             openapi_extra={SERVES: ANY_MODEL})
+    @app.get("/info", response_model=Info, responses=TEI_ERRORS, openapi_extra={SERVES: ANY_MODEL},
+             summary="TEI: the first served model, its limits, and every served model (`models`)")
     async def tei_info(request: Request) -> JSONResponse:
         return await info_of(request, None)
 
@@ -481,27 +510,26 @@ def add_dual_rerank(app: FastAPI, models: ModelSet) -> list[str]:
     options["description"] += ("\n\nAlso takes the Cohere/Infinity body {query, documents, top_n, return_documents,"
                                " model} and then answers {id, model, results: [{index, relevance_score, document}]}.")
 
-    async def rerank_either(request: Request, name: str | None, route: str) -> JSONResponse:
-        began = time.perf_counter()
+    async def rerank_either(request: Request, name: str | None) -> JSONResponse:
         try:
             body = await read_body(request, models.first.settings)
             if isinstance(body, dict) and "inputs" in body:
                 service = models.pick(name, RERANK, field="path")
+                note_model(request.scope, service.model_name)
                 status, payload = await service.handle(RERANK, request, body)
-                service.metrics.record_request(route, status, time.perf_counter() - began)
                 return JSONResponse(payload, status_code=status)
             call = check_body(CohereRerankRequest, body)
             if name is not None:
                 call = call.model_copy(update={"model": name})
-            return JSONResponse(await cohere_rerank(models, call, request))
+            return JSONResponse(await cohere_v1_rerank(models, call, request))
         except RequestError as error:
             return refusal(request, error.status, error.message, param=error.param, headers=error.headers)
 
     async def v1_rerank(request: Request) -> JSONResponse:
-        return await rerank_either(request, None, "/v1/rerank")
+        return await rerank_either(request, None)
 
     async def v1_rerank_of_model(request: Request, model: str) -> JSONResponse:
-        return await rerank_either(request, model, MODEL_PREFIX + "/v1/rerank")
+        return await rerank_either(request, model)
 
     app.add_api_route("/v1/rerank", v1_rerank, methods=["POST"], **options)
     app.add_api_route(MODEL_PREFIX + "/v1/rerank", v1_rerank_of_model, methods=["POST"], **options)

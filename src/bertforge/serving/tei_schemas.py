@@ -1,9 +1,10 @@
 """The request and response models of text-embeddings-inference's routes (its `openapi.json`) and of the
-Cohere / Infinity rerank body that `/v1/rerank` also takes: strict pydantic models (`wire_schemas.WireModel`:
-unknown fields refused, no coercion) that validate each body and describe it in `/openapi.json`; the routes
-that answer them are `tei_routes`.
+Cohere rerank body that `/v1/rerank` also takes: pydantic models that validate each body and describe it in
+`/openapi.json` (no coercion; TEI's ignore the fields TEI does not use, `TeiModel`; the Cohere body on our
+`/v1/rerank` refuses unknown fields); the routes that answer them are `tei_routes`.
 
-`truncate` absent or null means false, as TEI without `--auto-truncate` (what `/info` reports); the direction
+`truncate` absent or null means the server's `auto_truncate` (TEI's `--auto-truncate`; what `/info` reports:
+true unless started with `--auto-truncate false`); the direction
 takes TEI's spellings ("Right"/"Left") and the lower-case ones its clients send.
 """
 
@@ -13,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from bertforge.serving.wire_schemas import (  # isort: skip  (first: the serve-extra check)
     INPUTS,
+    LENIENT_CONFIG,
     Dimensions,
     Text,
     TokenIds,
@@ -24,23 +26,30 @@ from bertforge.serving.wire_schemas import (  # isort: skip  (first: the serve-e
 from pydantic import BaseModel, ConfigDict, Field
 
 Direction = Literal["right", "left", "Right", "Left"]
+
+
+class TeiModel(WireModel):
+    """A TEI request: fields TEI does not use are ignored, as TEI ignores them (the route names them in
+    ``X-Ignored-Fields``); the fields it has are strict."""
+
+    model_config = LENIENT_CONFIG
 PromptName = Annotated[str, Field(json_schema_extra=fitted("prompt-name"))]
 
 
 @register
-class EmbedRequest(WireModel):
+class EmbedRequest(TeiModel):
     inputs: Text | TokenIds | Annotated[list[Text | TokenIds], INPUTS]
     normalize: bool = True
-    truncate: bool | None = False
+    truncate: bool | None = None
     truncation_direction: Direction = "right"
     prompt_name: PromptName | None = None
     dimensions: Dimensions | None = None
 
 
 @register
-class EmbedSparseRequest(WireModel):
+class EmbedSparseRequest(TeiModel):
     inputs: Text | TokenIds | Annotated[list[Text | TokenIds], INPUTS]
-    truncate: bool | None = False
+    truncate: bool | None = None
     truncation_direction: Direction = "right"
     prompt_name: PromptName | None = None
 
@@ -50,43 +59,43 @@ class EmbedAllRequest(EmbedSparseRequest):
     """The same body as /embed_sparse: token vectors are never normalized."""
 
 
-class SimilarityInput(WireModel):
+class SimilarityInput(TeiModel):
     source_sentence: Text
     sentences: Annotated[list[Text], INPUTS]
 
 
-class SimilarityParameters(WireModel):
-    truncate: bool | None = False
+class SimilarityParameters(TeiModel):
+    truncate: bool | None = None
     truncation_direction: Direction = "right"
     prompt_name: PromptName | None = None
 
 
 @register
-class SimilarityRequest(WireModel):
+class SimilarityRequest(TeiModel):
     inputs: SimilarityInput
     parameters: SimilarityParameters | None = None
 
 
 @register
-class RerankRequest(WireModel):
+class RerankRequest(TeiModel):
     query: Text
     texts: Annotated[list[Text], INPUTS]
-    truncate: bool | None = False
+    truncate: bool | None = None
     truncation_direction: Direction = "right"
     raw_scores: bool = False
     return_text: bool = False
 
 
 @register
-class PredictRequest(WireModel):
+class PredictRequest(TeiModel):
     inputs: Text | Annotated[list[Text], Field(min_length=2, max_length=2)] | Annotated[
         list[Annotated[list[Text], Field(min_length=1, max_length=2)]], INPUTS]
-    truncate: bool | None = False
+    truncate: bool | None = None
     truncation_direction: Direction = "right"
     raw_scores: bool = False
 
 
-class ClassificationParameters(WireModel):
+class ClassificationParameters(TeiModel):
     """Hugging Face's text-classification parameters (`InferenceClient.text_classification`)."""
 
     top_k: Annotated[int, Field(ge=1)] | None = None
@@ -101,14 +110,14 @@ class ModelPredictRequest(PredictRequest):
 
 
 @register
-class TokenizeRequest(WireModel):
+class TokenizeRequest(TeiModel):
     inputs: Text | Annotated[list[Text], INPUTS]
     add_special_tokens: bool = True
     prompt_name: PromptName | None = None
 
 
 @register
-class DecodeRequest(WireModel):
+class DecodeRequest(TeiModel):
     ids: TokenIds | Annotated[list[TokenIds], INPUTS]
     skip_special_tokens: bool = True
 
@@ -157,6 +166,15 @@ class SimpleToken(BaseModel):
     stop: int | None
 
 
+class ServedModel(BaseModel):
+    """One served model, in /info's `models`."""
+
+    model_id: str
+    model_type: dict[str, Any]
+    tasks: list[str]
+    max_input_length: int
+
+
 class Info(BaseModel):
     model_id: str
     model_sha: str | None = None
@@ -170,6 +188,8 @@ class Info(BaseModel):
     auto_truncate: bool
     tokenization_workers: int
     version: str
+    tasks: list[str] = Field(description="the routes of this model (bertforge's task names)")
+    models: list[ServedModel] = Field(description="every served model (GET /models/<name>/info for one's fields)")
 
 
 class TEIError(BaseModel):

@@ -13,9 +13,10 @@ import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 from bertforge.serving.envelopes import RequestError, serve_extra_missing
+from bertforge.serving.guards import note_ignored
 from bertforge.tokenization.normalizer import blank_characters
 
 try:
@@ -25,6 +26,9 @@ except ImportError as missing:  # the serve extra is optional; say how to get it
     raise serve_extra_missing(missing) from None
 
 WIRE_CONFIG = ConfigDict(extra="forbid", strict=True)
+# The models of another server's routes (TEI's, Cohere's, Infinity's): fields they do not use are ignored, as
+# those servers ignore them (the route lists them in X-Ignored-Fields: `unknown_fields`); types stay strict.
+LENIENT_CONFIG = ConfigDict(extra="ignore", strict=True)
 SCHEMA_REF = "#/components/schemas/{model}"
 # A mark in a JSON schema for what the served models decide (`fit_to_models` replaces it by the bound).
 FIT = "x-fit"
@@ -276,14 +280,43 @@ def check_body(model: type[BaseModel], body: Any, status: int = 422) -> Any:
                            ) from None
 
 
-def request_body(model: type[BaseModel], example: Any = None, serves: str | None = None) -> dict[str, Any]:
-    """The `openapi_extra` of a route whose JSON body is `model` (added to the components by
-    `with_wire_schemas`); `serves`: the task its model must serve (`SERVES`)."""
-    content: dict[str, Any] = {"schema": {"$ref": SCHEMA_REF.format(model=model.__name__)}}
+def unknown_fields(model: type[BaseModel], body: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The fields of `body` that `model` does not have, by their path (`options`, `parameters.colour`), in
+    order: what a lenient model (extra="ignore") drops without a word."""
+    found = []
+    for name, value in body.items():
+        field = model.model_fields.get(name)
+        if field is None:
+            found.append(prefix + name)
+            continue
+        inner = [kind for kind in (field.annotation, *get_args(field.annotation))
+                 if isinstance(kind, type) and issubclass(kind, BaseModel)]
+        if inner and isinstance(value, Mapping):
+            found += unknown_fields(inner[0], value, f"{prefix}{name}.")
+    return found
+
+
+def lenient_body(model: type[BaseModel], body: Any, request: Any) -> Any:
+    """`body` validated as `model` (a lenient one, `LENIENT_CONFIG`), the fields it ignored noted for the
+    answer's ``X-Ignored-Fields`` (`guards.note_ignored`)."""
+    if isinstance(body, dict):
+        note_ignored(request.scope, unknown_fields(model, body))
+    return check_body(model, body)
+
+
+def request_body(model: type[BaseModel] | tuple[type[BaseModel], ...], example: Any = None,
+                 serves: str | None = None) -> dict[str, Any]:
+    """The `openapi_extra` of a route whose JSON body is `model` (several: any of them, the route telling them
+    apart, as lenient bodies may match more than one; added to the components by `with_wire_schemas`); `serves`:
+    the task its model must serve (`SERVES`)."""
+    bodies = model if isinstance(model, tuple) else (model,)
+    refs = [{"$ref": SCHEMA_REF.format(model=one.__name__)} for one in bodies]
+    content: dict[str, Any] = {"schema": refs[0] if len(refs) == 1 else {"anyOf": refs}}
     if example is not None:
         content["example"] = example
+    names = [one.__name__ for one in bodies]
     return {"requestBody": {"required": True, "content": {"application/json": content}},
-            "x-request-model": model.__name__, **({SERVES: serves} if serves else {})}
+            "x-request-model": names[0] if len(names) == 1 else names, **({SERVES: serves} if serves else {})}
 
 
 def with_wire_schemas(app: FastAPI, facts: ServedFacts | None = None) -> None:
