@@ -216,3 +216,25 @@ def test_folder_growth_killed_at_every_step_leaves_the_old_folder_or_the_new(cha
             G.delete_records(killed, ["zz"], missing_ok=True)  # any next change sweeps what the dead one left
         assert vector_hits(killed, queries) == new, f"kill at step {k}"
         assert listing(killed) == listing(whole), f"kill at step {k}: files left behind"
+
+
+def test_folder_growth_commands_add_delete_compact(tiny_minilm_model, tmp_path, capsys):
+    from bertforge import cli
+
+    embed_corpus(tiny_minilm_model, jsonl(tmp_path / "a.jsonl", FIRST[:12]), tmp_path / "v", shard_size=5,
+                 device="cpu")
+    extra = jsonl(tmp_path / "b.jsonl", ADDED[:3])
+    index = ["--index", str(tmp_path / "v")]
+    assert cli.main(["add", *index, "--input", str(extra), "--device", "cpu"]) == 0
+    assert "added 3 records (0 replacing records of the same id)" in capsys.readouterr().err
+    (tmp_path / "gone.txt").write_text("a1\nb0\n", encoding="utf-8")
+    assert cli.main(["delete", *index, "--ids-file", str(tmp_path / "gone.txt"), "--id", "a2"]) == 0
+    assert "deleted 3 records (3 rows): 12 live rows of 15" in capsys.readouterr().err
+    assert cli.main(["delete", *index, "--id", "a1"]) == 2  # deleted already: one line naming it
+    assert "holds no record of id 'a1'" in capsys.readouterr().err
+    assert cli.main(["add", *index, "--input", str(extra), "--pooling", "cls", "--device", "cpu"]) == 2
+    assert "pooling 'mean' -> 'cls'" in capsys.readouterr().err
+    assert cli.main(["compact", *index]) == 0
+    assert "dropped 3 deleted rows: 12 rows" in capsys.readouterr().err
+    ids = {hit["id"] for hit in folder_hits(tmp_path / "v", ["apple"], top_k=20, device="cpu")[0]}
+    assert ids == {i for i, _ in FIRST[:12] + ADDED[:3]} - {"a1", "a2", "b0"}
