@@ -22,11 +22,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import model_speed, prepare_speed, tokenizer_speed
+from benchmarks import model_speed, prepare_speed, shared_cpu, tokenizer_speed
 from bertforge.storage import write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_RESULTS = ROOT / "benchmarks" / "results" / "h200-2026-11-30"
+# Whole commands beside CPU-bound processes (`benchmarks.shared_cpu`, minutes per setting: not rerun here).
+SHARED_CPU_RESULTS = ROOT / "benchmarks" / "results" / "shared_cpu.json"
 
 
 class Tee(io.StringIO):
@@ -218,6 +220,10 @@ Against the targets:
 ```
 {prepare_text.strip()}
 ```
+
+## A shared CPU
+
+{shared_cpu.committed_section(SHARED_CPU_RESULTS)}
 
 ## GPU: one NVIDIA H200
 

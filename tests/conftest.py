@@ -6,11 +6,17 @@ when the package is missing instead of failing it.
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from pathlib import Path
 
 import pytest
+
+# `--engine auto` (the default) picks onnxruntime on a CPU where it is installed; the suite's tiny random models
+# would each be exported to ONNX first. The suite runs them on torch unless told otherwise
+# (BERTFORGE_ENGINE=auto runs it as users get it); tests of `auto` itself clear this (test_engine_threads.py).
+os.environ.setdefault("BERTFORGE_ENGINE", "torch")
 
 
 def make_tiny_config(**overrides):

@@ -38,6 +38,9 @@ class Recorder:
     def advance(self, texts: int) -> None:
         self.calls.append(("advance", texts))
 
+    def truncated(self, texts: int) -> None:  # `EmbedProgress` is told the texts cut to the window too
+        self.calls.append(("truncated", texts))
+
 
 def test_embed_progress_is_told_every_batch_with_the_total_up_front(tiny_minilm_model, tmp_path):
     write_jsonl(tmp_path / "c.jsonl", 11)

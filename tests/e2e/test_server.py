@@ -253,7 +253,8 @@ def test_server_maps_every_scheduler_failure_to_a_status():
 
 def test_server_full_queue_answers_429_and_bad_input_fails_alone(tmp_path):
     model_dir = tiny_model_dir(tmp_path / "mlm", BertForPretraining)
-    app = create_app(model_dir, tasks=["fill-mask"], precision="fp32", max_queue=1, max_wait_ms=1)
+    # Two places: the request in its model call holds one until answered, the one waiting the other.
+    app = create_app(model_dir, tasks=["fill-mask"], precision="fp32", max_queue=2, max_wait_ms=1)
     pipeline = app.state.service.pipelines["fill-mask"]
     original = pipeline.forward
     release = threading.Event()
@@ -422,9 +423,6 @@ def test_server_timeout_answers_503_and_drops_the_remaining_work(classifier_dir)
     inputs = [long_text(i) for i in range(4)]
     windows = windows_of(app, inputs)
     with running(app) as client:
-        # As before any full model call was timed: the deadline check cannot refuse the request for its size
-        # (it would: tests/e2e/test_server_limits.py), so it runs until the timeout drops its remaining work.
-        app.state.service.scheduler.throughput.full_tokens_per_s = None
         response = client.post("/v1/classify", json={"inputs": inputs})
         assert response.status_code == 503
         assert "request_timeout_s" in response.json()["error"] and "dropped" in response.json()["error"]

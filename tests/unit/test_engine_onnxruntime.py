@@ -200,6 +200,9 @@ def test_ort_engine_describes_its_threads_and_graph(exports, tmp_path):
     described = engine.describe()
     assert (described["kind"], described["precision"]) == ("onnxruntime", "int8")
     assert (described["threads"], described["intra_op_threads"], described["inter_op_threads"]) == (1, 1, 1)
+    assert described["allow_spinning"] is False  # idle pool threads sleep: no CPU time burned beside a neighbour
+    options = engine.graph.session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     graph = described["graphs"]["model"]
     assert graph["file"].endswith("model.int8.onnx") and graph["outputs"] == ["logits"]
     assert graph["fused"]["Attention"] == make_tiny_config().num_hidden_layers

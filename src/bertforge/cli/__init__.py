@@ -4,7 +4,9 @@ Every subcommand prints a user mistake (`BertforgeError`) as one line and exits 
 means a bug in bertforge. Commands that train take an optional TOML run file, flags made from their config's
 fields (typed values: `cli.flags`), and `--section.key=value` overrides for anything else (`cli.overrides`;
 unknown keys are rejected with the list of valid ones). The parser is `cli.parser`, what each subcommand
-does is `cli.commands`; this module runs them.
+does is `cli.commands`; this module runs them. A command that runs a model for inference (`INFERENCE_COMMANDS`)
+first makes OpenMP's idle threads sleep rather than spin (`engine.threads.quiet_waiting`), before anything
+imports torch (building the parser does).
 """
 
 from __future__ import annotations
@@ -16,16 +18,24 @@ import sys
 from bertforge.cli.commands import evaluate_overrides, finetune_config, pretrain_config
 from bertforge.cli.overrides import OVERRIDE_COMMANDS, join_unknown_values, split_overrides
 from bertforge.cli.parser import FINETUNE_FLAGS, PRETRAIN_FLAGS, build_parser
+from bertforge.engine.threads import quiet_waiting
 from bertforge.errors import BertforgeError
 
-__all__ = ["FINETUNE_FLAGS", "PRETRAIN_FLAGS", "build_parser", "entry", "evaluate_overrides", "finetune_config",
+# The subcommands that run a model for inference: those with --engine (tests/unit/test_engine_threads.py checks)
+# and search, which embeds its queries.
+INFERENCE_COMMANDS = ("evaluate", "predict", "serve", "embed", "search", "mine-negatives", "score-margins",
+                      "evaluate-embeddings")
+
+__all__ = ["FINETUNE_FLAGS", "INFERENCE_COMMANDS", "PRETRAIN_FLAGS", "build_parser", "entry", "evaluate_overrides", "finetune_config",
            "join_unknown_values", "main", "pretrain_config", "split_overrides"]
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one `bertforge` command line; returns the exit status (2: a user mistake, reported in one line)."""
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if next((word for word in argv if not word.startswith("-")), None) in INFERENCE_COMMANDS:
+        quiet_waiting()
+    parser = build_parser()
     args, extra = parser.parse_known_args(join_unknown_values(parser, argv))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s")
     try:

@@ -280,9 +280,8 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
         raise ConfigError(f"serving needs the [serve] extra ({exc}); pip install 'bertforge[serve]'") from None
     # Settings left unset keep ServerSettings' defaults (the one place they are written down).
     limits = {name: getattr(args, name) for name in ("max_batch_tokens", "max_request_tokens", "request_timeout_s",
-                                                     "max_queue_wait_s", "drain_timeout_s", "max_body_bytes",
-                                                     "max_request_share", "refusal_cooldown_s", "max_items",
-                                                     "body_timeout_s", "max_incomplete_bodies")
+                                                     "drain_timeout_s", "max_body_bytes", "refusal_cooldown_s",
+                                                     "max_items", "body_timeout_s", "max_incomplete_bodies")
               if getattr(args, name) is not None}
     from bertforge.serving.guards import split_keys
 

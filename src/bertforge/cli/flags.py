@@ -281,7 +281,7 @@ def add_engine_flags(parser: argparse.ArgumentParser, *, device_help: str = "aut
                         help=f"default {DEFAULT_PRECISION}, the precision evaluate scores at; auto = bf16 on a CUDA "
                              "GPU with bf16 support, else fp32; int8: the CPU only")
     parser.add_argument("--engine", default=DEFAULT_KIND, choices=KINDS,
-                        help=f"what runs the model (default {DEFAULT_KIND}): {', '.join(KINDS)} (docs/cpu_inference.md "
-                             "says which to pick on a CPU)")
-    parser.add_argument("--threads", type=int, help="the CPU's intra-op threads (default: PyTorch's count in this "
-                                                    "process; reported either way)")
+                        help=f"what runs the model (default {DEFAULT_KIND}: onnxruntime for fp32 on a CPU where the "
+                             "export extra is installed, else torch): " + ", ".join(KINDS))
+    parser.add_argument("--threads", type=int, help="the CPU's intra-op threads (default: every core this process "
+                                                    "may use, or OMP_NUM_THREADS; reported either way)")

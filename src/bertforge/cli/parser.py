@@ -230,20 +230,18 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     add_engine_flags(p)
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
-    p.add_argument("--max-queue", type=int, default=256)
+    p.add_argument("--max-queue", "--max-concurrent-requests", type=int, default=256, dest="max_queue",
+                   help="requests accepted and not answered yet (waiting or in progress); one more gets 429 with "
+                        "Retry-After, the only refusal that depends on the load (as text-embeddings-inference's "
+                        "--max-concurrent-requests; default 256)")
     p.add_argument("--max-batch-tokens", type=int,
                    help="tokens (window lengths) in one model call; larger requests are split (default 4096)")
     p.add_argument("--max-request-tokens", type=int,
                    help="tokens of windows one request may make; more is refused with 413 (default 524288)")
     p.add_argument("--request-timeout-s", type=float,
-                   help="a request not answered by then gets 503 (default 300; 0: no limit)")
-    p.add_argument("--max-request-share", type=float,
-                   help="the most of the model's measured speed one request is guaranteed, so that what is admitted "
-                        "finishes within --request-timeout-s whatever arrives after it; larger requests get 413 "
-                        "with the numbers (default 0.1)")
-    p.add_argument("--max-queue-wait-s", type=float,
-                   help="refuse (429, Retry-After) a request that would wait longer than this at the recent "
-                        "throughput (default 10; 0: no limit)")
+                   help="a request not answered by then gets 503 and its remaining work is dropped (default 0: no "
+                        "deadline; an accepted request is answered, and a client that gives up and closes its "
+                        "connection drops its remaining work)")
     p.add_argument("--drain-timeout-s", type=float,
                    help="on SIGTERM, how long requests in progress may take to finish (default 30)")
     p.add_argument("--max-client-batch-size", type=int, dest="max_items",

@@ -27,7 +27,8 @@ and its `engine.json` records what it was exported from (the key's inputs) and e
 size; a load verifies both (`cached_record`) and exports again, with one log line saying why, when the folder
 has no record, another model's record, or a graph file that is not the one exported (another model's copied
 in, a truncated or damaged file). The session runs on the CPU with the plan's intra-op thread count and one
-inter-op thread, both reported by `describe` (`/health`).
+inter-op thread, both reported by `describe` (`/health`), and its pool's threads sleep rather than spin when a
+run ends (`ALLOW_SPINNING`: `engine.threads`).
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ GRAPH_FILES = {"fp32": "model.optimized.onnx", "int8": "model.int8.onnx"}
 RECORD_NAME = "engine.json"
 # The graph is one chain of operators: a second inter-op thread would only spin beside the intra-op pool.
 INTER_OP_THREADS = 1
+# "0": the intra-op pool's threads sleep when idle instead of spinning (ONNX Runtime's default is to spin), which
+# burns CPU time a neighbour (or our own tokenizer and PyTorch heads) needs (engine.threads).
+ALLOW_SPINNING = "0"
 
 
 def onnxruntime_module():
@@ -160,6 +164,9 @@ def export_graph(module: nn.Module, family: Any, folder: Path, precision: str) -
     record of what was made."""
     from bertforge.engine.onnx_graph import fuse, quantize_int8  # onnx and onnxruntime: the export extra
 
+    # The first run of a model on this engine pays for the export (seconds to a minute); say so before it starts.
+    log.info("onnxruntime engine: exporting %s to an ONNX graph and checking it against PyTorch (once per model "
+             "and settings; later runs reuse it)", type(module).__name__)
     plain_model = set_fast_paths(copy.deepcopy(module), unpad=False, fused_qkv=False).float().eval()
     plain = folder / "model.onnx"
     reference = trace_module(plain_model, family, plain)
@@ -280,12 +287,13 @@ class OrtEngine(Engine):
             return constant() if constant is not None else {}
 
     def session_of(self, path: Path, fix: str) -> Any:
-        """An ONNX Runtime CPU session on `path` with the plan's intra-op threads and `INTER_OP_THREADS`;
-        a file ONNX Runtime cannot load is one ConfigError naming it and `fix`."""
+        """An ONNX Runtime CPU session on `path` with the plan's intra-op threads, `INTER_OP_THREADS` and
+        `ALLOW_SPINNING`; a file ONNX Runtime cannot load is one ConfigError naming it and `fix`."""
         ort = onnxruntime_module()
         options = ort.SessionOptions()
         options.intra_op_num_threads = self.plan.threads or 1
         options.inter_op_num_threads = INTER_OP_THREADS
+        options.add_session_config_entry("session.intra_op.allow_spinning", ALLOW_SPINNING)
         try:
             return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         except Exception as error:  # onnxruntime's own classes (InvalidProtobuf, Fail, NoSuchFile) are not ours
@@ -316,6 +324,8 @@ class OrtEngine(Engine):
                 attention_mask: torch.Tensor | None = None, **asked: Any) -> GraphOutput:
         more = sorted(name for name, value in asked.items() if value is not None and value is not False)
         if more:
+            if isinstance(self.model, BertModel) and self.plan.auto:  # not asked for by name: PyTorch takes it
+                return self.model(input_ids, token_type_ids, attention_mask, **asked)
             if isinstance(self.model, BertModel):
                 raise ConfigError(f"the onnxruntime engine runs the exported encoder, which takes input_ids, "
                                   f"token_type_ids and attention_mask only; {', '.join(more)} need --engine torch")
@@ -338,7 +348,8 @@ class OrtEngine(Engine):
                   for role, engine in (("model", self), ("encoder", self.encoder_engine))
                   if engine is not None and engine.graph is not None}
         return {**super().describe(), "onnxruntime": onnxruntime_module().__version__,
-                "intra_op_threads": self.plan.threads, "inter_op_threads": INTER_OP_THREADS, "graphs": graphs,
+                "intra_op_threads": self.plan.threads, "inter_op_threads": INTER_OP_THREADS,
+                "allow_spinning": ALLOW_SPINNING == "1", "graphs": graphs,
                 "heads_in_pytorch": sorted(self.heads)}
 
 

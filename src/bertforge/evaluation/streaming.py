@@ -7,7 +7,9 @@ calling thread only runs the model, batch after batch, from a short queue. So th
 tokenizer (it did: every text was tokenized before the first model call), and the host work of the next
 batches overlaps the device work of the current one. Outputs come back in input order, with the features
 they belong to, exactly as building every feature first and running them would give: a feature's output
-depends on its own tokens only (tested equal, thread and no thread, and against `run_features`).
+depends on its own tokens only (tested equal, thread and no thread, and against `run_features`). Whether the
+producer runs as a thread is the engine's plan's (`EnginePlan.tokenizer_threads`: on a CPU whose cores the
+intra-op threads take, the features are made in the calling thread, between model calls).
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ def run_streamed(model: torch.nn.Module, items: Sequence[Any],
                  make_features: Callable[[list[Any]], list[Feature]],
                  forward: Callable[[torch.nn.Module, FinetuneBatch], list[Any]], *, batch_size: int,
                  max_batch_tokens: int, pad_token_id: int, device: torch.device | str | None = None,
-                 precision: str = DEFAULT_PRECISION, chunk: int = CHUNK, overlap: bool = True,
+                 precision: str = DEFAULT_PRECISION, chunk: int = CHUNK, overlap: bool | None = None,
                  on_batch: Callable[[int], None] | None = None) -> tuple[list[Feature], list[Any]]:
     """(features, one output per feature in feature order) of `items`, the features made by
     `make_features(list of items)` a chunk at a time (`Feature.example_index` relative to the list it was
@@ -140,10 +142,13 @@ def run_streamed(model: torch.nn.Module, items: Sequence[Any],
 
     Args:
         batch_size: most rows of a batch. max_batch_tokens: most padded tokens of a batch.
-        overlap: False makes the features in this thread, batch by batch (the same batches; for comparison).
+        overlap: False makes the features in this thread, batch by batch (the same batches); None (default): a
+            thread makes them where the engine's plan has a tokenizer thread (`EnginePlan.tokenizer_threads`).
         on_batch: told how many features each batch ran, after it ran (a progress display).
     """
     engine = as_engine(model, device=device, precision=precision)
+    if overlap is None:
+        overlap = engine.plan.tokenizer_threads > 0
     producer = _Producer(items, make_features, chunk=chunk, max_rows=batch_size, max_tokens=max_batch_tokens,
                          pad_token_id=pad_token_id, pin=engine.device.type == "cuda")
     outputs: dict[int, Any] = {}

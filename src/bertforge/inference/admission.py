@@ -1,22 +1,19 @@
 """What the scheduler decides about a request before it joins the queue, in the event loop and cheaply.
 
-Three questions are answered here without tokenizing anything:
+Two questions are answered here without tokenizing anything:
 
 - **Can it fit the token budget at all?** `token_floor` is a lower bound of the tokens a request makes after
   windowing, read from its characters in linear time (C-speed string operations; for plain ASCII text one
   pass of `bytes.split`; for other text first `quick_floor`, bytes passes that count ASCII words and CJK
   ideographs, and only if that is not already over the limit a regular expression). A request whose floor
   is over `max_request_tokens` is refused at once, so a refused request of megabytes costs milliseconds, not
-  seconds of tokenizing and windowing on the model thread while other clients wait. The floor is exact as a bound, never an estimate: a request under it is windowed and
-  counted exactly on the model thread as before.
-- **Can it finish before its deadline, whatever arrives after it?** `Throughput.size_refusal`: a request
-  is guaranteed at most `max_request_share` of the recent speed of full model calls (the scheduler then gives
-  it windows at that pace however many requests share the model: `Scheduler.plan`); one whose tokens (the
-  floor here, the exact count once windowed) need longer than `PACE_MARGIN` of `request_timeout_s` at that
-  pace is refused at once (413, with the numbers), instead of running until the deadline drops its work.
-- **How long would it wait?** `Throughput` keeps the recent rate of model calls (tokens per second), and
-  `estimate_tokens` a rough size of a waiting request; the scheduler divides the work already accepted by the
-  rate to refuse (429, with a Retry-After) a request that would wait longer than `max_queue_wait_s`.
+  seconds of tokenizing and windowing on the model thread while other clients wait. The floor is exact as a
+  bound, never an estimate: a request under it is windowed and counted exactly on the model thread as before.
+- **When to retry a refused one?** Nothing here decides acceptance by speed: a request within the static
+  limits is accepted whatever the model's speed, and only a full queue refuses (`Scheduler.submit`).
+  `Throughput` keeps the recent rate of model calls (tokens per second) and `estimate_tokens` a rough size
+  of a request not windowed yet, only to turn the work ahead in the queue, counted in tokens, into the
+  seconds of that refusal's Retry-After.
 
 Why the floor holds: a window holds every token of the text it windows at least once, plus [CLS] and [SEP].
 Google's tokenizer splits words at its separators (`tokenization.normalizer.separator_characters`: whitespace
@@ -39,18 +36,11 @@ import numpy as np
 
 from bertforge.tokenization.normalizer import separator_characters
 
-# Rough characters per token of a waiting request (English WordPiece is about 4); only for the wait estimate.
+# Rough characters per token of a waiting request (English WordPiece is about 4); only for estimates.
 CHARS_PER_TOKEN = 4
 # Special tokens every window holds ([CLS] and [SEP]).
 SPECIAL_TOKENS = 2
 # The weight of the newest model call in the throughput average.
-# The part of the request deadline a request's guaranteed pace is planned over (`Throughput.size_refusal`,
-# `Scheduler.admit`): the rest covers its wait for the worker, tokenizing, decoding and answering, and a
-# model somewhat slower than its recent speed.
-PACE_MARGIN = 0.75
-# The most of the recent speed of full calls all requests in progress may be guaranteed together: the rest
-# is never promised, so the paces hold when the speed wavers.
-RESERVED_SHARE = 0.9
 THROUGHPUT_SMOOTHING = 0.2
 # Printable ASCII with tab, newline and carriage return: an ASCII text of only these has no character that
 # cleaning deletes, so its `bytes.split()` chunks are exactly the tokenizer's words.
@@ -158,66 +148,27 @@ def strings_of(value: Any) -> Iterator[str]:
 
 
 def estimate_tokens(parsed: Sequence[Any]) -> int:
-    """A rough size of a request (its characters / `CHARS_PER_TOKEN`, plus the special tokens), for the wait
-    estimate only: never used to refuse a request for its size."""
+    """A rough size of a request (its characters / `CHARS_PER_TOKEN`, plus the special tokens), for the
+    Retry-After estimate and to skip the token floor of small requests: never used to refuse a request."""
     return sum(sum(len(text) for text in strings_of(item)) // CHARS_PER_TOKEN + SPECIAL_TOKENS for item in parsed)
 
 
 class Throughput:
-    """The recent speed of the model: an exponential average of tokens per second over model calls, and
-    another over full calls only (`full_tokens_per_s`: calls of at least a quarter of the token budget).
-
-    A large request runs in full calls, and a small call's rate is mostly its fixed overhead: the deadline
-    check (`deadline_refusal`) uses the rate of full calls, so a request is refused for its size only by the
-    speed it would actually run at.
-    """
+    """The recent speed of the model: an exponential average of tokens per second over model calls. Only for
+    estimates (the Retry-After of a refusal): never to decide whether a request is accepted."""
 
     def __init__(self, smoothing: float = THROUGHPUT_SMOOTHING):
         self.smoothing = smoothing
         self.tokens_per_s: float | None = None  # None until a call has been timed
-        self.full_tokens_per_s: float | None = None  # None until a full call has been timed
 
-    def record(self, tokens: int, seconds: float, full: bool = False) -> None:
+    def record(self, tokens: int, seconds: float) -> None:
         if tokens <= 0 or seconds <= 0:
             return
         rate = tokens / seconds
-        self.tokens_per_s = self.averaged(self.tokens_per_s, rate)
-        if full:
-            self.full_tokens_per_s = self.averaged(self.full_tokens_per_s, rate)
+        previous = self.tokens_per_s
+        self.tokens_per_s = rate if previous is None else previous + self.smoothing * (rate - previous)
 
-    def averaged(self, previous: float | None, rate: float) -> float:
-        return rate if previous is None else previous + self.smoothing * (rate - previous)
-
-    def deadline_tokens(self, seconds: float) -> int | None:
-        """The most tokens full calls run in `seconds` at the recent rate (None: no full call timed yet)."""
-        if self.full_tokens_per_s is None or seconds <= 0:
-            return None
-        return int(self.full_tokens_per_s * seconds)
-
-    def guaranteed_tokens(self, seconds: float, share: float) -> int | None:
-        """The most tokens a request guaranteed `share` of the recent speed of full calls runs in `seconds`
-        (None: no full call timed yet)."""
-        if self.full_tokens_per_s is None:
-            return None
-        return int(self.full_tokens_per_s * share * max(0.0, seconds))
-
-    def size_refusal(self, tokens: int, seconds: float, share: float, counted: str) -> str | None:
-        """Why a request of `tokens` tokens is too large to finish within the deadline of `seconds` at the pace
-        one request is guaranteed (`share` of the recent speed of full calls, over `PACE_MARGIN` of the
-        deadline), whatever else arrives, or None when it fits (or no full call was timed yet)."""
-        budget = self.guaranteed_tokens(seconds * PACE_MARGIN, share)
-        if budget is None or tokens <= budget:
-            return None
-        rate = self.full_tokens_per_s * share
-        return (f"the inputs make {tokens} tokens {counted}; this server runs about {self.full_tokens_per_s:.0f} "
-                f"tokens/s and guarantees one request {share:.0%} of that (about {rate:.0f} tokens/s, "
-                f"max_request_share) whatever else arrives, so that it finishes within the request deadline of "
-                f"{seconds:g} s (request_timeout_s; {PACE_MARGIN:.0%} of it planned, the rest kept for waiting, "
-                f"tokenizing and answering): they need about {tokens / rate:.0f} s; split the request into parts "
-                f"of at most {budget} tokens (send fewer or shorter texts), or start the server with a longer "
-                "--request-timeout-s or a larger --max-request-share")
-
-    def seconds_for(self, tokens: int) -> float | None:
+    def seconds_for(self, tokens: float) -> float | None:
         """Expected seconds to run `tokens` tokens at the recent rate (None before any call was timed)."""
         if self.tokens_per_s is None:
             return None

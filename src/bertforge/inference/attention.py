@@ -13,7 +13,7 @@ softmax path of the encoder) and writes
   draws with its own fonts.
 
 Row i of a map is where token i attends (each row sums to 1); padding never appears, as one text is
-encoded alone.
+encoded alone. The server's attention route runs the same code through its scheduler (`AttentionSteps`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ import os
 import re
 import textwrap
 import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -40,6 +43,8 @@ from bertforge.tokenization.normalizer import is_blank
 log = logging.getLogger(__name__)
 
 MAX_TOKENS = 128  # beyond this the maps are unreadable and the HTML grows past several MB
+# The name the serving scheduler runs `AttentionSteps` under, beside the served pipelines' tasks.
+ATTENTION_TASK = "attention"
 
 
 def encoder_of(model: torch.nn.Module) -> BertModel:
@@ -47,23 +52,77 @@ def encoder_of(model: torch.nn.Module) -> BertModel:
     return model if isinstance(model, BertModel) else model.bert
 
 
-def attention_of(encoder: BertModel, tokenizer, text: str) -> tuple[list[str], torch.Tensor]:
-    """(tokens [T], attention probabilities [L, N, T, T] in fp32, on the CPU) of `text` under a loaded encoder
-    (on whatever device it sits); InputError for an empty text or one over `MAX_TOKENS` tokens, before the
-    model runs. The server's attention route calls this with the model it serves."""
+@dataclass
+class AttentionWindow:
+    """One text made ready for the encoder: its tokens and their ids (`input_ids`: what the scheduler's token
+    budgets count, `pipelines.feature_tokens`)."""
+
+    tokens: list[str]
+    input_ids: list[int]
+    type_ids: list[int]
+
+
+def attention_window(encoder: BertModel, tokenizer, text: str) -> AttentionWindow:
+    """`text` tokenized for `attention_run`; InputError for an empty text or one over `MAX_TOKENS` tokens (or
+    the encoder's positions), before the model runs."""
     if not isinstance(text, str) or is_blank(text):
         raise InputError("text is empty; give a sentence to draw the attention of")
     encoding = tokenizer.encode(text)
-    if len(encoding.ids) > min(MAX_TOKENS, encoder.config.max_position_embeddings):
+    limit = min(MAX_TOKENS, encoder.config.max_position_embeddings)
+    if len(encoding.ids) > limit:
         raise InputError(f"the text has {len(encoding.ids)} tokens; attention maps are drawn for at most "
-                         f"{min(MAX_TOKENS, encoder.config.max_position_embeddings)} (use a shorter text)")
+                         f"{limit} (use a shorter text)")
+    return AttentionWindow(list(encoding.tokens), list(encoding.ids), list(encoding.type_ids))
+
+
+def attention_run(encoder: BertModel, window: AttentionWindow) -> torch.Tensor:
+    """The attention probabilities [L, N, T, T] in fp32, on the CPU, of one window under a loaded encoder (on
+    whatever device it sits)."""
     device = next(encoder.parameters()).device
-    ids = torch.tensor([encoding.ids], device=device)
+    ids = torch.tensor([window.input_ids], device=device)
     with torch.inference_mode():
-        out = encoder(ids, torch.tensor([encoding.type_ids], device=device), torch.ones_like(ids),
+        out = encoder(ids, torch.tensor([window.type_ids], device=device), torch.ones_like(ids),
                       output_attentions=True)
-    maps = torch.stack([a[0] for a in out.attentions]).float().cpu()  # L x [1, N, T, T] -> [L, N, T, T]
-    return encoding.tokens, maps
+    return torch.stack([a[0] for a in out.attentions]).float().cpu()  # L x [1, N, T, T] -> [L, N, T, T]
+
+
+def attention_of(encoder: BertModel, tokenizer, text: str) -> tuple[list[str], torch.Tensor]:
+    """(tokens [T], attention probabilities [L, N, T, T] in fp32, on the CPU) of `text` under a loaded encoder
+    (on whatever device it sits); InputError for an empty text or one over `MAX_TOKENS` tokens, before the
+    model runs."""
+    window = attention_window(encoder, tokenizer, text)
+    return window.tokens, attention_run(encoder, window)
+
+
+class AttentionSteps:
+    """The attention maps of texts as the serving scheduler runs them (`inference.jobs.ModelSteps`), so the
+    server's attention route goes through the same queue, admission and model thread as every model route:
+    one window per text (`attention_window`), one encoder pass per window, and each text's answer
+    (tokens, maps [L, N, T, T]). `pipeline`: any served pipeline of the model (each holds its encoder)."""
+
+    def __init__(self, pipeline: Any):
+        self.pipeline = pipeline
+
+    @property
+    def encoder(self) -> BertModel:
+        return encoder_of(self.pipeline.model)
+
+    def features(self, parsed: Sequence[str]) -> list[AttentionWindow]:
+        windows = []
+        for index, text in enumerate(parsed):
+            try:
+                windows.append(attention_window(self.encoder, self.pipeline.tokenizer, text))
+            except InputError as error:
+                raise InputError(f"inputs[{index}]: {error}") from None
+        return windows
+
+    def forward(self, features: Sequence[AttentionWindow], options: dict[str, Any]) -> list[torch.Tensor]:
+        encoder = self.encoder
+        return [attention_run(encoder, window) for window in features]
+
+    def decode(self, parsed: Sequence[str], features: Sequence[AttentionWindow], outputs: Sequence[torch.Tensor],
+               options: dict[str, Any]) -> list[tuple[list[str], torch.Tensor]]:
+        return [(window.tokens, maps) for window, maps in zip(features, outputs, strict=True)]
 
 
 def attention_maps(model_dir: str | os.PathLike, text: str) -> tuple[list[str], torch.Tensor]:
@@ -260,4 +319,5 @@ def render_attention(model_dir: str | os.PathLike, text: str, out_dir: str | os.
     return result
 
 
-__all__ = ["MAX_TOKENS", "attention_figure", "attention_maps", "attention_of", "encoder_of", "render_attention"]
+__all__ = ["ATTENTION_TASK", "MAX_TOKENS", "AttentionSteps", "AttentionWindow", "attention_figure", "attention_maps",
+           "attention_of", "attention_run", "attention_window", "encoder_of", "render_attention"]

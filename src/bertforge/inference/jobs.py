@@ -47,19 +47,18 @@ class SchedulerSettings:
         max_batch_tokens: tokens (window lengths, after tokenization and windowing) in one model call; a
             request with more is split over several calls, and other requests run in between.
         max_request_tokens: tokens one request may make after windowing (more: refused, "too_large").
-        max_queue: requests waiting for the worker; beyond it requests are refused at once ("busy").
+        max_queue: requests accepted and not answered yet (waiting or in progress, text-embeddings-inference's
+            `max_concurrent_requests`); a request beyond it is refused at once ("busy", 429 with a Retry-After).
+            The only refusal that depends on the load: a request within the static limits is never refused
+            for how fast the model runs now.
         micro_batching: False runs every request alone (for comparison in benchmarks).
         request_timeout_s: a request not answered in this time fails ("timeout") and its remaining work is
-            dropped (0: no limit).
-        max_queue_wait_s: a request that would wait longer than this before its first model call, at the
-            recent throughput, is refused at once ("busy", with a Retry-After) instead of queued (0: no limit).
+            dropped; 0 (the default): none, an accepted request is answered however long its work takes, and
+            the client's own timeout decides (a client that gives up closes its connection, which drops its
+            remaining work just the same).
         drain_timeout_s: at shutdown, how long accepted requests may take to finish before they fail.
         release_memory_after_s: once model calls have run, when no request arrives for this long, the heap
             memory they freed is handed back to the operating system (`runtime.release_freed_memory`; 0: never).
-        max_request_share: the most of the model's measured speed one request is guaranteed: a request is
-            admitted only at a size that runs within (most of) `request_timeout_s` at this share, and is then
-            given windows at that pace whatever arrives after it (`Scheduler.plan`), so what is admitted
-            finishes, and one client's largest request takes about this share from everyone else (0 < x <= 1).
     """
 
     max_batch_size: int = 32
@@ -68,23 +67,16 @@ class SchedulerSettings:
     max_request_tokens: int = 524_288
     max_queue: int = 256
     micro_batching: bool = True
-    # Five minutes: the stock clients wait longer (openai's SDK, and LangChain through it, 600 s; huggingface_hub
-    # without limit), and at a tenth of the model's speed a minute held only about 4.5 s of full-speed work:
-    # too little for the openai SDK's 2,048 short texts on two busy CPU cores (37,943 tokens at 4,178 tokens/s).
-    request_timeout_s: float = 300.0
-    max_queue_wait_s: float = 10.0
+    # No deadline: a request within the static limits is answered (the openai SDK's full batch of 2,048 chunks of
+    # 200 tokens, about 410k tokens, takes minutes on two busy CPU cores); the client's timeout (openai's SDK
+    # 600 s) ends its wait, and its closed connection drops the work (`Scheduler.result`).
+    request_timeout_s: float = 0.0
     drain_timeout_s: float = 30.0
     release_memory_after_s: float = 2.0
-    max_request_share: float = 0.1
 
     def __post_init__(self) -> None:
         check_positive(self, ("max_batch_size", "max_batch_tokens", "max_request_tokens", "max_queue"))
-        check_seconds(self, ("max_wait_ms", "request_timeout_s", "max_queue_wait_s", "drain_timeout_s",
-                             "release_memory_after_s"))
-        share = self.max_request_share
-        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
-            raise ConfigError(f"server max_request_share must be a fraction of the model's speed, 0 < x <= 1 "
-                              f"(0.1: one request is guaranteed a tenth), got {share!r}")
+        check_seconds(self, ("max_wait_ms", "request_timeout_s", "drain_timeout_s", "release_memory_after_s"))
 
 
 def check_seconds(settings: object, names: Sequence[str]) -> None:
@@ -158,11 +150,9 @@ class Job:
     todo: list[int] = field(default_factory=list)  # features not run yet, the order they will run in
     outputs: list[Any] = field(default_factory=list)  # per feature, None until run
     served: int = 0  # tokens run so far
-    start: float = 0.0  # the scheduler's share clock when its windows were built (`Scheduler.position`)
-    admitted: float = 0.0  # when its windows were built and it joined the requests in progress
-    pace: float = 0.0  # tokens per second it is guaranteed from then on, so it finishes in time (`Scheduler.admit`)
+    start: float = 0.0  # the scheduler's share clock when its windows were built (`sharing.position`)
     error: BaseException | None = None  # why its windows could not be built
-    estimate: int = 0  # rough tokens before windowing (`admission.estimate_tokens`), for the wait estimate
+    estimate: int = 0  # rough tokens before windowing (`admission.estimate_tokens`), for the Retry-After only
     timing: JobTiming = field(default_factory=JobTiming)
     silent: bool = False  # the server's own warm-up: not reported to the events (metrics count clients' work)
 
@@ -170,6 +160,11 @@ class Job:
     def gone(self) -> bool:
         """Nobody waits for the answer any more (answered, failed, timed out or the client left)."""
         return self.future.done()
+
+    @property
+    def left(self) -> int:
+        """Tokens of model work it still has: its windows not run yet, or before they are built its estimate."""
+        return sum(self.tokens[index] for index in self.todo) if self.features else self.estimate
 
     def fail(self, kind: Failure, message: str) -> None:
         if not self.future.done():

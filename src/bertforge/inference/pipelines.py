@@ -153,8 +153,8 @@ class Pipeline:
         precision: "fp32" (the default, as evaluate), "bf16", "int8" (CPU: the encoder's linear layers
             quantized, `engine.int8`), or "auto" (`runtime.choose_precision`: bf16 on a CUDA device with
             bf16 support, else fp32).
-        engine: "torch" (the default) or "onnxruntime" (`engine.build.ENGINES`); threads: the CPU's intra-op
-            threads (default: PyTorch's count in this process).
+        engine: "auto" (the default: `engine.build.choose_kind`), "torch" or "onnxruntime"; threads: the CPU's
+            intra-op threads (default: every core this process may use: `engine.threads`).
         batch_size: windows per model call, at most.
         max_batch_tokens: padded tokens per model call, at most (length-sorted windows fill a batch with rows
             or with tokens); default batch_size x max_length.

@@ -12,12 +12,10 @@ can be run and tested with only the core install. One turn of the worker (`Sched
   still, in `submit`, before it costs the model thread anything: `inference.admission.token_floor`);
 - forget requests nobody waits for any more (client gone, timed out): their windows not run yet never run;
 - plan and run one model call (`Pipeline.forward`) of at most `max_batch_tokens` tokens of windows of
-  requests with the same task and parameters (`plan`, `inference.pacing`): first the windows a request needs
-  to keep the pace it was admitted with (so it finishes in time whatever arrived after it), then the model's
-  tokens shared equally between the requests in progress: a large request is split over several calls, and
-  while short requests wait it gets a window only as often as its pace or its equal share allows, so one
-  client's huge requests (however many windows, all of the longest length) cannot fill the calls everyone
-  else waits for;
+  requests with the same task and parameters (`plan`, `inference.sharing`): the model's tokens shared equally
+  between the requests in progress, so a large request is split over several calls, and while short requests
+  wait it gets a window only as often as its equal share allows: one client's huge requests (however many
+  windows, all of the longest length) cannot fill the calls everyone else waits for;
 - decode (`Pipeline.decode`) each request whose windows have all run, so its answer is the same as if it
   had run whole.
 
@@ -31,20 +29,19 @@ by request, so the worker never stops. A model call whose outputs are not finite
 weights, an overflow) marks the model unhealthy: its requests and every later one fail ("unhealthy", 503)
 and readiness (`Scheduler.ready`) is false until the server is restarted.
 
-Admission (`submit`) refuses at once, with a Retry-After: when `max_queue` requests wait, or when the work
-already accepted would make a new request wait longer than `max_queue_wait_s` at the recent throughput
-(`inference.admission.Throughput`; only work that will run before its request's deadline counts). A request
-that cannot finish within `request_timeout_s` at the pace one request is guaranteed (`max_request_share` of
-the recent speed of full model calls, `inference.pacing`) is refused at once ("too_large", with the numbers):
-from its words' floor in `submit`, from its exact tokens once windowed in `admit`, before any model call (the
-warm-up times one full call, `calibrate`, so the speed is known); one whose pace the requests in progress
-leave no room for is "busy", with the time their paces end. `drain` (at shutdown) refuses new requests and
-lets accepted ones finish.
+Admission (`submit`) is deterministic: a request within the static limits (the server's inputs, characters
+and body bytes; `max_request_tokens` here) is accepted and answered, however fast or slow the model runs now;
+the one refusal that depends on the load is a full queue: `max_queue` requests accepted and not answered yet
+(waiting or in progress: text-embeddings-inference's `max_concurrent_requests`) refuse the next one at once
+("busy", 429), with a Retry-After from the work ahead in the queue, counted in tokens (`retry_after_s`; the
+recent speed only turns those tokens into seconds). A request is given up when its client leaves (`result`:
+its windows not run yet never run) or, if `request_timeout_s` is set, when that passes ("timeout", 503).
+`drain` (at shutdown) refuses new requests and lets accepted ones finish.
 
 A share belongs to a request, not to a client: the scheduler cannot tell clients apart reliably (behind a
 proxy, or on one host, every client has the same address; API keys are optional and often one per
 application, shared by all its users), and a client that sends many requests at once meets the queue's
-limits (`max_queue`, `max_queue_wait_s`) as everyone does.
+limit (`max_queue`) as everyone does.
 """
 
 from __future__ import annotations
@@ -59,7 +56,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from bertforge.errors import BertforgeError
-from bertforge.inference.admission import PACE_MARGIN, Throughput, estimate_tokens, token_floor
+from bertforge.inference.admission import Throughput, estimate_tokens, token_floor
 
 # The scheduler's vocabulary lives in `inference.jobs`; these names are imported from here as well.
 from bertforge.inference.jobs import (
@@ -77,16 +74,14 @@ from bertforge.inference.jobs import (
     check_positive,
     retry_after,
 )
-from bertforge.inference.pacing import pace_refusal, plan_call, reserved
 from bertforge.inference.pipelines import feature_tokens
+from bertforge.inference.sharing import plan_call
 from bertforge.inference.wire_inputs import plain_inputs
 from bertforge.runtime import release_freed_memory
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-# At most this many inputs in the calibration call (`Scheduler.calibrate`).
-CALIBRATION_INPUTS = 1024
 
 __all__ = ["CANCEL_REASONS", "FAILURES", "Failure", "Job", "JobFailed", "JobTiming", "ModelSteps", "Scheduler",
            "SchedulerEvents", "SchedulerSettings", "Step", "all_finite", "check_positive", "retry_after"]
@@ -97,8 +92,7 @@ class Scheduler:
     def __init__(self, pipelines: Mapping[str, ModelSteps], settings: SchedulerSettings | None = None,
                  events: SchedulerEvents | None = None, now: Callable[[], float] | None = None):
         self.pipelines = pipelines
-        # The clock of arrivals, paces and deadlines (default: the event loop's); tests give one that moves
-        # with the work the model did, so what they check is counted, not timed.
+        # The clock of arrivals and queue times (default: the event loop's).
         self.now = now or (lambda: asyncio.get_running_loop().time())
         self.settings = settings or SchedulerSettings()
         self.events = events or SchedulerEvents()
@@ -114,8 +108,10 @@ class Scheduler:
         # The tokens each request in progress would have run so far had every model call been split equally
         # between them (`plan`); back to 0 whenever nothing is in progress.
         self.clock = 0.0
-        self.throughput = Throughput()
-        self.queued_estimate = 0  # `Job.estimate` of the requests waiting in the queue, each at most one call
+        self.throughput = Throughput()  # the recent speed: only for the Retry-After of a full queue
+        # Requests accepted, in arrival order; those not answered yet (waiting or in progress, `in_flight`) are
+        # what `max_queue` bounds. One whose future is done (answered, failed, given up) is dropped from it.
+        self.accepted: dict[Job, None] = {}
         self.unhealthy: str | None = None  # why the model cannot be trusted any more (non-finite outputs)
         self.warmed = False  # one request of each task has run (`warm_up`)
         self.draining = False  # shutting down: new requests are refused, accepted ones finish
@@ -126,7 +122,7 @@ class Scheduler:
         """Open the queue and the model thread, and start the worker (`run_worker=False`: the caller drives
         `step` itself, as the tests do)."""
         # Made here, not in __init__: they belong to the event loop that serves, which may not exist yet.
-        self.queue = asyncio.Queue(maxsize=self.settings.max_queue)
+        self.queue = asyncio.Queue()  # bounded by `max_queue` accepted requests (`submit`)
         self.arrived = asyncio.Event()
         # One thread runs every model call: the model is never used concurrently, and the event loop stays free.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertforge-model")
@@ -176,22 +172,7 @@ class Scheduler:
             except JobFailed as error:
                 log.error("warm-up request of %s failed: %s", task, error.message)
                 return
-        await self.calibrate(requests)
         self.warmed = True
-
-    async def calibrate(self, requests: Mapping[str, tuple[list[Any], dict[str, Any]]]) -> None:
-        """Time one full model call (copies of the first warm-up request, about `max_batch_tokens` tokens), so
-        the deadline check knows the model's speed before the first client's large request
-        (`Throughput.deadline_refusal`). A failure is logged: the check then waits for real full calls."""
-        if not requests or self.throughput.full_tokens_per_s is not None:
-            return
-        task, (parsed, options) = next(iter(requests.items()))
-        copies = min(CALIBRATION_INPUTS, -(-self.settings.max_batch_tokens // max(1, estimate_tokens(parsed))))
-        try:
-            with self.incoming():
-                await self.result(self.submit(task, list(parsed) * copies, options, silent=True))
-        except JobFailed as error:
-            log.warning("calibration call of %s failed: %s", task, error.message)
 
     @property
     def ready(self) -> bool:
@@ -203,48 +184,23 @@ class Scheduler:
         """Requests waiting for the worker."""
         return self.queue.qsize() if self.queue is not None else 0
 
-    def expected_wait_s(self) -> float | None:
-        """Seconds a request arriving now would wait for its answer's model call, at the recent throughput:
-        every request in progress or waiting shares the calls with it equally (`plan`), so each runs ahead of
-        it at most its share of a call (`max_batch_tokens` / requests, plus one window), never its whole work;
-        a waiting one counts its first call at most (`Job.estimate`). None before any model call was timed."""
-        share = self.settings.max_batch_tokens / self.sharing()
-        left = [(self.will_run(job), job.pace) for job in self.running]
-        shares = [min(will, share + max(job.tokens)) for (will, _), job in zip(left, self.running)]
-        ahead = sum(shares) + min(self.queued_estimate, share * self.queue_depth)
-        seconds = self.throughput.seconds_for(ahead)
-        if seconds is None or not any(pace for _, pace in left):
-            return seconds
-        # A request in progress also keeps its guaranteed pace while the newcomer waits (what of it will run).
-        return self.throughput.seconds_for(ahead + sum(min(will - counted, pace * seconds)
-                                                       for (will, pace), counted in zip(left, shares)))
+    @property
+    def in_flight(self) -> int:
+        """Requests accepted and not answered yet (waiting or in progress): what `max_queue` bounds."""
+        self.accepted = {job: None for job in self.accepted if not job.gone}  # (a future's callbacks run later)
+        return len(self.accepted)
 
-    def will_run(self, job: Job) -> int:
-        """The tokens of `job` still to run that can run before its deadline (`request_timeout_s`): the rest
-        will be dropped when it times out, so no later request waits for them (its Retry-After neither)."""
-        left = sum(job.tokens[index] for index in job.todo)
-        timeout = self.settings.request_timeout_s
-        if not timeout:
-            return left
-        remaining = job.arrival + timeout - self.now()
-        budget = self.throughput.deadline_tokens(remaining)
-        return left if budget is None else max(0, min(left, budget))
+    def retry_after_s(self) -> float | None:
+        """Seconds until the queue has room again, estimated from the work ahead in it counted in tokens: the
+        requests accepted share the model equally (`plan`), so the first to finish is the one with the least
+        work left, after about that much work of each of them; the recent speed turns those tokens into
+        seconds (None before any model call was timed)."""
+        return self.throughput.seconds_for(self.tokens_until_room())
 
-    def token_limit(self) -> int:
-        """The most tokens a request may make: `max_request_tokens`, and what its guaranteed pace
-        (`max_request_share` of the recent speed of full calls) runs within the request deadline."""
-        limit, timeout = self.settings.max_request_tokens, self.settings.request_timeout_s
-        budget = (self.throughput.guaranteed_tokens(timeout * PACE_MARGIN, self.settings.max_request_share)
-                  if timeout else None)
-        return limit if budget is None else min(limit, budget)
-
-    def reserved(self) -> float:
-        """Tokens per second guaranteed to the requests in progress together (`pacing.reserved`)."""
-        return reserved(self.running)
-
-    def pace_refusal(self, tokens: int, counted: str, seconds: float | None = None) -> JobFailed | None:
-        """Why a request of `tokens` tokens is not admitted now at its guaranteed pace (`pacing.pace_refusal`)."""
-        return pace_refusal(self.running, self.throughput, self.settings, self.now(), tokens, counted, seconds)
+    def tokens_until_room(self) -> int:
+        """Tokens the model runs, at equal shares, before the first request accepted is answered."""
+        left = [job.left for job in self.accepted if not job.gone]
+        return min(left) * len(left) if left else 0
 
     # --- the side of the requests ------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -262,7 +218,7 @@ class Scheduler:
         to just past `max_request_tokens`. Pure: the server may count it in another thread. Wire inputs
         (`wire_inputs.plain_inputs`) are one window per text, cut or refused, never windowed: not counted."""
         return token_floor(getattr(self.pipelines[task], "family", None), plain_inputs(parsed),
-                           self.token_limit())
+                           self.settings.max_request_tokens)
 
     def submit(self, task: str, parsed: list[Any], options: dict[str, Any], *, silent: bool = False,
                floor: int | None = None) -> Job:
@@ -273,7 +229,7 @@ class Scheduler:
         Raises:
             JobFailed: "shutdown" while draining; "unhealthy" once the model gave non-finite outputs;
                 "too_large" when its words alone are over `max_request_tokens`; "busy" (with a retry delay)
-                when `max_queue` requests already wait or the expected wait is over `max_queue_wait_s`.
+                when `max_queue` requests are accepted and not answered yet. Never for the model's speed.
         """
         settings = self.settings
         if self.draining or self.queue is None:
@@ -288,38 +244,30 @@ class Scheduler:
                                          f"{settings.max_request_tokens} per request (max_request_tokens; raise "
                                          "it with `bertforge serve --max-request-tokens`), so split the request "
                                          "or send shorter texts")
-        refused = self.pace_refusal(floor, "after windowing or more (counted from their words)")
-        if refused is not None and refused.kind == "too_large":
-            raise refused
-        wait = self.expected_wait_s()
-        if self.queue.full():
-            raise JobFailed("busy", f"server busy: {settings.max_queue} requests are already waiting; retry "
-                                    "shortly", retry_after(wait))
-        if settings.max_queue_wait_s and wait is not None and wait > settings.max_queue_wait_s:
-            raise JobFailed("busy", f"server busy: a request now would wait about {wait:.1f} s at the recent "
-                                    f"throughput, more than max_queue_wait_s={settings.max_queue_wait_s:g}; retry "
-                                    "shortly", retry_after(wait - settings.max_queue_wait_s))
-        if refused is not None:  # the paces of the requests in progress leave too little for it
-            raise refused
+        if self.in_flight >= settings.max_queue:
+            tokens, wait = self.tokens_until_room(), self.retry_after_s()
+            raise JobFailed("busy", f"server busy: {settings.max_queue} requests are already accepted and not "
+                                    "answered yet (max_queue, `bertforge serve --max-concurrent-requests`); the "
+                                    f"first of them to finish has about {tokens} tokens of model work before it; "
+                                    f"retry in {retry_after(wait)} s", retry_after(wait))
         loop = asyncio.get_running_loop()
         key = task + json.dumps(options, sort_keys=True)
         job = Job(task, key, parsed, options, loop.create_future(), arrival=self.now(),
                   estimate=estimate_tokens(parsed), silent=silent)
+        self.accepted[job] = None
         self.queue.put_nowait(job)
-        self.queued_estimate += min(job.estimate, settings.max_batch_tokens)  # its first call (expected_wait_s)
         self.arrived.set()
         return job
 
     def taken(self, job: Job) -> Job:
         """`job` leaves the queue for the worker."""
-        self.queued_estimate -= min(job.estimate, self.settings.max_batch_tokens)
         job.timing.queue_s = self.now() - job.arrival
         return job
 
     async def result(self, job: Job, gone: Awaitable[Any] | None = None) -> Any:
         """The job's answer (one result per input). If `gone` (something that completes when the client
-        leaves) or the timeout comes first, the job is given up, so the worker runs none of its remaining
-        windows.
+        leaves) or the timeout (`request_timeout_s`, if set) comes first, the job is given up, so the worker
+        runs none of its remaining windows.
 
         Raises:
             JobFailed: the job failed in the worker, or was given up ("disconnect", "timeout").
@@ -339,8 +287,8 @@ class Scheduler:
         self.events.cancelled(reason)
         if reason == "disconnect":
             raise JobFailed(reason, "the client closed the connection before the answer")
-        raise JobFailed(reason, f"no answer within {self.settings.request_timeout_s:g} s (request_timeout_s); "
-                                "the server is overloaded, its work on this request was dropped")
+        raise JobFailed(reason, f"no answer within {self.settings.request_timeout_s:g} s (request_timeout_s, "
+                                "`bertforge serve --request-timeout-s`); its remaining work was dropped")
 
     # --- the worker ----------------------------------------------------------------------------------------
     async def work(self) -> None:
@@ -449,7 +397,7 @@ class Scheduler:
 
     def admit(self, jobs: list[Job]) -> None:
         """Prepared jobs join the running ones, unless they failed or are over the token budget."""
-        limit, timeout = self.settings.max_request_tokens, self.settings.request_timeout_s
+        limit = self.settings.max_request_tokens
         for job in jobs:
             if job.error is not None:
                 self.fail_job(job, job.error)
@@ -464,24 +412,10 @@ class Scheduler:
                                       " raise it with `bertforge serve --max-request-tokens`), so split the "
                                       "request or send shorter texts")
                 continue
-            job.admitted = self.now()
-            # Its pace: all its tokens by `PACE_MARGIN` of its deadline (counted from its arrival).
-            planned = job.arrival + timeout * PACE_MARGIN - job.admitted
-            refused = self.pace_refusal(total, f"after windowing ({len(job.features)} windows)", planned)
-            if refused is not None:
-                if not job.future.done():
-                    job.future.set_exception(refused)  # with its Retry-After, if it has one
-                continue
-            if timeout and self.throughput.full_tokens_per_s is not None:
-                job.pace = total / planned
             if not self.running:
                 self.clock = 0.0  # nothing in progress: positions start afresh
             job.start = self.clock  # its share starts now: it is owed nothing for the time it waited
             self.running.append(job)
-
-    def sharing(self) -> int:
-        """The requests a new one would share the model with, itself included: those in progress and waiting."""
-        return len(self.running) + self.queue_depth + 1
 
     def fail_job(self, job: Job, error: BaseException) -> None:
         if isinstance(error, BertforgeError):  # an input the model cannot take (too long ...)
@@ -501,10 +435,9 @@ class Scheduler:
         self.running = kept
 
     def plan(self) -> Step:
-        """The next model call (`pacing.plan_call`): first the windows a request needs to keep its guaranteed
-        pace, then the model's tokens shared equally between the requests in progress and on their way in."""
-        step, self.clock = plan_call(self.running, self.clock, self.settings, self.throughput, self.now(),
-                                     self.active)
+        """The next model call (`sharing.plan_call`): the model's tokens shared equally between the requests in
+        progress and on their way in."""
+        step, self.clock = plan_call(self.running, self.clock, self.settings, self.active)
         return step
 
     async def run_step(self, step: Step) -> None:
@@ -530,7 +463,7 @@ class Scheduler:
             self.mark_unhealthy(f"a model call gave non-finite outputs (NaN or infinity) for the {first.task} "
                                 "task")
             return
-        self.throughput.record(step.tokens, elapsed, full=step.tokens >= self.settings.max_batch_tokens // 4)
+        self.throughput.record(step.tokens, elapsed)
         self.clock += step.tokens / step.shared
         if not all(job.silent for job, _ in step.parts):
             self.events.model_call(len(outputs), step.tokens)

@@ -1,11 +1,12 @@
 """The request handling behind every HTTP route, for one served model and for the set of them.
 
 `InferenceService` is one model: its pipelines (one per task it serves), its own `Scheduler` (queue,
-micro-batching worker, token budgets), its own `ServingMetrics`. It reads a request body under the limits
-(`read_body`: size, JSON through the untrusted-JSON decoder), validates our own ``{"inputs", "parameters"}``
-bodies (`validate`), hands parsed inputs to the scheduler (`run`) and maps its failures to statuses
-(`FAILURE_STATUS`). The wire-format routes (`openai_routes`, `tei_routes`) build parsed inputs their own way
-and call the same `run`: one path from input to answer, whatever the API.
+micro-batching worker, token budgets; it also runs the model's attention maps, `inference.attention
+.AttentionSteps`, so every model route shares one admission), its own `ServingMetrics`. It reads a request
+body under the limits (`read_body`: size, JSON through the untrusted-JSON decoder), validates our own
+``{"inputs", "parameters"}`` bodies (`validate`), hands parsed inputs to the scheduler (`run`) and maps its
+failures to statuses (`FAILURE_STATUS`). The wire-format routes (`openai_routes`, `tei_routes`) build parsed
+inputs their own way and call the same `run`: one path from input to answer, whatever the API.
 
 `ModelSet` is the served models by name, and the one rule of which model answers a request (`pick`): the
 model named (OpenAI's `model` field, or the `/models/<name>/...` path prefix); with no name, the only model
@@ -29,6 +30,7 @@ from bertforge.data.files import UntrustedJson, decode_json
 from bertforge.engine.build import DEFAULT_KIND
 from bertforge.errors import BertforgeError, CheckpointError, ConfigError, InputError
 from bertforge.inference.admission import CHARS_PER_TOKEN, estimate_tokens
+from bertforge.inference.attention import ATTENTION_TASK, AttentionSteps
 from bertforge.inference.jobs import check_seconds
 from bertforge.inference.pipelines import Pipeline, load_pipelines
 from bertforge.inference.scheduler import Failure, JobFailed, Scheduler, SchedulerSettings, check_positive
@@ -115,8 +117,8 @@ class ServerSettings(SchedulerSettings):
 FAILURE_STATUS: dict[Failure, int] = {
     "invalid": 422,  # an input the model cannot take (too long for fill-mask, no window ...)
     "too_large": 413,  # over max_request_tokens
-    "busy": 429,  # max_queue requests already waiting
-    "timeout": 503,
+    "busy": 429,  # max_queue requests already accepted and not answered (never the model's speed)
+    "timeout": 503,  # request_timeout_s, when set, passed
     # Nobody reads the answer; 499 ("client closed request", as nginx logs it) keeps the metrics honest.
     "disconnect": 499,
     "shutdown": 503,
@@ -202,7 +204,9 @@ class InferenceService:
         self.directory = str(directory) if directory is not None else model_name
         self.metrics = ServingMetrics(settings.max_batch_size, settings.max_batch_tokens,
                                       queue_depth=lambda: self.scheduler.queue_depth)
-        self.scheduler = Scheduler(pipelines, settings, events=self.metrics)
+        # Every model route through one scheduler: the tasks' pipelines, and the encoder's attention maps.
+        steps = {**pipelines, ATTENTION_TASK: AttentionSteps(next(iter(pipelines.values())))} if pipelines else {}
+        self.scheduler = Scheduler(steps, settings, events=self.metrics)
 
     def validate(self, task: str, body: Any) -> tuple[list[Any], dict[str, Any]]:
         """The parsed inputs and checked options of one of our ``{"inputs", "parameters"}`` bodies;
@@ -268,7 +272,7 @@ class InferenceService:
         scheduler; RequestError with the status of a failure (`FAILURE_STATUS`)."""
         try:
             floor = None
-            if estimate_tokens(parsed) * CHARS_PER_TOKEN > self.scheduler.token_limit():
+            if estimate_tokens(parsed) * CHARS_PER_TOKEN > self.settings.max_request_tokens:
                 # Possibly over the token budget: its words are counted off the event loop.
                 floor = await asyncio.to_thread(self.scheduler.token_floor, task, parsed)
             job = self.scheduler.submit(task, parsed, options, floor=floor)

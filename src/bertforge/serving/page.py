@@ -9,15 +9,15 @@ lists, the Search tab), with the API key typed into the page
 as ``Authorization: Bearer``; it shows a refusal as the server words it. The page and its files need no key
 (`guards.OPEN_PAGE_PATHS`): they hold no data, and every request they make is checked like any other.
 
-`/v1/attention` runs the served model's own encoder (`inference.attention.attention_of`, the code behind
-`bertforge attention`) off the event loop, one text at a time per model: a body ``{"inputs": [text]}``
+`/v1/attention` runs the served model's own encoder (`inference.attention.AttentionSteps`, the code behind
+`bertforge attention`) through the model's scheduler, as every model route does (the same queue bound and
+429, disconnects and metrics; `InferenceService.run`): a body ``{"inputs": [text]}``
 answers ``{"outputs": [{"tokens": [...], "attentions": [L][N][T][T]}]}`` (row i: where token i attends; each
 row sums to 1), weights rounded to 4 decimals.
 """
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from bertforge.errors import InputError
-from bertforge.inference.attention import MAX_TOKENS, attention_of, encoder_of
+from bertforge.inference.attention import ATTENTION_TASK, MAX_TOKENS
 from bertforge.serving.guards import PAGE_ASSETS_URL, note_model
 from bertforge.serving.task_routes import MODEL_PREFIX, TASK_RESPONSES
 from bertforge.serving.wire_schemas import ANY_MODEL, FIT, SERVES
@@ -74,22 +73,15 @@ def attention_payload(tokens: list[str], maps: Any) -> dict[str, Any]:
 
 def add_attention_routes(app: FastAPI, models: ModelSet) -> list[str]:
     """`POST /v1/attention` and `/models/{model}/v1/attention`: every served model has an encoder."""
-    turns = {name: asyncio.Lock() for name in models.names}  # one map at a time per model: L*N*T*T floats
-
     async def attention(request: Request, name: str | None) -> JSONResponse:
         service = None
         try:
             service = models.named(name)
-            text = attention_text(await read_body(request, service.settings))
-            if service.scheduler.draining:
-                raise RequestError(503, "the server is shutting down")
-            pipeline = next(iter(service.pipelines.values()))  # every pipeline of a model holds its encoder
-            async with turns[service.model_name]:
-                tokens, maps = await asyncio.to_thread(attention_of, encoder_of(pipeline.model),
-                                                       pipeline.tokenizer, text)
+            with service.scheduler.incoming():
+                text = attention_text(await read_body(request, service.settings))
+                # An empty text, or too many tokens for a readable map: 422 from the scheduler, before the model.
+                [(tokens, maps)] = await service.run(ATTENTION_TASK, [text], {}, request)
             response = JSONResponse({"outputs": [attention_payload(tokens, maps)]})
-        except InputError as error:  # an empty text, or too many tokens for a readable map
-            response = refusal(request, 422, f"inputs[0]: {error}")
         except RequestError as error:
             response = refusal(request, error.status, error.message, headers=error.headers)
         if service is not None:

@@ -148,7 +148,7 @@ def bind_indexes(searchers: Mapping[str, Searcher], models: ModelSet) -> dict[st
                 # Allowed (as `search --precision`), but the scores then differ from the command's by more
                 # than float rounding: say so once, at the start.
                 log.warning("index %s: model %s embeds its queries with a window of %d tokens at %s; the corpus was "
-                            "embedded with %d at %s (serve --max-length / --precision to match)", name,
+                            "embedded with %d at %s (serve --precision, or embed with the model's window, to match)", name,
                             service.model_name, pipeline.max_length, pipeline.precision, wanted.max_length,
                             wanted.precision)
             services[kind] = service
