@@ -47,6 +47,7 @@ PLACEHOLDERS = {
     "DIR": "model", "MINILM": "model", "...": "model", "SPLADE": "sparse",
     "chinese_L-12_H-768_A-12": "google", "my_train.csv": "pairs", "my_dev.csv": "pairs", "texts.txt": "lines",
     "句子.txt": "lines", "语料目录": "corpus_zh", "types_train.jsonl": "types", "types_dev.jsonl": "types",
+    "more_texts.txt": "lines", "gone_ids.txt": "lines",
 }
 # Options of other programs that the docs name in passing (inline), with the program.
 FOREIGN_OPTIONS = {"--doc_stride": "Google's run_squad.py", "--only": "benchmarks/finetune_vs_reference.py",
@@ -64,7 +65,7 @@ DOC_COMMANDS = {
     "benchmarks.md": ("pretrain", "embed", "search", "index", "finetune", "retrieval-set", "evaluate-embeddings"),
     "embeddings.md": ("predict", "finetune", "retrieval-set", "evaluate-embeddings", "serve", "mine-negatives",
                       "score-margins"),
-    "retrieval.md": ("embed", "search", "serve", "plot-embeddings", "index"),
+    "retrieval.md": ("embed", "search", "serve", "plot-embeddings", "index", "add", "delete", "compact"),
 }
 # Which arguments of a command are files it reads, and which it writes.
 INPUTS = {"vocab": ("corpus",), "prepare": ("corpus", "tokenizer"), "pretrain": ("data", "tokenizer", "model"),
@@ -75,7 +76,8 @@ INPUTS = {"vocab": ("corpus",), "prepare": ("corpus", "tokenizer"), "pretrain": 
                                                                                      "paraphrase", "rerank_model"),
           "embed": ("model", "input"), "search": ("index", "queries", "model"), "index": ("index",),
           "plot-embeddings": ("index", "input"), "mine-negatives": ("model", "train", "corpus"),
-          "score-margins": ("model", "triplets")}
+          "score-margins": ("model", "triplets"), "add": ("index", "input", "model"),
+          "delete": ("index", "ids_file"), "compact": ("index",)}
 OUTPUTS = ("out", "output", "train_pairs")
 OVERRIDE_COMMANDS = ("pretrain", "finetune", "evaluate")
 
@@ -351,7 +353,8 @@ BASE = {"vocab": ["--corpus", "c", "--vocab-size", "10", "--out", "o"],
         "retrieval-set": ["--squad", "s", "--out", "o"], "evaluate-embeddings": ["--model", "m", "--sts", "s"],
         "embed": ["--model", "m", "--input", "i", "--out", "o"], "search": ["--index", "i", "--query", "q"],
         "plot-embeddings": ["--index", "i"], "mine-negatives": ["--model", "m", "--train", "t", "--out", "o"],
-        "score-margins": ["--model", "m", "--triplets", "t", "--out", "o"]}
+        "score-margins": ["--model", "m", "--triplets", "t", "--out", "o"],
+        "add": ["--index", "i", "--input", "i"], "delete": ["--index", "i", "--id", "x"], "compact": ["--index", "i"]}
 
 
 def is_placeholder(value: str) -> bool:

@@ -1,5 +1,6 @@
 """`bertforge index` (an approximate HNSW index beside the vectors `bertforge embed` wrote, which `bertforge
-search` then uses): its flags and what it runs. The work is `retrieval.vector_ann`."""
+search` then uses) and the changes of a finished folder (`bertforge add`, `delete`, `compact`): their flags and
+what they run. The work is `retrieval.vector_ann` and `retrieval.folder_growth`."""
 
 from __future__ import annotations
 
@@ -22,6 +23,49 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ef-search", type=int, default=128, help="candidates kept while searching, recorded as the "
                    "index's default (default 128; `search --ef-search` overrides it)")
     p.set_defaults(func=cmd_index)
+    add_growth_parsers(sub)
+
+
+def add_growth_parsers(sub: argparse._SubParsersAction) -> None:
+    from bertforge.cli.corpus_commands import FORMAT_CHOICES, add_prompt_flags
+    from bertforge.engine.build import DEFAULT_KIND, KINDS
+
+    p = sub.add_parser("add", help="embed more records into a folder of `bertforge embed` (a record whose id it holds "
+                       "replaces it); nothing else is embedded again",
+                       description="Embeds the records of --input with the folder's model and settings into new "
+                       "shards, marks the rows of records it replaces (same id) as deleted, then commits the new "
+                       "manifest; the approximate index gets the new vectors. A flag that differs from the folder's "
+                       "settings is refused, naming it.")
+    p.add_argument("--index", required=True, metavar="DIR", help="the --out folder of `bertforge embed`")
+    p.add_argument("--input", required=True, help="a text/TSV/CSV/JSONL file, or a folder of them")
+    p.add_argument("--model", help="a copy of the folder's model (default: the one its manifest names)")
+    p.add_argument("--batch-size", type=int, default=32, help="texts per model call (default 32)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    p.add_argument("--engine", default=DEFAULT_KIND, choices=KINDS, help=f"what runs the model (default "
+                   f"{DEFAULT_KIND}); the precision and window are the folder's")
+    p.add_argument("--threads", type=int, help="intra-op threads (default: the engine's)")
+    p.add_argument("--pooling", help="must be the folder's (default: the folder's)")
+    p.add_argument("--normalize", action=argparse.BooleanOptionalAction, help="must be the folder's")
+    p.add_argument("--dtype", help="must be the folder's")
+    add_prompt_flags(p, "every text (must be the folder's; default: the folder's)")
+    p.add_argument("--format", choices=FORMAT_CHOICES, help="input format (default: the folder's input's)")
+    p.add_argument("--text-column", "--text-field", dest="text_column", help="column or field of the text "
+                   "(default: the folder's input's)")
+    p.add_argument("--id-column", "--id-field", dest="id_column", help="column or field of each record's id "
+                   "(default: the folder's input's)")
+    p.set_defaults(func=cmd_add)
+
+    p = sub.add_parser("delete", help="delete records of a folder of `bertforge embed` by id (searches skip them; "
+                       "`bertforge compact` drops their rows)")
+    p.add_argument("--index", required=True, metavar="DIR", help="the --out folder of `bertforge embed`")
+    p.add_argument("--id", action="append", default=[], help="an id to delete (repeat for several)")
+    p.add_argument("--ids-file", help="a file of ids to delete, one a line")
+    p.add_argument("--missing-ok", action="store_true", help="delete the ids present, ignore the others")
+    p.set_defaults(func=cmd_delete)
+
+    p = sub.add_parser("compact", help="rewrite a folder's shards without its deleted rows, and rebuild its indexes")
+    p.add_argument("--index", required=True, metavar="DIR", help="the --out folder of `bertforge embed`")
+    p.set_defaults(func=cmd_compact)
 
 
 def cmd_index(args: argparse.Namespace, extra: list[str]) -> None:
@@ -31,3 +75,36 @@ def cmd_index(args: argparse.Namespace, extra: list[str]) -> None:
     print(f"HNSW index of {record['count']} vectors ({record['dim']} dims, inner product: {record['similarity']}) "
           f"built in {record['build_seconds']:.1f} s on {record['threads']} threads: {record['bytes'] / 2**20:.1f} "
           f"MiB in {args.index}/{record['file']}", file=sys.stderr)
+
+
+def cmd_add(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.retrieval.folder_growth import add_records
+
+    embedding = {"pooling": args.pooling, "normalize": args.normalize, "dtype": args.dtype,
+                 "prompt_name": args.prompt_name, "prompt": args.prompt}
+    reading = {name: value for name, value in (("file_format", args.format), ("text_column", args.text_column),
+                                                ("id_column", args.id_column)) if value is not None}
+    done = add_records(args.index, args.input, model=args.model, embedding=embedding, settings=reading,
+                       batch_size=args.batch_size, device=args.device, engine=args.engine, threads=args.threads)
+    print(f"added {done['added']} records ({done['replaced']} replacing records of the same id) in {done['shards']} "
+          f"shards in {done['seconds']:.1f} s: {done['live']} live rows of {done['count']} in {args.index}",
+          file=sys.stderr)
+
+
+def cmd_delete(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.data.text_files import iter_lines
+    from bertforge.retrieval.folder_growth import delete_records
+
+    ids = list(args.id) + ([line.strip() for line in iter_lines(args.ids_file) if line.strip()]
+                           if args.ids_file else [])
+    done = delete_records(args.index, ids, missing_ok=args.missing_ok)
+    print(f"deleted {done['deleted']} records ({done['rows']} rows): {done['live']} live rows of {done['count']} in "
+          f"{args.index}", file=sys.stderr)
+
+
+def cmd_compact(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.retrieval.folder_growth import compact_folder
+
+    done = compact_folder(args.index)
+    print(f"dropped {done['dropped']} deleted rows: {done['count']} rows in {done['shards']} shards in {args.index} "
+          f"({done['seconds']:.1f} s)", file=sys.stderr)

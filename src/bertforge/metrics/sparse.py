@@ -129,18 +129,22 @@ class InvertedIndex:
         return out
 
     def search(self, queries: SparseRows, k: int, tie_keys: np.ndarray | None = None,
-               query_block: int = QUERY_BLOCK) -> tuple[np.ndarray, np.ndarray]:
+               query_block: int = QUERY_BLOCK, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(rows [Q, min(k, N)] int64, scores float32) of each query's best rows, best first; equal scores by
-        ascending `tie_keys` (default: the row number)."""
+        ascending `tie_keys` (default: the row number). `allowed` ([N] bool): only those rows are ranked (the
+        others are masked before the top-k, so k of them come back where k exist)."""
         keys = np.arange(self.count, dtype=np.int64) if tie_keys is None else tie_keys
+        k = min(k, self.count if allowed is None else int(allowed.sum()))
         found_rows, found_scores = [], []
         for start in range(0, len(queries), query_block):
             scores = self.scores(queries.slice(start, min(start + query_block, len(queries))))
+            if allowed is not None:
+                scores[:, ~allowed] = -np.inf
             best = top_k(scores, k, keys)
             found_rows.append(best)
             found_scores.append(np.take_along_axis(scores, best, axis=1))
         if not found_rows:
-            return np.zeros((0, min(k, self.count)), np.int64), np.zeros((0, min(k, self.count)), np.float32)
+            return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
         return np.concatenate(found_rows), np.concatenate(found_scores)
 
 

@@ -69,8 +69,14 @@ def check_same_input(dense: VectorFolder, sparse: VectorFolder) -> None:
                           f"({sparse.directory}: {sparse.kind}); give --index the dense folder (`bertforge embed`) "
                           "and --hybrid the sparse one (`bertforge embed --sparse`)")
     first, second = dense.manifest["input"], sparse.manifest["input"]
+    added = [[(addition["files"], addition["settings"]) for addition in folder.manifest.get("additions", [])]
+             for folder in (dense, sparse)]
     same = (first["files"] == second["files"] and first["settings"] == second["settings"]
-            and dense.count == sparse.count)
+            and dense.count == sparse.count and added[0] == added[1])
+    if same and not np.array_equal(dense.deleted, sparse.deleted):
+        raise ConfigError(f"{dense.directory} and {sparse.directory} have different rows deleted ({len(dense.deleted)} "
+                          f"and {len(sparse.deleted)}): give `bertforge add` / `delete` / `compact` the same records "
+                          "and ids for both folders")
     if not same:
         raise ConfigError(f"{dense.directory} and {sparse.directory} embedded different input ({first['path']}, "
                           f"{dense.count} records; {second['path']}, {sparse.count} records): embed the same input "
@@ -80,23 +86,26 @@ def check_same_input(dense: VectorFolder, sparse: VectorFolder) -> None:
 def hits_of(index: VectorFolder, scores: np.ndarray, rows: np.ndarray, show_text: bool = False,
             field: str | None = None) -> list[list[dict[str, Any]]]:
     """Each query's hits {"id", "score"} from its best rows [Q, k] and their scores, best first (plus "span" of
-    a chunked folder's rows, "text" with `show_text`, or the record's `field`: read back from the input,
-    `vector_texts.record_texts`)."""
+    a chunked folder's rows, "text" with `show_text`, or the record's `field`: read back from the input the
+    row's record came from, `VectorFolder.records_at` and `vector_texts.record_texts`)."""
     ids = index.ids_at(rows)
     hits = [[{"id": ident, "score": float(score)} for ident, score in zip(query_ids, query_scores)]
             for query_ids, query_scores in zip(ids, scores)]
-    spans = index.spans_at(rows) if index.chunked else [[[int(row), None, None] for row in query] for query in rows]
+    spans = index.spans_at(rows) if index.chunked else [[[None, None, None] for _ in query] for query in rows]
     if index.chunked:
         for query_hits, query_spans in zip(hits, spans):
             for hit, (_, start, end) in zip(query_hits, query_spans):
                 hit["span"] = [start, end]  # the chunk's characters of its record's text
     if show_text or field is not None:
-        texts = record_texts(index.manifest, {span[0] for query in spans for span in query}, field)
-        for query_hits, query_spans in zip(hits, spans):
-            for hit, (record, start, end) in zip(query_hits, query_spans):
+        sources, records = index.records_at(rows)
+        texts = {source: record_texts(index.input_of(source), set(records[sources == source].tolist()), field)
+                 for source in np.unique(sources).tolist()}
+        for query_hits, query_spans, query_sources, query_records in zip(hits, spans, sources.tolist(),
+                                                                          records.tolist()):
+            for hit, (_, start, end), source, record in zip(query_hits, query_spans, query_sources, query_records):
+                text = texts[source][record]
                 # --show-text of a chunk: its own text; --field: the whole record's value
-                hit[field if field is not None else "text"] = texts[record][start:end] if field is None \
-                    else texts[record]
+                hit[field if field is not None else "text"] = text[start:end] if field is None else text
     return hits
 
 
@@ -212,7 +221,7 @@ class Searcher:
             wide = max(depth, top_k)
             _, dense_rows = self.dense.search_vectors(vectors["dense"], wide)
             _, sparse_rows = self.sparse.search_sparse(vectors["sparse"], wide)
-            scores, rows, ranks = fuse(dense_rows, sparse_rows, min(top_k, self.dense.count), rrf_k)
+            scores, rows, ranks = fuse(dense_rows, sparse_rows, min(top_k, self.dense.live_count), rrf_k)
             hits = hits_of(self.dense, scores, rows, show_text, field)
             for query_hits, query_ranks in zip(hits, ranks):
                 for hit, (dense_rank, sparse_rank) in zip(query_hits, query_ranks):

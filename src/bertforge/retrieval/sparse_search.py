@@ -5,7 +5,8 @@ Owns: `SparseIndex` (a sparse embedding folder opened for search), building the 
 (`build_inverted`: term -> the rows holding it, ascending, and their weights; `metrics.sparse.InvertedIndex`
 scores with it), keeping it in `inverted/` beside the shards (`INVERTED_DIR`: three .npy arrays and a record
 of the shards it was built from and of each array's sha256 and size; a folder whose shards changed, or an
-array that is not the one saved, gets a new one, with a log line saying why). Queries are embedded by
+array that is not the one saved, gets a new one, with a log line saying why; a folder that only gained shards,
+`bertforge add`, gets the saved one with the new shards' postings merged in: `merge_inverted`). Queries are embedded by
 `vector_search.embed_sparse_queries` and searched through `searcher.Searcher`.
 
 Score: the dot product of the query's and the document's term weights, summed in float32 over the query's
@@ -78,17 +79,33 @@ class SparseIndex(VectorIndex):
             return None
         try:
             record = storage.read_json(folder / INVERTED_RECORD, what="inverted index record")
-            if not isinstance(record, dict) or record.get("source") != self.source_record():
+            first = self.appended_from(record)
+            if not isinstance(record, dict) or (record.get("source") != self.source_record() and first is None):
                 problem = "it was built from other shards than the folder holds now"
             else:
                 problem = files_problem(folder, record.get("files"), INVERTED_RECORD)
             if problem is None:
                 arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
                           for name in INVERTED_ARRAYS}
-                return InvertedIndex(arrays["term_ptr"], arrays["rows"], arrays["weights"], self.count, self.dim)
+                count = self.count if first is None else int(self.offsets[first])
+                saved = InvertedIndex(arrays["term_ptr"], arrays["rows"], arrays["weights"], count, self.dim)
+                if first is None:
+                    return saved
+                # shards added since (`bertforge add`): their postings merged in, the old ones not read again
+                return self.save_inverted(merge_inverted(saved, build_inverted(self, first)))
         except (OSError, ValueError) as error:
             problem = str(error)
         log.warning("%s: %s; building the inverted index again from the shards", folder, problem)
+        return None
+
+    def appended_from(self, record: Any) -> int | None:
+        """The shards a saved index was built from when the folder's later shards were added since, else None."""
+        source = record.get("source") if isinstance(record, dict) else None
+        shards = source.get("shards") if isinstance(source, dict) else None
+        current = self.checksums(SPARSE_KINDS)
+        if (isinstance(shards, list) and 0 < len(shards) < len(current) and shards == current[:len(shards)]
+                and source.get("width") == self.dim):
+            return len(shards)
         return None
 
     def save_inverted(self, index: InvertedIndex) -> InvertedIndex:
@@ -105,8 +122,10 @@ class SparseIndex(VectorIndex):
                         self.directory, error)
         return index
 
-    def search_sparse(self, queries: SparseRows, top_k: int = DEFAULT_TOP_K) -> tuple[np.ndarray, np.ndarray]:
-        """([Q, k] scores, [Q, k] global rows) of each query's best rows, best first (equal scores: lower row).
+    def search_sparse(self, queries: SparseRows, top_k: int = DEFAULT_TOP_K,
+                      rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """([Q, k] scores, [Q, k] global rows) of each query's best rows, best first (equal scores: lower row),
+        among the live rows (`VectorFolder.live`) that are also in `rows` ([count] bool; None: all).
 
         Raises:
             ConfigError: the queries are of another vocabulary than the folder's.
@@ -116,30 +135,47 @@ class SparseIndex(VectorIndex):
             raise ConfigError(f"query vectors have {queries.width} terms, {self.directory} holds vectors of "
                               f"{self.dim}: embed the queries with the folder's model")
         block = max(1, min(64, SCORE_BUDGET // max(1, self.count)))
-        rows, scores = self.inverted().search(queries, top_k, query_block=block)
-        return scores, rows
+        found, scores = self.inverted().search(queries, top_k, query_block=block, allowed=self.allowed(rows))
+        return scores, found
 
 
-def build_inverted(index: SparseIndex) -> InvertedIndex:
-    """The inverted index of every shard of `index`, rows numbered across shards, each term's rows ascending.
+def merge_inverted(old: InvertedIndex, new: InvertedIndex) -> InvertedIndex:
+    """One inverted index of two over consecutive rows (`new`'s rows all after `old`'s): each term's postings
+    are old's then new's, so rows stay ascending; the result equals `build_inverted` over all the shards."""
+    old_counts, new_counts = np.diff(old.term_ptr), np.diff(new.term_ptr)
+    term_ptr = np.concatenate([[0], np.cumsum(old_counts + new_counts)]).astype(np.int64)
+    rows = np.empty(int(term_ptr[-1]), dtype=np.int32 if new.count < 2**31 else np.int64)
+    weights = np.empty(len(rows), dtype=np.float32)
+    terms = np.arange(old.width)
+    for part, counts, before in ((old, old_counts, np.zeros_like(old_counts)), (new, new_counts, old_counts)):
+        term_of = np.repeat(terms, counts)  # each posting's term; `before`: the term's postings placed ahead
+        places = term_ptr[term_of] + before[term_of] + np.arange(len(term_of)) - part.term_ptr[term_of]
+        rows[places] = part.rows
+        weights[places] = part.weights
+    return InvertedIndex(term_ptr, rows, weights, new.count, new.width)
+
+
+def build_inverted(index: SparseIndex, first: int = 0) -> InvertedIndex:
+    """The inverted index of the shards of `index` from shard `first` on, rows numbered across all shards,
+    each term's rows ascending.
 
     Two passes over the shards: the first counts each term's postings (so each term's slot is known), the
     second places each shard's entries, grouped by term (stable: rows stay ascending), at its terms' cursors."""
     width = index.dim
     counts = np.zeros(width, dtype=np.int64)
-    for shard in range(len(index.shards)):
+    for shard in range(first, len(index.shards)):
         counts += np.bincount(index.shard_rows(shard).indices, minlength=width)
     term_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     total = int(term_ptr[-1])
     rows = np.empty(total, dtype=np.int32 if index.count < 2**31 else np.int64)
     weights = np.empty(total, dtype=np.float32)
     cursor = term_ptr[:-1].copy()
-    for shard in range(len(index.shards)):
+    for shard in range(first, len(index.shards)):
         part = index.shard_rows(shard)
         order = np.argsort(part.indices, kind="stable")
         terms = part.indices[order]
-        first = np.searchsorted(terms, terms, side="left")  # each entry's group start among equal terms
-        places = cursor[terms] + (np.arange(len(terms)) - first)
+        group = np.searchsorted(terms, terms, side="left")  # each entry's group start among equal terms
+        places = cursor[terms] + (np.arange(len(terms)) - group)
         row_of = np.repeat(np.arange(len(part), dtype=np.int64) + int(index.offsets[shard]), np.diff(part.indptr))
         rows[places] = row_of[order]
         weights[places] = part.values[order]
@@ -148,4 +184,4 @@ def build_inverted(index: SparseIndex) -> InvertedIndex:
     return InvertedIndex(term_ptr, rows, weights, index.count, width)
 
 
-__all__ = ["INVERTED_DIR", "SparseIndex", "build_inverted"]
+__all__ = ["INVERTED_DIR", "SparseIndex", "build_inverted", "merge_inverted"]

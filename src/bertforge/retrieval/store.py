@@ -14,6 +14,10 @@ Layout of a folder: `manifest.json`; per shard `vectors-00000.npy` ([n, D], reco
 `progress/shard-00000.json` (count, tokens, sizes, sha256), each written atomically (`storage`): a shard is done
 when its record exists and the sizes match. The manifest says "complete": false until every shard's record is in
 it. Indexes built over a folder (`vector_ann`, `sparse_search`'s inverted index) keep their own files beside it.
+A finished folder changed by `folder_growth` (`bertforge add`, `delete`, `compact`) gains shards under new numbers
+(a "source": the input of their addition, in "additions"; compacted shards list each row's record in `records-`),
+its deleted rows in `tombstones-00001.npy` (one file a "generation"; `VectorFolder.live`), each change committed
+by one manifest write.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import hashlib
 import io
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -41,6 +46,7 @@ from bertforge.retrieval.vector_quantization import QUANTIZED_DTYPES, coded
 MANIFEST_NAME = "manifest.json"
 PROGRESS_DIR = "progress"
 PROGRESS_NAME = "shard-{:05d}.json"  # .format(shard index)
+PROGRESS_FILE = re.compile(r"^shard-\d{5}\.json$")
 FORMAT_NAME = "bertforge-embeddings"
 # 2: the manifest holds "settings" (`EmbedSettings`); version 1 folders (their settings spread over "kind",
 # "dtype", "chunking" and "embedding") still read, and resume.
@@ -56,7 +62,11 @@ SHARD_FILES = {
     "weights": "weights-{:05d}.npy",  # float32, > 0
     "ids": "ids-{:05d}.jsonl",
     "spans": "spans-{:05d}.jsonl",  # chunked runs: [record, start, end] of each row (its record's characters)
+    "records": "records-{:05d}.jsonl",  # compacted shards of unchunked folders: each row's record in its input
 }
+# The rows deleted (or replaced) since the folder was embedded: sorted int64 global rows, one file per
+# generation (.format(generation)), so that a change never rewrites the file the manifest in force names.
+TOMBSTONES_NAME = "tombstones-{:05d}.npy"
 SPARSE_KINDS = ("indptr", "terms", "weights")
 
 
@@ -198,18 +208,24 @@ def new_manifest(model_dir: str | os.PathLike, settings: EmbedSettings, embeddin
             the prompt, the window (`max_length`) and the precision: what the queries are embedded with.
         dim: the width of a vector (a sparse one's: the vocabulary's).
     """
-    stats = [(source.name, source.path.stat()) for source in sources]
-    files = [{"name": name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns} for name, stat in stats]
     return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "complete": False,
             "model": {"path": str(Path(model_dir).resolve()), "fingerprint": model_fingerprint(model_dir)},
             "kind": settings.kind, "settings": asdict(settings), "embedding": embedding,
             "similarity": "dot" if settings.sparse or not embedding["normalize"] else "cosine",
             "dim": dim, "dtype": settings.dtype, "shard_size": shard_size,
-            # absolute, not resolved: the files are named as the user named them (a symlinked input keeps its
-            # name, which --show-text looks up again)
-            "input": {"path": str(Path(inputs).absolute()), "files": files,
-                      "settings": {**asdict(corpus), "single_file": Path(inputs).is_file()}},
-            "count": None, "tokens": None, "truncated": None, "shards": []}
+            "input": input_record(inputs, sources, corpus), "count": None, "tokens": None, "truncated": None,
+            "shards": []}
+
+
+def input_record(inputs: str | os.PathLike, sources: Sequence[SourceFile], corpus: CorpusSettings) -> dict[str, Any]:
+    """What a manifest records of an input ("input", or one of "additions"): its path, each file's name, size
+    and mtime, and how it was read (what --show-text reads again, refusing a file that changed)."""
+    stats = [(source.name, source.path.stat()) for source in sources]
+    files = [{"name": name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns} for name, stat in stats]
+    # absolute, not resolved: the files are named as the user named them (a symlinked input keeps its name, which
+    # --show-text looks up again)
+    return {"path": str(Path(inputs).absolute()), "files": files,
+            "settings": {**asdict(corpus), "single_file": Path(inputs).is_file()}}
 
 
 def read_manifest(out: Path) -> dict[str, Any] | None:
@@ -327,11 +343,20 @@ def sparse_arrays(rows: SparseRows) -> dict[str, np.ndarray]:
 
 def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray | SparseRows, dtype: str,
                 tokens: int, calibration: dict[str, Any] | None = None,
-                spans: Sequence[Sequence[int]] | None = None, truncated: int = 0) -> dict[str, Any]:
+                spans: Sequence[Sequence[int]] | None = None, truncated: int = 0, **extra: Any) -> dict[str, Any]:
     """Write one shard's vectors (coded as `dtype`: `vector_quantization.coded`; a binary shard also its int8
     codes; sparse rows as `sparse_arrays`), then its ids, then its record (each atomically, the record with its
-    texts cut to the window, `truncated`); return the record."""
+    texts cut to the window, `truncated`, and `extra` keys: `write_shard_arrays`); return the record."""
     arrays = sparse_arrays(vectors) if isinstance(vectors, SparseRows) else coded(vectors, dtype, calibration)
+    return write_shard_arrays(out, index, arrays, ids, tokens, spans, truncated=truncated, **extra)
+
+
+def write_shard_arrays(out: Path, index: int, arrays: dict[str, np.ndarray], ids: Sequence[str], tokens: int,
+                       spans: Sequence[Sequence[int]] | None = None, records: Sequence[int] | None = None,
+                       truncated: int = 0, **extra: Any) -> dict[str, Any]:
+    """Write one shard's stored arrays as they are (`SHARD_FILES` kinds: "vectors", "codes" or the sparse ones),
+    its ids, spans and `records` (each row's record in its input, where rows are not consecutive records), then
+    its record with `extra` keys ("source", "first_record": `VectorFolder.records_at`), each file atomically."""
     data = {}
     for kind, array in arrays.items():
         buffer = io.BytesIO()
@@ -340,14 +365,16 @@ def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray |
     data["ids"] = "".join(json.dumps(ident, ensure_ascii=False) + "\n" for ident in ids).encode("utf-8")
     if spans is not None:
         data["spans"] = "".join(json.dumps(list(span)) + "\n" for span in spans).encode("utf-8")
+    if records is not None:
+        data["records"] = "".join(f"{int(record)}\n" for record in records).encode("utf-8")
     names = {kind: SHARD_FILES[kind].format(index) for kind in data}
     for kind, payload in data.items():
         storage.write_bytes(out / names[kind], payload)
     record = {"index": index, **names, "count": len(ids), "tokens": tokens, "truncated": truncated,
               "bytes": {kind: len(payload) for kind, payload in data.items()},
-              "sha256": {kind: hashlib.sha256(payload).hexdigest() for kind, payload in data.items()}}
-    if isinstance(vectors, SparseRows):
-        record["nonzero"] = len(vectors.indices)  # stored terms, all texts together
+              "sha256": {kind: hashlib.sha256(payload).hexdigest() for kind, payload in data.items()}, **extra}
+    if "indptr" in arrays:
+        record["nonzero"] = int(arrays["indptr"][-1])  # stored terms, all texts together
     storage.write_json(progress_path(out, index), record)
     return record
 
@@ -368,6 +395,48 @@ def finish_output(out: Path, manifest: dict[str, Any], shards: int) -> dict[str,
              "truncated": sum(r.get("truncated", 0) for r in records), "shards": records}
     storage.write_json(out / MANIFEST_NAME, final)
     return final
+
+
+# --- changing a finished folder (`folder_growth`) -------------------------------------------------------------
+
+# The files a manifest names, by name: what `folder_growth.sweep_folder` removes once no manifest names them.
+SHARD_FILE = re.compile(r"^(?:{})-\d{{5}}\.(?:npy|jsonl)$".format("|".join(SHARD_FILES)))
+TOMBSTONES_FILE = re.compile(r"^tombstones-\d{5}\.npy$")
+
+
+def write_tombstones(out: Path, generation: int, rows: np.ndarray) -> dict[str, Any] | None:
+    """Write the deleted rows of generation `generation` (sorted, unique int64 global rows) atomically under
+    their own name; return the manifest's "tombstones" entry (None when no row is deleted)."""
+    rows = np.unique(np.asarray(rows, dtype=np.int64))
+    if not len(rows):
+        return None
+    buffer = io.BytesIO()
+    np.save(buffer, rows, allow_pickle=False)
+    payload = buffer.getvalue()
+    name = TOMBSTONES_NAME.format(generation)
+    storage.write_bytes(out / name, payload)
+    return {"file": name, "count": len(rows), "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+
+
+def read_tombstones(out: Path, manifest: dict[str, Any]) -> np.ndarray:
+    """The folder's deleted rows (sorted int64 global rows; none for a folder never changed).
+
+    Raises:
+        ConfigError: the tombstones file the manifest names is missing or not the one written.
+    """
+    entry = manifest.get("tombstones")
+    if not entry:
+        return np.zeros(0, np.int64)
+    path = out / entry["file"]
+    try:
+        payload = path.read_bytes()
+        if len(payload) != entry["bytes"] or hashlib.sha256(payload).hexdigest() != entry["sha256"]:
+            raise ValueError("not the file written")
+        rows = np.load(io.BytesIO(payload), allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{path}: the folder's deleted rows are unreadable ({error}); the folder's changes cannot "
+                          "be told apart: embed it again") from None
+    return rows.astype(np.int64)
 
 
 # --- reading a finished folder ---------------------------------------------------------------------------------
@@ -401,6 +470,9 @@ class VectorFolder:
         self.offsets = np.cumsum([0] + [shard["count"] for shard in self.shards])  # global row of each shard
         self.count = int(self.offsets[-1])
         self.dim = int(manifest["dim"])
+        self.deleted = read_tombstones(self.directory, manifest)  # rows deleted or replaced since embedding
+        self.live_count = self.count - len(self.deleted)
+        self._live: np.ndarray | None = None
 
     @property
     def kind(self) -> str:
@@ -416,6 +488,53 @@ class VectorFolder:
     def chunked(self) -> bool:
         """Whether a row is a chunk of its record (`embed --chunk`), with its characters in the spans files."""
         return self.settings.chunk is not None
+
+    @property
+    def live(self) -> np.ndarray | None:
+        """[count] bool: the rows a search may return (False: deleted or replaced); None when none is deleted."""
+        if self._live is None and len(self.deleted):
+            self._live = np.ones(self.count, dtype=bool)
+            self._live[self.deleted] = False
+        return self._live
+
+    def allowed(self, rows: np.ndarray | None = None) -> np.ndarray | None:
+        """[count] bool: the live rows that are also among `rows` ([count] bool; None: all); None: every row."""
+        return self.live if rows is None else rows if self.live is None else rows & self.live
+
+    def input_of(self, source: int) -> dict[str, Any]:
+        """The manifest with the "input" its rows of `source` were read from (0: the embedded input, k: the k-th
+        `bertforge add`'s), for `vector_texts.record_texts`."""
+        return self.manifest if source == 0 else {**self.manifest, "input": self.manifest["additions"][source - 1]}
+
+    def records_at(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(source, record) of global rows [Q, k]: which input each row's record was read from (`input_of`)
+        and its place there (0-based): the spans of a chunked folder, the records file of a compacted shard,
+        else the shard's first record plus the row's place in it."""
+        rows = np.asarray(rows, dtype=np.int64)
+        flat, shard_of = rows.ravel(), np.searchsorted(self.offsets, rows.ravel(), side="right") - 1
+        sources = np.array([self.shards[s].get("source", 0) for s in shard_of.tolist()], dtype=np.int64)
+        if self.chunked:
+            records = np.array([span[0] for span in self.spans_at(flat[None, :])[0]], dtype=np.int64)
+        else:
+            firsts = [self.shards[s].get("first_record", int(self.offsets[s])) for s in shard_of.tolist()]
+            records = np.asarray(firsts, dtype=np.int64) + flat - self.offsets[shard_of]
+            listed = np.array(["records" in self.shards[s] for s in shard_of.tolist()], dtype=bool)
+            if listed.any():
+                records[listed] = self.lines_at(flat[listed][None, :], "records")[0]
+        return sources.reshape(rows.shape), records.reshape(rows.shape)
+
+    def shard_lines(self, index: int, kind: str) -> list[Any]:
+        """Every JSON line of shard `index`'s `kind` file ("ids", "spans", "records")."""
+        with open(self.shard_path(index, kind), encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle]
+
+    def shard_arrays(self, index: int) -> dict[str, np.ndarray]:
+        """Shard `index`'s stored arrays as `write_shard_arrays` takes them: "vectors" (and a binary shard's
+        "codes"), or the sparse rows' "indptr", "terms", "weights"."""
+        if self.kind == "sparse":
+            return sparse_arrays(self.shard_rows(index))
+        return {kind: np.asarray(self.shard_vectors(index, kind)) for kind in ("vectors", "codes")
+                if kind in self.shards[index]}
 
     def shard_path(self, index: int, kind: str) -> Path:
         """Shard `index`'s `kind` file, its sha256 compared with the manifest's the first time this folder
@@ -470,6 +589,8 @@ class VectorFolder:
         return [[found[int(row)] for row in query_rows] for query_rows in np.asarray(rows)]
 
 
-__all__ = ["DTYPES", "FORMAT_VERSION", "MANIFEST_NAME", "SHARD_FILES", "EmbedSettings", "VectorFolder",
-           "check_shard_sizes", "describe_changes", "embed_settings", "finish_output", "finished", "identity", "new_manifest",
-           "progress_path", "read_manifest", "start_output", "verify_shard_file", "write_shard"]
+__all__ = ["DTYPES", "FORMAT_VERSION", "MANIFEST_NAME", "SHARD_FILES", "TOMBSTONES_NAME", "EmbedSettings",
+           "VectorFolder", "check_shard_sizes", "describe_changes", "embed_settings",
+           "finish_output", "finished", "identity", "input_record", "new_manifest", "progress_path", "read_manifest",
+           "read_tombstones", "start_output", "verify_shard_file", "write_shard", "write_shard_arrays",
+           "write_tombstones"]

@@ -34,6 +34,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -69,11 +70,12 @@ def import_faiss() -> Any:
     return faiss
 
 
-def shards_key(manifest: dict[str, Any]) -> str:
+def shards_key(manifest: dict[str, Any], shards: int | None = None) -> str:
     """sha256 over what decides the indexed vectors: every shard's vectors file (its recorded sha256 and row
-    count, in order), the dtype, width and int8 calibration. Re-embedding the folder changes it."""
+    count, in order; the first `shards` of them), the dtype, width and int8 calibration. Re-embedding the folder
+    changes it; `bertforge add` appends shards, whose first ones keep the key the graph was built with."""
     parts = {"dtype": manifest["dtype"], "dim": manifest["dim"], "calibration": manifest.get("calibration"),
-             "shards": [[shard["sha256"]["vectors"], shard["count"]] for shard in manifest["shards"]]}
+             "shards": [[shard["sha256"]["vectors"], shard["count"]] for shard in manifest["shards"][:shards]]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -136,23 +138,69 @@ def build_graph(index: VectorIndex, settings: dict[str, int]) -> tuple[Any, dict
             graph.add(float_block(index, vectors[start:start + BLOCK_ROWS]))
     record = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "kind": "hnsw", "metric": "inner_product",
               "similarity": index.similarity, "count": index.count, "dim": index.dim,
-              "shards_key": shards_key(index.manifest), **settings, "faiss": faiss.__version__,
+              "shards_key": shards_key(index.manifest), "shards": len(index.shards), **settings,
+              "faiss": faiss.__version__,
               "threads": faiss.omp_get_max_threads(), "file": GRAPH_NAME,
               "build_seconds": round(time.perf_counter() - started, 3)}
     return graph, record
 
 
 def save_ann(index: VectorIndex, graph: Any, record: dict[str, Any]) -> None:
-    """Write the graph file, then `ann.json` with the graph's sha256 and size (each atomically).
+    """Write the graph file (under the record's "file"), then `ann.json` with the graph's sha256 and size (each
+    atomically: `ann.json` is the index's commit point, always naming a whole graph of the vectors it records),
+    then remove the graph files it no longer names (`sweep_graphs`).
 
     Raises:
         OSError: the folder cannot be written.
     """
-    path = index.directory / GRAPH_NAME
+    path = index.directory / record["file"]
     with storage.atomic_path(path) as tmp:
         import_faiss().write_index(graph, str(tmp))
         record.update(file_records(tmp.parent, [tmp.name])[tmp.name])  # "sha256", "bytes"
     storage.write_json(index.directory / ANN_NAME, record)
+    sweep_graphs(index.directory)
+
+
+def read_ann_record(directory: Path) -> dict[str, Any] | None:
+    """The folder's `ann.json` (None when it has none, or it is unreadable: `open_ann` then builds it again)."""
+    try:
+        record = storage.read_json(directory / ANN_NAME, what="approximate index record")
+    except (FileNotFoundError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def sweep_graphs(directory: Path) -> list[str]:
+    """Remove the graph files `ann.json` does not name (those it named before a save, a killed save's); return
+    their names."""
+    record = read_ann_record(directory)
+    removed = []
+    for old in directory.glob("ann-hnsw*.faiss") if record is not None else ():
+        if old.name != graph_name(record):
+            old.unlink(missing_ok=True)
+            removed.append(old.name)
+    return removed
+
+
+def extend_graph(ann: AnnIndex) -> AnnIndex:
+    """The approximate index of a folder whose shards were appended to since it was built (`bertforge add`):
+    the graph gets the new shards' vectors (faiss id = global row, as at build) and is saved under a new name
+    with its record; deleted rows stay in the graph, masked at search."""
+    index, first = ann.vectors, ann.record["shards"]
+    started = time.perf_counter()
+    for shard in range(first, len(index.shards)):
+        vectors = index.shard_vectors(shard)
+        for start in range(0, len(vectors), BLOCK_ROWS):
+            ann.graph.add(float_block(index, vectors[start:start + BLOCK_ROWS]))
+    record = {**ann.record, "count": index.count, "shards_key": shards_key(index.manifest),
+              "shards": len(index.shards), "file": f"ann-hnsw-{len(index.shards):05d}.faiss",
+              "extend_seconds": round(time.perf_counter() - started, 3)}
+    try:
+        save_ann(index, ann.graph, record)
+    except OSError as error:  # a read-only folder: extended in memory at each open
+        log.warning("%s: the extended approximate index could not be saved (%s)", index.directory, error)
+    log.info("%s: approximate index extended by %d vectors", index.directory, index.count - int(index.offsets[first]))
+    return AnnIndex(index, record, ann.graph)
 
 
 @dataclass
@@ -163,27 +211,37 @@ class AnnIndex:
     record: dict[str, Any]
     graph: Any  # faiss.IndexHNSWFlat
 
-    def search_vectors(self, queries: np.ndarray, top_k: int = 10,
-                       ef_search: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def search_vectors(self, queries: np.ndarray, top_k: int = 10, ef_search: int | None = None,
+                       rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The approximate top-k rows of every query vector: ([Q, k] scores, [Q, k] global rows), best first,
-        scored and ordered as `VectorIndex.search_vectors` does (k capped at the number of vectors).
+        scored and ordered as `VectorIndex.search_vectors` does (k capped at the number of rows allowed).
 
         Args:
             queries: [Q, H] float32 query vectors (embedded as the corpus was).
             ef_search: candidates kept while walking the graph (at least k; default: the index's).
+            rows: [count] bool, the rows a hit may be (None: every live row); deleted rows never are.
         """
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         if queries.ndim != 2 or queries.shape[1] != self.vectors.dim:
             raise ConfigError(f"query vectors must be [Q, {self.vectors.dim}], got {list(queries.shape)}")
         check_top_k(top_k)
-        k = min(top_k, self.vectors.count)
+        allowed = self.vectors.allowed(rows)
+        k = min(top_k, self.vectors.count if allowed is None else int(allowed.sum()))
         ef = check_positive(ef_search if ef_search is not None else self.record["ef_search"], "ef_search")
         self.graph.hnsw.efSearch = max(ef, k)  # fewer candidates than k would leave holes in the answer
-        scores, rows = self.graph.search(queries, k)  # [Q, k] each
-        if (rows < 0).any():  # only when the graph cannot reach k nodes: never for a connected HNSW
-            raise ConfigError(f"{self.vectors.directory / GRAPH_NAME} returned fewer than {k} hits; rebuild it "
-                              "with `bertforge index`")
-        return top_k_merge(scores.astype(np.float32), rows.astype(np.int64), k)  # exact search's tie order
+        if k == 0:
+            return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+        if allowed is None:
+            scores, found = self.graph.search(queries, k)  # [Q, k] each
+        else:  # the walk skips rows not allowed (deleted, filtered out): the top-k of the rows allowed
+            faiss = import_faiss()
+            bitmap = np.packbits(allowed, bitorder="little")  # faiss: bit i & 7 of byte i >> 3
+            chosen = faiss.IDSelectorBitmap(len(allowed), faiss.swig_ptr(bitmap))
+            params = faiss.SearchParametersHNSW(sel=chosen, efSearch=max(ef, k))
+            scores, found = self.graph.search(queries, k, params=params)
+        if (found < 0).any():  # the walk met fewer than k allowed rows (few are): the exact top-k of them
+            return self.vectors.search_vectors(queries, top_k, rows=rows)
+        return top_k_merge(scores.astype(np.float32), found.astype(np.int64), k)  # exact search's tie order
 
 
 def ann_problem(index: VectorIndex, record: Any) -> str | None:
@@ -192,11 +250,27 @@ def ann_problem(index: VectorIndex, record: Any) -> str | None:
     reordered), or None."""
     if not isinstance(record, dict) or record.get("format") != FORMAT_NAME or record.get("version") != FORMAT_VERSION:
         return f"{ANN_NAME} is not a bertforge approximate index of this version"
-    if record.get("shards_key") != shards_key(index.manifest):
+    if record.get("shards_key") != shards_key(index.manifest) and appended_from(index, record) is None:
         return (f"the index was built from other vectors than the folder's shards now hold ({record.get('count')} "
                 f"then, {index.count} now)")
-    return files_problem(index.directory, {GRAPH_NAME: {"sha256": record.get("sha256"), "bytes": record.get("bytes")}},
-                         ANN_NAME)
+    return files_problem(index.directory, {graph_name(record): {"sha256": record.get("sha256"),
+                                                                "bytes": record.get("bytes")}}, ANN_NAME)
+
+
+def graph_name(record: dict[str, Any]) -> str:
+    """The graph file `ann.json` names (a plain name in the folder)."""
+    name = record.get("file")
+    return name if isinstance(name, str) and name == Path(name).name and name.startswith("ann-hnsw") else GRAPH_NAME
+
+
+def appended_from(index: VectorIndex, record: dict[str, Any]) -> int | None:
+    """The shards a graph was built from when the folder's later shards were added since (`bertforge add`: the
+    graph is extended by them, `extend_graph`), else None."""
+    first = record.get("shards")
+    if (isinstance(first, int) and 0 < first < len(index.shards)
+            and record.get("shards_key") == shards_key(index.manifest, first)):
+        return first
+    return None
 
 
 def open_ann(index: VectorIndex) -> AnnIndex | None:
@@ -219,16 +293,19 @@ def open_ann(index: VectorIndex) -> AnnIndex | None:
         record, problem = None, str(error)
     faiss = import_faiss()
     if problem is None:
+        name, first = graph_name(record), appended_from(index, record)
+        count = index.count if first is None else int(index.offsets[first])
         try:
-            graph = faiss.read_index(str(index.directory / GRAPH_NAME))
+            graph = faiss.read_index(str(index.directory / name))
         except RuntimeError as error:  # checksum of a file written by another faiss build
-            graph, problem = None, f"faiss cannot read {GRAPH_NAME} ({brief(error)})"
+            graph, problem = None, f"faiss cannot read {name} ({brief(error)})"
         else:
-            if graph.ntotal != index.count or graph.d != index.dim or graph.metric_type != faiss.METRIC_INNER_PRODUCT:
-                problem = (f"{GRAPH_NAME} holds {graph.ntotal} vectors of {graph.d} dimensions (metric "
-                           f"{graph.metric_type}), not the folder's {index.count} x {index.dim} by inner product")
+            if graph.ntotal != count or graph.d != index.dim or graph.metric_type != faiss.METRIC_INNER_PRODUCT:
+                problem = (f"{name} holds {graph.ntotal} vectors of {graph.d} dimensions (metric "
+                           f"{graph.metric_type}), not the folder's {count} x {index.dim} by inner product")
     if problem is None:
-        return AnnIndex(index, record, graph)
+        ann = AnnIndex(index, record, graph)
+        return ann if first is None else extend_graph(ann)  # shards added since (`bertforge add`)
     log.warning("%s: %s; building the approximate index again from the folder's vectors", path, problem)
     settings = {name: record[name] if isinstance(record, dict) and isinstance(record.get(name), int) else default
                 for name, default in (("m", DEFAULT_M), ("ef_construction", DEFAULT_EF_CONSTRUCTION),
@@ -242,4 +319,5 @@ def open_ann(index: VectorIndex) -> AnnIndex | None:
     return AnnIndex(index, record, graph)
 
 
-__all__ = ["ANN_NAME", "DEFAULT_EF_SEARCH", "GRAPH_NAME", "AnnIndex", "build_ann", "open_ann", "shards_key"]
+__all__ = ["ANN_NAME", "DEFAULT_EF_SEARCH", "GRAPH_NAME", "AnnIndex", "build_ann", "open_ann", "read_ann_record",
+           "shards_key", "sweep_graphs"]

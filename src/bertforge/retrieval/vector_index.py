@@ -99,14 +99,17 @@ class VectorIndex(VectorFolder):
         return queries @ np.asarray(block, dtype=np.float32).T
 
     def search_vectors(self, queries: np.ndarray, top_k: int = DEFAULT_TOP_K,
-                       rescore_multiplier: int = DEFAULT_RESCORE_MULTIPLIER) -> tuple[np.ndarray, np.ndarray]:
+                       rescore_multiplier: int = DEFAULT_RESCORE_MULTIPLIER,
+                       rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The top-k rows of every query vector, scanning the shards one at a time: exact for float shards,
         the dot product with the dequantized document for int8 ones; binary ones are scanned by sign, and
-        their best `rescore_multiplier` x k rows rescored by their int8 codes.
+        their best `rescore_multiplier` x k rows rescored by their int8 codes. Deleted rows (`VectorFolder.live`)
+        and rows outside `rows` are masked before the top-k, so the hits are the top-k of the rows allowed.
 
         Args:
             queries: [Q, H] float32 query vectors (embedded as the corpus was).
-            top_k: hits per query (capped at the number of vectors).
+            top_k: hits per query (capped at the number of rows allowed).
+            rows: [count] bool, the rows a hit may be (None: every live row).
 
         Returns:
             ([Q, k] scores, [Q, k] global row numbers), best first.
@@ -119,16 +122,21 @@ class VectorIndex(VectorFolder):
             raise InputError(f"query vectors must be [Q, {self.dim}], got {list(queries.shape)}")
         check_top_k(top_k)
         check_top_k(rescore_multiplier, "rescore_multiplier")
-        k = min(top_k, self.count)
+        allowed = self.allowed(rows)
+        available = self.count if allowed is None else int(allowed.sum())
+        k = min(top_k, available)
         binary = self.manifest["dtype"] == "binary"
-        wide = min(k * rescore_multiplier, self.count) if binary else k
+        wide = min(k * rescore_multiplier, available) if binary else k
         best = (np.full((len(queries), 0), -np.inf, np.float32), np.zeros((len(queries), 0), np.int64))
+        if k == 0:  # every row deleted, or none allowed
+            return best
         for index in range(len(self.shards)):
             vectors = self.shard_vectors(index)
             for start in range(0, len(vectors), BLOCK_ROWS):
                 block = vectors[start:start + BLOCK_ROWS]
                 first = int(self.offsets[index]) + start
-                best = self._merge_block(queries, block, first, best, wide)
+                mask = None if allowed is None else allowed[first:first + len(block)]
+                best = self._merge_block(queries, block, first, best, wide, mask)
         if binary:
             scores = rescore(queries, best[1], self.codes_at, self.manifest["calibration"])
             best = top_k_merge(scores, best[1], k)
@@ -141,11 +149,14 @@ class VectorIndex(VectorFolder):
                  for shard in np.unique(shard_of)]
         return np.concatenate(parts) if parts else np.zeros((0, self.dim), np.int8)
 
-    def _merge_block(self, queries: np.ndarray, block: np.ndarray, first: int,
-                     best: tuple[np.ndarray, np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _merge_block(self, queries: np.ndarray, block: np.ndarray, first: int, best: tuple[np.ndarray, np.ndarray],
+                     k: int, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         scores, rows = [], []
         for q in range(0, len(queries), QUERY_BLOCK):
-            found = block_top_k(self.score_block(queries[q:q + QUERY_BLOCK], block), first, k)  # [q, n] -> [q, k']
+            block_scores = self.score_block(queries[q:q + QUERY_BLOCK], block)
+            if mask is not None:  # a masked row ranks below every allowed one: k allowed rows exist in all
+                block_scores[:, ~mask] = -np.inf
+            found = block_top_k(block_scores, first, k)  # [q, n] -> [q, k']
             merged = top_k_merge(np.concatenate([best[0][q:q + QUERY_BLOCK], found[0]], axis=1),
                                  np.concatenate([best[1][q:q + QUERY_BLOCK], found[1]], axis=1), k)
             scores.append(merged[0])
