@@ -23,7 +23,7 @@ from bertforge.errors import BertforgeError
 
 # The subcommands that run a model for inference: those with --engine (tests/unit/test_engine_threads.py checks)
 # and search, which embeds its queries.
-INFERENCE_COMMANDS = ("evaluate", "predict", "serve", "embed", "search", "mine-negatives", "score-margins",
+INFERENCE_COMMANDS = ("evaluate", "predict", "serve", "embed", "add", "search", "mine-negatives", "score-margins",
                       "evaluate-embeddings")
 
 __all__ = ["FINETUNE_FLAGS", "INFERENCE_COMMANDS", "PRETRAIN_FLAGS", "build_parser", "entry", "evaluate_overrides", "finetune_config",

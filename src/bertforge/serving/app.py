@@ -195,7 +195,7 @@ def served_facts(models: ModelSet, settings: ServerSettings) -> ServedFacts:
         prompt_names=tuple(sorted({name for p in embedders for name in (p.sentence.prompts if p.sentence else ())})),
         layers=min((p.config.num_hidden_layers for p in embedders), default=0), max_items=settings.max_items,
         roots={name: root_request(service) for name, service in models.services.items()},
-        keys=bool(settings.api_keys), open_paths=OPEN_PATHS)
+        keys=bool(settings.api_keys), open_paths=OPEN_PATHS, max_sparse_terms=settings.max_sparse_terms)
 
 
 def add_probes(app: FastAPI, models: ModelSet, settings: ServerSettings, unattributed: RequestMetrics,

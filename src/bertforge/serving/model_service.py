@@ -277,14 +277,18 @@ class InferenceService:
         except InputError as error:
             raise RequestError(422, f"{where}: {error}", param=where.split("[")[0]) from None
 
-    async def run(self, task: str, parsed: list[Any], options: dict[str, Any], request: Request) -> list[Any]:
+    async def run(self, task: str, parsed: list[Any], options: dict[str, Any], request: Request, *,
+                  answered: bool = True) -> list[Any]:
         """The pipeline's results for inputs already parsed and options already checked, through this model's
         scheduler; RequestError with the status of a failure (`FAILURE_STATUS`), or 413 for an answer over its
-        bound (`answers.bound_answer`), before any model call."""
+        bound (`answers.bound_answer`), before any model call. `answered` False: the results are not the answer
+        (`/search`'s query vectors), so they are neither bounded nor pruned as an answer would be."""
         settings = self.settings
-        options, limit = bound_answer(self.scheduler.pipelines[task], options, len(parsed),
-                                      max_answer_bytes=settings.max_answer_bytes,
-                                      max_sparse_terms=settings.max_sparse_terms)
+        limit = None
+        if answered:
+            options, limit = bound_answer(self.scheduler.pipelines[task], options, len(parsed),
+                                          max_answer_bytes=settings.max_answer_bytes,
+                                          max_sparse_terms=settings.max_sparse_terms)
         try:
             floor = None
             if estimate_tokens(parsed) * CHARS_PER_TOKEN > self.settings.max_request_tokens:

@@ -129,7 +129,7 @@ def bind_indexes(searchers: Mapping[str, Searcher], models: ModelSet) -> dict[st
 
     Raises:
         ConfigError: no served model is the one an index needs, or it does not serve the task that embeds
-            its queries (`serve --task` left it out).
+            its queries (the app was built with `tasks` that leave it out).
     """
     fingerprints = {model_fingerprint(service.directory): service for service in models.services.values()}
     bound = {}
@@ -203,7 +203,7 @@ async def embed_side(served: ServedIndex, kind: str, queries: list[str], call: S
     parsed = [prefix + service.parse(wanted.task, text, f"queries[{i}]") for i, text in enumerate(queries)]
     options = service.check_options(wanted.task, wanted.options)
     with service.scheduler.incoming():
-        results = await service.run(wanted.task, parsed, options, request)
+        results = await service.run(wanted.task, parsed, options, request, answered=False)
     if kind == "sparse":
         return SparseRows.from_vectors([(r["indices"], r["values"]) for r in results], pipeline.config.vocab_size)
     return np.asarray([r["embedding"] for r in results], dtype=np.float32)  # [Q, D]

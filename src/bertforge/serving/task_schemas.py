@@ -108,7 +108,8 @@ class EmbedParameters(WireModel):
 class SparseParameters(WireModel):
     pooling: str = option(None, "SPLADE pooling over the tokens", enum=list(SPLADE_STRATEGIES))
     activation: str = option(None, "log(1 + relu) of the logits, or once more log1p", enum=list(SPLADE_ACTIVATIONS))
-    max_terms: Annotated[int, Field(ge=0)] = option(None, "keep each text's largest this many weights (0: all)")
+    max_terms: Annotated[int, Field(ge=0)] = option(None, "keep each text's largest this many weights (0: all, up to the "
+                                                   "server's max_sparse_terms)", fit="sparse-terms")
     tokens: bool = option(None, "add each term's vocabulary token")
 
 

@@ -84,6 +84,7 @@ class ServedFacts:
         max_items: the most inputs one request may hold.
         roots: each model's name -> the request model its own route (`POST /models/<name>`, `ROOT`) takes.
         keys: whether the server needs an API key; `open_paths`: the paths that do not.
+        max_sparse_terms: the most terms a sparse vector may ask to keep (`max_terms`; 0: no cap).
     """
 
     models: Mapping[str, tuple[str, ...]]
@@ -96,6 +97,7 @@ class ServedFacts:
     roots: Mapping[str, str]
     keys: bool = False
     open_paths: tuple[str, ...] = ()
+    max_sparse_terms: int = 0
 
 
 class WireModel(BaseModel):
@@ -378,7 +380,8 @@ def fit_to_models(schema: dict[str, Any], facts: ServedFacts) -> None:
       where none does (TEI's /rerank without a reranker) or, without `{model}`, where the path alone names no
       model (several serve the task: the server answers 400 asking for a name);
     - each `FIT` mark becomes its bound: non-blank text, a token id below the vocabulary size, the widths
-      `dimensions` may take, the prompt names, the layer range (a branch nothing can match is dropped);
+      `dimensions` may take, the prompt names, the layer range, the sparse terms a request may keep (a branch
+      nothing can match is dropped);
     - with API keys, a bearer scheme and the 401 on every operation outside the open paths.
     """
     paths = schema.get("paths", {})
@@ -409,6 +412,7 @@ def fit_to_models(schema: dict[str, Any], facts: ServedFacts) -> None:
         "prompt-name": {"enum": list(facts.prompt_names)} if facts.prompt_names else None,
         "layer": {"minimum": -facts.layers - 1, "maximum": facts.layers},
         "items": {"maxItems": facts.max_items},
+        "sparse-terms": {"maximum": facts.max_sparse_terms} if facts.max_sparse_terms else {},
     }
     schema["paths"] = fit_marks(paths, bounds)
     schema["components"] = fit_marks(schema.get("components", {}), bounds)
