@@ -25,6 +25,12 @@ from bertforge.families.sparse import FAMILY as SPARSE_EMBEDDING
 from bertforge.families.tagging import FAMILY as TAGGING
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.fast_paths import set_fast_paths
+from bertforge.model.modernbert import (
+    ModernBertForMaskedLM,
+    ModernBertForSequenceClassification,
+    ModernBertForTokenClassification,
+    ModernBertModel,
+)
 
 # Embedding is last: its model class (`BertModel`) is the most general, so `for_model` finds a task model's
 # own family first. Reranking runs a classification model (after classification, which `for_model` finds).
@@ -48,7 +54,10 @@ _BY_TASK: dict[str, Family] = {f.task: f for f in FAMILIES if f.task}
 # BertForMaskedLM (MLM-only pretraining) is a BertForPretraining without NSP head: the pretraining family's too.
 MODEL_CLASSES: dict[str, type[BertPretrainedModel]] = {
     "BertModel": BertModel, **{f.model_class.__name__: f.model_class for f in FAMILIES},
-    "BertForMaskedLM": BertForMaskedLM}
+    "BertForMaskedLM": BertForMaskedLM,
+    # ModernBERT directories (config.json's model_type "modernbert"): the encoder and its task models.
+    **{cls.__name__: cls for cls in (ModernBertModel, ModernBertForMaskedLM, ModernBertForSequenceClassification,
+                                     ModernBertForTokenClassification)}}
 # The pipeline routes, in a fixed order: one per family, `embed` (which any model's encoder serves) last.
 TASKS: tuple[str, ...] = tuple(f.task for f in FAMILIES if f.task)
 
