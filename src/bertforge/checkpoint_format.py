@@ -70,6 +70,7 @@ from bertforge.storage import (
 )
 from bertforge.tokenization.tokenizer import Tokenizer
 from bertforge.tokenization.tokenizer_files import TokenizerConfig
+from bertforge.tokenization.tokenizer_json import JsonTokenizer, json_model_type
 from bertforge.tokenization.vocab import Vocab, check_fits_embeddings
 
 log = logging.getLogger(__name__)
@@ -109,11 +110,11 @@ class ModelDirectory:
     path: Path
     config: BertConfig
     architecture: str | None
-    tokenizer: Tokenizer | None
+    tokenizer: Tokenizer | JsonTokenizer | None
     finetuning: dict[str, Any] | None
     sentence: st.SentenceSettings | None = None
 
-    def require_tokenizer(self) -> Tokenizer:
+    def require_tokenizer(self) -> Tokenizer | JsonTokenizer:
         if self.tokenizer is None:
             raise CheckpointError(f"{self.path}: no {VOCAB_NAME} (nor {st.TOKENIZER_JSON_NAME}); this model "
                                   "directory was saved without a tokenizer (copy the vocab.txt and "
@@ -185,8 +186,9 @@ def write_model_files(model: torch.nn.Module, folder: Path, tokenizer=None,
     save_file(hf_state_dict(model), str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
     files = dict(getattr(model, "directory_files", dict)())
     if tokenizer is not None:
-        tokenizer.save_pretrained(folder)
-        files[st.TOKENIZER_JSON_NAME] = tokenizer_json(tokenizer)
+        tokenizer.save_pretrained(folder)  # a JsonTokenizer writes its own tokenizer.json
+        if isinstance(tokenizer, Tokenizer):
+            files[st.TOKENIZER_JSON_NAME] = tokenizer_json(tokenizer)
     for name, content in {**files, **(extra_files or {})}.items():
         if isinstance(content, bytes):
             write_bytes(folder / name, content)
@@ -320,10 +322,22 @@ def tokenizer_source(folder: Path) -> Path:
 
 
 def read_tokenizer(folder: Path, do_lower_case: bool | None = None,
-                   vocab_size: int | None = None) -> Tokenizer | None:
+                   vocab_size: int | None = None) -> Tokenizer | JsonTokenizer | None:
     """The tokenizer of a model directory: from vocab.txt and tokenizer_config.json (checked against a
-    tokenizer.json beside them), else from a tokenizer.json alone; None when it has neither. `vocab_size`: the
-    model's embedding rows, which the vocabulary must fit (checked first: the clearest error)."""
+    tokenizer.json beside them), else from a tokenizer.json alone (BERT's WordPiece into `Tokenizer`, any
+    other model, such as ModernBERT's BPE, run by the `tokenizers` library: `JsonTokenizer`); None when it has
+    neither. `vocab_size`: the model's embedding rows, which the vocabulary must fit (checked first: the
+    clearest error)."""
+    json_file = folder / st.TOKENIZER_JSON_NAME
+    if not (folder / VOCAB_NAME).exists() and json_file.is_file() and json_model_type(json_file) != "WordPiece":
+        verify_checksum(json_file)
+        if do_lower_case is not None:
+            raise ConfigError(f"{json_file}: do_lower_case applies to BERT's WordPiece tokenizer only; this "
+                              "tokenizer.json normalises text itself")
+        tokenizer = JsonTokenizer.from_pretrained(folder)
+        if vocab_size is not None:
+            check_fits_embeddings(tokenizer.vocab_size, vocab_size, json_file)
+        return tokenizer
     if (folder / VOCAB_NAME).exists():
         tokenizer = Tokenizer.from_pretrained(folder, do_lower_case=do_lower_case)
     elif (folder / st.TOKENIZER_JSON_NAME).is_file():
@@ -357,7 +371,7 @@ def tokenizer_from_json(folder: Path, do_lower_case: bool | None = None) -> Toke
         raise CheckpointError(f"{config_file if stated else file}: {error}") from None
 
 
-def load_tokenizer(path: str | os.PathLike, *, do_lower_case: bool | None = None) -> Tokenizer:
+def load_tokenizer(path: str | os.PathLike, *, do_lower_case: bool | None = None) -> Tokenizer | JsonTokenizer:
     """The tokenizer saved in a model directory (clear error when the directory has none)."""
     folder = Path(path)
     vocab_size = read_config(folder)[0].vocab_size if (folder / CONFIG_NAME).is_file() else None

@@ -240,3 +240,19 @@ def test_modernbert_encoder_loads_from_a_task_directory(tmp_path):
     with torch.no_grad():
         assert_real_close(encoder(**inputs).last_hidden_state, mlm.bert(**inputs).last_hidden_state,
                           inputs["attention_mask"], "encoder output")
+
+
+def test_tokenizer_json_matches_transformers_fast_tokenizer(tmp_path):
+    # A byte-level BPE trained here, saved by us, loaded by transformers' AutoTokenizer: same ids, same offsets.
+    from bertforge.tokenization.tokenizer_json import train_bpe
+
+    corpus = ["Naïve café owners serve crème brûlée daily!", "The quick brown fox jumps over the lazy dog."] * 20
+    ours = train_bpe(corpus, vocab_size=300)
+    ours.save_pretrained(tmp_path)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in ("The  naïve fox, café!", "crème brûlée über alles 8,192", ""):
+        mine = ours.encode(text, add_special_tokens=False)
+        reference = theirs(text, add_special_tokens=False, return_offsets_mapping=True)
+        assert mine.ids == reference["input_ids"]
+        assert mine.offsets == [tuple(span) for span in reference["offset_mapping"]]
+    assert theirs.cls_token_id == ours.cls_token_id and theirs.pad_token_id == ours.pad_token_id
