@@ -503,8 +503,8 @@ def translate_weights(tensors: dict[str, torch.Tensor], model: torch.nn.Module, 
         ours[name] = value
     if unknown:
         raise CheckpointError(f"{source}: unexpected tensors {unknown[:8]}{' ...' if len(unknown) > 8 else ''} "
-                              f"that a {type(model.config).__name__.removesuffix('Config')} checkpoint does not "
-                              "have; does its config.json name the right model_type?")
+                              f"that a {names.MODEL_NAME} checkpoint does not have; is this a {names.MODEL_NAME} "
+                              "model (config.json's model_type)?")
     return ours, skipped
 
 

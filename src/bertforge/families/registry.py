@@ -100,9 +100,19 @@ def for_task(task: str) -> Family:
     return _BY_TASK[task]
 
 
+# ModernBERT's classes -> the family that serves them (their heads are ModernBERT's, their features,
+# decoders and metrics the family's).
+MODERNBERT_FAMILIES: dict[type[BertPretrainedModel], Family] = {
+    ModernBertForSequenceClassification: CLASSIFICATION, ModernBertForTokenClassification: TAGGING,
+    ModernBertForMaskedLM: PRETRAINING, ModernBertModel: EMBEDDING}
+
+
 def for_model(model: Any) -> Family:
     """The family of a model instance or class: a task model's own, embedding for a bare `BertModel`."""
     cls = model if isinstance(model, type) else type(model)
+    for modern, found in MODERNBERT_FAMILIES.items():
+        if issubclass(cls, modern):
+            return found
     for candidate in FAMILIES:
         if issubclass(cls, candidate.model_class):
             return candidate

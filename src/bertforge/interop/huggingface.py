@@ -13,6 +13,8 @@ from typing import Any
 
 from bertforge.errors import ConfigError
 
+MODEL_NAME = "BERT"  # in messages
+
 # (ours, theirs) — `{i}` is a layer index; each applies to `.weight` and `.bias` suffixes alike.
 KEY_TABLE: tuple[tuple[str, str], ...] = (
     ("embeddings.word", "embeddings.word_embeddings"),

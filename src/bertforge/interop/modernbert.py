@@ -20,6 +20,8 @@ from bertforge.interop.huggingface import HF_ONLY_CONFIG_KEYS, compile_pattern, 
 
 MODEL_TYPE = "modernbert"
 
+MODEL_NAME = "ModernBERT"  # in messages
+
 # (ours, theirs) — `{i}` is a layer index; each applies to `.weight` and `.bias` suffixes alike.
 KEY_TABLE: tuple[tuple[str, str], ...] = (
     ("embeddings.word", "embeddings.tok_embeddings"),

@@ -233,18 +233,23 @@ class ModernBertModel(ModernBertPretrainedModel):
                 raise InputError(f"token id {low if low < 0 else high} is outside the vocabulary (size {vocab}); "
                                  "was the text encoded with this model's tokenizer.json?")
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, output_hidden_states: bool = False,
-                output_attentions: bool = False, token_type_ids: torch.Tensor | None = None) -> BertOutput:
-        """Encode a batch.
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                sequence_ids: torch.Tensor | None = None) -> BertOutput:
+        """Encode a batch (arguments in `BertModel.forward`'s order, so every caller of an encoder, the engine's
+        row chunks among them, can call this). Packed rows (`sequence_ids`) are not supported yet.
 
         Args:
             input_ids: long [B, T]. attention_mask: [B, T], 1 for real tokens, 0 for padding (default all 1).
-            position_ids: long [B, T] or [T] (default 0..T-1).
             token_type_ids: accepted from callers that build BERT's features, and unused: ModernBERT has no
                 segments.
+            position_ids: long [B, T] or [T] (default 0..T-1).
         """
         self.check_inputs(input_ids)
+        if sequence_ids is not None:
+            raise InputError("ModernBERT does not run packed rows (sequence_ids) yet; pass padded rows with an "
+                             "attention_mask")
         batch, tokens = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(tokens, device=input_ids.device)
@@ -288,10 +293,11 @@ class ModernBertForMaskedLM(ModernBertPretrainedModel):
         self.decoder_bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.decoder_bias else None
         self.init_weights()
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, output_hidden_states: bool = False,
-                output_attentions: bool = False, token_type_ids: torch.Tensor | None = None) -> TaskOutput:
-        out = self.bert(input_ids, attention_mask, position_ids, output_hidden_states, output_attentions)
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
+        out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
+                        output_hidden_states=output_hidden_states, output_attentions=output_attentions)
         logits = F.linear(self.head(out.last_hidden_state), self.bert.embeddings.word.weight,
                           self.decoder_bias)  # [B, T, H] -> [B, T, V]
         return TaskOutput(logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
@@ -321,10 +327,11 @@ class ModernBertForSequenceClassification(ModernBertPretrainedModel):
         weights = attention_mask.to(hidden.dtype)[:, :, None]  # [B, T] -> [B, T, 1]
         return (hidden * weights).sum(dim=1) / weights.sum(dim=1)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, output_hidden_states: bool = False,
-                output_attentions: bool = False, token_type_ids: torch.Tensor | None = None) -> TaskOutput:
-        out = self.bert(input_ids, attention_mask, position_ids, output_hidden_states, output_attentions)
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
+        out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
+                        output_hidden_states=output_hidden_states, output_attentions=output_attentions)
         pooled = self.head(self.pool(out.last_hidden_state, attention_mask))  # [B, H]
         logits = self.classifier(self.dropout(pooled))  # [B, C]
         return TaskOutput(logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
@@ -344,9 +351,10 @@ class ModernBertForTokenClassification(ModernBertPretrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, output_hidden_states: bool = False,
-                output_attentions: bool = False, token_type_ids: torch.Tensor | None = None) -> TaskOutput:
-        out = self.bert(input_ids, attention_mask, position_ids, output_hidden_states, output_attentions)
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
+        out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
+                        output_hidden_states=output_hidden_states, output_attentions=output_attentions)
         logits = self.classifier(self.dropout(self.head(out.last_hidden_state)))  # [B, T, H] -> [B, T, C]
         return TaskOutput(logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
