@@ -4,6 +4,8 @@ tokenizes it with the tokenizers library and runs it on the torch fp32 engine (`
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 
@@ -37,3 +39,42 @@ def test_modernbert_directory_embeds_through_the_pipeline_and_engine(tmp_path):
     mask = inputs["attention_mask"][..., None].float()
     expected = ((hidden * mask).sum(1) / mask.sum(1)).numpy()
     np.testing.assert_allclose(vectors, expected, atol=1e-5)
+
+
+def test_modernbert_directory_finetunes_predicts_and_embeds_through_the_cli(tmp_path):
+    from bertforge.cli import main
+    from bertforge.model.modernbert import ModernBertForMaskedLM, ModernBertForSequenceClassification
+
+    rows = ["text_a\tlabel"] + [f"{'good' if i % 2 else 'bad'} day number {i}\t{'pos' if i % 2 else 'neg'}"
+                                for i in range(40)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    (tmp_path / "dev.tsv").write_text("\n".join(rows[:11]) + "\n", encoding="utf-8")
+    tokenizer = train_bpe([row.split("\t")[0] for row in rows] * 5, vocab_size=300)
+    config = ModernBertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=48,
+                              num_hidden_layers=3, num_attention_heads=2, pad_token_id=tokenizer.pad_token_id,
+                              local_attention=8, max_position_embeddings=512)
+    torch.manual_seed(0)
+    ModernBertForMaskedLM(config).save_pretrained(tmp_path / "base", tokenizer=tokenizer)
+    assert main(["finetune", "--format", "classification", "--train", str(tmp_path / "train.tsv"), "--dev",
+                 str(tmp_path / "dev.tsv"), "--text-a", "text_a", "--label", "label", "--model",
+                 str(tmp_path / "base"), "--out", str(tmp_path / "ft"), "--epochs", "1", "--batch-size", "8",
+                 "--device", "cpu", "--max-seq-length", "16", "--progress=false"]) == 0
+    best = tmp_path / "ft" / "best"
+    saved = json.loads((best / "config.json").read_text())
+    assert saved["model_type"] == "modernbert" and saved["architectures"] == ["ModernBertForSequenceClassification"]
+    texts = ["good day number 3", "bad day"]
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    for task in ("classify", "embed"):
+        assert main(["predict", "--model", str(best), "--task", task, "--input", str(tmp_path / "in.txt"),
+                     "--output", str(tmp_path / f"{task}.jsonl"), "--device", "cpu", "--precision", "fp32"]) == 0
+    answers = [json.loads(line) for line in (tmp_path / "classify.jsonl").read_text().splitlines()]
+    # The CLI's scores are the saved model's own: [CLS] text [SEP], softmax over its logits.
+    model = ModernBertForSequenceClassification.from_pretrained(best, fast_path=False)
+    for text, answer in zip(texts, answers):
+        ids = torch.tensor([tokenizer.encode(text).ids])
+        with torch.no_grad():
+            probabilities = model(ids).logits.softmax(-1)[0]
+        np.testing.assert_allclose([answer["scores"][name] for name in model.config.label_names], probabilities.numpy(),
+                                   atol=1e-5)
+    vectors = [json.loads(line)["embedding"] for line in (tmp_path / "embed.jsonl").read_text().splitlines()]
+    assert np.asarray(vectors).shape == (2, config.hidden_size)

@@ -24,12 +24,14 @@ from bertforge.families.reranking import FAMILY as RERANKING
 from bertforge.families.sparse import FAMILY as SPARSE_EMBEDDING
 from bertforge.families.tagging import FAMILY as TAGGING
 from bertforge.model.bert import BertModel, BertPretrainedModel
+from bertforge.model.config.modernbert import ModernBertConfig
 from bertforge.model.fast_paths import set_fast_paths
 from bertforge.model.modernbert import (
     ModernBertForMaskedLM,
     ModernBertForSequenceClassification,
     ModernBertForTokenClassification,
     ModernBertModel,
+    ModernBertPretrainedModel,
 )
 
 # Embedding is last: its model class (`BertModel`) is the most general, so `for_model` finds a task model's
@@ -107,6 +109,19 @@ MODERNBERT_FAMILIES: dict[type[BertPretrainedModel], Family] = {
     ModernBertForMaskedLM: PRETRAINING, ModernBertModel: EMBEDDING}
 
 
+def counterpart(cls: type[BertPretrainedModel], config: Any) -> type[BertPretrainedModel]:
+    """The class a family asks for (BERT's), for a directory of `config`: a ModernBERT directory gets the
+    ModernBERT class its family runs (its heads), any other the class itself."""
+    if not isinstance(config, ModernBertConfig) or issubclass(cls, ModernBertPretrainedModel):
+        return cls
+    wanted = for_model(cls)
+    for modern, found in MODERNBERT_FAMILIES.items():
+        if found is wanted:
+            return modern
+    raise ConfigError(f"the {wanted.name} family has no ModernBERT model yet; ModernBERT directories serve "
+                      f"{sorted(f.name for f in MODERNBERT_FAMILIES.values())}")
+
+
 def for_model(model: Any) -> Family:
     """The family of a model instance or class: a task model's own, embedding for a bare `BertModel`."""
     cls = model if isinstance(model, type) else type(model)
@@ -165,6 +180,10 @@ def load_model(path: str | os.PathLike | ModelDirectory, cls: type[BertPretraine
         architecture = path.architecture if isinstance(path, ModelDirectory) else \
             checkpoint_format.read_config(path, step=kwargs.get("step"))[1]
         cls = model_class(architecture)
+    else:
+        config = path.config if isinstance(path, ModelDirectory) else \
+            checkpoint_format.read_config(path, step=kwargs.get("step"))[0]
+        cls = counterpart(cls, config)
     model, report = checkpoint_format.load_model(path, cls, **kwargs)
     set_fast_paths(model, unpad=fast_path, fused_qkv=fast_path)
     return model, report

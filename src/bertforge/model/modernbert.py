@@ -162,9 +162,20 @@ class Encoder(nn.Module):
 
 class ModernBertPretrainedModel(BertPretrainedModel):
     """Base of the ModernBERT models: saving and loading as BERT's (`BertPretrainedModel`), ModernBERT's
-    initialisation."""
+    initialisation; a task model with `config.freeze_encoder` keeps its encoder fixed (no gradients, no
+    dropout), as BERT's task models do."""
 
     config_class = ModernBertConfig
+
+    def freeze(self) -> None:
+        if self.config.freeze_encoder and hasattr(self, "bert"):
+            self.bert.requires_grad_(False)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.config.freeze_encoder and hasattr(self, "bert"):
+            self.bert.eval()
+        return self
 
     def init_weights(self) -> None:
         """Truncated normal weights cut at `initializer_cutoff_factor` standard deviations, as the reference:
@@ -292,6 +303,7 @@ class ModernBertForMaskedLM(ModernBertPretrainedModel):
         self.head = PredictionHead(config)
         self.decoder_bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.decoder_bias else None
         self.init_weights()
+        self.freeze()
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,
@@ -317,6 +329,7 @@ class ModernBertForSequenceClassification(ModernBertPretrainedModel):
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
+        self.freeze()
 
     def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """[B, T, H] -> [B, H]: the first token, or the mean over real tokens."""
@@ -350,6 +363,7 @@ class ModernBertForTokenClassification(ModernBertPretrainedModel):
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
+        self.freeze()
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,

@@ -28,9 +28,15 @@ class EncoderConfig:
     id2label: dict[int, str] | None
     label2id: dict[str, int] | None
     problem_type: str | None
+    label_thresholds: list[float] | None
 
     def check_labels(self, need) -> None:
-        """Validate and normalise the label maps; `need(cond, field, fix)` raises the config's error."""
+        """Validate and normalise the label maps and thresholds; `need(cond, field, fix)` raises the config's
+        error."""
+        if self.label_thresholds is not None:
+            need(len(self.label_thresholds) > 0 and all(0.0 <= float(t) <= 1.0 for t in self.label_thresholds),
+                 "label_thresholds", "give one threshold in [0, 1] or one per label, or leave it unset")
+            self.label_thresholds = [float(t) for t in self.label_thresholds]
         # JSON turns int keys into strings; normalise both label maps so either spelling loads.
         label_fix = ("give the label ids 0..N-1 as keys (strings in config.json), in the order the model was "
                      'trained with, e.g. "id2label": {"0": "negative", "1": "positive"} (and "label2id" the '
@@ -182,10 +188,6 @@ class BertConfig(EncoderConfig):
                                                       for i in self.feature_layers),
                  "feature_layers", f"give layer indices in [-{self.num_hidden_layers + 1}, "
                  f"{self.num_hidden_layers}] (0 = embeddings, -1 = last layer)")
-        if self.label_thresholds is not None:
-            need(len(self.label_thresholds) > 0 and all(0.0 <= float(t) <= 1.0 for t in self.label_thresholds),
-                 "label_thresholds", "give one threshold in [0, 1] or one per label, or leave it unset")
-            self.label_thresholds = [float(t) for t in self.label_thresholds]
         self.check_labels(need)
 
     @property

@@ -11,7 +11,7 @@ Label names, the problem type and the JSON round trip are shared with `BertConfi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bertforge.errors import ConfigError
@@ -70,6 +70,13 @@ class ModernBertConfig(EncoderConfig):
     problem_type: str | None = None
     id2label: dict[int, str] | None = None
     label2id: dict[str, int] | None = None
+    # bertforge's task settings, as `BertConfig`'s: a fixed encoder under a trained head; multi-label decision
+    # thresholds. The deeper classifier, layer features and the CRF are BERT's only for now (refused if set).
+    freeze_encoder: bool = False
+    label_thresholds: list[float] | None = None
+    classifier_hidden_sizes: list[int] = field(default_factory=list)
+    feature_layers: list[int] | None = None
+    use_crf: bool = False
     architectures: list[str] | None = None
 
     def __post_init__(self) -> None:
@@ -108,6 +115,9 @@ class ModernBertConfig(EncoderConfig):
                  and all(kind in LAYER_TYPES for kind in self.layer_types), "layer_types",
                  f"give one of {LAYER_TYPES} per layer ({self.num_hidden_layers}), or leave it unset to put a "
                  "global layer every global_attn_every_n_layers")
+        need(isinstance(self.freeze_encoder, bool), "freeze_encoder", "use true or false")
+        for name, unset in (("classifier_hidden_sizes", []), ("feature_layers", None), ("use_crf", False)):
+            need(getattr(self, name) == unset, name, f"ModernBERT's heads do not offer it yet: leave it {unset!r}")
         self.check_labels(need)
 
     @property
