@@ -78,3 +78,34 @@ def test_modernbert_directory_finetunes_predicts_and_embeds_through_the_cli(tmp_
                                    atol=1e-5)
     vectors = [json.loads(line)["embedding"] for line in (tmp_path / "embed.jsonl").read_text().splitlines()]
     assert np.asarray(vectors).shape == (2, config.hidden_size)
+
+
+def test_modernbert_directory_finetunes_a_tagger_whose_entities_have_character_offsets(tmp_path):
+    from bertforge.cli import main
+    from bertforge.model.modernbert import ModernBertForMaskedLM
+
+    names = ["Ana", "Rui", "Marta", "Paris", "Lisbon"]
+    blocks = [f"{names[i % 5]} B-PER\nvisited O\n{names[(i + 2) % 5]} B-LOC\ntoday O" for i in range(40)]
+    (tmp_path / "train.txt").write_text("\n\n".join(blocks) + "\n", encoding="utf-8")
+    (tmp_path / "dev.txt").write_text("\n\n".join(blocks[:8]) + "\n", encoding="utf-8")
+    tokenizer = train_bpe([block.replace("\n", " ") for block in blocks], vocab_size=300)
+    config = ModernBertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=48,
+                              num_hidden_layers=3, num_attention_heads=2, pad_token_id=tokenizer.pad_token_id,
+                              local_attention=8, max_position_embeddings=512)
+    torch.manual_seed(0)
+    ModernBertForMaskedLM(config).save_pretrained(tmp_path / "base", tokenizer=tokenizer)
+    assert main(["finetune", "--format", "ner", "--train", str(tmp_path / "train.txt"), "--dev",
+                 str(tmp_path / "dev.txt"), "--model", str(tmp_path / "base"), "--out", str(tmp_path / "ft"),
+                 "--epochs", "1", "--batch-size", "8", "--device", "cpu", "--max-seq-length", "16",
+                 "--progress=false"]) == 0
+    saved = json.loads((tmp_path / "ft" / "best" / "config.json").read_text())
+    assert saved["architectures"] == ["ModernBertForTokenClassification"]
+    text = "Ana visited Lisbon today"
+    (tmp_path / "in.txt").write_text(text + "\n", encoding="utf-8")
+    assert main(["predict", "--model", str(tmp_path / "ft" / "best"), "--task", "tag", "--input",
+                 str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.jsonl"), "--device", "cpu"]) == 0
+    answer = json.loads((tmp_path / "out.jsonl").read_text())
+    assert len(answer["tags"]) == 4  # one tag per word
+    starts, ends = {0, 4, 12, 19}, {3, 11, 18, 24}  # entities begin and end on word boundaries
+    assert all(e["start"] in starts and e["end"] in ends and text[e["start"]:e["end"]] == e["text"]
+               for e in answer["entities"])
