@@ -78,6 +78,20 @@ def test_modernbert_directory_finetunes_predicts_and_embeds_through_the_cli(tmp_
                                    atol=1e-5)
     vectors = [json.loads(line)["embedding"] for line in (tmp_path / "embed.jsonl").read_text().splitlines()]
     assert np.asarray(vectors).shape == (2, config.hidden_size)
+    # The masked-LM directory it started from fills masks (its own task), scored by its MLM head.
+    answer = load_pipeline(tmp_path / "base")(["good day [MASK] 3"])[0]
+    mask = answer["masks"][0]
+    assert (mask["start"], mask["end"]) == (9, 15) and len(mask["predictions"]) == 5
+    base = ModernBertForMaskedLM.from_pretrained(tmp_path / "base", fast_path=False)
+    ids = [tokenizer.cls_token_id, *tokenizer.encode("good day ", add_special_tokens=False).ids]
+    position = len(ids)
+    ids += [tokenizer.mask_token_id, *tokenizer.encode(" 3", add_special_tokens=False).ids, tokenizer.sep_token_id]
+    with torch.no_grad():
+        logits = base(torch.tensor([ids])).logits[0, position]
+    logits[tokenizer.all_special_ids] = float("-inf")
+    best = logits.softmax(-1).topk(5)
+    assert [p["id"] for p in mask["predictions"]] == best.indices.tolist()
+    np.testing.assert_allclose([p["score"] for p in mask["predictions"]], best.values.numpy(), atol=1e-5)
 
 
 def test_modernbert_directory_finetunes_a_tagger_whose_entities_have_character_offsets(tmp_path):

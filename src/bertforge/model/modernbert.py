@@ -23,6 +23,7 @@ rotary tables are [B, T, D] padded, [R, D] unpadded.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -290,9 +291,22 @@ class PredictionHead(nn.Module):
         return self.norm(self.act(self.dense(x)))  # [..., H] -> [..., H]
 
 
+@dataclass
+class MaskedLmOutput(TaskOutput):
+    """`TaskOutput` whose logits [B, T, V] (or [B, M, V] at `mlm_positions`) also read as `mlm_logits`, the
+    name the pretraining family's fill-mask reads; ModernBERT has no next-sentence head."""
+
+    nsp_logits = None
+
+    @property
+    def mlm_logits(self) -> torch.Tensor:
+        return self.logits
+
+
 class ModernBertForMaskedLM(ModernBertPretrainedModel):
     """Encoder, prediction head, then a decoder tied to the word embeddings with its own bias: logits
-    [B, T, V]. The decoder weight is the embedding matrix itself (saved once)."""
+    [B, T, V], or [B, M, V] at `mlm_positions` (long [B, M]: only the masked tokens go through the head). The
+    decoder weight is the embedding matrix itself (saved once)."""
 
     encoder_prefix = "bert."
     head_prefixes = ("head.", "decoder_bias")
@@ -307,12 +321,16 @@ class ModernBertForMaskedLM(ModernBertPretrainedModel):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                mlm_positions: torch.Tensor | None = None) -> MaskedLmOutput:
         out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
                         output_hidden_states=output_hidden_states, output_attentions=output_attentions)
-        logits = F.linear(self.head(out.last_hidden_state), self.bert.embeddings.word.weight,
-                          self.decoder_bias)  # [B, T, H] -> [B, T, V]
-        return TaskOutput(logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        hidden = out.last_hidden_state  # [B, T, H]
+        if mlm_positions is not None:
+            index = mlm_positions.long()[..., None].expand(-1, -1, hidden.shape[-1])  # [B, M] -> [B, M, H]
+            hidden = hidden.gather(1, index)  # [B, T, H] -> [B, M, H]
+        logits = F.linear(self.head(hidden), self.bert.embeddings.word.weight, self.decoder_bias)  # [..., V]
+        return MaskedLmOutput(logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
 
 
 class ModernBertForSequenceClassification(ModernBertPretrainedModel):
