@@ -3,8 +3,8 @@ machine (`bertforge export-index --to qdrant`, `search` / `serve --index qdrant:
 imports `qdrant_client`; the folders are read through `store.VectorFolder`.
 
 Owns: where a collection is (`QdrantLocation`, `parse_location`, `export_location`: a server URL or a local
-folder, qdrant-client's local mode, which runs the same client code), connecting (`connect`: one ConfigError
-for a server that does not answer), the collection's layout (`vectors_wanted`, `check_layout`), the export
+folder, qdrant-client's local mode, which runs the same client code), connecting (`connect`, `release`: one
+ConfigError for a server that does not answer; a local folder's client shared in the process), the collection's layout (`vectors_wanted`, `check_layout`), the export
 (`export_folders`) and the search (`QdrantSearcher`).
 
 Layout: one point per live row (tombstoned rows are not exported) with named vectors "dense" (the folder's
@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -133,26 +134,52 @@ def export_location(target: str, collection: str | None, default: str) -> Qdrant
     return QdrantLocation(name, path=target)
 
 
+# Local mode locks its folder to one client per process: the collections of one folder share it (path -> [client,
+# users]); it is closed when its last user releases it.
+LOCAL_CLIENTS: dict[str, list[Any]] = {}
+LOCAL_LOCK = threading.Lock()
+
+
 def connect(location: QdrantLocation) -> Any:
-    """A client of the location's server (QDRANT_API_KEY: its key) or local folder, checked to answer.
+    """A client of the location's server (QDRANT_API_KEY: its key) or local folder (shared by the collections of
+    one folder in this process), checked to answer; `release` it when done.
 
     Raises:
         ConfigError: qdrant-client is not installed, the server does not answer, or the local folder is
-            open in another client (local mode is one process's).
+            open in another process (local mode is one process's).
     """
     if QdrantClient is None:
         raise ConfigError("Qdrant needs qdrant-client: pip install 'bertforge[search]'")
-    try:
-        if location.path is not None:
-            client = QdrantClient(path=location.path)
-        else:
-            client = QdrantClient(url=location.url, api_key=os.environ.get("QDRANT_API_KEY"), timeout=TIMEOUT_S)
-        client.get_collections()
-    except CLIENT_ERRORS as error:
-        where = location.url or location.path
-        raise ConfigError(f"Qdrant at {where} cannot be used ({str(error).strip()[:300]}); start the server or check "
-                          "the URL (and QDRANT_API_KEY); a local folder is one process's at a time") from None
+    key = str(Path(location.path).resolve()) if location.path is not None else None
+    with LOCAL_LOCK:
+        if key in LOCAL_CLIENTS:
+            LOCAL_CLIENTS[key][1] += 1
+            return LOCAL_CLIENTS[key][0]
+        try:
+            if key is not None:
+                client = QdrantClient(path=location.path)
+            else:
+                client = QdrantClient(url=location.url, api_key=os.environ.get("QDRANT_API_KEY"), timeout=TIMEOUT_S)
+            client.get_collections()
+        except CLIENT_ERRORS as error:
+            where = location.url or location.path
+            raise ConfigError(f"Qdrant at {where} cannot be used ({str(error).strip()[:300]}); start the server or "
+                              "check the URL (and QDRANT_API_KEY); a local folder is one process's at a time") from None
+        if key is not None:
+            LOCAL_CLIENTS[key] = [client, 1]
     return client
+
+
+def release(location: QdrantLocation, client: Any) -> None:
+    """Done with a client of `connect`: a server's is closed, a local folder's when its last user is done."""
+    key = str(Path(location.path).resolve()) if location.path is not None else None
+    with LOCAL_LOCK:
+        if key in LOCAL_CLIENTS:
+            LOCAL_CLIENTS[key][1] -= 1
+            if LOCAL_CLIENTS[key][1]:
+                return
+            del LOCAL_CLIENTS[key]
+    client.close()
 
 
 # --- the collection's layout and record ------------------------------------------------------------------------
@@ -360,7 +387,7 @@ def export_folders(directories: Sequence[str | os.PathLike], target: str, *, col
     except ApiException as error:
         raise ConfigError(f"{location}: Qdrant refused the export ({str(error).strip()[:300]})") from None
     finally:
-        client.close()
+        release(location, client)
     return {"collection": location.collection, "where": location.url or location.path, "points": points,
             "removed": removed}
 
@@ -382,7 +409,7 @@ class QdrantSearcher:
         self.client = connect(self.location)
         name = self.location.collection
         if not self.client.collection_exists(name):
-            self.client.close()
+            self.close()
             raise ConfigError(f"no {self.location}; write one with `bertforge export-index --index DIR --to qdrant "
                               f"{self.location.url or self.location.path} --collection {name}`")
         record = (self.client.get_collection(name).config.metadata or {}).get(META_KEY)
@@ -390,11 +417,11 @@ class QdrantSearcher:
                    if not isinstance(record, dict) or record.get("format") != META_FORMAT else
                    None if record.get("complete") else "is half written: rerun the same `bertforge export-index`")
         if problem:
-            self.client.close()
+            self.close()
             raise ConfigError(f"{self.location} {problem}")
         held = [kind for kind in KINDS if kind in record["kinds"]]
         if self.location.vectors is not None and self.location.vectors not in held:
-            self.client.close()
+            self.close()
             raise ConfigError(f"{self.location} holds no {self.location.vectors} vectors (it holds {', '.join(held)})")
         self.kinds = (self.location.vectors,) if self.location.vectors else tuple(held)
         self.record = record
@@ -411,7 +438,7 @@ class QdrantSearcher:
         return f"{self.location} ({kind} vectors of {self.record['folders'][kind]})"
 
     def close(self) -> None:
-        self.client.close()
+        release(self.location, self.client)
 
     def request(self, kind: str, vectors: Any, q: int, limit: int, params: Any) -> dict[str, Any]:
         """One query's named-vector search (a `QueryRequest`'s or a `Prefetch`'s fields)."""
