@@ -2,7 +2,8 @@
 `bertforge.inference` (its pipelines embed the texts), below `bertforge.serving` (whose `POST /search` runs
 `Searcher`); never the web framework.
 
-- `store`: the folder's format (manifest, shard files, what is finished) and `EmbedSettings`, what it stores;
+- `store`: the folder's format (manifest, shard files, what is finished) and `EmbedSettings`, what it stores
+  (`embed_settings`); `fields`: the metadata stored per record (Parquet), `filters`: conditions on it;
 - `embed_corpus`: the embed job (streamed, resumable, torchrun), writing through the store;
 - `vector_index` (exact), `vector_ann` (HNSW), `sparse_search` (inverted index), `vector_quantization` (int8,
   binary): the indexes; `searcher`: the one search path from query vectors to hits (dense, sparse, hybrid);
