@@ -158,7 +158,7 @@ def record_field(record: Record, column: str | int, flag: str, *, required: bool
             it, invalid JSON; naming file:line and `flag`, the option that chose the column.
     """
     source, number, _ = record
-    row = _columns_row(record, [column], flag)
+    row = _columns_row(record, [column], flag, " (or a 0-based index)")
     return _value(row, column, source, number, flag if required else None)
 
 
@@ -171,11 +171,11 @@ def record_fields(record: Record, columns: Sequence[str], flag: str) -> list[Any
             file:line and `flag`.
     """
     source, number, _ = record
-    row = _columns_row(record, columns, flag)
+    row = _columns_row(record, columns, flag, "")
     return [_value(row, column, source, number, None) for column in columns]
 
 
-def _columns_row(record: Record, columns: Sequence[str | int], flag: str) -> dict | list[str]:
+def _columns_row(record: Record, columns: Sequence[str | int], flag: str, alternative: str) -> dict | list[str]:
     """A table or JSON Lines record parsed, after checking that a table's header has `columns`."""
     source, number, payload = record
     if source.file_format == "text":
@@ -184,7 +184,7 @@ def _columns_row(record: Record, columns: Sequence[str | int], flag: str) -> dic
     for column in columns:
         if isinstance(column, str) and source.header is not None and column not in source.header:
             raise DataError(f"the header has no column {column!r} (columns: {', '.join(source.header)}); name one "
-                            f"with {flag} NAME (or a 0-based index)", source.path, number)
+                            f"with {flag} NAME{alternative}", source.path, number)
     if source.file_format == "jsonl":
         return _json_object(source, number, payload)
     return payload.split("\t") if isinstance(payload, str) else payload

@@ -77,7 +77,8 @@ class FieldSpec:
                               "the key or column")
         if self.type not in FIELD_TYPES:
             raise ConfigError(f"field {self.name!r}: type {self.type!r} is not one of {', '.join(FIELD_TYPES)}; "
-                              f"declare it as --field {self.name}:TYPE")
+                              f"declare it as --field {self.name}:TYPE (a name holding ':' ends with its type, "
+                              f"e.g. --field {self.name}:{self.type}:string)")
 
     def __str__(self) -> str:
         return f"{self.name}:{self.type}"
@@ -94,13 +95,15 @@ class FieldSpec:
 
 def parse_field(text: str | FieldSpec) -> FieldSpec:
     """`--field NAME[:TYPE]` as a `FieldSpec` (TYPE one of `FIELD_TYPES`, default string; a name holding ':'
-    is given with its type, e.g. "a:b:string")."""
+    is given with its type, e.g. "a:b:string").
+
+    Raises:
+        ConfigError: a type that is not one of `FIELD_TYPES`, a bad name.
+    """
     if isinstance(text, FieldSpec):
         return text
     name, sep, kind = str(text).rpartition(":")
-    if sep and kind in FIELD_TYPES:
-        return FieldSpec(name, kind)
-    return FieldSpec(str(text))
+    return FieldSpec(name, kind) if sep else FieldSpec(str(text))
 
 
 def parse_fields(given: Sequence[str | FieldSpec] | None) -> tuple[FieldSpec, ...]:
