@@ -198,7 +198,7 @@ def test_filters_bad_filters_are_one_error_naming_the_field_and_the_fix(folders,
     searcher = Searcher(folders["dense"], exact=True)
     refused = {
         "colour=red": "no field 'colour'; the index's fields: source:string, year:int",
-        "year>=soon": "field 'year' (int): 'soon' is not an integer",
+        "year>=soon": "field 'year' (int): 'soon' is not a 64-bit integer",
         "source>wiki": "a range (gt) applies to int, float, date, datetime fields",
         "published=2024-13-01": "is not an ISO date",
         "year": "is not a condition; write FIELD=VALUE",
@@ -267,7 +267,7 @@ def test_filters_tables_read_fields_by_type_and_refuse_bad_values(tiny_minilm_mo
                                         r"live\); name one with --field NAME$"):
         embed_corpus(tiny_minilm_model, table, tmp_path / "typo", device="cpu", fields=["yaer:int"])
     with pytest.raises(DataError, match=r"t.csv:3: field 'live' \(int\): '0'|t.csv:2: field 'live' \(int\): "
-                                        r"'true' is not an integer"):
+                                        r"'true' is not a 64-bit integer"):
         embed_corpus(tiny_minilm_model, table, tmp_path / "bad", device="cpu", fields=["live:int"])
     with pytest.raises(ConfigError, match="type 'number' is not one of string, int"):
         embed_corpus(tiny_minilm_model, table, tmp_path / "type", device="cpu", fields=["year:number"])

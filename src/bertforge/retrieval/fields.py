@@ -46,7 +46,7 @@ EXTRA = "pip install 'bertforge[search]' (pyarrow)"
 INTEGER = re.compile(r"^[+-]?\d+$")
 TRUE, FALSE = ("true", "1"), ("false", "0")
 # What a value of each type looks like, for the messages that refuse one.
-SYNTAX = {"string": "a string", "int": "an integer (e.g. 2020)", "float": "a number (e.g. 0.25)",
+SYNTAX = {"string": "a string", "int": "a 64-bit integer (e.g. 2020)", "float": "a number (e.g. 0.25)",
           "bool": "true or false", "date": "an ISO date (e.g. 2024-05-01)",
           "datetime": "an ISO date-time (e.g. 2024-05-01T12:30:00+02:00)"}
 
@@ -139,12 +139,11 @@ def typed_value(spec: FieldSpec, value: Any) -> Any:
         if kind == "string" and isinstance(value, str):
             return value
         if kind == "int":
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            if text is not None and INTEGER.match(text):
-                return int(text)
+            number = (value if isinstance(value, int) and not isinstance(value, bool)
+                      else int(value) if isinstance(value, float) and value.is_integer()
+                      else int(text) if text is not None and INTEGER.match(text) else None)
+            if number is not None and -2**63 <= number < 2**63:  # Arrow int64
+                return number
         elif kind == "float":
             number = (float(value) if isinstance(value, int | float) and not isinstance(value, bool)
                       else float(text) if text is not None else None)
