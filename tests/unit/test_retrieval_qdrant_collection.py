@@ -22,6 +22,7 @@ from bertforge import cli  # noqa: E402
 from bertforge.errors import ConfigError, InputError  # noqa: E402
 from bertforge.retrieval import embed_corpus as E  # noqa: E402
 from bertforge.retrieval import qdrant_collection as Q  # noqa: E402
+from bertforge.retrieval import qdrant_locations as L  # noqa: E402
 from bertforge.retrieval.folder_growth import delete_records  # noqa: E402
 from bertforge.retrieval.hybrid_search import collection_hits, folder_hits, hybrid_search_hits  # noqa: E402
 
@@ -155,20 +156,20 @@ def test_qdrant_bad_server_layout_or_collection_is_one_clear_error(folders, tmp_
 
 
 def test_qdrant_locations_parse_to_a_server_or_a_local_folder():
-    assert Q.parse_location("qdrant://db.example:7000/docs") == Q.QdrantLocation("docs", url="http://db.example:7000")
-    assert Q.parse_location("qdrants://db.example/docs?vectors=sparse") == Q.QdrantLocation(
+    assert L.parse_location("qdrant://db.example:7000/docs") == L.QdrantLocation("docs", url="http://db.example:7000")
+    assert L.parse_location("qdrants://db.example/docs?vectors=sparse") == L.QdrantLocation(
         "docs", url="https://db.example:6333", vectors="sparse")
-    assert Q.parse_location("qdrant+path:/data/q?collection=c") == Q.QdrantLocation("c", path="/data/q")
-    assert Q.parse_location("qdrant+path:rel/q?collection=c").path == "rel/q"
-    assert Q.export_location("http://h:6333/", None, "my folder") == Q.QdrantLocation("my_folder", url="http://h:6333")
-    assert Q.export_location("/tmp/q", "docs", "x") == Q.QdrantLocation("docs", path="/tmp/q")
+    assert L.parse_location("qdrant+path:/data/q?collection=c") == L.QdrantLocation("c", path="/data/q")
+    assert L.parse_location("qdrant+path:rel/q?collection=c").path == "rel/q"
+    assert L.export_location("http://h:6333/", None, "my folder") == L.QdrantLocation("my_folder", url="http://h:6333")
+    assert L.export_location("/tmp/q", "docs", "x") == L.QdrantLocation("docs", path="/tmp/q")
     assert Q.point_id("a", None) == Q.point_id("a", None) != Q.point_id("a", [0, 5])
     for bad, message in [("qdrant://host", "not a collection name"), ("qdrant+path:/x", "give the folder and the "
                          "collection"), ("qdrant://h/c?vectors=both", "not a kind")]:
         with pytest.raises(ConfigError, match=message):
-            Q.parse_location(bad)
+            L.parse_location(bad)
     with pytest.raises(ConfigError, match="remove --collection"):
-        Q.export_location("qdrant://h/c", "d", "x")
+        L.export_location("qdrant://h/c", "d", "x")
 
 
 def test_qdrant_export_and_search_commands(folders, tmp_path, capsys):
@@ -184,3 +185,45 @@ def test_qdrant_export_and_search_commands(folders, tmp_path, capsys):
                      "cpu"]) == 2
     assert "exported without texts" in capsys.readouterr().err
     assert cli.main(["export-index", "--index", str(folders / "dense"), "--to", "lancedb", str(where)]) == 2
+
+
+@pytest.fixture(scope="module")
+def fielded(tiny_sparse_model, tmp_path_factory) -> Path:
+    """A dense and a sparse folder whose records carry metadata fields of every type (`test_retrieval_filters`')."""
+    from tests.unit.test_retrieval_filters import FIELDS, RECORDS, jsonl
+
+    root = tmp_path_factory.mktemp("fielded")
+    corpus = jsonl(root / "corpus.jsonl", RECORDS)
+    E.embed_corpus(tiny_sparse_model, corpus, root / "dense", E.EmbedSettings(pooling="mean", normalize=True),
+                   shard_size=8, device="cpu", fields=FIELDS)
+    E.embed_corpus(tiny_sparse_model, corpus, root / "sparse", E.EmbedSettings(sparse=True), shard_size=8,
+                   device="cpu", fields=FIELDS)
+    Q.export_folders([root / "dense", root / "sparse"], str(root / "db"), collection="both", batch_size=9)
+    return root
+
+
+@pytest.mark.parametrize("case", ["equality", "range and set", "json dates, not equal", "not in, float, bool"])
+def test_qdrant_filters_equal_our_filtered_search(fielded, case):
+    pytest.importorskip("pyarrow")
+    from tests.unit.test_retrieval_filters import CASES, RECORDS
+
+    given, keep = CASES[case]
+    kept = {r["id"] for r in RECORDS if keep(r)}
+    dense = collection_hits(local(fielded / "db", "both", "dense"), QUERIES, top_k=40, filter=given, field="year",
+                            device="cpu")
+    ours = folder_hits(fielded / "dense", QUERIES, top_k=40, exact=True, filter=given, device="cpu")
+    assert_same_hits(dense, ours)
+    assert all({h["id"] for h in hits} == kept for hits in dense)  # top 40 of 40: every matching record, no other
+    assert {h["year"] for hits in dense for h in hits} == {r["year"] for r in RECORDS if r["id"] in kept}
+    sparse = collection_hits(local(fielded / "db", "both", "sparse"), QUERIES, top_k=5, filter=given, device="cpu")
+    assert_same_hits(sparse, folder_hits(fielded / "sparse", QUERIES, top_k=5, filter=given, device="cpu"))
+    both = collection_hits(local(fielded / "db", "both"), QUERIES, top_k=5, depth=12, filter=given, device="cpu")
+    assert_same_hits(both, hybrid_search_hits(fielded / "dense", fielded / "sparse", QUERIES, top_k=5, depth=12,
+                                              filter=given, device="cpu"), keys=("id",))
+
+
+def test_qdrant_filter_on_a_field_the_collection_lacks_is_refused(fielded):
+    with pytest.raises(InputError, match="colour"):
+        collection_hits(local(fielded / "db", "both"), QUERIES, filter=["colour=red"], device="cpu")
+    with pytest.raises(InputError, match="metadata fields \\(source, year"):
+        collection_hits(local(fielded / "db", "both"), QUERIES, field="colour", device="cpu")

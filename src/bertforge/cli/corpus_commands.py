@@ -76,6 +76,10 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
                    help="TSV/CSV header name (or 0-based index) or JSONL field of the text (default text)")
     p.add_argument("--id-column", "--id-field", dest="id_column",
                    help="column or field of each record's id (default: 'id' where present, else the line)")
+    p.add_argument("--field", action="append", default=[], metavar="NAME[:TYPE]", help="store this JSONL key or "
+                   "TSV/CSV column of every record as metadata that `search --filter` filters on (repeat for "
+                   "several); TYPE: string (default), int, float, bool, date (2024-05-01) or datetime (ISO 8601); a "
+                   "record without it holds none (needs pyarrow: the search extra)")
     p.set_defaults(func=cmd_embed)
 
 
@@ -116,6 +120,10 @@ def add_search(sub: argparse._SubParsersAction) -> None:
                    "approximate index (`bertforge index`), which search otherwise uses")
     p.add_argument("--ef-search", type=int, help="approximate index: candidates kept while walking the graph "
                    "(more: higher recall, slower; default: the index's, 128)")
+    p.add_argument("--filter", action="append", metavar="CONDITION", help="search only the records whose metadata "
+                   "(`embed --field`) meets this: FIELD=VALUE, FIELD!=VALUE, FIELD>=VALUE (also >, <, <=), FIELD in "
+                   "A,B, FIELD not in A,B, or a JSON object {\"FIELD\": VALUE, \"FIELD\": {\"gte\": VALUE}}; repeat "
+                   "to require several; the hits are the top-k of the matching records")
     shown = p.add_mutually_exclusive_group()
     shown.add_argument("--show-text", action="store_true", help="add each hit's text, read back from the input "
                        "that was embedded (refused if it changed since)")
@@ -170,7 +178,7 @@ def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
         manifest = embed_corpus(args.model, args.input, args.out, embedding, settings=settings,
                                 shard_size=args.shard_size, batch_size=args.batch_size, max_length=args.max_length,
                                 device=args.device, precision=args.precision, engine=args.engine,
-                                threads=args.threads, progress=bar)
+                                threads=args.threads, progress=bar, fields=args.field)
     finally:
         bar.close()
     if Ranks.from_env().rank == 0 and manifest["kind"] == "sparse":
@@ -205,7 +213,7 @@ def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:
         queries = list(args.query)
     common = {"top_k": args.top_k, "model": args.model, "device": args.device, "batch_size": args.batch_size,
               "prompt_name": args.prompt_name, "prompt": args.prompt, "precision": args.precision,
-              "show_text": args.show_text, "field": args.field}
+              "show_text": args.show_text, "field": args.field, "filter": args.filter}
     if is_qdrant_location(args.index):
         if args.hybrid:
             raise ConfigError(f"{args.index} holds the dense and the sparse vectors of its export: remove --hybrid "

@@ -74,6 +74,8 @@ def add_growth_parsers(sub: argparse._SubParsersAction) -> None:
                    "(default: the folder's input's)")
     p.add_argument("--id-column", "--id-field", dest="id_column", help="column or field of each record's id "
                    "(default: the folder's input's)")
+    p.add_argument("--field", action="append", metavar="NAME[:TYPE]", help="the metadata fields, read from the new "
+                   "records: must be the folder's (default: the folder's)")
     p.set_defaults(func=cmd_add)
 
     p = sub.add_parser("delete", help="delete records of a folder of `bertforge embed` by id (searches skip them; "
@@ -106,7 +108,8 @@ def cmd_add(args: argparse.Namespace, extra: list[str]) -> None:
     reading = {name: value for name, value in (("file_format", args.format), ("text_column", args.text_column),
                                                 ("id_column", args.id_column)) if value is not None}
     done = add_records(args.index, args.input, model=args.model, embedding=embedding, settings=reading,
-                       batch_size=args.batch_size, device=args.device, engine=args.engine, threads=args.threads)
+                       batch_size=args.batch_size, device=args.device, engine=args.engine, threads=args.threads,
+                       fields=args.field)
     print(f"added {done['added']} records ({done['replaced']} replacing records of the same id) in {done['shards']} "
           f"shards in {done['seconds']:.1f} s: {done['live']} live rows of {done['count']} in {args.index}",
           file=sys.stderr)

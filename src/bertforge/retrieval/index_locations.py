@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from bertforge.errors import ConfigError
-from bertforge.retrieval.qdrant_collection import QdrantSearcher, is_qdrant_location
+from bertforge.retrieval.qdrant_collection import QdrantSearcher
+from bertforge.retrieval.qdrant_locations import is_qdrant_location
 from bertforge.retrieval.searcher import Searcher
 
 

@@ -2,8 +2,8 @@
 machine (`bertforge export-index --to qdrant`, `search` / `serve --index qdrant://...`). The only module that
 imports `qdrant_client`; the folders are read through `store.VectorFolder`.
 
-Owns: where a collection is (`QdrantLocation`, `parse_location`, `export_location`: a server URL or a local
-folder, qdrant-client's local mode, which runs the same client code), connecting (`connect`, `release`: one
+Owns: connecting to where a collection is (`qdrant_locations`: a server URL or a local folder, qdrant-client's
+local mode, which runs the same client code): `connect` (`connect`, `release`: one
 ConfigError for a server that does not answer; a local folder's client shared in the process), the collection's layout (`vectors_wanted`, `check_layout`), the export
 (`export_folders`) and the search (`QdrantSearcher`).
 
@@ -24,23 +24,29 @@ fusion (two prefetches of `depth` points, then reciprocal rank fusion). Qdrant c
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import os
-import re
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 
 from bertforge.errors import ConfigError, InputError
 from bertforge.metrics.fusion import DEFAULT_RRF_K, check_rrf_k
 from bertforge.metrics.sparse import SparseRows
+from bertforge.retrieval.fields import FieldSpec
+from bertforge.retrieval.filters import RANGES, SETS, Filter, parse_filter
+from bertforge.retrieval.qdrant_locations import (
+    QdrantLocation,
+    export_location,
+    parse_location,
+)
 from bertforge.retrieval.searcher import (
     DEFAULT_FUSION_DEPTH,
     KINDS,
@@ -60,78 +66,18 @@ except ImportError:  # pragma: no cover - the extra is installed by `make instal
     QdrantClient = models = None
     ApiException = OSError
 
-SCHEMES = ("qdrant", "qdrants", "qdrant+path")
-DEFAULT_PORT = 6333
 META_KEY = "bertforge"
 META_FORMAT = 1
 STATE_KEY = "bertforge_state"
+METADATA_KEY = "metadata"  # the payload object of a record's metadata fields (`embed --field`)
+# Qdrant's payload index of each field type (a server's filters use them; local mode scans).
+INDEX_TYPES = {"string": "keyword", "int": "integer", "float": "float", "bool": "bool", "date": "datetime",
+               "datetime": "datetime"}
 DEFAULT_EXPORT_BATCH = 256  # points per upsert
 TIMEOUT_S = 30
-COLLECTION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,255}$")
 # Point ids: UUIDs in a namespace of our own, from our id (and a chunk's span).
 POINT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://github.com/bertforge/bertforge/qdrant-points")
 CLIENT_ERRORS = (ApiException, RuntimeError, OSError, ValueError)
-
-
-@dataclass(frozen=True)
-class QdrantLocation:
-    """A collection: on a server (`url`) or in a local folder (`path`, qdrant-client's local mode); `vectors`:
-    the one kind of a dense-and-sparse collection to search (None: every kind it holds, hybrid)."""
-
-    collection: str
-    url: str | None = None
-    path: str | None = None
-    vectors: str | None = None
-
-    def __str__(self) -> str:
-        return f"collection {self.collection} at {self.url or self.path}"
-
-
-def is_qdrant_location(text: str | os.PathLike) -> bool:
-    """Whether an --index value names a Qdrant collection (qdrant://, qdrants://, qdrant+path:)."""
-    return str(text).split(":", 1)[0] in SCHEMES and ":" in str(text)
-
-
-def check_collection_name(name: str, given: str) -> str:
-    if not COLLECTION_NAME.fullmatch(name or ""):
-        raise ConfigError(f"{given}: {name!r} is not a collection name (letters, digits, '_', '.', '-')")
-    return name
-
-
-def parse_location(text: str) -> QdrantLocation:
-    """`qdrant://HOST[:PORT]/COLLECTION` (qdrants://: HTTPS; port 6333 by default) or
-    `qdrant+path:DIR?collection=NAME` (a local folder); either may end in `?vectors=dense` or `sparse` to search
-    one kind of a collection that holds both."""
-    parts = urlsplit(str(text))
-    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
-    vectors = query.pop("vectors", None)
-    if vectors is not None and vectors not in KINDS:
-        raise ConfigError(f"{text}: vectors={vectors} is not a kind; use vectors=dense or vectors=sparse")
-    if parts.scheme == "qdrant+path":
-        path = parts.netloc + parts.path if parts.netloc else parts.path
-        if not path or "collection" not in query:
-            raise ConfigError(f"{text}: give the folder and the collection, e.g. qdrant+path:/data/qdrant?collection=docs")
-        return QdrantLocation(check_collection_name(query["collection"], text), path=path, vectors=vectors)
-    if parts.scheme not in ("qdrant", "qdrants") or not parts.hostname:
-        raise ConfigError(f"{text}: a Qdrant collection is qdrant://HOST:PORT/COLLECTION or "
-                          "qdrant+path:DIR?collection=NAME")
-    scheme = "https" if parts.scheme == "qdrants" else "http"
-    url = f"{scheme}://{parts.hostname}:{parts.port or DEFAULT_PORT}"
-    return QdrantLocation(check_collection_name(parts.path.strip("/"), text), url=url, vectors=vectors)
-
-
-def export_location(target: str, collection: str | None, default: str) -> QdrantLocation:
-    """Where `export-index --to qdrant TARGET` writes: a qdrant:// location, a server URL (http, https) or a
-    local folder, with `collection` (default: `default`, the folder's name)."""
-    if is_qdrant_location(target):
-        location = parse_location(target)
-        if collection is not None and collection != location.collection:
-            raise ConfigError(f"{target} names collection {location.collection}; remove --collection {collection}")
-        return location
-    name = check_collection_name(collection or re.sub(r"[^A-Za-z0-9_.-]", "_", default), "--collection")
-    if urlsplit(target).scheme in ("http", "https"):
-        return QdrantLocation(name, url=target.rstrip("/"))
-    return QdrantLocation(name, path=target)
 
 
 # Local mode locks its folder to one client per process: the collections of one folder share it (path -> [client,
@@ -231,13 +177,23 @@ def collection_record(folders: Mapping[str, VectorFolder], with_text: bool) -> d
     """The collection's metadata under `META_KEY`: each kind's query model, the metric, chunking, the live rows,
     whether texts are in the payload and the export's state (a hash of the folders' manifests)."""
     first = next(iter(folders.values()))
+    described = fields_folder(folders)
     kinds = {kind: {**asdict(query_model(folder)), "directory": str(query_model(folder).directory)}
              for kind, folder in folders.items()}
     state = hashlib.sha256(json.dumps([folder.manifest for folder in folders.values()] + [with_text],
                                       sort_keys=True).encode()).hexdigest()[:32]
     return {"format": META_FORMAT, "kinds": kinds, "similarity": first.similarity if "dense" in folders else "dot",
             "chunked": first.chunked, "count": first.live_count, "text": with_text, "state": state,
-            "folders": {kind: str(folder.directory.resolve()) for kind, folder in folders.items()}, "complete": False}
+            "folders": {kind: str(folder.directory.resolve()) for kind, folder in folders.items()}, "complete": False,
+            "fields": [spec.record() for spec in described.fields]}
+
+
+def fields_folder(folders: Mapping[str, VectorFolder]) -> VectorFolder:
+    """The folder whose metadata fields the points carry: the dense one unless only the sparse one stores fields
+    (as `Searcher.described`; both hold the same records in the same rows)."""
+    if "dense" in folders and ("sparse" not in folders or folders["dense"].fields or not folders["sparse"].fields):
+        return folders["dense"]
+    return folders["sparse"]
 
 
 def query_model_of(record: Mapping[str, Any]) -> QueryModel:
@@ -316,6 +272,8 @@ def points_of(folders: Mapping[str, VectorFolder], state: str, with_text: bool,
         ids = first.shard_lines(shard, "ids")
         spans = first.shard_lines(shard, "spans") if first.chunked else None
         sources, records = first.records_at(np.arange(low, high)[None, :]) if with_text else (None, None)
+        described = fields_folder(folders)
+        metadata = described.shard_metadata(shard).to_pylist() if described.fields else None
         for start in range(low, high, batch_size):
             stop = min(start + batch_size, high)
             rows = {kind: reader.rows(start, stop) for kind, reader in readers.items()}
@@ -328,6 +286,9 @@ def points_of(folders: Mapping[str, VectorFolder], state: str, with_text: bool,
                 payload: dict[str, Any] = {"id": ids[place], STATE_KEY: state}
                 if span is not None:
                     payload["span"] = span
+                if metadata is not None:  # a value the record lacks is left out: it matches != and not in only
+                    payload[METADATA_KEY] = {name: payload_value(value) for name, value in metadata[place].items()
+                                             if value is not None}
                 if with_text:
                     source, record = int(sources[0, place]), int(records[0, place])
                     if source not in inputs:
@@ -374,6 +335,10 @@ def export_folders(directories: Sequence[str | os.PathLike], target: str, *, col
             sparse = {"sparse": models.SparseVectorParams()} if "sparse" in wanted else None
             client.create_collection(location.collection, vectors_config=dense, sparse_vectors_config=sparse,
                                      metadata={META_KEY: record})
+        if location.url is not None:  # a server filters through payload indexes (local mode scans)
+            for spec in record["fields"]:
+                client.create_payload_index(location.collection, f"{METADATA_KEY}.{spec['name']}",
+                                            field_schema=INDEX_TYPES[spec["type"]], wait=True)
         points = 0
         for batch in points_of(folders, record["state"], with_text, batch_size):
             client.upsert(location.collection, batch, wait=True)
@@ -426,6 +391,11 @@ class QdrantSearcher:
         self.kinds = (self.location.vectors,) if self.location.vectors else tuple(held)
         self.record = record
         self.count = int(record["count"])
+        self.fields = tuple(FieldSpec(**spec) for spec in record.get("fields", []))
+
+    def check_filter(self, given: Any) -> Filter | None:
+        """A filter checked against the fields the collection's points carry (`filters.parse_filter`)."""
+        return parse_filter(given, self.fields)
 
     @property
     def hybrid(self) -> bool:
@@ -440,21 +410,24 @@ class QdrantSearcher:
     def close(self) -> None:
         release(self.location, self.client)
 
-    def request(self, kind: str, vectors: Any, q: int, limit: int, params: Any) -> dict[str, Any]:
+    def request(self, kind: str, vectors: Any, q: int, limit: int, params: Any, condition: Any) -> dict[str, Any]:
         """One query's named-vector search (a `QueryRequest`'s or a `Prefetch`'s fields)."""
         if kind == "dense":
             query: Any = np.asarray(vectors[q], dtype=np.float32).tolist()
         else:
             terms, weights = vectors.row(q)
             query = models.SparseVector(indices=terms.tolist(), values=weights.tolist())
-        return {"query": query, "using": kind, "limit": limit, **({"params": params} if params else {})}
+        return {"query": query, "using": kind, "limit": limit, **({"params": params} if params else {}),
+                **({"filter": condition} if condition is not None else {})}
 
     def search(self, vectors: dict[str, Any], top_k: int = DEFAULT_TOP_K, *, show_text: bool = False,
                field: str | None = None, rescore_multiplier: int | None = None, ef_search: int | None = None,
                exact: bool = False, rrf_k: float = DEFAULT_RRF_K, depth: int = DEFAULT_FUSION_DEPTH,
-               ) -> list[list[dict[str, Any]]]:
+               filter: Any = None) -> list[list[dict[str, Any]]]:
         """The top-k hits of each query, best first (`Searcher.search`'s arguments; `exact` and `ef_search`
-        become Qdrant's search params, hybrid's for the dense prefetch; `rrf_k` must be a whole number).
+        become Qdrant's search params, hybrid's for the dense prefetch; `rrf_k` must be a whole number; `filter`
+        becomes Qdrant's filter, `qdrant_filter`, hybrid's on both prefetches; `field` is read from the
+        payload's metadata).
 
         Raises:
             InputError: a setting that does not apply to a Qdrant collection, or a field its payload lacks.
@@ -468,14 +441,16 @@ class QdrantSearcher:
                              "own quantization config says")
         if ef_search is not None:
             check_top_k(ef_search, "ef_search")
-        if field is not None:
-            raise InputError(f"field {field!r}: a Qdrant collection's payload holds the id, text and span only")
+        if field is not None and field not in {spec.name for spec in self.fields}:
+            raise InputError(f"field {field!r}: a Qdrant collection's payload holds the id, text, span and the "
+                             f"metadata fields ({', '.join(spec.name for spec in self.fields) or 'none'})")
+        condition = qdrant_filter(self.check_filter(filter))
         if show_text and not self.record["text"]:
             raise InputError(f"{self.location} was exported without texts (--no-text); search without show_text")
         dense_params = models.SearchParams(hnsw_ef=ef_search, exact=True) if exact else \
             models.SearchParams(hnsw_ef=ef_search) if ef_search is not None else None
         count = len(vectors[self.kinds[0]])
-        shown = ["id", "span", "text"] if show_text else ["id", "span"]
+        shown = ["id", "span"] + (["text"] if show_text else []) + ([METADATA_KEY] if field else [])
         if self.hybrid:
             check_top_k(depth, "depth")
             check_rrf_k(rrf_k)
@@ -483,14 +458,14 @@ class QdrantSearcher:
                 raise InputError(f"rrf_k {rrf_k}: Qdrant's fusion takes a whole number")
             wide = max(depth, top_k)
             requests = [models.QueryRequest(
-                prefetch=[models.Prefetch(**self.request("dense", vectors["dense"], q, wide, dense_params)),
-                          models.Prefetch(**self.request("sparse", vectors["sparse"], q, wide, None))],
+                prefetch=[models.Prefetch(**self.request("dense", vectors["dense"], q, wide, dense_params, condition)),
+                          models.Prefetch(**self.request("sparse", vectors["sparse"], q, wide, None, condition))],
                 query=models.RrfQuery(rrf=models.Rrf(k=int(rrf_k) + 1)), limit=top_k, with_payload=shown)
                 for q in range(count)]
         else:
             kind = self.kinds[0]
             params = dense_params if kind == "dense" else None
-            requests = [models.QueryRequest(**self.request(kind, vectors[kind], q, top_k, params), with_payload=shown)
+            requests = [models.QueryRequest(**self.request(kind, vectors[kind], q, top_k, params, condition), with_payload=shown)
                         for q in range(count)]
         if not requests:
             return []
@@ -498,19 +473,74 @@ class QdrantSearcher:
             answers = self.client.query_batch_points(self.location.collection, requests=requests)
         except CLIENT_ERRORS as error:
             raise ConfigError(f"{self.location}: the search failed ({str(error).strip()[:300]})") from None
-        return [[hit_of(point, show_text) for point in answer.points] for answer in answers]
+        return [[hit_of(point, show_text, field) for point in answer.points] for answer in answers]
 
 
-def hit_of(point: Any, show_text: bool) -> dict[str, Any]:
-    """Our hit of a scored point: {"id", "score"}, plus "span" of a chunk and "text" with `show_text`."""
+def hit_of(point: Any, show_text: bool, field: str | None = None) -> dict[str, Any]:
+    """Our hit of a scored point: {"id", "score"}, plus "span" of a chunk, "text" with `show_text` and the
+    metadata `field` (None where the record has none)."""
     payload = point.payload or {}
     hit: dict[str, Any] = {"id": payload.get("id", str(point.id)), "score": float(point.score)}
     if "span" in payload:
         hit["span"] = list(payload["span"])
     if show_text:
         hit["text"] = payload.get("text", "")
+    if field is not None:
+        hit[field] = (payload.get(METADATA_KEY) or {}).get(field)
     return hit
 
 
-__all__ = ["DEFAULT_EXPORT_BATCH", "META_KEY", "QdrantLocation", "QdrantSearcher", "connect", "export_folders",
-           "export_location", "is_qdrant_location", "parse_location", "point_id"]
+# --- filters: a `filters.Filter` as Qdrant's -------------------------------------------------------------------
+
+def payload_value(value: Any) -> Any:
+    """A metadata value as the payload holds it: dates and times as ISO text (Qdrant's datetime syntax)."""
+    return value.isoformat() if hasattr(value, "isoformat") else value
+
+
+def range_value(kind: str, value: Any) -> Any:
+    """A range bound: a date as its midnight (UTC, as Qdrant reads a stored date), a datetime as it is."""
+    if kind == "date":
+        return dt.datetime.combine(value, dt.time(), tzinfo=dt.UTC)
+    return value
+
+
+def equal_condition(spec: FieldSpec, value: Any) -> Any:
+    """A field equal to a value: a match of strings, integers and booleans, a one-point range of floats and
+    dates (Qdrant matches those by range only)."""
+    key = f"{METADATA_KEY}.{spec.name}"
+    if spec.type in ("date", "datetime"):
+        bound = range_value(spec.type, value)
+        return models.FieldCondition(key=key, range=models.DatetimeRange(gte=bound, lte=bound))
+    if spec.type == "float":
+        return models.FieldCondition(key=key, range=models.Range(gte=value, lte=value))
+    return models.FieldCondition(key=key, match=models.MatchValue(value=value))
+
+
+def qdrant_filter(given: Filter | None) -> Any:
+    """The Qdrant filter of a checked `filters.Filter` (None: none), condition by condition: equality and sets
+    as matches (or one-point ranges), ranges as Range / DatetimeRange, != and not in as must_not, so a point
+    without the field matches those two only, as a row without a value does."""
+    if given is None:
+        return None
+    specs = {spec.name: spec for spec in given.fields}
+    must, must_not = [], []
+    for condition in given.conditions:
+        spec = specs[condition.field]
+        if condition.op in RANGES:
+            kind = models.DatetimeRange if spec.type in ("date", "datetime") else models.Range
+            bound = range_value(spec.type, condition.value)
+            must.append(models.FieldCondition(key=f"{METADATA_KEY}.{spec.name}", range=kind(**{condition.op: bound})))
+            continue
+        values = condition.value if condition.op in SETS else (condition.value,)
+        if spec.type in ("string", "int") and condition.op in SETS:
+            found = models.FieldCondition(key=f"{METADATA_KEY}.{spec.name}", match=models.MatchAny(any=list(values)))
+        elif len(values) == 1:
+            found = equal_condition(spec, values[0])
+        else:
+            found = models.Filter(should=[equal_condition(spec, value) for value in values])
+        (must_not if condition.op in ("ne", "not_in") else must).append(found)
+    return models.Filter(must=must or None, must_not=must_not or None)
+
+
+__all__ = ["DEFAULT_EXPORT_BATCH", "META_KEY", "METADATA_KEY", "QdrantSearcher", "connect", "export_folders", "point_id",
+           "qdrant_filter", "release"]

@@ -96,24 +96,26 @@ def embed_query_vectors(searcher: Any, queries: Sequence[str], *, sparse_model: 
 def search_hits(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
                 show_text: bool = False, field: str | None = None,
                 rescore_multiplier: int = DEFAULT_RESCORE_MULTIPLIER, exact: bool = False,
-                ef_search: int | None = None, **embedding: Any) -> list[list[dict[str, Any]]]:
+                ef_search: int | None = None, filter: Any = None, **embedding: Any) -> list[list[dict[str, Any]]]:
     """The top-k hits of each query text in a dense folder, best first, as {"id", "score"} (plus "text" with
     `show_text`, or the record's `field`: `searcher.hits_of`); `rescore_multiplier`: see
     `VectorIndex.search_vectors`. A folder with an approximate index (`bertforge index`) is searched through
-    it (`vector_ann`, `ef_search` candidates) unless `exact`.
+    it (`vector_ann`, `ef_search` candidates) unless `exact`. `filter`: conditions on the folder's metadata
+    fields (`filters`; checked before the queries are embedded), the hits the top-k of the rows that meet them.
 
     `embedding`: how the queries are embedded (`embed_queries`: model, device, batch_size, prompt_name,
     prompt, precision).
     """
     check_top_k(top_k)
     searcher = Searcher(directory, exact=exact)
+    checked = searcher.check_filter(filter)
     if not queries:
         return []
     vectors = embed_query_vectors(searcher, queries, **embedding)
     approximate = searcher.ann is not None  # `exact`, or no approximate index: ef_search does not apply
     return searcher.search(vectors, top_k, show_text=show_text, field=field,
                            ef_search=ef_search if approximate else None,
-                           rescore_multiplier=None if approximate else rescore_multiplier)
+                           rescore_multiplier=None if approximate else rescore_multiplier, filter=checked)
 
 
 def search(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
