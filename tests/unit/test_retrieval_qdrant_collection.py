@@ -227,3 +227,25 @@ def test_qdrant_filter_on_a_field_the_collection_lacks_is_refused(fielded):
         collection_hits(local(fielded / "db", "both"), QUERIES, filter=["colour=red"], device="cpu")
     with pytest.raises(InputError, match="metadata fields \\(source, year"):
         collection_hits(local(fielded / "db", "both"), QUERIES, field="colour", device="cpu")
+
+
+@pytest.mark.parametrize("dtype", ["int8", "binary", "float16"])
+def test_qdrant_export_of_coded_folders_gives_their_float_vectors(tiny_sparse_model, corpus, tmp_path, dtype):
+    """int8 and binary folders give their dequantized int8 codes, float16 ones their values widened (Qdrant's
+    Cosine metric stores each normalized: the directions are compared)."""
+    from bertforge.retrieval.store import VectorFolder
+    from bertforge.retrieval.vector_quantization import dequantize_int8
+
+    folder = tmp_path / dtype
+    E.embed_corpus(tiny_sparse_model, corpus, folder, E.EmbedSettings(pooling="mean", normalize=True, dtype=dtype),
+                   device="cpu", shard_size=16)
+    Q.export_folders([folder], str(tmp_path / "db"), collection="c", with_text=False)
+    opened = VectorFolder(folder)
+    kind = "codes" if dtype == "binary" else "vectors"
+    stored = np.concatenate([np.asarray(opened.shard_vectors(s, kind)) for s in range(len(opened.shards))])
+    wanted = dequantize_int8(stored, opened.manifest["calibration"]) if dtype != "float16" else stored.astype(np.float32)
+    wanted /= np.linalg.norm(wanted, axis=1, keepdims=True)
+    ids = [ident for s in range(len(opened.shards)) for ident in opened.shard_lines(s, "ids")]
+    held = {payload["id"]: vectors["dense"] for payload, vectors in scroll_all(tmp_path / "db", "c").values()}
+    exported = np.asarray([held[i] for i in ids])  # local mode keeps them normalized to within 1e-3 of unit length
+    assert np.abs(exported / np.linalg.norm(exported, axis=1, keepdims=True) - wanted).max() < 1e-6
