@@ -202,24 +202,38 @@ def fielded(tiny_sparse_model, tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def fielded_vectors(fielded) -> dict:
+    """QUERIES embedded once for both kinds (as the folders' corpora were)."""
+    from bertforge.retrieval.searcher import Searcher
+    from bertforge.retrieval.vector_search import embed_query_vectors
+
+    return embed_query_vectors(Searcher(fielded / "dense", fielded / "sparse"), QUERIES, device="cpu")
+
+
 @pytest.mark.parametrize("case", ["equality", "range and set", "json dates, not equal", "not in, float, bool"])
-def test_qdrant_filters_equal_our_filtered_search(fielded, case):
-    pytest.importorskip("pyarrow")
+def test_qdrant_filters_equal_our_filtered_search(fielded, fielded_vectors, case):
+    """The same query vectors searched with the filter in the collection and in the folders: dense (top 40 of
+    40: every matching record and no other), sparse and hybrid equal."""
     from tests.unit.test_retrieval_filters import CASES, RECORDS
+
+    from bertforge.retrieval.searcher import Searcher
 
     given, keep = CASES[case]
     kept = {r["id"] for r in RECORDS if keep(r)}
-    dense = collection_hits(local(fielded / "db", "both", "dense"), QUERIES, top_k=40, filter=given, field="year",
-                            device="cpu")
-    ours = folder_hits(fielded / "dense", QUERIES, top_k=40, exact=True, filter=given, device="cpu")
-    assert_same_hits(dense, ours)
-    assert all({h["id"] for h in hits} == kept for hits in dense)  # top 40 of 40: every matching record, no other
-    assert {h["year"] for hits in dense for h in hits} == {r["year"] for r in RECORDS if r["id"] in kept}
-    sparse = collection_hits(local(fielded / "db", "both", "sparse"), QUERIES, top_k=5, filter=given, device="cpu")
-    assert_same_hits(sparse, folder_hits(fielded / "sparse", QUERIES, top_k=5, filter=given, device="cpu"))
-    both = collection_hits(local(fielded / "db", "both"), QUERIES, top_k=5, depth=12, filter=given, device="cpu")
-    assert_same_hits(both, hybrid_search_hits(fielded / "dense", fielded / "sparse", QUERIES, top_k=5, depth=12,
-                                              filter=given, device="cpu"), keys=("id",))
+    for kind, top_k in [("dense", 40), ("sparse", 5), (None, 5)]:  # None: hybrid
+        theirs = Q.QdrantSearcher(local(fielded / "db", "both", kind))
+        try:
+            found = theirs.search({k: fielded_vectors[k] for k in theirs.kinds}, top_k, depth=12, filter=given,
+                                  field="year" if kind == "dense" else None)
+        finally:
+            theirs.close()
+        ours = Searcher(*(fielded / k if kind in (k, None) else None for k in ("dense", "sparse")), exact=True)
+        wanted = ours.search({k: fielded_vectors[k] for k in ours.kinds}, top_k, depth=12, filter=given)
+        assert_same_hits(found, wanted, keys=("id",))
+        if kind == "dense":
+            assert all({h["id"] for h in hits} == kept for hits in found)
+            assert {h["year"] for hits in found for h in hits} == {r["year"] for r in RECORDS if r["id"] in kept}
 
 
 def test_qdrant_filter_on_a_field_the_collection_lacks_is_refused(fielded):
