@@ -3,8 +3,9 @@
 texts, by the same code (`retrieval.searcher.Searcher`); a "filter" on the index's metadata fields is `bertforge
 search --filter`'s JSON form, checked before any query is embedded.
 
-An index is one folder (dense or sparse) or a dense and a sparse folder of the same input (hybrid: reciprocal
-rank fusion), opened once when the server starts: manifests read, the approximate index and the inverted index
+An index is one folder (dense or sparse), a dense and a sparse folder of the same input (hybrid: reciprocal
+rank fusion) or a Qdrant collection (`retrieval.index_locations.open_index`: the same interface), opened once
+when the server starts: manifests read, the approximate index and the inverted index
 loaded. Its queries are embedded by the served model that made its vectors (the model the manifest names, found
 among the served models by its files' fingerprint; `load_index_models` adds it when it is not among them),
 through that model's scheduler like every other request: the same admission, keys, limits and metrics, with the
