@@ -47,7 +47,7 @@ PLACEHOLDERS = {
     "DIR": "model", "MINILM": "model", "...": "model", "SPLADE": "sparse",
     "chinese_L-12_H-768_A-12": "google", "my_train.csv": "pairs", "my_dev.csv": "pairs", "texts.txt": "lines",
     "句子.txt": "lines", "语料目录": "corpus_zh", "types_train.jsonl": "types", "types_dev.jsonl": "types",
-    "more_texts.txt": "lines", "gone_ids.txt": "lines",
+    "more_texts.txt": "lines", "gone_ids.txt": "lines", "articles.jsonl": "articles",
 }
 # Options of other programs that the docs name in passing (inline), with the program.
 FOREIGN_OPTIONS = {"--doc_stride": "Google's run_squad.py", "--only": "benchmarks/finetune_vs_reference.py",
@@ -495,6 +495,12 @@ def workspace(tmp_path_factory) -> Path:
              {"text": "Acme hired Mary.", "labels": ["ORG", "PER"]}, {"text": "Berlin is big.", "labels": ["LOC"]}]
     made["types"] = work / "types.jsonl"
     made["types"].write_text("".join(json.dumps(row) + "\n" for row in types * 4), encoding="utf-8")
+    # Articles with the metadata retrieval.md's --field and --filter name.
+    made["articles"] = work / "articles.jsonl"
+    made["articles"].write_text("".join(json.dumps({"id": f"a{i}", "text": f"the river floods the market, story {i}",
+                                                    "source": ("wiki", "news", "blog")[i % 3], "year": 2016 + i,
+                                                    "published": f"{2016 + i}-03-01"}) + "\n" for i in range(9)),
+                                encoding="utf-8")
     for placeholder, kind in PLACEHOLDERS.items():
         link = work / placeholder
         if placeholder != "..." and not link.exists():

@@ -270,9 +270,9 @@ def run_shards(out: Path, pipeline: EmbedPipeline, options: dict[str, Any], sour
             pipeline, options, manifest["embedding"]["prompt"], chunk, settings, single,
             progress.advance if progress is not None else None, chunking, records - count, spans,
             embed_settings(manifest).truncate, progress.truncated if progress is not None else None)
-        write_shard(out, index, ids, vectors, manifest["dtype"], tokens, manifest.get("calibration"),
-                    spans if chunking is not None else None, len(cut),
-                    metadata=rows_metadata(specs, values, spans if chunking is not None else None, records - count))
+        kept = spans if chunking is not None else None
+        write_shard(out, index, ids, vectors, manifest["dtype"], tokens, manifest.get("calibration"), kept, len(cut),
+                    rows_metadata(specs, values, kept, records - count))
         if cut:
             log.warning("shard %d: %d of %d texts are longer than the model's window of %d tokens and were cut to "
                         "it (first: %s); --chunk TOKENS embeds whole texts as several vectors, --truncate false "
