@@ -16,8 +16,8 @@ length.
   CPU). Equal to `Padded` at every real position; padding positions come back as zeros.
 
 Attention may be local (`window`: a query sees only the keys at most `window` positions away, ModernBERT's
-sliding-window layers): a banded mask in the padded layout and the per-sequence CPU calls, the
-variable-length kernel's own window on CUDA.
+sliding-window layers): a banded mask in the padded layout and in the per-sequence CPU calls (on CUDA, local
+layers take the masked path).
 
 Rows may hold several packed sequences (`sequence_ids`: k > 0 for the k-th sequence of its row, 0 for
 padding, as `data.collate.pack_rows` builds them); each sequence then attends only to itself.
@@ -183,12 +183,13 @@ class Unpadded:
                return_probs: bool, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q, k, v: [R, H] -> context [R, H]; `window` as `Padded.attend`'s."""
         real, hidden = q.shape
+        # Local layers take the masked path below on CUDA: the kernel's own window (`window_size`) is not yet
+        # held to the padded path by a test on a device.
         if varlen_attention is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) \
-                and dropout == 0.0 and not return_probs:
+                and dropout == 0.0 and not return_probs and window is None:
             shape = (real, heads, hidden // heads)  # [R, H] -> [R, N, D]
             context = varlen_attention(q.view(shape), k.view(shape), v.view(shape), self.cu_seqlens,
-                                       self.cu_seqlens, self.max_len, self.max_len,
-                                       window_size=(-1, -1) if window is None else (window, window))
+                                       self.cu_seqlens, self.max_len, self.max_len)
             return context.reshape(real, hidden), None  # [R, N, D] -> [R, H]
         if self.lengths is not None and not return_probs and len(self.lengths) <= PER_SEQUENCE_ATTENTION_MAX:
             # CPU, few sequences: one unmasked SDPA call per sequence over its own L tokens (L^2 rather than
