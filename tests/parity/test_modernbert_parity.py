@@ -57,6 +57,7 @@ def twins(cls, config, attention: str = "sdpa", seed: int = 0):
     torch.manual_seed(seed)
     ours = set_fast_paths(cls(config).eval(), unpad=False)
     theirs = getattr(transformers, cls.__name__)(reference_config(config, cls.__name__, attention)).eval()
+    assert theirs.config._attn_implementation == attention  # their eager or SDPA path on CPU, never flash
     missing, unexpected = theirs.load_state_dict(hf_state_dict(ours), strict=False)
     assert not unexpected, f"keys the reference does not know: {unexpected}"
     assert all(hf_modernbert.is_redundant_hf_key(k) for k in missing), f"reference keys we did not provide: {missing}"
@@ -256,3 +257,20 @@ def test_tokenizer_json_matches_transformers_fast_tokenizer(tmp_path):
         assert mine.ids == reference["input_ids"]
         assert mine.offsets == [tuple(span) for span in reference["offset_mapping"]]
     assert theirs.cls_token_id == ours.cls_token_id and theirs.pad_token_id == ours.pad_token_id
+
+
+def test_modernbert_attention_probabilities_match_reference_eager():
+    # Global layers see every real key; local ones only the band: their maps agree with the reference's.
+    config = tiny(local_attention=4)
+    ours, theirs = twins(ModernBertModel, config, "eager")
+    inputs = batch(config, 12, padded=True)
+    with torch.no_grad():
+        out = ours(**inputs, output_attentions=True)
+        ref = theirs(**inputs, output_attentions=True)
+    assert len(out.attentions) == len(ref.attentions) == config.num_hidden_layers
+    real = inputs["attention_mask"].bool()
+    for index, (a, b) in enumerate(zip(out.attentions, ref.attentions)):
+        a, b = a.transpose(1, 2)[real], b.transpose(1, 2)[real]  # real query rows: [R, N, T]
+        torch.testing.assert_close(a, b, atol=FP32_ATOL, rtol=1e-5, msg=lambda m, i=index: f"layer {i}: {m}")
+    local = out.attentions[1][0, 0]  # [T, T] of a full row, a local layer
+    assert int((local[6, :] > 0).sum()) == 2 * config.window_radius + 1
