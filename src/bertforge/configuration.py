@@ -166,7 +166,13 @@ def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def build(cls: type[T], data: dict[str, Any], *, source: str, prefix: str) -> T:
-    """Instantiate dataclass `cls` from a nested dict, checking keys and value kinds."""
+    """Instantiate dataclass `cls` from a nested dict, checking keys and value kinds.
+
+    A class may fill defaults that depend on another of its keys (a recipe's: `PretrainConfig`'s `arch`) with a
+    classmethod `implied_settings(data) -> data`, called first; keys the data sets keep their values."""
+    implied = getattr(cls, "implied_settings", None)
+    if implied is not None:
+        data = implied(data)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     hints = typing.get_type_hints(cls)
     unknown = sorted(set(data) - set(fields))

@@ -23,6 +23,9 @@ from bertforge.training.pretraining import RUN_CONFIG_NAME, PretrainConfig, run_
 BOOK = shared_data_root() / "pretrain_en/books/pg43_jekyll_and_hyde.txt"
 TINY_MODEL = ("hidden_size = 32\nnum_hidden_layers = 1\nnum_attention_heads = 2\nintermediate_size = 37\n"
               "max_position_embeddings = 64")
+# A ModernBERT with both kinds of layer (global, then two local ones) and a window shorter than the sequences.
+TINY_MODERNBERT = ("hidden_size = 32\nnum_hidden_layers = 3\nnum_attention_heads = 2\nintermediate_size = 48\n"
+                   "local_attention = 8\nmax_position_embeddings = 64")
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +44,11 @@ def data_dir(tmp_path_factory):
     return root / "data"
 
 
-def run_file(tmp_path, data_dir, *overrides):
+def run_file(tmp_path, data_dir, *overrides, arch="bert"):
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "run.toml"
-    path.write_text(f'data_dir = "{data_dir}"\nmodel = "tiny"\n[model_overrides]\n{TINY_MODEL}\n'
+    model = TINY_MODERNBERT if arch == "modernbert" else TINY_MODEL
+    path.write_text(f'data_dir = "{data_dir}"\narch = "{arch}"\nmodel = "tiny"\n[model_overrides]\n{model}\n'
                     '[masking]\nmax_predictions_per_seq = 5\n'
                     f'[training]\nsteps = 6\nbatch_size = 4\nlr = 1e-3\nwarmup_steps = 2\nlog_every = 1\n'
                     f'eval_every = 3\nsave_every = 3\nprecision = "fp32"\ndevice = "cpu"\nprogress = false\n'
@@ -69,9 +73,10 @@ def test_run_pretraining_trains_evaluates_and_checkpoints(tmp_path, data_dir):
     assert load_config(PretrainConfig, out / RUN_CONFIG_NAME) == config
 
 
-def test_run_pretraining_resume_matches_uninterrupted(tmp_path, data_dir, monkeypatch):
+@pytest.mark.parametrize("arch", ["bert", "modernbert"])
+def test_run_pretraining_resume_matches_uninterrupted(tmp_path, data_dir, monkeypatch, arch):
     # The tiny preset keeps dropout 0.1, and masks are drawn per batch: RNG and stream position both matter.
-    full = run_pretraining(run_file(tmp_path / "a", data_dir))
+    full = run_pretraining(run_file(tmp_path / "a", data_dir, arch=arch))
     produce = PretrainingData.__next__
     served = []
 
@@ -84,9 +89,9 @@ def test_run_pretraining_resume_matches_uninterrupted(tmp_path, data_dir, monkey
 
     monkeypatch.setattr(PretrainingData, "__next__", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        run_pretraining(run_file(tmp_path / "b", data_dir))
+        run_pretraining(run_file(tmp_path / "b", data_dir, arch=arch))
     monkeypatch.undo()
-    resumed = run_pretraining(run_file(tmp_path / "b", data_dir, "--training.resume=auto"))
+    resumed = run_pretraining(run_file(tmp_path / "b", data_dir, "--training.resume=auto", arch=arch))
 
     def logged(events):
         return [(e["step"], e["split"], {k: v for k, v in e["values"].items() if k != "tokens_per_s"})
@@ -257,3 +262,69 @@ def test_cli_pretrain_ctrl_c_saves_the_step_and_prints_the_resume_command(tmp_pa
     monkeypatch.undo()
     assert main(["pretrain", str(path), "--steps", "6", "--resume", "auto"]) == 0
     assert [s for s, _ in list_checkpoints(out)][-1] == 6
+
+
+def test_run_pretraining_modernbert_writes_a_directory_that_loads_and_fills_masks(tmp_path, data_dir):
+    from bertforge.families.registry import load_model
+    from bertforge.inference.pipelines import load_pipeline
+    from bertforge.model.modernbert import ModernBertForMaskedLM
+    from bertforge.storage import read_json
+
+    config = run_file(tmp_path, data_dir, arch="modernbert")
+    # The recipe's defaults, under the run file's own keys.
+    assert (config.objective, config.masking.mlm_probability, config.training.schedule) == ("mlm", 0.3, "wsd")
+    result = run_pretraining(config)
+    assert result.step == 6
+    assert set(result.eval) == {"mlm_loss", "mlm_acc", "mlm_majority_acc", "loss"}
+    assert {k for k in result.train if k.startswith(("loss", "nsp", "mlm"))} == {"loss", "loss_mlm", "mlm_acc"}
+    assert all(torch.isfinite(torch.tensor(e["values"]["loss"])) for e in result.history)
+    saved = read_json(result.checkpoint / "config.json")
+    assert saved["model_type"] == "modernbert" and saved["architectures"] == ["ModernBertForMaskedLM"]
+    assert (saved["local_attention"], saved["pad_token_id"], saved["cls_token_id"]) == (8, 0, 2)
+    model, report = load_model(result.checkpoint)
+    assert type(model) is ModernBertForMaskedLM and report.fresh == []
+    assert model.bert.encoder.layers[1].attention.window == 4  # a local layer
+    filled = load_pipeline(result.checkpoint, "fill-mask")(["the [MASK] was dark."])
+    assert len(filled[0]["masks"][0]["predictions"]) == 5
+    assert load_config(PretrainConfig, tmp_path / "out" / RUN_CONFIG_NAME) == config
+
+
+def test_run_pretraining_modernbert_directory_loads_in_transformers(tmp_path, data_dir):
+    transformers = pytest.importorskip("transformers")
+    from bertforge.model.modernbert import ModernBertForMaskedLM
+
+    result = run_pretraining(run_file(tmp_path, data_dir, "--training.steps=2", arch="modernbert"))
+    ours = ModernBertForMaskedLM.from_pretrained(result.checkpoint).eval()
+    theirs = transformers.AutoModelForMaskedLM.from_pretrained(result.checkpoint, attn_implementation="eager").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(result.checkpoint)
+    batch = tokenizer(["the door was dark and the street was quiet.", "he said."], padding=True,
+                      return_tensors="pt")
+    with torch.no_grad():
+        expected = theirs(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        got = ours(batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    real = batch["attention_mask"].bool()
+    assert (got[real] - expected[real]).abs().max() < 1e-5
+
+
+def test_pretrain_modernbert_defaults_and_refusals(tmp_path, data_dir):
+    from bertforge.cli import build_parser, pretrain_config
+
+    def parse(*flags):
+        args, extra = build_parser().parse_known_args(["pretrain", "--data", str(data_dir), *flags])
+        return pretrain_config(args, extra)
+
+    config = parse("--arch", "modernbert", "--model", "mini")
+    assert (config.objective, config.masking.mlm_probability, config.training.schedule) == ("mlm", 0.3, "wsd")
+    config = parse("--arch", "modernbert", "--mask-rate", "0.15", "--schedule", "linear")
+    assert (config.masking.mlm_probability, config.training.schedule) == (0.15, "linear")  # flags win
+    assert parse().objective == "mlm+nsp" and parse().masking.mlm_probability == 0.15  # BERT's unchanged
+    with pytest.raises(ConfigError, match=r"ModernBERT is pretrained with masked LM only .*use objective mlm"):
+        parse("--arch", "modernbert", "--objective", "mlm+nsp")
+    with pytest.raises(ConfigError, match=r"--pack-sequences \(pack_sequences\)=true is not available with "
+                                         r"--arch \(arch\)='modernbert'"):
+        parse("--arch", "modernbert", "--pack-sequences")
+    with pytest.raises(ConfigError, match=r"model\)='medium' is neither a model directory nor a preset \(of "
+                                         r"arch 'modernbert'\)"):
+        parse("--arch", "modernbert", "--model", "medium")
+    with pytest.raises(ConfigError, match=r"arch='gpt' is invalid: use one of \('bert', 'modernbert'\)"):
+        PretrainConfig(data_dir=str(data_dir), arch="gpt")

@@ -43,7 +43,8 @@ LIST_METAVARS = {int: "N,N", float: "X,X", str: "A,B"}
 # `bertforge pretrain`'s common settings, shown first in --help: PretrainConfig key -> its flag. Each is also
 # spelled as its field's own flag (--data-dir, --out-dir).
 PRETRAIN_FLAGS = {
-    "data_dir": "--data", "tokenizer": "--tokenizer", "model": "--model", "objective": "--objective",
+    "data_dir": "--data", "tokenizer": "--tokenizer", "arch": "--arch", "model": "--model",
+    "objective": "--objective",
     "training.out_dir": "--out", "training.minutes": "--minutes", "training.schedule": "--schedule",
     "training.warmup_ratio": "--warmup-ratio", "masking.mlm_probability": "--mask-rate",
     "training.steps": "--steps", "training.batch_size": "--batch-size",

@@ -1,10 +1,10 @@
 """Pretraining: the encoder with the masked-LM and next-sentence heads, their objective, and fill-mask.
 
 Owns: the models (`BertForPretraining`: MLM + NSP, Google's recipe; `BertForMaskedLM`: MLM only, as RoBERTa,
-Cramming and later recipes train, without NSP head or pooler), the choice between them (`OBJECTIVES`,
-`PretrainingTraining.model_class_for`), their objective (MLM + NSP loss sums and counts, the loop's task protocol),
-held-out evaluation, and the fill-mask pipeline's inputs and JSON (a pretrained model answers "[MASK]"
-queries). Pretraining data (corpus, instances, shards, masking, batches) is `bertforge.data`'s.
+Cramming and later recipes train, without NSP head or pooler; ModernBERT's MLM model is `model.modernbert`'s),
+the choice between them (`OBJECTIVES`, `ARCHES`, `PretrainingTraining.model_class_for`), their objective
+(MLM + NSP loss sums and counts, the loop's task protocol), held-out evaluation, and the fill-mask pipeline's
+inputs and JSON (a pretrained model answers "[MASK]" queries). Pretraining data (corpus, instances, shards, masking, batches) is `bertforge.data`'s.
 
 The MLM head runs only at the masked positions the batch names (`mlm_positions`, about 15% of tokens), not
 over all T: the [M, V] logits are the largest tensor of pretraining and most of them would be thrown away.
@@ -28,10 +28,13 @@ from bertforge.families.base import Family, FamilyTraining, Objective, check_num
 from bertforge.families.sparse import SpladeRows
 from bertforge.model.bert import BertModel, BertPretrainedModel, IndexableOutput
 from bertforge.model.config import BertConfig
-from bertforge.model.heads import MlmHead
+from bertforge.model.heads import MlmHead, masked_lm_sums
+from bertforge.model.modernbert import ModernBertForMaskedLM
 
 # `pretrain --objective`: the heads trained, and the loss terms.
 OBJECTIVES = ("mlm+nsp", "mlm")
+# `pretrain --arch`: the encoder pretrained (BERT's `model/bert.py`, or ModernBERT's `model/modernbert.py`).
+ARCHES = ("bert", "modernbert")
 
 
 @dataclass
@@ -107,13 +110,7 @@ class BertForPretraining(SpladeRows, BertPretrainedModel):
 
         zero = mlm_logits.new_zeros((), dtype=torch.float32)
         if mlm_labels is not None:
-            flat_logits = mlm_logits.flatten(0, -2).float()  # [B*M, V]
-            flat_labels = mlm_labels.flatten().long()  # [B*M]
-            real = flat_labels != IGNORE_INDEX
-            result.mlm_loss_sum = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX,
-                                                  reduction="sum")
-            result.mlm_count = real.sum().float()
-            result.mlm_correct = ((flat_logits.argmax(-1) == flat_labels) & real).sum().float()
+            result.mlm_loss_sum, result.mlm_correct, result.mlm_count = masked_lm_sums(mlm_logits, mlm_labels)
         else:
             result.mlm_loss_sum = result.mlm_count = result.mlm_correct = zero
         if nsp_labels is not None and nsp_logits is not None:
@@ -161,12 +158,14 @@ class PretrainingObjective(Objective):
         return {"mlm": mlm, "nsp": nsp}
 
     def loss_terms(self, output: PretrainingOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        terms = {"mlm": (output.mlm_loss_sum, output.mlm_count), "nsp": (output.nsp_loss_sum, output.nsp_count)}
-        return terms if self.next_sentence else {"mlm": terms["mlm"]}
+        if not self.next_sentence:  # the model may have no NSP fields at all (ModernBERT)
+            return {"mlm": (output.mlm_loss_sum, output.mlm_count)}
+        return {"mlm": (output.mlm_loss_sum, output.mlm_count), "nsp": (output.nsp_loss_sum, output.nsp_count)}
 
     def metrics(self, output: PretrainingOutput, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        values = {"mlm_acc": (output.mlm_correct, output.mlm_count), "nsp_acc": (output.nsp_correct, output.nsp_count)}
-        return values if self.next_sentence else {"mlm_acc": values["mlm_acc"]}
+        if not self.next_sentence:
+            return {"mlm_acc": (output.mlm_correct, output.mlm_count)}
+        return {"mlm_acc": (output.mlm_correct, output.mlm_count), "nsp_acc": (output.nsp_correct, output.nsp_count)}
 
 
 class PretrainingTraining(FamilyTraining):
@@ -176,10 +175,18 @@ class PretrainingTraining(FamilyTraining):
         self.refuse_loss_settings(loss)
         return PretrainingObjective(next_sentence)
 
-    def model_class_for(self, objective: str) -> type[BertForPretraining]:
-        """The model an objective trains: `mlm+nsp` -> BertForPretraining, `mlm` -> BertForMaskedLM."""
+    def model_class_for(self, objective: str, arch: str = "bert") -> type[BertPretrainedModel]:
+        """The model an objective trains: `mlm+nsp` -> BertForPretraining, `mlm` -> BertForMaskedLM; for
+        ModernBERT (`arch` "modernbert") `mlm` -> ModernBertForMaskedLM, and no NSP (it has no such head)."""
         if objective not in OBJECTIVES:
             raise ConfigError(f"objective={objective!r} is invalid: use one of {OBJECTIVES}")
+        if arch not in ARCHES:
+            raise ConfigError(f"arch={arch!r} is invalid: use one of {ARCHES}")
+        if arch == "modernbert":
+            if objective != "mlm":
+                raise ConfigError(f"objective={objective!r} does not apply to arch='modernbert': ModernBERT is "
+                                  "pretrained with masked LM only (no next-sentence head); use objective mlm")
+            return ModernBertForMaskedLM
         return BertForPretraining if objective == "mlm+nsp" else BertForMaskedLM
 
     @torch.no_grad()
@@ -202,8 +209,9 @@ class PretrainingTraining(FamilyTraining):
             for batch in batches:
                 batch = batch.to(device)
                 out = model(**batch.model_inputs())
-                totals += torch.stack([out.mlm_loss_sum, out.mlm_correct, out.mlm_count, out.nsp_loss_sum,
-                                       out.nsp_correct, out.nsp_count]).double()
+                nsp = [getattr(out, name, None) for name in ("nsp_loss_sum", "nsp_correct", "nsp_count")]
+                nsp = [out.mlm_count.new_zeros(()) if value is None else value for value in nsp]  # no NSP head
+                totals += torch.stack([out.mlm_loss_sum, out.mlm_correct, out.mlm_count, *nsp]).double()
                 labels = batch.mlm_labels[batch.mlm_labels != IGNORE_INDEX]
                 label_counts += torch.bincount(labels, minlength=label_counts.numel()).double()
         finally:

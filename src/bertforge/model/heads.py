@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertforge.constants import IGNORE_INDEX
 from bertforge.model.bert import BertOutput, IndexableOutput, activation
 from bertforge.model.config import BertConfig
 
@@ -27,6 +28,19 @@ class TaskOutput(IndexableOutput):
     loss: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
+
+
+def masked_lm_sums(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The masked-LM loss as the training loop aggregates it: (cross-entropy summed over the labelled
+    tokens, how many of them the top logit gets right, how many there are), three float 0-dim tensors.
+
+    logits [..., V] and labels [...] (original token ids, `IGNORE_INDEX` where there is nothing to predict)."""
+    flat_logits = logits.flatten(0, -2).float()  # [..., V] -> [N, V]
+    flat_labels = labels.flatten().long()  # [N]
+    real = flat_labels != IGNORE_INDEX
+    loss_sum = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    correct = ((flat_logits.argmax(-1) == flat_labels) & real).sum().float()
+    return loss_sum, correct, real.sum().float()
 
 
 class MlmHead(nn.Module):

@@ -32,7 +32,7 @@ from torch import nn
 from bertforge.errors import InputError
 from bertforge.model.bert import BertOutput, BertPretrainedModel, activation
 from bertforge.model.config.modernbert import GLOBAL_ATTENTION, LOCAL_ATTENTION, ModernBertConfig
-from bertforge.model.heads import TaskOutput
+from bertforge.model.heads import TaskOutput, masked_lm_sums
 from bertforge.model.layouts import Padded, Unpadded, choose_layout
 
 
@@ -294,9 +294,15 @@ class PredictionHead(nn.Module):
 @dataclass
 class MaskedLmOutput(TaskOutput):
     """`TaskOutput` whose logits [B, T, V] (or [B, M, V] at `mlm_positions`) also read as `mlm_logits`, the
-    name the pretraining family's fill-mask reads; ModernBERT has no next-sentence head."""
+    name the pretraining family's fill-mask reads; ModernBERT has no next-sentence head.
+
+    With `mlm_labels`: `loss` (the mean over labelled tokens) and the float sums the pretraining loop
+    aggregates across micro-batches and ranks: mlm_loss_sum, mlm_correct, mlm_count (0-dim tensors)."""
 
     nsp_logits = None
+    mlm_loss_sum: torch.Tensor | None = None
+    mlm_correct: torch.Tensor | None = None
+    mlm_count: torch.Tensor | None = None
 
     @property
     def mlm_logits(self) -> torch.Tensor:
@@ -306,7 +312,10 @@ class MaskedLmOutput(TaskOutput):
 class ModernBertForMaskedLM(ModernBertPretrainedModel):
     """Encoder, prediction head, then a decoder tied to the word embeddings with its own bias: logits
     [B, T, V], or [B, M, V] at `mlm_positions` (long [B, M]: only the masked tokens go through the head). The
-    decoder weight is the embedding matrix itself (saved once)."""
+    decoder weight is the embedding matrix itself (saved once). With `mlm_labels` it is the model
+    `bertforge pretrain --arch modernbert` trains (masked LM only: no next-sentence head)."""
+
+    next_sentence = False  # no NSP head: a pretraining batch's `nsp_labels` are ignored
 
     encoder_prefix = "bert."
     head_prefixes = ("head.", "decoder_bias")
@@ -322,15 +331,27 @@ class ModernBertForMaskedLM(ModernBertPretrainedModel):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False,
-                mlm_positions: torch.Tensor | None = None) -> MaskedLmOutput:
+                mlm_positions: torch.Tensor | None = None, mlm_labels: torch.Tensor | None = None,
+                nsp_labels: torch.Tensor | None = None, sequence_ids: torch.Tensor | None = None) -> MaskedLmOutput:
+        """Args beyond the encoder's (a pretraining batch's, `data.collate.PretrainingBatch`):
+            mlm_positions: long [B, M], indices into T of the tokens to predict (only they go through the head).
+            mlm_labels: long [B, M] (or [B, T] without positions), original ids, IGNORE_INDEX where nothing is
+                predicted.
+            nsp_labels: accepted from pretraining batches and unused: ModernBERT has no next-sentence head.
+        """
         out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
-                        output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+                        output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                        sequence_ids=sequence_ids)
         hidden = out.last_hidden_state  # [B, T, H]
         if mlm_positions is not None:
             index = mlm_positions.long()[..., None].expand(-1, -1, hidden.shape[-1])  # [B, M] -> [B, M, H]
             hidden = hidden.gather(1, index)  # [B, T, H] -> [B, M, H]
         logits = F.linear(self.head(hidden), self.bert.embeddings.word.weight, self.decoder_bias)  # [..., V]
-        return MaskedLmOutput(logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        result = MaskedLmOutput(logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        if mlm_labels is not None:
+            result.mlm_loss_sum, result.mlm_correct, result.mlm_count = masked_lm_sums(logits, mlm_labels)
+            result.loss = result.mlm_loss_sum / result.mlm_count.clamp(min=1.0)
+        return result
 
 
 class ModernBertForSequenceClassification(ModernBertPretrainedModel):

@@ -20,10 +20,15 @@ them to the one training loop. A run file looks like:
 
 The `[training]` table is `PretrainTrainingConfig`: the loop's settings with pretraining's defaults (6% warmup,
 checkpoints in runs/pretrain), kept for every key a run file or flag does not set.
+
+`arch = "modernbert"` (`--arch modernbert`) pretrains a ModernBERT (`model/modernbert.py`) from the same shards
+with its recipe's defaults (`ARCH_DEFAULTS`: masked LM only, 30% masking, the WSD schedule), each overridable
+but NSP, which it has no head for. Token types and NSP labels of the shards are not read: it has no segments.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -31,15 +36,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bertforge.configuration import dumps_toml, setting
+from bertforge.checkpoint_format import read_config
+from bertforge.configuration import dumps_toml, merge, setting
 from bertforge.constants import VOCAB_NAME
 from bertforge.data.datasets import PretrainingData
 from bertforge.data.masking import MaskingConfig
 from bertforge.data.shards import ShardIndex, vocab_checksum
 from bertforge.errors import ConfigError
+from bertforge.families.pretraining import ARCHES, OBJECTIVES
 from bertforge.families.pretraining import FAMILY as PRETRAINING
-from bertforge.families.pretraining import OBJECTIVES, BertForPretraining
+from bertforge.model.bert import BertPretrainedModel
 from bertforge.model.config import PRESETS, BertConfig
+from bertforge.model.config.modernbert import PRESETS as MODERNBERT_PRESETS
+from bertforge.model.config.modernbert import ModernBertConfig
 from bertforge.model.fast_paths import set_fast_paths
 from bertforge.runtime import check_user_precision, resolve_device, set_seed
 from bertforge.storage import write_text
@@ -55,6 +64,12 @@ RUN_CONFIG_NAME = "run.toml"
 # use (BERT: 10k of 1M steps is 1%, RoBERTa 6%, Cramming's one-cycle rises over half the budget).
 PRETRAIN_WARMUP_RATIO = 0.06
 DEFAULT_MASK_RATE = 0.15  # BERT's; `MaskingConfig.mlm_probability`'s default
+# Each architecture's recipe where it differs from BERT's defaults (Warner et al., 2024: MLM only, 30% masking,
+# warmup-stable-decay), applied under whatever a run file or flag sets (`PretrainConfig.implied_settings`).
+ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
+    "modernbert": {"objective": "mlm", "masking": {"mlm_probability": 0.3}, "training": {"schedule": "wsd"}},
+}
+ARCH_PRESETS = {"bert": PRESETS, "modernbert": MODERNBERT_PRESETS}
 
 
 @dataclass
@@ -82,10 +97,15 @@ class PretrainConfig:
     data_dir: str = setting("", "a directory written by `bertforge prepare` (`data.preparation.prepare_corpus`)")
     tokenizer: str = setting("", "directory of the tokenizer the data was prepared with (default: data_dir if it "
                                  "holds a vocab.txt, else the model directory when continuing from one)")
-    model: str = setting("base", "a preset (tiny, mini, small, medium, base, large) or a model directory to "
-                                 "continue pretraining from (its MLM/NSP heads are created when it has none)")
-    model_overrides: dict[str, Any] = setting(help="BertConfig fields for a preset, e.g. "
-                                                   "{hidden_dropout_prob = 0.1}", factory=dict)
+    arch: str = setting("bert", "the encoder: bert, or modernbert (rotary positions, global attention every "
+                                "third layer and a 128-token window in the others, GeGLU; its recipe's defaults: "
+                                "objective mlm, --mask-rate 0.3, --schedule wsd)", choices=ARCHES)
+    model: str = setting("base", "a preset of the arch (bert: tiny, mini, small, medium, base, large; modernbert: "
+                                 "tiny, mini, small, base, large) or a model directory to continue pretraining "
+                                 "from (its MLM/NSP heads are created when it has none)")
+    model_overrides: dict[str, Any] = setting(help="config fields for a preset (BertConfig's, or ModernBertConfig's "
+                                                   "with --arch modernbert), e.g. {hidden_dropout_prob = 0.1}",
+                                              factory=dict)
     eval_batches: int = setting(50, "held-out batches per evaluation on each rank (0 = the whole held-out split)")
     pad_to_multiple_of: int = setting(8, "pad batches to a multiple of this length (8 suits tensor cores)")
     fast_path: bool = setting(True, "skip padding tokens in every matmul and fuse the QKV projection (tested "
@@ -103,16 +123,33 @@ class PretrainConfig:
         if not self.data_dir:
             raise ConfigError("pretraining needs data_dir: a directory prepared with prepare_corpus "
                               "(bertforge prepare --corpus ... --tokenizer ... --out ...)")
-        if not (Path(self.model).is_dir() or self.model in PRESETS):
-            raise ConfigError(f"model={self.model!r} is neither a model directory nor a preset; use one of "
-                              f"{sorted(PRESETS)} or the path of a saved model")
-        PRETRAINING.training.model_class_for(self.objective)  # validates the objective
+        if self.arch not in ARCHES:
+            raise ConfigError(f"arch={self.arch!r} is invalid: use one of {ARCHES}")
+        presets = ARCH_PRESETS[self.arch]
+        if not (Path(self.model).is_dir() or self.model in presets):
+            raise ConfigError(f"model={self.model!r} is neither a model directory nor a preset (of arch "
+                              f"{self.arch!r}); use one of {sorted(presets)} or the path of a saved model")
+        PRETRAINING.training.model_class_for(self.objective, self.arch)  # validates the objective for the arch
         if self.model_overrides and Path(self.model).is_dir():
             raise ConfigError("model_overrides apply to a preset; a model directory keeps its own config.json")
+        if self.arch == "modernbert" and self.pack_sequences:
+            raise ConfigError("pack_sequences=true is not available with arch='modernbert' yet (its encoder runs "
+                              "one instance per row); leave pack_sequences false")
         for name, low in (("eval_batches", 0), ("pad_to_multiple_of", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{name}={value!r} is invalid: use an integer >= {low}")
+
+
+    @classmethod
+    def implied_settings(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """`data` (a run file's keys and flags) over the defaults of its `arch`'s recipe (`ARCH_DEFAULTS`)."""
+        defaults = ARCH_DEFAULTS.get(data.get("arch")) if isinstance(data.get("arch"), str) else None
+        if not defaults:
+            return data
+        tree = copy.deepcopy(defaults)
+        merge(tree, data)
+        return tree
 
 
 def load_pretraining_tokenizer(config: PretrainConfig) -> Tokenizer:
@@ -126,20 +163,35 @@ def load_pretraining_tokenizer(config: PretrainConfig) -> Tokenizer:
                       "the vocabulary the data was prepared with")
 
 
-def build_model(config: PretrainConfig, tokenizer: Tokenizer, max_seq_length: int) -> BertForPretraining:
-    """A fresh model of the objective's class (`BertForPretraining` or `BertForMaskedLM`) from a preset, or one
-    loaded from a model directory (heads the directory lacks start fresh; an NSP head the objective does not
-    train is left out)."""
-    cls = PRETRAINING.training.model_class_for(config.objective)
+def preset_config(config: PretrainConfig, tokenizer: Tokenizer) -> BertConfig | ModernBertConfig:
+    """The config of `config.model`, a preset of `config.arch`, sized to the tokenizer (vocabulary and special
+    ids) under `model_overrides`."""
+    overrides: dict[str, Any] = {"vocab_size": tokenizer.vocab_size, "pad_token_id": tokenizer.pad_token_id}
+    if config.arch == "modernbert":
+        # The released models' [CLS]/[SEP] ids are those of their own vocabulary: here, the tokenizer's.
+        cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+        overrides.update(cls_token_id=cls_id, bos_token_id=cls_id, sep_token_id=sep_id, eos_token_id=sep_id)
+        return ModernBertConfig.preset(config.model, **{**overrides, **config.model_overrides})
+    return BertConfig.preset(config.model, **{**overrides, **config.model_overrides})
+
+
+def build_model(config: PretrainConfig, tokenizer: Tokenizer, max_seq_length: int) -> BertPretrainedModel:
+    """A fresh model of the objective's and arch's class (`BertForPretraining`, `BertForMaskedLM` or
+    `ModernBertForMaskedLM`) from a preset, or one loaded from a model directory (heads the directory lacks
+    start fresh; an NSP head the objective does not train is left out)."""
+    cls = PRETRAINING.training.model_class_for(config.objective, config.arch)
     if Path(config.model).is_dir():
+        saved = read_config(config.model)[0]
+        if isinstance(saved, ModernBertConfig) != (config.arch == "modernbert"):
+            kind = "modernbert" if isinstance(saved, ModernBertConfig) else "bert"
+            raise ConfigError(f"{config.model} holds a {kind} model but arch={config.arch!r}; set arch = "
+                              f"{kind!r} (--arch {kind}) to continue pretraining it")
         model = cls.from_pretrained(config.model)
         if model.config.vocab_size != tokenizer.vocab_size:
             raise ConfigError(f"{config.model} has a vocabulary of {model.config.vocab_size} but the tokenizer has "
                               f"{tokenizer.vocab_size}; continue pretraining with the model's own vocab.txt")
     else:
-        overrides = {"vocab_size": tokenizer.vocab_size, "pad_token_id": tokenizer.pad_token_id,
-                     **config.model_overrides}
-        model = cls(BertConfig.preset(config.model, **overrides))
+        model = cls(preset_config(config, tokenizer))
     if model.config.max_position_embeddings < max_seq_length:
         raise ConfigError(f"the data has sequences of up to {max_seq_length} tokens but the model has "
                           f"max_position_embeddings={model.config.max_position_embeddings}; prepare shorter "
