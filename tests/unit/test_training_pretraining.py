@@ -287,6 +287,13 @@ def test_run_pretraining_modernbert_writes_a_directory_that_loads_and_fills_mask
     filled = load_pipeline(result.checkpoint, "fill-mask")(["the [MASK] was dark."])
     assert len(filled[0]["masks"][0]["predictions"]) == 5
     assert load_config(PretrainConfig, tmp_path / "out" / RUN_CONFIG_NAME) == config
+    # Continuing from the directory: with its arch, and refused with the other one.
+    again = dataclasses.replace(run_file(tmp_path / "again", data_dir, "--training.steps=1", arch="modernbert"),
+                                model=str(result.checkpoint), model_overrides={})
+    assert run_pretraining(again).step == 1
+    with pytest.raises(ConfigError, match=r"holds a modernbert model but arch='bert'; set arch = 'modernbert'"):
+        run_pretraining(dataclasses.replace(run_file(tmp_path / "bert", data_dir), model=str(result.checkpoint),
+                                            model_overrides={}))
 
 
 def test_run_pretraining_modernbert_directory_loads_in_transformers(tmp_path, data_dir):

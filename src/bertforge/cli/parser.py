@@ -122,7 +122,7 @@ def add_pretrain(sub: argparse._SubParsersAction) -> None:
     from bertforge.training.pretraining import PretrainConfig
 
     p = sub.add_parser("pretrain", help="pretrain with masked LM + next-sentence prediction (or MLM only: "
-                                        "--objective mlm)")
+                                        "--objective mlm; a ModernBERT: --arch modernbert)")
     p.add_argument("run_file", nargs="?", help="optional TOML run file")
     add_config_flags(p, PretrainConfig, PRETRAIN_FLAGS)
     p.set_defaults(func=commands.cmd_pretrain)
