@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from tests.unit.test_inference_scheduler import FakePipeline, words
+
 from bertforge.inference.lane import ComputeLane, Turn
 from bertforge.inference.scheduler import Scheduler, SchedulerSettings
-from tests.unit.test_inference_scheduler import FakePipeline, words
 
 CALL_TURNS = 20  # event-loop turns one model call takes: long enough for the other model's clients to come back
 
