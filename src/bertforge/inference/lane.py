@@ -18,8 +18,8 @@ tokens, whichever model serves it.
   it still has work, and is counted as waiting when it asks again before the choice is made (it does, at once,
   while requests are in progress). A seat whose model had nothing to do starts again from the tag of the turn
   granted last: it is owed nothing for the time it had no work. Round-robin by turn would not do: one turn of a
-  model with 64 requests of 25 tokens gives each of them 25 tokens, one turn of a model with one request gives it
-  the whole call, so the one client would get as much of the machine as the 64 together.
+  model with 64 requests of 25 tokens gives each of them 25 tokens, while a turn of a model with one request
+  gives it at least one whole window (a window always runs whole: up to 512 tokens), 20 times as much.
 - Steps cut to their share (`beside`): a scheduler counts the requests of the other models as sharing the
   machine when it sizes its calls (`sharing.plan_call`), so a model with one large request runs a slice of about
   `max_batch_tokens` / (requests in the server) tokens per turn while other models have requests in progress,
