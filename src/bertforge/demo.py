@@ -18,17 +18,19 @@ import json
 import logging
 import math
 import random
+import re
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from bertforge.data.corpus import read_documents
 from bertforge.data.masking import MaskingConfig
-from bertforge.data.preparation import prepare_corpus
+from bertforge.data.preparation import prepare_corpus, split_documents
 from bertforge.data.text_files import resolve_inputs
 from bertforge.errors import ConfigError, DataError
 from bertforge.families.pretraining import FAMILY as PRETRAINING
@@ -116,26 +118,85 @@ REPORT_SECONDS = 15.0  # after pretraining: fill-mask, the curves and the report
 class Language:
     vocab_size: int
     min_sentence_chars: int
-    probes: tuple[str, ...]
-    answers: tuple[str, ...] = ()  # the word each probe's text had, where it is a sentence of the books
 
 
-LANGUAGES = {
-    # Sentences of the held-out documents (never trained on), each with one word a reader can fill in.
-    "en": Language(4000, 40, (
-        "Lucy was really tired, and we intended to creep off to [MASK] as soon as we could.",
-        "I lit a match and found that she was not in the [MASK].",
-        "He took her [MASK] and patted it as he replied:--",
-        "“Are they, indeed?” cried [MASK], with the greatest satisfaction.",
-        "In about a week after the arrival of Elizabeth’s letter we returned to [MASK].",
-    ), ("bed", "room", "hand", "Elizabeth", "Geneva")),
-    "zh": Language(7000, 12, (
-        "话说天下大[MASK]，分久必合，合久必分。",
-        "宝玉听了，忙[MASK]：“姐姐何必如此。”",
-        "行者道：“师父放[MASK]，我去去就来。”",
-        "宋江听罢，大[MASK]道：“兄弟休怪。”",
-    )),
-}
+LANGUAGES = {"en": Language(4000, 40), "zh": Language(7000, 12)}
+
+# The fill-mask probes, chosen by a fixed rule from the held-out documents (never trained on, never by a
+# model's answers): in each held-out document, the content word its two neighbours predict best in the
+# training documents. A content word is letters only, not one of the PROBE_COMMON commonest words of the
+# training text, and one WordPiece token (one [MASK] stands for it); its trigram (left, word, right) must
+# occur PROBE_MIN_COUNT times in the training text, its sentence have PROBE_WORDS words.
+PROBE_COMMON = 100
+PROBE_MIN_COUNT = 3
+PROBE_WORDS = (6, 30)
+PROBE_LETTERS = 3  # fewer letters are contractions' pieces (the "t" of "didn't"), not words
+TOP_K = 5  # fill-mask answers shown per probe
+# Words as the rule counts them: a run of letters, a CJK character (BERT's unit in Chinese), a number, or one
+# other character (punctuation is context too). A regular expression: the tokenizer's own pre-tokenization
+# of the training text costs seconds of the demo's budget on a busy machine.
+WORD = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|[^\W\d_\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+|\d+|[^\w\s]")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A held-out sentence with one word masked (`text`), the word the book has there (`answer`), and how well
+    the training text predicts it from its two neighbours (`score`: the share of that context's occurrences
+    that have this word, seen `count` times)."""
+
+    text: str
+    answer: str
+    score: float
+    count: int
+
+
+def choose_probes(heldout: list[list[str]], train: list[list[str]], tokenizer: Tokenizer) -> list[Probe]:
+    """One probe per held-out document (the documents' sentences), in order, by the rule above; a word is
+    masked in one probe at most, and a document without a candidate gives none."""
+    edge = ""  # the neighbour at a sentence's start or end
+
+    def words(sentence: str) -> list[tuple[str, int, int]]:
+        return [(m[0].lower(), m.start(), m.end()) for m in WORD.finditer(sentence)]
+
+    trigrams: Counter[tuple[str, str, str]] = Counter()
+    contexts: Counter[tuple[str, str]] = Counter()
+    frequency: Counter[str] = Counter()
+    for document in train:
+        for sentence in document:
+            seen = [edge, *(w for w, _, _ in words(sentence)), edge]
+            frequency.update(seen[1:-1])
+            for left, word, right in zip(seen, seen[1:], seen[2:]):
+                trigrams[left, word, right] += 1
+                contexts[left, right] += 1
+    common = {word for word, _ in frequency.most_common(PROBE_COMMON)}
+    single: dict[str, bool] = {}
+
+    def content(word: str) -> bool:
+        if word not in single:
+            single[word] = (word.isalpha() and len(word) >= PROBE_LETTERS and word not in common
+                            and tokenizer.tokenize(word) == [word])
+        return single[word]
+
+    probes: list[Probe] = []
+    used: set[str] = set()
+    for document in heldout:
+        best: Probe | None = None
+        for sentence in document:
+            spans = words(sentence)
+            if not PROBE_WORDS[0] <= sum(w.isalpha() for w, _, _ in spans) <= PROBE_WORDS[1]:
+                continue
+            seen = [edge, *(w for w, _, _ in spans), edge]
+            for i, (word, start, end) in enumerate(spans):
+                count = trigrams[seen[i], word, seen[i + 2]]
+                if count < PROBE_MIN_COUNT or word in used or not content(word):
+                    continue
+                score = count / contexts[seen[i], seen[i + 2]]
+                if best is None or (score, count) > (best.score, best.count):
+                    best = Probe(f"{sentence[:start]}[MASK]{sentence[end:]}", sentence[start:end], score, count)
+        if best is not None:
+            probes.append(best)
+            used.add(best.answer.lower())
+    return probes
 
 
 def book_sentences(path: Path, min_chars: int) -> list[str]:
@@ -164,22 +225,34 @@ def write_book_task(files: list[Path], out: Path, min_chars: int, per_book_train
     return paths[0], paths[1], labels
 
 
-def fill_masks(model_dir: Path, spec: Language) -> list[dict]:
-    """The model's five likeliest tokens for each probe's [MASK], as it ranks them (nothing left out), beside
+def fill_masks(model_dir: Path, probes: list[Probe]) -> list[dict]:
+    """The model's TOP_K likeliest tokens for each probe's [MASK], as it ranks them (nothing left out), beside
     the word the book has there."""
     from bertforge.inference.pipelines import load_pipeline
 
-    # PyTorch, whatever `--engine auto` would pick: five sentences are not worth an ONNX export of a model
+    # PyTorch, whatever `--engine auto` would pick: a few sentences are not worth an ONNX export of a model
     # that changes between the two calls.
     pipeline = load_pipeline(model_dir, "fill-mask", device="cpu", precision="fp32", engine="torch")
     results = []
-    answers = spec.answers or ("",) * len(spec.probes)
-    for probe, answer, out in zip(spec.probes, answers, pipeline(list(spec.probes), top_k=5)):
+    for probe, out in zip(probes, pipeline([p.text for p in probes], top_k=TOP_K)):
         guesses = [p["token"] for p in out["masks"][0]["predictions"]]
-        results.append({"text": probe, "top5": guesses, "answer": answer})
-        book = f"   (the book: {answer})" if answer else ""
-        print(f"    {probe}{book}\n      -> {', '.join(guesses)}")
+        results.append({"text": probe.text, "top5": guesses, "answer": probe.answer})
+        print(f"    {probe.text}   (the book: {probe.answer})\n      -> {', '.join(guesses)}")
+    print(f"    {describe_variety(answer_variety(results))}")
     return results
+
+
+def answer_variety(results: list[dict]) -> dict[str, int]:
+    """How far fill-mask answers depend on the sentence: distinct top-1 answers over the probes (a model on the
+    plateau of frequent tokens answers the same one everywhere), and the probes whose book word is among the
+    model's answers (case aside: the vocabulary is lowercased)."""
+    return {"probes": len(results), "distinct_top1": len({r["top5"][0] for r in results if r["top5"]}),
+            "book_word_in_top5": sum(r["answer"].lower() in r["top5"] for r in results)}
+
+
+def describe_variety(variety: dict[str, int]) -> str:
+    return (f"distinct top-1 answers: {variety['distinct_top1']} of {variety['probes']}; the book's word among the "
+            f"top {TOP_K}: {variety['book_word_in_top5']} of {variety['probes']}")
 
 
 def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path | None = None,
@@ -230,13 +303,19 @@ def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path
     config = BertConfig.preset(model, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_token_id)
     initial = PRETRAINING.training.model_class_for(OBJECTIVE)(config)
     initial.save_pretrained(out / "initial", tokenizer=tokenizer)
-    print("[3/6] fill-mask with random weights (before pretraining), the model's top 5 as it ranks them:")
-    summary["fill_mask_before"] = fill_masks(out / "initial", spec)
+    heldout, train = split_documents(files, HELDOUT_DOCUMENTS)
+    probes = choose_probes([d.sentences for d in heldout], [d.sentences for d in train], tokenizer)
+    summary["probes"] = [asdict(p) for p in probes]
+    print(f"[3/6] fill-mask with random weights (before pretraining), the model's top {TOP_K} as it ranks them; "
+          f"in each held-out document the word its neighbours predict best in the training text is masked:")
+    summary["fill_mask_before"] = fill_masks(out / "initial", probes)
+    summary["fill_mask_variety_before"] = answer_variety(summary["fill_mask_before"])
 
     pretrained, plan, cost = _pretrain(initial, out, model, seed, budget, started, len(files), summary)
 
-    print("[5/6] fill-mask after pretraining, the model's top 5 as it ranks them:")
-    summary["fill_mask_after"] = fill_masks(pretrained, spec)
+    print(f"[5/6] fill-mask after pretraining, the model's top {TOP_K} as it ranks them:")
+    summary["fill_mask_after"] = fill_masks(pretrained, probes)
+    summary["fill_mask_variety"] = answer_variety(summary["fill_mask_after"])
 
     # Sized again for the time left at the step cost pretraining saw (a machine that slowed down fine-tunes on
     # fewer sentences rather than overrunning).
@@ -481,10 +560,12 @@ def write_summary_markdown(path: Path, s: dict) -> None:
              f"(majority-token baseline {pre['heldout'].get('mlm_majority_acc', 0):.3f})",
              f"- book classification dev accuracy: {s['book_classification']['dev_accuracy']:.3f} "
              f"(chance {s['book_classification']['chance']:.3f})", "",
-             "## fill-mask, before -> after (the model's top 5; the book's word in brackets)", ""]
+             f"- fill-mask after pretraining: {describe_variety(s['fill_mask_variety'])} (before: "
+             f"{describe_variety(s['fill_mask_variety_before'])})", "",
+             f"## fill-mask, before -> after (the model's top {TOP_K}; the book's word in brackets)", ""]
     for before, after in zip(s["fill_mask_before"], s["fill_mask_after"]):
-        book = f" [{before['answer']}]" if before.get("answer") else ""
-        lines.append(f"- `{before['text']}`{book}: {', '.join(before['top5'])} -> **{', '.join(after['top5'])}**")
+        lines.append(f"- `{before['text']}` [{before['answer']}]: {', '.join(before['top5'])} -> "
+                     f"**{', '.join(after['top5'])}**")
     if s.get("curves"):
         lines += ["", "![pretraining curves](pretraining_curves.png)"]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
