@@ -125,7 +125,9 @@ def test_demo_pretrains_its_recipe_for_the_time_budget(tmp_path):
     config = demo.pretraining_settings("tiny", tmp_path / "data", tmp_path / "out", 3500, seed=0, minutes=5.0)
     training = config.training
     assert (config.objective, training.schedule, config.masking.mlm_probability) == ("mlm", "wsd", 0.25)
-    assert config.model_overrides == {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    assert config.model_overrides == {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+                                      "initializer_range": 0.05}
+    assert training.betas == [0.9, 0.98]
     assert training.minutes == 5.0 and training.steps == 0  # the budget ends the run, not a step count
     assert training.eval_every == 700 and training.log_every == 175  # the evaluations spread over the steps expected
     timed = demo.pretraining_settings("tiny", tmp_path / "data", tmp_path / "out", 15, seed=0)
