@@ -90,7 +90,9 @@ def test_embedding_registry_lookups_find_the_family():
     assert registry.TASKS == ("classify", "tag", "answer", "choose", "fill-mask", "rerank", "embed-sparse", "embed")
     assert sorted(registry.MODEL_CLASSES) == ["BertForMaskedLM", "BertForMultipleChoice", "BertForPretraining", "BertForQuestionAnswering",
                                               "BertForSequenceClassification", "BertForSparseEmbedding",
-                                              "BertForTokenClassification", "BertModel"]
+                                              "BertForTokenClassification", "BertModel", "ModernBertForMaskedLM",
+                                              "ModernBertForSequenceClassification",
+                                              "ModernBertForTokenClassification", "ModernBertModel"]
     assert registry.for_model(BertModel) is EMBEDDING
 
 

@@ -3,7 +3,7 @@ queries embedded with pipelines of their own (`vector_search.embed_query_vectors
 `searcher.Searcher` (the one search path; hybrid fusion is described there).
 
 Owns: `search_sparse_hits`, `hybrid_search_hits` and `folder_hits` (which of them a folder takes, and the flags
-that do not apply to it).
+that do not apply to it), and `collection_hits` (a Qdrant collection, searched there).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 from bertforge.errors import ConfigError
 from bertforge.metrics.fusion import DEFAULT_RRF_K, check_rrf_k
+from bertforge.retrieval.qdrant_collection import QdrantSearcher
 from bertforge.retrieval.searcher import DEFAULT_FUSION_DEPTH, Searcher, check_same_input
 from bertforge.retrieval.store import VectorFolder
 from bertforge.retrieval.vector_search import (
@@ -26,17 +27,18 @@ from bertforge.retrieval.vector_search import (
 
 
 def search_sparse_hits(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
-                       show_text: bool = False, field: str | None = None, **embedding: Any,
+                       show_text: bool = False, field: str | None = None, filter: Any = None, **embedding: Any,
                        ) -> list[list[dict[str, Any]]]:
-    """The top-k hits {"id", "score"} of each query text in a sparse folder, best first (`show_text` / `field`
-    as `vector_search.search_hits`); the queries are embedded by `vector_search.embed_sparse_queries`
+    """The top-k hits {"id", "score"} of each query text in a sparse folder, best first (`show_text` / `field` /
+    `filter` as `vector_search.search_hits`); the queries are embedded by `vector_search.embed_sparse_queries`
     (`embedding`: model, device, batch_size, prompt_name, prompt, precision)."""
     check_top_k(top_k)
     searcher = Searcher(sparse=directory)
+    checked = searcher.check_filter(filter)
     if not queries:
         return []
     return searcher.search(embed_query_vectors(searcher, queries, **embedding), top_k, show_text=show_text,
-                           field=field)
+                           field=field, filter=checked)
 
 
 def hybrid_search_hits(dense_directory: str | os.PathLike, sparse_directory: str | os.PathLike,
@@ -44,10 +46,11 @@ def hybrid_search_hits(dense_directory: str | os.PathLike, sparse_directory: str
                        depth: int = DEFAULT_FUSION_DEPTH, show_text: bool = False, field: str | None = None,
                        model: str | os.PathLike | None = None, sparse_model: str | os.PathLike | None = None,
                        device: str = "auto", batch_size: int = DEFAULT_BATCH_SIZE, prompt_name: str | None = None,
-                       prompt: str | None = None, precision: str | None = None) -> list[list[dict[str, Any]]]:
+                       prompt: str | None = None, precision: str | None = None,
+                       filter: Any = None) -> list[list[dict[str, Any]]]:
     """The top-k hits of each query text by reciprocal rank fusion of a dense and a sparse folder of the same
     input, best first: {"id", "score" (the fused score), "dense_rank", "sparse_rank"} (plus the text with
-    `show_text` / `field`, as `vector_search.search_hits`).
+    `show_text` / `field`, as `vector_search.search_hits`; `filter`: both sides rank only the rows that meet it).
 
     Args:
         dense_directory, sparse_directory: the --out folders of `bertforge embed` and `bertforge embed --sparse`.
@@ -64,11 +67,13 @@ def hybrid_search_hits(dense_directory: str | os.PathLike, sparse_directory: str
     check_rrf_k(rrf_k)
     check_same_input(VectorFolder(dense_directory), VectorFolder(sparse_directory))
     searcher = Searcher(dense_directory, sparse_directory)
+    checked = searcher.check_filter(filter)
     if not queries:
         return []
     vectors = embed_query_vectors(searcher, queries, model=model, sparse_model=sparse_model, device=device,
                                   batch_size=batch_size, prompt_name=prompt_name, prompt=prompt, precision=precision)
-    return searcher.search(vectors, top_k, show_text=show_text, field=field, rrf_k=rrf_k, depth=depth)
+    return searcher.search(vectors, top_k, show_text=show_text, field=field, rrf_k=rrf_k, depth=depth,
+                           filter=checked)
 
 
 def folder_hits(directory: str | os.PathLike, queries: Sequence[str], *, rescore_multiplier: int | None = None,
@@ -85,4 +90,27 @@ def folder_hits(directory: str | os.PathLike, queries: Sequence[str], *, rescore
     return search_hits(directory, queries, exact=exact, ef_search=ef_search, **search, **extra)
 
 
-__all__ = ["DEFAULT_FUSION_DEPTH", "check_same_input", "folder_hits", "hybrid_search_hits", "search_sparse_hits"]
+def collection_hits(location: str, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K, show_text: bool = False,
+                    field: str | None = None, exact: bool = False, ef_search: int | None = None,
+                    rescore_multiplier: int | None = None, rrf_k: float = DEFAULT_RRF_K,
+                    depth: int = DEFAULT_FUSION_DEPTH, sparse_model: str | os.PathLike | None = None,
+                    filter: Any = None, **embedding: Any) -> list[list[dict[str, Any]]]:
+    """`bertforge search` over a Qdrant collection (`qdrant_collection.QdrantSearcher`: dense, sparse, or hybrid
+    through Qdrant's fusion when it holds both), the queries embedded by the query models its export recorded
+    (`embedding`: model, device, batch_size, prompt_name, prompt, precision; `sparse_model`: hybrid's sparse
+    side's copy; `filter`: as `Searcher.search`'s, checked before the queries are embedded, Qdrant's filter)."""
+    check_top_k(top_k)
+    searcher = QdrantSearcher(location)
+    try:
+        checked = searcher.check_filter(filter)
+        if not queries:
+            return []
+        vectors = embed_query_vectors(searcher, queries, sparse_model=sparse_model, **embedding)
+        return searcher.search(vectors, top_k, show_text=show_text, field=field, exact=exact, ef_search=ef_search,
+                               rescore_multiplier=rescore_multiplier, rrf_k=rrf_k, depth=depth, filter=checked)
+    finally:
+        searcher.close()
+
+
+__all__ = ["DEFAULT_FUSION_DEPTH", "check_same_input", "collection_hits", "folder_hits", "hybrid_search_hits",
+           "search_sparse_hits"]

@@ -26,6 +26,8 @@ import numpy as np
 from bertforge.errors import ConfigError, InputError
 from bertforge.metrics.fusion import DEFAULT_RRF_K, check_rrf_k, reciprocal_rank_fusion
 from bertforge.metrics.sparse import SparseRows
+from bertforge.retrieval.fields import FieldSpec
+from bertforge.retrieval.filters import Filter, parse_filter
 from bertforge.retrieval.sparse_search import SparseIndex
 from bertforge.retrieval.sparse_vectors import SPARSE_TASK
 from bertforge.retrieval.store import VectorFolder
@@ -185,14 +187,46 @@ class Searcher:
     def folder(self, kind: str) -> VectorIndex | None:
         return self.dense if kind == "dense" else self.sparse
 
+    @property
+    def described(self) -> VectorFolder:
+        """The folder whose metadata fields filters read: the dense one (hybrid: the sparse one when only it
+        stores fields; both hold the same records in the same rows, `check_same_input`)."""
+        if self.dense is not None and (self.sparse is None or self.dense.fields or not self.sparse.fields):
+            return self.dense
+        return self.sparse
+
+    @property
+    def fields(self) -> tuple[FieldSpec, ...]:
+        """The metadata fields a filter may name (`fields.FieldSpec`)."""
+        return self.described.fields
+
+    def check_filter(self, given: Any) -> Filter | None:
+        """A filter (the JSON form, `--filter` clauses or a `Filter`) checked against the index's fields, before
+        any query is embedded; None: no filter.
+
+        Raises:
+            InputError: a field the index does not store (naming those it does), a malformed condition, a value
+                of another type (`filters.parse_filter`).
+        """
+        return parse_filter(given, self.fields)
+
     def query_models(self) -> dict[str, QueryModel]:
         """kind -> how that side's queries are embedded."""
         return {kind: query_model(self.folder(kind)) for kind in self.kinds}
 
+    @property
+    def count(self) -> int:
+        """The rows searched (deleted ones included: the folders' rows)."""
+        return self.folder(self.kinds[0]).count
+
+    def where(self, kind: str) -> str:
+        """Where that side's vectors are: its folder."""
+        return str(self.folder(kind).directory)
+
     def search(self, vectors: dict[str, np.ndarray | SparseRows], top_k: int = DEFAULT_TOP_K, *,
                show_text: bool = False, field: str | None = None, rescore_multiplier: int | None = None,
                ef_search: int | None = None, exact: bool = False, rrf_k: float = DEFAULT_RRF_K,
-               depth: int = DEFAULT_FUSION_DEPTH) -> list[list[dict[str, Any]]]:
+               depth: int = DEFAULT_FUSION_DEPTH, filter: Any = None) -> list[list[dict[str, Any]]]:
         """The top-k hits of each query, best first: {"id", "score"} (plus "span", "text" or `field`, `hits_of`;
         hybrid: the fused score and "dense_rank", "sparse_rank").
 
@@ -202,6 +236,9 @@ class Searcher:
             rescore_multiplier: binary dense folders (`VectorIndex.search_vectors`); ef_search: candidates of the
                 approximate index (`AnnIndex.search_vectors`); exact: score every vector even where the approximate
                 index is loaded; rrf_k, depth: hybrid fusion.
+            filter: conditions on the metadata fields (`check_filter`); the rows that meet them are the only
+                ones any search ranks (a mask applied before the top-k, hybrid: on both sides), so the hits are
+                the top-k of the matching rows.
 
         Raises:
             InputError: a setting that is invalid or does not apply to this index (names it).
@@ -215,27 +252,31 @@ class Searcher:
         approximate = self.ann is not None and not exact
         if ef_search is not None and not approximate:
             raise InputError("ef_search applies to a dense folder's approximate index, which this search does not use")
+        checked = self.check_filter(filter)
+        rows = None if checked is None else checked.mask(self.described.metadata())  # [count] bool
         if self.hybrid:
             check_top_k(depth, "depth")
             check_rrf_k(rrf_k)
             wide = max(depth, top_k)
-            _, dense_rows = self.dense.search_vectors(vectors["dense"], wide)
-            _, sparse_rows = self.sparse.search_sparse(vectors["sparse"], wide)
-            scores, rows, ranks = fuse(dense_rows, sparse_rows, min(top_k, self.dense.live_count), rrf_k)
-            hits = hits_of(self.dense, scores, rows, show_text, field)
+            _, dense_rows = self.dense.search_vectors(vectors["dense"], wide, rows=rows)
+            _, sparse_rows = self.sparse.search_sparse(vectors["sparse"], wide, rows=rows)
+            allowed = self.dense.allowed(rows)
+            count = self.dense.count if allowed is None else int(allowed.sum())
+            scores, found, ranks = fuse(dense_rows, sparse_rows, min(top_k, count), rrf_k)
+            hits = hits_of(self.dense, scores, found, show_text, field)
             for query_hits, query_ranks in zip(hits, ranks):
                 for hit, (dense_rank, sparse_rank) in zip(query_hits, query_ranks):
                     hit.update(dense_rank=dense_rank, sparse_rank=sparse_rank)
             return hits
         if self.sparse is not None:
-            scores, rows = self.sparse.search_sparse(vectors["sparse"], top_k)
-            return hits_of(self.sparse, scores, rows, show_text, field)
+            scores, found = self.sparse.search_sparse(vectors["sparse"], top_k, rows=rows)
+            return hits_of(self.sparse, scores, found, show_text, field)
         if approximate:
-            scores, rows = self.ann.search_vectors(vectors["dense"], top_k, ef_search)
+            scores, found = self.ann.search_vectors(vectors["dense"], top_k, ef_search, rows=rows)
         else:
-            scores, rows = self.dense.search_vectors(vectors["dense"], top_k,
-                                                     rescore_multiplier or DEFAULT_RESCORE_MULTIPLIER)
-        return hits_of(self.dense, scores, rows, show_text, field)
+            scores, found = self.dense.search_vectors(vectors["dense"], top_k,
+                                                      rescore_multiplier or DEFAULT_RESCORE_MULTIPLIER, rows=rows)
+        return hits_of(self.dense, scores, found, show_text, field)
 
 
 __all__ = ["DEFAULT_FUSION_DEPTH", "DEFAULT_RRF_K", "QueryModel", "Searcher", "check_same_input", "hits_of",
