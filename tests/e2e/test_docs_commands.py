@@ -65,7 +65,8 @@ DOC_COMMANDS = {
     "benchmarks.md": ("pretrain", "embed", "search", "index", "finetune", "retrieval-set", "evaluate-embeddings"),
     "embeddings.md": ("predict", "finetune", "retrieval-set", "evaluate-embeddings", "serve", "mine-negatives",
                       "score-margins"),
-    "retrieval.md": ("embed", "search", "serve", "plot-embeddings", "index", "add", "delete", "compact"),
+    "retrieval.md": ("embed", "search", "serve", "plot-embeddings", "index", "add", "delete", "compact",
+                     "export-index"),
 }
 # Which arguments of a command are files it reads, and which it writes.
 INPUTS = {"vocab": ("corpus",), "prepare": ("corpus", "tokenizer"), "pretrain": ("data", "tokenizer", "model"),
@@ -77,7 +78,7 @@ INPUTS = {"vocab": ("corpus",), "prepare": ("corpus", "tokenizer"), "pretrain": 
           "embed": ("model", "input"), "search": ("index", "queries", "model"), "index": ("index",),
           "plot-embeddings": ("index", "input"), "mine-negatives": ("model", "train", "corpus"),
           "score-margins": ("model", "triplets"), "add": ("index", "input", "model"),
-          "delete": ("index", "ids_file"), "compact": ("index",)}
+          "delete": ("index", "ids_file"), "compact": ("index",), "export-index": ("index",)}
 OUTPUTS = ("out", "output", "train_pairs")
 OVERRIDE_COMMANDS = ("pretrain", "finetune", "evaluate")
 
@@ -245,6 +246,8 @@ def input_problem(path: str, written: set[str]) -> str | None:
     by a documented command (or inside what one writes), or a placeholder of `PLACEHOLDERS`."""
     if path == "-" or normal(path) in PLACEHOLDERS or path in PLACEHOLDERS:
         return None
+    if re.match(r"^qdrants?://|^qdrant\+path:", path):  # a vector database's collection (export-index writes it)
+        return None
     if any(normal(path) == out or normal(path).startswith(out + os.sep) for out in written):
         return None
     shared = normal(path).split(os.sep)
@@ -354,7 +357,8 @@ BASE = {"vocab": ["--corpus", "c", "--vocab-size", "10", "--out", "o"],
         "embed": ["--model", "m", "--input", "i", "--out", "o"], "search": ["--index", "i", "--query", "q"],
         "plot-embeddings": ["--index", "i"], "mine-negatives": ["--model", "m", "--train", "t", "--out", "o"],
         "score-margins": ["--model", "m", "--triplets", "t", "--out", "o"],
-        "add": ["--index", "i", "--input", "i"], "delete": ["--index", "i", "--id", "x"], "compact": ["--index", "i"]}
+        "add": ["--index", "i", "--input", "i"], "delete": ["--index", "i", "--id", "x"], "compact": ["--index", "i"],
+        "export-index": ["--index", "i", "--to", "qdrant", "q"]}
 
 
 def is_placeholder(value: str) -> bool:
@@ -619,7 +623,7 @@ DEFAULT_RUNS = {
     "docs/faq.md": ("convert", "finetune"),
     "docs/serving.md": ("predict",),
     "docs/embeddings.md": ("retrieval-set", "finetune", "evaluate-embeddings", "mine-negatives", "score-margins"),
-    "docs/retrieval.md": ("embed", "search", "index"),
+    "docs/retrieval.md": ("embed", "search", "index", "export-index"),
 }
 RUN_ORDER = ["docs/pretraining.md", "docs/chinese.md", "docs/finetuning.md", "docs/glue.md", "docs/faq.md",
              "README.md", "docs/serving.md", "docs/embeddings.md", "docs/retrieval.md"]

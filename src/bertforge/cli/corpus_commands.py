@@ -91,7 +91,10 @@ def add_search(sub: argparse._SubParsersAction) -> None:
                        "else the dot product (sparse folders: the dot product of term weights, through an inverted "
                        "index saved beside the shards). With --hybrid, the reciprocal rank fusion score of a dense "
                        "and a sparse folder of the same input, and each hit's rank in both.")
-    p.add_argument("--index", required=True, help="the --out folder of `bertforge embed` (dense or --sparse)")
+    p.add_argument("--index", required=True, help="the --out folder of `bertforge embed` (dense or --sparse), or a "
+                   "Qdrant collection `bertforge export-index` wrote: qdrant://HOST:PORT/COLLECTION or "
+                   "qdrant+path:DIR?collection=NAME (dense and sparse in it: hybrid through Qdrant's fusion; "
+                   "?vectors=dense or sparse: one kind)")
     p.add_argument("--hybrid", metavar="SPARSE_DIR", help="also search this sparse folder (`bertforge embed "
                    "--sparse` of the same input) and fuse both rankings by reciprocal rank fusion; --index is then "
                    "the dense folder")
@@ -199,7 +202,8 @@ def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
 def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.data.text_files import iter_lines
     from bertforge.errors import ConfigError, DataError
-    from bertforge.retrieval.hybrid_search import folder_hits, hybrid_search_hits
+    from bertforge.retrieval.hybrid_search import collection_hits, folder_hits, hybrid_search_hits
+    from bertforge.retrieval.index_locations import is_qdrant_location
 
     if args.queries is not None:
         queries = [line for line in iter_lines(args.queries) if line.strip()]
@@ -210,7 +214,14 @@ def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:
     common = {"top_k": args.top_k, "model": args.model, "device": args.device, "batch_size": args.batch_size,
               "prompt_name": args.prompt_name, "prompt": args.prompt, "precision": args.precision,
               "show_text": args.show_text, "field": args.field, "filter": args.filter}
-    if args.hybrid:
+    if is_qdrant_location(args.index):
+        if args.hybrid:
+            raise ConfigError(f"{args.index} holds the dense and the sparse vectors of its export: remove --hybrid "
+                              "(?vectors=dense or sparse searches one kind)")
+        results = collection_hits(args.index, queries, exact=args.exact, ef_search=args.ef_search,
+                                  rescore_multiplier=args.rescore_multiplier, rrf_k=args.rrf_k,
+                                  depth=args.fusion_depth, sparse_model=args.sparse_model, **common)
+    elif args.hybrid:
         if args.rescore_multiplier is not None:
             raise ConfigError("--rescore-multiplier applies to binary folders searched alone; remove it with --hybrid")
         if args.ef_search is not None:  # the fused dense ranking is exact (depth rows, not an approximate top k)

@@ -3,7 +3,7 @@ queries embedded with pipelines of their own (`vector_search.embed_query_vectors
 `searcher.Searcher` (the one search path; hybrid fusion is described there).
 
 Owns: `search_sparse_hits`, `hybrid_search_hits` and `folder_hits` (which of them a folder takes, and the flags
-that do not apply to it).
+that do not apply to it), and `collection_hits` (a Qdrant collection, searched there).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 from bertforge.errors import ConfigError
 from bertforge.metrics.fusion import DEFAULT_RRF_K, check_rrf_k
+from bertforge.retrieval.qdrant_collection import QdrantSearcher
 from bertforge.retrieval.searcher import DEFAULT_FUSION_DEPTH, Searcher, check_same_input
 from bertforge.retrieval.store import VectorFolder
 from bertforge.retrieval.vector_search import (
@@ -89,4 +90,27 @@ def folder_hits(directory: str | os.PathLike, queries: Sequence[str], *, rescore
     return search_hits(directory, queries, exact=exact, ef_search=ef_search, **search, **extra)
 
 
-__all__ = ["DEFAULT_FUSION_DEPTH", "check_same_input", "folder_hits", "hybrid_search_hits", "search_sparse_hits"]
+def collection_hits(location: str, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K, show_text: bool = False,
+                    field: str | None = None, exact: bool = False, ef_search: int | None = None,
+                    rescore_multiplier: int | None = None, rrf_k: float = DEFAULT_RRF_K,
+                    depth: int = DEFAULT_FUSION_DEPTH, sparse_model: str | os.PathLike | None = None,
+                    filter: Any = None, **embedding: Any) -> list[list[dict[str, Any]]]:
+    """`bertforge search` over a Qdrant collection (`qdrant_collection.QdrantSearcher`: dense, sparse, or hybrid
+    through Qdrant's fusion when it holds both), the queries embedded by the query models its export recorded
+    (`embedding`: model, device, batch_size, prompt_name, prompt, precision; `sparse_model`: hybrid's sparse
+    side's copy; `filter`: as `Searcher.search`'s, checked before the queries are embedded, Qdrant's filter)."""
+    check_top_k(top_k)
+    searcher = QdrantSearcher(location)
+    try:
+        checked = searcher.check_filter(filter)
+        if not queries:
+            return []
+        vectors = embed_query_vectors(searcher, queries, sparse_model=sparse_model, **embedding)
+        return searcher.search(vectors, top_k, show_text=show_text, field=field, exact=exact, ef_search=ef_search,
+                               rescore_multiplier=rescore_multiplier, rrf_k=rrf_k, depth=depth, filter=checked)
+    finally:
+        searcher.close()
+
+
+__all__ = ["DEFAULT_FUSION_DEPTH", "check_same_input", "collection_hits", "folder_hits", "hybrid_search_hits",
+           "search_sparse_hits"]

@@ -214,6 +214,15 @@ class Searcher:
         """kind -> how that side's queries are embedded."""
         return {kind: query_model(self.folder(kind)) for kind in self.kinds}
 
+    @property
+    def count(self) -> int:
+        """The rows searched (deleted ones included: the folders' rows)."""
+        return self.folder(self.kinds[0]).count
+
+    def where(self, kind: str) -> str:
+        """Where that side's vectors are: its folder."""
+        return str(self.folder(kind).directory)
+
     def search(self, vectors: dict[str, np.ndarray | SparseRows], top_k: int = DEFAULT_TOP_K, *,
                show_text: bool = False, field: str | None = None, rescore_multiplier: int | None = None,
                ef_search: int | None = None, exact: bool = False, rrf_k: float = DEFAULT_RRF_K,

@@ -3,8 +3,9 @@
 texts, by the same code (`retrieval.searcher.Searcher`); a "filter" on the index's metadata fields is `bertforge
 search --filter`'s JSON form, checked before any query is embedded.
 
-An index is one folder (dense or sparse) or a dense and a sparse folder of the same input (hybrid: reciprocal
-rank fusion), opened once when the server starts: manifests read, the approximate index and the inverted index
+An index is one folder (dense or sparse), a dense and a sparse folder of the same input (hybrid: reciprocal
+rank fusion) or a Qdrant collection (`retrieval.index_locations.open_index`: the same interface), opened once
+when the server starts: manifests read, the approximate index and the inverted index
 loaded. Its queries are embedded by the served model that made its vectors (the model the manifest names, found
 among the served models by its files' fingerprint; `load_index_models` adds it when it is not among them),
 through that model's scheduler like every other request: the same admission, keys, limits and metrics, with the
@@ -45,6 +46,7 @@ from pydantic import Field
 from bertforge.checkpoint_format import model_fingerprint
 from bertforge.errors import BertforgeError, ConfigError, DataError, InputError
 from bertforge.metrics.sparse import SparseRows
+from bertforge.retrieval.index_locations import open_index
 from bertforge.retrieval.searcher import DEFAULT_FUSION_DEPTH, DEFAULT_RRF_K, QueryModel, Searcher
 from bertforge.serving.guards import note_model
 from bertforge.serving.openai_routes import check_length
@@ -64,7 +66,8 @@ RESPONSES: dict[int | str, dict[str, Any]] = {status: {"model": TaskError, "desc
 
 def parse_index_option(value: str) -> tuple[str, list[str]]:
     """`--index NAME=DIR[,DIR]` as (name, folders): one folder (dense or sparse), or a dense and a sparse folder
-    of the same input for hybrid search (also given as two `--index` of the same name)."""
+    of the same input for hybrid search (also given as two `--index` of the same name), or a Qdrant collection
+    (`NAME=qdrant://HOST:PORT/COLLECTION`, `retrieval.index_locations`)."""
     name, sep, folders = value.partition("=")
     if not sep or not MODEL_NAME.fullmatch(name):
         raise ConfigError(f"--index {value}: give a name and the folder, e.g. --index docs=vectors/ (the name: "
@@ -76,7 +79,8 @@ def parse_index_option(value: str) -> tuple[str, list[str]]:
 
 
 def open_indexes(indexes: Mapping[str, Sequence[str | Path]]) -> dict[str, Searcher]:
-    """name -> its `Searcher`, each folder's kind read from its manifest (a sparse and a dense one: hybrid).
+    """name -> its `Searcher`, each folder's kind read from its manifest (a sparse and a dense one: hybrid), or
+    the `QdrantSearcher` of a collection.
 
     Raises:
         ConfigError: not a vector folder, more than one folder of a kind, folders of different input, a stale
@@ -87,7 +91,7 @@ def open_indexes(indexes: Mapping[str, Sequence[str | Path]]) -> dict[str, Searc
         if not MODEL_NAME.fullmatch(name):
             raise ConfigError(f"index name {name!r} must be letters, digits, '.', '_' or '-' (at most 64)")
         try:
-            searchers[name] = Searcher.of_folders(directories)
+            searchers[name] = open_index(directories)
         except ConfigError as error:
             raise ConfigError(f"index {name}: {error}") from None
     return searchers
@@ -126,10 +130,10 @@ class ServedIndex:
     def describe(self, directory: bool = False) -> dict[str, Any]:
         """What `/health` says of the index: its kinds, rows and models (with a key, its folders too)."""
         kinds = self.searcher.kinds
-        report = {"kinds": list(kinds), "count": self.searcher.folder(kinds[0]).count,
+        report = {"kinds": list(kinds), "count": self.searcher.count,
                   "models": {kind: service.model_name for kind, service in self.services.items()}}
         if directory:
-            report["folders"] = {kind: str(self.searcher.folder(kind).directory) for kind in kinds}
+            report["folders"] = {kind: self.searcher.where(kind) for kind in kinds}
         return report
 
 
