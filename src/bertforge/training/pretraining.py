@@ -140,7 +140,6 @@ class PretrainConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{name}={value!r} is invalid: use an integer >= {low}")
 
-
     @classmethod
     def implied_settings(cls, data: dict[str, Any]) -> dict[str, Any]:
         """`data` (a run file's keys and flags) over the defaults of its `arch`'s recipe (`ARCH_DEFAULTS`)."""
