@@ -53,7 +53,7 @@ from bertforge.constants import (
     WEIGHTS_NAME,
 )
 from bertforge.errors import CheckpointError, ConfigError, DataError
-from bertforge.interop import google_tf
+from bertforge.interop import colbert, google_tf
 from bertforge.interop import huggingface as hf
 from bertforge.interop import sentence_transformers as st
 from bertforge.model.config import BertConfig
@@ -74,6 +74,8 @@ log = logging.getLogger(__name__)
 
 # Our class of a directory whose sentence-transformers modules make SPLADE vectors from masked-LM logits.
 SPARSE_ARCHITECTURE = "BertForSparseEmbedding"
+# Our class of a ColBERT directory (PyLate's, sentence-transformers' MultiVectorEncoder's or Stanford's layout).
+COLBERT_ARCHITECTURE = "BertForColBERT"
 # The encoder's own top-level modules; any other parameter belongs to a head.
 ENCODER_MODULES = ("embeddings.", "encoder.", "pooler.")
 
@@ -158,7 +160,9 @@ def write_model_files(model: torch.nn.Module, folder: Path, tokenizer=None,
                       extra_files: dict[str, str | bytes] | None = None) -> None:
     """The files of a model directory, written into the existing `folder` (see `save_model`), with the
     weights' checksum last."""
-    write_json(folder / CONFIG_NAME, hf.config_to_hf(model.config.to_dict(), type(model).__name__), sort_keys=True)
+    config = hf.config_to_hf(model.config.to_dict(), type(model).__name__)
+    config.update(getattr(model, "config_fields", dict)())  # a model class's own layout (Stanford ColBERT's)
+    write_json(folder / CONFIG_NAME, config, sort_keys=True)
     save_file(hf_state_dict(model), str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
     files = dict(getattr(model, "directory_files", dict)())
     if tokenizer is not None:
@@ -234,6 +238,8 @@ def read_config(path: str | os.PathLike, *, step: int | None = None) -> tuple[Be
     fields, architecture = hf.config_from_hf(data, str(file))
     if st.is_sparse_directory(path):  # a SparseEncoder directory: its masked-LM model pools SPLADE vectors
         architecture = SPARSE_ARCHITECTURE
+    elif colbert.is_colbert_directory(path):  # PyLate's, sentence-transformers' or Stanford's ColBERT
+        architecture = COLBERT_ARCHITECTURE
     config = BertConfig.from_dict(fields, source=str(file))
     warn_without_labels(data, config, file)
     return config, architecture
@@ -249,7 +255,9 @@ def read_directory(path: str | os.PathLike, *, do_lower_case: bool | None = None
     tokenizer = read_tokenizer(folder, do_lower_case, config.vocab_size)
     record_file = folder / FINETUNING_NAME
     record = read_json_object(record_file, FINETUNING_NAME) if record_file.exists() else None
-    return ModelDirectory(folder, config, architecture, tokenizer, record, st.read_settings(folder))
+    # A ColBERT directory's modules (a Dense projection, a multi-vector mask) make no sentence vector.
+    sentence = None if architecture == COLBERT_ARCHITECTURE else st.read_settings(folder)
+    return ModelDirectory(folder, config, architecture, tokenizer, record, sentence)
 
 
 def check_tokenizer_json(folder: Path, tokenizer: Tokenizer, casing_given: bool = False) -> None:
@@ -513,8 +521,11 @@ def load_model(path: str | os.PathLike | ModelDirectory, cls: type, *,
     model = cls(config)
     heads = cls.head_prefixes
     source = str(weights_file(path, step=step))
-    expected = model.state_dict()
     stored, not_weights = _read_stored(path, step)
+    adopt = getattr(model, "adopt_directory", None)
+    if adopt is not None:  # a model class that reads its own files first (ColBERT: settings, projection width)
+        stored = adopt(Path(path), stored)
+    expected = model.state_dict()
     ours, skipped = translate_weights(stored, model, set(expected), source)
     skipped = not_weights + skipped
     if fresh_head:

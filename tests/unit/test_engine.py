@@ -185,6 +185,7 @@ def pipeline_case(family: str, tmp_path: Path, tokenizer_dir: Path) -> tuple[Pat
     """(a tiny saved model of `family` with the real MiniLM tokenizer, inputs of its route)."""
     from bertforge.checkpoint_format import load_tokenizer
     from bertforge.families.classification import BertForSequenceClassification
+    from bertforge.families.colbert import BertForColBERT
     from bertforge.families.multiple_choice import BertForMultipleChoice
     from bertforge.families.pretraining import BertForPretraining
     from bertforge.families.question_answering import BertForQuestionAnswering
@@ -206,6 +207,7 @@ def pipeline_case(family: str, tmp_path: Path, tokenizer_dir: Path) -> tuple[Pat
         "multiple_choice": (BertForMultipleChoice, {}),
         "pretraining": (BertForPretraining, {}),
         "sparse_embedding": (BertForSparseEmbedding, {}),
+        "colbert": (BertForColBERT, {}),
         "embedding": (BertModel, {}),
     }
     model_class, fields = models[family]
