@@ -4,12 +4,14 @@ reads (docs/retrieval.md). This is the only module that names a shard file or re
 Owns: the file names (`SHARD_FILES`, `PROGRESS_NAME`, `MANIFEST_NAME`), the manifest (its identity, what a
 resume must match: `identity`, `describe_changes`; reading it, old versions included: `read_manifest`), the
 settings that made the vectors (`EmbedSettings`, what the manifest stores), what is finished (`finished`), writing
-a shard (`write_shard`: dense float, int8 or binary codes, or sparse rows) and the finished folder opened for
+a shard (`write_shard`: dense float, int8 or binary codes, sparse rows, or multi-vector rows: `TokenRows`) and the finished folder opened for
 reading (`VectorFolder`: shards memory-mapped, per-row lines and sparse rows read back, each shard file held
 to the size and sha256 its manifest records: `check_shard_sizes`, `verify_shard_file`).
 
 Layout of a folder: `manifest.json`; per shard `vectors-00000.npy` ([n, D], record order; binary shards also
-`codes-00000.npy`, their int8 codes; sparse shards `indptr-`, `terms-` and `weights-00000.npy`, compressed rows),
+`codes-00000.npy`, their int8 codes; sparse shards `indptr-`, `terms-` and `weights-00000.npy`, compressed rows;
+multi-vector shards `offsets-00000.npy` ([n + 1] int64) and `multivectors-00000.npy` ([M, D], every row's token
+vectors one row after another: row i's are multivectors[offsets[i]:offsets[i+1]]),
 `ids-00000.jsonl` (JSON strings), `spans-00000.jsonl` (chunked runs: [record, start, end] of each row), then
 `progress/shard-00000.json` (count, tokens, sizes, sha256), each written atomically (`storage`): a shard is done
 when its record exists and the sizes match. The manifest says "complete": false until every shard's record is in
@@ -60,6 +62,8 @@ SHARD_FILES = {
     "indptr": "indptr-{:05d}.npy",  # sparse shards: [n + 1] int64, row i's entries are indptr[i]:indptr[i+1]
     "terms": "terms-{:05d}.npy",  # int32 term ids, ascending within a row
     "weights": "weights-{:05d}.npy",  # float32, > 0
+    "offsets": "offsets-{:05d}.npy",  # multi-vector shards: [n + 1] int64, row i's tokens are offsets[i]:offsets[i+1]
+    "multivectors": "multivectors-{:05d}.npy",  # [M, D] float32 or float16, every row's token vectors in row order
     "ids": "ids-{:05d}.jsonl",
     "spans": "spans-{:05d}.jsonl",  # chunked runs: [record, start, end] of each row (its record's characters)
     "records": "records-{:05d}.jsonl",  # compacted shards of unchunked folders: each row's record in its input
@@ -68,6 +72,31 @@ SHARD_FILES = {
 # generation (.format(generation)), so that a change never rewrites the file the manifest in force names.
 TOMBSTONES_NAME = "tombstones-{:05d}.npy"
 SPARSE_KINDS = ("indptr", "terms", "weights")
+MULTI_VECTOR_KINDS = ("offsets", "multivectors")
+MULTI_VECTOR_DTYPES = ("float32", "float16")
+
+
+@dataclass(frozen=True)
+class TokenRows:
+    """Rows of several vectors each (late interaction: a vector per token): `tokens` [M, D], row i's vectors
+    `tokens[offsets[i]:offsets[i + 1]]` (offsets [n + 1] int64, from 0)."""
+
+    offsets: np.ndarray
+    tokens: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def row(self, index: int) -> np.ndarray:
+        return self.tokens[self.offsets[index]:self.offsets[index + 1]]
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[np.ndarray], dim: int, dtype: str = "float32") -> TokenRows:
+        """The rows [t_i, D] as one `TokenRows` (in `dtype`)."""
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum([len(row) for row in rows])
+        tokens = np.concatenate(rows).astype(dtype) if rows else np.zeros((0, dim), dtype)
+        return cls(offsets, np.ascontiguousarray(tokens))
 
 
 @dataclass(frozen=True)
@@ -82,6 +111,8 @@ class EmbedSettings:
         dtype: on disk (computed in float32): "float32", "float16", "int8" (calibrated on the first records) or
             "binary" (sign bits, plus int8 codes for rescoring); sparse vectors are float32 weights.
         sparse: SPLADE vectors of a masked-LM model (the embed-sparse task) as compressed rows.
+        multi_vector: a ColBERT model's vectors, one per token (the embed-multi-vector task, documents' role), as
+            `TokenRows`; dtype float32 or float16.
         max_terms: sparse only: keep each text's largest that many weights.
         chunk, chunk_overlap: cut every text into windows of `chunk` tokens overlapping by `chunk_overlap`,
             one row each (`text_chunks`). late_chunking: the whole text runs through the model once and each
@@ -104,6 +135,7 @@ class EmbedSettings:
     chunk_overlap: int | None = None
     late_chunking: bool = False
     truncate: bool = AUTO_TRUNCATE
+    multi_vector: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.truncate, bool):
@@ -119,6 +151,15 @@ class EmbedSettings:
         if not self.sparse and self.max_terms is not None:
             raise ConfigError("--max-terms prunes sparse vectors; add --sparse (a masked-LM model) or remove it")
         check_chunking(self.chunk, self.chunk_overlap)
+        if self.multi_vector:
+            given = [flag for flag, value in (("--sparse", self.sparse), ("--pooling", self.pooling),
+                                              ("--normalize", self.normalize), ("--chunk", self.chunk),
+                                              ("--max-terms", self.max_terms)) if value not in (None, False)]
+            if given:
+                raise ConfigError(f"{given[0]} does not apply to --multi-vector (a ColBERT model's unit vector per "
+                                  "token, cut to its document length); remove it")
+            if self.dtype not in MULTI_VECTOR_DTYPES:
+                raise ConfigError(f"--multi-vector stores float32 or float16 token vectors; remove --dtype {self.dtype}")
         if self.late_chunking and (self.chunk is None or self.sparse):
             raise ConfigError("--late-chunking pools dense token vectors per chunk: add --chunk TOKENS"
                               if self.chunk is None else "--late-chunking applies to dense vectors; remove it or "
@@ -126,8 +167,8 @@ class EmbedSettings:
 
     @property
     def kind(self) -> str:
-        """"sparse" or "dense"."""
-        return "sparse" if self.sparse else "dense"
+        """"sparse", "multi-vector" or "dense"."""
+        return "sparse" if self.sparse else "multi-vector" if self.multi_vector else "dense"
 
     @property
     def chunking(self) -> dict[str, Any] | None:
@@ -211,7 +252,8 @@ def new_manifest(model_dir: str | os.PathLike, settings: EmbedSettings, embeddin
     return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "complete": False,
             "model": {"path": str(Path(model_dir).resolve()), "fingerprint": model_fingerprint(model_dir)},
             "kind": settings.kind, "settings": asdict(settings), "embedding": embedding,
-            "similarity": "dot" if settings.sparse or not embedding["normalize"] else "cosine",
+            "similarity": "maxsim" if settings.multi_vector else "dot" if settings.sparse or not embedding["normalize"]
+            else "cosine",
             "dim": dim, "dtype": settings.dtype, "shard_size": shard_size,
             "input": input_record(inputs, sources, corpus), "count": None, "tokens": None, "truncated": None,
             "shards": []}
@@ -341,13 +383,23 @@ def sparse_arrays(rows: SparseRows) -> dict[str, np.ndarray]:
             "weights": rows.values.astype(np.float32)}
 
 
-def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray | SparseRows, dtype: str,
+def token_arrays(rows: TokenRows, dtype: str) -> dict[str, np.ndarray]:
+    """The arrays one multi-vector shard stores: {"offsets", "multivectors"} (the vectors in `dtype`)."""
+    return {"offsets": rows.offsets.astype(np.int64),
+            "multivectors": np.ascontiguousarray(rows.tokens, dtype=dtype)}
+
+
+def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray | SparseRows | TokenRows, dtype: str,
                 tokens: int, calibration: dict[str, Any] | None = None,
                 spans: Sequence[Sequence[int]] | None = None, truncated: int = 0, **extra: Any) -> dict[str, Any]:
     """Write one shard's vectors (coded as `dtype`: `vector_quantization.coded`; a binary shard also its int8
-    codes; sparse rows as `sparse_arrays`), then its ids, then its record (each atomically, the record with its
-    texts cut to the window, `truncated`, and `extra` keys: `write_shard_arrays`); return the record."""
-    arrays = sparse_arrays(vectors) if isinstance(vectors, SparseRows) else coded(vectors, dtype, calibration)
+    codes; sparse rows as `sparse_arrays`; multi-vector rows as `token_arrays`), then its ids, then its record
+    (each atomically, the record with its texts cut to the window, `truncated`, and `extra` keys:
+    `write_shard_arrays`); return the record."""
+    if isinstance(vectors, TokenRows):
+        arrays = token_arrays(vectors, dtype)
+    else:
+        arrays = sparse_arrays(vectors) if isinstance(vectors, SparseRows) else coded(vectors, dtype, calibration)
     return write_shard_arrays(out, index, arrays, ids, tokens, spans, truncated=truncated, **extra)
 
 
@@ -375,6 +427,8 @@ def write_shard_arrays(out: Path, index: int, arrays: dict[str, np.ndarray], ids
               "sha256": {kind: hashlib.sha256(payload).hexdigest() for kind, payload in data.items()}, **extra}
     if "indptr" in arrays:
         record["nonzero"] = int(arrays["indptr"][-1])  # stored terms, all texts together
+    if "offsets" in arrays:
+        record["vector_count"] = int(arrays["offsets"][-1])  # stored token vectors, all texts together
     storage.write_json(progress_path(out, index), record)
     return record
 
@@ -476,7 +530,8 @@ class VectorFolder:
 
     @property
     def kind(self) -> str:
-        """"dense" (vectors) or "sparse" (`bertforge embed --sparse`: compressed rows of term weights)."""
+        """"dense" (vectors), "sparse" (`bertforge embed --sparse`: compressed rows of term weights) or
+        "multi-vector" (`bertforge embed --multi-vector`: `TokenRows`, a ColBERT model's vectors per token)."""
         return self.settings.kind
 
     @property
@@ -533,6 +588,9 @@ class VectorFolder:
         "codes"), or the sparse rows' "indptr", "terms", "weights"."""
         if self.kind == "sparse":
             return sparse_arrays(self.shard_rows(index))
+        if self.kind == "multi-vector":
+            rows = self.shard_token_rows(index)
+            return token_arrays(rows, str(rows.tokens.dtype))
         return {kind: np.asarray(self.shard_vectors(index, kind)) for kind in ("vectors", "codes")
                 if kind in self.shards[index]}
 
@@ -563,6 +621,24 @@ class VectorFolder:
                               f"says {record['count']}; rerun `bertforge embed --sparse` to rewrite it")
         return rows
 
+    def shard_token_rows(self, index: int) -> TokenRows:
+        """The rows of one multi-vector shard (tokens memory-mapped), checked against its record."""
+        record = self.shards[index]
+        try:
+            offsets = np.load(self.shard_path(index, "offsets"), allow_pickle=False)
+            tokens = np.load(self.shard_path(index, "multivectors"), mmap_mode="r", allow_pickle=False)
+            good = (offsets.ndim == 1 and len(offsets) == record["count"] + 1 and offsets[0] == 0
+                    and bool(np.all(np.diff(offsets) >= 0)) and tokens.ndim == 2 and offsets[-1] == len(tokens)
+                    and tokens.shape[1] == self.dim)
+        except (OSError, ValueError, KeyError) as error:
+            raise ConfigError(f"{self.directory}: multi-vector shard {record.get('index')} is unreadable ({error}); "
+                              "rerun `bertforge embed --multi-vector` to rewrite it") from None
+        if not good:
+            raise ConfigError(f"{self.directory}: multi-vector shard {record['index']} does not hold {record['count']} "
+                              f"rows of {self.dim}-wide token vectors; rerun `bertforge embed --multi-vector` to "
+                              "rewrite it")
+        return TokenRows(offsets, tokens)
+
     def checksums(self, kinds: Sequence[str]) -> list[list[str]]:
         """Each shard's recorded sha256 of its `kinds` files, in shard order (what an index is built from)."""
         return [[shard["sha256"][kind] for kind in kinds] for shard in self.shards]
@@ -589,7 +665,7 @@ class VectorFolder:
         return [[found[int(row)] for row in query_rows] for query_rows in np.asarray(rows)]
 
 
-__all__ = ["DTYPES", "FORMAT_VERSION", "MANIFEST_NAME", "SHARD_FILES", "TOMBSTONES_NAME", "EmbedSettings",
+__all__ = ["DTYPES", "FORMAT_VERSION", "MANIFEST_NAME", "SHARD_FILES", "TOMBSTONES_NAME", "EmbedSettings", "TokenRows",
            "VectorFolder", "check_shard_sizes", "describe_changes", "embed_settings",
            "finish_output", "finished", "identity", "input_record", "new_manifest", "progress_path", "read_manifest",
            "read_tombstones", "start_output", "verify_shard_file", "write_shard", "write_shard_arrays",

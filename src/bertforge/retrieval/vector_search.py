@@ -17,6 +17,7 @@ from bertforge.checkpoint_format import model_fingerprint
 from bertforge.errors import ConfigError
 from bertforge.inference.pipelines import DEFAULT_BATCH_SIZE, load_pipeline
 from bertforge.metrics.sparse import SparseRows
+from bertforge.retrieval.multi_vector_search import embed_multi_vector_queries
 from bertforge.retrieval.searcher import Searcher, hits_of, query_model
 from bertforge.retrieval.sparse_vectors import SPARSE_TASK, encode_sparse
 from bertforge.retrieval.store import VectorFolder
@@ -36,8 +37,8 @@ def query_pipeline(index: VectorFolder, *, model: str | os.PathLike | None = Non
                    batch_size: int = DEFAULT_BATCH_SIZE, precision: str | None = None,
                    task: str | None = None) -> tuple[Any, dict[str, Any]]:
     """(pipeline, options) that embed queries as the corpus was: the manifest's model (or `model`, the same
-    files), window, options and precision (`precision` None: the corpus's); `task`: the folder's ("embed" or
-    "embed-sparse") unless given.
+    files), window, options and precision (`precision` None: the corpus's); `task`: the folder's ("embed",
+    "embed-sparse" or "embed-multi-vector") unless given.
 
     Raises:
         ConfigError: `model` is missing or another model than the corpus's.
@@ -78,6 +79,10 @@ def embed_query_vectors(searcher: Searcher, queries: Sequence[str], *, sparse_mo
     prompt is the dense queries'; sparse queries get their model's default prompt, and `sparse_model` is a copy
     of the sparse folder's model."""
     vectors: dict[str, np.ndarray | SparseRows] = {}
+    if searcher.multi is not None:  # alone: the queries' prompt and model; reranking: its model's default prompt
+        alone = searcher.dense is None and searcher.sparse is None
+        loading = {k: v for k, v in embedding.items() if alone or k in ("device", "batch_size", "precision")}
+        vectors["multi-vector"] = embed_multi_vector_queries(searcher.multi, queries, **loading)
     if searcher.dense is not None:
         vectors["dense"] = embed_queries(searcher.dense, queries, **embedding)
     if searcher.sparse is not None:
