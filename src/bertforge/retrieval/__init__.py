@@ -5,7 +5,8 @@
 - `store`: the folder's format (manifest, shard files, what is finished) and `EmbedSettings`, what it stores;
 - `embed_corpus`: the embed job (streamed, resumable, torchrun), writing through the store;
 - `vector_index` (exact), `vector_ann` (HNSW), `sparse_search` (inverted index), `vector_quantization` (int8,
-  binary): the indexes; `searcher`: the one search path from query vectors to hits (dense, sparse, hybrid);
+  binary), `multi_vector_search` (exact MaxSim over `token_rows`, a ColBERT model's vectors per token): the
+  indexes; `searcher`: the one search path from query vectors to hits (dense, sparse, hybrid, reranked);
 - `vector_search`, `hybrid_search`: `bertforge search`'s entry points (queries embedded by a pipeline of theirs);
 - `text_chunks`, `vector_texts`, `embedding_map`, `negative_mining`, `mine_corpus`: chunks, texts behind hits,
   maps, hard negatives.

@@ -3,7 +3,7 @@ reads (docs/retrieval.md). This is the only module that names a shard file or re
 
 Owns: the file names (`SHARD_FILES`, `PROGRESS_NAME`, `MANIFEST_NAME`), the manifest (its identity, what a
 resume must match: `identity`, `describe_changes`; reading it, old versions included: `read_manifest`), the
-settings that made the vectors (`EmbedSettings`, what the manifest stores), what is finished (`finished`), writing
+settings that made the vectors (`EmbedSettings`, defined in `embed_settings`: what the manifest stores), what is finished (`finished`), writing
 a shard (`write_shard`: dense float, int8 or binary codes, sparse rows, or multi-vector rows: `TokenRows`) and the finished folder opened for
 reading (`VectorFolder`: shards memory-mapped, per-row lines and sparse rows read back, each shard file held
 to the size and sha256 its manifest records: `check_shard_sizes`, `verify_shard_file`).
@@ -30,7 +30,7 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +42,9 @@ from bertforge.data.corpus_records import CorpusSettings, SourceFile
 from bertforge.errors import ConfigError, InputError
 from bertforge.inference.wire_inputs import AUTO_TRUNCATE
 from bertforge.metrics.sparse import SparseRows
-from bertforge.retrieval.text_chunks import check_chunking
-from bertforge.retrieval.vector_quantization import QUANTIZED_DTYPES, coded
+from bertforge.retrieval.embed_settings import DTYPES, EmbedSettings
+from bertforge.retrieval.token_rows import TokenRows
+from bertforge.retrieval.vector_quantization import coded
 
 MANIFEST_NAME = "manifest.json"
 PROGRESS_DIR = "progress"
@@ -54,7 +55,6 @@ FORMAT_NAME = "bertforge-embeddings"
 # "dtype", "chunking" and "embedding") still read, and resume.
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-DTYPES = ("float32", "float16", *QUANTIZED_DTYPES)
 # kind in a shard record -> its file name (.format(shard index))
 SHARD_FILES = {
     "vectors": "vectors-{:05d}.npy",
@@ -72,115 +72,6 @@ SHARD_FILES = {
 # generation (.format(generation)), so that a change never rewrites the file the manifest in force names.
 TOMBSTONES_NAME = "tombstones-{:05d}.npy"
 SPARSE_KINDS = ("indptr", "terms", "weights")
-MULTI_VECTOR_KINDS = ("offsets", "multivectors")
-MULTI_VECTOR_DTYPES = ("float32", "float16")
-
-
-@dataclass(frozen=True)
-class TokenRows:
-    """Rows of several vectors each (late interaction: a vector per token): `tokens` [M, D], row i's vectors
-    `tokens[offsets[i]:offsets[i + 1]]` (offsets [n + 1] int64, from 0)."""
-
-    offsets: np.ndarray
-    tokens: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def row(self, index: int) -> np.ndarray:
-        return self.tokens[self.offsets[index]:self.offsets[index + 1]]
-
-    @classmethod
-    def from_rows(cls, rows: Sequence[np.ndarray], dim: int, dtype: str = "float32") -> TokenRows:
-        """The rows [t_i, D] as one `TokenRows` (in `dtype`)."""
-        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-        offsets[1:] = np.cumsum([len(row) for row in rows])
-        tokens = np.concatenate(rows).astype(dtype) if rows else np.zeros((0, dim), dtype)
-        return cls(offsets, np.ascontiguousarray(tokens))
-
-
-@dataclass(frozen=True)
-class EmbedSettings:
-    """How a corpus's texts become a folder's vectors: what the manifest stores, and what a resume must match.
-
-    Args:
-        pooling, normalize: embedding options (None: the model's, e.g. a sentence-transformers directory's);
-            for sparse vectors `pooling` is the SPLADE pooling (max, sum) and `normalize` must stay None.
-        prompt_name, prompt: a prefix before every text (`EmbedPipeline.prompt_text`; default: the model's).
-            The manifest stores the prefix itself, as `prompt`.
-        dtype: on disk (computed in float32): "float32", "float16", "int8" (calibrated on the first records) or
-            "binary" (sign bits, plus int8 codes for rescoring); sparse vectors are float32 weights.
-        sparse: SPLADE vectors of a masked-LM model (the embed-sparse task) as compressed rows.
-        multi_vector: a ColBERT model's vectors, one per token (the embed-multi-vector task, documents' role), as
-            `TokenRows`; dtype float32 or float16.
-        max_terms: sparse only: keep each text's largest that many weights.
-        chunk, chunk_overlap: cut every text into windows of `chunk` tokens overlapping by `chunk_overlap`,
-            one row each (`text_chunks`). late_chunking: the whole text runs through the model once and each
-            chunk is the mean of its tokens' vectors (dense, mean pooling).
-        truncate: a text longer than the model's window is cut to it and counted (`wire_inputs`' rule); False
-            refuses the run before any model work (`embed_corpus.check_fit`).
-
-    Raises:
-        ConfigError: a setting that is invalid or does not apply to this kind of vectors (names the flag).
-    """
-
-    pooling: str | None = None
-    normalize: bool | None = None
-    prompt_name: str | None = None
-    prompt: str | None = None
-    dtype: str = "float32"
-    sparse: bool = False
-    max_terms: int | None = None
-    chunk: int | None = None
-    chunk_overlap: int | None = None
-    late_chunking: bool = False
-    truncate: bool = AUTO_TRUNCATE
-    multi_vector: bool = False
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.truncate, bool):
-            raise ConfigError(f"truncate must be true or false, got {self.truncate!r}")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"dtype {self.dtype!r} is not supported; use one of {DTYPES}")
-        if self.sparse and self.dtype != "float32":
-            raise ConfigError(f"sparse vectors are stored as float32 weights of their non-zero terms; remove --dtype "
-                              f"{self.dtype} (or --max-terms N keeps fewer terms)")
-        if self.sparse and self.normalize is not None:
-            raise ConfigError("sparse vectors are scored by their dot product as the model made them; remove "
-                              "--normalize / --no-normalize")
-        if not self.sparse and self.max_terms is not None:
-            raise ConfigError("--max-terms prunes sparse vectors; add --sparse (a masked-LM model) or remove it")
-        check_chunking(self.chunk, self.chunk_overlap)
-        if self.multi_vector:
-            given = [flag for flag, value in (("--sparse", self.sparse), ("--pooling", self.pooling),
-                                              ("--normalize", self.normalize), ("--chunk", self.chunk),
-                                              ("--max-terms", self.max_terms)) if value not in (None, False)]
-            if given:
-                raise ConfigError(f"{given[0]} does not apply to --multi-vector (a ColBERT model's unit vector per "
-                                  "token, cut to its document length); remove it")
-            if self.dtype not in MULTI_VECTOR_DTYPES:
-                raise ConfigError(f"--multi-vector stores float32 or float16 token vectors; remove --dtype {self.dtype}")
-        if self.late_chunking and (self.chunk is None or self.sparse):
-            raise ConfigError("--late-chunking pools dense token vectors per chunk: add --chunk TOKENS"
-                              if self.chunk is None else "--late-chunking applies to dense vectors; remove it or "
-                              "--sparse")
-
-    @property
-    def kind(self) -> str:
-        """"sparse", "multi-vector" or "dense"."""
-        return "sparse" if self.sparse else "multi-vector" if self.multi_vector else "dense"
-
-    @property
-    def chunking(self) -> dict[str, Any] | None:
-        """{"chunk", "chunk_overlap", "late"} of a chunked run, else None."""
-        if self.chunk is None:
-            return None
-        return {"chunk": self.chunk, "chunk_overlap": self.chunk_overlap or 0, "late": self.late_chunking}
-
-    def options(self) -> dict[str, Any]:
-        """The family options given (those left None take the model's): pooling, normalize, max_terms."""
-        return {name: value for name, value in (("pooling", self.pooling), ("normalize", self.normalize),
-                                                ("max_terms", self.max_terms)) if value is not None}
 
 
 def embed_settings(manifest: dict[str, Any]) -> EmbedSettings:
@@ -625,19 +516,12 @@ class VectorFolder:
         """The rows of one multi-vector shard (tokens memory-mapped), checked against its record."""
         record = self.shards[index]
         try:
-            offsets = np.load(self.shard_path(index, "offsets"), allow_pickle=False)
-            tokens = np.load(self.shard_path(index, "multivectors"), mmap_mode="r", allow_pickle=False)
-            good = (offsets.ndim == 1 and len(offsets) == record["count"] + 1 and offsets[0] == 0
-                    and bool(np.all(np.diff(offsets) >= 0)) and tokens.ndim == 2 and offsets[-1] == len(tokens)
-                    and tokens.shape[1] == self.dim)
+            return TokenRows.checked(np.load(self.shard_path(index, "offsets"), allow_pickle=False),
+                                     np.load(self.shard_path(index, "multivectors"), mmap_mode="r", allow_pickle=False),
+                                     record["count"], self.dim)
         except (OSError, ValueError, KeyError) as error:
             raise ConfigError(f"{self.directory}: multi-vector shard {record.get('index')} is unreadable ({error}); "
                               "rerun `bertforge embed --multi-vector` to rewrite it") from None
-        if not good:
-            raise ConfigError(f"{self.directory}: multi-vector shard {record['index']} does not hold {record['count']} "
-                              f"rows of {self.dim}-wide token vectors; rerun `bertforge embed --multi-vector` to "
-                              "rewrite it")
-        return TokenRows(offsets, tokens)
 
     def checksums(self, kinds: Sequence[str]) -> list[list[str]]:
         """Each shard's recorded sha256 of its `kinds` files, in shard order (what an index is built from)."""
