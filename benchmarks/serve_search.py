@@ -50,7 +50,7 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values) * 1000, q))
 
 
-def served(model: str, folder: Path, threads: int) -> tuple[subprocess.Popen, str]:
+def served(model: str, folder: Path, threads: int, name: str = "squad") -> tuple[subprocess.Popen, str]:
     """A `bertforge serve --index` process on a free loopback port, ready."""
     import httpx
 
@@ -58,7 +58,7 @@ def served(model: str, folder: Path, threads: int) -> tuple[subprocess.Popen, st
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     process = subprocess.Popen([sys.executable, "-m", "bertforge", "serve", "--model", model, "--index",
-                                f"squad={folder}", "--port", str(port), "--device", "cpu", "--threads", str(threads),
+                                f"{name}={folder}", "--port", str(port), "--device", "cpu", "--threads", str(threads),
                                 "--max-wait-ms", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
