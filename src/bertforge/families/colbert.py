@@ -30,9 +30,9 @@ from torch import nn
 from bertforge import checkpoint_format
 from bertforge.data.embedding import TextGroup
 from bertforge.data.finetuning import FinetuneBatch
-from bertforge.errors import CheckpointError, InputError
-from bertforge.families.base import Family, FamilyTraining
-from bertforge.families.embedding import Embedding
+from bertforge.errors import CheckpointError, ConfigError, InputError
+from bertforge.families.base import Family, LossSettings, Objective
+from bertforge.families.embedding import Embedding, EmbeddingTraining
 from bertforge.interop import colbert as colbert_files
 from bertforge.interop.colbert import ColbertSettings
 from bertforge.metrics.embedding import rank_documents, retrieval_scores
@@ -40,6 +40,10 @@ from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.config import BertConfig
 
 ROLES = ("query", "document")
+FORMAT_COLUMNS: dict[str, dict[str, Any]] = {
+    "colbert-pairs": {"text_a_column": "anchor", "text_b_column": "positive"},
+    "colbert-triplets": {"text_a_column": "anchor", "text_b_column": "positive", "negative_column": "negative"},
+}
 RANKING_METRICS = ("ndcg@10", "mrr@10", "accuracy@1", "recall@10")
 DEFAULT_DIMENSION = 128
 LAYOUTS = ("pylate", "stanford")
@@ -191,9 +195,99 @@ class BertForColBERT(BertPretrainedModel):
         hidden = self.bert(input_ids, token_type_ids, attention_mask, **extra).last_hidden_state
         return F.normalize(self.projection(hidden).float(), dim=-1)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, **kwargs: Any) -> torch.Tensor:
+    def encode_windows(self, windows: Sequence[Sequence[int]], role: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(unit vectors [N, T, dimension], scored [N, T] bool) of windows "[CLS] text [SEP]" as `role` texts
+        (`colbert_rows`), on the model's device."""
+        if self.tokens is None:
+            raise InputError("this ColBERT model has no tokenizer to resolve its marker tokens: load it from its "
+                             "directory, or call model.use_tokenizer(tokenizer)")
+        ids, attend, scored = colbert_rows(windows, role, self.colbert, self.tokens)
+        device = self.projection.weight.device
+        hidden_scored = bool((scored & ~attend.bool()).any())  # non-attended query expansion
+        return self.token_vectors(ids.to(device), None, attend.to(device), hidden_scored), scored.to(device)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, **kwargs: Any):
+        """Rows [N, T]: their unit vectors [N, T, dimension]. Texts grouped per example [B, C, T] (training:
+        "[CLS] text [SEP]" windows, the query first, then its documents): `GroupVectors`."""
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-        return self.token_vectors(input_ids, token_type_ids, mask)
+        if input_ids.dim() == 2:
+            return self.token_vectors(input_ids, token_type_ids, mask)
+        count, tokens = input_ids.shape[1:]
+        windows = [row[:n].tolist() for row, n in zip(input_ids.reshape(-1, tokens), mask.reshape(-1, tokens).sum(1))]
+        queries = self.encode_windows(windows[::count], "query")
+        documents = self.encode_windows([w for i, w in enumerate(windows) if i % count], "document")
+        return GroupVectors(*queries, *documents)
+
+
+@dataclass(frozen=True)
+class GroupVectors:
+    """A training batch's vectors: queries [B, q, D] (`query_scored` [B, q]) and their documents, example-major
+    ([B x (C - 1), t, D], `document_scored`: example b's are rows b(C-1) ... b(C-1) + C-2, its positive first)."""
+
+    queries: torch.Tensor
+    query_scored: torch.Tensor
+    documents: torch.Tensor
+    document_scored: torch.Tensor
+
+    def scores(self) -> torch.Tensor:
+        """MaxSim [B, B x (C - 1)] of every query with every document of the batch."""
+        tokens = self.documents[self.document_scored]  # [M, D], the scored vectors in document order
+        owner = torch.nonzero(self.document_scored)[:, 0]  # [M]
+        return maxsim(self.queries, self.query_scored, tokens, owner, self.documents.shape[0])
+
+
+class ColbertObjective(Objective):
+    """In-batch negatives for ColBERT: each query's positive among every document of the batch (every example's
+    positive and hard negatives), by cross-entropy over the MaxSim scores (as PyLate's contrastive loss: scores
+    at temperature 1); `accuracy`: the queries whose positive scored highest. Under DDP each rank's queries rank
+    its own batch's documents."""
+
+    def counts(self, batch) -> dict[str, torch.Tensor]:
+        return {"contrastive": torch.tensor(float(batch.input_ids.shape[0]))}
+
+    def ranked(self, output: GroupVectors, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = output.scores()  # [B, B(C-1)]
+        candidates = batch.input_ids.shape[1] - 1
+        return scores, torch.arange(scores.shape[0], device=scores.device) * candidates
+
+    def loss_terms(self, output, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        scores, targets = self.ranked(output, batch)
+        loss = F.cross_entropy(scores.float(), targets, reduction="sum")
+        return {"contrastive": (loss, self.counts(batch)["contrastive"].to(scores.device))}
+
+    def metrics(self, output, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        scores, targets = self.ranked(output, batch)
+        correct = (scores.argmax(-1) == targets).sum().float()
+        return {"accuracy": (correct, torch.tensor(float(scores.shape[0]), device=scores.device))}
+
+
+class ColBERTTraining(EmbeddingTraining):
+    """What fine-tuning asks of ColBERT: pairs or triplets (`colbert-pairs`, `colbert-triplets`), the model
+    (`BertForColBERT`, its settings and tokenizer from the directory it starts from) and in-batch negatives by
+    MaxSim (`ColbertObjective`)."""
+
+    settings = frozenset({"data.negative_column"})
+
+    def format_reader(self, format_name: str) -> dict[str, Any]:
+        return dict(FORMAT_COLUMNS[format_name])
+
+    @property
+    def trained_class(self) -> type[BertForColBERT]:
+        return BertForColBERT
+
+    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> ColbertObjective:
+        if loss is not None and (loss.class_weights is not None or loss.focal_gamma or loss.contrastive is not None):
+            raise ConfigError("ColBERT trains with in-batch negatives by MaxSim; remove head.loss, head.class_weights "
+                              "and head.focal_gamma")
+        return ColbertObjective()
+
+    def prepare_model(self, model: torch.nn.Module, task: Any, loss: LossSettings | None) -> None:
+        if model.tokens is None:
+            raise ConfigError("the ColBERT model to train has no tokenizer beside it to resolve its marker tokens; "
+                              "start from a model directory with its vocabulary")
+        if task.reader.label_column is not None:
+            raise ConfigError(f"{task.name}: ColBERT trains on pairs or triplets, not scored pairs; remove --label "
+                              "(data.label_column)")
 
 
 @dataclass(frozen=True)
@@ -219,8 +313,8 @@ class ColBERT(Embedding):
     task = "embed-multi-vector"
     default_max_seq_length = 512
     options = {"role": "document"}
-    training_hooks = FamilyTraining  # run and converted here; not fine-tuned (yet)
-    formats: dict[str, str | None] = {}
+    training_hooks = ColBERTTraining
+    formats = dict.fromkeys(FORMAT_COLUMNS)
     export_outputs = {"token_vectors": {0: "batch", 1: "sequence"}}
     runs_as_graph = False  # rows are rebuilt from the model's settings in `forward`
     example_inputs = ["What is the capital of France?", "Paris is the capital and largest city of France."]
@@ -245,12 +339,8 @@ class ColBERT(Embedding):
                 options: Mapping[str, Any] | None = None) -> list[Any]:
         """One `TokenVectors` per row (a list of them per group of texts: query first, then documents)."""
         options = self.options if options is None else options
-        settings, tokens = getattr(model, "colbert", None), getattr(model, "tokens", None)
-        if settings is None:
+        if not callable(getattr(model, "encode_windows", None)):  # a BertForColBERT, or an engine running one
             raise InputError(f"ColBERT vectors need a ColBERT model; this is a {type(model).__name__}")
-        if tokens is None:
-            raise InputError("this ColBERT model has no tokenizer to resolve its marker tokens: load it from its "
-                             "directory, or call model.use_tokenizer(tokenizer)")
         ids, mask = batch.input_ids, batch.attention_mask
         grouped = ids.dim() == 3
         if grouped:  # [B, C, T] -> [B*C, T]; the first text of a group is the query
@@ -264,11 +354,8 @@ class ColBERT(Embedding):
             chosen = [i for i, r in enumerate(roles) if r == role]
             if not chosen:
                 continue
-            row_ids, attend, scored = colbert_rows([windows[i] for i in chosen], role, settings, tokens)
-            device = batch.input_ids.device
-            hidden_scored = bool((scored & ~attend.bool()).any())  # non-attended query expansion
-            vectors = model.token_vectors(row_ids.to(device), None, attend.to(device), hidden_scored).float().cpu()
-            for i, row, keep in zip(chosen, vectors, scored):
+            vectors, scored = model.encode_windows([windows[i] for i in chosen], role)
+            for i, row, keep in zip(chosen, vectors.float().cpu(), scored.cpu()):
                 positions = torch.nonzero(keep).flatten()
                 outputs[i] = TokenVectors(row[positions], positions.tolist())
         if grouped:

@@ -32,7 +32,7 @@ from bertforge.model.fast_paths import set_fast_paths
 FAMILIES: tuple[Family, ...] = (CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE, PRETRAINING,
                                 RERANKING, SPARSE_EMBEDDING, COLBERT, EMBEDDING)
 FINETUNING_FAMILIES: tuple[Family, ...] = (CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE,
-                                           RERANKING, SPARSE_EMBEDDING, EMBEDDING)
+                                           RERANKING, SPARSE_EMBEDDING, COLBERT, EMBEDDING)
 
 
 def _key(name: str) -> str:
