@@ -6,16 +6,15 @@ read back."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from tests.e2e.test_finetune_embedding import PAIRS, write_pairs
 
 from bertforge.cli import main
 from bertforge.families.colbert import BertForColBERT, ColbertObjective, GroupVectors
 from bertforge.families.registry import load_model
 from bertforge.inference.pipelines import load_pipeline
-from tests.e2e.test_finetune_embedding import PAIRS, write_pairs
 
 
 def test_colbert_objective_is_cross_entropy_over_maxsim_in_batch():
