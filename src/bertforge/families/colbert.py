@@ -7,7 +7,9 @@ to `dimension` features and per-token L2 normalisation; saved in PyLate's layout
 after [CLS], queries filled with [MASK] to their fixed length, documents cut to theirs) and which of a row's
 vectors count (every query position; a document's real tokens but the skiplist's), and the family
 (`ColBERT`: the `embed-multi-vector` route, whose `role` option says whether the texts are queries or
-documents, its features, forward and decoding into ``{"embeddings": [[...], ...]}``, dev retrieval scoring).
+documents, its features, forward and decoding into ``{"embeddings": [[...], ...]}``, dev retrieval scoring) and
+its training (`ColBERTTraining`: `colbert-pairs` / `colbert-triplets`, in-batch negatives by MaxSim,
+`ColbertObjective`).
 
 The rows are built in `forward`, from the plain [CLS] text [SEP] windows every family gets and the model's own
 settings (`BertForColBERT.colbert`), so that every path (predict, the server, evaluation, the embed job) runs
