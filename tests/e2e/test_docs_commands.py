@@ -47,7 +47,7 @@ PLACEHOLDERS = {
     "DIR": "model", "MINILM": "model", "...": "model", "SPLADE": "sparse", "COLBERT": "colbert",
     "chinese_L-12_H-768_A-12": "google", "my_train.csv": "pairs", "my_dev.csv": "pairs", "texts.txt": "lines",
     "句子.txt": "lines", "语料目录": "corpus_zh", "types_train.jsonl": "types", "types_dev.jsonl": "types",
-    "more_texts.txt": "lines", "gone_ids.txt": "lines",
+    "more_texts.txt": "lines", "gone_ids.txt": "lines", "articles.jsonl": "articles",
 }
 # Options of other programs that the docs name in passing (inline), with the program.
 FOREIGN_OPTIONS = {"--doc_stride": "Google's run_squad.py", "--only": "benchmarks/finetune_vs_reference.py",
@@ -65,7 +65,8 @@ DOC_COMMANDS = {
     "benchmarks.md": ("pretrain", "embed", "search", "index", "finetune", "retrieval-set", "evaluate-embeddings"),
     "embeddings.md": ("predict", "finetune", "retrieval-set", "evaluate-embeddings", "serve", "mine-negatives",
                       "score-margins"),
-    "retrieval.md": ("embed", "search", "serve", "plot-embeddings", "index", "add", "delete", "compact"),
+    "retrieval.md": ("embed", "search", "serve", "plot-embeddings", "index", "add", "delete", "compact",
+                     "export-index"),
 }
 # Which arguments of a command are files it reads, and which it writes.
 INPUTS = {"vocab": ("corpus",), "prepare": ("corpus", "tokenizer"), "pretrain": ("data", "tokenizer", "model"),
@@ -77,7 +78,7 @@ INPUTS = {"vocab": ("corpus",), "prepare": ("corpus", "tokenizer"), "pretrain": 
           "embed": ("model", "input"), "search": ("index", "queries", "model"), "index": ("index",),
           "plot-embeddings": ("index", "input"), "mine-negatives": ("model", "train", "corpus"),
           "score-margins": ("model", "triplets"), "add": ("index", "input", "model"),
-          "delete": ("index", "ids_file"), "compact": ("index",)}
+          "delete": ("index", "ids_file"), "compact": ("index",), "export-index": ("index",)}
 OUTPUTS = ("out", "output", "train_pairs")
 OVERRIDE_COMMANDS = ("pretrain", "finetune", "evaluate")
 
@@ -245,6 +246,8 @@ def input_problem(path: str, written: set[str]) -> str | None:
     by a documented command (or inside what one writes), or a placeholder of `PLACEHOLDERS`."""
     if path == "-" or normal(path) in PLACEHOLDERS or path in PLACEHOLDERS:
         return None
+    if re.match(r"^qdrants?://|^qdrant\+path:", path):  # a vector database's collection (export-index writes it)
+        return None
     if any(normal(path) == out or normal(path).startswith(out + os.sep) for out in written):
         return None
     shared = normal(path).split(os.sep)
@@ -354,7 +357,8 @@ BASE = {"vocab": ["--corpus", "c", "--vocab-size", "10", "--out", "o"],
         "embed": ["--model", "m", "--input", "i", "--out", "o"], "search": ["--index", "i", "--query", "q"],
         "plot-embeddings": ["--index", "i"], "mine-negatives": ["--model", "m", "--train", "t", "--out", "o"],
         "score-margins": ["--model", "m", "--triplets", "t", "--out", "o"],
-        "add": ["--index", "i", "--input", "i"], "delete": ["--index", "i", "--id", "x"], "compact": ["--index", "i"]}
+        "add": ["--index", "i", "--input", "i"], "delete": ["--index", "i", "--id", "x"], "compact": ["--index", "i"],
+        "export-index": ["--index", "i", "--to", "qdrant", "q"]}
 
 
 def is_placeholder(value: str) -> bool:
@@ -496,6 +500,12 @@ def workspace(tmp_path_factory) -> Path:
              {"text": "Acme hired Mary.", "labels": ["ORG", "PER"]}, {"text": "Berlin is big.", "labels": ["LOC"]}]
     made["types"] = work / "types.jsonl"
     made["types"].write_text("".join(json.dumps(row) + "\n" for row in types * 4), encoding="utf-8")
+    # Articles with the metadata retrieval.md's --field and --filter name.
+    made["articles"] = work / "articles.jsonl"
+    made["articles"].write_text("".join(json.dumps({"id": f"a{i}", "text": f"the river floods the market, story {i}",
+                                                    "source": ("wiki", "news", "blog")[i % 3], "year": 2016 + i,
+                                                    "published": f"{2016 + i}-03-01"}) + "\n" for i in range(9)),
+                                encoding="utf-8")
     for placeholder, kind in PLACEHOLDERS.items():
         link = work / placeholder
         if placeholder != "..." and not link.exists():
@@ -618,7 +628,7 @@ DEFAULT_RUNS = {
     "docs/faq.md": ("convert", "finetune"),
     "docs/serving.md": ("predict",),
     "docs/embeddings.md": ("retrieval-set", "finetune", "evaluate-embeddings", "mine-negatives", "score-margins"),
-    "docs/retrieval.md": ("embed", "search", "index"),
+    "docs/retrieval.md": ("embed", "search", "index", "export-index"),
 }
 RUN_ORDER = ["docs/pretraining.md", "docs/chinese.md", "docs/finetuning.md", "docs/glue.md", "docs/faq.md",
              "README.md", "docs/serving.md", "docs/embeddings.md", "docs/retrieval.md"]

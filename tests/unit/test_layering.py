@@ -217,11 +217,11 @@ def test_layering_model_classes_load_without_the_registry():
 # --- retrieval's room (issue #47): the vector folder's format has one home -------------------------------
 
 # What serving and inference may import of retrieval: its entry points, never an index's or the store's insides.
-RETRIEVAL_PUBLIC = ("bertforge.retrieval", "bertforge.retrieval.searcher")
+RETRIEVAL_PUBLIC = ("bertforge.retrieval", "bertforge.retrieval.searcher", "bertforge.retrieval.index_locations")
 # The vector folder's file names as code writes them (`store.SHARD_FILES`, `store.PROGRESS_NAME`) and its format
 # name: a module that spells one knows the format, which is `store.py`'s alone.
 SHARD_NAME_PATTERN = re.compile(
-    r"""["'](?:vectors|codes|indptr|terms|weights|offsets|multivectors|ids|spans|shard)-\{|bertforge-embeddings""")
+    r"""["'](?:vectors|codes|indptr|terms|weights|offsets|multivectors|ids|spans|fields|shard)-\{|bertforge-embeddings""")
 
 
 def test_layering_retrieval_never_imports_the_web_framework():
@@ -507,3 +507,17 @@ def test_layering_engine_invariant_checkers_find_what_they_look_for():
     assert autocast_entries(tree) == [3]
     assert precision_defaults(tree, {"fp32", "int8", "bf16", "auto"}) == [2, 2, 5, 7]
     assert [line.split(":")[0] for line in device_or_tracing_questions(tree)] == ["4", "4"]
+
+
+# --- the vector database's client stays in one room --------------------------------------------------------------
+
+# The only module that imports qdrant_client: the export and the search of a Qdrant collection.
+QDRANT_MODULE = "bertforge.retrieval.qdrant_collection"
+
+
+def test_layering_only_the_qdrant_module_imports_qdrant_client():
+    imports = collect_imports(SOURCE_ROOT)
+    assert any(item.module == QDRANT_MODULE and item.target.startswith("qdrant_client") for item in imports)
+    found = [item.where() for item in imports
+             if item.target.split(".")[0] == "qdrant_client" and item.module != QDRANT_MODULE]
+    assert not found, f"qdrant_client imported outside {QDRANT_MODULE}:\n" + "\n".join(found)

@@ -79,6 +79,10 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
                    help="TSV/CSV header name (or 0-based index) or JSONL field of the text (default text)")
     p.add_argument("--id-column", "--id-field", dest="id_column",
                    help="column or field of each record's id (default: 'id' where present, else the line)")
+    p.add_argument("--field", action="append", default=[], metavar="NAME[:TYPE]", help="store this JSONL key or "
+                   "TSV/CSV column of every record as metadata that `search --filter` filters on (repeat for "
+                   "several); TYPE: string (default), int, float, bool, date (2024-05-01) or datetime (ISO 8601); a "
+                   "record without it holds none (needs pyarrow: the search extra)")
     p.set_defaults(func=cmd_embed)
 
 
@@ -90,7 +94,10 @@ def add_search(sub: argparse._SubParsersAction) -> None:
                        "else the dot product (sparse folders: the dot product of term weights, through an inverted "
                        "index saved beside the shards). With --hybrid, the reciprocal rank fusion score of a dense "
                        "and a sparse folder of the same input, and each hit's rank in both.")
-    p.add_argument("--index", required=True, help="the --out folder of `bertforge embed` (dense or --sparse)")
+    p.add_argument("--index", required=True, help="the --out folder of `bertforge embed` (dense or --sparse), or a "
+                   "Qdrant collection `bertforge export-index` wrote: qdrant://HOST:PORT/COLLECTION or "
+                   "qdrant+path:DIR?collection=NAME (dense and sparse in it: hybrid through Qdrant's fusion; "
+                   "?vectors=dense or sparse: one kind)")
     p.add_argument("--hybrid", metavar="SPARSE_DIR", help="also search this sparse folder (`bertforge embed "
                    "--sparse` of the same input) and fuse both rankings by reciprocal rank fusion; --index is then "
                    "the dense folder")
@@ -121,6 +128,10 @@ def add_search(sub: argparse._SubParsersAction) -> None:
                    "approximate index (`bertforge index`), which search otherwise uses")
     p.add_argument("--ef-search", type=int, help="approximate index: candidates kept while walking the graph "
                    "(more: higher recall, slower; default: the index's, 128)")
+    p.add_argument("--filter", action="append", metavar="CONDITION", help="search only the records whose metadata "
+                   "(`embed --field`) meets this: FIELD=VALUE, FIELD!=VALUE, FIELD>=VALUE (also >, <, <=), FIELD in "
+                   "A,B, FIELD not in A,B, or a JSON object {\"FIELD\": VALUE, \"FIELD\": {\"gte\": VALUE}}; repeat "
+                   "to require several; the hits are the top-k of the matching records")
     shown = p.add_mutually_exclusive_group()
     shown.add_argument("--show-text", action="store_true", help="add each hit's text, read back from the input "
                        "that was embedded (refused if it changed since)")
@@ -175,7 +186,7 @@ def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
         manifest = embed_corpus(args.model, args.input, args.out, embedding, settings=settings,
                                 shard_size=args.shard_size, batch_size=args.batch_size, max_length=args.max_length,
                                 device=args.device, precision=args.precision, engine=args.engine,
-                                threads=args.threads, progress=bar)
+                                threads=args.threads, progress=bar, fields=args.field)
     finally:
         bar.close()
     if Ranks.from_env().rank == 0 and manifest["kind"] == "sparse":
@@ -204,7 +215,13 @@ def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
 def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.data.text_files import iter_lines
     from bertforge.errors import ConfigError, DataError
-    from bertforge.retrieval.hybrid_search import folder_hits, hybrid_search_hits, reranked_hits
+    from bertforge.retrieval.hybrid_search import (
+        collection_hits,
+        folder_hits,
+        hybrid_search_hits,
+        reranked_hits,
+    )
+    from bertforge.retrieval.index_locations import is_qdrant_location
 
     if args.queries is not None:
         queries = [line for line in iter_lines(args.queries) if line.strip()]
@@ -214,8 +231,17 @@ def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:
         queries = list(args.query)
     common = {"top_k": args.top_k, "model": args.model, "device": args.device, "batch_size": args.batch_size,
               "prompt_name": args.prompt_name, "prompt": args.prompt, "precision": args.precision,
-              "show_text": args.show_text, "field": args.field}
-    if args.rerank:
+              "show_text": args.show_text, "field": args.field, "filter": args.filter}
+    if is_qdrant_location(args.index):
+        if args.hybrid:
+            raise ConfigError(f"{args.index} holds the dense and the sparse vectors of its export: remove --hybrid "
+                              "(?vectors=dense or sparse searches one kind)")
+        if args.rerank:
+            raise ConfigError(f"--rerank reranks the hits of a vector folder; {args.index} is a Qdrant collection")
+        results = collection_hits(args.index, queries, exact=args.exact, ef_search=args.ef_search,
+                                  rescore_multiplier=args.rescore_multiplier, rrf_k=args.rrf_k,
+                                  depth=args.fusion_depth, sparse_model=args.sparse_model, **common)
+    elif args.rerank:
         folders = [args.index] + ([args.hybrid] if args.hybrid else [])
         results = reranked_hits(folders, args.rerank, queries, depth=args.rerank_depth, sparse_model=args.sparse_model,
                                 rrf_k=args.rrf_k, exact=args.exact, ef_search=args.ef_search,

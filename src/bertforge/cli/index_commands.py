@@ -1,6 +1,7 @@
 """`bertforge index` (an approximate HNSW index beside the vectors `bertforge embed` wrote, which `bertforge
-search` then uses) and the changes of a finished folder (`bertforge add`, `delete`, `compact`): their flags and
-what they run. The work is `retrieval.vector_ann` and `retrieval.folder_growth`."""
+search` then uses), the changes of a finished folder (`bertforge add`, `delete`, `compact`) and its export into a
+vector database (`bertforge export-index`): their flags and what they run. The work is `retrieval.vector_ann`,
+`retrieval.folder_growth` and `retrieval.qdrant_collection`."""
 
 from __future__ import annotations
 
@@ -24,6 +25,26 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "index's default (default 128; `search --ef-search` overrides it)")
     p.set_defaults(func=cmd_index)
     add_growth_parsers(sub)
+    add_export_parser(sub)
+
+
+def add_export_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export-index", help="write an embedding folder (dense and/or sparse) into a vector database "
+                       "(Qdrant), which `bertforge search` and `serve --index` then query",
+                       description="Upserts every live row of the folders as a point of a Qdrant collection (created "
+                       "when missing, with the folder's metric): named vectors dense and sparse, payload id, text "
+                       "and span; rerunning writes the same points and removes those of rows deleted since. The "
+                       "collection records the model that embeds its queries.")
+    p.add_argument("--index", required=True, action="append", metavar="DIR", help="the --out folder of `bertforge "
+                   "embed` (repeat with a sparse folder of the same input: both go into one collection)")
+    p.add_argument("--to", required=True, nargs=2, metavar=("TARGET", "URL|PATH"), help="qdrant and where: "
+                   "a server URL (http://localhost:6333; QDRANT_API_KEY: its key), qdrant://HOST:PORT/COLLECTION, "
+                   "or a local folder (qdrant-client's local mode)")
+    p.add_argument("--collection", help="the collection's name (default: the folder's name)")
+    p.add_argument("--batch-size", type=int, default=256, help="points per upsert (default 256)")
+    p.add_argument("--no-text", dest="text", action="store_false", help="leave the texts out of the payload (the "
+                   "embedded input is then not read)")
+    p.set_defaults(func=cmd_export_index)
 
 
 def add_growth_parsers(sub: argparse._SubParsersAction) -> None:
@@ -53,6 +74,8 @@ def add_growth_parsers(sub: argparse._SubParsersAction) -> None:
                    "(default: the folder's input's)")
     p.add_argument("--id-column", "--id-field", dest="id_column", help="column or field of each record's id "
                    "(default: the folder's input's)")
+    p.add_argument("--field", action="append", metavar="NAME[:TYPE]", help="the metadata fields, read from the new "
+                   "records: must be the folder's (default: the folder's)")
     p.set_defaults(func=cmd_add)
 
     p = sub.add_parser("delete", help="delete records of a folder of `bertforge embed` by id (searches skip them; "
@@ -85,7 +108,8 @@ def cmd_add(args: argparse.Namespace, extra: list[str]) -> None:
     reading = {name: value for name, value in (("file_format", args.format), ("text_column", args.text_column),
                                                 ("id_column", args.id_column)) if value is not None}
     done = add_records(args.index, args.input, model=args.model, embedding=embedding, settings=reading,
-                       batch_size=args.batch_size, device=args.device, engine=args.engine, threads=args.threads)
+                       batch_size=args.batch_size, device=args.device, engine=args.engine, threads=args.threads,
+                       fields=args.field)
     print(f"added {done['added']} records ({done['replaced']} replacing records of the same id) in {done['shards']} "
           f"shards in {done['seconds']:.1f} s: {done['live']} live rows of {done['count']} in {args.index}",
           file=sys.stderr)
@@ -108,3 +132,16 @@ def cmd_compact(args: argparse.Namespace, extra: list[str]) -> None:
     done = compact_folder(args.index)
     print(f"dropped {done['dropped']} deleted rows: {done['count']} rows in {done['shards']} shards in {args.index} "
           f"({done['seconds']:.1f} s)", file=sys.stderr)
+
+
+def cmd_export_index(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.errors import ConfigError
+    from bertforge.retrieval.qdrant_collection import export_folders
+
+    target, where = args.to
+    if target != "qdrant":
+        raise ConfigError(f"--to {target}: the vector database to write is qdrant (--to qdrant URL|PATH)")
+    done = export_folders(args.index, where, collection=args.collection, with_text=args.text,
+                          batch_size=args.batch_size)
+    print(f"{done['points']} points written to collection {done['collection']} at {done['where']} "
+          f"({done['removed']} points of rows no longer live removed)", file=sys.stderr)

@@ -157,18 +157,37 @@ def record_field(record: Record, column: str | int, flag: str, *, required: bool
         DataError: a text file (no columns), a column the header lacks (naming the columns), a record without
             it, invalid JSON; naming file:line and `flag`, the option that chose the column.
     """
+    source, number, _ = record
+    row = _columns_row(record, [column], flag, " (or a 0-based index)")
+    return _value(row, column, source, number, flag if required else None)
+
+
+def record_fields(record: Record, columns: Sequence[str], flag: str) -> list[Any]:
+    """The values in `columns` (header names, JSON Lines keys) of one record of a table or JSON Lines file, the
+    record parsed once (None where a JSON Lines record lacks the key; `bertforge embed --field`).
+
+    Raises:
+        DataError: a text file, a table whose header lacks a column (naming the columns), invalid JSON; naming
+            file:line and `flag`.
+    """
+    source, number, _ = record
+    row = _columns_row(record, columns, flag, "")
+    return [_value(row, column, source, number, None) for column in columns]
+
+
+def _columns_row(record: Record, columns: Sequence[str | int], flag: str, alternative: str) -> dict | list[str]:
+    """A table or JSON Lines record parsed, after checking that a table's header has `columns`."""
     source, number, payload = record
     if source.file_format == "text":
         raise DataError(f"a text file has no columns for {flag}; use a TSV, CSV or JSON Lines input", source.path,
                         number)
-    if isinstance(column, str) and source.header is not None and column not in source.header:
-        raise DataError(f"the header has no column {column!r} (columns: {', '.join(source.header)}); name one "
-                        f"with {flag} NAME (or a 0-based index)", source.path, number)
+    for column in columns:
+        if isinstance(column, str) and source.header is not None and column not in source.header:
+            raise DataError(f"the header has no column {column!r} (columns: {', '.join(source.header)}); name one "
+                            f"with {flag} NAME{alternative}", source.path, number)
     if source.file_format == "jsonl":
-        row = _json_object(source, number, payload)
-    else:
-        row = payload.split("\t") if isinstance(payload, str) else payload
-    return _value(row, column, source, number, flag if required else None)
+        return _json_object(source, number, payload)
+    return payload.split("\t") if isinstance(payload, str) else payload
 
 
 def _json_object(source: SourceFile, number: int, text: str) -> dict:

@@ -2,12 +2,15 @@
 `bertforge.inference` (its pipelines embed the texts), below `bertforge.serving` (whose `POST /search` runs
 `Searcher`); never the web framework.
 
-- `store`: the folder's format (manifest, shard files, what is finished) and `EmbedSettings`, what it stores;
+- `store`: the folder's format (manifest, shard files, what is finished) and `EmbedSettings`, what it stores
+  (`embed_settings`); `fields`: the metadata stored per record (Parquet), `filters`: conditions on it;
 - `embed_corpus`: the embed job (streamed, resumable, torchrun), writing through the store;
 - `vector_index` (exact), `vector_ann` (HNSW), `sparse_search` (inverted index), `vector_quantization` (int8,
   binary), `multi_vector_search` (exact MaxSim over `token_rows`, a ColBERT model's vectors per token): the
   indexes; `searcher`: the one search path from query vectors to hits (dense, sparse, hybrid, reranked);
 - `vector_search`, `hybrid_search`: `bertforge search`'s entry points (queries embedded by a pipeline of theirs);
+- `qdrant_collection`: a folder exported into a Qdrant collection and searched there (the only module that
+  imports qdrant_client), `qdrant_locations`: where a collection is; `index_locations`: `open_index`, folders or a collection by what `--index` names;
 - `text_chunks`, `vector_texts`, `embedding_map`, `negative_mining`, `mine_corpus`: chunks, texts behind hits,
   maps, hard negatives.
 
@@ -24,6 +27,8 @@ _LAZY = {
     "search": "bertforge.retrieval.vector_search",
     "folder_hits": "bertforge.retrieval.hybrid_search",
     "hybrid_search_hits": "bertforge.retrieval.hybrid_search",
+    "open_index": "bertforge.retrieval.index_locations",
+    "export_folders": "bertforge.retrieval.qdrant_collection",
 }
 
 

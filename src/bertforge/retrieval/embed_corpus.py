@@ -57,6 +57,14 @@ from bertforge.inference.pipelines import EmbedPipeline, feature_tokens
 from bertforge.inference.wire_inputs import AUTO_TRUNCATE, EmbedText, Fix, noting_cuts, text_window
 from bertforge.metrics.sparse import SparseRows
 from bertforge.processes import Group, Ranks
+from bertforge.retrieval.fields import (
+    FieldSpec,
+    fields_of,
+    import_pyarrow,
+    parse_fields,
+    record_values,
+    shard_metadata,
+)
 from bertforge.retrieval.multi_vector_search import MULTI_VECTOR_TASK, document_window
 from bertforge.retrieval.sparse_vectors import SPARSE_TASK, encode_sparse_parsed
 from bertforge.retrieval.store import (
@@ -233,12 +241,23 @@ def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, r
     return ids, vectors, tokens, list(where)
 
 
+def rows_metadata(specs: Sequence[FieldSpec], values: list[list[Any]], spans: list[list[int]] | None,
+                  first_record: int) -> Any:
+    """A shard's metadata table (`fields.shard_metadata`; None without fields): its records' `values`, one row
+    per record, or per chunk (`spans`: [record, start, end], record counted from the input's first)."""
+    if not specs:
+        return None
+    owners = range(len(values)) if spans is None else [span[0] - first_record for span in spans]
+    return shard_metadata(specs, values, owners)
+
+
 def run_shards(out: Path, pipeline: EmbedPipeline, options: dict[str, Any], sources: Sequence[SourceFile],
                settings: CorpusSettings, manifest: dict[str, Any], ranks: Ranks,
                progress: EmbedProgress | None = None) -> tuple[int, int]:
     """Embed this rank's shards that are not done yet; return (records, shards) of the whole corpus."""
     records, shards, done = 0, 0, np.zeros(3)  # done: this rank's texts, tokens, seconds
     single = manifest["input"]["settings"]["single_file"]
+    specs = fields_of(manifest)
     if progress is not None:
         progress.start(*rank_texts(sources, settings, manifest["shard_size"], ranks, out))
 
@@ -252,12 +271,14 @@ def run_shards(out: Path, pipeline: EmbedPipeline, options: dict[str, Any], sour
             continue
         started = time.perf_counter()
         chunking, spans = embed_settings(manifest).chunking, []
+        values = [record_values(record, specs) for record in chunk] if specs else []  # refused before the model
         ids, vectors, tokens, cut = embed_shard(
             pipeline, options, manifest["embedding"]["prompt"], chunk, settings, single,
             progress.advance if progress is not None else None, chunking, records - count, spans,
             embed_settings(manifest).truncate, progress.truncated if progress is not None else None)
-        write_shard(out, index, ids, vectors, manifest["dtype"], tokens, manifest.get("calibration"),
-                    spans if chunking is not None else None, len(cut))
+        kept = spans if chunking is not None else None
+        write_shard(out, index, ids, vectors, manifest["dtype"], tokens, manifest.get("calibration"), kept, len(cut),
+                    rows_metadata(specs, values, kept, records - count))
         if cut:
             log.warning("shard %d: %d of %d texts are longer than the model's window of %d tokens and were cut to "
                         "it (first: %s); --chunk TOKENS embeds whole texts as several vectors, --truncate false "
@@ -274,7 +295,7 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
                  shard_size: int = DEFAULT_SHARD_SIZE, batch_size: int = pipelines.DEFAULT_BATCH_SIZE,
                  max_length: int | None = None, device: str = "auto", precision: str = DEFAULT_PRECISION,
                  engine: str = DEFAULT_KIND, threads: int | None = None,
-                 progress: EmbedProgress | None = None) -> dict[str, Any]:
+                 progress: EmbedProgress | None = None, fields: Sequence[str | FieldSpec] = ()) -> dict[str, Any]:
     """Embed every record of `inputs` into shards under `out_dir`; a rerun resumes (see the module docstring).
     Under torchrun every rank calls it with the same arguments and embeds its share of the shards.
 
@@ -290,6 +311,8 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
         batch_size, max_length, device, precision, engine, threads: the pipeline's (`load_pipeline`).
         progress: told the texts to embed, each finished batch and the texts cut to the window (rank 0 only;
             `bertforge embed`'s bar).
+        fields: metadata stored per record ("NAME[:TYPE]" or `fields.FieldSpec`: a JSON Lines key or a TSV/CSV
+            column, read by its type), one Parquet file a shard; what `search --filter` filters on.
 
     Returns:
         The final manifest (on every rank): {"count", "dim", "dtype", "settings", "shards": [...], ...}.
@@ -302,6 +325,9 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
         raise ConfigError(f"shard_size must be a positive integer, got {shard_size!r}")
     embedding = embedding or EmbedSettings()
     settings = settings or CorpusSettings()
+    specs = parse_fields(fields)
+    if specs:
+        import_pyarrow()  # the extra is named before any model work
     out = Path(out_dir)
     ranks = Ranks.from_env()
     with Group(ranks) as group:
@@ -321,7 +347,7 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
             check_fit(pipeline, pipeline.prompt_text(embedding.prompt_name, embedding.prompt), sources, settings,
                       Path(inputs).is_file(), embedding.chunking, shard_size, ranks)
         manifest = group.from_main(lambda: start_output(out, calibration_of(out, first_manifest(
-            model_dir, pipeline, options, embedding, inputs, sources, settings, shard_size),
+            model_dir, pipeline, options, embedding, inputs, sources, settings, shard_size, specs),
             pipeline, options, sources, settings)))
         if manifest["complete"]:
             return manifest
@@ -337,7 +363,7 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
 
 def first_manifest(model_dir: str | os.PathLike, pipeline: EmbedPipeline, options: dict[str, Any],
                    embedding: EmbedSettings, inputs: str | os.PathLike, sources: Sequence[SourceFile],
-                   settings: CorpusSettings, shard_size: int) -> dict[str, Any]:
+                   settings: CorpusSettings, shard_size: int, fields: Sequence[FieldSpec] = ()) -> dict[str, Any]:
     """The run's manifest before any shard (`store.new_manifest`): its settings resolved against the model (its
     pooling and normalize where not given, the prompt's text), the options queries are embedded with, and the
     width of a vector (dense: a probe's, pooling modes may be concatenated; sparse: the vocabulary's)."""
@@ -356,7 +382,7 @@ def first_manifest(model_dir: str | os.PathLike, pipeline: EmbedPipeline, option
         dim = int(pipeline.encode(["probe"], prompt=prefix, **options).shape[1])
     return new_manifest(model_dir, resolved, {**vectors, "prompt": prefix, "max_length": pipeline.max_length,
                                               "precision": pipeline.precision},
-                        dim, inputs, sources, settings, shard_size)
+                        dim, inputs, sources, settings, shard_size, fields)
 
 
 __all__ = ["DEFAULT_SHARD_SIZE", "DTYPES", "INPUT_FORMATS", "MANIFEST_NAME", "CorpusSettings", "EmbedSettings",

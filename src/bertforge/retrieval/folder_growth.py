@@ -34,7 +34,8 @@ from bertforge.data.corpus_records import read_records, shard_chunks, source_fil
 from bertforge.engine.build import DEFAULT_KIND
 from bertforge.errors import ConfigError, DataError
 from bertforge.inference import pipelines
-from bertforge.retrieval.embed_corpus import embed_shard, first_manifest
+from bertforge.retrieval.embed_corpus import embed_shard, first_manifest, rows_metadata
+from bertforge.retrieval.fields import FieldSpec, joined_metadata, parse_fields, record_values
 from bertforge.retrieval.sparse_search import SparseIndex
 from bertforge.retrieval.sparse_vectors import SPARSE_TASK
 from bertforge.retrieval.store import (
@@ -173,10 +174,21 @@ def sweep_folder(out: Path, manifest: dict[str, Any]) -> list[str]:
 
 # --- adding ------------------------------------------------------------------------------------------------
 
+def addition_fields(folder: VectorFolder, fields: Sequence[str | FieldSpec] | None) -> tuple[FieldSpec, ...]:
+    """The metadata fields an addition reads from its records: the folder's (`fields`, when given, must be
+    them: ConfigError naming both sets)."""
+    specs = folder.fields if fields is None else parse_fields(fields)
+    if specs != folder.fields:
+        raise ConfigError(f"{folder.directory} stores the metadata fields [{', '.join(map(str, folder.fields))}], "
+                          f"this addition names [{', '.join(map(str, specs))}]: add with the folder's fields (leave "
+                          "--field out to take them), or embed a new folder")
+    return specs
+
+
 def add_records(directory: str | os.PathLike, inputs: str | os.PathLike, *, model: str | os.PathLike | None = None,
                 embedding: dict[str, Any] | None = None, settings: dict[str, Any] | None = None,
                 batch_size: int = pipelines.DEFAULT_BATCH_SIZE, device: str = "auto", engine: str = DEFAULT_KIND,
-                threads: int | None = None) -> dict[str, Any]:
+                threads: int | None = None, fields: Sequence[str | FieldSpec] | None = None) -> dict[str, Any]:
     """Embed the records of `inputs` into new shards of a finished folder; a record whose id the folder holds
     replaces it (the old rows become tombstones). Nothing else is embedded again.
 
@@ -189,16 +201,20 @@ def add_records(directory: str | os.PathLike, inputs: str | os.PathLike, *, mode
         settings: `CorpusSettings` fields of how `inputs` is read (default: how the folder's input was).
         batch_size, device, engine, threads: the pipeline's (`load_pipeline`); the window and precision are the
             folder's.
+        fields: the metadata fields (`embed --field`; default: the folder's, read from the new records by the
+            same names and types); another set is refused.
 
     Returns:
         {"added", "replaced", "count" (rows), "live", "shards", "seconds"}.
 
     Raises:
-        ConfigError: another model or settings than the folder's (naming what differs), an unfinished folder.
-        DataError: a bad input line (file:line) or an input without records.
+        ConfigError: another model, settings or fields than the folder's (naming what differs), an unfinished
+            folder.
+        DataError: a bad input line (file:line), a table without a field's column, or an input without records.
     """
     started = time.perf_counter()
     with changing(directory) as folder:
+        specs = addition_fields(folder, fields)
         manifest = folder.manifest
         corpus_settings, _ = input_settings(manifest)
         corpus_settings = replace(corpus_settings, **(settings or {}))
@@ -212,7 +228,7 @@ def add_records(directory: str | os.PathLike, inputs: str | os.PathLike, *, mode
             max_length=manifest["embedding"]["max_length"])
         options = pipeline.check_options(wanted.options())
         candidate = first_manifest(model_dir, pipeline, options, wanted, inputs, sources, corpus_settings,
-                                   manifest["shard_size"])
+                                   manifest["shard_size"], specs)
         changes = describe_changes(manifest, {**candidate, "input": manifest["input"]})
         if changes:
             raise ConfigError(f"{folder.directory} holds vectors made differently than this addition would be "
@@ -226,12 +242,15 @@ def add_records(directory: str | os.PathLike, inputs: str | os.PathLike, *, mode
         for _, count, chunk in shard_chunks(read_records(sources, corpus_settings), manifest["shard_size"],
                                             lambda _: True):
             spans: list[list[int]] = []
+            values = [record_values(record, specs) for record in chunk] if specs else []  # before the model
             shard_ids, vectors, tokens, cut = embed_shard(pipeline, options, prompt, chunk, corpus_settings, single,
                                                           chunking=chunking, first_record=records, spans=spans,
                                                           truncate=folder.settings.truncate)
+            kept = spans if chunking is not None else None
             shards.append(write_shard(folder.directory, index, shard_ids, vectors, manifest["dtype"], tokens,
-                                      manifest.get("calibration"), spans if chunking is not None else None,
-                                      len(cut), source=source, first_record=records))
+                                      manifest.get("calibration"), kept, len(cut),
+                                      metadata=rows_metadata(specs, values, kept, records), source=source,
+                                      first_record=records))
             ids += shard_ids
             index, records = index + 1, records + count
         if records == 0:
@@ -319,7 +338,7 @@ def compact_folder(directory: str | os.PathLike) -> dict[str, Any]:
         manifest, live = folder.manifest, folder.live
         size, index = manifest["shard_size"], max(shard["index"] for shard in manifest["shards"]) + 1
         shards: list[dict[str, Any]] = []
-        pending: dict[str, Any] = {"source": None, "parts": [], "ids": [], "spans": [], "records": []}
+        pending: dict[str, Any] = {"source": None, "parts": [], "ids": [], "spans": [], "records": [], "fields": []}
 
         def flush() -> None:
             nonlocal index
@@ -328,9 +347,10 @@ def compact_folder(directory: str | os.PathLike) -> dict[str, Any]:
             shards.append(write_shard_arrays(
                 folder.directory, index, joined_arrays(pending["parts"]), pending["ids"], 0,
                 pending["spans"] if folder.chunked else None, None if folder.chunked else pending["records"],
+                metadata=joined_metadata(pending["fields"], folder.fields) if folder.fields else None,
                 source=pending["source"]))
             index += 1
-            pending.update(parts=[], ids=[], spans=[], records=[])
+            pending.update(parts=[], ids=[], spans=[], records=[], fields=[])
 
         for shard, record in enumerate(manifest["shards"]):
             first, count = int(folder.offsets[shard]), record["count"]
@@ -343,6 +363,7 @@ def compact_folder(directory: str | os.PathLike) -> dict[str, Any]:
                 pending["source"] = source
             arrays, ids = folder.shard_arrays(shard), folder.shard_lines(shard, "ids")
             spans = folder.shard_lines(shard, "spans") if folder.chunked else None
+            metadata = folder.shard_metadata(shard) if folder.fields else None
             rows = np.arange(first, first + count)[keep]
             records = None if folder.chunked else folder.records_at(rows[None, :])[1][0].tolist()
             taken = 0
@@ -353,6 +374,8 @@ def compact_folder(directory: str | os.PathLike) -> dict[str, Any]:
                 mask[part] = True
                 pending["parts"].append(kept_arrays(arrays, mask))
                 pending["ids"] += [ids[i] for i in part.tolist()]
+                if metadata is not None:
+                    pending["fields"].append(metadata.take(part))
                 if spans is not None:
                     pending["spans"] += [spans[i] for i in part.tolist()]
                 else:

@@ -4,7 +4,8 @@ and reranking by a multi-vector folder: the queries embedded with pipelines of t
 fusion and reranking are described there).
 
 Owns: `search_sparse_hits`, `multi_vector_hits`, `hybrid_search_hits`, `reranked_hits` and `folder_hits` (which
-of them a folder takes, and the flags that do not apply to it).
+of them a folder takes, and the flags that do not apply to it), and `collection_hits` (a Qdrant collection,
+searched there).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from bertforge.errors import ConfigError
 from bertforge.metrics.fusion import DEFAULT_RRF_K, check_rrf_k
+from bertforge.retrieval.qdrant_collection import QdrantSearcher
 from bertforge.retrieval.searcher import DEFAULT_FUSION_DEPTH, Searcher, check_same_input
 from bertforge.retrieval.store import VectorFolder
 from bertforge.retrieval.vector_search import (
@@ -27,31 +29,33 @@ from bertforge.retrieval.vector_search import (
 
 
 def search_sparse_hits(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
-                       show_text: bool = False, field: str | None = None, **embedding: Any,
+                       show_text: bool = False, field: str | None = None, filter: Any = None, **embedding: Any,
                        ) -> list[list[dict[str, Any]]]:
-    """The top-k hits {"id", "score"} of each query text in a sparse folder, best first (`show_text` / `field`
-    as `vector_search.search_hits`); the queries are embedded by `vector_search.embed_sparse_queries`
+    """The top-k hits {"id", "score"} of each query text in a sparse folder, best first (`show_text` / `field` /
+    `filter` as `vector_search.search_hits`); the queries are embedded by `vector_search.embed_sparse_queries`
     (`embedding`: model, device, batch_size, prompt_name, prompt, precision)."""
     check_top_k(top_k)
     searcher = Searcher(sparse=directory)
+    checked = searcher.check_filter(filter)
     if not queries:
         return []
     return searcher.search(embed_query_vectors(searcher, queries, **embedding), top_k, show_text=show_text,
-                           field=field)
+                           field=field, filter=checked)
 
 
 def multi_vector_hits(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
-                      show_text: bool = False, field: str | None = None, **embedding: Any,
+                      show_text: bool = False, field: str | None = None, filter: Any = None, **embedding: Any,
                       ) -> list[list[dict[str, Any]]]:
     """The top-k hits {"id", "score"} of each query text in a multi-vector folder by exact MaxSim, best first
-    (`show_text` / `field` as `vector_search.search_hits`); the queries are embedded with the query role by the
-    folder's model (`embedding`: model, device, batch_size, prompt_name, prompt, precision)."""
+    (`show_text` / `field` / `filter` as `vector_search.search_hits`); the queries are embedded with the query role
+    by the folder's model (`embedding`: model, device, batch_size, prompt_name, prompt, precision)."""
     check_top_k(top_k)
     searcher = Searcher(multi_vector=directory)
+    checked = searcher.check_filter(filter)
     if not queries:
         return []
     return searcher.search(embed_query_vectors(searcher, queries, **embedding), top_k, show_text=show_text,
-                           field=field)
+                           field=field, filter=checked)
 
 
 def reranked_hits(directories: Sequence[str | os.PathLike], multi_vector: str | os.PathLike, queries: Sequence[str],
@@ -60,14 +64,15 @@ def reranked_hits(directories: Sequence[str | os.PathLike], multi_vector: str | 
     """The top-k hits of each query text among the best `depth` of a dense or sparse folder (or a dense and a
     sparse one, fused: `hybrid_search_hits`), reranked by their MaxSim in a multi-vector folder of the same input:
     {"id", "score" (the MaxSim), "first_rank"} (plus "dense_rank" and "sparse_rank" when fused). `search`: the
-    first stage's keywords (model, device, batch_size, prompt_name, prompt, precision, show_text, field, exact,
-    ef_search, rescore_multiplier, rrf_k)."""
+    first stage's keywords (model, device, batch_size, prompt_name, prompt, precision, show_text, field, filter,
+    exact, ef_search, rescore_multiplier, rrf_k)."""
     check_top_k(top_k)
     check_top_k(depth, "depth")
     searcher = Searcher.of_folders([*directories, multi_vector], exact=search.pop("exact", False))
     if searcher.multi is None or (searcher.dense is None and searcher.sparse is None):
         raise ConfigError("reranking takes a dense or sparse folder (or both) and a multi-vector folder (`bertforge "
                           f"embed --multi-vector`) of the same input; got {[*map(str, directories), str(multi_vector)]}")
+    search["filter"] = searcher.check_filter(search.get("filter"))
     if not queries:
         return []
     loading = {k: search.pop(k) for k in ("model", "device", "batch_size", "prompt_name", "prompt", "precision")
@@ -81,10 +86,11 @@ def hybrid_search_hits(dense_directory: str | os.PathLike, sparse_directory: str
                        depth: int = DEFAULT_FUSION_DEPTH, show_text: bool = False, field: str | None = None,
                        model: str | os.PathLike | None = None, sparse_model: str | os.PathLike | None = None,
                        device: str = "auto", batch_size: int = DEFAULT_BATCH_SIZE, prompt_name: str | None = None,
-                       prompt: str | None = None, precision: str | None = None) -> list[list[dict[str, Any]]]:
+                       prompt: str | None = None, precision: str | None = None,
+                       filter: Any = None) -> list[list[dict[str, Any]]]:
     """The top-k hits of each query text by reciprocal rank fusion of a dense and a sparse folder of the same
     input, best first: {"id", "score" (the fused score), "dense_rank", "sparse_rank"} (plus the text with
-    `show_text` / `field`, as `vector_search.search_hits`).
+    `show_text` / `field`, as `vector_search.search_hits`; `filter`: both sides rank only the rows that meet it).
 
     Args:
         dense_directory, sparse_directory: the --out folders of `bertforge embed` and `bertforge embed --sparse`.
@@ -101,11 +107,13 @@ def hybrid_search_hits(dense_directory: str | os.PathLike, sparse_directory: str
     check_rrf_k(rrf_k)
     check_same_input(VectorFolder(dense_directory), VectorFolder(sparse_directory))
     searcher = Searcher(dense_directory, sparse_directory)
+    checked = searcher.check_filter(filter)
     if not queries:
         return []
     vectors = embed_query_vectors(searcher, queries, model=model, sparse_model=sparse_model, device=device,
                                   batch_size=batch_size, prompt_name=prompt_name, prompt=prompt, precision=precision)
-    return searcher.search(vectors, top_k, show_text=show_text, field=field, rrf_k=rrf_k, depth=depth)
+    return searcher.search(vectors, top_k, show_text=show_text, field=field, rrf_k=rrf_k, depth=depth,
+                           filter=checked)
 
 
 def folder_hits(directory: str | os.PathLike, queries: Sequence[str], *, rescore_multiplier: int | None = None,
@@ -130,5 +138,27 @@ def folder_hits(directory: str | os.PathLike, queries: Sequence[str], *, rescore
     return search_hits(directory, queries, exact=exact, ef_search=ef_search, **search, **extra)
 
 
-__all__ = ["DEFAULT_FUSION_DEPTH", "check_same_input", "folder_hits", "hybrid_search_hits", "multi_vector_hits",
-           "reranked_hits", "search_sparse_hits"]
+def collection_hits(location: str, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K, show_text: bool = False,
+                    field: str | None = None, exact: bool = False, ef_search: int | None = None,
+                    rescore_multiplier: int | None = None, rrf_k: float = DEFAULT_RRF_K,
+                    depth: int = DEFAULT_FUSION_DEPTH, sparse_model: str | os.PathLike | None = None,
+                    filter: Any = None, **embedding: Any) -> list[list[dict[str, Any]]]:
+    """`bertforge search` over a Qdrant collection (`qdrant_collection.QdrantSearcher`: dense, sparse, or hybrid
+    through Qdrant's fusion when it holds both), the queries embedded by the query models its export recorded
+    (`embedding`: model, device, batch_size, prompt_name, prompt, precision; `sparse_model`: hybrid's sparse
+    side's copy; `filter`: as `Searcher.search`'s, checked before the queries are embedded, Qdrant's filter)."""
+    check_top_k(top_k)
+    searcher = QdrantSearcher(location)
+    try:
+        checked = searcher.check_filter(filter)
+        if not queries:
+            return []
+        vectors = embed_query_vectors(searcher, queries, sparse_model=sparse_model, **embedding)
+        return searcher.search(vectors, top_k, show_text=show_text, field=field, exact=exact, ef_search=ef_search,
+                               rescore_multiplier=rescore_multiplier, rrf_k=rrf_k, depth=depth, filter=checked)
+    finally:
+        searcher.close()
+
+
+__all__ = ["DEFAULT_FUSION_DEPTH", "check_same_input", "collection_hits", "folder_hits", "hybrid_search_hits",
+           "multi_vector_hits", "reranked_hits", "search_sparse_hits"]

@@ -125,10 +125,11 @@ class MultiVectorIndex(VectorFolder):
         return opened[index]
 
 
-def embed_multi_vector_queries(index: VectorFolder, queries: Sequence[str], *, prompt_name: str | None = None,
+def embed_multi_vector_queries(index: Any, queries: Sequence[str], *, prompt_name: str | None = None,
                                prompt: str | None = None, **loading: Any) -> list[np.ndarray]:
     """Each query's token vectors [q, D] float32 (the query role: its marker, [MASK] expansion), embedded by the
-    model that embedded the folder (`vector_search.query_pipeline`: model, device, batch_size, precision)."""
+    model that embedded the folder (`index`: it, or its `searcher.QueryModel`; `vector_search.query_pipeline`:
+    model, device, batch_size, precision, where)."""
     from bertforge.retrieval.vector_search import query_pipeline
 
     pipeline, options = query_pipeline(index, task=MULTI_VECTOR_TASK, **loading)

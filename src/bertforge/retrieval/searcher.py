@@ -27,6 +27,8 @@ import numpy as np
 from bertforge.errors import ConfigError, InputError
 from bertforge.metrics.fusion import DEFAULT_RRF_K, check_rrf_k, reciprocal_rank_fusion
 from bertforge.metrics.sparse import SparseRows
+from bertforge.retrieval.fields import FieldSpec
+from bertforge.retrieval.filters import Filter, parse_filter
 from bertforge.retrieval.multi_vector_search import MULTI_VECTOR_TASK, MultiVectorIndex
 from bertforge.retrieval.sparse_search import SparseIndex
 from bertforge.retrieval.sparse_vectors import SPARSE_TASK
@@ -200,14 +202,46 @@ class Searcher:
     def folder(self, kind: str) -> VectorFolder | None:
         return {"dense": self.dense, "sparse": self.sparse, "multi-vector": self.multi}[kind]
 
+    @property
+    def described(self) -> VectorFolder:
+        """The folder whose metadata fields filters read: the dense one (hybrid: the sparse one when only it
+        stores fields; both hold the same records in the same rows, `check_same_input`)."""
+        if self.dense is not None and (self.sparse is None or self.dense.fields or not self.sparse.fields):
+            return self.dense
+        return self.sparse if self.sparse is not None else self.multi
+
+    @property
+    def fields(self) -> tuple[FieldSpec, ...]:
+        """The metadata fields a filter may name (`fields.FieldSpec`)."""
+        return self.described.fields
+
+    def check_filter(self, given: Any) -> Filter | None:
+        """A filter (the JSON form, `--filter` clauses or a `Filter`) checked against the index's fields, before
+        any query is embedded; None: no filter.
+
+        Raises:
+            InputError: a field the index does not store (naming those it does), a malformed condition, a value
+                of another type (`filters.parse_filter`).
+        """
+        return parse_filter(given, self.fields)
+
     def query_models(self) -> dict[str, QueryModel]:
         """kind -> how that side's queries are embedded."""
         return {kind: query_model(self.folder(kind)) for kind in self.kinds}
 
+    @property
+    def count(self) -> int:
+        """The rows searched (deleted ones included: the folders' rows)."""
+        return self.folder(self.kinds[0]).count
+
+    def where(self, kind: str) -> str:
+        """Where that side's vectors are: its folder."""
+        return str(self.folder(kind).directory)
+
     def search(self, vectors: dict[str, np.ndarray | SparseRows], top_k: int = DEFAULT_TOP_K, *,
                show_text: bool = False, field: str | None = None, rescore_multiplier: int | None = None,
                ef_search: int | None = None, exact: bool = False, rrf_k: float = DEFAULT_RRF_K,
-               depth: int = DEFAULT_FUSION_DEPTH) -> list[list[dict[str, Any]]]:
+               depth: int = DEFAULT_FUSION_DEPTH, filter: Any = None) -> list[list[dict[str, Any]]]:
         """The top-k hits of each query, best first: {"id", "score"} (plus "span", "text" or `field`, `hits_of`;
         hybrid: the fused score and "dense_rank", "sparse_rank"; reranked by a multi-vector folder: the MaxSim
         score and "first_rank", the row's rank in the first stage's best `depth`).
@@ -218,6 +252,9 @@ class Searcher:
             rescore_multiplier: binary dense folders (`VectorIndex.search_vectors`); ef_search: candidates of the
                 approximate index (`AnnIndex.search_vectors`); exact: score every vector even where the approximate
                 index is loaded; rrf_k, depth: hybrid fusion (depth: also the rows a multi-vector folder reranks).
+            filter: conditions on the metadata fields (`check_filter`); the rows that meet them are the only
+                ones any search ranks (a mask applied before the top-k, hybrid: on both sides), so the hits are
+                the top-k of the matching rows.
 
         Raises:
             InputError: a setting that is invalid or does not apply to this index (names it).
@@ -226,24 +263,26 @@ class Searcher:
         missing = [kind for kind in self.kinds if kind not in vectors]
         if missing:
             raise InputError(f"the {missing[0]} query vectors are missing")
+        checked = self.check_filter(filter)
+        rows = None if checked is None else checked.mask(self.described.metadata())  # [count] bool
         first = {"rescore_multiplier": rescore_multiplier, "ef_search": ef_search, "exact": exact, "rrf_k": rrf_k,
-                 "depth": depth}
+                 "depth": depth, "rows": rows}
         if self.multi is not None and self.dense is None and self.sparse is None:
             given = [name for name in ("rescore_multiplier", "ef_search") if first[name] is not None]
             if given:
                 raise InputError(f"{given[0]} does not apply to a multi-vector folder searched alone (exact MaxSim)")
-            scores, rows = self.multi.search_tokens(vectors["multi-vector"], top_k)
-            return hits_of(self.multi, scores, rows, show_text, field)
+            scores, found = self.multi.search_tokens(vectors["multi-vector"], top_k, rows=rows)
+            return hits_of(self.multi, scores, found, show_text, field)
         if self.multi is None:
-            scores, rows, ranks = self.ranked(vectors, top_k, **first)
-            hits = hits_of(self.dense if self.dense is not None else self.sparse, scores, rows, show_text, field)
+            scores, found, ranks = self.ranked(vectors, top_k, **first)
+            hits = hits_of(self.dense if self.dense is not None else self.sparse, scores, found, show_text, field)
         else:  # the first stage's best `depth` rows, reranked by their MaxSim
             check_top_k(depth, "depth")
             _, first_rows, _ = self.ranked(vectors, max(depth, top_k), **first)
             first_scores = self.multi.rescore(vectors["multi-vector"], first_rows)
             order = np.lexsort((first_rows, -first_scores), axis=1)[:, :top_k]  # equal scores: lower row first
-            rows, scores = np.take_along_axis(first_rows, order, 1), np.take_along_axis(first_scores, order, 1)
-            hits = hits_of(self.multi, scores, rows, show_text, field)
+            found, scores = np.take_along_axis(first_rows, order, 1), np.take_along_axis(first_scores, order, 1)
+            hits = hits_of(self.multi, scores, found, show_text, field)
             ranks = [[{"first_rank": place + 1} for place in query_order] for query_order in order.tolist()]
         if ranks is not None:
             for query_hits, query_ranks in zip(hits, ranks):
@@ -252,30 +291,35 @@ class Searcher:
         return hits
 
     def ranked(self, vectors: dict[str, Any], top_k: int, *, rescore_multiplier: int | None, ef_search: int | None,
-               exact: bool, rrf_k: float, depth: int) -> tuple[np.ndarray, np.ndarray, list[list[dict]] | None]:
+               exact: bool, rrf_k: float, depth: int, rows: np.ndarray | None,
+               ) -> tuple[np.ndarray, np.ndarray, list[list[dict]] | None]:
         """([Q, k] scores, [Q, k] rows, each hit's ranks in the fused rankings or None) of the dense, sparse or
-        hybrid search (`search`'s arguments)."""
+        hybrid search (`search`'s arguments; `rows`: the rows the filter allows, [count] bool, or None)."""
         if rescore_multiplier is not None and (self.hybrid or self.dense is None):
             raise InputError("rescore_multiplier applies to a binary dense folder searched alone")
         approximate = self.ann is not None and not exact
         if ef_search is not None and not approximate:
             raise InputError("ef_search applies to a dense folder's approximate index, which this search does not use")
+        checked = self.check_filter(filter)
+        rows = None if checked is None else checked.mask(self.described.metadata())  # [count] bool
         if self.hybrid:
             check_top_k(depth, "depth")
             check_rrf_k(rrf_k)
             wide = max(depth, top_k)
-            _, dense_rows = self.dense.search_vectors(vectors["dense"], wide)
-            _, sparse_rows = self.sparse.search_sparse(vectors["sparse"], wide)
-            scores, rows, ranks = fuse(dense_rows, sparse_rows, min(top_k, self.dense.live_count), rrf_k)
-            return scores, rows, [[{"dense_rank": dense, "sparse_rank": sparse} for dense, sparse in query]
-                                  for query in ranks]
+            _, dense_rows = self.dense.search_vectors(vectors["dense"], wide, rows=rows)
+            _, sparse_rows = self.sparse.search_sparse(vectors["sparse"], wide, rows=rows)
+            allowed = self.dense.allowed(rows)
+            count = self.dense.count if allowed is None else int(allowed.sum())
+            scores, found, ranks = fuse(dense_rows, sparse_rows, min(top_k, count), rrf_k)
+            return scores, found, [[{"dense_rank": dense, "sparse_rank": sparse} for dense, sparse in query]
+                                   for query in ranks]
         if self.sparse is not None:
-            return (*self.sparse.search_sparse(vectors["sparse"], top_k), None)
+            return (*self.sparse.search_sparse(vectors["sparse"], top_k, rows=rows), None)
         if approximate:
-            return (*self.ann.search_vectors(vectors["dense"], top_k, ef_search), None)
-        return (*self.dense.search_vectors(vectors["dense"], top_k, rescore_multiplier or DEFAULT_RESCORE_MULTIPLIER),
-                None)
+            return (*self.ann.search_vectors(vectors["dense"], top_k, ef_search, rows=rows), None)
+        return (*self.dense.search_vectors(vectors["dense"], top_k, rescore_multiplier or DEFAULT_RESCORE_MULTIPLIER,
+                                           rows=rows), None)
 
 
-__all__ = ["DEFAULT_FUSION_DEPTH", "DEFAULT_RRF_K", "QueryModel", "Searcher", "check_aligned", "check_same_input", "hits_of",
-           "query_model"]
+__all__ = ["DEFAULT_FUSION_DEPTH", "DEFAULT_RRF_K", "QueryModel", "Searcher", "check_aligned", "check_same_input",
+           "hits_of", "query_model"]

@@ -4,15 +4,18 @@ reads (docs/retrieval.md). This is the only module that names a shard file or re
 Owns: the file names (`SHARD_FILES`, `PROGRESS_NAME`, `MANIFEST_NAME`), the manifest (its identity, what a
 resume must match: `identity`, `describe_changes`; reading it, old versions included: `read_manifest`), the
 settings that made the vectors (`EmbedSettings`, defined in `embed_settings`: what the manifest stores), what is finished (`finished`), writing
-a shard (`write_shard`: dense float, int8 or binary codes, sparse rows, or multi-vector rows: `TokenRows`) and the finished folder opened for
-reading (`VectorFolder`: shards memory-mapped, per-row lines and sparse rows read back, each shard file held
-to the size and sha256 its manifest records: `check_shard_sizes`, `verify_shard_file`).
+a shard (`write_shard`: dense float, int8 or binary codes, sparse rows, or multi-vector rows: `TokenRows`) and the
+finished folder opened for reading (`VectorFolder`: shards memory-mapped, per-row lines, metadata and sparse rows
+read back, each shard file held to the size and sha256 its manifest records: `check_shard_sizes`,
+`verify_shard_file`).
 
 Layout of a folder: `manifest.json`; per shard `vectors-00000.npy` ([n, D], record order; binary shards also
 `codes-00000.npy`, their int8 codes; sparse shards `indptr-`, `terms-` and `weights-00000.npy`, compressed rows;
 multi-vector shards `offsets-00000.npy` ([n + 1] int64) and `multivectors-00000.npy` ([M, D], every row's token
 vectors one row after another: row i's are multivectors[offsets[i]:offsets[i+1]]),
-`ids-00000.jsonl` (JSON strings), `spans-00000.jsonl` (chunked runs: [record, start, end] of each row), then
+`ids-00000.jsonl` (JSON strings), `spans-00000.jsonl` (chunked runs: [record, start, end] of each row),
+`fields-00000.parquet` (`embed --field`: each row's metadata fields, Apache Parquet; the manifest's "fields"
+lists their names and types, `fields`; `VectorFolder.metadata`, which `filters` evaluate), then
 `progress/shard-00000.json` (count, tokens, sizes, sha256), each written atomically (`storage`): a shard is done
 when its record exists and the sizes match. The manifest says "complete": false until every shard's record is in
 it. Indexes built over a folder (`vector_ann`, `sparse_search`'s inverted index) keep their own files beside it.
@@ -43,6 +46,7 @@ from bertforge.errors import ConfigError, InputError
 from bertforge.inference.wire_inputs import AUTO_TRUNCATE
 from bertforge.metrics.sparse import SparseRows
 from bertforge.retrieval.embed_settings import DTYPES, EmbedSettings
+from bertforge.retrieval.fields import FieldSpec, fields_of, joined_metadata, parquet_bytes, read_parquet
 from bertforge.retrieval.token_rows import TokenRows
 from bertforge.retrieval.vector_quantization import coded
 
@@ -67,6 +71,7 @@ SHARD_FILES = {
     "ids": "ids-{:05d}.jsonl",
     "spans": "spans-{:05d}.jsonl",  # chunked runs: [record, start, end] of each row (its record's characters)
     "records": "records-{:05d}.jsonl",  # compacted shards of unchunked folders: each row's record in its input
+    "fields": "fields-{:05d}.parquet",  # `embed --field`: each row's metadata (`fields`), Apache Parquet
 }
 # The rows deleted (or replaced) since the folder was embedded: sorted int64 global rows, one file per
 # generation (.format(generation)), so that a change never rewrites the file the manifest in force names.
@@ -104,7 +109,7 @@ def identity(manifest: dict[str, Any]) -> dict[str, Any]:
     return {"format": manifest["format"], "model": manifest["model"]["fingerprint"],
             "settings": asdict(embed_settings(manifest)), "embedding": manifest["embedding"],
             "shard_size": manifest["shard_size"], "input settings": manifest["input"]["settings"],
-            "input files": manifest["input"]["files"]}
+            "input files": manifest["input"]["files"], "fields": manifest.get("fields", [])}
 
 
 def describe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -116,6 +121,8 @@ def describe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             continue
         if key == "model":
             changes.append(f"another model (the folder's was {old['model']['path']})")
+        elif key == "fields":
+            changes.append(f"--field {list(map(str, fields_of(old)))} -> {list(map(str, fields_of(new)))}")
         elif key == "input files":
             before, after = ({f["name"]: f for f in files} for files in (was, now))
             names = sorted(set(before) ^ set(after)) or [n for n in after if before[n] != after[n]]
@@ -130,7 +137,7 @@ def describe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 def new_manifest(model_dir: str | os.PathLike, settings: EmbedSettings, embedding: dict[str, Any], dim: int,
                  inputs: str | os.PathLike, sources: Sequence[SourceFile], corpus: CorpusSettings,
-                 shard_size: int) -> dict[str, Any]:
+                 shard_size: int, metadata: Sequence[FieldSpec] = ()) -> dict[str, Any]:
     """The manifest of a run before any shard: its identity, "complete": false.
 
     Args:
@@ -139,6 +146,7 @@ def new_manifest(model_dir: str | os.PathLike, settings: EmbedSettings, embeddin
         embedding: the pipeline's options that make the vectors (pooling, normalize, layer or the sparse ones),
             the prompt, the window (`max_length`) and the precision: what the queries are embedded with.
         dim: the width of a vector (a sparse one's: the vocabulary's).
+        metadata: the fields stored per record (`embed --field`), listed as "fields" (none: no such key).
     """
     return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "complete": False,
             "model": {"path": str(Path(model_dir).resolve()), "fingerprint": model_fingerprint(model_dir)},
@@ -146,8 +154,9 @@ def new_manifest(model_dir: str | os.PathLike, settings: EmbedSettings, embeddin
             "similarity": "maxsim" if settings.multi_vector else "dot" if settings.sparse or not embedding["normalize"]
             else "cosine",
             "dim": dim, "dtype": settings.dtype, "shard_size": shard_size,
-            "input": input_record(inputs, sources, corpus), "count": None, "tokens": None, "truncated": None,
-            "shards": []}
+            "input": input_record(inputs, sources, corpus),
+            **({"fields": [spec.record() for spec in metadata]} if metadata else {}),
+            "count": None, "tokens": None, "truncated": None, "shards": []}
 
 
 def input_record(inputs: str | os.PathLike, sources: Sequence[SourceFile], corpus: CorpusSettings) -> dict[str, Any]:
@@ -282,24 +291,27 @@ def token_arrays(rows: TokenRows, dtype: str) -> dict[str, np.ndarray]:
 
 def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray | SparseRows | TokenRows, dtype: str,
                 tokens: int, calibration: dict[str, Any] | None = None,
-                spans: Sequence[Sequence[int]] | None = None, truncated: int = 0, **extra: Any) -> dict[str, Any]:
+                spans: Sequence[Sequence[int]] | None = None, truncated: int = 0, metadata: Any = None,
+                **extra: Any) -> dict[str, Any]:
     """Write one shard's vectors (coded as `dtype`: `vector_quantization.coded`; a binary shard also its int8
-    codes; sparse rows as `sparse_arrays`; multi-vector rows as `token_arrays`), then its ids, then its record
-    (each atomically, the record with its texts cut to the window, `truncated`, and `extra` keys:
+    codes; sparse rows as `sparse_arrays`; multi-vector rows as `token_arrays`), then its ids (and `metadata`), then
+    its record (each atomically, the record with its texts cut to the window, `truncated`, and `extra` keys:
     `write_shard_arrays`); return the record."""
     if isinstance(vectors, TokenRows):
         arrays = token_arrays(vectors, dtype)
     else:
         arrays = sparse_arrays(vectors) if isinstance(vectors, SparseRows) else coded(vectors, dtype, calibration)
-    return write_shard_arrays(out, index, arrays, ids, tokens, spans, truncated=truncated, **extra)
+    return write_shard_arrays(out, index, arrays, ids, tokens, spans, truncated=truncated, metadata=metadata,
+                              **extra)
 
 
 def write_shard_arrays(out: Path, index: int, arrays: dict[str, np.ndarray], ids: Sequence[str], tokens: int,
                        spans: Sequence[Sequence[int]] | None = None, records: Sequence[int] | None = None,
-                       truncated: int = 0, **extra: Any) -> dict[str, Any]:
+                       truncated: int = 0, metadata: Any = None, **extra: Any) -> dict[str, Any]:
     """Write one shard's stored arrays as they are (`SHARD_FILES` kinds: "vectors", "codes" or the sparse ones),
-    its ids, spans and `records` (each row's record in its input, where rows are not consecutive records), then
-    its record with `extra` keys ("source", "first_record": `VectorFolder.records_at`), each file atomically."""
+    its ids, spans, `records` (each row's record in its input, where rows are not consecutive records) and
+    `metadata` (a pyarrow Table of its rows' fields, `fields.shard_metadata`: one Parquet file), then its record
+    with `extra` keys ("source", "first_record": `VectorFolder.records_at`), each file atomically."""
     data = {}
     for kind, array in arrays.items():
         buffer = io.BytesIO()
@@ -310,6 +322,10 @@ def write_shard_arrays(out: Path, index: int, arrays: dict[str, np.ndarray], ids
         data["spans"] = "".join(json.dumps(list(span)) + "\n" for span in spans).encode("utf-8")
     if records is not None:
         data["records"] = "".join(f"{int(record)}\n" for record in records).encode("utf-8")
+    if metadata is not None:
+        if metadata.num_rows != len(ids):
+            raise ValueError(f"shard {index}: {metadata.num_rows} rows of metadata for {len(ids)} vectors")
+        data["fields"] = parquet_bytes(metadata)
     names = {kind: SHARD_FILES[kind].format(index) for kind in data}
     for kind, payload in data.items():
         storage.write_bytes(out / names[kind], payload)
@@ -345,7 +361,7 @@ def finish_output(out: Path, manifest: dict[str, Any], shards: int) -> dict[str,
 # --- changing a finished folder (`folder_growth`) -------------------------------------------------------------
 
 # The files a manifest names, by name: what `folder_growth.sweep_folder` removes once no manifest names them.
-SHARD_FILE = re.compile(r"^(?:{})-\d{{5}}\.(?:npy|jsonl)$".format("|".join(SHARD_FILES)))
+SHARD_FILE = re.compile(r"^(?:{})-\d{{5}}\.(?:npy|jsonl|parquet)$".format("|".join(SHARD_FILES)))
 TOMBSTONES_FILE = re.compile(r"^tombstones-\d{5}\.npy$")
 
 
@@ -418,6 +434,8 @@ class VectorFolder:
         self.deleted = read_tombstones(self.directory, manifest)  # rows deleted or replaced since embedding
         self.live_count = self.count - len(self.deleted)
         self._live: np.ndarray | None = None
+        self.fields = fields_of(manifest)  # the metadata stored per record (`embed --field`)
+        self._metadata: Any = None
 
     @property
     def kind(self) -> str:
@@ -446,6 +464,27 @@ class VectorFolder:
     def allowed(self, rows: np.ndarray | None = None) -> np.ndarray | None:
         """[count] bool: the live rows that are also among `rows` ([count] bool; None: all); None: every row."""
         return self.live if rows is None else rows if self.live is None else rows & self.live
+
+    def shard_metadata(self, index: int) -> Any:
+        """Shard `index`'s metadata: a pyarrow Table, one column per field (`fields`), one row per vector row
+        (a chunk's row holds its record's values; null where a record has none).
+
+        Raises:
+            ConfigError: the folder stores no fields, or the file is unreadable or holds other fields.
+        """
+        if not self.fields:
+            raise ConfigError(f"{self.directory} stores no metadata fields; embed with --field NAME[:TYPE]")
+        try:
+            return read_parquet(self.shard_path(index, "fields"), self.fields, self.shards[index]["count"])
+        except ValueError as error:
+            raise shard_error(self.directory, self.shards[index], "fields", f"unreadable ({error})") from None
+
+    def metadata(self) -> Any:
+        """Every row's metadata (deleted rows included), as one pyarrow Table in global row order, read once
+        and kept (`shard_metadata`)."""
+        if self._metadata is None:
+            self._metadata = joined_metadata([self.shard_metadata(i) for i in range(len(self.shards))], self.fields)
+        return self._metadata
 
     def input_of(self, source: int) -> dict[str, Any]:
         """The manifest with the "input" its rows of `source` were read from (0: the embedded input, k: the k-th

@@ -18,7 +18,7 @@ from bertforge.errors import ConfigError
 from bertforge.inference.pipelines import DEFAULT_BATCH_SIZE, load_pipeline
 from bertforge.metrics.sparse import SparseRows
 from bertforge.retrieval.multi_vector_search import embed_multi_vector_queries
-from bertforge.retrieval.searcher import Searcher, hits_of, query_model
+from bertforge.retrieval.searcher import QueryModel, Searcher, hits_of, query_model
 from bertforge.retrieval.sparse_vectors import SPARSE_TASK, encode_sparse
 from bertforge.retrieval.store import VectorFolder
 from bertforge.retrieval.vector_index import (
@@ -33,30 +33,32 @@ from bertforge.retrieval.vector_index import (
 from bertforge.retrieval.vector_quantization import DEFAULT_RESCORE_MULTIPLIER
 
 
-def query_pipeline(index: VectorFolder, *, model: str | os.PathLike | None = None, device: str = "auto",
+def query_pipeline(index: VectorFolder | QueryModel, *, model: str | os.PathLike | None = None, device: str = "auto",
                    batch_size: int = DEFAULT_BATCH_SIZE, precision: str | None = None,
-                   task: str | None = None) -> tuple[Any, dict[str, Any]]:
+                   task: str | None = None, where: str | None = None) -> tuple[Any, dict[str, Any]]:
     """(pipeline, options) that embed queries as the corpus was: the manifest's model (or `model`, the same
     files), window, options and precision (`precision` None: the corpus's); `task`: the folder's ("embed",
-    "embed-sparse" or "embed-multi-vector") unless given.
+    "embed-sparse" or "embed-multi-vector") unless given. `index`: a folder, or the `QueryModel` an index records
+    (a Qdrant collection; `where` names it in messages).
 
     Raises:
         ConfigError: `model` is missing or another model than the corpus's.
     """
-    wanted = query_model(index)
+    wanted = index if isinstance(index, QueryModel) else query_model(index)
+    where = where or str(getattr(index, "directory", wanted.directory))
     model_dir = Path(model) if model is not None else wanted.directory
     if not model_dir.is_dir():
-        raise ConfigError(f"{model_dir}: the model that embedded {index.directory} is not there; pass --model DIR "
+        raise ConfigError(f"{model_dir}: the model that embedded {where} is not there; pass --model DIR "
                           "with a copy of it")
     if model_fingerprint(model_dir) != wanted.fingerprint:
-        raise ConfigError(f"{model_dir} is not the model that embedded {index.directory} ({wanted.directory}"
+        raise ConfigError(f"{model_dir} is not the model that embedded {where} ({wanted.directory}"
                           "); queries must be embedded by the same model")
     pipeline = load_pipeline(model_dir, task or wanted.task, device=device, precision=precision or wanted.precision,
                              batch_size=batch_size, max_length=wanted.max_length)
     return pipeline, dict(wanted.options)
 
 
-def embed_queries(index: VectorIndex, queries: Sequence[str], *, prompt_name: str | None = None,
+def embed_queries(index: VectorFolder | QueryModel, queries: Sequence[str], *, prompt_name: str | None = None,
                   prompt: str | None = None, **loading: Any) -> np.ndarray:
     """Query vectors [Q, D] float32, embedded as the corpus was (`query_pipeline`: model, device, batch_size,
     precision; see `search`)."""
@@ -64,7 +66,7 @@ def embed_queries(index: VectorIndex, queries: Sequence[str], *, prompt_name: st
     return pipeline.encode(list(queries), prompt_name=prompt_name, prompt=prompt, **embedding)  # [Q, D]
 
 
-def embed_sparse_queries(index: VectorFolder, queries: Sequence[str], *, prompt_name: str | None = None,
+def embed_sparse_queries(index: VectorFolder | QueryModel, queries: Sequence[str], *, prompt_name: str | None = None,
                          prompt: str | None = None, **loading: Any) -> SparseRows:
     """Sparse query vectors, embedded as the folder's corpus was (`query_pipeline`: the same model, window,
     pooling, activation and `max_terms`); the prompt is the queries' own."""
@@ -72,48 +74,54 @@ def embed_sparse_queries(index: VectorFolder, queries: Sequence[str], *, prompt_
     return encode_sparse(pipeline, list(queries), prompt_name=prompt_name, prompt=prompt, **options)
 
 
-def embed_query_vectors(searcher: Searcher, queries: Sequence[str], *, sparse_model: str | os.PathLike | None = None,
+def embed_query_vectors(searcher: Any, queries: Sequence[str], *, sparse_model: str | os.PathLike | None = None,
                         **embedding: Any) -> dict[str, np.ndarray | SparseRows]:
-    """The query vectors `searcher.search` takes, each side's embedded as its corpus was (`embed_queries`,
+    """The query vectors `searcher.search` takes (a `Searcher`, or any index with its `query_models` and
+    `where`: a Qdrant collection's), each side's embedded as its corpus was (`embed_queries`,
     `embed_sparse_queries`; `embedding`: model, device, batch_size, prompt_name, prompt, precision). Hybrid: the
     prompt is the dense queries'; sparse queries get their model's default prompt, and `sparse_model` is a copy
-    of the sparse folder's model."""
+    of the sparse side's model."""
+    wanted = searcher.query_models()
     vectors: dict[str, np.ndarray | SparseRows] = {}
-    if searcher.multi is not None:  # alone: the queries' prompt and model; reranking: its model's default prompt
-        alone = searcher.dense is None and searcher.sparse is None
+    if "multi-vector" in wanted:  # alone: the queries' prompt and model; reranking: its model's default prompt
+        alone = len(wanted) == 1
         loading = {k: v for k, v in embedding.items() if alone or k in ("device", "batch_size", "precision")}
-        vectors["multi-vector"] = embed_multi_vector_queries(searcher.multi, queries, **loading)
-    if searcher.dense is not None:
-        vectors["dense"] = embed_queries(searcher.dense, queries, **embedding)
-    if searcher.sparse is not None:
-        if searcher.dense is not None:  # hybrid
+        vectors["multi-vector"] = embed_multi_vector_queries(wanted["multi-vector"], queries,
+                                                             where=searcher.where("multi-vector"), **loading)
+    if "dense" in wanted:
+        vectors["dense"] = embed_queries(wanted["dense"], queries, where=searcher.where("dense"), **embedding)
+    if "sparse" in wanted:
+        if "dense" in wanted:  # hybrid
             loading = {k: v for k, v in embedding.items() if k in ("device", "batch_size", "precision")}
             embedding = {**loading, "model": sparse_model}
-        vectors["sparse"] = embed_sparse_queries(searcher.sparse, queries, **embedding)
+        vectors["sparse"] = embed_sparse_queries(wanted["sparse"], queries, where=searcher.where("sparse"),
+                                                 **embedding)
     return vectors
 
 
 def search_hits(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
                 show_text: bool = False, field: str | None = None,
                 rescore_multiplier: int = DEFAULT_RESCORE_MULTIPLIER, exact: bool = False,
-                ef_search: int | None = None, **embedding: Any) -> list[list[dict[str, Any]]]:
+                ef_search: int | None = None, filter: Any = None, **embedding: Any) -> list[list[dict[str, Any]]]:
     """The top-k hits of each query text in a dense folder, best first, as {"id", "score"} (plus "text" with
     `show_text`, or the record's `field`: `searcher.hits_of`); `rescore_multiplier`: see
     `VectorIndex.search_vectors`. A folder with an approximate index (`bertforge index`) is searched through
-    it (`vector_ann`, `ef_search` candidates) unless `exact`.
+    it (`vector_ann`, `ef_search` candidates) unless `exact`. `filter`: conditions on the folder's metadata
+    fields (`filters`; checked before the queries are embedded), the hits the top-k of the rows that meet them.
 
     `embedding`: how the queries are embedded (`embed_queries`: model, device, batch_size, prompt_name,
     prompt, precision).
     """
     check_top_k(top_k)
     searcher = Searcher(directory, exact=exact)
+    checked = searcher.check_filter(filter)
     if not queries:
         return []
     vectors = embed_query_vectors(searcher, queries, **embedding)
     approximate = searcher.ann is not None  # `exact`, or no approximate index: ef_search does not apply
     return searcher.search(vectors, top_k, show_text=show_text, field=field,
                            ef_search=ef_search if approximate else None,
-                           rescore_multiplier=None if approximate else rescore_multiplier)
+                           rescore_multiplier=None if approximate else rescore_multiplier, filter=checked)
 
 
 def search(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,

@@ -1,10 +1,12 @@
 """`POST /search`: top-k search of query texts over the vector folders served beside the models
 (`bertforge serve --index NAME=DIR`), answered as `bertforge search` answers: the same ids, scores, spans and
-texts, by the same code (`retrieval.searcher.Searcher`).
+texts, by the same code (`retrieval.searcher.Searcher`); a "filter" on the index's metadata fields is `bertforge
+search --filter`'s JSON form, checked before any query is embedded.
 
-An index is one folder (dense, sparse or multi-vector: exact MaxSim) or a dense and a sparse folder of the same
-input (hybrid: reciprocal rank fusion), either with a multi-vector folder of that input reranking its hits (`--index
-docs=DENSE,MULTI_VECTOR`), opened once when the server starts: manifests read, the approximate index and the inverted index
+An index is one folder (dense, sparse or multi-vector: exact MaxSim), a dense and a sparse folder of the same
+input (hybrid: reciprocal rank fusion), either with a multi-vector folder of that input reranking its hits
+(`--index docs=DENSE,MULTI_VECTOR`), or a Qdrant collection (`retrieval.index_locations.open_index`: the same
+interface), opened once when the server starts: manifests read, the approximate index and the inverted index
 loaded. Its queries are embedded by the served model that made its vectors (the model the manifest names, found
 among the served models by its files' fingerprint; `load_index_models` adds it when it is not among them),
 through that model's scheduler like every other request: the same admission, keys, limits and metrics, with the
@@ -13,7 +15,8 @@ model's, and a start that differs from the corpus's in them is logged). The sear
 per index.
 
 Owns: `--index` (`parse_index_option`), opening the indexes and binding each to its models (`open_indexes`,
-`load_index_models`, `bind_indexes`), the request (`SearchRequest`) and the route.
+`load_index_models`, `bind_indexes`), the request (`SearchRequest`, its filter's schema `FieldConditions`) and
+the route.
 """
 
 from __future__ import annotations
@@ -44,19 +47,28 @@ from pydantic import Field
 from bertforge.checkpoint_format import model_fingerprint
 from bertforge.errors import BertforgeError, ConfigError, DataError, InputError
 from bertforge.metrics.sparse import SparseRows
+from bertforge.retrieval.index_locations import open_index
 from bertforge.retrieval.searcher import DEFAULT_FUSION_DEPTH, DEFAULT_RRF_K, QueryModel, Searcher
 from bertforge.serving.guards import note_model
 from bertforge.serving.openai_routes import check_length
+from bertforge.serving.task_routes import TaskError
 from bertforge.serving.wire_schemas import INPUTS, Text, WireModel, check_body, register, request_body
 
 log = logging.getLogger(__name__)
 
 PATH = "/search"
+# What the route answers besides its hits (the guards add 408, 413, 415, 429, 503 and, with keys, 401).
+RESPONSES: dict[int | str, dict[str, Any]] = {status: {"model": TaskError, "description": text} for status, text in (
+    (400, "malformed JSON"), (404, "no index of that name is served"),
+    (409, "the input behind show_text or field changed since it was embedded"),
+    (422, "invalid request: a bad field, a filter on a field the index does not store, a setting that does not "
+          "apply to the index"))}
 
 
 def parse_index_option(value: str) -> tuple[str, list[str]]:
     """`--index NAME=DIR[,DIR]` as (name, folders): one folder (dense or sparse), or a dense and a sparse folder
-    of the same input for hybrid search (also given as two `--index` of the same name)."""
+    of the same input for hybrid search (also given as two `--index` of the same name), or a Qdrant collection
+    (`NAME=qdrant://HOST:PORT/COLLECTION`, `retrieval.index_locations`)."""
     name, sep, folders = value.partition("=")
     if not sep or not MODEL_NAME.fullmatch(name):
         raise ConfigError(f"--index {value}: give a name and the folder, e.g. --index docs=vectors/ (the name: "
@@ -68,7 +80,8 @@ def parse_index_option(value: str) -> tuple[str, list[str]]:
 
 
 def open_indexes(indexes: Mapping[str, Sequence[str | Path]]) -> dict[str, Searcher]:
-    """name -> its `Searcher`, each folder's kind read from its manifest (a sparse and a dense one: hybrid).
+    """name -> its `Searcher`, each folder's kind read from its manifest (a sparse and a dense one: hybrid), or
+    the `QdrantSearcher` of a collection.
 
     Raises:
         ConfigError: not a vector folder, more than one folder of a kind, folders of different input, a stale
@@ -79,7 +92,7 @@ def open_indexes(indexes: Mapping[str, Sequence[str | Path]]) -> dict[str, Searc
         if not MODEL_NAME.fullmatch(name):
             raise ConfigError(f"index name {name!r} must be letters, digits, '.', '_' or '-' (at most 64)")
         try:
-            searchers[name] = Searcher.of_folders(directories)
+            searchers[name] = open_index(directories)
         except ConfigError as error:
             raise ConfigError(f"index {name}: {error}") from None
     return searchers
@@ -118,10 +131,10 @@ class ServedIndex:
     def describe(self, directory: bool = False) -> dict[str, Any]:
         """What `/health` says of the index: its kinds, rows and models (with a key, its folders too)."""
         kinds = self.searcher.kinds
-        report = {"kinds": list(kinds), "count": self.searcher.folder(kinds[0]).count,
+        report = {"kinds": list(kinds), "count": self.searcher.count,
                   "models": {kind: service.model_name for kind, service in self.services.items()}}
         if directory:
-            report["folders"] = {kind: str(self.searcher.folder(kind).directory) for kind in kinds}
+            report["folders"] = {kind: self.searcher.where(kind) for kind in kinds}
         return report
 
 
@@ -157,6 +170,23 @@ def bind_indexes(searchers: Mapping[str, Searcher], models: ModelSet) -> dict[st
     return bound
 
 
+FilterValue = str | int | float | bool  # a date or date-time field's value: ISO 8601 text
+FilterValues = Annotated[list[FilterValue], Field(min_length=1)]
+
+
+class FieldConditions(WireModel):
+    """Conditions on one metadata field, all of which must hold (a value is read by the field's type)."""
+
+    eq: FilterValue | None = Field(None, description="equal to")
+    ne: FilterValue | None = Field(None, description="not equal to (a record without the field matches)")
+    in_: FilterValues | None = Field(None, alias="in", description="one of these")
+    not_in: FilterValues | None = Field(None, description="none of these (a record without the field matches)")
+    gt: FilterValue | None = Field(None, description="greater than (int, float, date and datetime fields)")
+    gte: FilterValue | None = Field(None, description="greater than or equal to")
+    lt: FilterValue | None = Field(None, description="less than")
+    lte: FilterValue | None = Field(None, description="less than or equal to")
+
+
 @register
 class SearchRequest(WireModel):
     """Our search request: query texts against a served index."""
@@ -176,6 +206,18 @@ class SearchRequest(WireModel):
     rescore_multiplier: int | None = Field(None, ge=1, description="binary folders: candidates rescored per hit")
     rrf_k: float = Field(DEFAULT_RRF_K, ge=0, description="hybrid: the reciprocal rank fusion constant")
     depth: int = Field(DEFAULT_FUSION_DEPTH, ge=1, description="hybrid: rows each folder ranks per query")
+    filter: dict[str, FilterValue | FieldConditions] | None = Field(
+        None, description="search only the records whose metadata fields (`bertforge embed --field`) meet every "
+        "condition: field -> a value (equal to it) or an object of operators, e.g. {\"source\": \"wiki\", "
+        "\"year\": {\"gte\": 2020}, \"lang\": {\"in\": [\"en\", \"fr\"]}}; dates as ISO 8601 text; the hits are "
+        "the top-k of the matching records")
+
+    def filter_form(self) -> dict[str, Any] | None:
+        """The filter in `retrieval.filters`' JSON form (operators as the client wrote them)."""
+        if self.filter is None:
+            return None
+        return {name: value.model_dump(by_alias=True, exclude_unset=True) if isinstance(value, FieldConditions)
+                else value for name, value in self.filter.items()}
 
 
 def pick_index(indexes: Mapping[str, ServedIndex], name: str | None) -> ServedIndex:
@@ -214,7 +256,8 @@ async def embed_side(served: ServedIndex, kind: str, queries: list[str], call: S
     return np.asarray([r["embedding"] for r in results], dtype=np.float32)  # [Q, D]
 
 
-def run_search(served: ServedIndex, vectors: dict[str, Any], call: SearchRequest) -> list[list[dict[str, Any]]]:
+def run_search(served: ServedIndex, vectors: dict[str, Any], call: SearchRequest,
+               checked: Any = None) -> list[list[dict[str, Any]]]:
     """The hits (off the event loop, one search of an index at a time: the approximate index's settings are
     the graph's own); a setting that does not apply, or an input changed since it was embedded, is the client's
     to hear (RequestError)."""
@@ -222,7 +265,7 @@ def run_search(served: ServedIndex, vectors: dict[str, Any], call: SearchRequest
         with served.lock:
             return served.searcher.search(vectors, call.top_k, show_text=call.show_text, field=call.field,
                                           rescore_multiplier=call.rescore_multiplier, ef_search=call.ef_search,
-                                          exact=call.exact, rrf_k=call.rrf_k, depth=call.depth)
+                                          exact=call.exact, rrf_k=call.rrf_k, depth=call.depth, filter=checked)
     except InputError as error:
         raise RequestError(422, str(error)) from None
     except DataError as error:  # a record without the asked field
@@ -242,11 +285,15 @@ async def search(indexes: Mapping[str, ServedIndex], models: ModelSet, request: 
             raise RequestError(422, "give 'query' (one text) or 'queries' (a list of texts), not both",
                                param="query")
         queries = [call.query] if call.query is not None else list(call.queries)
+        try:  # before any query is embedded
+            checked = served.searcher.check_filter(call.filter_form())
+        except InputError as error:
+            raise RequestError(422, str(error), param="filter") from None
         service.check_count(len(queries), "queries")
         for index, text in enumerate(queries):
             check_length(text, service.settings.max_chars, f"queries[{index}]")
         vectors = {kind: await embed_side(served, kind, queries, call, request) for kind in served.searcher.kinds}
-        hits = await asyncio.to_thread(run_search, served, vectors, call)
+        hits = await asyncio.to_thread(run_search, served, vectors, call, checked)
         response = JSONResponse({"index": served.name, "results": hits})
     except RequestError as error:
         response = refusal(request, error.status, error.message, param=error.param, code=error.code,
@@ -263,8 +310,13 @@ def add_search_routes(app: FastAPI, models: ModelSet, indexes: Mapping[str, Serv
         return await search(indexes, models, request)
 
     example = {"index": next(iter(indexes)), "query": "how do I reset my password?", "top_k": 5, "show_text": True}
+    fields = next(iter(indexes.values())).searcher.fields
+    if fields:  # an example filter on the first served index's first field
+        example["filter"] = {fields[0].name: {"string": "news", "int": 2020, "float": 0.5, "bool": True,
+                                              "date": "2024-01-01", "datetime": "2024-01-01T00:00:00Z"}[fields[0].type]}
     app.add_api_route(PATH, search_route, methods=["POST"], summary="top-k search of query texts over a served "
-                      "index (dense, sparse or hybrid), as `bertforge search`", openapi_extra=request_body(
+                      "index (dense, sparse or hybrid), as `bertforge search`", responses=RESPONSES,
+                      openapi_extra=request_body(
                           SearchRequest, example))
     return [f"POST {PATH}"]
 
