@@ -130,6 +130,11 @@ def test_multi_vector_search_equals_brute_force(folders, colbert_model, monkeypa
         np.testing.assert_allclose(scores, np.take_along_axis(brute, order, axis=1), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(index.rescore(queries, order[:, :7]), np.take_along_axis(brute, order[:, :7], 1),
                                rtol=1e-5, atol=1e-5)
+    allowed = np.arange(29) % 3 == 1  # a filter's rows: the top k among them alone
+    scores, rows = index.search_tokens(queries, 4, rows=allowed)
+    masked = np.where(allowed, brute, -np.inf)
+    np.testing.assert_array_equal(rows, np.lexsort((np.broadcast_to(np.arange(29), brute.shape), -masked), axis=1)[:, :4])
+    assert allowed[rows].all()
 
 
 def test_multi_vector_search_by_text_and_reranking_a_dense_search(folders, colbert_model, capsys):

@@ -300,8 +300,6 @@ class Searcher:
         approximate = self.ann is not None and not exact
         if ef_search is not None and not approximate:
             raise InputError("ef_search applies to a dense folder's approximate index, which this search does not use")
-        checked = self.check_filter(filter)
-        rows = None if checked is None else checked.mask(self.described.metadata())  # [count] bool
         if self.hybrid:
             check_top_k(depth, "depth")
             check_rrf_k(rrf_k)
