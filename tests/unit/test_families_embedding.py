@@ -91,7 +91,9 @@ def test_embedding_registry_lookups_find_the_family():
                               "embed-multi-vector", "embed")
     assert sorted(registry.MODEL_CLASSES) == ["BertForColBERT", "BertForMaskedLM", "BertForMultipleChoice", "BertForPretraining", "BertForQuestionAnswering",
                                               "BertForSequenceClassification", "BertForSparseEmbedding",
-                                              "BertForTokenClassification", "BertModel"]
+                                              "BertForTokenClassification", "BertModel", "ModernBertForMaskedLM",
+                                              "ModernBertForSequenceClassification",
+                                              "ModernBertForTokenClassification", "ModernBertModel"]
     assert registry.for_model(BertModel) is EMBEDDING
 
 

@@ -30,8 +30,9 @@ from bertforge.inference.scheduler import JobFailed, Scheduler, SchedulerEvents,
 
 WEB_FRAMEWORKS = ("fastapi", "starlette", "uvicorn", "pydantic")
 INFERENCE = Path(__file__).resolve().parents[2] / "src" / "bertforge" / "inference"
-# The scheduler and the modules it is made of (its vocabulary, its admission checks).
-SCHEDULER_SOURCES = [INFERENCE / name for name in ("scheduler.py", "jobs.py", "admission.py", "sharing.py")]
+# The scheduler and the modules it is made of (its vocabulary, its admission checks, its share of the cores).
+SCHEDULER_SOURCES = [INFERENCE / name for name in ("scheduler.py", "jobs.py", "admission.py", "sharing.py",
+                                                   "lane.py")]
 EMBEDDING_TOLERANCE = 1e-5  # fp32: one window's output does not depend on the windows sharing its call
 
 

@@ -70,7 +70,6 @@ def test_tokenizer_json_with_tokenizer_config_takes_its_limit_and_refuses_other_
 
 
 @pytest.mark.parametrize("field,change", [
-    ("model.type", lambda t: t["model"].update(type="BPE")),
     ("model.continuing_subword_prefix", lambda t: t["model"].update(continuing_subword_prefix="@@")),
     ("model.vocab", lambda t: t["model"]["vocab"].update(cat=99)),
     ("normalizer.type", lambda t: t.update(normalizer={"type": "Sequence", "normalizers": []})),
@@ -79,6 +78,15 @@ def test_tokenizer_json_not_bert_wordpiece_is_refused_naming_file_and_field(tmp_
     folder, _ = saved(tmp_path, tiny_config, TokenizerConfig())
     edit(only_tokenizer_json(folder), change)
     with pytest.raises(CheckpointError, match=rf"{re.escape(str(folder / 'tokenizer.json'))}: .*{re.escape(field)}"):
+        read_directory(folder)
+
+
+def test_tokenizer_json_of_another_model_type_is_read_by_the_tokenizers_library(tmp_path, tiny_config):
+    # Not WordPiece: no longer refused as "not BERT's" but handed to the tokenizers library (JsonTokenizer), which
+    # here cannot read a BPE model without merges: the error names the file.
+    folder, _ = saved(tmp_path, tiny_config, TokenizerConfig())
+    edit(only_tokenizer_json(folder), lambda t: t["model"].update(type="BPE"))
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(folder / 'tokenizer.json'))}: the tokenizers library"):
         read_directory(folder)
 
 

@@ -168,6 +168,22 @@ def _is_heldout(index: int, rate: Fraction) -> bool:
     return ((index + 1) * numerator + rate.denominator) // denominator > before
 
 
+def split_documents(inputs: str | os.PathLike | Sequence[str | os.PathLike], heldout_documents: int, *,
+                    format: str = "auto", max_document_sentences: int = DEFAULT_MAX_DOCUMENT_SENTENCES
+                    ) -> tuple[list[Document], list[Document]]:
+    """The documents `prepare_corpus(inputs, ..., heldout_documents=N)` holds out, and the ones it trains on:
+    the same reading and the same even spread, in memory (for probes of text a model never trained on)."""
+    files = resolve_inputs(inputs)
+    rate = _heldout_rate(files, 0.0, heldout_documents, format, max_document_sentences)
+    heldout: list[Document] = []
+    train: list[Document] = []
+    documents = read_documents(files, format=format, max_document_sentences=max_document_sentences,
+                               count_duplicates=False, log_warnings=False)
+    for number, document in enumerate(documents):
+        (heldout if _is_heldout(number, rate) else train).append(document)
+    return heldout, train
+
+
 def _settings(files: list[Path], tokenizer: Any, **values: Any) -> dict:
     return {
         "inputs": [{"path": str(path), "bytes": path.stat().st_size} for path in files],

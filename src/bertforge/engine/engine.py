@@ -26,8 +26,7 @@ from bertforge.engine.int8 import quantize_int8
 from bertforge.engine.layer_graph import trace_layers
 from bertforge.engine.plan import EnginePlan
 from bertforge.engine.row_chunks import chunk_rows
-from bertforge.model.bert import BertModel
-from bertforge.model.fast_paths import set_value_checks
+from bertforge.model.fast_paths import is_encoder, set_value_checks
 
 
 class Engine(nn.Module):
@@ -67,7 +66,7 @@ class Engine(nn.Module):
     @property
     def bert(self) -> nn.Module:
         """The encoder, model-shaped: what `families.embedding.encoder_of` runs."""
-        return self.model if isinstance(self.model, BertModel) else self.model.bert
+        return self.model if is_encoder(self.model) else self.model.bert  # BERT's or ModernBERT's
 
     @classmethod
     def build(cls, model: nn.Module, plan: EnginePlan, source: str | os.PathLike | None = None) -> Engine:

@@ -15,6 +15,7 @@ import warnings
 import torch
 from torch import nn
 
+from bertforge.model.bert import BertModel
 from bertforge.model.fast_paths import Variant, is_encoder, variant
 from bertforge.model.layouts import Padded
 
@@ -109,7 +110,8 @@ def trace_layers(model: nn.Module) -> nn.Module:
     `requires_grad` is left as the caller has it)."""
     model.eval()
     for module in model.modules():
-        if is_encoder(module) and not has_layer_graph(module):
+        # BERT's layer stack only: ModernBERT's layers take rotary tables too, and run eagerly.
+        if is_encoder(module) and isinstance(module, BertModel) and not has_layer_graph(module):
             stack = module.encoder
             plain = type(stack).plain if isinstance(stack, GraphedEncoder) else type(stack)
             stack.__class__ = variant(GraphedEncoder, plain)

@@ -17,7 +17,9 @@ outnumber the cores. A tokenizer thread streams beside the model only where a re
 leaves it a core of its own. Why not one thread fewer for the model and one for the tokenizer: tokenizing
 costs far less than the model (2,000 STS-B sentences: 0.02 s against 8 s of MiniLM), and a third busy
 thread on two cores makes an OpenMP region wait for whichever thread the kernel set aside. On a GPU the
-tokenizer thread streams beside the device as before.
+tokenizer thread streams beside the device as before. A server with several models has one model thread per
+model, each with these intra-op threads: they take turns on the cores (`inference.lane`, one model's work at a
+time), so the count stays every usable core, never a fraction per model.
 
 Waiting (`quiet_waiting`): a thread that has finished its share of a parallel region spins before it sleeps
 (libgomp: 300,000 spins by default; ONNX Runtime's pool spins too), burning a neighbour's CPU time, and ours

@@ -31,6 +31,7 @@ from bertforge.interop.sentence_transformers import SentenceSettings, settings_f
 from bertforge.metrics.embedding import normalize_rows, rank_documents, retrieval_scores, sts_scores
 from bertforge.model.bert import BertModel, BertOutput
 from bertforge.model.config import BertConfig
+from bertforge.model.fast_paths import is_encoder
 from bertforge.tokenization.tokenizer import Tokenizer
 
 # The `--format`s of embedding training files: their text columns (role order) and score column by default.
@@ -129,7 +130,7 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> to
 def encoder_of(model: torch.nn.Module) -> BertModel:
     """The encoder that embeds for `model`: the model itself when it is a bare `BertModel`, else its `.bert`
     (a task model's encoder serves embed; its head is not run; an engine's `.bert` is its encoder, model-shaped)."""
-    if isinstance(model, BertModel):
+    if is_encoder(model):  # a bare BertModel or ModernBertModel
         return model
     encoder = getattr(model, "bert", None)
     if not isinstance(encoder, torch.nn.Module):

@@ -294,7 +294,10 @@ class Pretraining(Family):
                 masks.append({"start": start, "end": end, "predictions": [
                     {"token": token, "id": int(i), "score": float(s)}
                     for token, i, s in zip(tokens, ids[row].tolist(), scores[row].tolist())]})
-                filled += [text[cursor:start], tokens[0].removeprefix("##")]
+                # The best token as text: a WordPiece continuation without its "##", a byte-level BPE token
+                # without the space it carries.
+                best = tokenizer.decode(ids[row][:1].tolist(), skip_special_tokens=False).strip()
+                filled += [text[cursor:start], best.removeprefix("##")]
                 cursor = end
             filled.append(text[cursor:])
             results.append({"masks": masks, "filled": "".join(filled)})

@@ -25,7 +25,15 @@ from bertforge.families.reranking import FAMILY as RERANKING
 from bertforge.families.sparse import FAMILY as SPARSE_EMBEDDING
 from bertforge.families.tagging import FAMILY as TAGGING
 from bertforge.model.bert import BertModel, BertPretrainedModel
+from bertforge.model.config.modernbert import ModernBertConfig
 from bertforge.model.fast_paths import set_fast_paths
+from bertforge.model.modernbert import (
+    ModernBertForMaskedLM,
+    ModernBertForSequenceClassification,
+    ModernBertForTokenClassification,
+    ModernBertModel,
+    ModernBertPretrainedModel,
+)
 
 # Embedding is last: its model class (`BertModel`) is the most general, so `for_model` finds a task model's
 # own family first. Reranking runs a classification model (after classification, which `for_model` finds).
@@ -49,7 +57,10 @@ _BY_TASK: dict[str, Family] = {f.task: f for f in FAMILIES if f.task}
 # BertForMaskedLM (MLM-only pretraining) is a BertForPretraining without NSP head: the pretraining family's too.
 MODEL_CLASSES: dict[str, type[BertPretrainedModel]] = {
     "BertModel": BertModel, **{f.model_class.__name__: f.model_class for f in FAMILIES},
-    "BertForMaskedLM": BertForMaskedLM}
+    "BertForMaskedLM": BertForMaskedLM,
+    # ModernBERT directories (config.json's model_type "modernbert"): the encoder and its task models.
+    **{cls.__name__: cls for cls in (ModernBertModel, ModernBertForMaskedLM, ModernBertForSequenceClassification,
+                                     ModernBertForTokenClassification)}}
 # The pipeline routes, in a fixed order: one per family, `embed` (which any model's encoder serves) last.
 TASKS: tuple[str, ...] = tuple(f.task for f in FAMILIES if f.task)
 
@@ -92,9 +103,32 @@ def for_task(task: str) -> Family:
     return _BY_TASK[task]
 
 
+# ModernBERT's classes -> the family that serves them (their heads are ModernBERT's, their features,
+# decoders and metrics the family's).
+MODERNBERT_FAMILIES: dict[type[BertPretrainedModel], Family] = {
+    ModernBertForSequenceClassification: CLASSIFICATION, ModernBertForTokenClassification: TAGGING,
+    ModernBertForMaskedLM: PRETRAINING, ModernBertModel: EMBEDDING}
+
+
+def counterpart(cls: type[BertPretrainedModel], config: Any) -> type[BertPretrainedModel]:
+    """The class a family asks for (BERT's), for a directory of `config`: a ModernBERT directory gets the
+    ModernBERT class its family runs (its heads), any other the class itself."""
+    if not isinstance(config, ModernBertConfig) or issubclass(cls, ModernBertPretrainedModel):
+        return cls
+    wanted = for_model(cls)
+    for modern, found in MODERNBERT_FAMILIES.items():
+        if found is wanted:
+            return modern
+    raise ConfigError(f"the {wanted.name} family has no ModernBERT model yet; ModernBERT directories serve "
+                      f"{sorted(f.name for f in MODERNBERT_FAMILIES.values())}")
+
+
 def for_model(model: Any) -> Family:
     """The family of a model instance or class: a task model's own, embedding for a bare `BertModel`."""
     cls = model if isinstance(model, type) else type(model)
+    for modern, found in MODERNBERT_FAMILIES.items():
+        if issubclass(cls, modern):
+            return found
     for candidate in FAMILIES:
         if issubclass(cls, candidate.model_class):
             return candidate
@@ -147,6 +181,10 @@ def load_model(path: str | os.PathLike | ModelDirectory, cls: type[BertPretraine
         architecture = path.architecture if isinstance(path, ModelDirectory) else \
             checkpoint_format.read_config(path, step=kwargs.get("step"))[1]
         cls = model_class(architecture)
+    else:
+        config = path.config if isinstance(path, ModelDirectory) else \
+            checkpoint_format.read_config(path, step=kwargs.get("step"))[0]
+        cls = counterpart(cls, config)
     model, report = checkpoint_format.load_model(path, cls, **kwargs)
     set_fast_paths(model, unpad=fast_path, fused_qkv=fast_path)
     return model, report

@@ -100,7 +100,8 @@ def serves(cls: type[BertPretrainedModel], family: Family) -> bool:
     (every task model holds a `BertModel` under its `encoder_prefix`, so any model serves embed), or are among
     the classes it also runs on (`Family.also_runs_on`: every masked LM gives sparse vectors)."""
     holds_encoder = bool(cls.encoder_prefix) and issubclass(BertModel, family.model_class)
-    return issubclass(cls, (family.model_class, *family.also_runs_on)) or holds_encoder
+    modern = any(issubclass(cls, c) and f is family for c, f in registry.MODERNBERT_FAMILIES.items())
+    return issubclass(cls, (family.model_class, *family.also_runs_on)) or holds_encoder or modern
 
 
 def saved_task(model: BertPretrainedModel, family: Family, record: Mapping[str, Any] | None

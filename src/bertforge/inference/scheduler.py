@@ -24,7 +24,11 @@ memory they freed back to the operating system (`runtime.release_freed_memory`, 
 per busy spell: a CPU server's resident memory otherwise stays at its busiest moment.
 
 Everything done with the model runs in one model thread, so the model is never used concurrently and the
-event loop stays free. A bad input fails only its own request, and a failed model call is retried request
+event loop stays free. Each step that uses the model thread takes a turn of the server's compute lane
+(`inference.lane`, one for all the served models: `lane`), so two served models never run at once on the same
+cores, and the turns go between models by the tokens each of their requests got; the budget of each call counts
+the other models' requests too (`plan`), so a model's large request runs a slice per turn while another model
+has requests in progress. A bad input fails only its own request, and a failed model call is retried request
 by request, so the worker never stops. A model call whose outputs are not finite (NaN or infinity: corrupt
 weights, an overflow) marks the model unhealthy: its requests and every later one fail ("unhealthy", 503)
 and readiness (`Scheduler.ready`) is false until the server is restarted.
@@ -51,7 +55,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -74,6 +78,7 @@ from bertforge.inference.jobs import (
     check_positive,
     retry_after,
 )
+from bertforge.inference.lane import ComputeLane, Seat, Turn
 from bertforge.inference.pipelines import feature_tokens
 from bertforge.inference.sharing import plan_call
 from bertforge.inference.wire_inputs import plain_inputs
@@ -90,7 +95,8 @@ class Scheduler:
     """The queue, the worker and the model thread for already-loaded pipelines (one per task)."""
 
     def __init__(self, pipelines: Mapping[str, ModelSteps], settings: SchedulerSettings | None = None,
-                 events: SchedulerEvents | None = None, now: Callable[[], float] | None = None):
+                 events: SchedulerEvents | None = None, now: Callable[[], float] | None = None,
+                 lane: ComputeLane | None = None):
         self.pipelines = pipelines
         # The clock of arrivals and queue times (default: the event loop's).
         self.now = now or (lambda: asyncio.get_running_loop().time())
@@ -116,6 +122,10 @@ class Scheduler:
         self.warmed = False  # one request of each task has run (`warm_up`)
         self.draining = False  # shutting down: new requests are refused, accepted ones finish
         self.memory_to_release = False  # model calls ran since freed memory last went back (`next_request`)
+        # The turnstile of the machine's cores, shared with the server's other models (one of its own by default:
+        # set another before `start`); its place there is taken at `start`.
+        self.lane = lane or ComputeLane()
+        self.seat: Seat | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     async def start(self, *, run_worker: bool = True) -> None:
@@ -126,6 +136,7 @@ class Scheduler:
         self.arrived = asyncio.Event()
         # One thread runs every model call: the model is never used concurrently, and the event loop stays free.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertforge-model")
+        self.seat = self.lane.seat(self.demand)
         if run_worker:
             self.worker = asyncio.create_task(self.work(), name="bertforge-batcher")
 
@@ -145,6 +156,9 @@ class Scheduler:
         if self.executor is not None:
             self.executor.shutdown(wait=True)
             self.executor = None
+        if self.seat is not None:
+            self.lane.leave(self.seat)
+            self.seat = None
 
     async def drain(self, timeout_s: float | None = None) -> bool:
         """Refuse new requests ("shutdown") and wait, at most `timeout_s` (default `drain_timeout_s`), until
@@ -183,6 +197,21 @@ class Scheduler:
     def queue_depth(self) -> int:
         """Requests waiting for the worker."""
         return self.queue.qsize() if self.queue is not None else 0
+
+    def demand(self) -> int:
+        """Requests that want a share of the machine now (the lane counts them for the other models): those in
+        progress, waiting, or on their way in."""
+        return max(len(self.running) + self.queue_depth, self.active)
+
+    def backlogged(self) -> bool:
+        """Whether the model has work: requests in progress or waiting (else its next turn starts afresh)."""
+        return bool(self.running) or self.queue_depth > 0
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[Turn]:
+        """One turn of the compute lane (`inference.lane`) for a step that uses the model thread."""
+        async with self.seat.turn(self.backlogged) as turn:
+            yield turn
 
     @property
     def in_flight(self) -> int:
@@ -306,22 +335,27 @@ class Scheduler:
                 self.running = []
 
     async def step(self) -> None:
-        """One turn: take in new requests (waiting for the first when there is nothing to do), build their
-        windows, forget the given-up ones, run one model call."""
+        """One turn: take in new requests (waiting for the first when there is nothing to do), then, in a turn
+        of the compute lane, build their windows, forget the given-up ones, run one model call."""
         if self.running:
             fresh = self.take_waiting()
         else:
             fresh = await self.gather(self.taken(await self.next_request()))
         fresh = [job for job in fresh if not job.gone]
-        if fresh:
-            began = time.perf_counter()
-            await self.in_model_thread(self.prepare, fresh)
-            for job in fresh:
-                job.timing.tokenization_s = time.perf_counter() - began
-            self.admit(fresh)
-        self.drop_gone()
-        if self.running:
-            await self.run_step(self.plan())
+        if not (fresh or self.running):
+            return
+        async with self.turn() as turn:
+            if fresh:
+                began = time.perf_counter()
+                await self.in_model_thread(self.prepare, fresh)
+                for job in fresh:
+                    job.timing.tokenization_s = time.perf_counter() - began
+                self.admit(fresh)
+            self.drop_gone()
+            if self.running:
+                step = self.plan()
+                turn.charge(step.tokens, step.shared)
+                await self.run_step(step)
 
     async def next_request(self) -> Job:
         """The next request from the queue; if model calls ran since the last release and none comes for
@@ -334,7 +368,8 @@ class Scheduler:
             done, _ = await asyncio.wait({getter}, timeout=idle)
             if not done:
                 self.memory_to_release = False
-                released = await self.in_model_thread(release_freed_memory)
+                async with self.turn():
+                    released = await self.in_model_thread(release_freed_memory)
                 log.debug("idle for %.1f s: freed memory %s", idle, "released" if released else "kept (no malloc_trim)")
             return await getter
         except asyncio.CancelledError:
@@ -441,8 +476,9 @@ class Scheduler:
 
     def plan(self) -> Step:
         """The next model call (`sharing.plan_call`): the model's tokens shared equally between the requests in
-        progress and on their way in."""
-        step, self.clock = plan_call(self.running, self.clock, self.settings, self.active)
+        progress and on their way in, its budget cut by the other models' requests (`Seat.beside`)."""
+        beside = self.seat.beside() if self.seat is not None else 0
+        step, self.clock = plan_call(self.running, self.clock, self.settings, self.active, beside)
         return step
 
     async def run_step(self, step: Step) -> None:

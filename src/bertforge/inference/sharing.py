@@ -1,5 +1,6 @@
 """How the scheduler shares the model between the requests in progress: each request an equal share of the
-model's tokens, however many windows it has, so one request's size never locks the others out.
+model's tokens, however many windows it has, so one request's size never locks the others out (and, with the
+requests of the other served models counted, `inference.lane`, one model's request never locks out another's).
 
 Pure functions over the jobs (`inference.jobs.Job`): `Scheduler.plan` calls `plan_call` before each model
 call. Nothing here depends on how fast the model runs: the share is counted in tokens, so what a request
@@ -20,8 +21,8 @@ def position(job: Job) -> float:
     return job.start + job.served
 
 
-def plan_call(running: Sequence[Job], clock: float, settings: SchedulerSettings, incoming: int = 0
-              ) -> tuple[Step, float]:
+def plan_call(running: Sequence[Job], clock: float, settings: SchedulerSettings, incoming: int = 0,
+              beside: int = 0) -> tuple[Step, float]:
     """(the next model call, the share clock it starts from): the model's tokens shared equally between the
     requests in progress.
 
@@ -39,6 +40,12 @@ def plan_call(running: Sequence[Job], clock: float, settings: SchedulerSettings,
     long one's window runs only when its share has caught up, so the calls they wait for stay short instead
     of filled with its windows. The first window always runs: a window larger than the budget still runs
     (alone), and nobody waits for ever.
+
+    `beside`: the requests of the other models served by the same server that want a share of the machine now
+    (`inference.lane`): they count in the equal part of the budget each request may run in this call, so a
+    model with one large request runs a slice of its share per turn while another model serves many requests,
+    instead of a whole budget that holds the machine against all of them. They do not move this model's clock
+    (the step's `shared`: the requests of this model, which share its calls).
     """
     shared, budget = max(len(running), incoming), settings.max_batch_tokens
     clock = max(clock, min(position(job) for job in running))
@@ -61,7 +68,7 @@ def plan_call(running: Sequence[Job], clock: float, settings: SchedulerSettings,
             room -= tokens
             reached += tokens
 
-    level = clock + budget / shared
+    level = clock + budget / (shared + beside)
     for job in order:
         if room <= 0 or (not settings.micro_batching and any(parts.values())):
             break

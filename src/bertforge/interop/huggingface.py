@@ -13,6 +13,8 @@ from typing import Any
 
 from bertforge.errors import ConfigError
 
+MODEL_NAME = "BERT"  # in messages
+
 # (ours, theirs) — `{i}` is a layer index; each applies to `.weight` and `.bias` suffixes alike.
 KEY_TABLE: tuple[tuple[str, str], ...] = (
     ("embeddings.word", "embeddings.word_embeddings"),
@@ -95,15 +97,17 @@ FOREIGN_ARCHITECTURE_ALIASES = {"BertForNextSentencePrediction": "BertForPretrai
                                 "BertLMHeadModel": "BertForPretraining"}
 
 
-def _compile(pattern: str) -> str:
+def compile_pattern(pattern: str) -> str:
+    """A key-table pattern (`{i}` a layer index) as a regex matching its `.weight` / `.bias` names."""
     return "^" + re.escape(pattern).replace(r"\{i\}", r"(\d+)") + r"\.(weight|bias)$"
 
 
-_OURS_TO_HF = [(re.compile(_compile(o)), t) for o, t in KEY_TABLE]
-_HF_TO_OURS = [(re.compile(_compile(t)), o) for o, t in KEY_TABLE]
+_OURS_TO_HF = [(re.compile(compile_pattern(o)), t) for o, t in KEY_TABLE]
+_HF_TO_OURS = [(re.compile(compile_pattern(t)), o) for o, t in KEY_TABLE]
 
 
-def _translate(key: str, table, exact: dict[str, str]) -> str | None:
+def translate(key: str, table, exact: dict[str, str]) -> str | None:
+    """`key` through an exact-name map, else the first matching (regex, target pattern) of `table`."""
     if key in exact:
         return exact[key]
     for pattern, target in table:
@@ -118,7 +122,7 @@ def _translate(key: str, table, exact: dict[str, str]) -> str | None:
 def to_hf_key(key: str) -> str:
     """Our parameter name -> Hugging Face's.  Keys under `bert.` keep the prefix; unknown keys raise."""
     prefix, rest = ("bert.", key[5:]) if key.startswith("bert.") else ("", key)
-    name = _translate(rest, _OURS_TO_HF, dict(EXACT_KEYS))
+    name = translate(rest, _OURS_TO_HF, dict(EXACT_KEYS))
     if name is None:
         raise KeyError(f"no Hugging Face name for parameter {key!r}")
     return prefix + name
@@ -130,7 +134,7 @@ def from_hf_key(key: str) -> str | None:
         if key.endswith(old):
             key = key[: -len(old)] + new
     prefix, rest = ("bert.", key[5:]) if key.startswith("bert.") else ("", key)
-    name = _translate(rest, _HF_TO_OURS, {t: o for o, t in EXACT_KEYS})
+    name = translate(rest, _HF_TO_OURS, {t: o for o, t in EXACT_KEYS})
     return None if name is None else prefix + name
 
 

@@ -196,6 +196,7 @@ class BertPretrainedModel(nn.Module):
 
     encoder_prefix: str = ""
     head_prefixes: tuple[str, ...] = ()
+    config_class: type = BertConfig  # the config it is built from (`checkpoint_format` checks a directory's)
 
     def __init__(self, config: BertConfig):
         super().__init__()

@@ -176,10 +176,10 @@ class CheckpointedLayer(Variant):
 
     prefix = "Checkpointed"
 
-    def forward(self, x, layout, return_probs=False):
+    def forward(self, x, *args):
         if self.training and torch.is_grad_enabled():
-            return torch.utils.checkpoint.checkpoint(super().forward, x, layout, return_probs, use_reentrant=False)
-        return super().forward(x, layout, return_probs)
+            return torch.utils.checkpoint.checkpoint(super().forward, x, *args, use_reentrant=False)
+        return super().forward(x, *args)
 
 
 def set_fast_paths(model: nn.Module, *, unpad: bool = True, fused_qkv: bool = True) -> nn.Module:

@@ -15,6 +15,10 @@ length.
   and attention runs per sequence (the variable-length flash kernel on CUDA, one SDPA call per sequence on
   CPU). Equal to `Padded` at every real position; padding positions come back as zeros.
 
+Attention may be local (`window`: a query sees only the keys at most `window` positions away, ModernBERT's
+sliding-window layers): a banded mask in the padded layout and in the per-sequence CPU calls (on CUDA, local
+layers take the masked path).
+
 Rows may hold several packed sequences (`sequence_ids`: k > 0 for the k-th sequence of its row, 0 for
 padding, as `data.collate.pack_rows` builds them); each sequence then attends only to itself.
 
@@ -61,6 +65,23 @@ def packed_positions(sequence_ids: torch.Tensor) -> torch.Tensor:
     return index - first
 
 
+def band(tokens: int, window: int, device: torch.device) -> torch.Tensor:
+    """Sliding-window mask: bool [T, T], True where |query - key| <= window."""
+    index = torch.arange(tokens, device=device)
+    return (index[:, None] - index[None, :]).abs() <= window  # [T, T]
+
+
+def windowed(mask: torch.Tensor | None, tokens: int, window: int, device: torch.device) -> torch.Tensor:
+    """A padding (or packed) mask ([B, 1, 1, T], [B, 1, T, T] or None) narrowed to the window: bool
+    [B or 1, 1, T, T]. Every query keeps at least itself: a padding query far from any real token would
+    otherwise see nothing, and a query that sees nothing turns into NaN inside the softmax (in bf16 too),
+    which mean pooling would then spread over the whole row."""
+    banded = band(tokens, window, device)[None, None]  # [1, 1, T, T]
+    if mask is not None:
+        banded = banded & mask
+    return banded | torch.eye(tokens, dtype=torch.bool, device=device)
+
+
 # Above this many sequences in a batch, CPU attention runs as one masked call over the padded layout.
 PER_SEQUENCE_ATTENTION_MAX = 4
 
@@ -70,6 +91,7 @@ class Padded:
 
     def __init__(self, mask: torch.Tensor | None):
         self.mask = mask  # bool [B, 1, 1, T] (or [B, 1, T, T] for packed rows), True = attend, or None
+        self.windowed: dict[int, torch.Tensor] = {}  # window -> the mask narrowed to it, shared by layers
 
     def enter(self, x: torch.Tensor) -> torch.Tensor:
         return x
@@ -77,10 +99,20 @@ class Padded:
     def leave(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
+    def mask_for(self, tokens: int, window: int | None, device: torch.device) -> torch.Tensor | None:
+        """The mask of a global (`window` None) or local layer, made once per window and forward."""
+        if window is None or window >= tokens - 1:
+            return self.mask
+        if window not in self.windowed:
+            self.windowed[window] = windowed(self.mask, tokens, window, device)
+        return self.windowed[window]
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, dropout: float,
-               return_probs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """q, k, v: [B, T, H] -> context [B, T, H] (and probabilities [B, N, T, T] if asked)."""
+               return_probs: bool, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q, k, v: [B, T, H] -> context [B, T, H] (and probabilities [B, N, T, T] if asked); `window`:
+        each query sees only keys at most that many positions away."""
         batch, tokens, hidden = q.shape
+        mask = self.mask_for(tokens, window, q.device)
 
         def split(x: torch.Tensor) -> torch.Tensor:
             return x.view(batch, tokens, heads, hidden // heads).transpose(1, 2)  # [B, T, H] -> [B, N, T, D]
@@ -90,12 +122,12 @@ class Padded:
         if return_probs:
             # The explicit softmax, used only when someone asks to see the attention maps.
             scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, N, T, T]
-            if self.mask is not None:
-                scores = scores.masked_fill(~self.mask, torch.finfo(scores.dtype).min)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
             probs = scores.softmax(dim=-1)
             context = F.dropout(probs, dropout, dropout > 0) @ v  # [B, N, T, D]
         else:
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=dropout)  # [B, N, T, D]
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # [B, N, T, D]
         return context.transpose(1, 2).reshape(batch, tokens, hidden), probs  # [B, N, T, D] -> [B, T, H]
 
 
@@ -117,7 +149,7 @@ class Unpadded:
         self.batch, self.tokens = batch, tokens
         if sequence_ids is None:
             lengths = attention_mask.to(torch.int32).sum(1)  # [B]
-            self._mask = lambda: attention_mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, T]
+            self._padded = lambda: attention_mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, T]
             contiguous = not attention_mask.is_cuda and not compiling and torch.equal(
                 attention_mask.to(torch.bool), torch.arange(tokens) < lengths[:, None])
         else:
@@ -128,7 +160,7 @@ class Unpadded:
             ends = F.pad(flat[1:] != flat[:-1], (0, 1), value=True) if compiling or flat.numel() else flat.bool()
             bounds = F.pad(ends.nonzero().squeeze(1) + 1, (1, 0))  # [S + 1] where each run starts, then R
             lengths = (bounds[1:] - bounds[:-1]).to(torch.int32)  # [S]
-            self._mask = lambda: packed_mask(sequence_ids)  # [B, 1, T, T]
+            self._padded = lambda: packed_mask(sequence_ids)  # [B, 1, T, T]
             contiguous = not sequence_ids.is_cuda and not compiling
             if contiguous and len(lengths) != int(sequence_ids.max(dim=1).values.sum()):
                 raise InputError("sequence_ids must number each row's packed sequences 1, 2, ... with every "
@@ -148,11 +180,13 @@ class Unpadded:
         return out.index_copy(0, self.index, x).view(self.batch, self.tokens, *x.shape[1:])  # -> [B, T, ...]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, dropout: float,
-               return_probs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """q, k, v: [R, H] -> context [R, H]."""
+               return_probs: bool, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q, k, v: [R, H] -> context [R, H]; `window` as `Padded.attend`'s."""
         real, hidden = q.shape
+        # Local layers take the masked path below on CUDA: the kernel's own window (`window_size`) is not yet
+        # held to the padded path by a test on a device.
         if varlen_attention is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) \
-                and dropout == 0.0 and not return_probs:
+                and dropout == 0.0 and not return_probs and window is None:
             shape = (real, heads, hidden // heads)  # [R, H] -> [R, N, D]
             context = varlen_attention(q.view(shape), k.view(shape), v.view(shape), self.cu_seqlens,
                                        self.cu_seqlens, self.max_len, self.max_len)
@@ -166,15 +200,17 @@ class Unpadded:
             for qs, ks, vs in zip(q.split(self.lengths), k.split(self.lengths), v.split(self.lengths)):
                 length = qs.shape[0]
                 shape = (1, length, heads, hidden // heads)  # [L, H] -> [1, L, N, D] -> [1, N, L, D]
+                local = None if window is None or window >= length - 1 else band(length, window, q.device)
                 out = F.scaled_dot_product_attention(qs.view(shape).transpose(1, 2), ks.view(shape).transpose(1, 2),
-                                                     vs.view(shape).transpose(1, 2), dropout_p=dropout)
+                                                     vs.view(shape).transpose(1, 2), attn_mask=local,
+                                                     dropout_p=dropout)
                 contexts.append(out.transpose(1, 2).reshape(length, hidden))  # [1, N, L, D] -> [L, H]
             return torch.cat(contexts), None
         # The masked fallback (holes in the mask, CUDA without varlen): built only when used.
-        if not isinstance(self._mask, torch.Tensor):
-            self._mask = self._mask()  # once per forward, shared by every layer
-        context, probs = Padded(self._mask).attend(self.leave(q), self.leave(k), self.leave(v), heads,
-                                                   dropout, return_probs)
+        if not isinstance(self._padded, Padded):
+            self._padded = Padded(self._padded())  # once per forward, shared by every layer
+        context, probs = self._padded.attend(self.leave(q), self.leave(k), self.leave(v), heads, dropout,
+                                           return_probs, window)
         return self.enter(context), probs
 
 

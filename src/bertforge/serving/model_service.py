@@ -8,7 +8,10 @@ body under the limits (`read_body`: size, JSON through the untrusted-JSON decode
 failures to statuses (`FAILURE_STATUS`). The wire-format routes (`openai_routes`, `tei_routes`) build parsed
 inputs their own way and call the same `run`: one path from input to answer, whatever the API.
 
-`ModelSet` is the served models by name, and the one rule of which model answers a request (`pick`): the
+`ModelSet` is the served models by name, the one compute lane their schedulers share (`inference.lane`: one
+model's work runs at a time on the machine's cores, the turns shared between models by the tokens each of their
+requests got, so a model serving one large request cannot take half of the machine from one serving many), and
+the one rule of which model answers a request (`pick`): the
 model named (OpenAI's `model` field, or the `/models/<name>/...` path prefix); with no name, the only model
 that serves the route's task; with several candidates, a 400 listing their names (a silent default would
 answer with the wrong model without anyone noticing).
@@ -32,6 +35,7 @@ from bertforge.errors import BertforgeError, CheckpointError, ConfigError, Input
 from bertforge.inference.admission import CHARS_PER_TOKEN, estimate_tokens
 from bertforge.inference.attention import ATTENTION_TASK, AttentionSteps
 from bertforge.inference.jobs import check_seconds
+from bertforge.inference.lane import ComputeLane
 from bertforge.inference.pipelines import Pipeline, load_pipelines
 from bertforge.inference.scheduler import Failure, JobFailed, Scheduler, SchedulerSettings, check_positive
 from bertforge.inference.wire_inputs import (
@@ -365,6 +369,10 @@ class ModelSet:
             raise ConfigError("no model to serve; give at least one --model NAME=DIR")
         self.services = dict(services)
         self.warming: list[asyncio.Task] = []  # the warm-up of each model (`start`)
+        # One turnstile of the cores for every model's scheduler (each takes its place there as it starts).
+        self.lane = ComputeLane()
+        for service in self.services.values():
+            service.scheduler.lane = self.lane
 
     @property
     def names(self) -> list[str]:

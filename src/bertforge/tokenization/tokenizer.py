@@ -85,7 +85,165 @@ def _analysis(ids: list[int], flags: list[int], spans: list[int]) -> ChunkAnalys
     return tuple(ids), tuple(flags), tuple(spans), whole
 
 
-class Tokenizer:
+class SequenceEncoder:
+    """What every tokenizer does after tokenizing: one text or a pair fitted to a length, laid out by the
+    post-processor (``[CLS] A [SEP] B [SEP]``), padded, batched, and called as transformers' tokenizers are.
+
+    A subclass supplies `_encode_sequence` (ids, absolute spans and word starts of one text, no special
+    tokens), `post_processor`, `config` (`model_max_length`, `pad_token`), `_id_to_token` and `_pad_id`:
+    Google's WordPiece (`Tokenizer`) and a `tokenizer.json` run by the `tokenizers` library
+    (`tokenizer_json.JsonTokenizer`) share this, so both lay out, cut and pad alike.
+    """
+
+    post_processor: PostProcessor
+    config: Any
+    _id_to_token: Sequence[str]
+    _pad_id: int
+
+    def _encode_sequence(self, text: str) -> SequenceTokens:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------- encoding
+    def encode(
+        self,
+        text: str,
+        pair: str | None = None,
+        *,
+        add_special_tokens: bool = True,
+        max_length: int | None = None,
+        truncation: Truncation | bool | None = None,
+        padding: Padding | bool = False,
+        pad_to: int | None = None,
+    ) -> Encoding:
+        """Encode a text, or a pair as ``[CLS] A [SEP] B [SEP]``.
+
+        Args:
+            text: first sequence (raw text).
+            pair: optional second sequence.
+            add_special_tokens: add ``[CLS]``/``[SEP]``.
+            max_length: length limit including special tokens. Defaults to `model_max_length` when truncation
+                is requested; without truncation, exceeding an explicit `max_length` is an error (never a
+                silent cut).
+            truncation: ``"longest_first"`` (or True) removes tokens one at a time from the end of the longer
+                sequence (the second on ties, as Google's fine-tuning code does); ``"only_first"`` /
+                ``"only_second"`` shorten one side only. To keep a long input whole in several windows,
+                encode without special tokens and use `tokenization.pairs.pair_windows`.
+            padding: ``"max_length"`` pads to `pad_to`, else `max_length`, else `model_max_length`;
+                ``"longest"`` (or True) pads to the longest encoding of an `encode_batch` call (one text
+                is its own longest).
+            pad_to: explicit target length for ``padding="max_length"``.
+
+        Raises:
+            InputError: the input is too long without truncation, the budget left after special tokens and
+                the untruncated side is empty, or an option is invalid.
+        """
+        if pair is None and max_length is None and not (truncation or padding):
+            return self._encode_plain(text, add_special_tokens)  # the common single-text call
+        first = self._encode_sequence(text)
+        truncation = check_truncation(truncation)
+        padding = check_padding(padding)
+        second = self._encode_sequence(pair) if pair is not None else None
+        special = self.post_processor.added(second is not None) if add_special_tokens else 0
+        first, second = truncate(first, second, special=special, max_length=max_length, truncation=truncation,
+                                 default_length=self.config.model_max_length)
+        encoding = assemble(self.post_processor, self._id_to_token, first, second, add_special_tokens)
+        if padding == "max_length":
+            self._pad(encoding, pad_to or max_length or self.config.model_max_length)
+        return encoding
+
+    def _encode_plain(self, text: str, add_special_tokens: bool) -> Encoding:
+        """`encode` of one text with nothing to cut or pad (no pair, no length limit, no padding)."""
+        return assemble(self.post_processor, self._id_to_token, self._encode_sequence(text), None, add_special_tokens)
+
+    def encode_batch(
+        self,
+        texts: Sequence[str],
+        pairs: Sequence[str] | None = None,
+        *,
+        add_special_tokens: bool = True,
+        max_length: int | None = None,
+        truncation: Truncation | bool | None = None,
+        padding: Padding | bool = False,
+        pad_to: int | None = None,
+    ) -> list[Encoding]:
+        """`encode` over a batch; ``padding="longest"`` pads every encoding to the longest.
+
+        The cyclic garbage collector is paused for the batch (its state restored after): each text allocates
+        a few lists, none in a reference cycle, and the collections they trigger, each walking every encoding
+        made so far, cost a batch of a book's lines 20-25% more time (benchmarks/tokenizer_speed.py). (A
+        `contextlib.contextmanager` around the loop measured slower than this try/finally on CPython 3.11,
+        0.62 against 0.39 CPU seconds for one book.)
+
+        Raises:
+            InputError: `pairs` is given with a different length than `texts`, or as for `encode`.
+        """
+        if isinstance(texts, str):
+            raise InputError("encode_batch takes a list of texts; use encode for a single text")
+        if pairs is not None and len(pairs) != len(texts):
+            raise InputError(f"encode_batch got {len(texts)} texts but {len(pairs)} pairs; they must match")
+        padding = check_padding(padding)
+        per_item_padding: Padding | bool = "max_length" if padding == "max_length" else False
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            if pairs is None and max_length is None and not (truncation or per_item_padding):
+                plain = self._encode_plain  # the common batch: single texts, nothing to cut or pad
+                encodings = [plain(text, add_special_tokens) for text in texts]
+            else:
+                encodings = [
+                    self.encode(
+                        text,
+                        None if pairs is None else pairs[position],
+                        add_special_tokens=add_special_tokens,
+                        max_length=max_length,
+                        truncation=truncation,
+                        padding=per_item_padding,
+                        pad_to=pad_to,
+                    )
+                    for position, text in enumerate(texts)
+                ]
+        finally:
+            if collecting:
+                gc.enable()
+        if padding == "longest" and encodings:
+            target = max(len(encoding) for encoding in encodings)
+            for encoding in encodings:
+                self._pad(encoding, target)
+        return encodings
+
+    def __call__(
+        self,
+        text: str | Sequence[str],
+        text_pair: str | Sequence[str] | None = None,
+        *,
+        add_special_tokens: bool = True,
+        padding: Padding | bool = False,
+        truncation: Truncation | bool | None = None,
+        max_length: int | None = None,
+        return_tensors: str | None = None,
+    ) -> BatchEncoding:
+        """Model inputs as transformers' tokenizers give them: ``model(**tokenizer("text", return_tensors="pt"))``.
+
+        Args:
+            text: a text or a list of texts; text_pair: its pair text (or one per text).
+            padding, truncation, max_length, add_special_tokens: as for `encode_batch`.
+            return_tensors: None for lists (flat lists for one text), "pt" for torch or "np" for numpy
+                [B, T] int64 arrays (one text is a batch of one).
+
+        Returns:
+            `BatchEncoding` with ``input_ids``, ``token_type_ids`` and ``attention_mask``.
+        """
+        texts, pairs, single = as_batch(text, text_pair)
+        encodings = self.encode_batch(texts, pairs, add_special_tokens=add_special_tokens, max_length=max_length,
+                                      truncation=truncation, padding=padding)
+        return batch_encoding(encodings, single, return_tensors)
+
+    def _pad(self, encoding: Encoding, target: int) -> None:
+        pad(encoding, target, self._pad_id, self.config.pad_token)
+
+
+
+class Tokenizer(SequenceEncoder):
     """Google BERT tokenizer with offsets.
 
     Args:
@@ -271,144 +429,6 @@ class Tokenizer:
     def pre_tokenize(self, text: str) -> list[tuple[str, int, int]]:
         """Google's basic tokenization: ``(normalised word, start, end)`` per punctuation-split word."""
         return self._pretokenizer.pre_tokenize(text)
-
-    # ------------------------------------------------------------------------------------- encoding
-    def encode(
-        self,
-        text: str,
-        pair: str | None = None,
-        *,
-        add_special_tokens: bool = True,
-        max_length: int | None = None,
-        truncation: Truncation | bool | None = None,
-        padding: Padding | bool = False,
-        pad_to: int | None = None,
-    ) -> Encoding:
-        """Encode a text, or a pair as ``[CLS] A [SEP] B [SEP]``.
-
-        Args:
-            text: first sequence (raw text).
-            pair: optional second sequence.
-            add_special_tokens: add ``[CLS]``/``[SEP]``.
-            max_length: length limit including special tokens. Defaults to `model_max_length` when truncation
-                is requested; without truncation, exceeding an explicit `max_length` is an error (never a
-                silent cut).
-            truncation: ``"longest_first"`` (or True) removes tokens one at a time from the end of the longer
-                sequence (the second on ties, as Google's fine-tuning code does); ``"only_first"`` /
-                ``"only_second"`` shorten one side only. To keep a long input whole in several windows,
-                encode without special tokens and use `tokenization.pairs.pair_windows`.
-            padding: ``"max_length"`` pads to `pad_to`, else `max_length`, else `model_max_length`;
-                ``"longest"`` (or True) pads to the longest encoding of an `encode_batch` call (one text
-                is its own longest).
-            pad_to: explicit target length for ``padding="max_length"``.
-
-        Raises:
-            InputError: the input is too long without truncation, the budget left after special tokens and
-                the untruncated side is empty, or an option is invalid.
-        """
-        if pair is None and max_length is None and not (truncation or padding):
-            return self._encode_plain(text, add_special_tokens)  # the common single-text call
-        first = self._encode_sequence(text)
-        truncation = check_truncation(truncation)
-        padding = check_padding(padding)
-        second = self._encode_sequence(pair) if pair is not None else None
-        special = self.post_processor.added(second is not None) if add_special_tokens else 0
-        first, second = truncate(first, second, special=special, max_length=max_length, truncation=truncation,
-                                 default_length=self.config.model_max_length)
-        encoding = assemble(self.post_processor, self._id_to_token, first, second, add_special_tokens)
-        if padding == "max_length":
-            self._pad(encoding, pad_to or max_length or self.config.model_max_length)
-        return encoding
-
-    def _encode_plain(self, text: str, add_special_tokens: bool) -> Encoding:
-        """`encode` of one text with nothing to cut or pad (no pair, no length limit, no padding)."""
-        return assemble(self.post_processor, self._id_to_token, self._encode_sequence(text), None, add_special_tokens)
-
-    def encode_batch(
-        self,
-        texts: Sequence[str],
-        pairs: Sequence[str] | None = None,
-        *,
-        add_special_tokens: bool = True,
-        max_length: int | None = None,
-        truncation: Truncation | bool | None = None,
-        padding: Padding | bool = False,
-        pad_to: int | None = None,
-    ) -> list[Encoding]:
-        """`encode` over a batch; ``padding="longest"`` pads every encoding to the longest.
-
-        The cyclic garbage collector is paused for the batch (its state restored after): each text allocates
-        a few lists, none in a reference cycle, and the collections they trigger, each walking every encoding
-        made so far, cost a batch of a book's lines 20-25% more time (benchmarks/tokenizer_speed.py). (A
-        `contextlib.contextmanager` around the loop measured slower than this try/finally on CPython 3.11,
-        0.62 against 0.39 CPU seconds for one book.)
-
-        Raises:
-            InputError: `pairs` is given with a different length than `texts`, or as for `encode`.
-        """
-        if isinstance(texts, str):
-            raise InputError("encode_batch takes a list of texts; use encode for a single text")
-        if pairs is not None and len(pairs) != len(texts):
-            raise InputError(f"encode_batch got {len(texts)} texts but {len(pairs)} pairs; they must match")
-        padding = check_padding(padding)
-        per_item_padding: Padding | bool = "max_length" if padding == "max_length" else False
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            if pairs is None and max_length is None and not (truncation or per_item_padding):
-                plain = self._encode_plain  # the common batch: single texts, nothing to cut or pad
-                encodings = [plain(text, add_special_tokens) for text in texts]
-            else:
-                encodings = [
-                    self.encode(
-                        text,
-                        None if pairs is None else pairs[position],
-                        add_special_tokens=add_special_tokens,
-                        max_length=max_length,
-                        truncation=truncation,
-                        padding=per_item_padding,
-                        pad_to=pad_to,
-                    )
-                    for position, text in enumerate(texts)
-                ]
-        finally:
-            if collecting:
-                gc.enable()
-        if padding == "longest" and encodings:
-            target = max(len(encoding) for encoding in encodings)
-            for encoding in encodings:
-                self._pad(encoding, target)
-        return encodings
-
-    def __call__(
-        self,
-        text: str | Sequence[str],
-        text_pair: str | Sequence[str] | None = None,
-        *,
-        add_special_tokens: bool = True,
-        padding: Padding | bool = False,
-        truncation: Truncation | bool | None = None,
-        max_length: int | None = None,
-        return_tensors: str | None = None,
-    ) -> BatchEncoding:
-        """Model inputs as transformers' tokenizers give them: ``model(**tokenizer("text", return_tensors="pt"))``.
-
-        Args:
-            text: a text or a list of texts; text_pair: its pair text (or one per text).
-            padding, truncation, max_length, add_special_tokens: as for `encode_batch`.
-            return_tensors: None for lists (flat lists for one text), "pt" for torch or "np" for numpy
-                [B, T] int64 arrays (one text is a batch of one).
-
-        Returns:
-            `BatchEncoding` with ``input_ids``, ``token_type_ids`` and ``attention_mask``.
-        """
-        texts, pairs, single = as_batch(text, text_pair)
-        encodings = self.encode_batch(texts, pairs, add_special_tokens=add_special_tokens, max_length=max_length,
-                                      truncation=truncation, padding=padding)
-        return batch_encoding(encodings, single, return_tensors)
-
-    def _pad(self, encoding: Encoding, target: int) -> None:
-        pad(encoding, target, self._pad_id, self.config.pad_token)
 
     # ------------------------------------------------------------------------------------- decoding
     def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> int | list[int]:

@@ -1,4 +1,5 @@
-"""`BertConfig`: the architecture of one BERT, with presets and JSON round trip.
+"""`BertConfig`: the architecture of one BERT, with presets and JSON round trip; `EncoderConfig`, what every
+encoder's config shares (label names, JSON). ModernBERT's config is `model.config.modernbert`.
 
 Field names equal the keys of a Hugging Face BERT `config.json`, so the file we write is the file they read.
 Keys that only a foreign tool writes (`model_type`, `transformers_version`, ...) are stripped by
@@ -11,7 +12,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from bertforge.errors import ConfigError
 
@@ -20,8 +21,102 @@ POSITION_EMBEDDING_TYPES = ("absolute", "sinusoidal")
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
 
 
+class EncoderConfig:
+    """What the configs of every encoder share: label names (`id2label`, `label2id`, `problem_type`), and the
+    JSON round trip whose keys are the dataclass's fields (an unknown key is a user error naming the class)."""
+
+    id2label: dict[int, str] | None
+    label2id: dict[str, int] | None
+    problem_type: str | None
+    label_thresholds: list[float] | None
+
+    def check_labels(self, need) -> None:
+        """Validate and normalise the label maps and thresholds; `need(cond, field, fix)` raises the config's
+        error."""
+        if self.label_thresholds is not None:
+            need(len(self.label_thresholds) > 0 and all(0.0 <= float(t) <= 1.0 for t in self.label_thresholds),
+                 "label_thresholds", "give one threshold in [0, 1] or one per label, or leave it unset")
+            self.label_thresholds = [float(t) for t in self.label_thresholds]
+        # JSON turns int keys into strings; normalise both label maps so either spelling loads.
+        label_fix = ("give the label ids 0..N-1 as keys (strings in config.json), in the order the model was "
+                     'trained with, e.g. "id2label": {"0": "negative", "1": "positive"} (and "label2id" the '
+                     "other way round), or remove both maps")
+        if self.id2label is not None:
+            need(isinstance(self.id2label, dict) and _is_ids(self.id2label.keys()), "id2label", label_fix)
+        if self.label2id is not None:
+            need(isinstance(self.label2id, dict) and _is_ids(self.label2id.values()), "label2id", label_fix)
+        if self.id2label is not None:
+            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+            if self.label2id is None:
+                self.label2id = {v: k for k, v in self.id2label.items()}
+        if self.label2id is not None:
+            self.label2id = {str(k): int(v) for k, v in self.label2id.items()}
+            if self.id2label is None:
+                self.id2label = {v: k for k, v in self.label2id.items()}
+
+    @property
+    def num_labels(self) -> int:
+        if self.problem_type == "regression":
+            return 1
+        return len(self.id2label) if self.id2label else 2
+
+    @property
+    def label_names(self) -> list[str]:
+        """Label names in id order (`LABEL_0`... when none were given)."""
+        if self.id2label:
+            return [self.id2label[i] for i in range(len(self.id2label))]
+        return [f"LABEL_{i}" for i in range(self.num_labels)]
+
+    def with_labels(self, names: list[str], problem_type: str | None = None) -> Self:
+        """A copy carrying these label names (id order) and problem type."""
+        id2label = {i: str(n) for i, n in enumerate(names)}
+        return dataclasses.replace(self, id2label=id2label, label2id={v: k for k, v in id2label.items()},
+                                   problem_type=problem_type or self.problem_type)
+
+    def replace(self, **changes: Any) -> Self:
+        return dataclasses.replace(self, **changes)
+
+    # --- serialisation -------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        if data["id2label"] is not None:
+            data["id2label"] = {str(k): v for k, v in data["id2label"].items()}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> Self:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{source}: unknown {cls.__name__} key(s) {unknown}; known keys are {sorted(known)}. "
+                              "Remove or rename them.")
+        try:
+            return cls(**data)
+        except ConfigError as exc:
+            if source == "config":
+                raise
+            raise ConfigError(f"{source}: {exc}") from None
+
+    def to_json_string(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike) -> Self:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except FileNotFoundError:
+            raise ConfigError(f"{os.fspath(path)}: no such config file; a model directory needs config.json") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{os.fspath(path)}: cannot read as JSON ({exc}); fix or replace the file") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{os.fspath(path)}: expected a JSON object of config keys")
+        return cls.from_dict(data, source=os.fspath(path))
+
+
 @dataclass
-class BertConfig:
+class BertConfig(EncoderConfig):
     """Architecture and head settings of a BERT model.
 
     `position_embedding_type="sinusoidal"` fills the position table with the fixed sines and cosines of the
@@ -93,26 +188,7 @@ class BertConfig:
                                                       for i in self.feature_layers),
                  "feature_layers", f"give layer indices in [-{self.num_hidden_layers + 1}, "
                  f"{self.num_hidden_layers}] (0 = embeddings, -1 = last layer)")
-        if self.label_thresholds is not None:
-            need(len(self.label_thresholds) > 0 and all(0.0 <= float(t) <= 1.0 for t in self.label_thresholds),
-                 "label_thresholds", "give one threshold in [0, 1] or one per label, or leave it unset")
-            self.label_thresholds = [float(t) for t in self.label_thresholds]
-        # JSON turns int keys into strings; normalise both label maps so either spelling loads.
-        label_fix = ("give the label ids 0..N-1 as keys (strings in config.json), in the order the model was "
-                     'trained with, e.g. "id2label": {"0": "negative", "1": "positive"} (and "label2id" the '
-                     "other way round), or remove both maps")
-        if self.id2label is not None:
-            need(isinstance(self.id2label, dict) and _is_ids(self.id2label.keys()), "id2label", label_fix)
-        if self.label2id is not None:
-            need(isinstance(self.label2id, dict) and _is_ids(self.label2id.values()), "label2id", label_fix)
-        if self.id2label is not None:
-            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
-            if self.label2id is None:
-                self.label2id = {v: k for k, v in self.id2label.items()}
-        if self.label2id is not None:
-            self.label2id = {str(k): int(v) for k, v in self.label2id.items()}
-            if self.id2label is None:
-                self.id2label = {v: k for k, v in self.label2id.items()}
+        self.check_labels(need)
 
     @property
     def head_size(self) -> int:
@@ -122,66 +198,6 @@ class BertConfig:
     def head_dropout(self) -> float:
         """Dropout before a task head: `classifier_dropout` when set, else `hidden_dropout_prob`."""
         return self.classifier_dropout if self.classifier_dropout is not None else self.hidden_dropout_prob
-
-    @property
-    def num_labels(self) -> int:
-        if self.problem_type == "regression":
-            return 1
-        return len(self.id2label) if self.id2label else 2
-
-    @property
-    def label_names(self) -> list[str]:
-        """Label names in id order (`LABEL_0`... when none were given)."""
-        if self.id2label:
-            return [self.id2label[i] for i in range(len(self.id2label))]
-        return [f"LABEL_{i}" for i in range(self.num_labels)]
-
-    def with_labels(self, names: list[str], problem_type: str | None = None) -> BertConfig:
-        """A copy carrying these label names (id order) and problem type."""
-        id2label = {i: str(n) for i, n in enumerate(names)}
-        return dataclasses.replace(self, id2label=id2label, label2id={v: k for k, v in id2label.items()},
-                                   problem_type=problem_type or self.problem_type)
-
-    def replace(self, **changes: Any) -> BertConfig:
-        return dataclasses.replace(self, **changes)
-
-    # --- serialisation -------------------------------------------------------------------------------------
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        if data["id2label"] is not None:
-            data["id2label"] = {str(k): v for k, v in data["id2label"].items()}
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "config") -> BertConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"{source}: unknown BertConfig key(s) {unknown}; known keys are {sorted(known)}. "
-                              "Remove or rename them.")
-        try:
-            return cls(**data)
-        except ConfigError as exc:
-            if source == "config":
-                raise
-            raise ConfigError(f"{source}: {exc}") from None
-
-    def to_json_string(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-
-    @classmethod
-    def from_json_file(cls, path: str | os.PathLike) -> BertConfig:
-        try:
-            with open(path, encoding="utf-8") as handle:
-                data = json.load(handle)
-        except FileNotFoundError:
-            raise ConfigError(f"{os.fspath(path)}: no such config file; a model directory needs config.json") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"{os.fspath(path)}: cannot read as JSON ({exc}); fix or replace the file") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{os.fspath(path)}: expected a JSON object of config keys")
-        return cls.from_dict(data, source=os.fspath(path))
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> BertConfig:

@@ -1,0 +1,392 @@
+"""The ModernBERT encoder (Warner et al., 2024, "Smarter, Better, Faster, Longer"), readable top to bottom,
+with its heads: masked LM, sequence classification, token classification.
+
+What differs from `model/bert.py`: no position or token-type table (rotary position embeddings instead, θ
+`global_rope_theta` on global layers and `local_rope_theta` on local ones); pre-LayerNorm layers (norm ->
+attention -> add, norm -> GeGLU feed-forward -> add) with a norm after the embeddings, none before the first
+layer's attention, and a final norm; one fused query/key/value projection; no biases by default; every
+`global_attn_every_n_layers`-th layer attends globally and the others to a sliding window of
+`local_attention` tokens (half each side); a prediction head (dense, activation, norm) before the MLM
+decoder and the classifiers, and no pooler.
+
+What is the same is shared: the token layouts and their attention (`model/layouts.py`: padded with a
+banded mask for local layers, or only the real tokens, attended per sequence within the window), the output
+types and the activations (`model/bert.py`), saving and loading (`checkpoint_format`, with the Hugging Face
+names in `interop/modernbert.py`). A task model keeps its encoder as `.bert`, as BERT's do, so the fast-path
+switches and the engine find it.
+
+Shape legend: B batch, T tokens per row, H hidden size, N heads, D head size (H / N), I intermediate size,
+V vocabulary, C labels, R real tokens of a batch. In the encoder `x` is [B, T, H] padded, [R, H] unpadded;
+rotary tables are [B, T, D] padded, [R, D] unpadded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertforge.errors import InputError
+from bertforge.model.bert import BertOutput, BertPretrainedModel, activation
+from bertforge.model.config.modernbert import GLOBAL_ATTENTION, LOCAL_ATTENTION, ModernBertConfig
+from bertforge.model.heads import TaskOutput
+from bertforge.model.layouts import Padded, Unpadded, choose_layout
+
+
+def rotary_tables(positions: torch.Tensor, head_size: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles (Su et al., 2021), float32: long positions [...] -> two [..., D].
+
+    Feature pair (j, j + D/2) of a token at position p turns by p / theta^(2j / D)."""
+    inverse = 1.0 / (theta ** (torch.arange(0, head_size, 2, dtype=torch.float, device=positions.device) / head_size))
+    angles = positions[..., None].float() * inverse  # [..., 1] * [D/2] -> [..., D/2]
+    angles = torch.cat((angles, angles), dim=-1)  # [..., D]
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate queries or keys: x [..., N, D], cos/sin [..., D] -> [..., N, D] in x's dtype (the turn itself in
+    float32, so bf16 positions far into a long sequence keep their angle)."""
+    half = x.shape[-1] // 2
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    turned = torch.cat((-wide[..., half:], wide[..., :half]), dim=-1)  # (a, b) -> (-b, a), [..., N, D]
+    return (wide * cos[..., None, :] + turned * sin[..., None, :]).to(x.dtype)
+
+
+def norm(config: ModernBertConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+
+
+class Embeddings(nn.Module):
+    """Token embeddings, then a norm: the positions enter as rotations inside attention."""
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__()
+        self.word = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.norm = norm(config)
+        self.dropout = nn.Dropout(config.embedding_dropout)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.norm(self.word(input_ids)))  # [B, T] -> [B, T, H]
+
+
+class SelfAttention(nn.Module):
+    """Fused QKV projection, rotary positions on queries and keys, attention (global, or within `window`
+    positions), output projection. No norm or residual: the layer owns those (pre-LN)."""
+
+    def __init__(self, config: ModernBertConfig, window: int | None):
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.window = window  # None: global attention
+        self.qkv = nn.Linear(hidden, 3 * hidden, bias=config.attention_bias)
+        self.output = nn.Linear(hidden, hidden, bias=config.attention_bias)
+        self.dropout = nn.Dropout(config.attention_dropout)
+        self.attention_dropout = config.attention_dropout
+
+    def forward(self, x: torch.Tensor, layout: Padded | Unpadded, rotation: tuple[torch.Tensor, torch.Tensor],
+                return_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: [B, T, H] (or [R, H] unpadded), rotation: cos and sin [B, T, D] (or [R, D]).
+        Returns (like x, probabilities [B, N, T, T] or None)."""
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # [..., 3H] -> 3 x [..., H]
+        heads = (*x.shape[:-1], self.num_heads, x.shape[-1] // self.num_heads)  # [..., H] -> [..., N, D]
+        q = rotate(q.view(heads), *rotation).flatten(-2)  # [..., N, D] -> [..., H]
+        k = rotate(k.view(heads), *rotation).flatten(-2)  # [..., N, D] -> [..., H]
+        dropout = self.attention_dropout if self.training else 0.0
+        context, probs = layout.attend(q, k, v, self.num_heads, dropout, return_probs, self.window)  # like x
+        return self.dropout(self.output(context)), probs
+
+
+class FeedForward(nn.Module):
+    """GeGLU: H -> 2I, one half through the activation gates the other, I -> H."""
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__()
+        self.up = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.dropout = nn.Dropout(config.mlp_dropout)
+        self.act = activation(config.hidden_activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        value, gate = self.up(x).chunk(2, dim=-1)  # [..., H] -> [..., 2I] -> 2 x [..., I]
+        return self.down(self.dropout(self.act(value) * gate))  # [..., I] -> [..., H]
+
+
+class Layer(nn.Module):
+    """x + attention(norm(x)), then x + feed_forward(norm(x)). The first layer's attention reads the
+    embeddings' own norm, so it has none of its own."""
+
+    def __init__(self, config: ModernBertConfig, index: int):
+        super().__init__()
+        self.kind = config.attention_kinds[index]
+        window = None if self.kind == GLOBAL_ATTENTION else config.window_radius
+        self.attention_norm = nn.Identity() if index == 0 else norm(config)
+        self.attention = SelfAttention(config, window)
+        self.feed_forward_norm = norm(config)
+        self.feed_forward = FeedForward(config)
+
+    def forward(self, x: torch.Tensor, layout: Padded | Unpadded, rotation: tuple[torch.Tensor, torch.Tensor],
+                return_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        attended, probs = self.attention(self.attention_norm(x), layout, rotation, return_probs)
+        x = x + attended
+        return x + self.feed_forward(self.feed_forward_norm(x)), probs
+
+
+class Encoder(nn.Module):
+    """The layers, then the final norm."""
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(Layer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = norm(config)
+
+    def forward(self, x: torch.Tensor, layout: Padded | Unpadded,
+                rotations: dict[str, tuple[torch.Tensor, torch.Tensor]], output_hidden_states: bool = False,
+                output_attentions: bool = False) -> tuple[torch.Tensor, list | None, list | None]:
+        """x in the layout's shape -> (normed last layer's x, L + 1 hidden states [B, T, H]: the embeddings,
+        then each layer's output, the last one normed, as transformers reports them; L maps [B, N, T, T])."""
+        hidden_states = [layout.leave(x)] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        for layer in self.layers:
+            x, probs = layer(x, layout, rotations[layer.kind], output_attentions)
+            if hidden_states is not None:
+                hidden_states.append(layout.leave(x))
+            if attentions is not None:
+                attentions.append(probs)
+        x = self.norm(x)
+        if hidden_states is not None:
+            hidden_states[-1] = layout.leave(x)
+        return x, hidden_states, attentions
+
+
+class ModernBertPretrainedModel(BertPretrainedModel):
+    """Base of the ModernBERT models: saving and loading as BERT's (`BertPretrainedModel`), ModernBERT's
+    initialisation; a task model with `config.freeze_encoder` keeps its encoder fixed (no gradients, no
+    dropout), as BERT's task models do."""
+
+    config_class = ModernBertConfig
+
+    def freeze(self) -> None:
+        if self.config.freeze_encoder and hasattr(self, "bert"):
+            self.bert.requires_grad_(False)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.config.freeze_encoder and hasattr(self, "bert"):
+            self.bert.eval()
+        return self
+
+    def init_weights(self) -> None:
+        """Truncated normal weights cut at `initializer_cutoff_factor` standard deviations, as the reference:
+        σ = initializer_range for embeddings and input projections (QKV, GeGLU up), σ / sqrt(2L) for output
+        projections and prediction heads, H^-1/2 for classifiers; zero biases, unit norms."""
+        config = self.config
+        std = config.initializer_range
+        stds = {"in": std, "out": std / math.sqrt(2.0 * config.num_hidden_layers),
+                "final": config.hidden_size ** -0.5}
+
+        def init(module: nn.Module, kind: str) -> None:
+            sigma = stds[kind]
+            cutoff = config.initializer_cutoff_factor * sigma
+            nn.init.trunc_normal_(module.weight, mean=0.0, std=sigma, a=-cutoff, b=cutoff)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+        for module in self.modules():
+            if isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, Embeddings):
+                init(module.word, "in")
+            elif isinstance(module, SelfAttention):
+                init(module.qkv, "in")
+                init(module.output, "out")
+            elif isinstance(module, FeedForward):
+                init(module.up, "in")
+                init(module.down, "out")
+            elif isinstance(module, PredictionHead):
+                init(module.dense, "out")
+        classifier = getattr(self, "classifier", None)
+        if isinstance(classifier, nn.Linear):
+            init(classifier, "final")
+        self.tie_weights()
+
+
+class ModernBertModel(ModernBertPretrainedModel):
+    """The ModernBERT encoder: input ids -> hidden states [B, T, H] (no pooler: heads pool for themselves).
+
+    `unpad` (default True) skips padding tokens in every matmul (`fast_paths.set_fast_paths` switches it);
+    `check_values` (default True) checks the token ids against the vocabulary (`fast_paths.set_value_checks`).
+    """
+
+    check_values = True
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__(config)
+        self.embeddings = Embeddings(config)
+        self.encoder = Encoder(config)
+        self.unpad = True
+        self.init_weights()
+
+    def check_inputs(self, input_ids: torch.Tensor) -> None:
+        """Turn the cryptic index errors of out-of-range inputs into messages that say what to do."""
+        if input_ids.dim() != 2:
+            raise InputError(f"input_ids must be [batch, tokens], got shape {tuple(input_ids.shape)}")
+        tokens, limit = input_ids.shape[1], self.config.max_position_embeddings
+        if tokens > limit:
+            raise InputError(f"sequence of {tokens} tokens is longer than max_position_embeddings={limit}; "
+                             "truncate it or split it into windows with a stride")
+        if input_ids.numel() and self.check_values:
+            low, high, vocab = int(input_ids.min()), int(input_ids.max()), self.config.vocab_size
+            if low < 0 or high >= vocab:
+                raise InputError(f"token id {low if low < 0 else high} is outside the vocabulary (size {vocab}); "
+                                 "was the text encoded with this model's tokenizer.json?")
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                sequence_ids: torch.Tensor | None = None) -> BertOutput:
+        """Encode a batch (arguments in `BertModel.forward`'s order, so every caller of an encoder, the engine's
+        row chunks among them, can call this). Packed rows (`sequence_ids`) are not supported yet.
+
+        Args:
+            input_ids: long [B, T]. attention_mask: [B, T], 1 for real tokens, 0 for padding (default all 1).
+            token_type_ids: accepted from callers that build BERT's features, and unused: ModernBERT has no
+                segments.
+            position_ids: long [B, T] or [T] (default 0..T-1).
+        """
+        self.check_inputs(input_ids)
+        if sequence_ids is not None:
+            raise InputError("ModernBERT does not run packed rows (sequence_ids) yet; pass padded rows with an "
+                             "attention_mask")
+        batch, tokens = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(tokens, device=input_ids.device)
+        layout = choose_layout(attention_mask, None, unpad=self.unpad, output_attentions=output_attentions)
+        positions = layout.enter(position_ids.expand(batch, tokens))  # [B, T] -> layout's ([B, T] or [R])
+        head_size = self.config.head_size
+        rotations = {GLOBAL_ATTENTION: rotary_tables(positions, head_size, self.config.global_rope_theta),
+                     LOCAL_ATTENTION: rotary_tables(positions, head_size, self.config.local_rope_theta)}
+        x = layout.enter(self.embeddings(input_ids))  # [B, T, H] -> layout's
+        x, hidden_states, attentions = self.encoder(x, layout, rotations, output_hidden_states, output_attentions)
+        x = hidden_states[-1] if hidden_states else layout.leave(x)  # -> [B, T, H]
+        return BertOutput(last_hidden_state=x, pooled_output=None,
+                          hidden_states=tuple(hidden_states) if hidden_states is not None else None,
+                          attentions=tuple(attentions) if attentions is not None else None)
+
+
+class PredictionHead(nn.Module):
+    """Dense, activation, norm: before the MLM decoder and before every classifier."""
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
+        self.act = activation(config.classifier_activation)
+        self.norm = norm(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.act(self.dense(x)))  # [..., H] -> [..., H]
+
+
+@dataclass
+class MaskedLmOutput(TaskOutput):
+    """`TaskOutput` whose logits [B, T, V] (or [B, M, V] at `mlm_positions`) also read as `mlm_logits`, the
+    name the pretraining family's fill-mask reads; ModernBERT has no next-sentence head."""
+
+    nsp_logits = None
+
+    @property
+    def mlm_logits(self) -> torch.Tensor:
+        return self.logits
+
+
+class ModernBertForMaskedLM(ModernBertPretrainedModel):
+    """Encoder, prediction head, then a decoder tied to the word embeddings with its own bias: logits
+    [B, T, V], or [B, M, V] at `mlm_positions` (long [B, M]: only the masked tokens go through the head). The
+    decoder weight is the embedding matrix itself (saved once)."""
+
+    encoder_prefix = "bert."
+    head_prefixes = ("head.", "decoder_bias")
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__(config)
+        self.bert = ModernBertModel(config)
+        self.head = PredictionHead(config)
+        self.decoder_bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.decoder_bias else None
+        self.init_weights()
+        self.freeze()
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                mlm_positions: torch.Tensor | None = None) -> MaskedLmOutput:
+        out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
+                        output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        hidden = out.last_hidden_state  # [B, T, H]
+        if mlm_positions is not None:
+            index = mlm_positions.long()[..., None].expand(-1, -1, hidden.shape[-1])  # [B, M] -> [B, M, H]
+            hidden = hidden.gather(1, index)  # [B, T, H] -> [B, M, H]
+        logits = F.linear(self.head(hidden), self.bert.embeddings.word.weight, self.decoder_bias)  # [..., V]
+        return MaskedLmOutput(logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+
+
+class ModernBertForSequenceClassification(ModernBertPretrainedModel):
+    """Pool ([CLS], or the mean of the real tokens: `classifier_pooling`), prediction head, dropout,
+    classifier: logits [B, C]."""
+
+    encoder_prefix = "bert."
+    head_prefixes = ("head.", "classifier.")
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__(config)
+        self.bert = ModernBertModel(config)
+        self.head = PredictionHead(config)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+        self.freeze()
+
+    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """[B, T, H] -> [B, H]: the first token, or the mean over real tokens."""
+        if self.config.classifier_pooling == "cls":
+            return hidden[:, 0]
+        if attention_mask is None:
+            return hidden.mean(dim=1)
+        weights = attention_mask.to(hidden.dtype)[:, :, None]  # [B, T] -> [B, T, 1]
+        return (hidden * weights).sum(dim=1) / weights.sum(dim=1)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
+        out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
+                        output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        pooled = self.head(self.pool(out.last_hidden_state, attention_mask))  # [B, H]
+        logits = self.classifier(self.dropout(pooled))  # [B, C]
+        return TaskOutput(logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+
+
+class ModernBertForTokenClassification(ModernBertPretrainedModel):
+    """Prediction head, dropout, classifier on every token: logits [B, T, C]."""
+
+    encoder_prefix = "bert."
+    head_prefixes = ("head.", "classifier.")
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__(config)
+        self.bert = ModernBertModel(config)
+        self.head = PredictionHead(config)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+        self.freeze()
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
+        out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
+                        output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        logits = self.classifier(self.dropout(self.head(out.last_hidden_state)))  # [B, T, H] -> [B, T, C]
+        return TaskOutput(logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)

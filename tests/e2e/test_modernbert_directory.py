@@ -1,0 +1,125 @@
+"""A ModernBERT directory (config.json with model_type modernbert, model.safetensors, a byte-level BPE
+tokenizer.json trained here) served end to end: the embed pipeline loads it through the family registry,
+tokenizes it with the tokenizers library and runs it on the torch fp32 engine (`build_engine`)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from bertforge.checkpoint_format import load_tokenizer
+from bertforge.engine.engine import TorchEngine
+from bertforge.inference.pipelines import load_pipeline
+from bertforge.model.config.modernbert import ModernBertConfig
+from bertforge.model.modernbert import ModernBertModel
+from bertforge.tokenization.tokenizer_json import train_bpe
+
+CORPUS = ["The quick brown fox jumps over the lazy dog.", "Naive cafe owners serve creme brulee daily!"] * 30
+
+
+def test_modernbert_directory_embeds_through_the_pipeline_and_engine(tmp_path):
+    tokenizer = train_bpe(CORPUS, vocab_size=300)
+    config = ModernBertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=48,
+                              num_hidden_layers=3, num_attention_heads=2, pad_token_id=tokenizer.pad_token_id,
+                              local_attention=8, max_position_embeddings=512)
+    torch.manual_seed(0)
+    ModernBertModel(config).save_pretrained(tmp_path, tokenizer=tokenizer)
+    pipeline = load_pipeline(tmp_path, "embed")
+    assert isinstance(pipeline.engine, TorchEngine) and pipeline.engine.precision == "fp32"
+    texts = ["The quick brown fox", "daily creme brulee " * 20]  # the second is longer than the local window
+    vectors = np.asarray([answer["embedding"] for answer in pipeline(texts)])
+    # The reference: the plain padded model, mean over the real tokens.
+    model = ModernBertModel.from_pretrained(tmp_path, fast_path=False)
+    inputs = load_tokenizer(tmp_path)(texts, padding=True, return_tensors="pt")
+    assert inputs["input_ids"].shape[1] > config.local_attention
+    with torch.no_grad():
+        hidden = model(inputs["input_ids"], attention_mask=inputs["attention_mask"]).last_hidden_state
+    mask = inputs["attention_mask"][..., None].float()
+    expected = ((hidden * mask).sum(1) / mask.sum(1)).numpy()
+    np.testing.assert_allclose(vectors, expected, atol=1e-5)
+
+
+def test_modernbert_directory_finetunes_predicts_and_embeds_through_the_cli(tmp_path):
+    from bertforge.cli import main
+    from bertforge.model.modernbert import ModernBertForMaskedLM, ModernBertForSequenceClassification
+
+    rows = ["text_a\tlabel"] + [f"{'good' if i % 2 else 'bad'} day number {i}\t{'pos' if i % 2 else 'neg'}"
+                                for i in range(40)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    (tmp_path / "dev.tsv").write_text("\n".join(rows[:11]) + "\n", encoding="utf-8")
+    tokenizer = train_bpe([row.split("\t")[0] for row in rows] * 5, vocab_size=300)
+    config = ModernBertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=48,
+                              num_hidden_layers=3, num_attention_heads=2, pad_token_id=tokenizer.pad_token_id,
+                              local_attention=8, max_position_embeddings=512)
+    torch.manual_seed(0)
+    ModernBertForMaskedLM(config).save_pretrained(tmp_path / "base", tokenizer=tokenizer)
+    assert main(["finetune", "--format", "classification", "--train", str(tmp_path / "train.tsv"), "--dev",
+                 str(tmp_path / "dev.tsv"), "--text-a", "text_a", "--label", "label", "--model",
+                 str(tmp_path / "base"), "--out", str(tmp_path / "ft"), "--epochs", "1", "--batch-size", "8",
+                 "--device", "cpu", "--max-seq-length", "16", "--progress=false"]) == 0
+    best = tmp_path / "ft" / "best"
+    saved = json.loads((best / "config.json").read_text())
+    assert saved["model_type"] == "modernbert" and saved["architectures"] == ["ModernBertForSequenceClassification"]
+    texts = ["good day number 3", "bad day"]
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    for task in ("classify", "embed"):
+        assert main(["predict", "--model", str(best), "--task", task, "--input", str(tmp_path / "in.txt"),
+                     "--output", str(tmp_path / f"{task}.jsonl"), "--device", "cpu", "--precision", "fp32"]) == 0
+    answers = [json.loads(line) for line in (tmp_path / "classify.jsonl").read_text().splitlines()]
+    # The CLI's scores are the saved model's own: [CLS] text [SEP], softmax over its logits.
+    model = ModernBertForSequenceClassification.from_pretrained(best, fast_path=False)
+    for text, answer in zip(texts, answers):
+        ids = torch.tensor([tokenizer.encode(text).ids])
+        with torch.no_grad():
+            probabilities = model(ids).logits.softmax(-1)[0]
+        np.testing.assert_allclose([answer["scores"][name] for name in model.config.label_names], probabilities.numpy(),
+                                   atol=1e-5)
+    vectors = [json.loads(line)["embedding"] for line in (tmp_path / "embed.jsonl").read_text().splitlines()]
+    assert np.asarray(vectors).shape == (2, config.hidden_size)
+    # The masked-LM directory it started from fills masks (its own task), scored by its MLM head.
+    answer = load_pipeline(tmp_path / "base")(["good day [MASK] 3"])[0]
+    mask = answer["masks"][0]
+    assert (mask["start"], mask["end"]) == (9, 15) and len(mask["predictions"]) == 5
+    base = ModernBertForMaskedLM.from_pretrained(tmp_path / "base", fast_path=False)
+    ids = [tokenizer.cls_token_id, *tokenizer.encode("good day ", add_special_tokens=False).ids]
+    position = len(ids)
+    ids += [tokenizer.mask_token_id, *tokenizer.encode(" 3", add_special_tokens=False).ids, tokenizer.sep_token_id]
+    with torch.no_grad():
+        logits = base(torch.tensor([ids])).logits[0, position]
+    logits[tokenizer.all_special_ids] = float("-inf")
+    best = logits.softmax(-1).topk(5)
+    assert [p["id"] for p in mask["predictions"]] == best.indices.tolist()
+    np.testing.assert_allclose([p["score"] for p in mask["predictions"]], best.values.numpy(), atol=1e-5)
+
+
+def test_modernbert_directory_finetunes_a_tagger_whose_entities_have_character_offsets(tmp_path):
+    from bertforge.cli import main
+    from bertforge.model.modernbert import ModernBertForMaskedLM
+
+    names = ["Ana", "Rui", "Marta", "Paris", "Lisbon"]
+    blocks = [f"{names[i % 5]} B-PER\nvisited O\n{names[(i + 2) % 5]} B-LOC\ntoday O" for i in range(40)]
+    (tmp_path / "train.txt").write_text("\n\n".join(blocks) + "\n", encoding="utf-8")
+    (tmp_path / "dev.txt").write_text("\n\n".join(blocks[:8]) + "\n", encoding="utf-8")
+    tokenizer = train_bpe([block.replace("\n", " ") for block in blocks], vocab_size=300)
+    config = ModernBertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=48,
+                              num_hidden_layers=3, num_attention_heads=2, pad_token_id=tokenizer.pad_token_id,
+                              local_attention=8, max_position_embeddings=512)
+    torch.manual_seed(0)
+    ModernBertForMaskedLM(config).save_pretrained(tmp_path / "base", tokenizer=tokenizer)
+    assert main(["finetune", "--format", "ner", "--train", str(tmp_path / "train.txt"), "--dev",
+                 str(tmp_path / "dev.txt"), "--model", str(tmp_path / "base"), "--out", str(tmp_path / "ft"),
+                 "--epochs", "1", "--batch-size", "8", "--device", "cpu", "--max-seq-length", "16",
+                 "--progress=false"]) == 0
+    saved = json.loads((tmp_path / "ft" / "best" / "config.json").read_text())
+    assert saved["architectures"] == ["ModernBertForTokenClassification"]
+    text = "Ana visited Lisbon today"
+    (tmp_path / "in.txt").write_text(text + "\n", encoding="utf-8")
+    assert main(["predict", "--model", str(tmp_path / "ft" / "best"), "--task", "tag", "--input",
+                 str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.jsonl"), "--device", "cpu"]) == 0
+    answer = json.loads((tmp_path / "out.jsonl").read_text())
+    assert len(answer["tags"]) == 4  # one tag per word
+    starts, ends = {0, 4, 12, 19}, {3, 11, 18, 24}  # entities begin and end on word boundaries
+    assert all(e["start"] in starts and e["end"] in ends and text[e["start"]:e["end"]] == e["text"]
+               for e in answer["entities"])
