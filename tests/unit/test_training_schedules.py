@@ -133,12 +133,13 @@ def test_train_ctrl_c_saves_the_current_step_and_resumes_exactly(tmp_path):
     full = train(tiny_model(dropout=0.1), SyntheticSource(3, 4), PretrainingObjective(),
                  config_for(tmp_path / "full", steps=6))
     config = config_for(tmp_path / "cut", steps=6)
+    before = signal.getsignal(signal.SIGINT)  # default_int_handler, or SIG_IGN in a job started in the background
     with pytest.raises(KeyboardInterrupt) as stopped:  # (a plain one, without the fix: the test fails, not the run)
         train(tiny_model(dropout=0.1), InterruptedSource(3, 4, at=4), PretrainingObjective(), config)
     assert isinstance(stopped.value, TrainingInterrupted) and stopped.value.step == 4  # the step during which Ctrl-C came finished, and was saved
     assert [s for s, _ in list_checkpoints(tmp_path / "cut")] == [4]
     assert stopped.value.checkpoint == list_checkpoints(tmp_path / "cut")[-1][1]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before  # the run's own handler is gone again
     resumed = train(tiny_model(dropout=0.1), SyntheticSource(3, 4), PretrainingObjective(),
                     config_for(tmp_path / "cut", steps=6, resume="auto"))
     assert resumed.start_step == 4 and resumed.step == 6
