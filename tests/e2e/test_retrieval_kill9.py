@@ -158,7 +158,10 @@ def check_kills(growth: dict, change: str, tmp_path: Path, pick) -> None:
         argv_k = [arg.replace(str(whole), str(killed)) for arg in argv]
         died = bertforge(killed, argv_k, kill_at=k)
         assert died.returncode == -9, f"step {k} ({steps[k]}): not killed: {died.stderr[-2000:]}"
-        seen = rows(killed), searched(killed)
+        try:
+            seen = rows(killed), searched(killed)
+        except ConfigError as error:
+            pytest.fail(f"kill at step {k} ({steps[k]}): the folder is unreadable ({error})")
         assert (seen[0] == old[0] and same(seen[1], old[1])) or (seen[0] == new[0] and same(seen[1], new[1])), \
             f"kill at step {k} ({steps[k]}): the folder is a mix of the old and the new (rows {seen[0]}, old " \
             f"{old[0]}, new {new[0]})"
