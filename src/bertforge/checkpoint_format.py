@@ -53,7 +53,7 @@ from bertforge.constants import (
     WEIGHTS_NAME,
 )
 from bertforge.errors import CheckpointError, ConfigError, DataError
-from bertforge.interop import google_tf
+from bertforge.interop import colbert, google_tf
 from bertforge.interop import huggingface as hf
 from bertforge.interop import modernbert as hf_modernbert
 from bertforge.interop import sentence_transformers as st
@@ -77,6 +77,7 @@ log = logging.getLogger(__name__)
 
 # Our class of a directory whose sentence-transformers modules make SPLADE vectors from masked-LM logits.
 SPARSE_ARCHITECTURE = "BertForSparseEmbedding"
+COLBERT_ARCHITECTURE = "BertForColBERT"  # of a PyLate, sentence-transformers MultiVectorEncoder or Stanford ColBERT
 # The encoder's own top-level modules; any other parameter belongs to a head.
 ENCODER_MODULES = ("embeddings.", "encoder.", "pooler.")
 
@@ -181,8 +182,8 @@ def write_model_files(model: torch.nn.Module, folder: Path, tokenizer=None,
                       extra_files: dict[str, str | bytes] | None = None) -> None:
     """The files of a model directory, written into the existing `folder` (see `save_model`), with the
     weights' checksum last."""
-    write_json(folder / CONFIG_NAME, dialect(model.config).config_to_hf(model.config.to_dict(), type(model).__name__),
-               sort_keys=True)
+    config = dialect(model.config).config_to_hf(model.config.to_dict(), type(model).__name__)  # + a class's own:
+    write_json(folder / CONFIG_NAME, {**config, **getattr(model, "config_fields", dict)()}, sort_keys=True)
     save_file(hf_state_dict(model), str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
     files = dict(getattr(model, "directory_files", dict)())
     if tokenizer is not None:
@@ -258,8 +259,8 @@ def read_config(path: str | os.PathLike, *, step: int | None = None) -> tuple[En
     data = read_json_object(file, "config.json")
     names, config_class = dialect_of_file(data, file)
     fields, architecture = names.config_from_hf(data, str(file))
-    if st.is_sparse_directory(path):  # a SparseEncoder directory: its masked-LM model pools SPLADE vectors
-        architecture = SPARSE_ARCHITECTURE
+    if st.is_sparse_directory(path) or colbert.is_colbert_directory(path):  # SPLADE pooling; ColBERT (3 layouts)
+        architecture = SPARSE_ARCHITECTURE if st.is_sparse_directory(path) else COLBERT_ARCHITECTURE
     config = config_class.from_dict(fields, source=str(file))
     warn_without_labels(data, config, file)
     return config, architecture
@@ -275,7 +276,8 @@ def read_directory(path: str | os.PathLike, *, do_lower_case: bool | None = None
     tokenizer = read_tokenizer(folder, do_lower_case, config.vocab_size)
     record_file = folder / FINETUNING_NAME
     record = read_json_object(record_file, FINETUNING_NAME) if record_file.exists() else None
-    return ModelDirectory(folder, config, architecture, tokenizer, record, st.read_settings(folder))
+    sentence = None if architecture == COLBERT_ARCHITECTURE else st.read_settings(folder)  # ColBERT's: no pooling
+    return ModelDirectory(folder, config, architecture, tokenizer, record, sentence)
 
 
 def check_tokenizer_json(folder: Path, tokenizer: Tokenizer, casing_given: bool = False) -> None:
@@ -559,8 +561,9 @@ def load_model(path: str | os.PathLike | ModelDirectory, cls: type, *,
     heads = cls.head_prefixes
     names = dialect(config)
     source = str(weights_file(path, step=step))
-    expected = model.state_dict()
     stored, not_weights = _read_stored(path, step)
+    stored = getattr(model, "adopt_directory", lambda _, tensors: tensors)(Path(path), stored)  # ColBERT's files
+    expected = model.state_dict()
     ours, skipped = translate_weights(stored, model, set(expected), source)
     skipped = not_weights + skipped
     if fresh_head:

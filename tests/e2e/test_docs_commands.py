@@ -44,7 +44,7 @@ REAL_DATA = shared_data_root()  # read before any test points $BERTFORGE_DATA at
 # Paths the docs use for files a reader brings (their model, their table, their corpus), and what the run
 # substitutes for them (made by the `workspace` fixture).
 PLACEHOLDERS = {
-    "DIR": "model", "MINILM": "model", "...": "model", "SPLADE": "sparse",
+    "DIR": "model", "MINILM": "model", "...": "model", "SPLADE": "sparse", "COLBERT": "colbert",
     "chinese_L-12_H-768_A-12": "google", "my_train.csv": "pairs", "my_dev.csv": "pairs", "texts.txt": "lines",
     "句子.txt": "lines", "语料目录": "corpus_zh", "types_train.jsonl": "types", "types_dev.jsonl": "types",
     "more_texts.txt": "lines", "gone_ids.txt": "lines", "articles.jsonl": "articles",
@@ -479,6 +479,11 @@ def workspace(tmp_path_factory) -> Path:
 
     made["sparse"] = work / "_sparse"
     BertForSparseEmbedding(config).save_pretrained(made["sparse"], tokenizer=tokenizer)
+    # `COLBERT`: the same encoder with a ColBERT projection, saved in PyLate's layout.
+    from bertforge.families.colbert import BertForColBERT
+
+    made["colbert"] = work / "_colbert"
+    BertForColBERT(config).use_tokenizer(tokenizer).save_pretrained(made["colbert"], tokenizer=tokenizer)
     pairs = ["question1,question2,is_duplicate"] + [
         f"how do I {verb} a {thing}?,what is the way to {verb} a {thing}?,{int(i % 3 == 0)}"
         for i, (verb, thing) in enumerate((v, t) for v in ("cook", "fix", "paint") for t in ("bike", "door", "cake"))]

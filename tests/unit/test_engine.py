@@ -52,7 +52,7 @@ ILL_CONDITIONED = ("regression",)
 # The families evaluate scores here by fixture, and the pipeline inputs of every family (`pipeline_case`).
 EVALUATED = {"pair": "classification", "regression": "classification", "multilabel": "classification",
              "ner_iobes_crf": "tagging", "qa_v2": "question_answering", "choice": "multiple_choice",
-             "embedding": "embedding", "sparse": "sparse_embedding", "rerank": "reranking"}
+             "embedding": "embedding", "sparse": "sparse_embedding", "rerank": "reranking", "colbert": "colbert"}
 PAIRS = [("a man is eating food", "a man eats something", 4.5), ("a cat sits on the mat", "the stock fell", 0.2),
          ("the stock market fell sharply today", "shares dropped", 3.8), ("it rains", "the weather is wet", 3.0)]
 
@@ -137,6 +137,12 @@ def evaluated_case(name: str, tmp_path: Path, tiny_minilm_model: Path, tiny_spar
                      str(data), "--dev", str(data), "--out", str(tmp_path / "run"), "--epochs", "1",
                      "--batch-size", "4"]) == 0
         return tmp_path / "run" / "best", data, None
+    if name == "colbert":  # a ColBERT fine-tuned on pairs, scored by MaxSim retrieval among them
+        data = tmp_path / "pairs.tsv"
+        data.write_text("anchor\tpositive\n" + "".join(f"{a}\t{b}\n" for a, b, _ in PAIRS), encoding="utf-8")
+        assert main(["finetune", "--model", str(tiny_minilm_model), "--format", "colbert-pairs", "--train", str(data),
+                     "--dev", str(data), "--out", str(tmp_path / "run"), "--epochs", "1", "--batch-size", "4"]) == 0
+        return tmp_path / "run" / "best", data, None
     model = tmp_path / name
     shutil.copytree(tiny_minilm_model if name == "embedding" else tiny_sparse_model, model)
     data = tmp_path / f"{name}.tsv"
@@ -185,6 +191,7 @@ def pipeline_case(family: str, tmp_path: Path, tokenizer_dir: Path) -> tuple[Pat
     """(a tiny saved model of `family` with the real MiniLM tokenizer, inputs of its route)."""
     from bertforge.checkpoint_format import load_tokenizer
     from bertforge.families.classification import BertForSequenceClassification
+    from bertforge.families.colbert import BertForColBERT
     from bertforge.families.multiple_choice import BertForMultipleChoice
     from bertforge.families.pretraining import BertForPretraining
     from bertforge.families.question_answering import BertForQuestionAnswering
@@ -206,6 +213,7 @@ def pipeline_case(family: str, tmp_path: Path, tokenizer_dir: Path) -> tuple[Pat
         "multiple_choice": (BertForMultipleChoice, {}),
         "pretraining": (BertForPretraining, {}),
         "sparse_embedding": (BertForSparseEmbedding, {}),
+        "colbert": (BertForColBERT, {}),
         "embedding": (BertModel, {}),
     }
     model_class, fields = models[family]

@@ -87,8 +87,9 @@ def test_embedding_registry_lookups_find_the_family():
     assert registry.for_task("embed") is EMBEDDING
     assert all(registry.family(name) is EMBEDDING for name in ("embedding", "embed", "sentence embedding"))
     assert registry.FAMILIES[-1] is EMBEDDING and registry.FINETUNING_FAMILIES[-1] is EMBEDDING
-    assert registry.TASKS == ("classify", "tag", "answer", "choose", "fill-mask", "rerank", "embed-sparse", "embed")
-    assert sorted(registry.MODEL_CLASSES) == ["BertForMaskedLM", "BertForMultipleChoice", "BertForPretraining", "BertForQuestionAnswering",
+    assert registry.TASKS == ("classify", "tag", "answer", "choose", "fill-mask", "rerank", "embed-sparse",
+                              "embed-multi-vector", "embed")
+    assert sorted(registry.MODEL_CLASSES) == ["BertForColBERT", "BertForMaskedLM", "BertForMultipleChoice", "BertForPretraining", "BertForQuestionAnswering",
                                               "BertForSequenceClassification", "BertForSparseEmbedding",
                                               "BertForTokenClassification", "BertModel", "ModernBertForMaskedLM",
                                               "ModernBertForSequenceClassification",

@@ -220,7 +220,8 @@ def test_layering_model_classes_load_without_the_registry():
 RETRIEVAL_PUBLIC = ("bertforge.retrieval", "bertforge.retrieval.searcher", "bertforge.retrieval.index_locations")
 # The vector folder's file names as code writes them (`store.SHARD_FILES`, `store.PROGRESS_NAME`) and its format
 # name: a module that spells one knows the format, which is `store.py`'s alone.
-SHARD_NAME_PATTERN = re.compile(r"""["'](?:vectors|codes|indptr|terms|weights|ids|spans|fields|shard)-\{|bertforge-embeddings""")
+SHARD_NAME_PATTERN = re.compile(
+    r"""["'](?:vectors|codes|indptr|terms|weights|offsets|multivectors|ids|spans|fields|shard)-\{|bertforge-embeddings""")
 
 
 def test_layering_retrieval_never_imports_the_web_framework():

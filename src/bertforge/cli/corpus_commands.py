@@ -61,6 +61,9 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
                    "and weights, stored as compressed rows; --pooling is then max or sum")
     p.add_argument("--max-terms", type=int, help="--sparse: keep each text's largest N weights (default: all "
                    "non-zero ones)")
+    p.add_argument("--multi-vector", action="store_true", help="a ColBERT model's unit vector per token of each text "
+                   "(as a document: its marker, cut to the model's document length, punctuation dropped), for exact "
+                   "MaxSim search and reranking; --dtype float32 or float16")
     p.add_argument("--chunk", type=int, metavar="TOKENS", help="long texts: cut each text into windows of this "
                    "many tokens, one vector each, with the characters each covers (search returns them as "
                    "\"span\"); default: one window per text, longer ones cut to it and counted")
@@ -104,6 +107,11 @@ def add_search(sub: argparse._SubParsersAction) -> None:
                    "before fusion (default 100)")
     p.add_argument("--sparse-model", help="--hybrid: the sparse folder's model directory (default: the one its "
                    "manifest names)")
+    p.add_argument("--rerank", metavar="MULTI_VECTOR_DIR", help="rerank the best --rerank-depth hits of --index (and "
+                   "--hybrid) by their MaxSim in this folder (`bertforge embed --multi-vector` of the same input); "
+                   "each hit then has its \"first_rank\"")
+    p.add_argument("--rerank-depth", type=int, default=100, help="--rerank: hits of the first search reranked per "
+                   "query (default 100)")
     queries = p.add_mutually_exclusive_group(required=True)
     queries.add_argument("--query", action="append", help="a query text (repeat for several)")
     queries.add_argument("--queries", help="a file of query texts, one a line (blank lines skipped)")
@@ -174,7 +182,7 @@ def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
         embedding = EmbedSettings(pooling=args.pooling, normalize=args.normalize, prompt_name=args.prompt_name,
                                   prompt=args.prompt, dtype=args.dtype, sparse=args.sparse, max_terms=args.max_terms,
                                   chunk=args.chunk, chunk_overlap=args.chunk_overlap, late_chunking=args.late_chunking,
-                                  truncate=args.truncate)
+                                  truncate=args.truncate, multi_vector=args.multi_vector)
         manifest = embed_corpus(args.model, args.input, args.out, embedding, settings=settings,
                                 shard_size=args.shard_size, batch_size=args.batch_size, max_length=args.max_length,
                                 device=args.device, precision=args.precision, engine=args.engine,
@@ -188,6 +196,11 @@ def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
         terms = sum(shard["nonzero"] for shard in manifest["shards"])
         print(f"{manifest['count']} sparse vectors ({terms / manifest['count']:.1f} terms per text of "
               f"{manifest['dim']}) in {len(manifest['shards'])} shards in {args.out}", file=sys.stderr)
+    elif Ranks.from_env().rank == 0 and manifest["kind"] == "multi-vector":
+        vectors = sum(shard["vector_count"] for shard in manifest["shards"])
+        print(f"{manifest['count']} texts as {vectors} token vectors ({vectors / manifest['count']:.1f} per text, "
+              f"{manifest['dim']} dims, {manifest['dtype']}) in {len(manifest['shards'])} shards in {args.out}",
+              file=sys.stderr)
     elif Ranks.from_env().rank == 0:
         print(f"{manifest['count']} vectors ({manifest['dim']} dims, {manifest['dtype']}, "
               f"{manifest['similarity']} similarity) in {len(manifest['shards'])} shards in {args.out}",
@@ -202,7 +215,12 @@ def cmd_embed(args: argparse.Namespace, extra: list[str]) -> None:
 def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.data.text_files import iter_lines
     from bertforge.errors import ConfigError, DataError
-    from bertforge.retrieval.hybrid_search import collection_hits, folder_hits, hybrid_search_hits
+    from bertforge.retrieval.hybrid_search import (
+        collection_hits,
+        folder_hits,
+        hybrid_search_hits,
+        reranked_hits,
+    )
     from bertforge.retrieval.index_locations import is_qdrant_location
 
     if args.queries is not None:
@@ -218,9 +236,16 @@ def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:
         if args.hybrid:
             raise ConfigError(f"{args.index} holds the dense and the sparse vectors of its export: remove --hybrid "
                               "(?vectors=dense or sparse searches one kind)")
+        if args.rerank:
+            raise ConfigError(f"--rerank reranks the hits of a vector folder; {args.index} is a Qdrant collection")
         results = collection_hits(args.index, queries, exact=args.exact, ef_search=args.ef_search,
                                   rescore_multiplier=args.rescore_multiplier, rrf_k=args.rrf_k,
                                   depth=args.fusion_depth, sparse_model=args.sparse_model, **common)
+    elif args.rerank:
+        folders = [args.index] + ([args.hybrid] if args.hybrid else [])
+        results = reranked_hits(folders, args.rerank, queries, depth=args.rerank_depth, sparse_model=args.sparse_model,
+                                rrf_k=args.rrf_k, exact=args.exact, ef_search=args.ef_search,
+                                rescore_multiplier=args.rescore_multiplier, **common)
     elif args.hybrid:
         if args.rescore_multiplier is not None:
             raise ConfigError("--rescore-multiplier applies to binary folders searched alone; remove it with --hybrid")

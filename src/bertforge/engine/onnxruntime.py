@@ -322,7 +322,9 @@ class OrtEngine(Engine):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, **asked: Any) -> GraphOutput:
-        more = sorted(name for name, value in asked.items() if value is not None and value is not False)
+        # The graph is the padded path traced: every position is computed, masked ones too (`compute_masked`).
+        more = sorted(name for name, value in asked.items()
+                      if value is not None and value is not False and name != "compute_masked")
         if more:
             if isinstance(self.model, BertModel) and self.plan.auto:  # not asked for by name: PyTorch takes it
                 return self.model(input_ids, token_type_ids, attention_mask, **asked)

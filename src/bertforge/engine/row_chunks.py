@@ -17,6 +17,8 @@ int8, one 32 x 512 batch (docs/notes/cpu_inference.md, "Row chunks"): MiniLM 2.9
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 
@@ -63,9 +65,10 @@ class ChunkedRows(Variant):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False,
-                sequence_ids: torch.Tensor | None = None) -> BertOutput:
+                sequence_ids: torch.Tensor | None = None, compute_masked: bool = False) -> BertOutput:
         step = self.rows_per_chunk(input_ids) if input_ids.dim() == 2 else 0
-        forward = super().forward
+        # (passed on only when asked: not every encoder takes it, ModernBERT's does not)
+        forward = partial(super().forward, **({"compute_masked": True} if compute_masked else {}))
         if not step:
             return forward(input_ids, token_type_ids, attention_mask, position_ids, output_hidden_states,
                            output_attentions, sequence_ids)

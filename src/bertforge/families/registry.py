@@ -15,6 +15,7 @@ from bertforge.checkpoint_format import LoadReport, ModelDirectory
 from bertforge.errors import CheckpointError, ConfigError
 from bertforge.families.base import Family
 from bertforge.families.classification import FAMILY as CLASSIFICATION
+from bertforge.families.colbert import FAMILY as COLBERT
 from bertforge.families.embedding import FAMILY as EMBEDDING
 from bertforge.families.multiple_choice import FAMILY as MULTIPLE_CHOICE
 from bertforge.families.pretraining import FAMILY as PRETRAINING
@@ -37,9 +38,9 @@ from bertforge.model.modernbert import (
 # Embedding is last: its model class (`BertModel`) is the most general, so `for_model` finds a task model's
 # own family first. Reranking runs a classification model (after classification, which `for_model` finds).
 FAMILIES: tuple[Family, ...] = (CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE, PRETRAINING,
-                                RERANKING, SPARSE_EMBEDDING, EMBEDDING)
+                                RERANKING, SPARSE_EMBEDDING, COLBERT, EMBEDDING)
 FINETUNING_FAMILIES: tuple[Family, ...] = (CLASSIFICATION, TAGGING, QUESTION_ANSWERING, MULTIPLE_CHOICE,
-                                           RERANKING, SPARSE_EMBEDDING, EMBEDDING)
+                                           RERANKING, SPARSE_EMBEDDING, COLBERT, EMBEDDING)
 
 
 def _key(name: str) -> str:

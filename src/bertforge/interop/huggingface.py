@@ -40,6 +40,9 @@ KEY_TABLE: tuple[tuple[str, str], ...] = (
     ("classifier.hidden.{i}", "classifier.hidden.{i}"),
     ("classifier.out", "classifier.out"),
     ("qa_outputs", "qa_outputs"),
+    # ColBERT's projection: Stanford ColBERT's `HF_ColBERT` keeps it beside the encoder as `linear` (and PyLate's
+    # Dense module names it so in its own file, `interop.colbert`).
+    ("projection", "linear"),
 )
 # Parameters whose full name is not `<module>.weight|bias`. The tagger's CRF (`head.crf`) has no Hugging Face
 # counterpart: its names pass through, and their BertForTokenClassification loads the directory without it.
@@ -83,6 +86,9 @@ ARCHITECTURES = {
     # A sparse (SPLADE) model is their masked-LM model; its SPLADE pooling is in the sentence-transformers files
     # beside it (`checkpoint_format.read_config` reads such a directory back as ours).
     "BertForSparseEmbedding": "BertForMaskedLM",
+    # A ColBERT model is their plain encoder; its projection and settings are PyLate's files beside it
+    # (`checkpoint_format.read_config` reads such a directory back as ours).
+    "BertForColBERT": "BertModel",
 }
 # Theirs -> ours: the first of ours that maps to each of theirs.
 _THEIRS_TO_OURS = {theirs: ours for ours, theirs in reversed(ARCHITECTURES.items())}

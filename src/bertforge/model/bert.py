@@ -277,7 +277,7 @@ class BertModel(BertPretrainedModel):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False,
-                sequence_ids: torch.Tensor | None = None) -> BertOutput:
+                sequence_ids: torch.Tensor | None = None, compute_masked: bool = False) -> BertOutput:
         """Encode a batch.
 
         Args:
@@ -287,6 +287,8 @@ class BertModel(BertPretrainedModel):
             sequence_ids: long [B, T] for packed rows (`data.collate.pack_rows`), replacing attention_mask:
                 k > 0 for the k-th sequence of its row, 0 for padding. Each sequence attends only to itself;
                 the pooled output has one row per sequence, [S, H], in row-major order.
+            compute_masked: also compute the positions `attention_mask` hides from attention (no token attends
+                to them, they attend to the real ones: ColBERT's query expansion); runs padded.
         """
         self.check_inputs(input_ids, token_type_ids)
         token_type_ids = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
@@ -294,7 +296,8 @@ class BertModel(BertPretrainedModel):
         if position_ids is None:
             position_ids = in_sequence if in_sequence is not None else \
                 torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]  # [1, T]
-        layout = choose_layout(attention_mask, sequence_ids, unpad=self.unpad, output_attentions=output_attentions)
+        layout = choose_layout(attention_mask, sequence_ids, unpad=self.unpad and not compute_masked,
+                               output_attentions=output_attentions)
         x = layout.enter(self.embeddings(input_ids, token_type_ids, position_ids))  # [B, T, H] -> layout's
         x, hidden_states, attentions = self.encoder(x, layout, output_hidden_states, output_attentions)
         x = hidden_states[-1] if hidden_states else layout.leave(x)  # -> [B, T, H]

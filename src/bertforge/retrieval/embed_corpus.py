@@ -65,11 +65,13 @@ from bertforge.retrieval.fields import (
     record_values,
     shard_metadata,
 )
+from bertforge.retrieval.multi_vector_search import MULTI_VECTOR_TASK, document_window
 from bertforge.retrieval.sparse_vectors import SPARSE_TASK, encode_sparse_parsed
 from bertforge.retrieval.store import (
     DTYPES,
     MANIFEST_NAME,
     EmbedSettings,
+    TokenRows,
     describe_changes,
     embed_settings,
     finish_output,
@@ -193,10 +195,11 @@ def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, r
                 on_batch: Callable[[int], None] | None = None, chunking: dict[str, int] | None = None,
                 first_record: int = 0, spans: list[list[int]] | None = None, truncate: bool = AUTO_TRUNCATE,
                 on_truncated: Callable[[int], None] | None = None,
-                ) -> tuple[list[str], np.ndarray | SparseRows, int, list[str]]:
+                ) -> tuple[list[str], np.ndarray | SparseRows | TokenRows, int, list[str]]:
     """(ids, vectors [n, D] float32, tokens, where the texts cut to the window are) of one shard, as
     `pipeline.encode(texts, prompt=prompt)` makes them (an embed-sparse pipeline's: `SparseRows`, as
-    `sparse_vectors.encode_sparse`); every record is parsed and checked before the model runs, whose batches go
+    `sparse_vectors.encode_sparse`; an embed-multi-vector pipeline's: `TokenRows`, each document's token vectors);
+    every record is parsed and checked before the model runs, whose batches go
     by length while a thread tokenizes the next ones (`evaluation.run_streamed`; `on_batch(texts)` after each
     batch, in records even where a record makes several rows: `text_chunks.per_text`).
 
@@ -230,7 +233,10 @@ def embed_shard(pipeline: EmbedPipeline, options: dict[str, Any], prompt: str, r
     else:  # `encode_parsed`'s steps, with a progress display told of every batch
         made, outputs = pipeline.stream(parsed, options, on_batch=on_batch, features=features)
         tokens = sum(feature_tokens(feature) for feature in made)
-        vectors = np.stack([vector.numpy() for vector in outputs])  # [n, D], as `encode` returns them
+        if pipeline.task == MULTI_VECTOR_TASK:
+            vectors = TokenRows.from_rows([output.vectors.numpy() for output in outputs], pipeline.model.dimension)
+        else:
+            vectors = np.stack([vector.numpy() for vector in outputs])  # [n, D], as `encode` returns them
     where = dict.fromkeys(f"{records[rows[row].owner][0].path}:{records[rows[row].owner][1]}" for row in cut)
     return ids, vectors, tokens, list(where)
 
@@ -326,9 +332,12 @@ def embed_corpus(model_dir: str | os.PathLike, inputs: str | os.PathLike, out_di
     ranks = Ranks.from_env()
     with Group(ranks) as group:
         sources = source_files(inputs, settings)
-        pipeline = pipelines.load_pipeline(model_dir, SPARSE_TASK if embedding.sparse else "embed",
-                                           device=ranks.device(device), precision=precision, engine=engine,
-                                           threads=threads, batch_size=batch_size, max_length=max_length)
+        task = SPARSE_TASK if embedding.sparse else MULTI_VECTOR_TASK if embedding.multi_vector else "embed"
+        if embedding.multi_vector and max_length is None:
+            max_length = document_window(model_dir)  # documents are cut (and counted) where the model cuts them
+        pipeline = pipelines.load_pipeline(model_dir, task, device=ranks.device(device), precision=precision,
+                                           engine=engine, threads=threads, batch_size=batch_size,
+                                           max_length=max_length)
         options = pipeline.check_options(embedding.options())
         chunk = embedding.chunk
         if chunk is not None and chunk + 2 > pipeline.max_length:  # [CLS] chunk [SEP] must fit the window
@@ -360,13 +369,17 @@ def first_manifest(model_dir: str | os.PathLike, pipeline: EmbedPipeline, option
     width of a vector (dense: a probe's, pooling modes may be concatenated; sparse: the vocabulary's)."""
     prefix = pipeline.prompt_text(embedding.prompt_name, embedding.prompt)
     chunk = embedding.chunk
-    resolved = replace(embedding, prompt_name=None, prompt=prefix, pooling=options["pooling"],
-                       normalize=None if embedding.sparse else options["normalize"],
+    resolved = replace(embedding, prompt_name=None, prompt=prefix, pooling=options.get("pooling"),
+                       normalize=None if embedding.sparse or embedding.multi_vector else options["normalize"],
                        max_terms=options.get("max_terms") if embedding.sparse else None,
                        chunk_overlap=None if chunk is None else embedding.chunk_overlap or 0)
     vectors = {k: v for k, v in options.items() if k not in ("tokens", "token_vectors")}  # not how results show
-    dim = (pipeline.config.vocab_size if embedding.sparse
-           else int(pipeline.encode(["probe"], prompt=prefix, **options).shape[1]))
+    if embedding.sparse:
+        dim = pipeline.config.vocab_size
+    elif embedding.multi_vector:
+        dim = pipeline.model.dimension
+    else:
+        dim = int(pipeline.encode(["probe"], prompt=prefix, **options).shape[1])
     return new_manifest(model_dir, resolved, {**vectors, "prompt": prefix, "max_length": pipeline.max_length,
                                               "precision": pipeline.precision},
                         dim, inputs, sources, settings, shard_size, fields)

@@ -10,6 +10,7 @@ from typing import Any
 from bertforge.errors import ConfigError
 from bertforge.inference.wire_inputs import AUTO_TRUNCATE
 from bertforge.retrieval.text_chunks import check_chunking
+from bertforge.retrieval.token_rows import TOKEN_DTYPES
 from bertforge.retrieval.vector_quantization import QUANTIZED_DTYPES
 
 DTYPES = ("float32", "float16", *QUANTIZED_DTYPES)
@@ -27,6 +28,8 @@ class EmbedSettings:
         dtype: on disk (computed in float32): "float32", "float16", "int8" (calibrated on the first records) or
             "binary" (sign bits, plus int8 codes for rescoring); sparse vectors are float32 weights.
         sparse: SPLADE vectors of a masked-LM model (the embed-sparse task) as compressed rows.
+        multi_vector: a ColBERT model's vectors, one per token (the embed-multi-vector task, documents' role), as
+            `token_rows.TokenRows`; dtype float32 or float16.
         max_terms: sparse only: keep each text's largest that many weights.
         chunk, chunk_overlap: cut every text into windows of `chunk` tokens overlapping by `chunk_overlap`,
             one row each (`text_chunks`). late_chunking: the whole text runs through the model once and each
@@ -49,6 +52,7 @@ class EmbedSettings:
     chunk_overlap: int | None = None
     late_chunking: bool = False
     truncate: bool = AUTO_TRUNCATE
+    multi_vector: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.truncate, bool):
@@ -64,6 +68,15 @@ class EmbedSettings:
         if not self.sparse and self.max_terms is not None:
             raise ConfigError("--max-terms prunes sparse vectors; add --sparse (a masked-LM model) or remove it")
         check_chunking(self.chunk, self.chunk_overlap)
+        if self.multi_vector:
+            given = [flag for flag, value in (("--sparse", self.sparse), ("--pooling", self.pooling),
+                                              ("--normalize", self.normalize), ("--chunk", self.chunk),
+                                              ("--max-terms", self.max_terms)) if value not in (None, False)]
+            if given:
+                raise ConfigError(f"{given[0]} does not apply to --multi-vector (a ColBERT model's unit vector per "
+                                  "token, cut to its document length); remove it")
+            if self.dtype not in TOKEN_DTYPES:
+                raise ConfigError(f"--multi-vector stores float32 or float16 token vectors; remove --dtype {self.dtype}")
         if self.late_chunking and (self.chunk is None or self.sparse):
             raise ConfigError("--late-chunking pools dense token vectors per chunk: add --chunk TOKENS"
                               if self.chunk is None else "--late-chunking applies to dense vectors; remove it or "
@@ -71,8 +84,8 @@ class EmbedSettings:
 
     @property
     def kind(self) -> str:
-        """"sparse" or "dense"."""
-        return "sparse" if self.sparse else "dense"
+        """"sparse", "multi-vector" or "dense"."""
+        return "sparse" if self.sparse else "multi-vector" if self.multi_vector else "dense"
 
     @property
     def chunking(self) -> dict[str, Any] | None:

@@ -1,9 +1,11 @@
-"""`bertforge search`'s entry points over sparse and hybrid folders, and over one folder of either kind: the
-queries embedded with pipelines of their own (`vector_search.embed_query_vectors`), then searched through
-`searcher.Searcher` (the one search path; hybrid fusion is described there).
+"""`bertforge search`'s entry points over sparse, multi-vector and hybrid folders, over one folder of any kind,
+and reranking by a multi-vector folder: the queries embedded with pipelines of their own
+(`vector_search.embed_query_vectors`), then searched through `searcher.Searcher` (the one search path; hybrid
+fusion and reranking are described there).
 
-Owns: `search_sparse_hits`, `hybrid_search_hits` and `folder_hits` (which of them a folder takes, and the flags
-that do not apply to it), and `collection_hits` (a Qdrant collection, searched there).
+Owns: `search_sparse_hits`, `multi_vector_hits`, `hybrid_search_hits`, `reranked_hits` and `folder_hits` (which
+of them a folder takes, and the flags that do not apply to it), and `collection_hits` (a Qdrant collection,
+searched there).
 """
 
 from __future__ import annotations
@@ -39,6 +41,44 @@ def search_sparse_hits(directory: str | os.PathLike, queries: Sequence[str], *, 
         return []
     return searcher.search(embed_query_vectors(searcher, queries, **embedding), top_k, show_text=show_text,
                            field=field, filter=checked)
+
+
+def multi_vector_hits(directory: str | os.PathLike, queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
+                      show_text: bool = False, field: str | None = None, filter: Any = None, **embedding: Any,
+                      ) -> list[list[dict[str, Any]]]:
+    """The top-k hits {"id", "score"} of each query text in a multi-vector folder by exact MaxSim, best first
+    (`show_text` / `field` / `filter` as `vector_search.search_hits`); the queries are embedded with the query role
+    by the folder's model (`embedding`: model, device, batch_size, prompt_name, prompt, precision)."""
+    check_top_k(top_k)
+    searcher = Searcher(multi_vector=directory)
+    checked = searcher.check_filter(filter)
+    if not queries:
+        return []
+    return searcher.search(embed_query_vectors(searcher, queries, **embedding), top_k, show_text=show_text,
+                           field=field, filter=checked)
+
+
+def reranked_hits(directories: Sequence[str | os.PathLike], multi_vector: str | os.PathLike, queries: Sequence[str],
+                  *, top_k: int = DEFAULT_TOP_K, depth: int = DEFAULT_FUSION_DEPTH, sparse_model: Any = None,
+                  **search: Any) -> list[list[dict[str, Any]]]:
+    """The top-k hits of each query text among the best `depth` of a dense or sparse folder (or a dense and a
+    sparse one, fused: `hybrid_search_hits`), reranked by their MaxSim in a multi-vector folder of the same input:
+    {"id", "score" (the MaxSim), "first_rank"} (plus "dense_rank" and "sparse_rank" when fused). `search`: the
+    first stage's keywords (model, device, batch_size, prompt_name, prompt, precision, show_text, field, filter,
+    exact, ef_search, rescore_multiplier, rrf_k)."""
+    check_top_k(top_k)
+    check_top_k(depth, "depth")
+    searcher = Searcher.of_folders([*directories, multi_vector], exact=search.pop("exact", False))
+    if searcher.multi is None or (searcher.dense is None and searcher.sparse is None):
+        raise ConfigError("reranking takes a dense or sparse folder (or both) and a multi-vector folder (`bertforge "
+                          f"embed --multi-vector`) of the same input; got {[*map(str, directories), str(multi_vector)]}")
+    search["filter"] = searcher.check_filter(search.get("filter"))
+    if not queries:
+        return []
+    loading = {k: search.pop(k) for k in ("model", "device", "batch_size", "prompt_name", "prompt", "precision")
+               if k in search}
+    vectors = embed_query_vectors(searcher, queries, sparse_model=sparse_model, **loading)
+    return searcher.search(vectors, top_k, depth=depth, **search)
 
 
 def hybrid_search_hits(dense_directory: str | os.PathLike, sparse_directory: str | os.PathLike,
@@ -79,8 +119,16 @@ def hybrid_search_hits(dense_directory: str | os.PathLike, sparse_directory: str
 def folder_hits(directory: str | os.PathLike, queries: Sequence[str], *, rescore_multiplier: int | None = None,
                 exact: bool = False, ef_search: int | None = None, **search: Any) -> list[list[dict[str, Any]]]:
     """`bertforge search` over one folder: dense (`vector_search.search_hits`, through its approximate index
-    unless `exact`) or sparse (`search_sparse_hits`) as its manifest says; `search`: their common keywords."""
-    if VectorFolder(directory).kind == "sparse":
+    unless `exact`), sparse (`search_sparse_hits`) or multi-vector (`multi_vector_hits`) as its manifest says;
+    `search`: their common keywords."""
+    kind = VectorFolder(directory).kind
+    if kind == "multi-vector":
+        given = [flag for flag, value in (("--rescore-multiplier", rescore_multiplier), ("--ef-search", ef_search))
+                 if value is not None]
+        if given:
+            raise ConfigError(f"{given[0]} does not apply to a multi-vector folder (exact MaxSim); remove it")
+        return multi_vector_hits(directory, queries, **search)
+    if kind == "sparse":
         if rescore_multiplier is not None:
             raise ConfigError("--rescore-multiplier applies to binary dense folders; remove it for a sparse one")
         if ef_search is not None:
@@ -113,4 +161,4 @@ def collection_hits(location: str, queries: Sequence[str], *, top_k: int = DEFAU
 
 
 __all__ = ["DEFAULT_FUSION_DEPTH", "check_same_input", "collection_hits", "folder_hits", "hybrid_search_hits",
-           "search_sparse_hits"]
+           "multi_vector_hits", "reranked_hits", "search_sparse_hits"]

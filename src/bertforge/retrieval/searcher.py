@@ -1,5 +1,6 @@
 """Search of one index, opened once and searched with query vectors: a dense folder (exact, or through its
-approximate index), a sparse one, or both fused by reciprocal rank fusion (hybrid). The one search path of
+approximate index), a sparse one, or both fused by reciprocal rank fusion (hybrid); a multi-vector folder (a
+ColBERT model's token vectors) searched alone by exact MaxSim, or reranking the best `depth` rows of any of those. The one search path of
 `bertforge search` (which embeds the queries with a pipeline of its own, `vector_search`) and of the server's
 `POST /search` (which embeds them through the served model's scheduler).
 
@@ -28,6 +29,7 @@ from bertforge.metrics.fusion import DEFAULT_RRF_K, check_rrf_k, reciprocal_rank
 from bertforge.metrics.sparse import SparseRows
 from bertforge.retrieval.fields import FieldSpec
 from bertforge.retrieval.filters import Filter, parse_filter
+from bertforge.retrieval.multi_vector_search import MULTI_VECTOR_TASK, MultiVectorIndex
 from bertforge.retrieval.sparse_search import SparseIndex
 from bertforge.retrieval.sparse_vectors import SPARSE_TASK
 from bertforge.retrieval.store import VectorFolder
@@ -38,7 +40,8 @@ from bertforge.retrieval.vector_texts import record_texts
 
 # Rows each folder contributes per query before fusion.
 DEFAULT_FUSION_DEPTH = 100
-KINDS = ("dense", "sparse")
+KINDS = ("dense", "sparse", "multi-vector")
+TASKS = {"dense": "embed", "sparse": SPARSE_TASK, "multi-vector": MULTI_VECTOR_TASK}
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ def query_model(folder: VectorFolder) -> QueryModel:
     embedding = dict(folder.manifest["embedding"])
     embedding.pop("prompt")
     return QueryModel(Path(folder.manifest["model"]["path"]), folder.manifest["model"]["fingerprint"],
-                      SPARSE_TASK if folder.kind == "sparse" else "embed", embedding,
+                      TASKS[folder.kind], embedding,
                       embedding.pop("max_length"), embedding.pop("precision"))
 
 
@@ -70,6 +73,12 @@ def check_same_input(dense: VectorFolder, sparse: VectorFolder) -> None:
         raise ConfigError(f"hybrid search fuses a dense folder ({dense.directory}: {dense.kind}) with a sparse one "
                           f"({sparse.directory}: {sparse.kind}); give --index the dense folder (`bertforge embed`) "
                           "and --hybrid the sparse one (`bertforge embed --sparse`)")
+    check_aligned(dense, sparse)
+
+
+def check_aligned(dense: VectorFolder, sparse: VectorFolder) -> None:
+    """ConfigError unless two folders embedded the same records in the same order (row i is the same record in
+    both: fused, or one reranking the other's rows), with the same rows deleted."""
     first, second = dense.manifest["input"], sparse.manifest["input"]
     added = [[(addition["files"], addition["settings"]) for addition in folder.manifest.get("additions", [])]
              for folder in (dense, sparse)]
@@ -141,27 +150,33 @@ class Searcher:
     """
 
     def __init__(self, dense: str | os.PathLike | None = None, sparse: str | os.PathLike | None = None, *,
-                 exact: bool = False):
-        if dense is None and sparse is None:
-            raise ConfigError("a search needs a dense or a sparse folder (or both, for hybrid search)")
+                 multi_vector: str | os.PathLike | None = None, exact: bool = False):
+        if dense is None and sparse is None and multi_vector is None:
+            raise ConfigError("a search needs a dense, a sparse or a multi-vector folder (or a dense and a sparse "
+                              "one, for hybrid search)")
+        self.multi = MultiVectorIndex(multi_vector) if multi_vector is not None else None
         self.dense = VectorIndex(dense) if dense is not None else None
         self.sparse: SparseIndex | None = None
         if sparse is not None:
             if self.dense is not None:
                 check_same_input(self.dense, VectorIndex(sparse))
             self.sparse = SparseIndex(sparse)
-        elif self.dense is not None and self.dense.kind == "sparse":
-            raise ConfigError(f"{dense} holds sparse vectors: open it as the sparse folder")
+        elif self.dense is not None and self.dense.kind != "dense":
+            raise ConfigError(f"{dense} holds {self.dense.kind} vectors: open it as the {self.dense.kind} folder")
         self.ann: AnnIndex | None = None
         if self.dense is not None and self.sparse is None and not exact:
             self.ann = open_ann(self.dense)  # before any model loads: a stale index fails fast
         if self.sparse is not None:
             self.sparse.inverted()
+        first = self.dense if self.dense is not None else self.sparse
+        if self.multi is not None and first is not None:
+            check_aligned(first, self.multi)  # the multi-vector folder rescores the first stage's rows
 
     @classmethod
     def of_folders(cls, directories: Sequence[str | os.PathLike], *, exact: bool = False) -> Searcher:
-        """The searcher of one folder, dense or sparse as its manifest says, or of a dense and a sparse folder
-        of the same input (hybrid), in either order.
+        """The searcher of one folder, dense, sparse or multi-vector as its manifest says, or of a dense and a
+        sparse folder of the same input (hybrid), in either order, with a multi-vector folder of that input
+        reranking them.
 
         Raises:
             ConfigError: no folder, or more than one of a kind.
@@ -173,7 +188,7 @@ class Searcher:
                 raise ConfigError(f"two {kind} folders ({kinds[kind]}, {directory}); an index is one folder, or a "
                                   "dense and a sparse folder of the same input")
             kinds[kind] = directory
-        return cls(kinds.get("dense"), kinds.get("sparse"), exact=exact)
+        return cls(kinds.get("dense"), kinds.get("sparse"), multi_vector=kinds.get("multi-vector"), exact=exact)
 
     @property
     def hybrid(self) -> bool:
@@ -181,11 +196,11 @@ class Searcher:
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        """The kinds of query vectors a search takes: ("dense",), ("sparse",) or both."""
+        """The kinds of query vectors a search takes: ("dense",), ("sparse",), both, each with "multi-vector"."""
         return tuple(kind for kind in KINDS if self.folder(kind) is not None)
 
-    def folder(self, kind: str) -> VectorIndex | None:
-        return self.dense if kind == "dense" else self.sparse
+    def folder(self, kind: str) -> VectorFolder | None:
+        return {"dense": self.dense, "sparse": self.sparse, "multi-vector": self.multi}[kind]
 
     @property
     def described(self) -> VectorFolder:
@@ -193,7 +208,7 @@ class Searcher:
         stores fields; both hold the same records in the same rows, `check_same_input`)."""
         if self.dense is not None and (self.sparse is None or self.dense.fields or not self.sparse.fields):
             return self.dense
-        return self.sparse
+        return self.sparse if self.sparse is not None else self.multi
 
     @property
     def fields(self) -> tuple[FieldSpec, ...]:
@@ -228,14 +243,15 @@ class Searcher:
                ef_search: int | None = None, exact: bool = False, rrf_k: float = DEFAULT_RRF_K,
                depth: int = DEFAULT_FUSION_DEPTH, filter: Any = None) -> list[list[dict[str, Any]]]:
         """The top-k hits of each query, best first: {"id", "score"} (plus "span", "text" or `field`, `hits_of`;
-        hybrid: the fused score and "dense_rank", "sparse_rank").
+        hybrid: the fused score and "dense_rank", "sparse_rank"; reranked by a multi-vector folder: the MaxSim
+        score and "first_rank", the row's rank in the first stage's best `depth`).
 
         Args:
-            vectors: per kind of `kinds`, the queries' vectors ([Q, D] float32 dense, `SparseRows` sparse),
-                embedded as `query_models` says.
+            vectors: per kind of `kinds`, the queries' vectors ([Q, D] float32 dense, `SparseRows` sparse, a
+                [q, D] float32 array per query multi-vector), embedded as `query_models` says.
             rescore_multiplier: binary dense folders (`VectorIndex.search_vectors`); ef_search: candidates of the
                 approximate index (`AnnIndex.search_vectors`); exact: score every vector even where the approximate
-                index is loaded; rrf_k, depth: hybrid fusion.
+                index is loaded; rrf_k, depth: hybrid fusion (depth: also the rows a multi-vector folder reranks).
             filter: conditions on the metadata fields (`check_filter`); the rows that meet them are the only
                 ones any search ranks (a mask applied before the top-k, hybrid: on both sides), so the hits are
                 the top-k of the matching rows.
@@ -247,13 +263,43 @@ class Searcher:
         missing = [kind for kind in self.kinds if kind not in vectors]
         if missing:
             raise InputError(f"the {missing[0]} query vectors are missing")
+        checked = self.check_filter(filter)
+        rows = None if checked is None else checked.mask(self.described.metadata())  # [count] bool
+        first = {"rescore_multiplier": rescore_multiplier, "ef_search": ef_search, "exact": exact, "rrf_k": rrf_k,
+                 "depth": depth, "rows": rows}
+        if self.multi is not None and self.dense is None and self.sparse is None:
+            given = [name for name in ("rescore_multiplier", "ef_search") if first[name] is not None]
+            if given:
+                raise InputError(f"{given[0]} does not apply to a multi-vector folder searched alone (exact MaxSim)")
+            scores, found = self.multi.search_tokens(vectors["multi-vector"], top_k, rows=rows)
+            return hits_of(self.multi, scores, found, show_text, field)
+        if self.multi is None:
+            scores, found, ranks = self.ranked(vectors, top_k, **first)
+            hits = hits_of(self.dense if self.dense is not None else self.sparse, scores, found, show_text, field)
+        else:  # the first stage's best `depth` rows, reranked by their MaxSim
+            check_top_k(depth, "depth")
+            _, first_rows, _ = self.ranked(vectors, max(depth, top_k), **first)
+            first_scores = self.multi.rescore(vectors["multi-vector"], first_rows)
+            order = np.lexsort((first_rows, -first_scores), axis=1)[:, :top_k]  # equal scores: lower row first
+            found, scores = np.take_along_axis(first_rows, order, 1), np.take_along_axis(first_scores, order, 1)
+            hits = hits_of(self.multi, scores, found, show_text, field)
+            ranks = [[{"first_rank": place + 1} for place in query_order] for query_order in order.tolist()]
+        if ranks is not None:
+            for query_hits, query_ranks in zip(hits, ranks):
+                for hit, rank in zip(query_hits, query_ranks):
+                    hit.update(rank)
+        return hits
+
+    def ranked(self, vectors: dict[str, Any], top_k: int, *, rescore_multiplier: int | None, ef_search: int | None,
+               exact: bool, rrf_k: float, depth: int, rows: np.ndarray | None,
+               ) -> tuple[np.ndarray, np.ndarray, list[list[dict]] | None]:
+        """([Q, k] scores, [Q, k] rows, each hit's ranks in the fused rankings or None) of the dense, sparse or
+        hybrid search (`search`'s arguments; `rows`: the rows the filter allows, [count] bool, or None)."""
         if rescore_multiplier is not None and (self.hybrid or self.dense is None):
             raise InputError("rescore_multiplier applies to a binary dense folder searched alone")
         approximate = self.ann is not None and not exact
         if ef_search is not None and not approximate:
             raise InputError("ef_search applies to a dense folder's approximate index, which this search does not use")
-        checked = self.check_filter(filter)
-        rows = None if checked is None else checked.mask(self.described.metadata())  # [count] bool
         if self.hybrid:
             check_top_k(depth, "depth")
             check_rrf_k(rrf_k)
@@ -263,21 +309,15 @@ class Searcher:
             allowed = self.dense.allowed(rows)
             count = self.dense.count if allowed is None else int(allowed.sum())
             scores, found, ranks = fuse(dense_rows, sparse_rows, min(top_k, count), rrf_k)
-            hits = hits_of(self.dense, scores, found, show_text, field)
-            for query_hits, query_ranks in zip(hits, ranks):
-                for hit, (dense_rank, sparse_rank) in zip(query_hits, query_ranks):
-                    hit.update(dense_rank=dense_rank, sparse_rank=sparse_rank)
-            return hits
+            return scores, found, [[{"dense_rank": dense, "sparse_rank": sparse} for dense, sparse in query]
+                                   for query in ranks]
         if self.sparse is not None:
-            scores, found = self.sparse.search_sparse(vectors["sparse"], top_k, rows=rows)
-            return hits_of(self.sparse, scores, found, show_text, field)
+            return (*self.sparse.search_sparse(vectors["sparse"], top_k, rows=rows), None)
         if approximate:
-            scores, found = self.ann.search_vectors(vectors["dense"], top_k, ef_search, rows=rows)
-        else:
-            scores, found = self.dense.search_vectors(vectors["dense"], top_k,
-                                                      rescore_multiplier or DEFAULT_RESCORE_MULTIPLIER, rows=rows)
-        return hits_of(self.dense, scores, found, show_text, field)
+            return (*self.ann.search_vectors(vectors["dense"], top_k, ef_search, rows=rows), None)
+        return (*self.dense.search_vectors(vectors["dense"], top_k, rescore_multiplier or DEFAULT_RESCORE_MULTIPLIER,
+                                           rows=rows), None)
 
 
-__all__ = ["DEFAULT_FUSION_DEPTH", "DEFAULT_RRF_K", "QueryModel", "Searcher", "check_same_input", "hits_of",
-           "query_model"]
+__all__ = ["DEFAULT_FUSION_DEPTH", "DEFAULT_RRF_K", "QueryModel", "Searcher", "check_aligned", "check_same_input",
+           "hits_of", "query_model"]

@@ -4,12 +4,15 @@ reads (docs/retrieval.md). This is the only module that names a shard file or re
 Owns: the file names (`SHARD_FILES`, `PROGRESS_NAME`, `MANIFEST_NAME`), the manifest (its identity, what a
 resume must match: `identity`, `describe_changes`; reading it, old versions included: `read_manifest`), the
 settings that made the vectors (`EmbedSettings`, defined in `embed_settings`: what the manifest stores), what is finished (`finished`), writing
-a shard (`write_shard`: dense float, int8 or binary codes, or sparse rows) and the finished folder opened for
-reading (`VectorFolder`: shards memory-mapped, per-row lines, metadata and sparse rows read back, each shard file held
-to the size and sha256 its manifest records: `check_shard_sizes`, `verify_shard_file`).
+a shard (`write_shard`: dense float, int8 or binary codes, sparse rows, or multi-vector rows: `TokenRows`) and the
+finished folder opened for reading (`VectorFolder`: shards memory-mapped, per-row lines, metadata and sparse rows
+read back, each shard file held to the size and sha256 its manifest records: `check_shard_sizes`,
+`verify_shard_file`).
 
 Layout of a folder: `manifest.json`; per shard `vectors-00000.npy` ([n, D], record order; binary shards also
-`codes-00000.npy`, their int8 codes; sparse shards `indptr-`, `terms-` and `weights-00000.npy`, compressed rows),
+`codes-00000.npy`, their int8 codes; sparse shards `indptr-`, `terms-` and `weights-00000.npy`, compressed rows;
+multi-vector shards `offsets-00000.npy` ([n + 1] int64) and `multivectors-00000.npy` ([M, D], every row's token
+vectors one row after another: row i's are multivectors[offsets[i]:offsets[i+1]]),
 `ids-00000.jsonl` (JSON strings), `spans-00000.jsonl` (chunked runs: [record, start, end] of each row),
 `fields-00000.parquet` (`embed --field`: each row's metadata fields, Apache Parquet; the manifest's "fields"
 lists their names and types, `fields`; `VectorFolder.metadata`, which `filters` evaluate), then
@@ -44,6 +47,7 @@ from bertforge.inference.wire_inputs import AUTO_TRUNCATE
 from bertforge.metrics.sparse import SparseRows
 from bertforge.retrieval.embed_settings import DTYPES, EmbedSettings
 from bertforge.retrieval.fields import FieldSpec, fields_of, joined_metadata, parquet_bytes, read_parquet
+from bertforge.retrieval.token_rows import TokenRows
 from bertforge.retrieval.vector_quantization import coded
 
 MANIFEST_NAME = "manifest.json"
@@ -62,6 +66,8 @@ SHARD_FILES = {
     "indptr": "indptr-{:05d}.npy",  # sparse shards: [n + 1] int64, row i's entries are indptr[i]:indptr[i+1]
     "terms": "terms-{:05d}.npy",  # int32 term ids, ascending within a row
     "weights": "weights-{:05d}.npy",  # float32, > 0
+    "offsets": "offsets-{:05d}.npy",  # multi-vector shards: [n + 1] int64, row i's tokens are offsets[i]:offsets[i+1]
+    "multivectors": "multivectors-{:05d}.npy",  # [M, D] float32 or float16, every row's token vectors in row order
     "ids": "ids-{:05d}.jsonl",
     "spans": "spans-{:05d}.jsonl",  # chunked runs: [record, start, end] of each row (its record's characters)
     "records": "records-{:05d}.jsonl",  # compacted shards of unchunked folders: each row's record in its input
@@ -145,7 +151,8 @@ def new_manifest(model_dir: str | os.PathLike, settings: EmbedSettings, embeddin
     return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "complete": False,
             "model": {"path": str(Path(model_dir).resolve()), "fingerprint": model_fingerprint(model_dir)},
             "kind": settings.kind, "settings": asdict(settings), "embedding": embedding,
-            "similarity": "dot" if settings.sparse or not embedding["normalize"] else "cosine",
+            "similarity": "maxsim" if settings.multi_vector else "dot" if settings.sparse or not embedding["normalize"]
+            else "cosine",
             "dim": dim, "dtype": settings.dtype, "shard_size": shard_size,
             "input": input_record(inputs, sources, corpus),
             **({"fields": [spec.record() for spec in metadata]} if metadata else {}),
@@ -276,15 +283,24 @@ def sparse_arrays(rows: SparseRows) -> dict[str, np.ndarray]:
             "weights": rows.values.astype(np.float32)}
 
 
-def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray | SparseRows, dtype: str,
+def token_arrays(rows: TokenRows, dtype: str) -> dict[str, np.ndarray]:
+    """The arrays one multi-vector shard stores: {"offsets", "multivectors"} (the vectors in `dtype`)."""
+    return {"offsets": rows.offsets.astype(np.int64),
+            "multivectors": np.ascontiguousarray(rows.tokens, dtype=dtype)}
+
+
+def write_shard(out: Path, index: int, ids: Sequence[str], vectors: np.ndarray | SparseRows | TokenRows, dtype: str,
                 tokens: int, calibration: dict[str, Any] | None = None,
                 spans: Sequence[Sequence[int]] | None = None, truncated: int = 0, metadata: Any = None,
                 **extra: Any) -> dict[str, Any]:
     """Write one shard's vectors (coded as `dtype`: `vector_quantization.coded`; a binary shard also its int8
-    codes; sparse rows as `sparse_arrays`), then its ids (and `metadata`), then its record (each atomically, the
-    record with its texts cut to the window, `truncated`, and `extra` keys: `write_shard_arrays`); return the
-    record."""
-    arrays = sparse_arrays(vectors) if isinstance(vectors, SparseRows) else coded(vectors, dtype, calibration)
+    codes; sparse rows as `sparse_arrays`; multi-vector rows as `token_arrays`), then its ids (and `metadata`), then
+    its record (each atomically, the record with its texts cut to the window, `truncated`, and `extra` keys:
+    `write_shard_arrays`); return the record."""
+    if isinstance(vectors, TokenRows):
+        arrays = token_arrays(vectors, dtype)
+    else:
+        arrays = sparse_arrays(vectors) if isinstance(vectors, SparseRows) else coded(vectors, dtype, calibration)
     return write_shard_arrays(out, index, arrays, ids, tokens, spans, truncated=truncated, metadata=metadata,
                               **extra)
 
@@ -318,6 +334,8 @@ def write_shard_arrays(out: Path, index: int, arrays: dict[str, np.ndarray], ids
               "sha256": {kind: hashlib.sha256(payload).hexdigest() for kind, payload in data.items()}, **extra}
     if "indptr" in arrays:
         record["nonzero"] = int(arrays["indptr"][-1])  # stored terms, all texts together
+    if "offsets" in arrays:
+        record["vector_count"] = int(arrays["offsets"][-1])  # stored token vectors, all texts together
     storage.write_json(progress_path(out, index), record)
     return record
 
@@ -421,7 +439,8 @@ class VectorFolder:
 
     @property
     def kind(self) -> str:
-        """"dense" (vectors) or "sparse" (`bertforge embed --sparse`: compressed rows of term weights)."""
+        """"dense" (vectors), "sparse" (`bertforge embed --sparse`: compressed rows of term weights) or
+        "multi-vector" (`bertforge embed --multi-vector`: `TokenRows`, a ColBERT model's vectors per token)."""
         return self.settings.kind
 
     @property
@@ -499,6 +518,9 @@ class VectorFolder:
         "codes"), or the sparse rows' "indptr", "terms", "weights"."""
         if self.kind == "sparse":
             return sparse_arrays(self.shard_rows(index))
+        if self.kind == "multi-vector":
+            rows = self.shard_token_rows(index)
+            return token_arrays(rows, str(rows.tokens.dtype))
         return {kind: np.asarray(self.shard_vectors(index, kind)) for kind in ("vectors", "codes")
                 if kind in self.shards[index]}
 
@@ -529,6 +551,17 @@ class VectorFolder:
                               f"says {record['count']}; rerun `bertforge embed --sparse` to rewrite it")
         return rows
 
+    def shard_token_rows(self, index: int) -> TokenRows:
+        """The rows of one multi-vector shard (tokens memory-mapped), checked against its record."""
+        record = self.shards[index]
+        try:
+            return TokenRows.checked(np.load(self.shard_path(index, "offsets"), allow_pickle=False),
+                                     np.load(self.shard_path(index, "multivectors"), mmap_mode="r", allow_pickle=False),
+                                     record["count"], self.dim)
+        except (OSError, ValueError, KeyError) as error:
+            raise ConfigError(f"{self.directory}: multi-vector shard {record.get('index')} is unreadable ({error}); "
+                              "rerun `bertforge embed --multi-vector` to rewrite it") from None
+
     def checksums(self, kinds: Sequence[str]) -> list[list[str]]:
         """Each shard's recorded sha256 of its `kinds` files, in shard order (what an index is built from)."""
         return [[shard["sha256"][kind] for kind in kinds] for shard in self.shards]
@@ -555,7 +588,7 @@ class VectorFolder:
         return [[found[int(row)] for row in query_rows] for query_rows in np.asarray(rows)]
 
 
-__all__ = ["DTYPES", "FORMAT_VERSION", "MANIFEST_NAME", "SHARD_FILES", "TOMBSTONES_NAME", "EmbedSettings",
+__all__ = ["DTYPES", "FORMAT_VERSION", "MANIFEST_NAME", "SHARD_FILES", "TOMBSTONES_NAME", "EmbedSettings", "TokenRows",
            "VectorFolder", "check_shard_sizes", "describe_changes", "embed_settings",
            "finish_output", "finished", "identity", "input_record", "new_manifest", "progress_path", "read_manifest",
            "read_tombstones", "start_output", "verify_shard_file", "write_shard", "write_shard_arrays",

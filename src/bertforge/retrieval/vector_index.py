@@ -114,8 +114,9 @@ class VectorIndex(VectorFolder):
         Returns:
             ([Q, k] scores, [Q, k] global row numbers), best first.
         """
-        if self.kind == "sparse":
-            raise ConfigError(f"{self.directory} holds sparse vectors: search it with `retrieval.sparse_search` "
+        if self.kind != "dense":
+            raise ConfigError(f"{self.directory} holds {self.kind} vectors: search it with "
+                              f"`retrieval.{'sparse_search' if self.kind == 'sparse' else 'multi_vector_search'}` "
                               "(`bertforge search` picks it by the folder)")
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         if queries.ndim != 2 or queries.shape[1] != self.dim:

@@ -17,6 +17,7 @@ from bertforge.checkpoint_format import model_fingerprint
 from bertforge.errors import ConfigError
 from bertforge.inference.pipelines import DEFAULT_BATCH_SIZE, load_pipeline
 from bertforge.metrics.sparse import SparseRows
+from bertforge.retrieval.multi_vector_search import embed_multi_vector_queries
 from bertforge.retrieval.searcher import QueryModel, Searcher, hits_of, query_model
 from bertforge.retrieval.sparse_vectors import SPARSE_TASK, encode_sparse
 from bertforge.retrieval.store import VectorFolder
@@ -36,9 +37,9 @@ def query_pipeline(index: VectorFolder | QueryModel, *, model: str | os.PathLike
                    batch_size: int = DEFAULT_BATCH_SIZE, precision: str | None = None,
                    task: str | None = None, where: str | None = None) -> tuple[Any, dict[str, Any]]:
     """(pipeline, options) that embed queries as the corpus was: the manifest's model (or `model`, the same
-    files), window, options and precision (`precision` None: the corpus's); `task`: the folder's ("embed" or
-    "embed-sparse") unless given. `index`: a folder, or the `QueryModel` an index records (a Qdrant collection;
-    `where` names it in messages).
+    files), window, options and precision (`precision` None: the corpus's); `task`: the folder's ("embed",
+    "embed-sparse" or "embed-multi-vector") unless given. `index`: a folder, or the `QueryModel` an index records
+    (a Qdrant collection; `where` names it in messages).
 
     Raises:
         ConfigError: `model` is missing or another model than the corpus's.
@@ -82,6 +83,11 @@ def embed_query_vectors(searcher: Any, queries: Sequence[str], *, sparse_model: 
     of the sparse side's model."""
     wanted = searcher.query_models()
     vectors: dict[str, np.ndarray | SparseRows] = {}
+    if "multi-vector" in wanted:  # alone: the queries' prompt and model; reranking: its model's default prompt
+        alone = len(wanted) == 1
+        loading = {k: v for k, v in embedding.items() if alone or k in ("device", "batch_size", "precision")}
+        vectors["multi-vector"] = embed_multi_vector_queries(wanted["multi-vector"], queries,
+                                                             where=searcher.where("multi-vector"), **loading)
     if "dense" in wanted:
         vectors["dense"] = embed_queries(wanted["dense"], queries, where=searcher.where("dense"), **embedding)
     if "sparse" in wanted:

@@ -1,7 +1,7 @@
 """The answers of the model routes: their size bounded before the model runs, their bytes made off the event loop.
 
 Size. What a route answers grows with what it is asked, far beyond the request: vectors (inputs x width), token
-vectors (`/embed_all`, embed's `token_vectors`: tokens x width), sparse vectors (inputs x terms; a SPLADE model
+vectors (`/embed_all`, embed's `token_vectors`, `/v1/embed-multi-vector`: tokens x width), sparse vectors (inputs x terms; a SPLADE model
 that is untrained, or trained badly, gives weight to the whole vocabulary, 30k terms a text), attention maps
 (layers x heads x tokens^2). `bound_answer` counts an answer's bytes at the most each number takes
 (`NUMBER_BYTES`, `SPARSE_TERM_BYTES`, `WEIGHT_BYTES`: an upper bound, so an answer admitted is never larger) and
@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from bertforge.families.colbert import ColBERT
 from bertforge.families.embedding import Embedding, vector_width
 from bertforge.families.sparse import SparseEmbedding
 from bertforge.inference.attention import AttentionSteps
@@ -112,6 +113,14 @@ def bound_answer(pipeline: Any, options: dict[str, Any], inputs: int, *, max_ans
         check_size(inputs * (kept * per_term + ITEM_BYTES), max_answer_bytes,
                    f"{inputs} sparse vectors of up to {kept:,} terms; max_sparse_terms caps the terms")
         return options, None
+    if isinstance(family, ColBERT):  # a vector per token, its marker's too; a query's filled to its length
+        width, length = pipeline.model.dimension, pipeline.model.colbert.query_length
+
+        def multi_vectors(tokens: list[int]) -> str | None:
+            count = sum(max(t + 1, length if options["role"] == "query" else 0) for t in tokens)
+            return over_budget(count * width * NUMBER_BYTES + len(tokens) * ITEM_BYTES, max_answer_bytes,
+                               f"{count:,} token vectors of {width} numbers, from {len(tokens)} inputs")
+        return options, multi_vectors
     if not isinstance(family, Embedding):
         return options, None
     width = vector_width(pipeline.config.hidden_size, options["pooling"])

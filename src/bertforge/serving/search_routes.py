@@ -3,9 +3,10 @@
 texts, by the same code (`retrieval.searcher.Searcher`); a "filter" on the index's metadata fields is `bertforge
 search --filter`'s JSON form, checked before any query is embedded.
 
-An index is one folder (dense or sparse), a dense and a sparse folder of the same input (hybrid: reciprocal
-rank fusion) or a Qdrant collection (`retrieval.index_locations.open_index`: the same interface), opened once
-when the server starts: manifests read, the approximate index and the inverted index
+An index is one folder (dense, sparse or multi-vector: exact MaxSim), a dense and a sparse folder of the same
+input (hybrid: reciprocal rank fusion), either with a multi-vector folder of that input reranking its hits
+(`--index docs=DENSE,MULTI_VECTOR`), or a Qdrant collection (`retrieval.index_locations.open_index`: the same
+interface), opened once when the server starts: manifests read, the approximate index and the inverted index
 loaded. Its queries are embedded by the served model that made its vectors (the model the manifest names, found
 among the served models by its files' fingerprint; `load_index_models` adds it when it is not among them),
 through that model's scheduler like every other request: the same admission, keys, limits and metrics, with the
@@ -232,20 +233,24 @@ def pick_index(indexes: Mapping[str, ServedIndex], name: str | None) -> ServedIn
 
 
 async def embed_side(served: ServedIndex, kind: str, queries: list[str], call: SearchRequest,
-                     request: Request) -> np.ndarray | SparseRows:
-    """One kind of query vectors, embedded by its model's scheduler as the corpus was (`QueryModel`); hybrid:
-    the prompt is the dense queries', the sparse ones get their model's default."""
+                     request: Request) -> np.ndarray | SparseRows | list[np.ndarray]:
+    """One kind of query vectors, embedded by its model's scheduler as the corpus was (`QueryModel`; multi-vector:
+    with the query role); the prompt is the first kind's (dense, else sparse), the others get their model's
+    default."""
     service, wanted = served.services[kind], served.queries[kind]
     pipeline = service.pipelines[wanted.task]
-    own_prompt = kind == "dense" or not served.searcher.hybrid
+    own_prompt = kind == served.searcher.kinds[0]
     try:
         prefix = pipeline.prompt_text(call.prompt_name, call.prompt) if own_prompt else pipeline.prompt_text()
     except InputError as error:
         raise RequestError(422, str(error), param="prompt" if call.prompt is not None else "prompt_name") from None
     parsed = [prefix + service.parse(wanted.task, text, f"queries[{i}]") for i, text in enumerate(queries)]
-    options = service.check_options(wanted.task, wanted.options)
+    options = service.check_options(wanted.task, {**wanted.options, **({"role": "query"} if kind == "multi-vector"
+                                                                         else {})})
     with service.scheduler.incoming():
         results = await service.run(wanted.task, parsed, options, request, answered=False)
+    if kind == "multi-vector":
+        return [np.asarray(r["embeddings"], dtype=np.float32) for r in results]  # [q, D] each
     if kind == "sparse":
         return SparseRows.from_vectors([(r["indices"], r["values"]) for r in results], pipeline.config.vocab_size)
     return np.asarray([r["embedding"] for r in results], dtype=np.float32)  # [Q, D]

@@ -113,6 +113,11 @@ class SparseParameters(WireModel):
     tokens: bool = option(None, "add each term's vocabulary token")
 
 
+class MultiVectorParameters(WireModel):
+    role: str = option(None, "document (the default: cut to the model's document length, punctuation dropped) or "
+                       "query (filled with [MASK] to the model's query length)", enum=["document", "query"])
+
+
 class FillMaskParameters(WireModel):
     top_k: Annotated[int, Field(ge=1, le=100)] = option(None)
 
@@ -209,6 +214,10 @@ class SparseOutput(Output):
     tokens: list[str] | None = None
 
 
+class MultiVectorOutput(Output):
+    embeddings: list[list[float]]  # one unit vector per scored token
+
+
 class Ranked(Output):
     index: int
     score: float
@@ -245,6 +254,7 @@ TASK_MODELS: dict[str, tuple[Any, type[WireModel], type[BaseModel]]] = {
     "classify": (one_of(text=Text, list=Pair, object=PairInput), ClassifyParameters, ClassifyOutput),
     "embed": (one_of(text=Text, object=TextInput), EmbedParameters, EmbedOutput),
     "embed-sparse": (one_of(text=Text, object=TextInput), SparseParameters, SparseOutput),
+    "embed-multi-vector": (one_of(text=Text, object=TextInput), MultiVectorParameters, MultiVectorOutput),
     "tag": (one_of(text=Text, object=TextInput | WordsInput), NoParameters, TagOutput),
     "answer": (one_of(object=QuestionInput, list=QuestionPair), AnswerParameters, AnswerOutput),
     "choose": (ChoiceInput, NoParameters, ChooseOutput),

@@ -236,10 +236,10 @@ def validation_message(errors: Sequence[Any], model: type[BaseModel] | None = No
         if isinstance(first.get("input"), str):
             return f"{path}: text is empty; give some text", top
         return f"{path}: the list is empty; send at least one item", top
-    accepts = field_description(model, top) if top is not None and kind not in CONSTRAINTS else None
+    accepts = field_description(model, location) if top is not None and kind not in CONSTRAINTS else None
     if accepts is not None:
-        sent = body.get(top) if isinstance(body, dict) else first.get("input")
-        return f"{top} must be {accepts}; got {json_kind(sent)}", top
+        sent = body.get(top) if isinstance(body, dict) and path == top else first.get("input")
+        return f"{path} must be {accepts}; got {json_kind(sent)}", top
     context = first.get("ctx") or {}
     if kind == "literal_error":
         expected = f"must be one of {context.get('expected', 'the documented values')}"
@@ -260,13 +260,29 @@ def is_empty(error: Any) -> bool:
     return error.get("type") in ("string_too_short", "too_short") and error.get("input") in ("", [])
 
 
-def field_description(model: type[BaseModel] | None, field: str) -> str | None:
-    """What a top-level field of `model` accepts, in words (None: not a field of it)."""
-    if model is None or field not in model.model_fields:
+def field_description(model: type[BaseModel] | None, location: str | Sequence[Any]) -> str | None:
+    """What the field of `model` at `location` (a top-level name, or an error's location: `filter.source`,
+    `inputs[2]`) accepts, in words; None where the schema does not say (not a field of it)."""
+    parts = [location] if isinstance(location, str) else [part for part in location if error_path([part]) != "body"]
+    if model is None or not parts or parts[0] not in model.model_fields:
         return None
-    schema = model.model_json_schema(ref_template=SCHEMA_REF)
-    properties = schema.get("properties", {})
-    return described(properties[field], schema.get("$defs", {})) if field in properties else None
+    root = model.model_json_schema(ref_template=SCHEMA_REF)
+    components, schema = root.get("$defs", {}), root
+    for part in parts:
+        while "$ref" in schema:
+            schema = components.get(schema["$ref"].rsplit("/", 1)[-1], {})
+        branches = [b for b in schema.get("anyOf") or schema.get("oneOf") or () if b.get("type") != "null"]
+        if len(branches) == 1:  # an optional field: the schema of its value
+            schema = branches[0]
+        if isinstance(part, int) and schema.get("type") == "array":
+            schema = schema.get("items", {})
+        elif isinstance(part, str) and part in schema.get("properties", {}):
+            schema = schema["properties"][part]
+        elif isinstance(part, str) and isinstance(schema.get("additionalProperties"), dict):
+            schema = schema["additionalProperties"]
+        else:
+            return None
+    return described(schema, components)
 
 
 def check_body(model: type[BaseModel], body: Any, status: int = 422) -> Any:

@@ -1,0 +1,397 @@
+"""Late interaction (ColBERT): a small unit vector per token, scored by MaxSim.
+
+Owns: MaxSim (`maxsim`, the one home of it: for each query token its best dot product over a document's
+tokens, summed over the query's tokens), the model (`BertForColBERT`: the encoder, a projection without bias
+to `dimension` features and per-token L2 normalisation; saved in PyLate's layout, which sentence-transformers'
+`MultiVectorEncoder` loads, or Stanford ColBERT's), how texts become ColBERT rows (`colbert_rows`: the marker
+after [CLS], queries filled with [MASK] to their fixed length, documents cut to theirs) and which of a row's
+vectors count (every query position; a document's real tokens but the skiplist's), and the family
+(`ColBERT`: the `embed-multi-vector` route, whose `role` option says whether the texts are queries or
+documents, its features, forward and decoding into ``{"embeddings": [[...], ...]}``, dev retrieval scoring) and
+its training (`ColBERTTraining`: `colbert-pairs` / `colbert-triplets`, in-batch negatives by MaxSim,
+`ColbertObjective`).
+
+The rows are built in `forward`, from the plain [CLS] text [SEP] windows every family gets and the model's own
+settings (`BertForColBERT.colbert`), so that every path (predict, the server, evaluation, the embed job) runs
+a model as its directory says. Token ids (markers, [MASK], the skiplist) come from the tokenizer the model was
+loaded with (`use_tokenizer`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertforge import checkpoint_format
+from bertforge.data.embedding import TextGroup
+from bertforge.data.finetuning import FinetuneBatch
+from bertforge.errors import CheckpointError, ConfigError, InputError
+from bertforge.families.base import Family, LossSettings, Objective
+from bertforge.families.embedding import Embedding, EmbeddingTraining
+from bertforge.interop import colbert as colbert_files
+from bertforge.interop.colbert import ColbertSettings
+from bertforge.metrics.embedding import rank_documents, retrieval_scores
+from bertforge.model.bert import BertModel, BertPretrainedModel
+from bertforge.model.config import BertConfig
+
+ROLES = ("query", "document")
+FORMAT_COLUMNS: dict[str, dict[str, Any]] = {
+    "colbert-pairs": {"text_a_column": "anchor", "text_b_column": "positive"},
+    "colbert-triplets": {"text_a_column": "anchor", "text_b_column": "positive", "negative_column": "negative"},
+}
+RANKING_METRICS = ("ndcg@10", "mrr@10", "accuracy@1", "recall@10")
+DEFAULT_DIMENSION = 128
+LAYOUTS = ("pylate", "stanford")
+
+
+def maxsim(queries: torch.Tensor, query_mask: torch.Tensor | None, tokens: torch.Tensor,
+           token_documents: torch.Tensor, documents: int) -> torch.Tensor:
+    """MaxSim scores [B, N] of B queries against N documents whose token vectors lie flat.
+
+    Args:
+        queries: [B, q, D] query token vectors (rows of one length; `query_mask` says which count).
+        query_mask: [B, q] bool, True where a query position counts (None: all).
+        tokens: [M, D] every document's token vectors, one document after another.
+        token_documents: long [M], the document (0..N-1) each token belongs to.
+        documents: N.
+
+    A query token's best match in a document is the largest dot product with its tokens (with unit vectors,
+    the cosine); a document without tokens scores 0. Computed in the dtype of the vectors (float32 sums).
+    """
+    batch, length, width = queries.shape
+    similarity = queries.reshape(batch * length, width) @ tokens.T  # [B*q, M]
+    best = similarity.new_full((batch * length, documents), float("-inf"))
+    best = best.scatter_reduce(1, token_documents[None, :].expand_as(similarity), similarity, "amax")  # [B*q, N]
+    best = best.masked_fill(best == float("-inf"), 0.0).float().view(batch, length, documents)
+    if query_mask is not None:
+        best = best * query_mask[:, :, None].to(best.dtype)
+    return best.sum(1)  # [B, N]
+
+
+def maxsim_pairs(query: torch.Tensor, documents: Sequence[torch.Tensor]) -> torch.Tensor:
+    """MaxSim [N] of one query [q, D] against documents given as [t_i, D] each."""
+    if not documents:
+        return torch.zeros(0)
+    tokens = torch.cat(list(documents))
+    owner = torch.repeat_interleave(torch.arange(len(documents)), torch.tensor([len(d) for d in documents]))
+    return maxsim(query[None], None, tokens.to(query.dtype), owner, len(documents))[0]
+
+
+@dataclass(frozen=True)
+class ColbertTokens:
+    """The token ids a ColBERT model's rows need, from its tokenizer: markers, [MASK], the skiplist's."""
+
+    query_marker: int
+    document_marker: int
+    mask: int
+    skiplist: tuple[int, ...]
+
+    @classmethod
+    def resolve(cls, settings: ColbertSettings, tokenizer: Any) -> ColbertTokens:
+        vocab = tokenizer.vocab
+
+        def required(token: str, what: str) -> int:
+            if token not in vocab:
+                raise CheckpointError(f"the ColBERT {what} {token!r} is not in the vocabulary; choose a token it "
+                                      "holds (BERT vocabularies have [unused0], [unused1] ...)")
+            return vocab[token]
+
+        skip = tuple(sorted({vocab[w] for w in settings.skiplist if w in vocab}))
+        return cls(required(settings.query_marker, "query marker"), required(settings.document_marker,
+                   "document marker"), required(tokenizer.config.mask_token, "mask token"), skip)
+
+
+def colbert_rows(windows: Sequence[Sequence[int]], role: str, settings: ColbertSettings,
+                 tokens: ColbertTokens) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids [N, T], encoder mask [N, T], scored [N, T] bool) of windows "[CLS] text [SEP]".
+
+    Each row is [CLS] marker text [SEP], cut to the role's length; a query is then filled with [MASK] to
+    `query_length` when the model expands queries (attended to as `attend_to_expansion` says). Every query
+    position is scored; a document's tokens are, but padding and the skiplist's."""
+    length = settings.query_length if role == "query" else settings.document_length
+    marker = tokens.query_marker if role == "query" else tokens.document_marker
+    rows = [[w[0], marker, *w[1:-1][:length - 3], w[-1]] for w in windows]
+    expand = role == "query" and settings.expand_query
+    width = length if expand else max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokens.mask if expand else 0, dtype=torch.long)
+    real = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)] = torch.tensor(row)
+        real[i, :len(row)] = True
+    if expand:
+        attend = torch.ones_like(real) if settings.attend_to_expansion else real
+        return ids, attend.long(), torch.ones_like(real)
+    scored = real.clone()
+    if role == "document" and tokens.skiplist:
+        scored &= ~torch.isin(ids, torch.tensor(tokens.skiplist))
+    return ids, real.long(), scored
+
+
+class BertForColBERT(BertPretrainedModel):
+    """BERT's encoder, a projection without bias to `dimension` features, unit vectors per token.
+
+    `token_vectors` gives every position's vector [N, T, dimension]; `colbert` holds the settings (markers,
+    lengths, expansion, skiplist) and `tokens` their ids (`use_tokenizer`). It saves in PyLate's layout (the
+    encoder's weights, the projection under `1_Dense`, the settings in config_sentence_transformers.json),
+    or with `layout = "stanford"` in Stanford ColBERT's (architecture HF_ColBERT, `artifact.metadata`).
+    """
+
+    encoder_prefix = "bert."
+    head_prefixes = ("projection.",)
+
+    def __init__(self, config: BertConfig, dimension: int = DEFAULT_DIMENSION):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.projection = nn.Linear(config.hidden_size, dimension, bias=False)
+        self.colbert = ColbertSettings()
+        self.tokens: ColbertTokens | None = None
+        self.layout = "pylate"
+        self.init_weights()
+
+    @property
+    def dimension(self) -> int:
+        return self.projection.out_features
+
+    def use_tokenizer(self, tokenizer: Any) -> BertForColBERT:
+        """Resolve the settings' tokens with `tokenizer` (the one the model's texts are tokenized with)."""
+        self.tokens = ColbertTokens.resolve(self.colbert, tokenizer)
+        return self
+
+    def adopt_directory(self, folder: Path, stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Before its weights load: the directory's settings and tokens, the projection's width from the stored
+        one (PyLate and sentence-transformers keep it in their Dense module: added to `stored`)."""
+        if colbert_files.is_colbert_directory(folder):
+            self.colbert = colbert_files.read_colbert_settings(folder)
+            name = colbert_files.DENSE_WEIGHT
+            if name not in stored:
+                projection = colbert_files.read_projection(folder)
+                stored = stored if projection is None else {**stored, name: projection}
+            if name in stored and stored[name].shape[0] != self.dimension:
+                self.projection = nn.Linear(self.config.hidden_size, stored[name].shape[0], bias=False)
+        tokenizer = checkpoint_format.read_tokenizer(folder, None, self.config.vocab_size)
+        if tokenizer is not None:
+            self.use_tokenizer(tokenizer)
+        return stored
+
+    def directory_files(self) -> dict[str, str | bytes]:
+        if self.layout == "stanford":
+            return {colbert_files.STANFORD_METADATA: colbert_files.stanford_metadata(self.colbert, self.dimension)}
+        return colbert_files.colbert_files(self.colbert, self.projection.weight)
+
+    def config_fields(self) -> dict[str, Any]:
+        """What config.json says beyond the encoder's config: Stanford's architecture in its layout."""
+        return {"architectures": [colbert_files.STANFORD_ARCHITECTURE]} if self.layout == "stanford" else {}
+
+    def token_vectors(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                      attention_mask: torch.Tensor, compute_masked: bool = False) -> torch.Tensor:
+        """Unit vectors [N, T, dimension] of rows [N, T]; with `compute_masked` also of the positions the mask
+        hides from attention (ColBERT's non-attended query expansion), else those are padding."""
+        extra = {"compute_masked": True} if compute_masked else {}
+        hidden = self.bert(input_ids, token_type_ids, attention_mask, **extra).last_hidden_state
+        return F.normalize(self.projection(hidden).float(), dim=-1)
+
+    def encode_windows(self, windows: Sequence[Sequence[int]], role: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(unit vectors [N, T, dimension], scored [N, T] bool) of windows "[CLS] text [SEP]" as `role` texts
+        (`colbert_rows`), on the model's device."""
+        if self.tokens is None:
+            raise InputError("this ColBERT model has no tokenizer to resolve its marker tokens: load it from its "
+                             "directory, or call model.use_tokenizer(tokenizer)")
+        ids, attend, scored = colbert_rows(windows, role, self.colbert, self.tokens)
+        device = self.projection.weight.device
+        hidden_scored = bool((scored & ~attend.bool()).any())  # non-attended query expansion
+        return self.token_vectors(ids.to(device), None, attend.to(device), hidden_scored), scored.to(device)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, **kwargs: Any):
+        """Rows [N, T]: their unit vectors [N, T, dimension]. Texts grouped per example [B, C, T] (training:
+        "[CLS] text [SEP]" windows, the query first, then its documents): `GroupVectors`."""
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        if input_ids.dim() == 2:
+            return self.token_vectors(input_ids, token_type_ids, mask)
+        count, tokens = input_ids.shape[1:]
+        windows = [row[:n].tolist() for row, n in zip(input_ids.reshape(-1, tokens), mask.reshape(-1, tokens).sum(1))]
+        queries = self.encode_windows(windows[::count], "query")
+        documents = self.encode_windows([w for i, w in enumerate(windows) if i % count], "document")
+        return GroupVectors(*queries, *documents)
+
+
+@dataclass(frozen=True)
+class GroupVectors:
+    """A training batch's vectors: queries [B, q, D] (`query_scored` [B, q]) and their documents, example-major
+    ([B x (C - 1), t, D], `document_scored`: example b's are rows b(C-1) ... b(C-1) + C-2, its positive first)."""
+
+    queries: torch.Tensor
+    query_scored: torch.Tensor
+    documents: torch.Tensor
+    document_scored: torch.Tensor
+
+    def scores(self) -> torch.Tensor:
+        """MaxSim [B, B x (C - 1)] of every query with every document of the batch."""
+        tokens = self.documents[self.document_scored]  # [M, D], the scored vectors in document order
+        owner = torch.nonzero(self.document_scored)[:, 0]  # [M]
+        return maxsim(self.queries, self.query_scored, tokens, owner, self.documents.shape[0])
+
+
+class ColbertObjective(Objective):
+    """In-batch negatives for ColBERT: each query's positive among every document of the batch (every example's
+    positive and hard negatives), by cross-entropy over the MaxSim scores (as PyLate's contrastive loss: scores
+    at temperature 1); `accuracy`: the queries whose positive scored highest. Under DDP each rank's queries rank
+    its own batch's documents."""
+
+    def counts(self, batch) -> dict[str, torch.Tensor]:
+        return {"contrastive": torch.tensor(float(batch.input_ids.shape[0]))}
+
+    def ranked(self, output: GroupVectors, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = output.scores()  # [B, B(C-1)]
+        candidates = batch.input_ids.shape[1] - 1
+        return scores, torch.arange(scores.shape[0], device=scores.device) * candidates
+
+    def loss_terms(self, output, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        scores, targets = self.ranked(output, batch)
+        loss = F.cross_entropy(scores.float(), targets, reduction="sum")
+        return {"contrastive": (loss, self.counts(batch)["contrastive"].to(scores.device))}
+
+    def metrics(self, output, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        scores, targets = self.ranked(output, batch)
+        correct = (scores.argmax(-1) == targets).sum().float()
+        return {"accuracy": (correct, torch.tensor(float(scores.shape[0]), device=scores.device))}
+
+
+class ColBERTTraining(EmbeddingTraining):
+    """What fine-tuning asks of ColBERT: pairs or triplets (`colbert-pairs`, `colbert-triplets`), the model
+    (`BertForColBERT`, its settings and tokenizer from the directory it starts from) and in-batch negatives by
+    MaxSim (`ColbertObjective`)."""
+
+    settings = frozenset({"data.negative_column"})
+
+    def format_reader(self, format_name: str) -> dict[str, Any]:
+        return dict(FORMAT_COLUMNS[format_name])
+
+    @property
+    def trained_class(self) -> type[BertForColBERT]:
+        return BertForColBERT
+
+    def objective_for(self, config: BertConfig, loss: LossSettings | None = None) -> ColbertObjective:
+        if loss is not None and (loss.class_weights is not None or loss.focal_gamma or loss.contrastive is not None):
+            raise ConfigError("ColBERT trains with in-batch negatives by MaxSim; remove head.loss, head.class_weights "
+                              "and head.focal_gamma")
+        return ColbertObjective()
+
+    def prepare_model(self, model: torch.nn.Module, task: Any, loss: LossSettings | None) -> None:
+        if model.tokens is None:
+            raise ConfigError("the ColBERT model to train has no tokenizer beside it to resolve its marker tokens; "
+                              "start from a model directory with its vocabulary")
+        if task.reader.label_column is not None:
+            raise ConfigError(f"{task.name}: ColBERT trains on pairs or triplets, not scored pairs; remove --label "
+                              "(data.label_column)")
+
+
+@dataclass(frozen=True)
+class TokenVectors:
+    """One text's ColBERT vectors [t, D] (float32) and the position in its row of each."""
+
+    vectors: torch.Tensor
+    positions: list[int]
+
+
+class ColBERT(Embedding):
+    """Late interaction: a unit vector per token (ColBERT), scored by MaxSim.
+
+    Option `role`: "document" (the default: [D] marker, cut to the model's document length, punctuation's
+    vectors dropped) or "query" ([Q] marker, filled with [MASK] to the model's query length, every position
+    kept). The embedding family's reading of pairs and triplets and its windows ([CLS] text [SEP], one per
+    text) are shared; `forward` makes them ColBERT rows with the model's settings.
+    """
+
+    name = "colbert"
+    aliases = ("late_interaction", "multi_vector", "embed-multi-vector")
+    model_class = BertForColBERT
+    task = "embed-multi-vector"
+    default_max_seq_length = 512
+    options = {"role": "document"}
+    training_hooks = ColBERTTraining
+    formats = dict.fromkeys(FORMAT_COLUMNS)
+    export_outputs = {"token_vectors": {0: "batch", 1: "sequence"}}
+    runs_as_graph = False  # rows are rebuilt from the model's settings in `forward`
+    example_inputs = ["What is the capital of France?", "Paris is the capital and largest city of France."]
+
+    def validate_options(self, options: dict[str, Any]) -> None:
+        if options["role"] not in ROLES:
+            raise InputError(f"role must be one of {ROLES}, got {options['role']!r}")
+
+    def check_options(self, options: Mapping[str, Any], config: BertConfig | None = None) -> dict[str, Any]:
+        return Family.check_options(self, options, config)
+
+    def directory_options(self, sentence: Any) -> dict[str, Any]:
+        return {}
+
+    def metric_defaults(self, kind: str | None, reader: Any = None) -> tuple[str, ...]:
+        return RANKING_METRICS
+
+    def metric_names(self, task, dev_examples=None) -> tuple[str, ...]:
+        return RANKING_METRICS
+
+    def forward(self, model: torch.nn.Module, batch: FinetuneBatch,
+                options: Mapping[str, Any] | None = None) -> list[Any]:
+        """One `TokenVectors` per row (a list of them per group of texts: query first, then documents)."""
+        options = self.options if options is None else options
+        if not callable(getattr(model, "encode_windows", None)):  # a BertForColBERT, or an engine running one
+            raise InputError(f"ColBERT vectors need a ColBERT model; this is a {type(model).__name__}")
+        ids, mask = batch.input_ids, batch.attention_mask
+        grouped = ids.dim() == 3
+        if grouped:  # [B, C, T] -> [B*C, T]; the first text of a group is the query
+            ids, mask = ids.reshape(-1, ids.shape[-1]), mask.reshape(-1, mask.shape[-1])
+        windows = [row[:n].tolist() for row, n in zip(ids, mask.sum(1).tolist())]
+        count = batch.input_ids.shape[1] if grouped else 1
+        roles = [("query" if i % count == 0 else "document") if grouped else options["role"]
+                 for i in range(len(windows))]
+        outputs: list[TokenVectors | None] = [None] * len(windows)
+        for role in ROLES:
+            chosen = [i for i, r in enumerate(roles) if r == role]
+            if not chosen:
+                continue
+            vectors, scored = model.encode_windows([windows[i] for i in chosen], role)
+            for i, row, keep in zip(chosen, vectors.float().cpu(), scored.cpu()):
+                positions = torch.nonzero(keep).flatten()
+                outputs[i] = TokenVectors(row[positions], positions.tolist())
+        if grouped:
+            return [outputs[i:i + count] for i in range(0, len(outputs), count)]
+        return outputs
+
+    def decode(self, examples, features, outputs, options, config, tokenizer=None) -> list[dict[str, Any]]:
+        """``{"embeddings": [[...], ...]}`` per text (one unit vector per scored token); a group's result holds
+        its texts' vectors (`vectors`) and the query's MaxSim with each other text (`maxsim`)."""
+        results = []
+        for example, output in zip(examples, outputs):
+            if isinstance(example, TextGroup):
+                query, *documents = [o.vectors for o in output]
+                results.append({"maxsim": maxsim_pairs(query, documents).tolist(), "vectors": output})
+            else:
+                results.append({"embeddings": output.vectors.tolist()})
+        return results
+
+    def record(self, example: TextGroup, result: dict[str, Any]) -> dict[str, Any]:
+        return {"id": example.id, "texts": list(example.texts), "maxsim": result["maxsim"]}
+
+    def score(self, examples, results, config, **settings):
+        """Every dev anchor retrieves among all dev positives by MaxSim (its own is the one relevant text;
+        equal texts are one document): nDCG@10, MRR@10, accuracy@1, recall@10."""
+        documents: dict[str, int] = {}
+        for index, example in enumerate(examples):
+            documents.setdefault(example.texts[1], index)
+        corpus = [results[i]["vectors"][1].vectors for i in documents.values()]
+        scores = np.stack([maxsim_pairs(r["vectors"][0].vectors, corpus).numpy() for r in results])
+        query_ids = [f"q{i}" for i in range(len(examples))]
+        qrels = {q: {f"d{documents[e.texts[1]]}": 1.0} for q, e in zip(query_ids, examples)}
+        ranked = rank_documents(scores, query_ids, [f"d{i}" for i in documents.values()], 10)
+        figures = retrieval_scores(ranked, qrels, k_values=(1, 10), mrr_at=(10,), ndcg_at=(10,), map_at=(10,))
+        return {name: figures[name] for name in RANKING_METRICS}, {}, []
+
+
+FAMILY = ColBERT()
