@@ -203,7 +203,7 @@ def start_output(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     existing = read_manifest(out)
     if existing is None:
-        foreign = [p.name for p in out.iterdir() if not p.name.endswith(".tmp")]
+        foreign = [p.name for p in out.iterdir() if not storage.TEMPORARY_NAME.match(p.name)]
         if foreign:
             raise ConfigError(f"{out} is not empty ({', '.join(sorted(foreign)[:3])} ...) and holds no "
                               f"{MANIFEST_NAME}; choose a new or empty --out folder")
@@ -215,8 +215,9 @@ def start_output(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
                               "to start over")
         if existing["complete"] and all(finished(out, shard["index"]) for shard in existing["shards"]):
             return existing
-    for stale in [*out.glob(".*.tmp"), *(out / PROGRESS_DIR).glob(".*.tmp")]:
-        stale.unlink(missing_ok=True)  # a killed run's half-written file; its shard is redone
+    for folder in (out, out / PROGRESS_DIR):  # a killed run's half-written files; their shards are redone
+        if folder.is_dir():
+            storage.remove_stale_temporaries(folder)
     storage.write_json(out / MANIFEST_NAME, manifest)
     return manifest
 
