@@ -154,6 +154,7 @@ def save_ann(index: VectorIndex, graph: Any, record: dict[str, Any]) -> None:
         OSError: the folder cannot be written.
     """
     path = index.directory / record["file"]
+    storage.remove_stale_temporaries(index.directory)  # a killed build's half-written graph (its process is gone)
     with storage.atomic_path(path) as tmp:
         import_faiss().write_index(graph, str(tmp))
         record.update(file_records(tmp.parent, [tmp.name])[tmp.name])  # "sha256", "bytes"
