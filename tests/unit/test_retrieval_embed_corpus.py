@@ -8,6 +8,8 @@ import dataclasses
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -173,10 +175,12 @@ def test_embed_corpus_resume_after_a_crash_is_byte_identical(tiny_minilm_model, 
     run(tiny_minilm_model, path, tmp_path / "whole")
     crashed = tmp_path / "crashed"
     real_write = E.write_shard
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    temporary = f".vectors-00003.npy.tmp-{int(gone.stdout)}-0123456789ab"  # storage's name, of a process now gone
 
     def crash_in_shard_3(out, index, ids, vectors, dtype, tokens, *rest):
         if index == 3:  # as if killed while writing: a temporary file and shard 3's vectors, no record
-            (out / ".vectors-00003.npy.x1y2.tmp").write_bytes(b"half")
+            (out / temporary).write_bytes(b"half")
             (out / "vectors-00003.npy").write_bytes(b"stale bytes of an unrecorded shard")
             raise KeyboardInterrupt
         return real_write(out, index, ids, vectors, dtype, tokens, *rest)
@@ -196,7 +200,7 @@ def test_embed_corpus_resume_after_a_crash_is_byte_identical(tiny_minilm_model, 
     run(tiny_minilm_model, path, crashed)
     assert embedded == [5, 3]  # only shards 3 and 4 ran again
     assert shard_files(crashed) == shard_files(tmp_path / "whole")
-    assert not list(crashed.glob(".*.tmp"))
+    assert not (crashed / temporary).exists()
     assert {name: (crashed / name).stat().st_mtime_ns for name in done_before} == done_before
     whole = json.loads((tmp_path / "whole" / store.MANIFEST_NAME).read_text(encoding="utf-8"))
     assert json.loads((crashed / store.MANIFEST_NAME).read_text(encoding="utf-8")) == whole
