@@ -244,16 +244,17 @@ def compared(hits: dict[str, list], by_hand: list[list[str]], wanted: list[set[s
                                              for name, found in hits.items() if name != "exact search by hand"}}
 
 
-def served_hits(model: str, spec: str, threads: int, texts: list[str], per_query: list[dict | None],
-                ) -> tuple[list[list[dict]], list[float]]:
-    """Each query's hits from `POST /search` of a `bertforge serve --index squad=SPEC` process, one query at a time
+def served_hits(model: str, spec: str | Path, threads: int, texts: list[str], per_query: list[dict | None] | None = None,
+                name: str = "squad") -> tuple[list[list[dict]], list[float]]:
+    """Each query's hits from `POST /search` of a `bertforge serve --index NAME=SPEC` process, one query at a time
     (its filter, if any, in the body), and the seconds each took."""
     import httpx
 
-    process, url = served(model, spec, threads)
+    per_query = per_query or [None] * len(texts)
+    process, url = served(model, spec, threads, name)
     try:
         answers, seconds = [], []
-        with httpx.Client(base_url=url, timeout=60) as client:
+        with httpx.Client(base_url=url, timeout=120) as client:
             client.post("/search", json={"query": texts[0], "top_k": 10})  # the connection, once
             for text, given in zip(texts, per_query):
                 body = {"query": text, "top_k": 10, **({} if given is None else {"filter": given})}
@@ -342,7 +343,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--filter-by-article", action="store_true", help="filtered search instead: each query "
                         "within its own article, then within a set of three (module docstring)")
     args = parser.parse_args(argv)
-    import httpx
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out, model = args.out, minilm()
@@ -372,20 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     command_s, printed = bertforge("search", "--index", str(folder), "--queries", str(queries), "--top-k", "10",
                                    "--device", "cpu", stdout=subprocess.PIPE)
     command = [json.loads(line)["hits"] for line in printed.splitlines()]
-    process, url = served(model, folder, args.threads)
-    try:
-        answers, seconds = [], []
-        with httpx.Client(base_url=url, timeout=60) as client:
-            client.post("/search", json={"query": texts[0], "top_k": 10})  # the connection, once
-            for text in texts:
-                started = time.perf_counter()
-                answer = client.post("/search", json={"query": text, "top_k": 10})
-                seconds.append(time.perf_counter() - started)
-                answer.raise_for_status()
-                answers.append(answer.json()["results"][0])
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
+    answers, seconds = served_hits(model, folder, args.threads, texts)
     hand_hits, hand_seconds = by_hand(model, beir / "corpus.jsonl", texts, args.threads)
     load["end"] = os.getloadavg()
     same_ids = sum([h["id"] for h in a] == [h["id"] for h in c] for a, c in zip(answers, command))

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.ann_search import corpus_lines, squad_questions
-from benchmarks.serve_search import percentile, served
+from benchmarks.serve_search import percentile, served_hits
 from benchmarks.vector_storage import bertforge, minilm
 
 
@@ -75,8 +75,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
     args = parser.parse_args(argv)
-    import httpx
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model = minilm()
     load = {"start": os.getloadavg()}
@@ -89,20 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         bertforge("embed", "--model", model, "--input", str(lines), "--out", str(args.folder), "--format", "jsonl",
                   "--device", "cpu", "--threads", str(args.threads))
     texts = squad_questions(args.queries, args.seed)
-    process, url = served(model, args.folder, args.threads, name="books")
-    try:
-        answers, seconds = [], []
-        with httpx.Client(base_url=url, timeout=120) as client:
-            client.post("/search", json={"query": texts[0], "top_k": 10})  # the connection and first call, once
-            for text in texts:
-                started = time.perf_counter()
-                answer = client.post("/search", json={"query": text, "top_k": 10})
-                seconds.append(time.perf_counter() - started)
-                answer.raise_for_status()
-                answers.append(answer.json()["results"][0])
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
+    answers, seconds = served_hits(model, args.folder, args.threads, texts, name="books")
     matrix, ids = folder_vectors(args.folder)
     hand_hits, hand_scores, hand_seconds = by_hand(model, matrix, ids, texts, args.threads)
     load["end"] = os.getloadavg()
