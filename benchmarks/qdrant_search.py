@@ -19,8 +19,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from benchmarks.serve_search import recall_at_10, relevant
-from benchmarks.vector_storage import DATA, bertforge, minilm
+from benchmarks.serve_search import held_apart_set, recall_at_10
+from benchmarks.vector_storage import bertforge, minilm
 
 
 def searched(index: str, queries: Path, *extra: str) -> tuple[float, list[list[dict]]]:
@@ -39,15 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out, model = args.out, minilm()
     out.mkdir(parents=True, exist_ok=True)
-    beir = out / "beir"
-    if not (beir / "corpus.jsonl").is_file():
-        bertforge("retrieval-set", "--squad", str(DATA / "squad_v1.1" / "dev-v1.1.json"), "--out", str(beir),
-                  "--eval-fraction", "0.2", "--seed", "42")
-    rows = [json.loads(line) for line in (beir / "queries.jsonl").read_text(encoding="utf-8").splitlines()
-            if line.strip()][:args.queries]
-    texts = [" ".join(row["text"].split()) for row in rows]
-    qrels = relevant(beir)
-    wanted = [qrels[row["_id"]] for row in rows]
+    beir, rows, texts, qrels, wanted = held_apart_set(out, args.queries)
     queries = out / "queries.txt"
     queries.write_text("".join(text + "\n" for text in texts), encoding="utf-8")
     folder, database = out / "vectors", out / "qdrant"

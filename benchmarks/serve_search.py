@@ -63,6 +63,20 @@ def relevant(beir: Path) -> dict[str, set[str]]:
     return found
 
 
+def held_apart_set(out: Path, limit: int | None) -> tuple[Path, list[dict], list[str], dict, list[set[str]]]:
+    """(the BEIR folder of the held-apart SQuAD set under `out`, made once; its first `limit` query rows, their
+    texts, the qrels, each query's relevant ids)."""
+    beir = out / "beir"
+    if not (beir / "corpus.jsonl").is_file():
+        bertforge("retrieval-set", "--squad", str(DATA / "squad_v1.1" / "dev-v1.1.json"), "--out", str(beir),
+                  "--eval-fraction", "0.2", "--seed", "42")
+    rows = [json.loads(line) for line in (beir / "queries.jsonl").read_text(encoding="utf-8").splitlines()
+            if line.strip()][:limit]
+    texts = [" ".join(row["text"].split()) for row in rows]
+    qrels = relevant(beir)
+    return beir, rows, texts, qrels, [qrels[row["_id"]] for row in rows]
+
+
 def recall_at_10(hits: list[list[str]], wanted: list[set[str]]) -> float:
     return sum(bool(set(h[:10]) & w) for h, w in zip(hits, wanted)) / len(wanted)
 
@@ -347,15 +361,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out, model = args.out, minilm()
     out.mkdir(parents=True, exist_ok=True)
-    beir = out / "beir"
-    if not (beir / "corpus.jsonl").is_file():
-        bertforge("retrieval-set", "--squad", str(DATA / "squad_v1.1" / "dev-v1.1.json"), "--out", str(beir),
-                  "--eval-fraction", "0.2", "--seed", "42")
-    rows = [json.loads(line) for line in (beir / "queries.jsonl").read_text(encoding="utf-8").splitlines()
-            if line.strip()][:args.queries]
-    texts = [" ".join(row["text"].split()) for row in rows]
-    qrels = relevant(beir)
-    wanted = [qrels[row["_id"]] for row in rows]
+    beir, rows, texts, qrels, wanted = held_apart_set(out, args.queries)
     if args.filter_by_article or args.kind != "dense":
         results = filtered(args, out, model, beir, rows, texts, wanted, qrels)
         print(json.dumps(results, indent=2))
