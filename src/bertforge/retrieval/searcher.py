@@ -1,6 +1,6 @@
 """Search of one index, opened once and searched with query vectors: a dense folder (exact, or through its
 approximate index), a sparse one, or both fused by reciprocal rank fusion (hybrid); a multi-vector folder (a
-ColBERT model's token vectors) searched alone by exact MaxSim, or reranking the best `depth` rows of any of those. The one search path of
+ColBERT model's token vectors) searched alone by exact MaxSim or through its token index, or reranking the best `depth` rows of any of those. The one search path of
 `bertforge search` (which embeds the queries with a pipeline of its own, `vector_search`) and of the server's
 `POST /search` (which embeds them through the served model's scheduler).
 
@@ -33,6 +33,7 @@ from bertforge.retrieval.multi_vector_search import MULTI_VECTOR_TASK, MultiVect
 from bertforge.retrieval.sparse_search import SparseIndex
 from bertforge.retrieval.sparse_vectors import SPARSE_TASK
 from bertforge.retrieval.store import VectorFolder
+from bertforge.retrieval.token_index import TokenIndex, open_token_index
 from bertforge.retrieval.vector_ann import AnnIndex, open_ann
 from bertforge.retrieval.vector_index import DEFAULT_TOP_K, VectorIndex, check_top_k
 from bertforge.retrieval.vector_quantization import DEFAULT_RESCORE_MULTIPLIER
@@ -166,6 +167,9 @@ class Searcher:
         self.ann: AnnIndex | None = None
         if self.dense is not None and self.sparse is None and not exact:
             self.ann = open_ann(self.dense)  # before any model loads: a stale index fails fast
+        self.tokens: TokenIndex | None = None  # a multi-vector folder's compressed token index
+        if self.multi is not None and self.dense is None and self.sparse is None and not exact:
+            self.tokens = open_token_index(self.multi)
         if self.sparse is not None:
             self.sparse.inverted()
         first = self.dense if self.dense is not None else self.sparse
@@ -271,7 +275,8 @@ class Searcher:
             given = [name for name in ("rescore_multiplier", "ef_search") if first[name] is not None]
             if given:
                 raise InputError(f"{given[0]} does not apply to a multi-vector folder searched alone (exact MaxSim)")
-            scores, found = self.multi.search_tokens(vectors["multi-vector"], top_k, rows=rows)
+            searched = self.tokens if self.tokens is not None and not exact else self.multi
+            scores, found = searched.search_tokens(vectors["multi-vector"], top_k, rows=rows)
             return hits_of(self.multi, scores, found, show_text, field)
         if self.multi is None:
             scores, found, ranks = self.ranked(vectors, top_k, **first)
