@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.unit.test_retrieval_token_index import synthetic, write_folder
 
 from bertforge import storage
 from bertforge.retrieval import token_index as T
 from bertforge.retrieval.multi_vector_search import MultiVectorIndex
-from tests.unit.test_retrieval_token_index import synthetic, write_folder
 
 pytest.importorskip("faiss")
 

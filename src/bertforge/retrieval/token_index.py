@@ -15,8 +15,8 @@ quantizer of m bytes); per shard an inverted list: for each centroid, the docume
 
 How it searches a query (its token vectors, embedded with the query role):
 1. candidates: each query token's `nprobe` best centroids; every document in their lists is a candidate, scored
-   by the sum over query tokens of its best probed centroid's score (a token's score is the lowest of its
-   probed centroids' where the document has none of them); the best `candidates` go on;
+   by MaxSim with its tokens replaced by their centroids (PLAID's centroid interaction: the query's scores
+   against the centroids, looked up by the document's centroid ids); the best `candidates` go on;
 2. approximate MaxSim (`families.colbert.maxsim`, the one home of it) against their tokens rebuilt from
    centroid + decoded residual; the best `rescore` go on;
 3. exact MaxSim against the folder's own token vectors (`MultiVectorIndex.rescore`): the hits and their scores
@@ -73,6 +73,7 @@ PART_FILES = {"cells": "cells-{:05d}.npy", "residuals": "residuals-{:05d}.npy", 
 PART_RECORD = "part-{:05d}.json"
 PART_FILE = re.compile(r"^(?:cells|residuals|lists|starts|part)-(\d{5})\.(?:npy|json)$")
 BLOCK_TOKENS = 1 << 16  # token vectors read, assigned and coded at once while building
+INTERACTION_BLOCK = 4096  # documents whose centroid scores are gathered at once while searching
 CODEC = re.compile(r"^(?:SQ4|SQ8|PQ\d+)$")
 TRAINING = ("centroids", "residual", "sample_per_centroid", "iterations", "seed")  # what the trained files depend on
 
@@ -359,29 +360,33 @@ class TokenIndex:
             self.parts.append(Part(int(folder.offsets[index]), folder.shard_token_rows(index).offsets, **arrays))
 
     def candidates(self, query: np.ndarray, nprobe: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """(global rows, approximate scores) of the documents with a token in a query token's `nprobe` best
+        """(global rows, centroid scores) of the documents with a token in a query token's `nprobe` best
         centroids (module docstring, step 1); rows not `allowed` left out."""
         scores = query @ self.trained.centroids.T  # [q, C]
         nprobe = min(nprobe, scores.shape[1])
-        probed = np.argpartition(-scores, nprobe - 1, axis=1)[:, :nprobe]  # [q, nprobe]
-        values = np.take_along_axis(scores, probed, 1)
-        floor = values.min(axis=1)  # a query token's score where the document has none of its probed centroids
-        tokens = np.repeat(np.arange(len(query)), nprobe)
-        rows, owners, gains = [], [], []
-        for part in self.parts:
-            starts, stops = part.starts[probed.ravel()], part.starts[probed.ravel() + 1]
-            found = part.lists[spans(starts, stops)].astype(np.int64) + part.base
-            rows.append(found)
-            owners.append(np.repeat(tokens, stops - starts))
-            gains.append(np.repeat(values.ravel(), stops - starts))
-        found, owner, gain = np.concatenate(rows), np.concatenate(owners), np.concatenate(gains)
+        probed = np.unique(np.argpartition(-scores, nprobe - 1, axis=1)[:, :nprobe])
+        found = np.concatenate([part.lists[spans(part.starts[probed], part.starts[probed + 1])].astype(np.int64)
+                                + part.base for part in self.parts])
+        found = np.unique(found)
         if allowed is not None:
-            keep = allowed[found]
-            found, owner, gain = found[keep], owner[keep], gain[keep]
-        unique, place = np.unique(found, return_inverse=True)
-        best = np.repeat(floor[:, None], len(unique), axis=1)
-        np.maximum.at(best, (owner, place), gain)
-        return unique, best.sum(axis=0)
+            found = found[allowed[found]]
+        return found, self.interaction(scores, found)
+
+    def interaction(self, scores: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Each document's MaxSim with its tokens replaced by their centroids ([n], for sorted global `rows`):
+        for each query token its best centroid score among the document's tokens' centroids, summed."""
+        found = np.empty(len(rows), dtype=np.float32)
+        shard_of = np.searchsorted(self.folder.offsets, rows, side="right") - 1
+        for shard in np.unique(shard_of):
+            part, chosen = self.parts[shard], np.flatnonzero(shard_of == shard)
+            for block in range(0, len(chosen), INTERACTION_BLOCK):  # bounds the [q, tokens] scores gathered
+                picked = chosen[block:block + INTERACTION_BLOCK]
+                local = rows[picked] - part.base
+                first, last = part.offsets[local], part.offsets[local + 1]
+                cells = np.asarray(part.cells[spans(first, last)], dtype=np.int64)
+                starts = np.concatenate([[0], np.cumsum(last - first)[:-1]])
+                found[picked] = np.maximum.reduceat(scores[:, cells], starts, axis=1).sum(axis=0)
+        return found
 
     def approximate(self, query: torch.Tensor, mask: torch.Tensor, rows: np.ndarray) -> np.ndarray:
         """MaxSim [n] of one padded query against documents `rows` rebuilt from centroid + residual (step 2)."""
