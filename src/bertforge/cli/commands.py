@@ -113,6 +113,13 @@ def pretrain_config(args: argparse.Namespace, extra: list[str]) -> PretrainConfi
     from bertforge.training.pretraining import PretrainConfig
 
     values = config_values(args)
+    cpu_minutes = getattr(args, "budget_cpu_minutes", None)
+    if cpu_minutes is not None:
+        training = values.setdefault("training", {})
+        if "minutes" in training or training.get("budget_clock", "cpu") != "cpu":
+            raise ConfigError("--budget-cpu-minutes X stands for --minutes X --budget-clock cpu: give either, "
+                              "not both")
+        training.update(minutes=cpu_minutes, budget_clock="cpu")
     try:
         return load_config(PretrainConfig, args.run_file, split_overrides(extra), values=values)
     except ConfigError as error:

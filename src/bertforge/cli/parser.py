@@ -125,6 +125,9 @@ def add_pretrain(sub: argparse._SubParsersAction) -> None:
                                         "--objective mlm; a ModernBERT: --arch modernbert)")
     p.add_argument("run_file", nargs="?", help="optional TOML run file")
     add_config_flags(p, PretrainConfig, PRETRAIN_FLAGS)
+    p.add_argument("--budget-cpu-minutes", type=float, metavar="X", help="a budget of X minutes of this process's "
+                   "CPU time, all threads (--minutes X --budget-clock cpu): runs on a busy shared machine get the "
+                   "same computation as on an idle one")
     p.set_defaults(func=commands.cmd_pretrain)
 
 
