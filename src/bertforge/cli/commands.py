@@ -83,7 +83,8 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
         dupe_factor=args.dupe_factor, seed=args.seed, workers=args.workers,
         heldout_fraction=args.heldout_fraction, heldout_documents=args.heldout_documents,
         resume=not args.no_resume, format=args.format,
-        segmenter=jieba_segmenter() if args.segmenter == "jieba" else None, part=part, **sizes)
+        segmenter=jieba_segmenter() if args.segmenter == "jieba" else None, part=part, contiguous=args.contiguous,
+        **sizes)
     # The data directory carries its vocabulary, so `pretrain --data DIR` needs nothing else.
     tokenizer.save_pretrained(args.out)
     print(report.summary())
