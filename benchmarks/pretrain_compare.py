@@ -62,8 +62,18 @@ from bertforge.families.pretraining import FAMILY as PRETRAINING
 from bertforge.tokenization import Tokenizer, TokenizerConfig
 from bertforge.tokenization.vocab_builder import build_vocab
 from bertforge.training.finetune import run_finetuning
-from bertforge.training.finetune_config import DataConfig, FeatureConfig, FinetuneConfig, FinetuneTrainingConfig
-from bertforge.training.pretraining import PretrainConfig, PretrainTrainingConfig, preset_config, run_pretraining
+from bertforge.training.finetune_config import (
+    DataConfig,
+    FeatureConfig,
+    FinetuneConfig,
+    FinetuneTrainingConfig,
+)
+from bertforge.training.pretraining import (
+    PretrainConfig,
+    PretrainTrainingConfig,
+    preset_config,
+    run_pretraining,
+)
 from bertforge.training.schedules import process_cpu_seconds
 
 CORPUS = Path("data/demo/en")
