@@ -195,11 +195,16 @@ def split_documents(inputs: str | os.PathLike | Sequence[str | os.PathLike], hel
     return heldout, train
 
 
-def _settings(files: list[Path], tokenizer: Any, **values: Any) -> dict:
+def _settings(files: list[Path], tokenizer: Any, *, segmenter: Segmenter | None, contiguous: bool,
+              **values: Any) -> dict:
+    """The settings an index records (a resumed preparation must have the same)."""
     return {
         "inputs": [{"path": str(path), "bytes": path.stat().st_size} for path in files],
         "vocab_size": tokenizer.vocab_size,
         **values,
+        "segmenter": None if segmenter is None else getattr(segmenter, "__qualname__", type(segmenter).__name__),
+        # only when set: shards prepared before this setting existed keep their settings, and resume
+        **({"contiguous": True} if contiguous else {}),
     }
 
 
@@ -369,10 +374,7 @@ def prepare_corpus(
             picklable when workers > 1.
         part: prepare only this part of a preparation split across processes or machines
             (`data.preparation_parts`); the last part to finish writes ``index.json``.
-        contiguous: rows of consecutive text up to `max_seq_length`, across sentences and documents (a
-            ``[SEP]`` between documents), for masked LM alone (`data.pretraining.create_contiguous_instances`),
-            instead of Google's sentence pairs with next-sentence labels; recorded in the settings, and
-            pretraining with NSP refuses such shards.
+        contiguous: rows of consecutive text for MLM alone (`create_contiguous_instances`), not NSP pairs.
 
     Returns:
         A `PrepareReport`; its warnings are also logged. A part's report counts the part's shards, and its
@@ -392,10 +394,7 @@ def prepare_corpus(
     settings = _settings(
         files, tokenizer, vocab_checksum=checksum, max_seq_length=max_seq_length, short_seq_prob=short_seq_prob,
         dupe_factor=dupe_factor, seed=seed, shard_size=shard_size, heldout_rate=str(rate), format=format,
-        max_document_sentences=max_document_sentences,
-        segmenter=None if segmenter is None else getattr(segmenter, "__qualname__", type(segmenter).__name__),
-        # only when set: shards prepared before this setting existed keep their settings, and resume
-        **({"contiguous": True} if contiguous else {}),
+        max_document_sentences=max_document_sentences, segmenter=segmenter, contiguous=contiguous,
     )
     owns, index_name = (None, INDEX_NAME) if part is None else (part.owns, part.index_name)
     records = _ShardRecords(out_dir, settings, tokenizer.vocab_size, checksum,

@@ -197,8 +197,7 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
         save_also: save_also(step) -> True writes a checkpoint after that step too (fine-tuning: epoch ends).
         extra_state: an object with `state_dict()` (plain values) and `load_state_dict(state)`, saved in every
             checkpoint and restored on resume (fine-tuning: its evaluation history).
-        clock: with a time budget (`minutes`), the seconds the schedule reads (default: wall time, or the
-            process's CPU time with `budget_clock = "cpu"`; `schedules.budget_clock`).
+        clock: with a time budget (`minutes`), the seconds the schedule reads (default `schedules.budget_clock`).
 
     Raises:
         NonFiniteLossError: loss/gradients non-finite for `max_nonfinite_steps` consecutive steps.
