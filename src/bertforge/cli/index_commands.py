@@ -33,9 +33,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "default), SQ8, or PQ<bytes> (a product quantizer, e.g. PQ32)")
     p.add_argument("--nprobe", type=int, help="token index: centroids probed per query token (default 4)")
     p.add_argument("--candidates", type=int, help="token index: documents scored from their compressed tokens "
-                   "per query (default 1024)")
+                   "per query (default 4096)")
     p.add_argument("--rescore", type=int, help="token index: documents rescored by exact MaxSim per query "
-                   "(default 64)")
+                   "(default 256)")
     p.set_defaults(func=cmd_index)
     add_growth_parsers(sub)
     add_export_parser(sub)

@@ -93,8 +93,8 @@ class TokenIndexSettings:
     iterations: int = 20
     seed: int = 0
     nprobe: int = 4
-    candidates: int = 1024
-    rescore: int = 64
+    candidates: int = 4096
+    rescore: int = 256
 
     def __post_init__(self) -> None:
         for name in ("centroids", "sample_per_centroid", "iterations", "nprobe", "candidates", "rescore"):
