@@ -123,3 +123,36 @@ def test_modernbert_directory_finetunes_a_tagger_whose_entities_have_character_o
     starts, ends = {0, 4, 12, 19}, {3, 11, 18, 24}  # entities begin and end on word boundaries
     assert all(e["start"] in starts and e["end"] in ends and text[e["start"]:e["end"]] == e["text"]
                for e in answer["entities"])
+
+
+def tiny_modernbert(folder, texts, cls=None, **fields):
+    """A tiny random ModernBERT directory (a byte-level BPE tokenizer.json trained on `texts`) of class `cls`."""
+    from bertforge.model.modernbert import ModernBertForMaskedLM
+
+    tokenizer = train_bpe(list(texts) * 5, vocab_size=300)
+    config = ModernBertConfig(**{"vocab_size": tokenizer.vocab_size, "hidden_size": 32, "intermediate_size": 48,
+                                 "num_hidden_layers": 3, "num_attention_heads": 2, "local_attention": 8,
+                                 "pad_token_id": tokenizer.pad_token_id, "cls_token_id": tokenizer.cls_token_id,
+                                 "sep_token_id": tokenizer.sep_token_id, "max_position_embeddings": 512, **fields})
+    torch.manual_seed(0)
+    (cls or ModernBertForMaskedLM)(config).save_pretrained(folder, tokenizer=tokenizer)
+    return tokenizer
+
+
+def test_modernbert_finetune_refuses_a_window_past_its_positions_before_loading(tmp_path, monkeypatch, capsys):
+    from bertforge.cli import main
+    from bertforge.families import registry
+    from bertforge.families.classification import FAMILY
+
+    rows = ["text_a\tlabel"] + [f"day {i}\t{'pos' if i % 2 else 'neg'}" for i in range(20)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    tiny_modernbert(tmp_path / "base", [row.split("\t")[0] for row in rows])
+    calls = []
+    monkeypatch.setattr(registry, "load_model", lambda *a, **k: calls.append("model") or (_ for _ in ()).throw(
+        AssertionError("the model loaded before the window was refused")))
+    monkeypatch.setattr(FAMILY, "features", lambda *a, **k: calls.append("features") or [])
+    code = main(["finetune", "--format", "classification", "--train", str(tmp_path / "train.tsv"), "--model",
+                 str(tmp_path / "base"), "--out", str(tmp_path / "ft"), "--device", "cpu", "--max-seq-length",
+                 "600", "--no-dev", "--progress=false"])
+    assert code != 0 and calls == []  # neither the features nor the model were made
+    assert "max_seq_length=600 exceeds the model's max_position_embeddings=512" in capsys.readouterr().err
