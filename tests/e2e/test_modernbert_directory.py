@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from bertforge.checkpoint_format import load_tokenizer
@@ -156,3 +157,52 @@ def test_modernbert_finetune_refuses_a_window_past_its_positions_before_loading(
                  "600", "--no-dev", "--progress=false"])
     assert code != 0 and calls == []  # neither the features nor the model were made
     assert "max_seq_length=600 exceeds the model's max_position_embeddings=512" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("marker", ["[MASK]", "<mask>"])
+def test_modernbert_fill_mask_reads_the_mask_as_transformers_does(tmp_path, marker):
+    """ModernBERT's mask token takes the space before it (tokenizer.json's lstrip): "Paris is the [MASK]." is
+    [CLS] Paris Ġis Ġthe [MASK] . [SEP] in transformers, not ... Ġthe Ġ [MASK]; a RoBERTa-style "<mask>" alike."""
+    import dataclasses
+
+    import tokenizers
+
+    from bertforge.families.pretraining import FAMILY
+    from bertforge.model.modernbert import ModernBertForMaskedLM
+    from bertforge.tokenization.tokenizer_json import JsonTokenizer
+
+    transformers = pytest.importorskip("transformers")
+    trained = train_bpe(["Paris is the capital of France.", "Lisbon is the capital of Portugal."] * 20, vocab_size=300)
+    data = json.loads(trained.backend.to_str())
+    for added in data["added_tokens"]:
+        if added["content"] == "[MASK]":
+            added.update(content=marker, lstrip=True)
+    data["model"]["vocab"][marker] = data["model"]["vocab"].pop("[MASK]")
+    tokenizer = JsonTokenizer(tokenizers.Tokenizer.from_str(json.dumps(data)),
+                              dataclasses.replace(trained.config, mask_token=marker))
+    config = ModernBertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=48,
+                              num_hidden_layers=3, num_attention_heads=2, pad_token_id=tokenizer.pad_token_id,
+                              cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
+                              bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
+                              local_attention=8, max_position_embeddings=512)
+    torch.manual_seed(0)
+    ModernBertForMaskedLM(config).save_pretrained(tmp_path, tokenizer=tokenizer)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    texts = [f"Paris is the {marker}.", f"The capital   {marker}  of {marker} France", f"{marker} is Lisbon"]
+    features = FAMILY.features(texts, load_tokenizer(tmp_path), load_pipeline(tmp_path, "fill-mask").settings,
+                               config=config)
+    for text, feature in zip(texts, features):
+        expected = theirs(text)["input_ids"]
+        assert feature.input_ids == expected, (text, theirs.convert_ids_to_tokens(expected))
+        assert [feature.input_ids[p] for p in feature.mask_positions] == [tokenizer.mask_token_id] * text.count(marker)
+    # The answers are the model's at transformers' ids: the first text's mask scored as transformers' model does.
+    answer = load_pipeline(tmp_path, "fill-mask")([texts[0]])[0]["masks"][0]
+    assert (answer["start"], answer["end"]) == (13, 13 + len(marker))
+    model = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path).eval()
+    ids = theirs(texts[0], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, ids[0].tolist().index(tokenizer.mask_token_id)]
+    logits[tokenizer.all_special_ids] = float("-inf")
+    best = logits.softmax(-1).topk(5)
+    assert [p["id"] for p in answer["predictions"]] == best.indices.tolist()
+    np.testing.assert_allclose([p["score"] for p in answer["predictions"]], best.values.numpy(), atol=1e-5)

@@ -158,6 +158,14 @@ class JsonTokenizer(SequenceEncoder):
         flags = [int(word is None or index == 0 or word != words[index - 1]) for index, word in enumerate(words)]
         return list(encoding.ids), spans, flags
 
+    def mask_token_strips(self) -> tuple[bool, bool]:
+        """(lstrip, rstrip) of the mask token in the file's added tokens (ModernBERT's: the space before it is
+        the mask's)."""
+        for added in self.backend.get_added_tokens_decoder().values():
+            if added.content == self.config.mask_token:
+                return bool(added.lstrip), bool(added.rstrip)
+        return False, False
+
     def encode_words(self, text: str) -> tuple[list[int], list[int]]:
         """Token ids and word ids of `text`, without special tokens (see `Tokenizer.encode_words`)."""
         ids, _, flags = self._encode_sequence(text)
