@@ -206,3 +206,24 @@ def test_modernbert_fill_mask_reads_the_mask_as_transformers_does(tmp_path, mark
     best = logits.softmax(-1).topk(5)
     assert [p["id"] for p in answer["predictions"]] == best.indices.tolist()
     np.testing.assert_allclose([p["score"] for p in answer["predictions"]], best.values.numpy(), atol=1e-5)
+
+
+def test_modernbert_embeds_a_long_text_in_one_window_of_its_own_length(tmp_path):
+    """A directory without a fine-tuning record: BERT's window is 512 (its positions), a ModernBERT's its own
+    (here 2,048); a text past it is cut to one window, as every embed text is."""
+    from bertforge.model.modernbert import ModernBertModel
+
+    sentence = "the quick brown fox jumps over the lazy dog near the river bank"
+    tokenizer = tiny_modernbert(tmp_path, [sentence], cls=ModernBertModel, max_position_embeddings=2048)
+    pipeline = load_pipeline(tmp_path, "embed")
+    assert pipeline.max_length == 2048
+    long = " ".join([sentence] * 80)  # past 512 tokens, within 2,048
+    longer = " ".join([sentence] * 300)  # past 2,048
+    assert 512 < len(tokenizer.encode(long).ids) < 2048 < len(tokenizer.encode(longer).ids)
+    (got, cut), = [pipeline.features([long, longer])]
+    assert len(got.input_ids) == len(tokenizer.encode(long).ids) and len(cut.input_ids) == 2048
+    vector = np.asarray(pipeline([long])[0]["embedding"])
+    model = ModernBertModel.from_pretrained(tmp_path, fast_path=False)
+    with torch.no_grad():
+        expected = model(torch.tensor([tokenizer.encode(long).ids])).last_hidden_state[0].mean(0).numpy()
+    np.testing.assert_allclose(vector, expected, atol=1e-5)

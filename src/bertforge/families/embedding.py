@@ -271,6 +271,7 @@ class Embedding(Family):
     task = "embed"
     # BERT's whole window (released checkpoints have 512 positions); the pipelines cap it at the model's limit.
     default_max_seq_length = 512
+    long_inputs = True
     input_axes = {0: "batch", 1: "sequence"}
     # token_vectors: every token's vector of the layer instead of one pooled vector (TEI's /embed_all).
     options = {"pooling": "mean", "normalize": False, "layer": -1, "token_vectors": False}
