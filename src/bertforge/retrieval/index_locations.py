@@ -4,7 +4,8 @@ input, fused; `rerank=DIR` among them: a multi-vector folder that reranks their 
 `bertforge search` and `POST /search`.
 
 Owns: `open_index` (locations -> a `searcher.Searcher` or a `qdrant_collection.QdrantSearcher`: the same
-`kinds`, `query_models`, `count`, `where` and `search`) and the `rerank=` form (`RERANK_PREFIX`).
+`kinds`, `query_models`, `count`, `where` and `search`; a collection's server that stops answering a search:
+`QdrantUnavailable`) and the `rerank=` form (`RERANK_PREFIX`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bertforge.errors import ConfigError
-from bertforge.retrieval.qdrant_collection import QdrantSearcher
+from bertforge.retrieval.qdrant_collection import QdrantSearcher, QdrantUnavailable
 from bertforge.retrieval.qdrant_locations import is_qdrant_location
 from bertforge.retrieval.searcher import Searcher
 
@@ -43,4 +44,4 @@ def open_index(locations: Sequence[str | os.PathLike], *, exact: bool = False) -
     return Searcher.of_folders(folders, rerank=rerank[0] if rerank else None, exact=exact)
 
 
-__all__ = ["RERANK_PREFIX", "is_qdrant_location", "open_index"]
+__all__ = ["RERANK_PREFIX", "QdrantUnavailable", "is_qdrant_location", "open_index"]

@@ -48,7 +48,7 @@ from pydantic import Field
 from bertforge.checkpoint_format import model_fingerprint
 from bertforge.errors import BertforgeError, ConfigError, DataError, InputError
 from bertforge.metrics.sparse import SparseRows
-from bertforge.retrieval.index_locations import open_index
+from bertforge.retrieval.index_locations import QdrantUnavailable, open_index
 from bertforge.retrieval.searcher import DEFAULT_FUSION_DEPTH, DEFAULT_RRF_K, QueryModel, Searcher
 from bertforge.serving.guards import note_model
 from bertforge.serving.openai_routes import check_length
@@ -275,6 +275,8 @@ def run_search(served: ServedIndex, vectors: dict[str, Any], call: SearchRequest
         raise RequestError(422, str(error)) from None
     except DataError as error:  # a record without the asked field
         raise RequestError(422, str(error), param="field") from None
+    except QdrantUnavailable as error:  # the collection's server did not answer: it may later
+        raise RequestError(503, str(error)) from None
     except BertforgeError as error:  # the input behind show_text is gone or changed
         raise RequestError(409, str(error)) from None
 
