@@ -80,25 +80,34 @@ def train_ours(out: Path, name: str, start: str | Path, fmt: str, args: argparse
     """`bertforge finetune` of one system: (its model directory, {seconds, loop_seconds, steps, examples})."""
     run = out / name
     record = run / "bench_training.json"
+    log = run / "finetune.log"
     if record.is_file():
         return run / "final", json.loads(record.read_text(encoding="utf-8"))
+    if (run / "final").is_dir() and "finished" in log.read_text(encoding="utf-8"):  # done, its record unwritten
+        return recorded(run, log, args, None)
     if run.exists():
         shutil.rmtree(run)
     run.mkdir(parents=True)
-    log = run / "finetune.log"
     seconds = run_logged([sys.executable, "-m", "bertforge", "finetune", "--model", str(start), "--format", fmt,
                           "--train", str(args.pairs), "--no-dev", "--out", str(run), "--epochs", "1",
                           "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--warmup-ratio", "0.1",
                           "--weight-decay", "0.01", "--eps", "1e-6", "--max-grad-norm", "1.0", "--seed", str(seed),
                           "--max-seq-length", "256", "--train-limit", str(args.train_limit), "--precision", "fp32",
                           "--device", "cpu", *extra], log)
+    return recorded(run, log, args, seconds)
+
+
+def recorded(run: Path, log: Path, args: argparse.Namespace, seconds: float | None) -> tuple[Path, dict]:
+    """A finished run's record (bench_training.json): the loop's own time from its log ("finished N steps in
+    S s"), the run's wall seconds (None: not measured, a run finished without this script waiting on it),
+    the load after it."""
     found = re.findall(r"finished (\d+) steps in ([\d.]+) s", log.read_text(encoding="utf-8"))
-    steps, loop = (int(found[-1][0]), float(found[-1][1])) if found else (0, seconds)
+    steps, loop = (int(found[-1][0]), float(found[-1][1])) if found else (0, seconds or 0.0)
     summary = {"seconds": seconds, "loop_seconds": loop, "steps": steps, "examples": args.train_limit,
                "load_after": load_average()}
-    record.write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    (run / "bench_training.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     final = run / "final" if (run / "final").is_dir() else run / "best"
-    print(f"{name}: {steps} steps, loop {loop:.0f} s, run {seconds:.0f} s", flush=True)
+    print(f"{run.name}: {steps} steps, loop {loop:.0f} s", flush=True)
     return final, summary
 
 
