@@ -82,8 +82,10 @@ def train_ours(out: Path, name: str, start: str | Path, fmt: str, args: argparse
     record = run / "bench_training.json"
     log = run / "finetune.log"
     if record.is_file():
-        return run / "final", json.loads(record.read_text(encoding="utf-8"))
-    if (run / "final").is_dir() and "finished" in log.read_text(encoding="utf-8"):  # done, its record unwritten
+        final = run / "final" if (run / "final").is_dir() else run / "best"
+        return final, json.loads(record.read_text(encoding="utf-8"))
+    if any((run / d).is_dir() for d in ("final", "best")) and "finished" in log.read_text(encoding="utf-8"):
+        # done (without a dev set, best/ is the final model), its record unwritten
         return recorded(run, log, args, None)
     if run.exists():
         shutil.rmtree(run)
