@@ -154,7 +154,10 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
                        epilog="Any other part of the saved task description: --reader.KEY=value, --inputs.KEY=value "
                        "or --options.KEY=value (e.g. --reader.header=false, --inputs.doc_stride=64).")
     p.add_argument("--model", required=True)
-    p.add_argument("--data", required=True)
+    p.add_argument("--data", required=True, help="the file to score; or a BEIR retrieval-set folder (corpus.jsonl, "
+                   "queries.jsonl, qrels/test.tsv, e.g. from `bertforge retrieval-set`): retrieval figures of an "
+                   "embedding model (ColBERT by exact MaxSim over the corpus, a SPLADE model by sparse dot product, "
+                   "any other by cosine)")
     p.add_argument("--out")
     p.add_argument("--unlabelled", action="store_true", help="the file has no labels: predictions only")
     p.add_argument("--limit", type=int, help="score only the first N examples of the file (default: all)")
