@@ -81,7 +81,7 @@ def windowed(mask: torch.Tensor | None, tokens: int, window: int, device: torch.
     banded = band(tokens, window, device)[None, None]  # [1, 1, T, T]
     if mask is not None:
         banded = banded & mask
-    return banded | torch.eye(tokens, dtype=torch.bool, device=device)
+    return banded | band(tokens, 0, device)  # (the diagonal; not `torch.eye`: ONNX Runtime has no bool EyeLike)
 
 
 def computes_band_only(tokens: int, window: int | None) -> bool:
@@ -157,8 +157,8 @@ class Padded:
 
     def mask_for(self, tokens: int, window: int | None, device: torch.device) -> torch.Tensor | None:
         """The mask of a global (`window` None) or local layer, made once per window and forward."""
-        if window is None or window >= tokens - 1:
-            return self.mask
+        if window is None or (window >= tokens - 1 and not torch.jit.is_tracing()):
+            return self.mask  # (a traced graph keeps the band: it must hold at lengths beyond the window too)
         if window not in self.windowed:
             self.windowed[window] = windowed(self.mask, tokens, window, device)
         return self.windowed[window]
