@@ -12,6 +12,7 @@ from bertforge.constants import NSP_IS_NEXT, NSP_IS_RANDOM
 from bertforge.data.pretraining import (
     Sentence,
     _truncate_pair,
+    create_contiguous_instances,
     create_instances,
     jieba_segmenter,
     segment_word_starts,
@@ -67,6 +68,37 @@ def test_pretraining_instances_have_bert_layout_and_fit():
         assert len(instance.ids) <= 32
         assert len(instance.word_starts) == len(instance.ids)
         assert instance.word_starts[0] == 1 and instance.word_starts[-1] == 1
+
+
+def test_pretraining_contiguous_rows_are_full_consecutive_text_with_a_sep_between_documents():
+    # 3 documents of 7 + 5 + 9 = 21, 10 and 4 tokens: with the 2 separators, 37 tokens of text in rows of 14 ids
+    # ([CLS] 12 tokens [SEP]); only the group's last row is short, and no token is lost, repeated or reordered.
+    documents = numbered_documents([[7, 5, 9], [4, 6], [4]])
+    instances = create_contiguous_instances(documents, max_seq_length=14, special=PostProcessor(CLS, SEP))
+    bodies = []
+    for instance in instances:
+        ids = list(instance.ids)
+        assert ids[0] == CLS and ids[-1] == SEP  # (document 0 holds the ids 2 and 3 as text: kept as text)
+        assert instance.segment_b_start == len(ids) and instance.nsp_label == NSP_IS_NEXT  # no segment B
+        assert len(instance.word_starts) == len(ids) and instance.word_starts[:2] == b"\x01\x01"
+        bodies.append(ids[1:-1])
+    assert [len(body) for body in bodies] == [12, 12, 12, 1]  # no padding but in the last row
+    text = [token for body in bodies for token in body]
+    assert text == [*range(0, 21), SEP, *range(1000, 1010), SEP, *range(2000, 2004)]
+    # a chunk never begins with the separator: it begins after it (and the count shrinks by that one)
+    at_boundary = numbered_documents([[6, 6], [5]])
+    rows = create_contiguous_instances(at_boundary, max_seq_length=14, special=PostProcessor(CLS, SEP))
+    assert [list(row.ids) for row in rows] == [[CLS, *range(12), SEP], [CLS, *range(1000, 1005), SEP]]
+    # an empty document adds no separator
+    assert [len(r.ids) for r in create_contiguous_instances(numbered_documents([[3], [], [3]]), max_seq_length=14,
+                                                            special=PostProcessor(CLS, SEP))] == [9]
+
+
+def test_pretraining_contiguous_rows_start_a_word_where_a_row_cuts_one():
+    document = [Sentence(array("i", range(10, 20)), b"\x01\x00" * 5)]  # five two-piece words
+    rows = create_contiguous_instances([document], max_seq_length=5, special=PostProcessor(CLS, SEP))
+    assert [row.word_starts for row in rows] == [b"\x01\x01\x00\x01\x01", b"\x01\x01\x01\x00\x01",
+                                                 b"\x01\x01\x00\x01\x01", b"\x01\x01\x01"]
 
 
 def test_pretraining_nsp_labels_match_segment_origin():

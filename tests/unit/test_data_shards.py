@@ -78,6 +78,39 @@ def test_shards_prepare_writes_index_and_readable_instances(tmp_path):
     assert stored["corpus"]["documents"] == 40
 
 
+def test_shards_contiguous_rows_are_full_but_each_shards_last_and_hold_every_token_once(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus.txt")
+    tokenizer = tiny_tokenizer()
+    report = prepare_corpus(corpus, tokenizer, tmp_path / "data", max_seq_length=32, shard_size=2000,
+                            heldout_documents=4, contiguous=True)
+    index = ShardIndex.load(tmp_path / "data")
+    assert index.settings["contiguous"] is True
+    cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+    text_tokens = 0
+    for split in ("train", "heldout"):
+        for record in index.shards(split):
+            rows = np.load(tmp_path / "data" / f"{record['name']}.instances.npy")
+            tokens = np.load(tmp_path / "data" / f"{record['name']}.tokens.npy").astype(np.int64)
+            lengths = rows[:, 2] - rows[:, 0]
+            assert (lengths[:-1] == 32).all() and 3 <= lengths[-1] <= 32  # padding only after the shard's last
+            assert (rows[:, 1] == rows[:, 2]).all()  # no segment B: token types all 0
+            assert (tokens[rows[:, 0]] == cls).all() and (tokens[rows[:, 2] - 1] == sep).all()
+            # the documents' tokens, and one [SEP] between two documents (none where a row starts anyway)
+            inner = np.concatenate([tokens[start + 1:end - 1] for start, _, end, _ in rows])
+            separators = int((inner == sep).sum())
+            starts_at_a_document = record["documents"] - 1 - separators
+            assert 0 <= starts_at_a_document <= len(rows) - 1
+            assert inner.size - separators == record["document_tokens"]
+            text_tokens += lengths.sum() - 2 * len(rows) - separators
+    assert text_tokens == sum(r["document_tokens"] for split in ("train", "heldout") for r in index.shards(split))
+    assert report.instances == sum(r["instances"] for r in index.shards("train"))
+    with pytest.raises(ConfigError, match="dupe_factor=2 with contiguous instances"):
+        prepare_corpus(corpus, tokenizer, tmp_path / "again", contiguous=True, dupe_factor=2)
+    # shards without the setting keep their settings (and resume): the key is written only when set
+    prepare_corpus(corpus, tokenizer, tmp_path / "pairs", max_seq_length=32, shard_size=2000)
+    assert "contiguous" not in ShardIndex.load(tmp_path / "pairs").settings
+
+
 def test_shards_token_dtype_follows_vocab_size():
     assert token_dtype(30522) == np.uint16 and token_dtype(65536) == np.uint16
     assert token_dtype(65537) == np.int32

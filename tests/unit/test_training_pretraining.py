@@ -11,6 +11,7 @@ from test_training_loop import single_thread  # noqa: F401  (autouse fixture)
 from bertforge.configuration import load_config, shared_data_root
 from bertforge.data.datasets import PretrainingData
 from bertforge.data.preparation import prepare_corpus
+from bertforge.data.shards import ShardIndex, SplitReader
 from bertforge.errors import ConfigError
 from bertforge.families.pretraining import BertForPretraining
 from bertforge.model.fast_paths import fast_paths_enabled
@@ -42,6 +43,17 @@ def data_dir(tmp_path_factory):
     tokenizer.save_pretrained(root / "data")
     prepare_corpus(files, tokenizer, root / "data", max_seq_length=32, heldout_documents=1, seed=1)
     return root / "data"
+
+
+@pytest.fixture(scope="module")
+def contiguous_dir(data_dir, tmp_path_factory):
+    """The same documents and vocabulary as rows of consecutive text (`prepare --contiguous`)."""
+    out = tmp_path_factory.mktemp("contiguous") / "data"
+    files = sorted(data_dir.parent.glob("part*.txt"))
+    tokenizer = Tokenizer.from_pretrained(data_dir)
+    tokenizer.save_pretrained(out)
+    prepare_corpus(files, tokenizer, out, max_seq_length=32, heldout_documents=1, seed=1, contiguous=True)
+    return out
 
 
 def run_file(tmp_path, data_dir, *overrides, arch="bert"):
@@ -188,6 +200,48 @@ def test_run_pretraining_mlm_objective_has_no_nsp_and_loads_everywhere(tmp_path,
     base = run_file(tmp_path / "on", data_dir)
     both = run_pretraining(dataclasses.replace(base, model=str(result.checkpoint), model_overrides={}))
     assert "nsp_acc" in both.eval
+
+
+@pytest.mark.parametrize("arch", ["bert", "modernbert"])
+def test_run_pretraining_on_contiguous_rows_trains_mlm_on_full_rows(tmp_path, contiguous_dir, arch):
+    seen = []
+    produce = PretrainingData.__next__
+
+    def counted(self):
+        batch = produce(self)
+        if self.split == "train":
+            seen.append(batch.attention_mask.sum(dim=1).tolist())
+        return batch
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PretrainingData, "__next__", counted)
+        result = run_pretraining(run_file(tmp_path, contiguous_dir, "--objective=mlm", arch=arch))
+    assert result.step == 6 and 0 < result.eval["mlm_acc"] <= 1 and "nsp_acc" not in result.eval
+    lengths = [length for batch in seen for length in batch]
+    index = ShardIndex.load(contiguous_dir)
+    short = sum(record["instances"] > 0 for record in index.shards("train"))  # a shard's last row
+    assert len(lengths) == 6 * 4 and sum(length != 32 for length in lengths) <= short
+
+
+def test_run_pretraining_refuses_nsp_on_contiguous_rows_before_building_a_model(tmp_path, contiguous_dir,
+                                                                                monkeypatch):
+    from bertforge.training import pretraining
+
+    monkeypatch.setattr(pretraining, "build_model", lambda *a, **k: pytest.fail("built a model"))
+    with pytest.raises(ConfigError, match=r"contiguous rows of text \(prepare --contiguous\).*--objective mlm"):
+        run_pretraining(run_file(tmp_path, contiguous_dir))  # mlm+nsp, the default
+
+
+def test_prepare_command_contiguous_flag_writes_contiguous_rows(tmp_path, data_dir):
+    from bertforge.cli import main
+
+    files = [str(p) for p in sorted(data_dir.parent.glob("part*.txt"))]
+    main(["prepare", "--corpus", *files, "--tokenizer", str(data_dir), "--out", str(tmp_path / "rows"),
+          "--max-seq-length", "32", "--contiguous"])
+    index = ShardIndex.load(tmp_path / "rows")
+    assert index.settings["contiguous"] is True
+    reader = SplitReader(index, "train")
+    assert [len(reader.instance(n)[0]) for n in range(len(reader) - 1)] == [32] * (len(reader) - 1)
 
 
 def test_pretrain_command_defaults_to_the_recipes_warmup(data_dir):

@@ -114,6 +114,62 @@ def test_train_with_minutes_ends_when_the_budget_is_spent(tmp_path, caplog):
     assert capped.step == 3  # `steps` ends the run first
 
 
+def test_train_with_a_cpu_budget_counts_the_process_cpu_clock_not_the_wall(tmp_path, monkeypatch, caplog):
+    # budget_clock = "cpu": the schedule reads `process_cpu_seconds` (here a fake one, 1 s a read): a 0.1-minute
+    # budget is 6 steps whatever the wall clock says (one read at the start, one per step).
+    from bertforge.training import schedules
+
+    cpu = FakeClock()
+    monkeypatch.setattr(schedules, "process_cpu_seconds", cpu)
+    config = config_for(tmp_path, steps=0, epochs=10, minutes=0.1, warmup_steps=0, warmup_ratio=0.0,
+                        budget_clock="cpu")
+    with caplog.at_level(logging.INFO, logger="bertforge.training"):
+        result = train(tiny_model(), SyntheticSource(4, 4), PretrainingObjective(), config)
+    assert result.step == 6 and cpu.reads == 7
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("0.1 minutes of CPU time" in m for m in messages)
+    assert any("time budget of 0.1 CPU min spent at step 6" in m for m in messages)
+    with pytest.raises(ConfigError, match="budget_clock"):
+        TrainingConfig(minutes=1, budget_clock="gpu")
+
+
+def test_process_cpu_seconds_grows_with_work_done_in_threads_and_children():
+    import subprocess
+    import sys
+    import threading
+
+    from bertforge.training.schedules import process_cpu_seconds
+
+    def spin(loops: int) -> None:
+        total = 0
+        for i in range(loops):
+            total += i * i
+
+    before = process_cpu_seconds()
+    worker = threading.Thread(target=spin, args=(2_000_000,))
+    worker.start()
+    worker.join()
+    after_thread = process_cpu_seconds()
+    assert after_thread > before  # a thread's CPU time is the process's
+    subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
+    assert process_cpu_seconds() > after_thread  # an ended child's too
+
+
+def test_pretrain_budget_cpu_minutes_flag_sets_a_cpu_budget(tmp_path):
+    from bertforge.cli import build_parser, pretrain_config
+
+    def parse(*flags):
+        args, extra = build_parser().parse_known_args(["pretrain", "--data", str(tmp_path), *flags])
+        return pretrain_config(args, extra)
+
+    config = parse("--budget-cpu-minutes", "5")
+    assert (config.training.minutes, config.training.budget_clock) == (5.0, "cpu")
+    assert parse("--minutes", "2", "--budget-clock", "cpu").training.budget_clock == "cpu"
+    assert parse("--minutes", "2").training.budget_clock == "wall"
+    with pytest.raises(ConfigError, match="--budget-cpu-minutes X stands for --minutes X --budget-clock cpu"):
+        parse("--budget-cpu-minutes", "5", "--minutes", "3")
+
+
 class InterruptedSource(SyntheticSource):
     """Sends this process SIGINT (as Ctrl-C does) while the loop fetches batch number `at` (1-based)."""
 

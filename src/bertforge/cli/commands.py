@@ -83,7 +83,8 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
         dupe_factor=args.dupe_factor, seed=args.seed, workers=args.workers,
         heldout_fraction=args.heldout_fraction, heldout_documents=args.heldout_documents,
         resume=not args.no_resume, format=args.format,
-        segmenter=jieba_segmenter() if args.segmenter == "jieba" else None, part=part, **sizes)
+        segmenter=jieba_segmenter() if args.segmenter == "jieba" else None, part=part, contiguous=args.contiguous,
+        **sizes)
     # The data directory carries its vocabulary, so `pretrain --data DIR` needs nothing else.
     tokenizer.save_pretrained(args.out)
     print(report.summary())
@@ -113,6 +114,13 @@ def pretrain_config(args: argparse.Namespace, extra: list[str]) -> PretrainConfi
     from bertforge.training.pretraining import PretrainConfig
 
     values = config_values(args)
+    cpu_minutes = getattr(args, "budget_cpu_minutes", None)
+    if cpu_minutes is not None:
+        training = values.setdefault("training", {})
+        if "minutes" in training or training.get("budget_clock", "cpu") != "cpu":
+            raise ConfigError("--budget-cpu-minutes X stands for --minutes X --budget-clock cpu: give either, "
+                              "not both")
+        training.update(minutes=cpu_minutes, budget_clock="cpu")
     try:
         return load_config(PretrainConfig, args.run_file, split_overrides(extra), values=values)
     except ConfigError as error:

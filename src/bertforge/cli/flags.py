@@ -45,7 +45,8 @@ LIST_METAVARS = {int: "N,N", float: "X,X", str: "A,B"}
 PRETRAIN_FLAGS = {
     "data_dir": "--data", "tokenizer": "--tokenizer", "arch": "--arch", "model": "--model",
     "objective": "--objective",
-    "training.out_dir": "--out", "training.minutes": "--minutes", "training.schedule": "--schedule",
+    "training.out_dir": "--out", "training.minutes": "--minutes", "training.budget_clock": "--budget-clock",
+    "training.schedule": "--schedule",
     "training.warmup_ratio": "--warmup-ratio", "masking.mlm_probability": "--mask-rate",
     "training.steps": "--steps", "training.batch_size": "--batch-size",
     "training.grad_accumulation": "--grad-accumulation", "training.lr": "--lr", "training.optimizer": "--optimizer",

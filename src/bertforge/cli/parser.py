@@ -105,6 +105,10 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--short-seq-prob", type=float, default=0.1)
     p.add_argument("--dupe-factor", type=int, default=1)
+    p.add_argument("--contiguous", action="store_true", help="for masked LM alone (pretrain --objective mlm, "
+                   "--arch modernbert): rows of consecutive text filled to --max-seq-length across sentences and "
+                   "documents (a [SEP] between documents), as RoBERTa and ModernBERT train, instead of Google's "
+                   "sentence pairs with next-sentence labels")
     p.add_argument("--seed", type=int, default=12345)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--shard-size", type=int, default=None, help="characters of input text per shard (default "
@@ -125,6 +129,9 @@ def add_pretrain(sub: argparse._SubParsersAction) -> None:
                                         "--objective mlm; a ModernBERT: --arch modernbert)")
     p.add_argument("run_file", nargs="?", help="optional TOML run file")
     add_config_flags(p, PretrainConfig, PRETRAIN_FLAGS)
+    p.add_argument("--budget-cpu-minutes", type=float, metavar="X", help="a budget of X minutes of this process's "
+                   "CPU time, all threads (--minutes X --budget-clock cpu): runs on a busy shared machine get the "
+                   "same computation as on an idle one")
     p.set_defaults(func=commands.cmd_pretrain)
 
 

@@ -41,7 +41,10 @@ from bertforge.data.corpus import DEFAULT_MAX_DOCUMENT_SENTENCES, CorpusStats, D
 from bertforge.data.preparation_parts import Part, all_parts_finished, merge_parts
 from bertforge.data.preparation_report import PrepareReport, finish_index, report_of
 from bertforge.data.pretraining import (
+    Instance,
     Segmenter,
+    Sentence,
+    create_contiguous_instances,
     create_instances,
     tokenize_document,
     validate_instance_settings,
@@ -76,13 +79,14 @@ class _GroupBuilder:
     """Turns one group of documents into shard files; runs in the main process or in a worker."""
 
     def __init__(self, tokenizer: Any, segmenter: Segmenter | None, out_dir: Path, seed: int,
-                 max_seq_length: int, short_seq_prob: float):
+                 max_seq_length: int, short_seq_prob: float, contiguous: bool = False):
         self.tokenizer = tokenizer
         self.segmenter = segmenter
         self.out_dir = out_dir
         self.seed = seed
         self.max_seq_length = max_seq_length
         self.short_seq_prob = short_seq_prob
+        self.contiguous = contiguous
         self.special = PostProcessor(tokenizer.cls_token_id, tokenizer.sep_token_id)
         self.unk_id = getattr(tokenizer, "unk_token_id", None)
         self.dtype = token_dtype(tokenizer.vocab_size)
@@ -102,15 +106,12 @@ class _GroupBuilder:
             starts = bytearray()
             rows: list[tuple[int, int, int, int]] = []
             count = 0
-            for index in range(len(kept)):
-                for instance in create_instances(kept, index, max_seq_length=self.max_seq_length,
-                                                 short_seq_prob=self.short_seq_prob, special=self.special,
-                                                 rng=rng):
-                    ids += instance.ids.tobytes()
-                    starts += instance.word_starts
-                    rows.append((count, count + instance.segment_b_start, count + len(instance.ids),
-                                 instance.nsp_label))
-                    count += len(instance.ids)
+            for instance in self.instances(kept, rng):
+                ids += instance.ids.tobytes()
+                starts += instance.word_starts
+                rows.append((count, count + instance.segment_b_start, count + len(instance.ids),
+                             instance.nsp_label))
+                count += len(instance.ids)
             arrays = {
                 "tokens": np.frombuffer(bytes(ids), dtype=np.int32).astype(self.dtype),
                 "word_starts": np.frombuffer(bytes(starts), dtype=np.uint8),
@@ -124,6 +125,16 @@ class _GroupBuilder:
                 "document_tokens": tokens_in, "unk_tokens": unk,
             })
         return records
+
+    def instances(self, documents: list[list[Sentence]], rng: random.Random) -> Iterator[Instance]:
+        """The group's instances: rows of consecutive text (`contiguous`), or Google's sentence pairs."""
+        if self.contiguous:
+            yield from create_contiguous_instances(documents, max_seq_length=self.max_seq_length,
+                                                   special=self.special)
+            return
+        for index in range(len(documents)):
+            yield from create_instances(documents, index, max_seq_length=self.max_seq_length,
+                                        short_seq_prob=self.short_seq_prob, special=self.special, rng=rng)
 
 
 _WORKER_BUILDER: _GroupBuilder | None = None
@@ -184,18 +195,27 @@ def split_documents(inputs: str | os.PathLike | Sequence[str | os.PathLike], hel
     return heldout, train
 
 
-def _settings(files: list[Path], tokenizer: Any, **values: Any) -> dict:
+def _settings(files: list[Path], tokenizer: Any, *, segmenter: Segmenter | None, contiguous: bool,
+              **values: Any) -> dict:
+    """The settings an index records (a resumed preparation must have the same)."""
     return {
         "inputs": [{"path": str(path), "bytes": path.stat().st_size} for path in files],
         "vocab_size": tokenizer.vocab_size,
         **values,
+        "segmenter": None if segmenter is None else getattr(segmenter, "__qualname__", type(segmenter).__name__),
+        # only when set: shards prepared before this setting existed keep their settings, and resume
+        **({"contiguous": True} if contiguous else {}),
     }
 
 
 
 def _check_settings(max_seq_length: int, short_seq_prob: float, dupe_factor: int, workers: int, shard_size: int,
-                    seed: int, segmenter: Segmenter | None) -> None:
+                    seed: int, segmenter: Segmenter | None, contiguous: bool = False) -> None:
     validate_instance_settings(max_seq_length, short_seq_prob, dupe_factor)
+    if contiguous and dupe_factor != 1:
+        raise ConfigError(f"dupe_factor={dupe_factor} with contiguous instances would write the same rows "
+                          f"{dupe_factor} times (they hold no random choice; masks are drawn anew every epoch): "
+                          "use dupe_factor 1")
     for name, value, low in (("workers", workers, 1), ("shard_size", shard_size, 1), ("seed", seed, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -329,6 +349,7 @@ def prepare_corpus(
     max_document_sentences: int = DEFAULT_MAX_DOCUMENT_SENTENCES,
     segmenter: Segmenter | None = None,
     part: Part | None = None,
+    contiguous: bool = False,
 ) -> PrepareReport:
     """Turn a text corpus into pretraining shards (module docstring), streaming in bounded memory.
 
@@ -353,6 +374,7 @@ def prepare_corpus(
             picklable when workers > 1.
         part: prepare only this part of a preparation split across processes or machines
             (`data.preparation_parts`); the last part to finish writes ``index.json``.
+        contiguous: rows of consecutive text for MLM alone (`create_contiguous_instances`), not NSP pairs.
 
     Returns:
         A `PrepareReport`; its warnings are also logged. A part's report counts the part's shards, and its
@@ -363,7 +385,7 @@ def prepare_corpus(
         holds no text, or `out_dir` holds shards of another format version or other settings (with resume).
     """
     started = time.perf_counter()
-    _check_settings(max_seq_length, short_seq_prob, dupe_factor, workers, shard_size, seed, segmenter)
+    _check_settings(max_seq_length, short_seq_prob, dupe_factor, workers, shard_size, seed, segmenter, contiguous)
     files = resolve_inputs(inputs)
     rate = _heldout_rate(files, heldout_fraction, heldout_documents, format, max_document_sentences)
     out_dir = Path(out_dir)
@@ -372,13 +394,12 @@ def prepare_corpus(
     settings = _settings(
         files, tokenizer, vocab_checksum=checksum, max_seq_length=max_seq_length, short_seq_prob=short_seq_prob,
         dupe_factor=dupe_factor, seed=seed, shard_size=shard_size, heldout_rate=str(rate), format=format,
-        max_document_sentences=max_document_sentences,
-        segmenter=None if segmenter is None else getattr(segmenter, "__qualname__", type(segmenter).__name__),
+        max_document_sentences=max_document_sentences, segmenter=segmenter, contiguous=contiguous,
     )
     owns, index_name = (None, INDEX_NAME) if part is None else (part.owns, part.index_name)
     records = _ShardRecords(out_dir, settings, tokenizer.vocab_size, checksum,
                             completed_shards(out_dir, settings, resume, owns, index_name), index_name)
-    builder = _GroupBuilder(tokenizer, segmenter, out_dir, seed, max_seq_length, short_seq_prob)
+    builder = _GroupBuilder(tokenizer, segmenter, out_dir, seed, max_seq_length, short_seq_prob, contiguous)
     dispatcher = _GroupDispatcher(builder, records, workers, dupe_factor)
     stats = CorpusStats()
     documents = read_documents(files, format=format, max_document_sentences=max_document_sentences, stats=stats)

@@ -1,4 +1,5 @@
-"""Documents to pretraining instances: ``[CLS] A [SEP] B [SEP]`` with a next-sentence label.
+"""Documents to pretraining instances: ``[CLS] A [SEP] B [SEP]`` with a next-sentence label, or, for masked LM
+alone, rows of consecutive text (`create_contiguous_instances`, RoBERTa's and ModernBERT's way).
 
 This is the instance logic of Google's `create_pretraining_data.py` (`create_instances_from_document` and
 `truncate_seq_pair`), re-implemented with the same random decisions in the same order:
@@ -298,6 +299,51 @@ def create_instances(
             chunk = []
             chunk_length = 0
         position += 1
+    return instances
+
+
+def create_contiguous_instances(documents: Sequence[Sequence[Sentence]], *, max_seq_length: int,
+                                special: PostProcessor) -> list[Instance]:
+    """Rows of consecutive text for masked LM alone (RoBERTa's FULL-SENTENCES, as ModernBERT trains): no
+    sentence pairs, no NSP label.
+
+    The documents' tokens run on in order, one ``[SEP]`` between two documents, and are cut every
+    ``max_seq_length - 2`` tokens, across sentence and document boundaries, into ``[CLS] chunk [SEP]``: every
+    row is full but the last of the documents given (one group: a shard's text), so no step pays for padding
+    inside the text. A chunk that would begin with the separator begins after it (its ``[CLS]`` marks the
+    start), and a chunk's first token counts as a word start (whole-word masking) even inside a word.
+
+    Args:
+        documents: the tokenized documents, in order.
+        max_seq_length: the length of every row but the last, special tokens included (>= 3).
+        special: the tokenizer's post-processor.
+
+    Returns:
+        Instances whose segment B is empty (`segment_b_start` = the row's length: token types all 0) and whose
+        `nsp_label` is `NSP_IS_NEXT`, a placeholder no objective reads (NSP refuses these shards).
+    """
+    width = max_seq_length - special.added(False)
+    ids, starts = array("i"), bytearray()
+    separators = set()  # where a document separator was put (the text itself may hold [SEP]'s id)
+    for document in documents:
+        if ids and document:
+            separators.add(len(ids))
+            ids.append(special.sep_id)
+            starts.append(1)
+        for sentence in document:
+            ids.extend(sentence.ids)
+            starts.extend(sentence.word_starts)
+    instances = []
+    position = 0
+    while position < len(ids):
+        if position in separators:
+            position += 1
+            continue
+        chunk, chunk_starts = ids[position:position + width], bytearray(starts[position:position + width])
+        chunk_starts[0] = 1
+        row = array("i", special.ids(chunk))
+        instances.append(Instance(row, b"\x01" + bytes(chunk_starts) + b"\x01", len(row), NSP_IS_NEXT))
+        position += width
     return instances
 
 

@@ -11,6 +11,7 @@ Layout of a data directory::
     train-00000-00.tokens.npy       uint16 (vocab <= 65536) or int32 [tokens]: [CLS] A [SEP] B [SEP] ...
     train-00000-00.word_starts.npy  uint8 [tokens]: 1 where a word starts (whole-word masking)
     train-00000-00.instances.npy    int64 [instances, 4]: start, segment-B start, end, NSP label
+                                    (contiguous rows, for MLM alone: [CLS] text [SEP], segment B empty)
     heldout-00000-00.*.npy          the same for the held-out split
     index.part-00001-of-00004.json  a part's own index, when preparation is split (`--part 1/4`)
 

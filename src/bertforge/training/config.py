@@ -25,6 +25,7 @@ from bertforge.runtime import DEFAULT_TRAINING_PRECISION, TRAINING_PRECISIONS
 
 OPTIMIZERS = ("adamw", "lamb")
 SCHEDULES = ("linear", "constant", "wsd", "one-cycle")  # shapes: `training.schedules`
+BUDGET_CLOCKS = ("wall", "cpu")  # what a time budget (`minutes`) counts: `training.schedules.budget_clock`
 DECAY_SHAPES = ("1-sqrt", "linear")
 # With a time budget and no `steps`, the run has no step limit; this stands for "unlimited".
 UNLIMITED_STEPS = 10**12
@@ -57,6 +58,10 @@ class TrainingConfig:
                                   "budget instead of steps, warmup is `warmup_ratio` of the budget, and the run "
                                   "ends with a final checkpoint when the budget is spent (or at `steps` if set "
                                   "and reached first; `epochs` does not apply); 0 = no budget")
+    budget_clock: str = setting("wall", "what `minutes` counts: wall (time elapsed) or cpu (the CPU seconds this "
+                                        "process uses, all its threads and its ended child processes: a budget "
+                                        "that a busy shared machine does not shrink, for fair comparisons)",
+                                choices=BUDGET_CLOCKS)
     weight_decay: float = setting(0.01, "decoupled weight decay, not applied to biases and LayerNorm weights")
     optimizer: str = setting("adamw", "adamw (fine-tuning, pretraining up to ~1k batch) or lamb (large-batch "
                                       "pretraining)", choices=OPTIMIZERS)
@@ -184,6 +189,7 @@ class TrainingConfig:
 
         ok = isinstance(self.minutes, int | float) and not isinstance(self.minutes, bool)
         need(ok and 0 <= self.minutes < math.inf, "minutes", "use a number of minutes > 0, or 0 for no time budget")
+        need(self.budget_clock in BUDGET_CLOCKS, "budget_clock", f"use one of {BUDGET_CLOCKS}")
         need(0.0 < self.decay_ratio <= 1.0, "decay_ratio", "use a fraction in (0, 1], e.g. 0.2 (the last 20%)")
         need(self.decay_shape in DECAY_SHAPES, "decay_shape", f"use one of {DECAY_SHAPES}")
         need(not (self.minutes and self.warmup_steps), "warmup_steps",

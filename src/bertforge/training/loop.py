@@ -197,7 +197,7 @@ def train(model: nn.Module, batches: Any, task: Task, config: TrainingConfig, *,
         save_also: save_also(step) -> True writes a checkpoint after that step too (fine-tuning: epoch ends).
         extra_state: an object with `state_dict()` (plain values) and `load_state_dict(state)`, saved in every
             checkpoint and restored on resume (fine-tuning: its evaluation history).
-        clock: with a time budget (`minutes`), the seconds the schedule reads (default time.monotonic).
+        clock: with a time budget (`minutes`), the seconds the schedule reads (default `schedules.budget_clock`).
 
     Raises:
         NonFiniteLossError: loss/gradients non-finite for `max_nonfinite_steps` consecutive steps.
@@ -280,7 +280,8 @@ def run_steps(state: RunState, restored: Restored, stream: Iterator, window_step
             if getattr(state.scheduler, "spent", False) and step < cadence.total_steps:  # the time budget ends
                 cadence = cadence.ending_at(step)
                 report.result.total_steps = step
-                log.info("time budget of %g min spent at step %d", config.minutes, step)
+                log.info("time budget of %g %smin spent at step %d", config.minutes,
+                         "CPU " if config.budget_clock == "cpu" else "", step)
             if cadence.logs(step):
                 report.settle(step, updater, window_step)
                 report.log_train(step, done.lr, window_step)
@@ -525,7 +526,8 @@ def describe_run(model: nn.Module, batches: Any, config: TrainingConfig, total_s
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     length = f"{total_steps} steps (warmup {warmup_steps})"
     if config.minutes:
-        length = (f"{config.minutes:g} minutes{f' or {config.steps} steps' if config.steps else ''} (warmup "
+        cpu = " of CPU time" if config.budget_clock == "cpu" else ""
+        length = (f"{config.minutes:g} minutes{cpu}{f' or {config.steps} steps' if config.steps else ''} (warmup "
                   f"{config.warmup_ratio:.0%} of the time)")
     log.info("training %s of %d examples (batch %d x accumulation %d x %d processes)%s; "
              "%s, %s, %s on %s; %.1fM trainable parameters", length, per_step,

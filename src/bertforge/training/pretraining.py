@@ -245,6 +245,10 @@ def run_pretraining(config: PretrainConfig) -> TrainResult:
     index = ShardIndex.load(config.data_dir)
     tokenizer = load_pretraining_tokenizer(config)
     index.check_vocab(tokenizer)
+    if index.settings.get("contiguous") and config.objective != "mlm":
+        raise ConfigError(f"{config.data_dir} holds contiguous rows of text (prepare --contiguous), without the "
+                          "sentence pairs next-sentence prediction needs: pretrain with objective = \"mlm\" "
+                          "(--objective mlm), or prepare the data without --contiguous")
     max_seq_length = int(index.settings.get("max_seq_length", 0))
     masking = config.masking = predictions_for_rate(config.masking, max_seq_length)
 

@@ -16,8 +16,9 @@ steps, or seconds of a time budget — as the start and end of the step being sc
 `WarmupDecay` counts steps. `TimeBudgetSchedule` counts seconds of a time budget (`training.minutes`): the
 position of a step is the time elapsed since training started (plus what a resumed run had used) over the
 budget, so the same recipe decays on time whatever the machine's speed, and the run ends when `spent`. Its
-clock is injected (tests pass a fake one); under torchrun the ranks agree on rank 0's clock (`agree`), so
-every rank uses the same rate and stops after the same step.
+clock is injected (tests pass a fake one): wall time, or with `budget_clock = "cpu"` the process's CPU time
+(`process_cpu_seconds`), which other jobs on a shared machine do not use up; under torchrun the ranks agree on
+rank 0's clock (`agree`), so every rank uses the same rate and stops after the same step.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ import math
 import time
 from collections.abc import Callable
 from typing import Any
+
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
@@ -139,6 +145,20 @@ class TimeBudgetSchedule(LambdaLR):
 _RUNTIME_ONLY = frozenset({"_clock", "_agree", "_started", "_offset"})
 
 
+def process_cpu_seconds() -> float:
+    """The CPU seconds (user + system) this process has used, all its threads together, plus those of its child
+    processes that have ended and been waited for (a data loader's workers count once they exit)."""
+    if resource is None:  # not a Unix: this process's threads only
+        return time.process_time()
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def budget_clock(config: TrainingConfig) -> Callable[[], float]:
+    """The seconds a time budget counts: wall time (monotonic) or this process's CPU time (`budget_clock`)."""
+    return process_cpu_seconds if config.budget_clock == "cpu" else time.monotonic
+
+
 def schedule_for(optimizer: Optimizer, config: TrainingConfig, total_steps: int, warmup_steps: int, *,
                  world_size: int = 1, clock: Callable[[], float] | None = None) -> LambdaLR:
     """The run's scheduler: over `total_steps` steps, or over `config.minutes` of time (then a
@@ -146,7 +166,7 @@ def schedule_for(optimizer: Optimizer, config: TrainingConfig, total_steps: int,
     if config.minutes > 0:
         agree = distributed.broadcast_object if world_size > 1 else None
         return TimeBudgetSchedule(optimizer, config.minutes * 60, config.warmup_ratio, config.schedule,
-                                  config.decay_ratio, config.decay_shape, clock=clock or time.monotonic,
+                                  config.decay_ratio, config.decay_shape, clock=clock or budget_clock(config),
                                   agree=agree)
     return build_scheduler(optimizer, warmup_steps, total_steps, config.schedule, config.decay_ratio,
                            config.decay_shape)
