@@ -131,8 +131,8 @@ def test_modernbert_directory_predicts_embeds_and_serves_on_every_engine(tmp_pat
     onnxruntime`, on a ModernBERT classifier directory: every answer within the BERT engine tests' budgets
     of the fp32 torch answer (tests/unit/test_engine.py: `TOLERANCES`, `REDUCED_MIN_COSINE`), the labels equal."""
     pytest.importorskip("onnxruntime")
-    from tests.unit.test_engine import REDUCED_MIN_COSINE, TOLERANCES
     from tests.e2e.test_server import running
+    from tests.unit.test_engine import REDUCED_MIN_COSINE, TOLERANCES
 
     from bertforge.cli import main
     from bertforge.model.modernbert import ModernBertForSequenceClassification

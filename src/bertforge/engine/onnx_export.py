@@ -19,6 +19,10 @@ padding-free fast paths are never exported) in the form ONNX Runtime's BERT opti
 expanded to the input's shape. `onnx_graph.export_optimized` then fuses it (Attention, EmbedLayer-
 Normalization, SkipLayerNormalization, BiasGelu) and quantizes it. The embedding family also exports its
 sentence vector (`sentence_embedding`: the directory's pooling, normalized when it says so).
+A ModernBERT is traced as it runs on the padded path (fused Wqkv, rotary tables, a masked SDPA call, GeGLU): its
+local layers' banded mask is built inside the graph from the input's length (`layouts.Padded.mask_for` keeps it
+while tracing, even at a traced length within the window), so the graph holds the window at any length; ONNX
+Runtime's BERT fusions find little to fuse there, and the graph is held to PyTorch by the same check.
 Needs the `export` extra: onnx, onnxruntime.
 """
 
