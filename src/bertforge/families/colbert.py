@@ -314,6 +314,7 @@ class ColBERT(Embedding):
     model_class = BertForColBERT
     task = "embed-multi-vector"
     default_max_seq_length = 512
+    long_inputs = True
     options = {"role": "document"}
     training_hooks = ColBERTTraining
     formats = dict.fromkeys(FORMAT_COLUMNS)

@@ -55,7 +55,7 @@ from bertforge.engine.engine import Engine
 from bertforge.errors import CheckpointError, ConfigError, DataError, InputError
 from bertforge.evaluation import run_features, run_streamed
 from bertforge.families import registry
-from bertforge.families.base import Family, InputSettings
+from bertforge.families.base import Family, InputSettings, served_window
 from bertforge.families.task import TaskDescription, read_description
 from bertforge.inference.wire_inputs import (
     EmbedText,
@@ -124,7 +124,7 @@ def input_settings(model: BertPretrainedModel, tokenizer, family: Family, task: 
     if task is not None:
         settings = task.inputs
     else:
-        settings = InputSettings(max_seq_length=min(family.served_max_seq_length or family.default_max_seq_length,
+        settings = InputSettings(max_seq_length=min(served_window(family, model.config.max_position_embeddings),
                                                      limit))
     changes = {}
     if max_length:
