@@ -126,6 +126,61 @@ def test_modernbert_directory_finetunes_a_tagger_whose_entities_have_character_o
                for e in answer["entities"])
 
 
+def test_modernbert_directory_predicts_embeds_and_serves_on_every_engine(tmp_path, monkeypatch):
+    """`predict --task classify|embed` at int8 and bf16 (torch) and on ONNX Runtime, and `serve --engine
+    onnxruntime`, on a ModernBERT classifier directory: every answer within the BERT engine tests' budgets
+    of the fp32 torch answer (tests/unit/test_engine.py: `TOLERANCES`, `REDUCED_MIN_COSINE`), the labels equal."""
+    pytest.importorskip("onnxruntime")
+    from tests.e2e.test_server import running
+    from tests.unit.test_engine import REDUCED_MIN_COSINE, TOLERANCES
+
+    from bertforge.cli import main
+    from bertforge.model.modernbert import ModernBertForSequenceClassification
+    from bertforge.serving.app import create_app
+
+    monkeypatch.setenv("BERTFORGE_CACHE", str(tmp_path / "cache"))
+    tokenizer = train_bpe(CORPUS, vocab_size=300)
+    config = ModernBertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=48,
+                              num_hidden_layers=3, num_attention_heads=2, pad_token_id=tokenizer.pad_token_id,
+                              local_attention=8, max_position_embeddings=512, id2label={0: "neg", 1: "pos"})
+    torch.manual_seed(0)
+    ModernBertForSequenceClassification(config).save_pretrained(tmp_path / "model", tokenizer=tokenizer)
+    texts = ["The quick brown fox", "daily creme brulee " * 20, "lazy dog"]  # one longer than the window
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+
+    def predicted(task: str, *flags: str) -> list[dict]:
+        out = tmp_path / f"{task}{'_'.join(flags)}.jsonl"
+        assert main(["predict", "--model", str(tmp_path / "model"), "--task", task, "--input",
+                     str(tmp_path / "in.txt"), "--output", str(out), "--device", "cpu", *flags]) == 0
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    def assert_within(got: np.ndarray, expected: np.ndarray, precision: str) -> None:
+        assert np.abs(got - expected).max() <= TOLERANCES[precision] * max(1.0, np.abs(expected).max())
+        if precision != "fp32":
+            cosine = (got.ravel() @ expected.ravel()) / (np.linalg.norm(got) * np.linalg.norm(expected))
+            assert cosine >= REDUCED_MIN_COSINE
+
+    reference = {"classify": predicted("classify", "--engine", "torch", "--precision", "fp32"),
+                 "embed": predicted("embed", "--engine", "torch", "--precision", "fp32")}
+    scores = np.array([[a["scores"][n] for n in ("neg", "pos")] for a in reference["classify"]])
+    vectors = np.array([a["embedding"] for a in reference["embed"]])
+    for engine, precision in (("torch", "int8"), ("torch", "bf16"), ("onnxruntime", "fp32"), ("onnxruntime", "int8")):
+        flags = ("--engine", engine, "--precision", precision)
+        answers = predicted("classify", *flags)
+        assert [a["label"] for a in answers] == [a["label"] for a in reference["classify"]]
+        assert_within(np.array([[a["scores"][n] for n in ("neg", "pos")] for a in answers]), scores, precision)
+        assert_within(np.array([a["embedding"] for a in predicted("embed", *flags)]), vectors, precision)
+
+    app = create_app(tmp_path / "model", device="cpu", precision="fp32", engine="onnxruntime")
+    with running(app) as client:
+        response = client.post("/v1/classify", json={"inputs": texts})
+        assert response.status_code == 200
+        served = np.array([[o["scores"][n] for n in ("neg", "pos")] for o in response.json()["outputs"]])
+        health = client.get("/health").json()
+    assert_within(served, scores, "fp32")
+    assert "onnxruntime" in json.dumps(health)
+
+
 def tiny_modernbert(folder, texts, cls=None, **fields):
     """A tiny random ModernBERT directory (a byte-level BPE tokenizer.json trained on `texts`) of class `cls`."""
     from bertforge.model.modernbert import ModernBertForMaskedLM
