@@ -248,8 +248,8 @@ def report(out: Path, json_path: Path | None) -> dict:
     summary: dict = {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "loadavg_now": os.getloadavg()},
                      "date": time.strftime("%Y-%m-%d", time.gmtime()),
                      "settings": {"sequence_length": SEQUENCE_LENGTH, "batch_size": BATCH_SIZE,
-                                  "train_mask_rate": TRAIN_MASK_RATE, "eval_mask_rate": EVAL_MASK_RATE,
-                                  "eval_batches": EVAL_BATCHES, "lr": PEAK_LR, "schedule": "wsd",
+                                  "eval_mask_rate": EVAL_MASK_RATE, "eval_batches": EVAL_BATCHES,
+                                  "schedule": "wsd",
                                   "warmup_ratio": WARMUP_RATIO, "betas": list(ADAM_BETAS),
                                   "finetune": {"per_book_train": FINETUNE_TASK.per_book_train,
                                                "per_book_dev": FINETUNE_TASK.per_book_dev,
@@ -264,6 +264,8 @@ def report(out: Path, json_path: Path | None) -> dict:
         summary["arches"][arch] = {
             "seeds": [r["seed"] for r in mine],
             "cpu_minutes_budget": mine[0]["cpu_minutes_budget"],
+            # runs from before --lr/--train-mask-rate used the defaults
+            "lr": mine[0].get("lr", PEAK_LR), "train_mask_rate": mine[0].get("train_mask_rate", TRAIN_MASK_RATE),
             "steps": mean_sd([r["steps"] for r in mine]),
             "pretrain_cpu_s": mean_sd([r["pretrain_cpu_s"] for r in mine]),
             "pretrain_wall_s": mean_sd([r["pretrain_wall_s"] for r in mine]),
@@ -272,7 +274,8 @@ def report(out: Path, json_path: Path | None) -> dict:
             "book_dev_accuracy": mean_sd([r["book_dev_accuracy"] for r in mine]),
         }
         row = summary["arches"][arch]
-        print(f"{arch:10s} {len(mine)} seeds, {row['steps']['mean']:.0f} steps: held-out MLM acc at 15% "
+        print(f"{arch:10s} lr {row['lr']:g}, masking {row['train_mask_rate']:g}, {len(mine)} seeds, "
+              f"{row['steps']['mean']:.0f} steps: held-out MLM acc at 15% "
               f"{row['heldout_mlm_acc_at_15']['mean']:.4f} ± {row['heldout_mlm_acc_at_15']['sd']:.4f} "
               f"(majority {row['heldout_majority_acc_at_15']:.4f}); book task "
               f"{row['book_dev_accuracy']['mean']:.4f} ± {row['book_dev_accuracy']['sd']:.4f}")
