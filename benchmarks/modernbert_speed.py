@@ -3,23 +3,30 @@
 Both sides hold the same random weights (copied through our key table) of a ModernBERT-base-shaped config
 (22 layers, hidden 768, GeGLU 1,152, a global layer every third layer, 128-token window), fp32 on the CPU, the
 same thread count, the same batch of full-length rows (every token real). transformers runs its SDPA attention
-(its default on CPU: no flash kernels there); ours runs as constructed (its unpadded layout). Each shape times
-the two sides alternately (ours, theirs, theirs, ours, ...: `model_speed.time_pair`) after untimed warm-ups and
-reports the medians, their ratio and the largest difference of the outputs.
+(its default on CPU: no flash kernels there; its eager attention is slower); ours runs twice: the model as
+constructed, and through the engine every inference command runs (`engine.build_engine`, torch at fp32: the
+model plus row chunks, `engine.row_chunks`). Each shape times the sides in turn, the order rotated every repeat,
+after untimed warm-ups, and reports the median wall time and process CPU time of each, the ratios (theirs /
+ours) and the largest difference of the outputs. `--layers` keeps the preset's shapes with fewer layers (the
+same share of global layers when a multiple of 3), for a loaded machine.
 
-    python -m benchmarks.modernbert_speed --shapes 32x512,8x2048 --threads 2
+    python -m benchmarks.modernbert_speed --shapes 32x512,32x2048 --threads 2
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import platform
+import statistics
+import time
 
 import torch
 
-from benchmarks.model_speed import time_pair
 from bertforge.checkpoint_format import hf_state_dict
+from bertforge.engine.build import build_engine
+from bertforge.engine.plan import EnginePlan
 from bertforge.interop import modernbert as hf_modernbert
 from bertforge.model.config.modernbert import ModernBertConfig
 from bertforge.model.modernbert import ModernBertModel
@@ -41,23 +48,44 @@ def twins(config: ModernBertConfig, seed: int = 0):
     return ours, theirs
 
 
-def time_shape(ours, theirs, rows: int, tokens: int, warmup: int, repeats: int) -> tuple[float, float, float]:
-    """(our median s, their median s, max |ours - theirs|) on one batch of `rows` full rows of `tokens`."""
+def time_sides(sides: dict, warmup: int, repeats: int) -> dict[str, tuple[float, float]]:
+    """Per side, (median wall s, median process CPU s) per call, the sides called in turn, the order rotated every
+    repeat, so that a load change on a shared machine hits every side alike."""
+    for _ in range(warmup):
+        for run in sides.values():
+            run()
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
+    names = list(sides)
+    for repeat in range(repeats):
+        for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+            wall, cpu = time.perf_counter(), time.process_time()
+            sides[name]()
+            times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
+    return {name: (statistics.median(t[0] for t in pairs), statistics.median(t[1] for t in pairs))
+            for name, pairs in times.items()}
+
+
+def time_shape(ours, theirs, rows: int, tokens: int, warmup: int, repeats: int, engine=None) -> dict:
+    """{side: (median wall s, median CPU s)} for "ours", "theirs" (and "engine" when given) on one batch of `rows`
+    full rows of `tokens`, and "diff": the largest |ours - theirs| (and |engine - theirs|) of the outputs."""
     generator = torch.Generator().manual_seed(rows * tokens)
     ids = torch.randint(5, ours.config.vocab_size, (rows, tokens), generator=generator)
     mask = torch.ones_like(ids)
     outputs = {}
 
-    @torch.inference_mode()
-    def run_ours():
-        outputs["ours"] = ours(ids, attention_mask=mask).last_hidden_state
+    def runner(name, model, **inputs):
+        @torch.inference_mode()
+        def run():
+            outputs[name] = model(**inputs).last_hidden_state
+        return run
 
-    @torch.inference_mode()
-    def run_theirs():
-        outputs["theirs"] = theirs(input_ids=ids, attention_mask=mask).last_hidden_state
-
-    ours_s, theirs_s = time_pair(run_ours, run_theirs, torch.device("cpu"), warmup, repeats)
-    return ours_s, theirs_s, float((outputs["ours"] - outputs["theirs"]).abs().max())
+    sides = {"ours": runner("ours", ours, input_ids=ids, attention_mask=mask),
+             "theirs": runner("theirs", theirs, input_ids=ids, attention_mask=mask)}
+    if engine is not None:
+        sides["engine"] = runner("engine", engine, input_ids=ids, attention_mask=mask)
+    result = time_sides(sides, warmup, repeats)
+    result["diff"] = max(float((outputs[name] - outputs["theirs"]).abs().max()) for name in sides if name != "theirs")
+    return result
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -67,27 +95,39 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default="32x512,8x2048", help="rows x tokens per batch, comma-separated")
+    parser.add_argument("--shapes", default="32x512,32x2048", help="rows x tokens per batch, comma-separated")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="timed calls of each side per shape")
     parser.add_argument("--preset", default="base")
+    parser.add_argument("--layers", type=int, default=None, help="the preset's layer count when not given")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
-    config = ModernBertConfig.preset(args.preset)
+    overrides = {} if args.layers is None else {"num_hidden_layers": args.layers}
+    config = ModernBertConfig.preset(args.preset, **overrides)
     ours, theirs = twins(config)
+    engine = build_engine(copy.deepcopy(ours), EnginePlan(torch.device("cpu"), "fp32", "torch", threads=args.threads))
     import transformers
 
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}, "
-          f"transformers {transformers.__version__}; threads {args.threads}; fp32; preset {args.preset}; "
-          f"warmup {args.warmup}, {args.repeats} timed repeats each, alternated")
-    print("| rows x tokens | ours s/batch | transformers s/batch | speed-up (theirs / ours) | max abs diff |")
-    print("|---|---:|---:|---:|---:|")
+    with open("/proc/loadavg") as handle:
+        load = " ".join(handle.read().split()[:3])
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load {load}; torch "
+          f"{torch.__version__}, transformers {transformers.__version__}; threads {args.threads}; fp32; preset "
+          f"{args.preset}, {config.num_hidden_layers} layers; warmup {args.warmup}, {args.repeats} timed repeats "
+          "each, order rotated")
+    print("| rows x tokens | ours s (CPU s) | ours, engine s (CPU s) | transformers s (CPU s) | theirs / ours wall "
+          "(CPU) | theirs / engine wall (CPU) | max abs diff |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for rows, tokens in parse_shapes(args.shapes):
-        ours_s, theirs_s, diff = time_shape(ours, theirs, rows, tokens, args.warmup, args.repeats)
-        print(f"| {rows} x {tokens} | {ours_s:.2f} | {theirs_s:.2f} | {theirs_s / ours_s:.2f}x | {diff:.1e} |",
-              flush=True)
+        result = time_shape(ours, theirs, rows, tokens, args.warmup, args.repeats, engine)
+        (ours_s, ours_c), (engine_s, engine_c), (theirs_s, theirs_c) = (result[k] for k in ("ours", "engine", "theirs"))
+        print(f"| {rows} x {tokens} | {ours_s:.2f} ({ours_c:.2f}) | {engine_s:.2f} ({engine_c:.2f}) | {theirs_s:.2f} "
+              f"({theirs_c:.2f}) | {theirs_s / ours_s:.2f}x ({theirs_c / ours_c:.2f}x) | {theirs_s / engine_s:.2f}x "
+              f"({theirs_c / engine_c:.2f}x) | {result['diff']:.1e} |", flush=True)
+    with open("/proc/loadavg") as handle:
+        print(f"load after: {' '.join(handle.read().split()[:3])}")
+
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,7 @@
 """A served ColBERT model: `POST /v1/embed-multi-vector` answers the pipeline's token vectors (documents by default,
 queries with `"role": "query"`), refuses a bad role with 422 and an answer over `max_answer_bytes` with 413 before
-the model runs; `POST /search` over a multi-vector index (exact MaxSim) and over a dense index reranked by one
-answers what `bertforge search` answers. A tiny random ColBERT with MiniLM's vocabulary serves every index."""
+the model runs; `POST /search` over a multi-vector index (exact MaxSim), over a dense index reranked by one
+(`rerank=DIR`) and over both fused by RRF answers what `bertforge search` answers. A tiny random ColBERT with MiniLM's vocabulary serves every index."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from bertforge.inference.pipelines import load_pipeline  # noqa: E402
 from bertforge.interop.colbert import ColbertSettings  # noqa: E402
 from bertforge.model.config import BertConfig  # noqa: E402
 from bertforge.retrieval import embed_corpus as E  # noqa: E402
-from bertforge.retrieval.hybrid_search import folder_hits, reranked_hits  # noqa: E402
+from bertforge.retrieval.hybrid_search import folder_hits, fused_hits, reranked_hits  # noqa: E402
 from bertforge.serving.app import create_app  # noqa: E402
 from bertforge.tokenization import Tokenizer  # noqa: E402
 
@@ -52,7 +52,8 @@ def setup(tmp_path_factory):
 
 def test_server_multi_vector_route_and_search(setup):
     root = setup
-    indexes = {"colbert": [root / "mv"], "reranked": [root / "dense", root / "mv"]}
+    indexes = {"colbert": [root / "mv"], "reranked": [root / "dense", f"rerank={root / 'mv'}"],
+               "fused": [root / "mv", root / "dense"]}
     pipeline = load_pipeline(root / "model", "embed-multi-vector", device="cpu")
     with running(create_app(root / "model", device="cpu", indexes=indexes, max_answer_bytes=20_000)) as client:
         answer = client.post("/v1/embed-multi-vector", json={"inputs": QUERIES, "parameters": {"role": "query"}})
@@ -69,10 +70,16 @@ def test_server_multi_vector_route_and_search(setup):
         assert large.status_code == 413
         for name, expected_hits in (("colbert", folder_hits(root / "mv", QUERIES, top_k=5, device="cpu")),
                                     ("reranked", reranked_hits([root / "dense"], root / "mv", QUERIES, top_k=5,
-                                                               depth=10, device="cpu"))):
+                                                               depth=10, device="cpu")),
+                                    ("fused", fused_hits([root / "dense", root / "mv"], QUERIES, top_k=5, depth=10,
+                                                         device="cpu"))):
             found = client.post("/search", json={"index": name, "queries": QUERIES, "top_k": 5, "depth": 10})
             assert found.status_code == 200, found.text
             for hits, wanted in zip(found.json()["results"], expected_hits):
                 assert [h["id"] for h in hits] == [h["id"] for h in wanted]
                 assert [h["score"] for h in hits] == pytest.approx([h["score"] for h in wanted], abs=1e-5)
                 assert ("first_rank" in hits[0]) == (name == "reranked")
+                assert ("multi_vector_rank" in hits[0]) == (name == "fused")
+                if name == "fused":
+                    assert [(h["dense_rank"], h["multi_vector_rank"]) for h in hits] == \
+                        [(h["dense_rank"], h["multi_vector_rank"]) for h in wanted]

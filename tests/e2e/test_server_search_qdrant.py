@@ -77,3 +77,28 @@ def test_search_route_over_qdrant_health_and_refusals(served):
                          ({"index": "chunks", "query": "x", "rescore_multiplier": 2}, 422),
                          ({"index": "chunks", "query": "x", "field": "source"}, 422)]:
         assert client.post("/search", json=body).status_code == status, body
+
+
+def test_search_route_over_a_qdrant_server_that_stops_answering_is_503(served, tiny_sparse_model, tmp_path,
+                                                                       monkeypatch):
+    """A collection on a server (here a local folder's client standing in for it) that does not answer a search:
+    503 (it may answer later), not the 409 of a changed input."""
+    from qdrant_client import QdrantClient
+    from qdrant_client.http.exceptions import ResponseHandlingException
+
+    from bertforge.retrieval import qdrant_collection as Q
+
+    _, root = served
+    export_folders([root / "dense"], str(tmp_path / "db"), collection="docs")
+    monkeypatch.setattr(Q, "connect", lambda location: QdrantClient(path=str(tmp_path / "db")))
+    indexes = {"remote": ["qdrant://127.0.0.1:6333/docs"]}
+    with running(create_app(tiny_sparse_model, device="cpu", indexes=indexes)) as client:
+        assert client.post("/search", json={"query": QUERIES[0], "top_k": 3}).status_code == 200
+
+        def unanswered(*args, **kwargs):
+            raise ResponseHandlingException(ConnectionRefusedError("connection refused"))
+
+        monkeypatch.setattr(QdrantClient, "query_batch_points", unanswered)
+        answer = client.post("/search", json={"query": QUERIES[0], "top_k": 3})
+        assert answer.status_code == 503, answer.text
+        assert "did not answer the search" in answer.json()["error"]

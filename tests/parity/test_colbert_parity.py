@@ -123,7 +123,8 @@ def test_colbert_their_multi_vector_encoder_save_loads_here(tmp_path, tokenizer)
     assert_same(tmp_path / "native", tmp_path / "native")
 
 
-def test_colbert_pylate_directory_loads_here(tmp_path, tokenizer):
+@pytest.mark.parametrize("model_type", [{"model_type": "ColBERT"}, {}])  # PyLate 1.6.0 writes no model_type
+def test_colbert_pylate_directory_loads_here(tmp_path, tokenizer, model_type):
     """A directory as PyLate writes it from a Hugging Face BERT: its Dense module in 1_Dense, the settings in
     config_sentence_transformers.json, markers that are vocabulary tokens."""
     torch.manual_seed(3)
@@ -145,7 +146,7 @@ def test_colbert_pylate_directory_loads_here(tmp_path, tokenizer):
         {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}]))
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 299, "do_lower_case": False}))
     (folder / "config_sentence_transformers.json").write_text(json.dumps({
-        "model_type": "ColBERT", "similarity_fn_name": "MaxSim", "prompts": {}, "default_prompt_name": None,
+        **model_type, "similarity_fn_name": "MaxSim", "prompts": {}, "default_prompt_name": None,
         "query_prefix": "[unused0]", "document_prefix": "[unused1]", "query_length": 12, "document_length": 300,
         "attend_to_expansion_tokens": False, "skiplist_words": ["!", ",", ".", "?", ";", "(", ")"],
         "do_query_expansion": True}))

@@ -162,7 +162,7 @@ def test_multi_vector_search_by_text_and_reranking_a_dense_search(folders, colbe
     assert [hit["id"] for hit in line["hits"]] == [hit["id"] for hit in reranked[0]]
     with pytest.raises(ConfigError, match="does not apply to a multi-vector folder"):
         folder_hits(folder, queries, ef_search=10, device="cpu")
-    with pytest.raises(ConfigError, match="two dense folders"):
+    with pytest.raises(ConfigError, match="holds dense vectors, not a ColBERT model's token vectors"):
         reranked_hits([dense], dense, queries, device="cpu")
     with pytest.raises(ConfigError, match="two multi-vector folders"):
         reranked_hits([folder], half, queries, device="cpu")

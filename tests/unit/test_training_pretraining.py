@@ -350,6 +350,19 @@ def test_run_pretraining_modernbert_writes_a_directory_that_loads_and_fills_mask
                                             model_overrides={}))
 
 
+def test_run_pretraining_modernbert_tokenizer_reads_as_far_as_the_model(tmp_path, data_dir):
+    from bertforge.inference.pipelines import load_pipeline
+    from bertforge.storage import read_json
+
+    config = run_file(tmp_path, data_dir, "--training.steps=1", arch="modernbert")
+    config = dataclasses.replace(config, model_overrides={**config.model_overrides, "max_position_embeddings": 2048})
+    result = run_pretraining(config)
+    # The vocabulary was made for BERT (512); the saved tokenizer reads the model's 2,048 positions, so a long
+    # input's window is the model's.
+    assert read_json(result.checkpoint / "tokenizer_config.json")["model_max_length"] == 2048
+    assert load_pipeline(result.checkpoint, "fill-mask", max_length=2048).max_length == 2048
+
+
 def test_run_pretraining_modernbert_directory_loads_in_transformers(tmp_path, data_dir):
     transformers = pytest.importorskip("transformers")
     from bertforge.model.modernbert import ModernBertForMaskedLM

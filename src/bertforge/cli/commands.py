@@ -187,8 +187,15 @@ def evaluate_overrides(args: argparse.Namespace, extra: list[str]) -> dict[str, 
 
 
 def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> None:
+    from pathlib import Path
+
     from bertforge.evaluation.saved_model import evaluate
 
+    if Path(args.data).is_dir():  # a BEIR retrieval set (`bertforge retrieval-set`): retrieval figures
+        from bertforge.cli.retrieval_commands import evaluate_retrieval_folder
+
+        evaluate_retrieval_folder(args, extra)
+        return
     result = evaluate(args.model, args.data, out_dir=args.out, labelled=not args.unlabelled,
                       batch_size=args.batch_size, device=args.device, precision=args.precision,
                       engine=args.engine, threads=args.threads, overrides=evaluate_overrides(args, extra) or None,

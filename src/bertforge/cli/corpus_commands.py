@@ -88,24 +88,27 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
 
 def add_search(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("search", help="top-k search of query texts over the vectors `bertforge embed` wrote "
-                       "(dense, sparse, or both fused; dense: exact, or through the folder's approximate index)",
+                       "(dense, sparse, multi-vector, or several kinds fused; dense: exact, or through the folder's approximate "
+                       "index)",
                        description="Prints one JSON line per query: {\"query\": ..., \"hits\": [{\"id\": ..., "
                        "\"score\": ...}]}. The score is the cosine when the corpus was embedded with --normalize, "
                        "else the dot product (sparse folders: the dot product of term weights, through an inverted "
-                       "index saved beside the shards). With --hybrid, the reciprocal rank fusion score of a dense "
-                       "and a sparse folder of the same input, and each hit's rank in both.")
-    p.add_argument("--index", required=True, help="the --out folder of `bertforge embed` (dense or --sparse), or a "
+                       "index saved beside the shards; multi-vector folders: the MaxSim). With --hybrid, the reciprocal rank "
+                       "fusion score of two or three folders of different kinds and the same input, and each hit's "
+                       "rank in each (dense_rank, sparse_rank, multi_vector_rank).")
+    p.add_argument("--index", required=True, help="the --out folder of `bertforge embed` (dense, --sparse or "
+                   "--multi-vector), or a "
                    "Qdrant collection `bertforge export-index` wrote: qdrant://HOST:PORT/COLLECTION or "
                    "qdrant+path:DIR?collection=NAME (dense and sparse in it: hybrid through Qdrant's fusion; "
                    "?vectors=dense or sparse: one kind)")
-    p.add_argument("--hybrid", metavar="SPARSE_DIR", help="also search this sparse folder (`bertforge embed "
-                   "--sparse` of the same input) and fuse both rankings by reciprocal rank fusion; --index is then "
-                   "the dense folder")
+    p.add_argument("--hybrid", metavar="DIR", action="append", help="also search this folder (sparse, dense or "
+                   "multi-vector: `bertforge embed` of the same input, a kind --index is not) and fuse the rankings by "
+                   "reciprocal rank fusion; repeat to fuse all three kinds")
     p.add_argument("--rrf-k", type=float, default=60, help="--hybrid: the fusion constant k in 1 / (k + rank) "
                    "(default 60)")
     p.add_argument("--fusion-depth", type=int, default=100, help="--hybrid: rows each folder ranks per query "
                    "before fusion (default 100)")
-    p.add_argument("--sparse-model", help="--hybrid: the sparse folder's model directory (default: the one its "
+    p.add_argument("--sparse-model", help="--hybrid: the sparse folder's model directory when --index is not the sparse one (default: the one its "
                    "manifest names)")
     p.add_argument("--rerank", metavar="MULTI_VECTOR_DIR", help="rerank the best --rerank-depth hits of --index (and "
                    "--hybrid) by their MaxSim in this folder (`bertforge embed --multi-vector` of the same input); "
@@ -218,7 +221,7 @@ def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.retrieval.hybrid_search import (
         collection_hits,
         folder_hits,
-        hybrid_search_hits,
+        fused_hits,
         reranked_hits,
     )
     from bertforge.retrieval.index_locations import is_qdrant_location
@@ -242,7 +245,7 @@ def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:
                                   rescore_multiplier=args.rescore_multiplier, rrf_k=args.rrf_k,
                                   depth=args.fusion_depth, sparse_model=args.sparse_model, **common)
     elif args.rerank:
-        folders = [args.index] + ([args.hybrid] if args.hybrid else [])
+        folders = [args.index, *(args.hybrid or [])]
         results = reranked_hits(folders, args.rerank, queries, depth=args.rerank_depth, sparse_model=args.sparse_model,
                                 rrf_k=args.rrf_k, exact=args.exact, ef_search=args.ef_search,
                                 rescore_multiplier=args.rescore_multiplier, **common)
@@ -251,8 +254,8 @@ def cmd_search(args: argparse.Namespace, extra: list[str]) -> None:
             raise ConfigError("--rescore-multiplier applies to binary folders searched alone; remove it with --hybrid")
         if args.ef_search is not None:  # the fused dense ranking is exact (depth rows, not an approximate top k)
             raise ConfigError("--ef-search applies to a dense folder searched alone; remove it with --hybrid")
-        results = hybrid_search_hits(args.index, args.hybrid, queries, rrf_k=args.rrf_k, depth=args.fusion_depth,
-                                     sparse_model=args.sparse_model, **common)
+        results = fused_hits([args.index, *args.hybrid], queries, rrf_k=args.rrf_k, depth=args.fusion_depth,
+                             sparse_model=args.sparse_model, **common)
     else:
         given = [flag for flag, value in (("--sparse-model", args.sparse_model),) if value is not None]
         if given:

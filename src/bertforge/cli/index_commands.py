@@ -1,7 +1,7 @@
-"""`bertforge index` (an approximate HNSW index beside the vectors `bertforge embed` wrote, which `bertforge
-search` then uses), the changes of a finished folder (`bertforge add`, `delete`, `compact`) and its export into a
+"""`bertforge index` (an approximate HNSW index beside the vectors `bertforge embed` wrote, or the compressed token
+index of a multi-vector folder, which `bertforge search` then uses), the changes of a finished folder (`bertforge add`, `delete`, `compact`) and its export into a
 vector database (`bertforge export-index`): their flags and what they run. The work is `retrieval.vector_ann`,
-`retrieval.folder_growth` and `retrieval.qdrant_collection`."""
+`retrieval.token_index`, `retrieval.folder_growth` and `retrieval.qdrant_collection`."""
 
 from __future__ import annotations
 
@@ -11,18 +11,31 @@ import sys
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Declare this module's subcommands on the `bertforge` parser."""
-    p = sub.add_parser("index", help="build an approximate (HNSW) index of an embedding folder, which `bertforge "
-                       "search` then uses (needs the search extra: faiss-cpu)",
+    p = sub.add_parser("index", help="build an approximate index of an embedding folder (HNSW; a multi-vector "
+                       "folder: a compressed token index), which `bertforge search` then uses (needs the search "
+                       "extra: faiss-cpu)",
                        description="Builds an HNSW graph of every vector of an embedding folder with the metric "
                        "exact search uses (inner product: the cosine of normalized vectors) and saves it beside the "
-                       "shards (ann-hnsw.faiss, ann.json). `bertforge search` then searches through it; "
-                       "`search --exact` scans every vector instead.")
+                       "shards (ann-hnsw.faiss, ann.json). Of a multi-vector folder (`embed --multi-vector`) it "
+                       "builds a compressed token index instead (k-means centroids, each token's centroid and "
+                       "quantized residual, inverted lists: token-index.json, token-index/), in parts that a rerun "
+                       "resumes. `bertforge search` then searches through it; `search --exact` scans every vector "
+                       "instead.")
     p.add_argument("--index", required=True, metavar="DIR", help="the --out folder of `bertforge embed` (float32, "
-                   "float16 or int8)")
-    p.add_argument("--m", type=int, default=32, help="neighbours per node of the graph (default 32)")
-    p.add_argument("--ef-construction", type=int, default=200, help="candidates kept while building (default 200)")
-    p.add_argument("--ef-search", type=int, default=128, help="candidates kept while searching, recorded as the "
+                   "float16 or int8; or --multi-vector)")
+    p.add_argument("--m", type=int, help="HNSW: neighbours per node of the graph (default 32)")
+    p.add_argument("--ef-construction", type=int, help="HNSW: candidates kept while building (default 200)")
+    p.add_argument("--ef-search", type=int, help="HNSW: candidates kept while searching, recorded as the "
                    "index's default (default 128; `search --ef-search` overrides it)")
+    p.add_argument("--centroids", type=int, help="token index: k-means centroids (default: the power of two at "
+                   "most 4 x sqrt(token vectors))")
+    p.add_argument("--residual", help="token index: how each token's residual is coded: SQ4 (4 bits a number, the "
+                   "default), SQ8, or PQ<bytes> (a product quantizer, e.g. PQ32)")
+    p.add_argument("--nprobe", type=int, help="token index: centroids probed per query token (default 4)")
+    p.add_argument("--candidates", type=int, help="token index: documents scored from their compressed tokens "
+                   "per query (default 4096)")
+    p.add_argument("--rescore", type=int, help="token index: documents rescored by exact MaxSim per query "
+                   "(default 256)")
     p.set_defaults(func=cmd_index)
     add_growth_parsers(sub)
     add_export_parser(sub)
@@ -91,10 +104,34 @@ def add_growth_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_compact)
 
 
+HNSW_FLAGS = {"m": 32, "ef_construction": 200, "ef_search": 128}
+TOKEN_FLAGS = ("centroids", "residual", "nprobe", "candidates", "rescore")
+
+
 def cmd_index(args: argparse.Namespace, extra: list[str]) -> None:
+    from bertforge.errors import ConfigError
+    from bertforge.retrieval.store import VectorFolder
+
+    multi_vector = VectorFolder(args.index).kind == "multi-vector"
+    mine, theirs = (TOKEN_FLAGS, HNSW_FLAGS) if multi_vector else (HNSW_FLAGS, TOKEN_FLAGS)
+    given = [name for name in theirs if getattr(args, name) is not None]
+    if given:
+        raise ConfigError(f"--{given[0].replace('_', '-')} applies to the {'HNSW' if multi_vector else 'token'} "
+                          f"index of a {'dense' if multi_vector else 'multi-vector'} folder; {args.index} holds "
+                          f"{'multi-vector' if multi_vector else 'dense'} vectors")
+    if multi_vector:
+        from bertforge.retrieval.token_index import TokenIndexSettings, build_token_index
+
+        settings = TokenIndexSettings(**{name: getattr(args, name) for name in mine if getattr(args, name) is not None})
+        record = build_token_index(args.index, settings)
+        print(f"token index of {record['tokens']} token vectors ({record['count']} texts): {record['centroids']} "
+              f"centroids, {settings.residual} residuals, {record['bytes_per_token']:.1f} bytes a token, "
+              f"{record['bytes'] / 2**20:.1f} MiB in {args.index}", file=sys.stderr)
+        return
     from bertforge.retrieval.vector_ann import build_ann
 
-    record = build_ann(args.index, m=args.m, ef_construction=args.ef_construction, ef_search=args.ef_search)
+    record = build_ann(args.index, **{name: getattr(args, name) if getattr(args, name) is not None else default
+                                      for name, default in HNSW_FLAGS.items()})
     print(f"HNSW index of {record['count']} vectors ({record['dim']} dims, inner product: {record['similarity']}) "
           f"built in {record['build_seconds']:.1f} s on {record['threads']} threads: {record['bytes'] / 2**20:.1f} "
           f"MiB in {args.index}/{record['file']}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """`bertforge mine-negatives` (hard negatives for (anchor, positive) training pairs, by an embedding model) and
 `bertforge score-margins` (a cross-encoder's margin for each triplet, for MarginMSE distillation, or its score
-of each candidate, for KL distillation): their flags
+of each candidate, for KL distillation of an embedding or, as lists, a ColBERT model): their flags
 and what they run. The work is `retrieval.negative_mining`; the files are `data.embedding`'s tables."""
 
 from __future__ import annotations
@@ -91,7 +91,9 @@ def add_score_margins(sub: argparse._SubParsersAction) -> None:
                        "(the rerank task) and writes anchor, positive, negative, margin rows, the file `finetune "
                        "--format embedding-margins` trains on (loss margin_mse); with --output-format scores, "
                        "anchor, positive, negative, positive_score, negative_score rows, the file `finetune "
-                       "--format embedding-scores` trains on (loss kl).")
+                       "--format embedding-scores` trains on (loss kl); with --output-format lists, each pair's "
+                       "positive and negatives with a score each, one JSON line per pair, the file `finetune "
+                       "--format colbert-distill` trains on (PyLate's distillation loss).")
     p.add_argument("--model", required=True, metavar="DIR", help="the cross-encoder directory (a pair classifier "
                    "with one output or two labels, e.g. trained by `bertforge finetune --format pair`)")
     p.add_argument("--triplets", required=True, metavar="FILE", help="anchor, positive, negative rows (e.g. from "
@@ -99,9 +101,12 @@ def add_score_margins(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, metavar="FILE", help="the scored triplets (.tsv, .csv or .jsonl)")
     p.add_argument("--on-invalid", choices=["error", "skip"], default="error", help="a malformed row: stop naming "
                    "its file and line (default), or skip it, counted")
-    p.add_argument("--output-format", choices=["margin", "scores"], default="margin", help="margin: one margin "
-                   "column (default; MarginMSE); scores: the teacher's score of the positive and of the negative "
-                   "(KL distillation)")
+    p.add_argument("--output-format", choices=["margin", "scores", "lists"], default="margin", help="margin: one "
+                   "margin column (default; MarginMSE); scores: the teacher's score of the positive and of the "
+                   "negative (KL distillation of an embedding model); lists: one JSON line per (anchor, positive) "
+                   "pair, {\"query\", \"documents\": [positive, its negatives...], \"scores\": [...]} (the "
+                   "rows of a pair mined with --num-negatives N grouped; KL distillation of a ColBERT model: "
+                   "`finetune --format colbert-distill`; the file must be .jsonl)")
     p.add_argument("--margin-of", choices=["score", "logit"], help="what is compared: score, relevance in [0, 1], "
                    "so margins lie in [-1, 1] like the cosine margins the student learns (the default of "
                    "margin); logit, the raw output (the default of scores: a softmax over logits keeps the "
@@ -171,13 +176,26 @@ def cmd_mine_negatives(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_score_margins(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.data.embedding import read_text_groups, write_text_groups
+    from bertforge.errors import ConfigError
     from bertforge.inference.pipelines import load_pipeline
-    from bertforge.retrieval.negative_mining import teacher_scores
+    from bertforge.retrieval.negative_mining import candidate_lists, teacher_scores
 
+    if args.output_format == "lists" and not str(args.out).endswith(".jsonl"):
+        raise ConfigError(f"--out {args.out}: --output-format lists writes JSON Lines; name the file .jsonl")
     groups = read_text_groups(args.triplets, texts=["anchor", "positive", "negative"],
                               on_invalid=args.on_invalid)
     pipeline = load_pipeline(args.model, "rerank", **_engine_options(args))
-    kind = args.margin_of or ("logit" if args.output_format == "scores" else "score")
+    kind = args.margin_of or ("score" if args.output_format == "margin" else "logit")
+    if args.output_format == "lists":
+        lists = candidate_lists(g.texts for g in groups)
+        scores = teacher_scores([(anchor, *docs) for anchor, docs in lists], pipeline.run, kind=kind)
+        write_text_groups(args.out, ("query", "documents", "scores"),
+                          [(anchor, docs, list(s)) for (anchor, docs), s in zip(lists, scores)])
+        first = sum(max(range(len(s)), key=s.__getitem__) == 0 for s in scores)
+        print(f"{len(lists)} lists ({len(groups)} triplets) scored by {args.model} ({kind}); the positive scored "
+              f"highest in {first}; written to {args.out} (train a ColBERT model with --format colbert-distill)",
+              file=sys.stderr)
+        return
     scores = teacher_scores([g.texts for g in groups], pipeline.run, kind=kind)
     margins = [positive - negative for positive, negative in scores]
     if args.output_format == "scores":

@@ -154,7 +154,10 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
                        epilog="Any other part of the saved task description: --reader.KEY=value, --inputs.KEY=value "
                        "or --options.KEY=value (e.g. --reader.header=false, --inputs.doc_stride=64).")
     p.add_argument("--model", required=True)
-    p.add_argument("--data", required=True)
+    p.add_argument("--data", required=True, help="the file to score; or a BEIR retrieval-set folder (corpus.jsonl, "
+                   "queries.jsonl, qrels/test.tsv, e.g. from `bertforge retrieval-set`): retrieval figures of an "
+                   "embedding model (ColBERT by exact MaxSim over the corpus, a SPLADE model by sparse dot product, "
+                   "any other by cosine)")
     p.add_argument("--out")
     p.add_argument("--unlabelled", action="store_true", help="the file has no labels: predictions only")
     p.add_argument("--limit", type=int, help="score only the first N examples of the file (default: all)")
@@ -224,12 +227,14 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, action="append", metavar="[NAME=]DIR",
                    help="a model directory to serve, optionally named (repeat to serve several: "
                         "--model embedder=DIR --model reranker=DIR); a plain DIR is named after its folder")
-    p.add_argument("--index", action="append", default=[], metavar="NAME=DIR[,DIR]",
+    p.add_argument("--index", action="append", default=[], metavar="NAME=DIR[,DIR...]",
                    help="a vector folder of `bertforge embed` to search at POST /search, named (repeat for several; "
-                        "a dense and a sparse folder of the same input, DENSE,SPARSE or the same NAME twice: "
-                        "hybrid; or a Qdrant collection `bertforge export-index` wrote: NAME=qdrant://HOST:PORT/"
-                        "COLLECTION or NAME=qdrant+path:DIR?collection=C); the model that made it is served too (the "
-                        "manifest, or the collection, names it)")
+                        "two or three folders of different kinds (dense, sparse, multi-vector) and the same input, "
+                        "DENSE,SPARSE,MULTI_VECTOR or the same NAME repeated: hybrid, fused by reciprocal rank fusion; "
+                        "rerank=MULTI_VECTOR among them: its MaxSim reranks their hits; or a Qdrant collection "
+                        "`bertforge export-index` wrote: NAME=qdrant://HOST:PORT/COLLECTION or "
+                        "NAME=qdrant+path:DIR?collection=C); the model that made it is served too (the manifest, or "
+                        "the collection, names it)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--rerank-label", action="append", default=[], metavar="[NAME=]LABEL",

@@ -1,6 +1,7 @@
 """`bertforge retrieval-set` (a BEIR-layout retrieval set from SQuAD-format QA files) and `bertforge
-evaluate-embeddings` (STS, retrieval and paraphrase figures of an embedding model): their flags and what
-they run."""
+evaluate-embeddings` (STS, retrieval and paraphrase figures of an embedding model; a ColBERT model's retrieval by
+exact MaxSim), and `bertforge evaluate` on a retrieval-set folder (`evaluate_retrieval_folder`): their flags and
+what they run."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import argparse
 from typing import Any
 
 from bertforge.cli.flags import add_engine_flags
+
+MULTI_VECTOR = "embed-multi-vector"
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -107,9 +110,79 @@ def _read_data(args: argparse.Namespace) -> tuple[str, str, Any]:
     return kind, path, pairs
 
 
+def is_colbert_directory(model: str) -> bool:
+    """Whether --model is a ColBERT directory (PyLate, MultiVectorEncoder or Stanford layout)."""
+    from bertforge.interop.colbert import is_colbert_directory as colbert
+
+    return colbert(model)
+
+
+def late_interaction_figures(pipeline, data, with_title: bool = True) -> dict[str, float]:
+    """Retrieval figures of a loaded ColBERT (`embed-multi-vector`) pipeline: exact MaxSim over the corpus,
+    queries with the query role, documents with the document role."""
+    from bertforge.evaluation.late_interaction import (
+        evaluate_late_interaction_retrieval,
+        pipeline_token_encoder,
+    )
+
+    return evaluate_late_interaction_retrieval(pipeline_token_encoder(pipeline, "query"), data,
+                                               encode_documents=pipeline_token_encoder(pipeline, "document"),
+                                               with_title=with_title)
+
+
+def evaluate_retrieval_folder(args: argparse.Namespace, extra: list[str]) -> None:
+    """`bertforge evaluate --data BEIR_DIR`: the retrieval figures (nDCG@10, MRR@10, recall@k, ...) of --model
+    on a retrieval set, by the model's own scoring: a ColBERT model by exact MaxSim over the corpus, a SPLADE
+    model by sparse dot product, any other embedding model by cosine; printed, and written to
+    OUT/metrics.json (default MODEL/eval-<folder name>)."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from bertforge.checkpoint_format import SPARSE_ARCHITECTURE, read_config
+    from bertforge.cli.commands import evaluate_overrides
+    from bertforge.data.retrieval import read_beir
+    from bertforge.errors import ConfigError
+    from bertforge.evaluation.embedding import evaluate_retrieval, evaluate_sparse_retrieval
+    from bertforge.inference.pipelines import load_pipeline
+    from bertforge.retrieval.sparse_vectors import encode_sparse
+    from bertforge.storage import write_json
+
+    given = [flag for flag, used in (("--unlabelled", args.unlabelled), ("--against", args.against),
+                                     ("column flags or overrides", evaluate_overrides(args, extra))) if used]
+    if given:
+        raise ConfigError(f"{args.data} is a retrieval set (a folder): {given[0]} applies to a data file; remove it")
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit {args.limit}: give the number of queries to score (at least 1)")
+    data = read_beir(args.data, "test")  # a bad folder fails before the model loads
+    if args.limit is not None:
+        data = replace(data, query_ids=data.query_ids[:args.limit], query_texts=data.query_texts[:args.limit])
+    options = {"device": args.device, "precision": args.precision, "engine": args.engine, "threads": args.threads,
+               "batch_size": args.batch_size}
+    if is_colbert_directory(args.model):
+        scoring, pipeline = "maxsim", load_pipeline(args.model, MULTI_VECTOR, **options)
+        figures = late_interaction_figures(pipeline, data)
+    elif read_config(args.model)[1] == SPARSE_ARCHITECTURE:
+        scoring, pipeline = "sparse", load_pipeline(args.model, "embed-sparse", **options)
+        figures = evaluate_sparse_retrieval(lambda texts: encode_sparse(pipeline, texts), data)
+    else:
+        scoring, pipeline = "cosine", load_pipeline(args.model, "embed", **options)
+        figures = evaluate_retrieval(lambda texts: pipeline.encode(texts), data)
+    counts = {"documents": len(data.corpus_ids), "queries": len(data.evaluated_queries())}
+    print(f"retrieval on {args.data} ({counts['documents']} documents, {counts['queries']} queries), model "
+          f"{args.model} ({scoring}):")
+    for name, value in figures.items():
+        print(f"  {name}: {value:.4f}")
+    target = Path(args.out) if args.out else Path(args.model) / f"eval-{Path(args.data).name}"
+    write_json(target / "metrics.json", {"model": str(args.model), "data": str(args.data), "task": "retrieval",
+                                         "scoring": scoring, **counts, "metrics": figures,
+                                         "precision": args.precision})
+    print(f"figures written to {target / 'metrics.json'}")
+
+
 def cmd_evaluate_embeddings(args: argparse.Namespace, extra: list[str]) -> None:
     from functools import partial
 
+    from bertforge.errors import ConfigError
     from bertforge.evaluation.embedding import evaluate_paraphrase, evaluate_retrieval, evaluate_sts
     from bertforge.inference.pipelines import load_pipeline, rerank_scores
     from bertforge.storage import write_json
@@ -119,13 +192,20 @@ def cmd_evaluate_embeddings(args: argparse.Namespace, extra: list[str]) -> None:
     sparse = _sparse_model(args)
     options = {"device": args.device, "precision": args.precision, "engine": args.engine, "threads": args.threads,
                "batch_size": args.batch_size}
-    pipeline = load_pipeline(args.model, "embed-sparse" if sparse else "embed", max_length=args.max_length,
-                             **options)
+    task = "embed-sparse" if sparse else MULTI_VECTOR if kind == "retrieval" and is_colbert_directory(
+        args.model) and not args.hybrid_model else "embed"
+    pipeline = load_pipeline(args.model, task, max_length=args.max_length, **options)
 
     def encode(texts: list[str]):
         return pipeline.encode(texts)
 
-    if kind == "retrieval" and (sparse or args.hybrid_model):
+    if kind == "retrieval" and is_colbert_directory(args.model) and not (args.sparse or args.hybrid_model):
+        if args.rerank_model:
+            raise ConfigError(f"{args.model} is a ColBERT model, scored by exact MaxSim over the corpus; remove "
+                              "--rerank-model")
+        counts = {"documents": len(data.corpus_ids), "queries": len(data.evaluated_queries())}
+        figures = late_interaction_figures(pipeline, data, with_title=not args.no_title)
+    elif kind == "retrieval" and (sparse or args.hybrid_model):
         counts = {"documents": len(data.corpus_ids), "queries": len(data.evaluated_queries())}
         figures = _sparse_figures(args, pipeline, sparse, data, options)
     elif kind == "retrieval":

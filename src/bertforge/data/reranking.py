@@ -39,7 +39,8 @@ def _label(value: object) -> float | None:
 
 def read_rerank_lists(path: str | os.PathLike, *, query_column: str = "query", docs_column: str = "docs",
                       labels_column: str | None = "labels", file_format: str | None = None,
-                      on_invalid: str = "error", report: DataReport | None = None) -> list[RerankQuery]:
+                      on_invalid: str = "error", report: DataReport | None = None,
+                      relevant_required: bool = True) -> list[RerankQuery]:
     """The lists of a JSON Lines file, with their labels.
 
     Args:
@@ -47,6 +48,8 @@ def read_rerank_lists(path: str | os.PathLike, *, query_column: str = "query", d
             strings) and their labels (a list of numbers, one per document; higher is more relevant). None
             reads no labels.
         on_invalid: "error" raises at the first bad list; "skip" drops it, counted as `skipped_<reason>`.
+        relevant_required: refuse a list with no label above 0 (relevance labels); False for a teacher's
+            scores (logits: any finite numbers, ColBERT distillation).
 
     Raises:
         DataError: a missing, empty or non-UTF-8 file, or with on_invalid="error" a bad list (see the module
@@ -90,7 +93,7 @@ def read_rerank_lists(path: str | os.PathLike, *, query_column: str = "query", d
                 invalid(report, on_invalid, "bad_label", f"{labels_column}[{bad}] = {given[bad]!r} is not a finite "
                         "number", path, line)
                 continue
-            if max(labels) <= 0:
+            if relevant_required and max(labels) <= 0:
                 invalid(report, on_invalid, "no_positive", f"no document is labelled relevant (every "
                         f"{labels_column} value is <= 0): label the relevant ones above 0, or leave the list out",
                         path, line)

@@ -116,7 +116,9 @@ def pack_bf16(model: nn.Module) -> nn.Module:
         return model
 
     def bf16(site: Site) -> Bf16Linear:
-        return Bf16Linear(site.weight, site.bias, activation=site.activation if site.role == "up" else None)
+        # (a gated feed-forward's activation runs on half of the up projection's output: it stays outside)
+        fused = site.role == "up" and not site.gated
+        return Bf16Linear(site.weight, site.bias, activation=site.activation if fused else None)
 
     return replace_linears(model, bf16)
 

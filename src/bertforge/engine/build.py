@@ -11,7 +11,6 @@ prepared for bf16 never runs without autocast.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import logging
 import os
@@ -26,7 +25,6 @@ from bertforge.engine.int8 import is_quantized
 from bertforge.engine.onnxruntime import OrtEngine
 from bertforge.engine.plan import EnginePlan, plan_precision, plan_threads
 from bertforge.errors import ConfigError
-from bertforge.model.modernbert import ModernBertPretrainedModel
 from bertforge.runtime import DEFAULT_PRECISION, resolve_device
 
 log = logging.getLogger(__name__)
@@ -140,13 +138,6 @@ def build_engine(model: nn.Module | Engine, plan: EnginePlan, source: str | os.P
                               "again for another plan")
         return model
     check_precision(model, plan.precision, unprepared_ok=True)
-    if isinstance(model, ModernBertPretrainedModel) and (plan.kind, plan.precision) != (TORCH_KIND, "fp32"):
-        # The converters (int8, packed bf16, the traced layer graph) and the ONNX export know BERT's layers.
-        if not (plan.auto and plan.precision == "fp32"):
-            raise ConfigError(f"a ModernBERT model runs on the torch engine at fp32 for now, not on {plan.kind} at "
-                              f"{plan.precision}; use --engine torch --precision fp32")
-        plan = dataclasses.replace(plan, kind=TORCH_KIND, reason=f"{plan.reason}; ModernBERT runs on torch")
-        log.info("%s", plan.reason)
     return ENGINES[plan.kind].build(model, plan, source)
 
 

@@ -23,7 +23,7 @@ from torch import nn
 from bertforge import runtime
 from bertforge.engine.bf16 import pack_bf16
 from bertforge.engine.int8 import quantize_int8
-from bertforge.engine.layer_graph import trace_layers
+from bertforge.engine.layer_graph import has_layer_graph, trace_layers
 from bertforge.engine.plan import EnginePlan
 from bertforge.engine.row_chunks import chunk_rows
 from bertforge.model.fast_paths import is_encoder, set_value_checks
@@ -134,7 +134,9 @@ class TorchEngine(Engine):
             pack_bf16(model)
             converters.append("bf16")
         chunk_rows(trace_layers(model))
-        return cls(model, plan, [*converters, "layer_graph", "row_chunks"])
+        # (BERT's layer stacks are traced; ModernBERT's, whose layers take rotary tables too, run eagerly)
+        graphed = any(has_layer_graph(m) for m in model.modules() if is_encoder(m))
+        return cls(model, plan, [*converters, *(["layer_graph"] if graphed else []), "row_chunks"])
 
 
 __all__ = ["Engine", "TorchEngine"]

@@ -237,9 +237,11 @@ def quantize_int8(model: nn.Module) -> nn.Module:
 
     def int8(site: Site) -> Int8Linear:
         rows, small = small_rows(site.config, name)
-        down = site.role == "down"  # per token, bounded below by the activation it reads (module docstring)
+        down = site.role == "down"  # per token, bounded below by the activation it reads (module docstring;
+        # a gated feed-forward's activation x gate has no such bound)
         return Int8Linear(site.weight, site.bias, name, per_token=down,
-                          least_input=least_value(site.activation) if down else None, small_rows=rows,
+                          least_input=least_value(site.activation) if down and not site.gated else None,
+                          small_rows=rows,
                           small_engine=small)
 
     return replace_linears(model, int8)

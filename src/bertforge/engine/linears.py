@@ -1,10 +1,12 @@
 """The one walk that replaces the encoder's linear layers, in place: what the int8 (`engine.int8`) and packed
 bf16 (`engine.bf16`) converters share.
 
-Every encoder layer has four projections: the query/key/value projection (fused into one [3H, H] weight first,
-`model.fast_paths.fuse_qkv`), the attention output, and the feed-forward's up and down projections.
-`replace_linears(model, make)` hands each to `make` as a `Site` (its role, weight, bias, the encoder's config
-and the layer's activation) and puts the module `make` returns in its place. A replacement that applies the
+Every encoder layer has four projections: the query/key/value projection (BERT's three fused into one [3H, H]
+weight first, `model.fast_paths.fuse_qkv`; ModernBERT's `Wqkv` is one linear already), the attention output,
+and the feed-forward's up and down projections (ModernBERT's up projection is gated, GeGLU: [2I, H], the
+activation on one half times the other). `replace_linears(model, make)` hands each to `make` as a `Site` (its
+role, weight, bias, the encoder's config, the layer's activation and whether the feed-forward is gated) and puts
+the module `make` returns in its place. A replacement that applies the
 feed-forward's activation itself (`applies_activation = True`: bf16's oneDNN call fuses it) takes the layer's
 activation with it, and the layer's own becomes the identity. Embeddings, LayerNorms, the pooler and the heads
 stay as they are. The attention whose QKV projection was replaced becomes a `PackedSelfAttention`: its float
@@ -37,13 +39,16 @@ ROLES = ("qkv", "output", "up", "down")
 @dataclass(frozen=True)
 class Site:
     """One projection to replace: role (one of `ROLES`), weight [O, I], bias [O] or None, the encoder's config,
-    and the feed-forward's activation (a function of a tensor, `model.bert.activation`)."""
+    the feed-forward's activation (a function of a tensor, `model.bert.activation`), and `gated`: the
+    feed-forward is gated (GeGLU), so the activation runs on half the up projection's output, not on all of it,
+    and the down projection reads activation x gate, which no activation bounds."""
 
     role: str
     weight: torch.Tensor
     bias: torch.Tensor | None
     config: object
     activation: Callable[[torch.Tensor], torch.Tensor]
+    gated: bool = False
 
 
 class PackedSelfAttention(Variant):
@@ -79,17 +84,22 @@ def replace_linears(model: nn.Module, make: Callable[[Site], nn.Module]) -> nn.M
         config = encoder.config
         for layer in [m for m in encoder.modules() if is_layer(m)]:
             attention, ff = layer.attention, layer.feed_forward
-            if not is_attention(attention) or is_packed(attention):
+            own_qkv = isinstance(getattr(attention, "qkv", None), nn.Linear)  # one fused linear of its own
+            if not (own_qkv or is_attention(attention)) or is_packed(attention) or not isinstance(ff.up, nn.Linear):
                 raise ConfigError("this model's linear layers were already replaced for another precision; "
                                   "load the model again to prepare it for this one")
             act = ff.act
+            gated = ff.up.out_features == 2 * ff.down.in_features  # GeGLU: up gives value and gate, I each
 
-            def site(role, linear=None, weight=None, bias=None, config=config, act=act):
+            def site(role, linear=None, weight=None, bias=None, config=config, act=act, gated=gated):
                 weight = linear.weight if linear is not None else weight
                 bias = linear.bias if linear is not None else bias
-                return Site(role, weight, bias, config, act)
+                return Site(role, weight, bias, config, act, gated)
 
-            pack_qkv(attention, lambda w, b, site=site: make(site("qkv", weight=w, bias=b)))
+            if own_qkv:
+                attention.qkv = make(site("qkv", attention.qkv))
+            else:
+                pack_qkv(attention, lambda w, b, site=site: make(site("qkv", weight=w, bias=b)))
             attention.output = make(site("output", attention.output))
             ff.up = make(site("up", ff.up))
             if getattr(ff.up, "applies_activation", False):

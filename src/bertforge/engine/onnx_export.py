@@ -19,6 +19,10 @@ padding-free fast paths are never exported) in the form ONNX Runtime's BERT opti
 expanded to the input's shape. `onnx_graph.export_optimized` then fuses it (Attention, EmbedLayer-
 Normalization, SkipLayerNormalization, BiasGelu) and quantizes it. The embedding family also exports its
 sentence vector (`sentence_embedding`: the directory's pooling, normalized when it says so).
+A ModernBERT is traced as it runs on the padded path (fused Wqkv, rotary tables, a masked SDPA call, GeGLU): its
+local layers' banded mask is built inside the graph from the input's length (`layouts.Padded.mask_for` keeps it
+while tracing, even at a traced length within the window), so the graph holds the window at any length; ONNX
+Runtime's BERT fusions find little to fuse there, and the graph is held to PyTorch by the same check.
 Needs the `export` extra: onnx, onnxruntime.
 """
 
@@ -194,16 +198,18 @@ def example_inputs(model: BertPretrainedModel, family: Family, batch: int, token
     shape = (batch, 2, tokens) if rank == 3 else (batch, tokens)  # two choices when the inputs are [B, C, T]
     ids = torch.randint(1, model.config.vocab_size, shape, generator=generator)
     types = torch.zeros(shape, dtype=torch.long)
-    types[..., tokens // 2:] = 1 if model.config.type_vocab_size > 1 else 0
+    types[..., tokens // 2:] = 1 if getattr(model.config, "type_vocab_size", 1) > 1 else 0  # (ModernBERT: none)
     mask = torch.ones(shape, dtype=torch.long)
     if pad_from is not None and batch > 1:
         mask[1, ..., pad_from:] = 0
     return ids, types, mask
 
 
-def feeds(inputs: tuple[torch.Tensor, ...]) -> dict[str, np.ndarray]:
-    """ONNX Runtime's input dict for positional model inputs."""
-    return {name: tensor.numpy() for name, tensor in zip(INPUT_NAMES, inputs)}
+def feeds(inputs: tuple[torch.Tensor, ...], session: Any = None) -> dict[str, np.ndarray]:
+    """ONNX Runtime's input dict for positional model inputs; with `session`, only the inputs its graph takes (a
+    model that ignores an input, ModernBERT its token types, is exported without it)."""
+    taken = None if session is None else {i.name for i in session.get_inputs()}
+    return {name: tensor.numpy() for name, tensor in zip(INPUT_NAMES, inputs) if taken is None or name in taken}
 
 
 def time_ms(run, repeats: int) -> float:
@@ -257,7 +263,7 @@ def max_differences(reference: OnnxModule, family: Family, session: Any) -> dict
     for inputs in parity_inputs(reference.model, family):
         with torch.inference_mode():
             expected = reference(*inputs)
-        got = session.run(reference.names, feeds(inputs))
+        got = session.run(reference.names, feeds(inputs, session))
         for name, ours, theirs in zip(reference.names, expected, got):
             worst[name] = max(worst.get(name, 0.0), float(np.abs(ours.numpy() - theirs).max()))
     return worst
@@ -277,7 +283,7 @@ def time_runtimes(wrapper: OnnxModule, family: Family, session: Any, report: Exp
     batch, tokens = report.speed_shape
     inputs = example_inputs(wrapper.model, family, batch, min(tokens, wrapper.model.config.max_position_embeddings),
                             seed=3)
-    arrays = feeds(inputs)
+    arrays = feeds(inputs, session)
 
     def run_torch() -> Any:
         with torch.inference_mode():

@@ -196,7 +196,7 @@ def int8_figures(reference: OnnxModule, token_level: set[str], fp32: Any, int8: 
     """int8 against fp32 ONNX Runtime on `inputs`, into `result`; outputs in `token_level` ([B, T, ...]) count
     real tokens only (what padding positions hold is never read): a vector per real token, or per row for
     [B, T] outputs."""
-    arrays = feeds(inputs)
+    arrays = feeds(inputs, fp32)
     real = inputs[2].reshape(-1, inputs[2].shape[-1]).numpy().astype(bool)  # [B(*C), T]
     for name, a, b in zip(reference.names, fp32.run(reference.names, arrays), int8.run(reference.names, arrays)):
         a, b = a.astype(np.float64), b.astype(np.float64)
@@ -255,7 +255,7 @@ def export_optimized(model_dir: str | os.PathLike, out_path: str | os.PathLike, 
     if speed_shape is not None:
         batch, tokens = speed_shape
         arrays = feeds(example_inputs(reference.model, family, batch, min(tokens, config.max_position_embeddings),
-                                      seed=3))
+                                      seed=3), fp32)
         for name, session in sessions.items():
             result.onnxruntime_ms[name] = time_ms(lambda s=session: s.run(reference.names, arrays), repeats)
     write_json(result.report, result.as_dict())

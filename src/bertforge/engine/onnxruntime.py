@@ -60,8 +60,7 @@ from bertforge.engine.onnx_export import (
 from bertforge.engine.plan import EnginePlan
 from bertforge.errors import ConfigError
 from bertforge.families import registry
-from bertforge.model.bert import BertModel
-from bertforge.model.fast_paths import set_fast_paths
+from bertforge.model.fast_paths import is_encoder, set_fast_paths
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +218,7 @@ class OrtEngine(Engine):
     def on_encoder_graph(self) -> nn.Module:
         """The wrapped model with its encoder (`model.bert`) replaced by the encoder's graph (`bert`): its heads
         run in PyTorch on the graph's hidden states (a bare encoder: this engine itself)."""
-        if isinstance(self.model, BertModel):
+        if is_encoder(self.model):
             return self
         if self.headed is None:
             headed = copy.copy(self.model)  # shares parameters, buffers and config with the model
@@ -236,7 +235,7 @@ class OrtEngine(Engine):
             model = self.__dict__.get("_modules", {}).get("model")
             if model is None:
                 raise
-        return getattr(model if isinstance(model, BertModel) else self.on_encoder_graph, name)
+        return getattr(model if is_encoder(model) else self.on_encoder_graph, name)
 
     def session_graph(self) -> Graph:
         """The wrapped model's graph in its session: loaded from the cache, else exported into it first."""
@@ -314,7 +313,7 @@ class OrtEngine(Engine):
     @property
     def bert(self) -> OrtEngine:
         """The encoder's graph, as an engine of its own (the engine itself for a bare encoder)."""
-        if isinstance(self.model, BertModel):
+        if is_encoder(self.model):
             return self
         if self.encoder_engine is None:
             self.__dict__["encoder_engine"] = OrtEngine(self.model.bert, self.plan, self.source)
@@ -326,9 +325,9 @@ class OrtEngine(Engine):
         more = sorted(name for name, value in asked.items()
                       if value is not None and value is not False and name != "compute_masked")
         if more:
-            if isinstance(self.model, BertModel) and self.plan.auto:  # not asked for by name: PyTorch takes it
+            if is_encoder(self.model) and self.plan.auto:  # not asked for by name: PyTorch takes it
                 return self.model(input_ids, token_type_ids, attention_mask, **asked)
-            if isinstance(self.model, BertModel):
+            if is_encoder(self.model):
                 raise ConfigError(f"the onnxruntime engine runs the exported encoder, which takes input_ids, "
                                   f"token_type_ids and attention_mask only; {', '.join(more)} need --engine torch")
             # fill-mask's masked positions and the like: the model's heads, on the encoder's graph

@@ -160,19 +160,23 @@ def exact_search(encode: Encode, documents: Sequence[str], doc_ids: Sequence[str
         chunk = normalize_rows(embed(encode, documents[start:stop], "documents")).astype(np.float64)
         if chunk.shape[1] != queries.shape[1]:
             raise InputError(f"document vectors have size {chunk.shape[1]}, query vectors {queries.shape[1]}")
-        merged_index, merged_score = [], []
-        for q in range(0, len(queries), query_chunk_size):
-            scores = (queries[q:q + query_chunk_size] @ chunk.T).astype(np.float32)  # [q, c] cosines
-            local = top_k(scores, k, keys[start:stop])
-            index = np.concatenate([best_index[q:q + query_chunk_size], local + start], axis=1)
-            value = np.concatenate([best_score[q:q + query_chunk_size],
-                                    np.take_along_axis(scores, local, axis=1)], axis=1)
-            keep = top_k(value, k, keys[index])
-            merged_index.append(np.take_along_axis(index, keep, axis=1))
-            merged_score.append(np.take_along_axis(value, keep, axis=1))
-        best_index, best_score = np.concatenate(merged_index), np.concatenate(merged_score)
+        merged = [merge_top_k(best_index[q:q + query_chunk_size], best_score[q:q + query_chunk_size],
+                              (queries[q:q + query_chunk_size] @ chunk.T).astype(np.float32), start, k, keys)
+                  for q in range(0, len(queries), query_chunk_size)]  # [q, c] cosines per block
+        best_index, best_score = np.concatenate([m[0] for m in merged]), np.concatenate([m[1] for m in merged])
         logger.debug("searched %d of %d documents", stop, len(documents))
     return best_index, best_score
+
+
+def merge_top_k(best_index: np.ndarray, best_score: np.ndarray, scores: np.ndarray, start: int, k: int,
+                keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The running top k [Q, <=k] (indices into the corpus, scores) merged with a corpus chunk's scores [Q, c]
+    (documents start..start+c-1); `keys` [D]: the whole corpus's tie keys (`id_order`)."""
+    local = top_k(scores, k, keys[start:start + scores.shape[1]])
+    index = np.concatenate([best_index, local + start], axis=1)
+    value = np.concatenate([best_score, np.take_along_axis(scores, local, axis=1)], axis=1)
+    keep = top_k(value, k, keys[index])
+    return np.take_along_axis(index, keep, axis=1), np.take_along_axis(value, keep, axis=1)
 
 
 def rerank_lists(rerank: Rerank, query_texts: dict[str, str], ranked: dict[str, list[str]],

@@ -43,6 +43,9 @@ from bertforge.model.heads import needs_hidden_states
 from bertforge.tokenization.normalizer import is_blank
 from bertforge.tokenization.tokenizer import Tokenizer
 
+# The positions of BERT's released checkpoints: the window the families' defaults were chosen for.
+BERT_POSITIONS = 512
+
 # Problem kinds of a task (the names Hugging Face's `problem_type` uses); classification has all three.
 SINGLE_LABEL, MULTI_LABEL, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
 
@@ -328,6 +331,9 @@ class Family:
         default_max_seq_length: window length when a model directory has no fine-tuning record.
         served_max_seq_length: the window a model directory without this family's fine-tuning record is run
             with (capped by its position table), where it differs from the training default.
+        long_inputs: the task's inputs are documents (passages, contexts): a model without this family's
+            fine-tuning record that reads past BERT's 512 positions (ModernBERT: 8,192) reads them in one window
+            of its own length (`served_window(family, positions)`); the windowing rule past it is unchanged.
         default_language: the scoring language of a file-format run ("auto" detects it from the data).
         input_axes: the model inputs' dimensions (ONNX dynamic axes): [B, T], or [B, C, T] for choices.
         options: decoding options and their defaults, under one name each in training, evaluate, predict and
@@ -350,6 +356,7 @@ class Family:
     task: ClassVar[str | None] = None
     default_max_seq_length: ClassVar[int] = 128
     served_max_seq_length: ClassVar[int | None] = None
+    long_inputs: ClassVar[bool] = False
     default_language: ClassVar[str] = "en"
     input_axes: ClassVar[dict[int, str]] = {0: "batch", 1: "sequence"}
     options: ClassVar[dict[str, Any]] = {}
@@ -482,3 +489,11 @@ class Family:
 
     def __repr__(self) -> str:
         return f"<family {self.name}>"
+
+
+def served_window(family: Family, positions: int) -> int:
+    """The window `family` runs a model with `positions` positions and no fine-tuning record of the family
+    with: the model's own length for long inputs past BERT's 512 (`Family.long_inputs`), else its default."""
+    if family.long_inputs and positions > BERT_POSITIONS:
+        return positions
+    return family.served_max_seq_length or family.default_max_seq_length

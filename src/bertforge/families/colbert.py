@@ -8,8 +8,9 @@ after [CLS], queries filled with [MASK] to their fixed length, documents cut to 
 vectors count (every query position; a document's real tokens but the skiplist's), and the family
 (`ColBERT`: the `embed-multi-vector` route, whose `role` option says whether the texts are queries or
 documents, its features, forward and decoding into ``{"embeddings": [[...], ...]}``, dev retrieval scoring) and
-its training (`ColBERTTraining`: `colbert-pairs` / `colbert-triplets`, in-batch negatives by MaxSim,
-`ColbertObjective`).
+its training (`ColBERTTraining`: `colbert-pairs` / `colbert-triplets`, in-batch negatives by MaxSim, and
+`colbert-distill`, KL distillation of a teacher's scores as PyLate's `Distillation` loss (`distillation_loss`);
+`ColbertObjective` picks by the batch).
 
 The rows are built in `forward`, from the plain [CLS] text [SEP] windows every family gets and the model's own
 settings (`BertForColBERT.colbert`), so that every path (predict, the server, evaluation, the embed job) runs
@@ -32,6 +33,7 @@ from torch import nn
 from bertforge import checkpoint_format
 from bertforge.data.embedding import TextGroup
 from bertforge.data.finetuning import FinetuneBatch
+from bertforge.data.reranking import read_rerank_lists
 from bertforge.errors import CheckpointError, ConfigError, InputError
 from bertforge.families.base import Family, LossSettings, Objective
 from bertforge.families.embedding import Embedding, EmbeddingTraining
@@ -45,6 +47,9 @@ ROLES = ("query", "document")
 FORMAT_COLUMNS: dict[str, dict[str, Any]] = {
     "colbert-pairs": {"text_a_column": "anchor", "text_b_column": "positive"},
     "colbert-triplets": {"text_a_column": "anchor", "text_b_column": "positive", "negative_column": "negative"},
+    # JSON Lines of {"query": ..., "documents": [...], "scores": [...]}: a teacher's score of each document
+    # (KL distillation; `bertforge score-margins --output-format lists` writes them with a cross-encoder).
+    "colbert-distill": {"text_a_column": "query", "text_b_column": "documents", "label_column": "scores"},
 }
 RANKING_METRICS = ("ndcg@10", "mrr@10", "accuracy@1", "recall@10")
 DEFAULT_DIMENSION = 128
@@ -237,15 +242,57 @@ class GroupVectors:
         owner = torch.nonzero(self.document_scored)[:, 0]  # [M]
         return maxsim(self.queries, self.query_scored, tokens, owner, self.documents.shape[0])
 
+    def own_scores(self) -> torch.Tensor:
+        """MaxSim [B, C - 1] of each query with its own documents only (distillation's lists)."""
+        batch, length = self.queries.shape[:2]
+        documents = self.documents.view(batch, -1, *self.documents.shape[1:])  # [B, C-1, t, D]
+        similarity = torch.einsum("bqd,bctd->bcqt", self.queries, documents)  # [B, C-1, q, t]
+        scored = self.document_scored.view(batch, -1, 1, self.documents.shape[1])  # [B, C-1, 1, t]
+        best = similarity.masked_fill(~scored, float("-inf")).amax(-1)  # [B, C-1, q]
+        best = best.masked_fill(best == float("-inf"), 0.0).float()  # a document without scored tokens: 0
+        return (best * self.query_scored[:, None, :].to(best.dtype)).sum(-1)
+
+
+def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, normalize: bool = True
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed KL divergence, correct count) of a teacher's scores over each query's documents, as PyLate's
+    `Distillation` loss defines it: KL(softmax(teacher) || softmax(student)) per query, where the student's
+    scores are its MaxSim scores, min-max normalised per query to [0, 1] (`normalize`, PyLate's default
+    `normalize_scores=True`: (s - min) / (max - min + 1e-8)), and the teacher's are taken as they are (logits;
+    no temperature on either side). Summed over queries, so the loop's mean is PyLate's "batchmean".
+
+    student, teacher: [B, N] (a query's documents; NaN teacher scores mark a shorter list's padding, left out
+    of both softmaxes). Correct: the student's best document is the teacher's.
+    """
+    valid = ~torch.isnan(teacher)
+    student = student.float()
+    if normalize:
+        low = student.masked_fill(~valid, float("inf")).amin(-1, keepdim=True)
+        high = student.masked_fill(~valid, float("-inf")).amax(-1, keepdim=True)
+        student = (student - low) / (high - low + 1e-8)
+    student = student.masked_fill(~valid, float("-inf"))
+    teacher = teacher.to(student.dtype).masked_fill(~valid, float("-inf"))
+    log_student, log_teacher = torch.log_softmax(student, -1), torch.log_softmax(teacher, -1)
+    terms = torch.where(valid, log_teacher.exp() * (log_teacher - log_student), torch.zeros_like(student))
+    return terms.sum(), (student.argmax(-1) == teacher.argmax(-1)).float().sum()
+
 
 class ColbertObjective(Objective):
-    """In-batch negatives for ColBERT: each query's positive among every document of the batch (every example's
-    positive and hard negatives), by cross-entropy over the MaxSim scores (as PyLate's contrastive loss: scores
-    at temperature 1); `accuracy`: the queries whose positive scored highest. Under DDP each rank's queries rank
-    its own batch's documents."""
+    """ColBERT's two losses, chosen by the batch. Without teacher scores, in-batch negatives: each query's
+    positive among every document of the batch (every example's positive and hard negatives), by cross-entropy
+    over the MaxSim scores (as PyLate's contrastive loss: scores at temperature 1); `accuracy`: the queries whose
+    positive scored highest. Under DDP each rank's queries rank its own batch's documents. With a teacher's score
+    per document (labels [B, C - 1], `colbert-distill`): KL distillation over each query's own documents
+    (`distillation_loss`, PyLate's `Distillation`); `accuracy`: the queries whose best document by MaxSim is
+    the teacher's."""
 
     def counts(self, batch) -> dict[str, torch.Tensor]:
         return {"contrastive": torch.tensor(float(batch.input_ids.shape[0]))}
+
+    @staticmethod
+    def distilled(batch) -> bool:
+        labels = getattr(batch, "labels", None)
+        return labels is not None and labels.dim() == 2
 
     def ranked(self, output: GroupVectors, batch) -> tuple[torch.Tensor, torch.Tensor]:
         scores = output.scores()  # [B, B(C-1)]
@@ -253,20 +300,28 @@ class ColbertObjective(Objective):
         return scores, torch.arange(scores.shape[0], device=scores.device) * candidates
 
     def loss_terms(self, output, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        count = self.counts(batch)["contrastive"]
+        if self.distilled(batch):
+            loss, _ = distillation_loss(output.own_scores(), batch.labels)
+            return {"contrastive": (loss, count.to(loss.device))}
         scores, targets = self.ranked(output, batch)
         loss = F.cross_entropy(scores.float(), targets, reduction="sum")
-        return {"contrastive": (loss, self.counts(batch)["contrastive"].to(scores.device))}
+        return {"contrastive": (loss, count.to(scores.device))}
 
     def metrics(self, output, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        if self.distilled(batch):
+            with torch.no_grad():
+                _, correct = distillation_loss(output.own_scores(), batch.labels)
+            return {"accuracy": (correct, torch.tensor(float(batch.labels.shape[0]), device=correct.device))}
         scores, targets = self.ranked(output, batch)
         correct = (scores.argmax(-1) == targets).sum().float()
         return {"accuracy": (correct, torch.tensor(float(scores.shape[0]), device=scores.device))}
 
 
 class ColBERTTraining(EmbeddingTraining):
-    """What fine-tuning asks of ColBERT: pairs or triplets (`colbert-pairs`, `colbert-triplets`), the model
-    (`BertForColBERT`, its settings and tokenizer from the directory it starts from) and in-batch negatives by
-    MaxSim (`ColbertObjective`)."""
+    """What fine-tuning asks of ColBERT: pairs or triplets (`colbert-pairs`, `colbert-triplets`) or lists with
+    a teacher's scores (`colbert-distill`), the model (`BertForColBERT`, its settings and tokenizer from the
+    directory it starts from) and in-batch negatives by MaxSim or KL distillation (`ColbertObjective`)."""
 
     settings = frozenset({"data.negative_column"})
 
@@ -287,9 +342,10 @@ class ColBERTTraining(EmbeddingTraining):
         if model.tokens is None:
             raise ConfigError("the ColBERT model to train has no tokenizer beside it to resolve its marker tokens; "
                               "start from a model directory with its vocabulary")
-        if task.reader.label_column is not None:
-            raise ConfigError(f"{task.name}: ColBERT trains on pairs or triplets, not scored pairs; remove --label "
-                              "(data.label_column)")
+        if task.reader.label_column is not None and task.reader.negative_column is not None:
+            raise ConfigError(f"{task.name}: ColBERT trains on pairs or triplets (in-batch negatives) or on lists "
+                              "with a teacher's scores (--format colbert-distill), not on scored triplets; remove "
+                              "--label (data.label_column) or use --format colbert-distill")
 
 
 @dataclass(frozen=True)
@@ -298,6 +354,14 @@ class TokenVectors:
 
     vectors: torch.Tensor
     positions: list[int]
+
+
+def relevant_position(example: TextGroup) -> int:
+    """Which text of a group is the query's relevant one: the positive (texts[1]), or in a distillation list
+    (a teacher score per document) the document the teacher scored highest."""
+    if isinstance(example.score, tuple):
+        return 1 + max(range(len(example.score)), key=lambda i: example.score[i])
+    return 1
 
 
 class ColBERT(Embedding):
@@ -314,6 +378,7 @@ class ColBERT(Embedding):
     model_class = BertForColBERT
     task = "embed-multi-vector"
     default_max_seq_length = 512
+    long_inputs = True
     options = {"role": "document"}
     training_hooks = ColBERTTraining
     formats = dict.fromkeys(FORMAT_COLUMNS)
@@ -324,6 +389,19 @@ class ColBERT(Embedding):
     def validate_options(self, options: dict[str, Any]) -> None:
         if options["role"] not in ROLES:
             raise InputError(f"role must be one of {ROLES}, got {options['role']!r}")
+
+    def read(self, path, *, part, task, report, labelled=True) -> list[TextGroup]:
+        """Pairs and triplets as the embedding family reads them; with a score column (`colbert-distill`), JSON
+        Lines of a query, its documents and a teacher's score per document (`data.reranking`'s reader of
+        lists, any finite scores), each list one group (query, documents...) scored per document."""
+        reader = task.reader
+        if reader.label_column is None or reader.negative_column is not None:
+            return super().read(path, part=part, task=task, report=report, labelled=labelled)
+        lists = read_rerank_lists(path, query_column=reader.text_a_column, docs_column=reader.text_b_column,
+                                  labels_column=reader.label_column, file_format=reader.file_format,
+                                  on_invalid=reader.on_invalid, report=report, relevant_required=False)
+        return [TextGroup((item.query, *item.texts), item.labels if labelled else None, item.source, item.id)
+                for item in lists]
 
     def check_options(self, options: Mapping[str, Any], config: BertConfig | None = None) -> dict[str, Any]:
         return Family.check_options(self, options, config)
@@ -380,15 +458,17 @@ class ColBERT(Embedding):
         return {"id": example.id, "texts": list(example.texts), "maxsim": result["maxsim"]}
 
     def score(self, examples, results, config, **settings):
-        """Every dev anchor retrieves among all dev positives by MaxSim (its own is the one relevant text;
-        equal texts are one document): nDCG@10, MRR@10, accuracy@1, recall@10."""
+        """Every dev anchor retrieves among all dev positives by MaxSim (its own is the one relevant text: the
+        positive, or in a distillation list the document its teacher scored highest; equal texts are one
+        document): nDCG@10, MRR@10, accuracy@1, recall@10."""
+        positives = [relevant_position(e) for e in examples]  # each example's relevant text
         documents: dict[str, int] = {}
-        for index, example in enumerate(examples):
-            documents.setdefault(example.texts[1], index)
-        corpus = [results[i]["vectors"][1].vectors for i in documents.values()]
+        for index, (example, position) in enumerate(zip(examples, positives)):
+            documents.setdefault(example.texts[position], index)
+        corpus = [results[i]["vectors"][positives[i]].vectors for i in documents.values()]
         scores = np.stack([maxsim_pairs(r["vectors"][0].vectors, corpus).numpy() for r in results])
         query_ids = [f"q{i}" for i in range(len(examples))]
-        qrels = {q: {f"d{documents[e.texts[1]]}": 1.0} for q, e in zip(query_ids, examples)}
+        qrels = {q: {f"d{documents[e.texts[p]]}": 1.0} for q, e, p in zip(query_ids, examples, positives)}
         ranked = rank_documents(scores, query_ids, [f"d{i}" for i in documents.values()], 10)
         figures = retrieval_scores(ranked, qrels, k_values=(1, 10), mrr_at=(10,), ndcg_at=(10,), map_at=(10,))
         return {name: figures[name] for name in RANKING_METRICS}, {}, []

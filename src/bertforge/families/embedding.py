@@ -31,7 +31,9 @@ from bertforge.interop.sentence_transformers import SentenceSettings, settings_f
 from bertforge.metrics.embedding import normalize_rows, rank_documents, retrieval_scores, sts_scores
 from bertforge.model.bert import BertModel, BertOutput
 from bertforge.model.config import BertConfig
+from bertforge.model.config.modernbert import ModernBertConfig
 from bertforge.model.fast_paths import is_encoder
+from bertforge.model.modernbert import ModernBertModel
 from bertforge.tokenization.tokenizer import Tokenizer
 
 # The `--format`s of embedding training files: their text columns (role order) and score column by default.
@@ -145,11 +147,12 @@ class SentenceOutput(BertOutput):
     embeddings: torch.Tensor | None = None
 
 
-class BertForSentenceEmbedding(BertModel):
-    """A `BertModel` that also pools: given texts grouped per example (input_ids [B, C, T]) it returns their
-    sentence vectors (`SentenceOutput.embeddings` [B, C, D]); given rows [B, T] it is the plain encoder.
+class SentenceEmbedding:
+    """What makes an encoder a sentence-embedding model (mixed into `BertModel` and `ModernBertModel`): given texts
+    grouped per example (input_ids [B, C, T]) it returns their sentence vectors (`SentenceOutput.embeddings`
+    [B, C, D]); given rows [B, T] it is the plain encoder.
 
-    It saves as a Hugging Face `BertModel` directory with the sentence-transformers modules beside it
+    It saves as the encoder's Hugging Face directory with the sentence-transformers modules beside it
     (`directory_files`), so sentence-transformers and text-embeddings-inference load it with the same pooling.
     Its sentence settings (`sentence`) and `rows_per_piece` come from the fine-tuning task
     (`EmbeddingTraining.prepare_model`). With `rows_per_piece`, training runs the texts in pieces of that many rows,
@@ -159,10 +162,12 @@ class BertForSentenceEmbedding(BertModel):
     2021, gets the same gradients the same way).
     """
 
-    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
-        super().__init__(config, add_pooling_layer)
+    sentence: SentenceSettings
+    rows_per_piece: int | None
+
+    def start_sentences(self) -> None:
         self.sentence = SentenceSettings()
-        self.rows_per_piece: int | None = None
+        self.rows_per_piece = None
 
     def directory_files(self) -> dict[str, str]:
         width = self.config.hidden_size * len(self.sentence.modes)
@@ -190,6 +195,23 @@ class BertForSentenceEmbedding(BertModel):
                                  for i in range(0, ids.shape[0], piece)])
         embeddings = vectors.view(batch, count, -1)  # [B*C, D] -> [B, C, D]
         return SentenceOutput(last_hidden_state=embeddings, pooled_output=None, embeddings=embeddings)
+
+
+class BertForSentenceEmbedding(SentenceEmbedding, BertModel):
+    """A `BertModel` that also pools (`SentenceEmbedding`); saved as a Hugging Face `BertModel` directory."""
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+        super().__init__(config, add_pooling_layer)
+        self.start_sentences()
+
+
+class ModernBertForSentenceEmbedding(SentenceEmbedding, ModernBertModel):
+    """A `ModernBertModel` that also pools (`SentenceEmbedding`); saved as a Hugging Face `ModernBertModel`
+    directory: what `finetune --format embedding-*` trains from a ModernBERT directory."""
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__(config)
+        self.start_sentences()
 
 
 class EmbeddingTraining(FamilyTraining):
@@ -228,7 +250,7 @@ class EmbeddingTraining(FamilyTraining):
         if task.options["layer"] != -1:
             raise ConfigError("embedding training pools the last layer; remove features.layer")
         model.sentence, model.rows_per_piece = sentence, settings.rows_per_piece
-        if model.pooler is not None:
+        if getattr(model, "pooler", None) is not None:  # ModernBERT has none
             model.pooler.requires_grad_(False)
 
 
@@ -249,6 +271,7 @@ class Embedding(Family):
     task = "embed"
     # BERT's whole window (released checkpoints have 512 positions); the pipelines cap it at the model's limit.
     default_max_seq_length = 512
+    long_inputs = True
     input_axes = {0: "batch", 1: "sequence"}
     # token_vectors: every token's vector of the layer instead of one pooled vector (TEI's /embed_all).
     options = {"pooling": "mean", "normalize": False, "layer": -1, "token_vectors": False}

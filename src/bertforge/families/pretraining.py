@@ -230,13 +230,19 @@ class PretrainingTraining(FamilyTraining):
         return values
 
 
+# The mask tokens a fill-mask text may hold: BERT's and ModernBERT's, RoBERTa-style vocabularies'.
+MASK_MARKERS = ("[MASK]", "<mask>")
+
+
 class Pretraining(Family):
     """How a pretrained model fills in [MASK]s; its training is `PretrainingTraining` (`training`)."""
 
     # --- fill-mask ----------------------------------------------------------------------------------
     # The tokenizer treats "[MASK]" in raw text as plain text (so user text can never inject control
-    # tokens); fill-mask therefore finds the markers in the string itself, tokenizes the pieces between
-    # them and puts the mask id in their place. Special tokens are never proposed.
+    # tokens); fill-mask therefore finds the markers (the tokenizer's mask token: "[MASK]", "<mask>") in the
+    # string itself, tokenizes the pieces between them and puts the mask id in their place, the spaces next to
+    # a marker going with it where the tokenizer says so (a tokenizer.json's lstrip/rstrip: ModernBERT's mask
+    # takes the space before it), as transformers' fill-mask reads the text. Special tokens are never proposed.
     name = "pretraining"
     aliases = ("pretrain", "mlm", "fill-mask", "masked_lm")
     model_class = BertForPretraining
@@ -254,22 +260,28 @@ class Pretraining(Family):
 
     def parse(self, item: Any) -> str:
         text = text_of(item)
-        if "[MASK]" not in text:
-            raise InputError("no [MASK] in the text; put [MASK] where a token should be predicted")
+        if not any(marker in text for marker in MASK_MARKERS):
+            raise InputError("no [MASK] in the text; put [MASK] (or the model's own mask token, e.g. <mask>) where a "
+                             "token should be predicted")
         return text
 
     def features(self, examples, tokenizer, settings, *, config, report=None, training=False):
         marker = tokenizer.config.mask_token
+        left, right = tokenizer.mask_token_strips()
         features = []
         for index, text in enumerate(examples):
+            if marker not in text:
+                raise InputError(f"input {index}: no {marker} in the text; this model's mask token is {marker}")
             ids: list[int] = []
             positions: list[int] = []
             spans: list[tuple[int, int]] = []
             cursor = 0
             pieces = text.split(marker)
             for number, piece in enumerate(pieces):
-                if piece:
-                    ids += tokenizer.encode(piece, add_special_tokens=False).ids
+                read = piece.rstrip() if left and number < len(pieces) - 1 else piece
+                read = read.lstrip() if right and number > 0 else read
+                if read:
+                    ids += tokenizer.encode(read, add_special_tokens=False).ids
                 cursor += len(piece)
                 if number < len(pieces) - 1:
                     positions.append(len(ids) + 1)  # +1: [CLS] comes first

@@ -342,6 +342,7 @@ class QuestionAnswering(Family):
     model_class = BertForQuestionAnswering
     task = "answer"
     default_max_seq_length = 384
+    long_inputs = True
     default_language = "auto"
     options = {"max_answer_length": 30, "version_2_with_negative": False, "null_score_diff_threshold": 0.0, "n_best_size": 20}
     export_outputs = {"start_logits": {0: "batch", 1: "sequence"}, "end_logits": {0: "batch", 1: "sequence"}}

@@ -17,6 +17,7 @@ from bertforge.families.base import Family
 from bertforge.families.classification import FAMILY as CLASSIFICATION
 from bertforge.families.colbert import FAMILY as COLBERT
 from bertforge.families.embedding import FAMILY as EMBEDDING
+from bertforge.families.embedding import BertForSentenceEmbedding, ModernBertForSentenceEmbedding
 from bertforge.families.multiple_choice import FAMILY as MULTIPLE_CHOICE
 from bertforge.families.pretraining import FAMILY as PRETRAINING
 from bertforge.families.pretraining import BertForMaskedLM
@@ -108,6 +109,10 @@ def for_task(task: str) -> Family:
 MODERNBERT_FAMILIES: dict[type[BertPretrainedModel], Family] = {
     ModernBertForSequenceClassification: CLASSIFICATION, ModernBertForTokenClassification: TAGGING,
     ModernBertForMaskedLM: PRETRAINING, ModernBertModel: EMBEDDING}
+# The classes fine-tuning trains (a family's `training.trained_class`, BERT's) -> ModernBERT's, where they
+# differ from the class the family serves with.
+MODERNBERT_TRAINED: dict[type[BertPretrainedModel], type[BertPretrainedModel]] = {
+    BertForSentenceEmbedding: ModernBertForSentenceEmbedding}
 
 
 def counterpart(cls: type[BertPretrainedModel], config: Any) -> type[BertPretrainedModel]:
@@ -115,6 +120,8 @@ def counterpart(cls: type[BertPretrainedModel], config: Any) -> type[BertPretrai
     ModernBERT class its family runs (its heads), any other the class itself."""
     if not isinstance(config, ModernBertConfig) or issubclass(cls, ModernBertPretrainedModel):
         return cls
+    if cls in MODERNBERT_TRAINED:
+        return MODERNBERT_TRAINED[cls]
     wanted = for_model(cls)
     for modern, found in MODERNBERT_FAMILIES.items():
         if found is wanted:

@@ -270,6 +270,7 @@ class SparseEmbedding(Embedding):
     also_runs_on = (SpladeRows,)
     task = "embed-sparse"
     default_max_seq_length = 512
+    long_inputs = True
     options = {"pooling": "max", "activation": "relu", "max_terms": 0, "tokens": False}
     formats = dict.fromkeys(FORMAT_COLUMNS)
     training_hooks = SparseEmbeddingTraining

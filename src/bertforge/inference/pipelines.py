@@ -55,7 +55,7 @@ from bertforge.engine.engine import Engine
 from bertforge.errors import CheckpointError, ConfigError, DataError, InputError
 from bertforge.evaluation import run_features, run_streamed
 from bertforge.families import registry
-from bertforge.families.base import Family, InputSettings
+from bertforge.families.base import Family, InputSettings, served_window
 from bertforge.families.task import TaskDescription, read_description
 from bertforge.inference.wire_inputs import (
     EmbedText,
@@ -124,7 +124,7 @@ def input_settings(model: BertPretrainedModel, tokenizer, family: Family, task: 
     if task is not None:
         settings = task.inputs
     else:
-        settings = InputSettings(max_seq_length=min(family.served_max_seq_length or family.default_max_seq_length,
+        settings = InputSettings(max_seq_length=min(served_window(family, model.config.max_position_embeddings),
                                                      limit))
     changes = {}
     if max_length:
@@ -492,9 +492,12 @@ def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None, *,
     if tasks is not None:
         tasks = [registry.own_task(directory) if task is None else task for task in tasks]
     named = registry.class_for_tasks(directory.architecture, tasks)
+    from bertforge.inference.maxsim_reranking import RERANK, MaxSimRerankPipeline, reranks_by_maxsim
+
+    late = reranks_by_maxsim(named)  # a ColBERT model reranks by MaxSim (`maxsim_reranking`)
     for task in tasks or ():
         family = registry.for_task(task)
-        if not serves(named, family):
+        if not serves(named, family) and not (late and task == RERANK):
             raise CheckpointError(f"{model_dir}: config.json names architecture {directory.architecture or 'BertModel'}"
                                   f", but {task} needs a {family.model_class.__name__} checkpoint; use a model "
                                   f"fine-tuned for {task}, or task 'embed'")
@@ -502,12 +505,14 @@ def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None, *,
     model, report = registry.load_model(model_dir, named)
     engine = build_engine(set_fast_paths(model.to(plan.device).eval()), plan, model_dir)
     available = [task for task in supported_tasks(model) if engine.runs(registry.for_task(task))]
+    if late:
+        available = [task for task in TASKS if task in available or task == RERANK]
     chosen = list(tasks) if tasks else available
     reranking = registry.for_task("rerank")
     if rerank_label is not None and reranking.task not in chosen:
         chosen.append(reranking.task)
     for task in chosen:
-        if not serves(type(model), registry.for_task(task)):
+        if not serves(type(model), registry.for_task(task)) and not (late and task == RERANK):
             raise CheckpointError(f"{model_dir}: a {type(model).__name__} cannot serve {task}; it supports "
                                   f"{available}")
     pipelines = {}
@@ -516,6 +521,10 @@ def load_pipelines(model_dir: str | Path, tasks: Sequence[str] | None = None, *,
             family = registry.for_task(task)
             if family is reranking and rerank_label is not None:
                 family = reranking.scoring_by(rerank_label, model.config)
+            if late and task == RERANK:
+                pipelines[task] = MaxSimRerankPipeline(engine, tokenizer, record=directory.finetuning, report=report,
+                                                       sentence=directory.sentence, **options)
+                continue
             pipelines[task] = make_pipeline(task, engine, tokenizer, record=directory.finetuning, report=report,
                                             sentence=directory.sentence, family=family, **options)
         except CheckpointError as error:

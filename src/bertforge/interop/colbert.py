@@ -12,7 +12,7 @@ Three layouts hold one:
   encoder, then `1_Dense` (its `model.safetensors` holds the projection as `linear.weight`);
   `config_sentence_transformers.json` holds the markers (`query_prefix`, `document_prefix`), `query_length`,
   `document_length`, `do_query_expansion`, `attend_to_expansion_tokens`, `skiplist_words`, with
-  model_type "ColBERT". sentence-transformers' `MultiVectorEncoder` loads it as PyLate does.
+  model_type "ColBERT" (PyLate 1.6 writes none: its `query_prefix` marks it). sentence-transformers' `MultiVectorEncoder` loads it as PyLate does.
 - sentence-transformers 6's own: the encoder (`sentence_bert_config.json` holds `query_length`,
   `document_length` and `query_expansion` {strategy, attend, length}), `Dense`, `MultiVectorMask`
   (`skiplist_words`) and `Normalize`; the markers are the "query" and "document" prompts.
@@ -126,7 +126,9 @@ def is_colbert_directory(folder: str | Path) -> bool:
     if MASK in kinds:
         return True
     extra = _object(folder / ST_CONFIG_NAME)
-    return DENSE in kinds and extra.get("model_type") in (PYLATE_MODEL_TYPE, "MultiVectorEncoder")
+    # PyLate 1.6 writes no model_type; its query_prefix says ColBERT (a sentence embedder has none).
+    return DENSE in kinds and (extra.get("model_type") in (PYLATE_MODEL_TYPE, "MultiVectorEncoder")
+                               or "query_prefix" in extra)
 
 
 def _marker(value: Any, default: str, source: Path, key: str) -> str:

@@ -16,8 +16,10 @@ length.
   CPU). Equal to `Padded` at every real position; padding positions come back as zeros.
 
 Attention may be local (`window`: a query sees only the keys at most `window` positions away, ModernBERT's
-sliding-window layers): a banded mask in the padded layout and in the per-sequence CPU calls (on CUDA, local
-layers take the masked path).
+sliding-window layers): over a row (or a sequence) longer than 4 windows only the band is computed
+(`banded_attention`: blocks of `window` queries, each attending to its own and its neighbours' keys); shorter
+ones take one call with a banded mask, in the padded layout and in the per-sequence CPU calls (on CUDA, local
+layers take the padded path).
 
 Rows may hold several packed sequences (`sequence_ids`: k > 0 for the k-th sequence of its row, 0 for
 padding, as `data.collate.pack_rows` builds them); each sequence then attends only to itself.
@@ -79,7 +81,61 @@ def windowed(mask: torch.Tensor | None, tokens: int, window: int, device: torch.
     banded = band(tokens, window, device)[None, None]  # [1, 1, T, T]
     if mask is not None:
         banded = banded & mask
-    return banded | torch.eye(tokens, dtype=torch.bool, device=device)
+    return banded | band(tokens, 0, device)  # (the diagonal; not `torch.eye`: ONNX Runtime has no bool EyeLike)
+
+
+def computes_band_only(tokens: int, window: int | None) -> bool:
+    """Whether a layer of this `window` attends block by block (`banded_attention`) at `tokens` tokens: where a
+    query's 3 blocks of keys are fewer than the row's T keys by a margin (below it, one masked T x T call is as
+    cheap and makes fewer kernels). Not while tracing (a traced graph keeps the one masked form, right at any
+    length: `engine.onnx_export`)."""
+    return window is not None and window > 0 and tokens > 4 * window and not torch.jit.is_tracing()
+
+
+def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, window: int,
+                     real: torch.Tensor | None = None, dropout: float = 0.0) -> torch.Tensor:
+    """Sliding-window attention that computes only the band: q, k, v [B, T, H] -> context [B, T, H], each query
+    attending to the keys at most `window` positions away (and, with `real` bool [B, T], only to real keys;
+    a query whose window holds none sees itself, as `windowed` rules).
+
+    The rows are cut into blocks of W = `window` queries (the last block padded). A query of block i sees keys in
+    blocks i - 1, i and i + 1 only, so each block attends to those 3W keys, masked to the exact window: one SDPA
+    call over [B * nb, N, W, 3W] instead of [B, N, T, T], T / 3W times less attention work (2,048 tokens,
+    ModernBERT's window of 64: 10.7x). Equal to the masked T x T call at every query (the same keys, the same
+    softmax), up to rounding. The 3W keys of every block are a view, not a copy: the rows' blocks one after
+    another in one stream with a block of padding at each end, read in overlapping windows (the first and last
+    block of a row then also read a neighbouring row's block, which the mask leaves out as outside the row).
+    """
+    batch, tokens, hidden = q.shape
+    size, width = hidden // heads, window
+    blocks = -(-tokens // width)  # nb = ceil(T / W)
+    tail = blocks * width - tokens  # padding that fills the last block of each row
+
+    def split(x: torch.Tensor) -> torch.Tensor:
+        return x if not tail else F.pad(x, (0, 0, 0, tail))  # [B, T, H] -> [B, nb * W, H]
+
+    # queries: [B, nb * W, H] -> [B * nb, W, N, D] -> [B * nb, N, W, D]
+    qb = split(q).reshape(batch * blocks, width, heads, size).transpose(1, 2)
+
+    def around(x: torch.Tensor) -> torch.Tensor:
+        """Keys or values of the 3 blocks around each block, as a view: [B, nb * W, H] -> a stream of (B nb + 2)
+        blocks [(B nb + 2) W, H] -> windows of 3W every W, [B * nb, H, 3W] -> [B * nb, 3W, N, D] ->
+        [B * nb, N, 3W, D] (the queries' layout)."""
+        stream = F.pad(split(x).reshape(-1, hidden), (0, 0, width, width))
+        return stream.unfold(0, 3 * width, width).transpose(1, 2).unflatten(-1, (heads, size)).transpose(1, 2)
+
+    # mask [B * nb, 1, W, 3W]: query r of block i (position iW + r) may see key c of its 3 blocks (position
+    # (i - 1)W + c) when it is in the window, |c - W - r| <= W, and a real key of the row; always itself.
+    row = torch.arange(width, device=q.device)[:, None]  # [W, 1]
+    column = torch.arange(3 * width, device=q.device)[None, :]  # [1, 3W]
+    in_window = (column - width - row).abs() <= window  # [W, 3W]
+    keys = torch.ones(batch, tokens, dtype=torch.bool, device=q.device) if real is None else real.to(torch.bool)
+    keys = F.pad(keys, (width, tail + width)).unfold(1, 3 * width, width)  # [B, nb, 3W]: real keys of each block
+    mask = (in_window & keys[:, :, None, :]) | (column == width + row)  # [B, nb, W, 3W]
+    context = F.scaled_dot_product_attention(qb, around(k), around(v), attn_mask=mask.flatten(0, 1)[:, None],
+                                             dropout_p=dropout)  # [B * nb, N, W, D]
+    # [B * nb, N, W, D] -> [B * nb, W, N, D] -> [B, nb * W, H] -> [B, T, H]
+    return context.transpose(1, 2).reshape(batch, blocks * width, hidden)[:, :tokens]
 
 
 # Above this many sequences in a batch, CPU attention runs as one masked call over the padded layout.
@@ -101,8 +157,8 @@ class Padded:
 
     def mask_for(self, tokens: int, window: int | None, device: torch.device) -> torch.Tensor | None:
         """The mask of a global (`window` None) or local layer, made once per window and forward."""
-        if window is None or window >= tokens - 1:
-            return self.mask
+        if window is None or (window >= tokens - 1 and not torch.jit.is_tracing()):
+            return self.mask  # (a traced graph keeps the band: it must hold at lengths beyond the window too)
         if window not in self.windowed:
             self.windowed[window] = windowed(self.mask, tokens, window, device)
         return self.windowed[window]
@@ -112,6 +168,10 @@ class Padded:
         """q, k, v: [B, T, H] -> context [B, T, H] (and probabilities [B, N, T, T] if asked); `window`:
         each query sees only keys at most that many positions away."""
         batch, tokens, hidden = q.shape
+        # A local layer over a long row, with a padding mask (not packed rows' [B, 1, T, T]): the band only.
+        if not return_probs and computes_band_only(tokens, window) and (self.mask is None or self.mask.shape[2] == 1):
+            real = None if self.mask is None else self.mask[:, 0, 0]  # [B, 1, 1, T] -> [B, T]
+            return banded_attention(q, k, v, heads, window, real, dropout), None
         mask = self.mask_for(tokens, window, q.device)
 
         def split(x: torch.Tensor) -> torch.Tensor:
@@ -199,6 +259,10 @@ class Unpadded:
             contexts = []
             for qs, ks, vs in zip(q.split(self.lengths), k.split(self.lengths), v.split(self.lengths)):
                 length = qs.shape[0]
+                if computes_band_only(length, window):  # a long sequence of a local layer: the band only
+                    contexts.append(banded_attention(qs[None], ks[None], vs[None], heads, window,
+                                                     dropout=dropout)[0])  # [1, L, H] -> [L, H]
+                    continue
                 shape = (1, length, heads, hidden // heads)  # [L, H] -> [1, L, N, D] -> [1, N, L, D]
                 local = None if window is None or window >= length - 1 else band(length, window, q.device)
                 out = F.scaled_dot_product_attention(qs.view(shape).transpose(1, 2), ks.view(shape).transpose(1, 2),

@@ -37,22 +37,25 @@ from bertforge.model.layouts import Padded, Unpadded, choose_layout
 
 
 def rotary_tables(positions: torch.Tensor, head_size: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles (Su et al., 2021), float32: long positions [...] -> two [..., D].
+    """cos and signed sin of the rotary angles (Su et al., 2021), float32: long positions [...] -> two [..., D].
 
-    Feature pair (j, j + D/2) of a token at position p turns by p / theta^(2j / D)."""
+    Feature pair (j, j + D/2) of a token at position p turns by p / theta^(2j / D). The sin table's first half
+    is negated (-sin, sin), so that `rotate` is x cos + swap(x) sin, one pass fewer than negating x's half."""
     inverse = 1.0 / (theta ** (torch.arange(0, head_size, 2, dtype=torch.float, device=positions.device) / head_size))
     angles = positions[..., None].float() * inverse  # [..., 1] * [D/2] -> [..., D/2]
-    angles = torch.cat((angles, angles), dim=-1)  # [..., D]
-    return angles.cos(), angles.sin()
+    sin = angles.sin()
+    return torch.cat((angles, angles), dim=-1).cos(), torch.cat((-sin, sin), dim=-1)  # [..., D] each
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate queries or keys: x [..., N, D], cos/sin [..., D] -> [..., N, D] in x's dtype (the turn itself in
-    float32, so bf16 positions far into a long sequence keep their angle)."""
+    """Rotate queries and keys: x [..., K, N, D] (K of them, the query and key of each token), cos and signed sin
+    [..., D] (`rotary_tables`) -> [..., K, N, D] in x's dtype (the turn itself in float32, so bf16 positions far
+    into a long sequence keep their angle): (a, b) -> (a cos - b sin, b cos + a sin) per feature pair."""
     half = x.shape[-1] // 2
     wide = x.to(torch.promote_types(x.dtype, torch.float32))
-    turned = torch.cat((-wide[..., half:], wide[..., :half]), dim=-1)  # (a, b) -> (-b, a), [..., N, D]
-    return (wide * cos[..., None, :] + turned * sin[..., None, :]).to(x.dtype)
+    swapped = torch.cat((wide[..., half:], wide[..., :half]), dim=-1)  # (a, b) -> (b, a), [..., K, N, D]
+    cos, sin = cos[..., None, None, :], sin[..., None, None, :]  # [..., D] -> [..., 1, 1, D]
+    return torch.addcmul(wide * cos, swapped, sin).to(x.dtype)
 
 
 def norm(config: ModernBertConfig) -> nn.LayerNorm:
@@ -90,10 +93,9 @@ class SelfAttention(nn.Module):
                 return_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: [B, T, H] (or [R, H] unpadded), rotation: cos and sin [B, T, D] (or [R, D]).
         Returns (like x, probabilities [B, N, T, T] or None)."""
-        q, k, v = self.qkv(x).chunk(3, dim=-1)  # [..., 3H] -> 3 x [..., H]
-        heads = (*x.shape[:-1], self.num_heads, x.shape[-1] // self.num_heads)  # [..., H] -> [..., N, D]
-        q = rotate(q.view(heads), *rotation).flatten(-2)  # [..., N, D] -> [..., H]
-        k = rotate(k.view(heads), *rotation).flatten(-2)  # [..., N, D] -> [..., H]
+        qkv = self.qkv(x).unflatten(-1, (3, self.num_heads, -1))  # [..., H] -> [..., 3H] -> [..., 3, N, D]
+        q, k = rotate(qkv[..., :2, :, :], *rotation).flatten(-2).unbind(-2)  # [..., 2, N, D] -> 2 x [..., H]
+        v = qkv[..., 2, :, :].flatten(-2)  # [..., N, D] -> [..., H]
         dropout = self.attention_dropout if self.training else 0.0
         context, probs = layout.attend(q, k, v, self.num_heads, dropout, return_probs, self.window)  # like x
         return self.dropout(self.output(context)), probs
@@ -266,10 +268,15 @@ class ModernBertModel(ModernBertPretrainedModel):
         if position_ids is None:
             position_ids = torch.arange(tokens, device=input_ids.device)
         layout = choose_layout(attention_mask, None, unpad=self.unpad, output_attentions=output_attentions)
-        positions = layout.enter(position_ids.expand(batch, tokens))  # [B, T] -> layout's ([B, T] or [R])
-        head_size = self.config.head_size
-        rotations = {GLOBAL_ATTENTION: rotary_tables(positions, head_size, self.config.global_rope_theta),
-                     LOCAL_ATTENTION: rotary_tables(positions, head_size, self.config.local_rope_theta)}
+        positions = position_ids.reshape(-1, tokens)  # [T], [1, T] or [B, T] -> [1 or B, T]: rows that share
+        # positions share one table (made once, not per row), expanded to the batch without a copy when padded
+
+        def tables(theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+            turns = rotary_tables(positions, self.config.head_size, theta)  # [1 or B, T, D] each
+            return tuple(layout.enter(t.expand(batch, tokens, -1)) for t in turns)  # layout's [B, T, D] or [R, D]
+
+        rotations = {GLOBAL_ATTENTION: tables(self.config.global_rope_theta),
+                     LOCAL_ATTENTION: tables(self.config.local_rope_theta)}
         x = layout.enter(self.embeddings(input_ids))  # [B, T, H] -> layout's
         x, hidden_states, attentions = self.encoder(x, layout, rotations, output_hidden_states, output_attentions)
         x = hidden_states[-1] if hidden_states else layout.leave(x)  # -> [B, T, H]

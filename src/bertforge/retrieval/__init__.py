@@ -7,10 +7,11 @@
 - `embed_corpus`: the embed job (streamed, resumable, torchrun), writing through the store;
 - `vector_index` (exact), `vector_ann` (HNSW), `sparse_search` (inverted index), `vector_quantization` (int8,
   binary), `multi_vector_search` (exact MaxSim over `token_rows`, a ColBERT model's vectors per token): the
-  indexes; `searcher`: the one search path from query vectors to hits (dense, sparse, hybrid, reranked);
+  indexes; `searcher`: the one search path from query vectors to hits (dense, sparse, multi-vector, any of
+  them fused, reranked);
 - `vector_search`, `hybrid_search`: `bertforge search`'s entry points (queries embedded by a pipeline of theirs);
-- `qdrant_collection`: a folder exported into a Qdrant collection and searched there (the only module that
-  imports qdrant_client), `qdrant_locations`: where a collection is; `index_locations`: `open_index`, folders or a collection by what `--index` names;
+- `qdrant_collection`: a folder exported into a Qdrant collection and searched there (with `qdrant_filters`,
+  the only modules that import qdrant_client), `qdrant_locations`: where a collection is; `index_locations`: `open_index`, folders or a collection by what `--index` names;
 - `text_chunks`, `vector_texts`, `embedding_map`, `negative_mining`, `mine_corpus`: chunks, texts behind hits,
   maps, hard negatives.
 

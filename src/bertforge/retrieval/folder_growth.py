@@ -8,8 +8,8 @@ The files are `store`'s: new shards under new shard numbers, the deleted rows as
 generation, then the manifest (`store.commit_manifest`), the one commit point: a process killed at any moment
 leaves the old folder or the new one, and the next change sweeps what a dead one left. Searches honour the
 tombstones (every kind masks deleted rows before its top-k); the indexes beside the shards follow: the
-approximate index gets the added vectors (`vector_ann.open_ann` extends it), the inverted index is built again
-from the shards, and a compaction rebuilds both.
+approximate index gets the added vectors (`vector_ann.open_ann` extends it, as `token_index` does a multi-vector
+folder's), the inverted index is built again from the shards, and a compaction rebuilds them all.
 
 One change at a time: a lock file beside the manifest (`LOCK_NAME`) refuses a second one.
 """
@@ -36,6 +36,7 @@ from bertforge.errors import ConfigError, DataError
 from bertforge.inference import pipelines
 from bertforge.retrieval.embed_corpus import embed_shard, first_manifest, rows_metadata
 from bertforge.retrieval.fields import FieldSpec, joined_metadata, parse_fields, record_values
+from bertforge.retrieval.multi_vector_search import MULTI_VECTOR_TASK
 from bertforge.retrieval.sparse_search import SparseIndex
 from bertforge.retrieval.sparse_vectors import SPARSE_TASK
 from bertforge.retrieval.store import (
@@ -53,6 +54,7 @@ from bertforge.retrieval.store import (
     write_shard_arrays,
     write_tombstones,
 )
+from bertforge.retrieval.token_index import update_token_index
 from bertforge.retrieval.vector_ann import build_ann, open_ann, read_ann_record, sweep_graphs
 from bertforge.retrieval.vector_index import VectorIndex
 from bertforge.retrieval.vector_texts import input_settings
@@ -121,6 +123,9 @@ def update_indexes(directory: Path, rebuild: bool = False) -> None:
     try:
         if folder.kind == "sparse":
             SparseIndex(directory).inverted()
+            return
+        if folder.kind == "multi-vector":
+            update_token_index(directory, rebuild)
             return
         record = read_ann_record(directory)
         if record is None:
@@ -223,7 +228,7 @@ def add_records(directory: str | os.PathLike, inputs: str | os.PathLike, *, mode
         given = {name: value for name, value in (embedding or {}).items() if value is not None}
         wanted = replace(folder.settings, **({"prompt": None} if "prompt_name" in given else {}), **given)
         pipeline = pipelines.load_pipeline(
-            model_dir, SPARSE_TASK if folder.kind == "sparse" else "embed", device=device,
+            model_dir, {"sparse": SPARSE_TASK, "multi-vector": MULTI_VECTOR_TASK}.get(folder.kind, "embed"), device=device,
             precision=manifest["embedding"]["precision"], engine=engine, threads=threads, batch_size=batch_size,
             max_length=manifest["embedding"]["max_length"])
         options = pipeline.check_options(wanted.options())
@@ -305,22 +310,24 @@ def delete_records(directory: str | os.PathLike, ids: Sequence[str], *, missing_
 
 def kept_arrays(arrays: dict[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]:
     """A shard's stored arrays (`VectorFolder.shard_arrays`) with only the rows `keep` ([n] bool)."""
-    if "indptr" not in arrays:
+    pointer = next((kind for kind in ("indptr", "offsets") if kind in arrays), None)  # rows of several entries
+    if pointer is None:
         return {kind: array[keep] for kind, array in arrays.items()}
-    lengths = np.diff(arrays["indptr"])
+    lengths = np.diff(arrays[pointer])
     entries = np.repeat(keep, lengths)
-    return {"indptr": np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64),
-            "terms": arrays["terms"][entries], "weights": arrays["weights"][entries]}
+    return {pointer: np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64),
+            **{kind: array[entries] for kind, array in arrays.items() if kind != pointer}}
 
 
 def joined_arrays(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Consecutive rows' stored arrays as one shard's."""
-    if "indptr" not in parts[0]:
+    pointer = next((kind for kind in ("indptr", "offsets") if kind in parts[0]), None)  # rows of several entries
+    if pointer is None:
         return {kind: np.concatenate([part[kind] for part in parts]) for kind in parts[0]}
-    starts = np.cumsum([0] + [int(part["indptr"][-1]) for part in parts])
-    indptr = np.concatenate([[0]] + [part["indptr"][1:] + start for part, start in zip(parts, starts)])
-    return {"indptr": indptr.astype(np.int64), "terms": np.concatenate([part["terms"] for part in parts]),
-            "weights": np.concatenate([part["weights"] for part in parts])}
+    starts = np.cumsum([0] + [int(part[pointer][-1]) for part in parts])
+    joined = np.concatenate([[0]] + [part[pointer][1:] + start for part, start in zip(parts, starts)])
+    return {pointer: joined.astype(np.int64),
+            **{kind: np.concatenate([part[kind] for part in parts]) for kind in parts[0] if kind != pointer}}
 
 
 def compact_folder(directory: str | os.PathLike) -> dict[str, Any]:

@@ -1,9 +1,9 @@
-"""`bertforge search`'s entry points over sparse, multi-vector and hybrid folders, over one folder of any kind,
-and reranking by a multi-vector folder: the queries embedded with pipelines of their own
+"""`bertforge search`'s entry points over sparse, multi-vector and hybrid folders (any two or all three kinds,
+fused), over one folder of any kind, and reranking by a multi-vector folder: the queries embedded with pipelines of their own
 (`vector_search.embed_query_vectors`), then searched through `searcher.Searcher` (the one search path; hybrid
 fusion and reranking are described there).
 
-Owns: `search_sparse_hits`, `multi_vector_hits`, `hybrid_search_hits`, `reranked_hits` and `folder_hits` (which
+Owns: `search_sparse_hits`, `multi_vector_hits`, `fused_hits` (`hybrid_search_hits`: dense and sparse), `reranked_hits` and `folder_hits` (which
 of them a folder takes, and the flags that do not apply to it), and `collection_hits` (a Qdrant collection,
 searched there).
 """
@@ -61,17 +61,17 @@ def multi_vector_hits(directory: str | os.PathLike, queries: Sequence[str], *, t
 def reranked_hits(directories: Sequence[str | os.PathLike], multi_vector: str | os.PathLike, queries: Sequence[str],
                   *, top_k: int = DEFAULT_TOP_K, depth: int = DEFAULT_FUSION_DEPTH, sparse_model: Any = None,
                   **search: Any) -> list[list[dict[str, Any]]]:
-    """The top-k hits of each query text among the best `depth` of a dense or sparse folder (or a dense and a
-    sparse one, fused: `hybrid_search_hits`), reranked by their MaxSim in a multi-vector folder of the same input:
-    {"id", "score" (the MaxSim), "first_rank"} (plus "dense_rank" and "sparse_rank" when fused). `search`: the
+    """The top-k hits of each query text among the best `depth` of a dense or sparse folder (or several folders
+    of the same input, fused: `fused_hits`), reranked by their MaxSim in a multi-vector folder of that input:
+    {"id", "score" (the MaxSim), "first_rank"} (plus each fused kind's rank, "dense_rank" ...). `search`: the
     first stage's keywords (model, device, batch_size, prompt_name, prompt, precision, show_text, field, filter,
     exact, ef_search, rescore_multiplier, rrf_k)."""
     check_top_k(top_k)
     check_top_k(depth, "depth")
-    searcher = Searcher.of_folders([*directories, multi_vector], exact=search.pop("exact", False))
-    if searcher.multi is None or (searcher.dense is None and searcher.sparse is None):
-        raise ConfigError("reranking takes a dense or sparse folder (or both) and a multi-vector folder (`bertforge "
-                          f"embed --multi-vector`) of the same input; got {[*map(str, directories), str(multi_vector)]}")
+    if not directories:
+        raise ConfigError("reranking takes a dense or sparse folder (or several, fused) and a multi-vector folder "
+                          f"(`bertforge embed --multi-vector`) of the same input; got only {multi_vector}")
+    searcher = Searcher.of_folders(directories, rerank=multi_vector, exact=search.pop("exact", False))
     search["filter"] = searcher.check_filter(search.get("filter"))
     if not queries:
         return []
@@ -81,32 +81,34 @@ def reranked_hits(directories: Sequence[str | os.PathLike], multi_vector: str | 
     return searcher.search(vectors, top_k, depth=depth, **search)
 
 
-def hybrid_search_hits(dense_directory: str | os.PathLike, sparse_directory: str | os.PathLike,
-                       queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K, rrf_k: float = DEFAULT_RRF_K,
-                       depth: int = DEFAULT_FUSION_DEPTH, show_text: bool = False, field: str | None = None,
-                       model: str | os.PathLike | None = None, sparse_model: str | os.PathLike | None = None,
-                       device: str = "auto", batch_size: int = DEFAULT_BATCH_SIZE, prompt_name: str | None = None,
-                       prompt: str | None = None, precision: str | None = None,
-                       filter: Any = None) -> list[list[dict[str, Any]]]:
-    """The top-k hits of each query text by reciprocal rank fusion of a dense and a sparse folder of the same
-    input, best first: {"id", "score" (the fused score), "dense_rank", "sparse_rank"} (plus the text with
-    `show_text` / `field`, as `vector_search.search_hits`; `filter`: both sides rank only the rows that meet it).
+def fused_hits(directories: Sequence[str | os.PathLike], queries: Sequence[str], *, top_k: int = DEFAULT_TOP_K,
+               rrf_k: float = DEFAULT_RRF_K, depth: int = DEFAULT_FUSION_DEPTH, show_text: bool = False,
+               field: str | None = None, model: str | os.PathLike | None = None,
+               sparse_model: str | os.PathLike | None = None, device: str = "auto",
+               batch_size: int = DEFAULT_BATCH_SIZE, prompt_name: str | None = None, prompt: str | None = None,
+               precision: str | None = None, filter: Any = None) -> list[list[dict[str, Any]]]:
+    """The top-k hits of each query text by reciprocal rank fusion of two or three folders of different kinds
+    (dense, sparse, multi-vector) and the same input, best first: {"id", "score" (the fused score), and each
+    kind's rank: "dense_rank", "sparse_rank", "multi_vector_rank"} (plus the text with `show_text` / `field`, as
+    `vector_search.search_hits`; `filter`: every folder ranks only the rows that meet it).
 
     Args:
-        dense_directory, sparse_directory: the --out folders of `bertforge embed` and `bertforge embed --sparse`.
+        directories: the --out folders of `bertforge embed`, `embed --sparse`, `embed --multi-vector`, any order.
         rrf_k: the fusion constant; depth: rows each folder ranks per query (at least `top_k`).
-        model, sparse_model: copies of the folders' models (default: the manifests' paths).
-        prompt_name, prompt: the dense queries' prefix; sparse queries get their model's default prompt.
+        model: a copy of the first kind's model (dense, else sparse); sparse_model: of the sparse folder's model
+            when it is not the first (default: the manifests' paths).
+        prompt_name, prompt: the first kind's queries' prefix; the others get their model's default prompt.
         device, batch_size, precision: as `vector_search.search`.
 
     Raises:
-        ConfigError: a folder of the wrong kind, or folders of different input.
+        ConfigError: fewer than two folders, two of a kind, or folders of different input.
     """
     check_top_k(top_k)
     check_top_k(depth, "depth")
     check_rrf_k(rrf_k)
-    check_same_input(VectorFolder(dense_directory), VectorFolder(sparse_directory))
-    searcher = Searcher(dense_directory, sparse_directory)
+    if len(directories) < 2:
+        raise ConfigError(f"hybrid search fuses two or three folders of different kinds; got {len(directories)}")
+    searcher = Searcher.of_folders(directories)
     checked = searcher.check_filter(filter)
     if not queries:
         return []
@@ -114,6 +116,13 @@ def hybrid_search_hits(dense_directory: str | os.PathLike, sparse_directory: str
                                   batch_size=batch_size, prompt_name=prompt_name, prompt=prompt, precision=precision)
     return searcher.search(vectors, top_k, show_text=show_text, field=field, rrf_k=rrf_k, depth=depth,
                            filter=checked)
+
+
+def hybrid_search_hits(dense_directory: str | os.PathLike, sparse_directory: str | os.PathLike,
+                       queries: Sequence[str], **search: Any) -> list[list[dict[str, Any]]]:
+    """`fused_hits` of a dense and a sparse folder of the same input (refused for folders of other kinds)."""
+    check_same_input(VectorFolder(dense_directory), VectorFolder(sparse_directory))
+    return fused_hits([dense_directory, sparse_directory], queries, **search)
 
 
 def folder_hits(directory: str | os.PathLike, queries: Sequence[str], *, rescore_multiplier: int | None = None,
@@ -160,5 +169,5 @@ def collection_hits(location: str, queries: Sequence[str], *, top_k: int = DEFAU
         searcher.close()
 
 
-__all__ = ["DEFAULT_FUSION_DEPTH", "check_same_input", "collection_hits", "folder_hits", "hybrid_search_hits",
+__all__ = ["DEFAULT_FUSION_DEPTH", "check_same_input", "collection_hits", "folder_hits", "fused_hits", "hybrid_search_hits",
            "multi_vector_hits", "reranked_hits", "search_sparse_hits"]

@@ -2,8 +2,8 @@
 
 Owns `mine_negatives` (each (anchor, positive) pair's nearest texts of a corpus, by an embedding model's
 cosine, minus its positives and minus texts scored too close to its positive to be safely wrong) with its
-settings (`MiningSettings`), `teacher_scores` (a reranker's score of each text after the anchor, what KL
-distillation softmaxes) and `teacher_margins` (relevance(anchor, positive) - relevance(anchor, negative) of a
+settings (`MiningSettings`), `candidate_lists` (mined rows grouped per pair: positive, then negatives),
+`teacher_scores` (a reranker's score of each text after the anchor, what KL distillation softmaxes) and `teacher_margins` (relevance(anchor, positive) - relevance(anchor, negative) of a
 reranker, per triplet, what MarginMSE regresses onto). The commands are `bertforge mine-negatives` and
 `bertforge score-margins`; the files they write are read by `finetune --format embedding-triplets` and
 `--format embedding-margins`.
@@ -199,11 +199,8 @@ def output_rows(mined: Iterable[MinedNegative], output_format: str) -> tuple[tup
     if output_format == "triplet":
         return ("anchor", "positive", "negative"), ((m.anchor, m.positive, m.negative) for m in mined)
     if output_format == "labeled-list":
-        lists: dict[tuple[str, str], list[str]] = {}
-        for m in mined:  # each pair's positive, then its negatives in rank order
-            lists.setdefault((m.anchor, m.positive), [m.positive]).append(m.negative)
-        return ("query", "docs", "labels"), ((anchor, docs, [1] + [0] * (len(docs) - 1))
-                                             for (anchor, _), docs in lists.items())
+        lists = candidate_lists((m.anchor, m.positive, m.negative) for m in mined)
+        return ("query", "docs", "labels"), ((anchor, docs, [1] + [0] * (len(docs) - 1)) for anchor, docs in lists)
 
     def labelled() -> Iterator[tuple]:
         seen = set()
@@ -214,6 +211,15 @@ def output_rows(mined: Iterable[MinedNegative], output_format: str) -> tuple[tup
             yield m.anchor, m.negative, "0"
 
     return ("anchor", "text", "label"), labelled()
+
+
+def candidate_lists(triplets: Iterable[Sequence[str]]) -> list[tuple[str, list[str]]]:
+    """(anchor, [positive, negative, ...]) per (anchor, positive) pair of (anchor, positive, negative) rows (one
+    row per negative, as mining writes them), in first-seen order, the negatives in row order."""
+    lists: dict[tuple[str, str], list[str]] = {}
+    for anchor, positive, negative in triplets:
+        lists.setdefault((anchor, positive), [positive]).append(negative)
+    return [(anchor, docs) for (anchor, _), docs in lists.items()]
 
 
 def teacher_margins(triplets: Sequence[Sequence[str]], rank: Callable[[list[dict]], list[dict]],

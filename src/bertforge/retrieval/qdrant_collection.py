@@ -1,6 +1,6 @@
 """A vector folder in a Qdrant collection, and that collection searched as a folder is: the way past one
 machine (`bertforge export-index --to qdrant`, `search` / `serve --index qdrant://...`). The only module that
-imports `qdrant_client`; the folders are read through `store.VectorFolder`.
+imports `qdrant_client` (with `qdrant_filters`, the filters); the folders are read through `store.VectorFolder`.
 
 Owns: connecting to where a collection is (`qdrant_locations`: a server URL or a local folder, qdrant-client's
 local mode, which runs the same client code): `connect` (`connect`, `release`: one
@@ -9,22 +9,23 @@ ConfigError for a server that does not answer; a local folder's client shared in
 
 Layout: one point per live row (tombstoned rows are not exported) with named vectors "dense" (the folder's
 metric: Cosine or Dot; int8 and binary folders give their dequantized int8 codes) and "sparse" (term ids and
-weights, scored by their dot product as ours are); a dense and a sparse folder of the same input share the
-points. The point id is a UUID derived from our id (and a chunk's span), so a second export of the same rows
+weights, scored by their dot product as ours are) and "multi-vector" (a ColBERT folder's token vectors of the
+row, a Qdrant multivector compared by MaxSim over their dot products: `families.colbert.maxsim`'s score); folders
+of different kinds and the same input share the points. The point id is a UUID derived from our id (and a chunk's span), so a second export of the same rows
 upserts the same points; the payload holds "id" (ours), "text" (unless exported without it), "span" (chunked
 folders) and the export's "bertforge_state" (a hash of the folders' manifests): points of an older state are
 deleted once every row is written, so a folder's deletions reach the collection. The collection's metadata
 (`META_KEY`) records the query model of each kind (the folder's `QueryModel`: what embeds queries), the metric
 and whether the export finished; a collection without it is refused (its query model is unknown).
 
-Search: dense and sparse queries as `query_batch_points` of the named vector; hybrid through Qdrant's own
-fusion (two prefetches of `depth` points, then reciprocal rank fusion). Qdrant counts ranks from 0 in
+Search: dense, sparse and multi-vector queries (a query's token vectors) as `query_batch_points` of the named
+vector; hybrid through Qdrant's own fusion (a prefetch of `depth` points per kind, then reciprocal rank fusion).
+A server that does not answer a search is `QdrantUnavailable` (the server's 503); one that refuses it, ConfigError. Qdrant counts ranks from 0 in
 1 / (k + rank), ours from 1, so its k is ours + 1: the fused scores are ours when both rankings are.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import os
@@ -41,7 +42,8 @@ from bertforge.errors import ConfigError, InputError
 from bertforge.metrics.fusion import DEFAULT_RRF_K, check_rrf_k
 from bertforge.metrics.sparse import SparseRows
 from bertforge.retrieval.fields import FieldSpec
-from bertforge.retrieval.filters import RANGES, SETS, Filter, parse_filter
+from bertforge.retrieval.filters import Filter, parse_filter
+from bertforge.retrieval.qdrant_filters import METADATA_KEY, payload_value, qdrant_filter
 from bertforge.retrieval.qdrant_locations import (
     QdrantLocation,
     export_location,
@@ -51,7 +53,7 @@ from bertforge.retrieval.searcher import (
     DEFAULT_FUSION_DEPTH,
     KINDS,
     QueryModel,
-    check_same_input,
+    check_aligned,
     query_model,
 )
 from bertforge.retrieval.store import VectorFolder
@@ -61,15 +63,14 @@ from bertforge.retrieval.vector_texts import InputTexts
 
 try:  # the `search` extra
     from qdrant_client import QdrantClient, models
-    from qdrant_client.http.exceptions import ApiException
+    from qdrant_client.http.exceptions import ApiException, UnexpectedResponse
 except ImportError:  # pragma: no cover - the extra is installed by `make install`
     QdrantClient = models = None
-    ApiException = OSError
+    ApiException = UnexpectedResponse = OSError
 
 META_KEY = "bertforge"
 META_FORMAT = 1
 STATE_KEY = "bertforge_state"
-METADATA_KEY = "metadata"  # the payload object of a record's metadata fields (`embed --field`)
 # Qdrant's payload index of each field type (a server's filters use them; local mode scans).
 INDEX_TYPES = {"string": "keyword", "int": "integer", "float": "float", "bool": "bool", "date": "datetime",
                "datetime": "datetime"}
@@ -78,6 +79,10 @@ TIMEOUT_S = 30
 # Point ids: UUIDs in a namespace of our own, from our id (and a chunk's span).
 POINT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://github.com/bertforge/bertforge/qdrant-points")
 CLIENT_ERRORS = (ApiException, RuntimeError, OSError, ValueError)
+
+
+class QdrantUnavailable(ConfigError):
+    """A Qdrant server did not answer (down, unreachable, timed out): the search may succeed later."""
 
 
 # Local mode locks its folder to one client per process: the collections of one folder share it (path -> [client,
@@ -135,13 +140,23 @@ def distance_of(similarity: str) -> Any:
 
 
 def vectors_wanted(folders: Mapping[str, VectorFolder]) -> dict[str, Any]:
-    """kind -> what the collection must hold for it: ("dense", dim, distance) or ("sparse",)."""
+    """kind -> what the collection must hold for it: ("dense", dim, distance), ("sparse",) or ("multi-vector",
+    dim, "Dot": token vectors compared by MaxSim over their dot products)."""
     wanted: dict[str, Any] = {}
     if "dense" in folders:
         wanted["dense"] = ("dense", folders["dense"].dim, distance_of(folders["dense"].similarity).value)
     if "sparse" in folders:
         wanted["sparse"] = ("sparse",)
+    if "multi-vector" in folders:
+        wanted["multi-vector"] = ("multi-vector", folders["multi-vector"].dim, models.Distance.DOT.value)
     return wanted
+
+
+def vector_params(spec: tuple) -> Any:
+    """Qdrant's parameters of a dense or multi-vector kind (`vectors_wanted`'s spec)."""
+    multi = models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM) \
+        if spec[0] == "multi-vector" else None
+    return models.VectorParams(size=spec[1], distance=spec[2], multivector_config=multi)
 
 
 def vectors_held(info: Any) -> dict[str, Any]:
@@ -149,9 +164,16 @@ def vectors_held(info: Any) -> dict[str, Any]:
     dense = info.config.params.vectors or {}
     if not isinstance(dense, dict):
         dense = {"": dense}
-    held = {name: ("dense", params.size, params.distance.value) for name, params in dense.items()}
+    held = {name: ("multi-vector" if multi_vector(params) else "dense", params.size, params.distance.value)
+            for name, params in dense.items()}
     held.update({name: ("sparse",) for name in (info.config.params.sparse_vectors or {})})
     return held
+
+
+def multi_vector(params: Any) -> bool:
+    """Whether a collection's vector is compared by MaxSim (a multivector of Qdrant's)."""
+    config = getattr(params, "multivector_config", None)
+    return config is not None and config.comparator == models.MultiVectorComparator.MAX_SIM
 
 
 def check_layout(location: QdrantLocation, info: Any, wanted: Mapping[str, Any], record: Mapping[str, Any]) -> None:
@@ -169,7 +191,9 @@ def check_layout(location: QdrantLocation, info: Any, wanted: Mapping[str, Any],
 
 
 def describe(vectors: Mapping[str, Any]) -> str:
-    return ", ".join(f"{name or '(unnamed)'}: " + ("sparse" if spec[0] == "sparse" else f"{spec[1]} dims {spec[2]}")
+    return ", ".join(f"{name or '(unnamed)'}: " + ("sparse" if spec[0] == "sparse" else
+                                                  f"{spec[1]} dims {spec[2]}" + (" MaxSim" if spec[0] == "multi-vector"
+                                                                                 else ""))
                      for name, spec in sorted(vectors.items())) or "none"
 
 
@@ -189,11 +213,10 @@ def collection_record(folders: Mapping[str, VectorFolder], with_text: bool) -> d
 
 
 def fields_folder(folders: Mapping[str, VectorFolder]) -> VectorFolder:
-    """The folder whose metadata fields the points carry: the dense one unless only the sparse one stores fields
-    (as `Searcher.described`; both hold the same records in the same rows)."""
-    if "dense" in folders and ("sparse" not in folders or folders["dense"].fields or not folders["sparse"].fields):
-        return folders["dense"]
-    return folders["sparse"]
+    """The folder whose metadata fields the points carry: the first (in `KINDS` order) that stores fields, else
+    the first (as `Searcher.described`; all hold the same records in the same rows)."""
+    ordered = [folders[kind] for kind in KINDS if kind in folders]
+    return next((folder for folder in ordered if folder.fields), ordered[0])
 
 
 def query_model_of(record: Mapping[str, Any]) -> QueryModel:
@@ -204,19 +227,21 @@ def query_model_of(record: Mapping[str, Any]) -> QueryModel:
 # --- export ---------------------------------------------------------------------------------------------------
 
 def open_folders(directories: Sequence[str | os.PathLike]) -> dict[str, VectorFolder]:
-    """kind -> folder: one folder, or a dense and a sparse folder of the same input (`check_same_input`)."""
+    """kind -> folder: one folder, or folders of different kinds and the same input (`check_aligned`)."""
     folders: dict[str, VectorFolder] = {}
     for directory in directories:
         folder = VectorFolder(directory)
         if folder.kind in folders:
             raise ConfigError(f"two {folder.kind} folders ({folders[folder.kind].directory}, {directory}); a "
-                              "collection holds one folder, or a dense and a sparse folder of the same input")
+                              "collection holds one folder, or folders of different kinds and the same input")
         folders[folder.kind] = folder
     if not folders:
         raise ConfigError("give the folder to export (--index DIR; a dense and a sparse one: --index twice)")
-    if len(folders) == 2:
-        check_same_input(folders["dense"], folders["sparse"])
-    return {kind: folders[kind] for kind in KINDS if kind in folders}
+    ordered = {kind: folders[kind] for kind in KINDS if kind in folders}
+    first = next(iter(ordered.values()))
+    for other in list(ordered.values())[1:]:
+        check_aligned(first, other)
+    return ordered
 
 
 def point_id(ident: str, span: Sequence[int] | None) -> str:
@@ -226,13 +251,17 @@ def point_id(ident: str, span: Sequence[int] | None) -> str:
 
 class RowReader:
     """A folder's rows by global row range, across its shards, as Qdrant takes them: float32 dense vectors
-    (int8 / binary folders: their dequantized int8 codes) or sparse rows (one shard's rows held at a time)."""
+    (int8 / binary folders: their dequantized int8 codes), sparse rows (one shard's rows held at a time) or each
+    row's token vectors ([t, D] float32 per row, a list)."""
 
     def __init__(self, folder: VectorFolder):
         self.folder, self.cached = folder, (-1, None)
 
-    def shard_part(self, shard: int, start: int, stop: int) -> np.ndarray | SparseRows:
+    def shard_part(self, shard: int, start: int, stop: int) -> np.ndarray | SparseRows | list[np.ndarray]:
         folder = self.folder
+        if folder.kind == "multi-vector":
+            rows = folder.shard_token_rows(shard)
+            return [np.asarray(rows.row(i), dtype=np.float32) for i in range(start, stop)]
         if folder.kind == "sparse":
             if self.cached[0] != shard:
                 self.cached = (shard, folder.shard_rows(shard))
@@ -250,11 +279,13 @@ class RowReader:
             if first >= stop:
                 break
             parts.append(self.shard_part(shard, max(start - first, 0), min(stop, int(offsets[shard + 1])) - first))
+        if self.folder.kind == "multi-vector":
+            return [row for part in parts for row in part]
         return SparseRows.concatenate(parts) if self.folder.kind == "sparse" else np.concatenate(parts)
 
 
-def vector_of(kind: str, rows: np.ndarray | SparseRows, i: int) -> Any:
-    if kind == "dense":
+def vector_of(kind: str, rows: np.ndarray | SparseRows | list[np.ndarray], i: int) -> Any:
+    if kind in ("dense", "multi-vector"):
         return rows[i].tolist()
     terms, weights = rows.row(i)
     return models.SparseVector(indices=terms.tolist(), values=weights.tolist())
@@ -330,8 +361,7 @@ def export_folders(directories: Sequence[str | os.PathLike], target: str, *, col
             check_layout(location, client.get_collection(location.collection), wanted, record)
             client.update_collection(location.collection, metadata={META_KEY: record})
         else:
-            dense = {"dense": models.VectorParams(size=wanted["dense"][1], distance=wanted["dense"][2])} \
-                if "dense" in wanted else {}
+            dense = {kind: vector_params(spec) for kind, spec in wanted.items() if spec[0] != "sparse"}
             sparse = {"sparse": models.SparseVectorParams()} if "sparse" in wanted else None
             client.create_collection(location.collection, vectors_config=dense, sparse_vectors_config=sparse,
                                      metadata={META_KEY: record})
@@ -399,7 +429,7 @@ class QdrantSearcher:
 
     @property
     def hybrid(self) -> bool:
-        return len(self.kinds) == 2
+        return len(self.kinds) > 1
 
     def query_models(self) -> dict[str, QueryModel]:
         return {kind: query_model_of(self.record["kinds"][kind]) for kind in self.kinds}
@@ -412,7 +442,7 @@ class QdrantSearcher:
 
     def request(self, kind: str, vectors: Any, q: int, limit: int, params: Any, condition: Any) -> dict[str, Any]:
         """One query's named-vector search (a `QueryRequest`'s or a `Prefetch`'s fields)."""
-        if kind == "dense":
+        if kind in ("dense", "multi-vector"):  # a vector [D], or a query's token vectors [q, D]
             query: Any = np.asarray(vectors[q], dtype=np.float32).tolist()
         else:
             terms, weights = vectors.row(q)
@@ -458,8 +488,9 @@ class QdrantSearcher:
                 raise InputError(f"rrf_k {rrf_k}: Qdrant's fusion takes a whole number")
             wide = max(depth, top_k)
             requests = [models.QueryRequest(
-                prefetch=[models.Prefetch(**self.request("dense", vectors["dense"], q, wide, dense_params, condition)),
-                          models.Prefetch(**self.request("sparse", vectors["sparse"], q, wide, None, condition))],
+                prefetch=[models.Prefetch(**self.request(kind, vectors[kind], q, wide,
+                                                         dense_params if kind == "dense" else None, condition))
+                          for kind in self.kinds],
                 query=models.RrfQuery(rrf=models.Rrf(k=int(rrf_k) + 1)), limit=top_k, with_payload=shown)
                 for q in range(count)]
         else:
@@ -472,7 +503,10 @@ class QdrantSearcher:
         try:
             answers = self.client.query_batch_points(self.location.collection, requests=requests)
         except CLIENT_ERRORS as error:
-            raise ConfigError(f"{self.location}: the search failed ({str(error).strip()[:300]})") from None
+            if self.location.url is None or isinstance(error, UnexpectedResponse):  # refused, not unanswered
+                raise ConfigError(f"{self.location}: the search failed ({str(error).strip()[:300]})") from None
+            raise QdrantUnavailable(f"{self.location} did not answer the search ({str(error).strip()[:300]}); retry "
+                                    "when the Qdrant server is back") from None
         return [[hit_of(point, show_text, field) for point in answer.points] for answer in answers]
 
 
@@ -490,57 +524,5 @@ def hit_of(point: Any, show_text: bool, field: str | None = None) -> dict[str, A
     return hit
 
 
-# --- filters: a `filters.Filter` as Qdrant's -------------------------------------------------------------------
-
-def payload_value(value: Any) -> Any:
-    """A metadata value as the payload holds it: dates and times as ISO text (Qdrant's datetime syntax)."""
-    return value.isoformat() if hasattr(value, "isoformat") else value
-
-
-def range_value(kind: str, value: Any) -> Any:
-    """A range bound: a date as its midnight (UTC, as Qdrant reads a stored date), a datetime as it is."""
-    if kind == "date":
-        return dt.datetime.combine(value, dt.time(), tzinfo=dt.UTC)
-    return value
-
-
-def equal_condition(spec: FieldSpec, value: Any) -> Any:
-    """A field equal to a value: a match of strings, integers and booleans, a one-point range of floats and
-    dates (Qdrant matches those by range only)."""
-    key = f"{METADATA_KEY}.{spec.name}"
-    if spec.type in ("date", "datetime"):
-        bound = range_value(spec.type, value)
-        return models.FieldCondition(key=key, range=models.DatetimeRange(gte=bound, lte=bound))
-    if spec.type == "float":
-        return models.FieldCondition(key=key, range=models.Range(gte=value, lte=value))
-    return models.FieldCondition(key=key, match=models.MatchValue(value=value))
-
-
-def qdrant_filter(given: Filter | None) -> Any:
-    """The Qdrant filter of a checked `filters.Filter` (None: none), condition by condition: equality and sets
-    as matches (or one-point ranges), ranges as Range / DatetimeRange, != and not in as must_not, so a point
-    without the field matches those two only, as a row without a value does."""
-    if given is None:
-        return None
-    specs = {spec.name: spec for spec in given.fields}
-    must, must_not = [], []
-    for condition in given.conditions:
-        spec = specs[condition.field]
-        if condition.op in RANGES:
-            kind = models.DatetimeRange if spec.type in ("date", "datetime") else models.Range
-            bound = range_value(spec.type, condition.value)
-            must.append(models.FieldCondition(key=f"{METADATA_KEY}.{spec.name}", range=kind(**{condition.op: bound})))
-            continue
-        values = condition.value if condition.op in SETS else (condition.value,)
-        if spec.type in ("string", "int") and condition.op in SETS:
-            found = models.FieldCondition(key=f"{METADATA_KEY}.{spec.name}", match=models.MatchAny(any=list(values)))
-        elif len(values) == 1:
-            found = equal_condition(spec, values[0])
-        else:
-            found = models.Filter(should=[equal_condition(spec, value) for value in values])
-        (must_not if condition.op in ("ne", "not_in") else must).append(found)
-    return models.Filter(must=must or None, must_not=must_not or None)
-
-
-__all__ = ["DEFAULT_EXPORT_BATCH", "META_KEY", "METADATA_KEY", "QdrantSearcher", "connect", "export_folders", "point_id",
-           "qdrant_filter", "release"]
+__all__ = ["DEFAULT_EXPORT_BATCH", "META_KEY", "METADATA_KEY", "QdrantSearcher", "QdrantUnavailable", "connect",
+           "export_folders", "point_id", "qdrant_filter", "release"]

@@ -18,8 +18,8 @@ vectors one row after another: row i's are multivectors[offsets[i]:offsets[i+1]]
 lists their names and types, `fields`; `VectorFolder.metadata`, which `filters` evaluate), then
 `progress/shard-00000.json` (count, tokens, sizes, sha256), each written atomically (`storage`): a shard is done
 when its record exists and the sizes match. The manifest says "complete": false until every shard's record is in
-it. Indexes built over a folder (`vector_ann`, `sparse_search`'s inverted index) keep their own files beside it.
-A finished folder changed by `folder_growth` (`bertforge add`, `delete`, `compact`) gains shards under new numbers
+it. Indexes built over a folder (`vector_ann`, `token_index`, `sparse_search`'s inverted index) keep their own files beside
+it. A finished folder changed by `folder_growth` (`bertforge add`, `delete`, `compact`) gains shards under new numbers
 (a "source": the input of their addition, in "additions"; compacted shards list each row's record in `records-`),
 its deleted rows in `tombstones-00001.npy` (one file a "generation"; `VectorFolder.live`), each change committed
 by one manifest write.

@@ -78,24 +78,21 @@ def embed_query_vectors(searcher: Any, queries: Sequence[str], *, sparse_model: 
                         **embedding: Any) -> dict[str, np.ndarray | SparseRows]:
     """The query vectors `searcher.search` takes (a `Searcher`, or any index with its `query_models` and
     `where`: a Qdrant collection's), each side's embedded as its corpus was (`embed_queries`,
-    `embed_sparse_queries`; `embedding`: model, device, batch_size, prompt_name, prompt, precision). Hybrid: the
-    prompt is the dense queries'; sparse queries get their model's default prompt, and `sparse_model` is a copy
-    of the sparse side's model."""
+    `embed_sparse_queries`, `multi_vector_search.embed_multi_vector_queries`; `embedding`: model, device,
+    batch_size, prompt_name, prompt, precision). Several kinds (hybrid, reranking): the prompt and `model` are
+    the first kind's (dense, else sparse, else multi-vector); the others get their model's default prompt, and
+    `sparse_model` is a copy of the sparse side's model."""
     wanted = searcher.query_models()
     vectors: dict[str, np.ndarray | SparseRows] = {}
-    if "multi-vector" in wanted:  # alone: the queries' prompt and model; reranking: its model's default prompt
-        alone = len(wanted) == 1
-        loading = {k: v for k, v in embedding.items() if alone or k in ("device", "batch_size", "precision")}
-        vectors["multi-vector"] = embed_multi_vector_queries(wanted["multi-vector"], queries,
-                                                             where=searcher.where("multi-vector"), **loading)
-    if "dense" in wanted:
-        vectors["dense"] = embed_queries(wanted["dense"], queries, where=searcher.where("dense"), **embedding)
-    if "sparse" in wanted:
-        if "dense" in wanted:  # hybrid
-            loading = {k: v for k, v in embedding.items() if k in ("device", "batch_size", "precision")}
-            embedding = {**loading, "model": sparse_model}
-        vectors["sparse"] = embed_sparse_queries(wanted["sparse"], queries, where=searcher.where("sparse"),
-                                                 **embedding)
+    first = next(iter(wanted), None)
+    for kind in wanted:  # the first kind: the prompt and the model copy; the others: their model's defaults
+        loading = embedding if kind == first else {k: v for k, v in embedding.items()
+                                                   if k in ("device", "batch_size", "precision")}
+        if kind == "sparse" and kind != first:
+            loading = {**loading, "model": sparse_model}
+        embed = {"dense": embed_queries, "sparse": embed_sparse_queries,
+                 "multi-vector": embed_multi_vector_queries}[kind]
+        vectors[kind] = embed(wanted[kind], queries, where=searcher.where(kind), **loading)
     return vectors
 
 

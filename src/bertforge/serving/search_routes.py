@@ -3,9 +3,10 @@
 texts, by the same code (`retrieval.searcher.Searcher`); a "filter" on the index's metadata fields is `bertforge
 search --filter`'s JSON form, checked before any query is embedded.
 
-An index is one folder (dense, sparse or multi-vector: exact MaxSim), a dense and a sparse folder of the same
-input (hybrid: reciprocal rank fusion), either with a multi-vector folder of that input reranking its hits
-(`--index docs=DENSE,MULTI_VECTOR`), or a Qdrant collection (`retrieval.index_locations.open_index`: the same
+An index is one folder (dense, sparse or multi-vector: exact MaxSim), two or three folders of different kinds and
+the same input (hybrid: reciprocal rank fusion, `--index docs=DENSE,SPARSE,MULTI_VECTOR`), either with a
+multi-vector folder of that input reranking its hits (`--index docs=DENSE,rerank=MULTI_VECTOR`), or a Qdrant
+collection (`retrieval.index_locations.open_index`: the same
 interface), opened once when the server starts: manifests read, the approximate index and the inverted index
 loaded. Its queries are embedded by the served model that made its vectors (the model the manifest names, found
 among the served models by its files' fingerprint; `load_index_models` adds it when it is not among them),
@@ -47,7 +48,7 @@ from pydantic import Field
 from bertforge.checkpoint_format import model_fingerprint
 from bertforge.errors import BertforgeError, ConfigError, DataError, InputError
 from bertforge.metrics.sparse import SparseRows
-from bertforge.retrieval.index_locations import open_index
+from bertforge.retrieval.index_locations import QdrantUnavailable, open_index
 from bertforge.retrieval.searcher import DEFAULT_FUSION_DEPTH, DEFAULT_RRF_K, QueryModel, Searcher
 from bertforge.serving.guards import note_model
 from bertforge.serving.openai_routes import check_length
@@ -66,13 +67,15 @@ RESPONSES: dict[int | str, dict[str, Any]] = {status: {"model": TaskError, "desc
 
 
 def parse_index_option(value: str) -> tuple[str, list[str]]:
-    """`--index NAME=DIR[,DIR]` as (name, folders): one folder (dense or sparse), or a dense and a sparse folder
-    of the same input for hybrid search (also given as two `--index` of the same name), or a Qdrant collection
+    """`--index NAME=DIR[,DIR...]` as (name, folders): one folder (dense, sparse or multi-vector), or folders of
+    different kinds and the same input for hybrid search (also given as several `--index` of the same name), with
+    `rerank=DIR` a multi-vector folder reranking their hits, or a Qdrant collection
     (`NAME=qdrant://HOST:PORT/COLLECTION`, `retrieval.index_locations`)."""
     name, sep, folders = value.partition("=")
     if not sep or not MODEL_NAME.fullmatch(name):
         raise ConfigError(f"--index {value}: give a name and the folder, e.g. --index docs=vectors/ (the name: "
-                          "letters, digits, '.', '_' or '-'; a dense and a sparse folder: --index docs=DENSE,SPARSE)")
+                          "letters, digits, '.', '_' or '-'; folders fused: --index docs=DENSE,SPARSE; reranked: "
+                          "--index docs=DENSE,rerank=MULTI_VECTOR)")
     directories = [part for part in folders.split(",") if part]
     if not directories:
         raise ConfigError(f"--index {value}: no folder after '='; use --index NAME=DIR")
@@ -80,8 +83,8 @@ def parse_index_option(value: str) -> tuple[str, list[str]]:
 
 
 def open_indexes(indexes: Mapping[str, Sequence[str | Path]]) -> dict[str, Searcher]:
-    """name -> its `Searcher`, each folder's kind read from its manifest (a sparse and a dense one: hybrid), or
-    the `QdrantSearcher` of a collection.
+    """name -> its `Searcher`, each folder's kind read from its manifest (several kinds: hybrid; `rerank=DIR`:
+    reranking), or the `QdrantSearcher` of a collection.
 
     Raises:
         ConfigError: not a vector folder, more than one folder of a kind, folders of different input, a stale
@@ -197,7 +200,8 @@ class SearchRequest(WireModel):
     queries: Annotated[list[Text], INPUTS] | None = Field(None, description="query texts (or `query`)")
     top_k: int = Field(10, ge=1, description="hits per query")
     prompt_name: str | None = Field(None, description="the queries' prompt by name (default: the model's default "
-                                                      "prompt); hybrid: the dense queries'")
+                                                      "prompt); hybrid: the first kind's queries' (dense, else "
+                                                      "sparse)")
     prompt: str | None = Field(None, description="the queries' prompt text (or prompt_name)")
     show_text: bool = Field(False, description="each hit's text (a chunk's own text), read back from the input")
     field: str | None = Field(None, description="each hit's record field of that name, read back from the input")
@@ -205,7 +209,8 @@ class SearchRequest(WireModel):
     ef_search: int | None = Field(None, ge=1, description="candidates kept while walking the approximate index")
     rescore_multiplier: int | None = Field(None, ge=1, description="binary folders: candidates rescored per hit")
     rrf_k: float = Field(DEFAULT_RRF_K, ge=0, description="hybrid: the reciprocal rank fusion constant")
-    depth: int = Field(DEFAULT_FUSION_DEPTH, ge=1, description="hybrid: rows each folder ranks per query")
+    depth: int = Field(DEFAULT_FUSION_DEPTH, ge=1, description="hybrid: rows each folder ranks per query; "
+                                                                    "reranked: rows the multi-vector folder rescores")
     filter: dict[str, FilterValue | FieldConditions] | None = Field(
         None, description="search only the records whose metadata fields (`bertforge embed --field`) meet every "
         "condition: field -> a value (equal to it) or an object of operators, e.g. {\"source\": \"wiki\", "
@@ -270,6 +275,8 @@ def run_search(served: ServedIndex, vectors: dict[str, Any], call: SearchRequest
         raise RequestError(422, str(error)) from None
     except DataError as error:  # a record without the asked field
         raise RequestError(422, str(error), param="field") from None
+    except QdrantUnavailable as error:  # the collection's server did not answer: it may later
+        raise RequestError(503, str(error)) from None
     except BertforgeError as error:  # the input behind show_text is gone or changed
         raise RequestError(409, str(error)) from None
 
@@ -315,7 +322,7 @@ def add_search_routes(app: FastAPI, models: ModelSet, indexes: Mapping[str, Serv
         example["filter"] = {fields[0].name: {"string": "news", "int": 2020, "float": 0.5, "bool": True,
                                               "date": "2024-01-01", "datetime": "2024-01-01T00:00:00Z"}[fields[0].type]}
     app.add_api_route(PATH, search_route, methods=["POST"], summary="top-k search of query texts over a served "
-                      "index (dense, sparse or hybrid), as `bertforge search`", responses=RESPONSES,
+                      "index (dense, sparse, multi-vector, hybrid or reranked), as `bertforge search`", responses=RESPONSES,
                       openapi_extra=request_body(
                           SearchRequest, example))
     return [f"POST {PATH}"]

@@ -103,6 +103,11 @@ class SequenceEncoder:
     def _encode_sequence(self, text: str) -> SequenceTokens:
         raise NotImplementedError
 
+    def mask_token_strips(self) -> tuple[bool, bool]:
+        """(left, right): whether the mask token written in text takes the spaces before (after) it with it, as
+        transformers' tokenizers read it (a tokenizer.json's `lstrip` / `rstrip`); WordPiece drops spaces anyway."""
+        return False, False
+
     # ------------------------------------------------------------------------------------- encoding
     def encode(
         self,

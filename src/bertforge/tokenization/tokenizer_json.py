@@ -102,9 +102,12 @@ class JsonTokenizer(SequenceEncoder):
             raise ConfigError(f"{config_file if stated else file}: {error}") from None
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
-        """Write `tokenizer.json` and a `tokenizer_config.json` naming the special tokens (each atomically)."""
+        """Write `tokenizer.json` and a `tokenizer_config.json` naming the special tokens (each atomically).
+
+        The file's post-processor adds our [CLS] A [SEP] (B [SEP]) layout when it does not add special tokens
+        itself, so transformers' and sentence-transformers' tokenizers on the file give the ids ours give."""
         folder = Path(directory)
-        write_text(folder / TOKENIZER_JSON_NAME, self.backend.to_str())
+        write_text(folder / TOKENIZER_JSON_NAME, with_layout(self.backend, self.config).to_str())
         settings = {name: getattr(self.config, name) for name in (*SPECIAL_FIELDS, "model_max_length")}
         write_text(folder / TOKENIZER_CONFIG_NAME, json.dumps(
             {**settings, "tokenizer_class": HF_FAST_TOKENIZER_CLASS}, indent=2, ensure_ascii=False) + "\n")
@@ -154,6 +157,14 @@ class JsonTokenizer(SequenceEncoder):
         words = encoding.word_ids
         flags = [int(word is None or index == 0 or word != words[index - 1]) for index, word in enumerate(words)]
         return list(encoding.ids), spans, flags
+
+    def mask_token_strips(self) -> tuple[bool, bool]:
+        """(lstrip, rstrip) of the mask token in the file's added tokens (ModernBERT's: the space before it is
+        the mask's)."""
+        for added in self.backend.get_added_tokens_decoder().values():
+            if added.content == self.config.mask_token:
+                return bool(added.lstrip), bool(added.rstrip)
+        return False, False
 
     def encode_words(self, text: str) -> tuple[list[int], list[int]]:
         """Token ids and word ids of `text`, without special tokens (see `Tokenizer.encode_words`)."""
@@ -219,6 +230,23 @@ class JsonTokenizer(SequenceEncoder):
         return f"JsonTokenizer(vocab_size={self.vocab_size}, config={self.config})"
 
 
+def with_layout(backend: tokenizers.Tokenizer, config: TokenizerConfig) -> tokenizers.Tokenizer:
+    """`backend` itself when its post-processor adds special tokens, else a copy whose post-processor runs the
+    old one (a byte-level offset trim) and then adds [CLS] A [SEP] / [CLS] A [SEP] B [SEP] with `config`'s
+    tokens: the layout `PostProcessor` builds, written where other libraries read it."""
+    old = backend.post_processor
+    if old is not None and old.num_special_tokens_to_add(False) > 0:
+        return backend
+    vocab = backend.get_vocab(with_added_tokens=True)
+    cls, sep = config.cls_token, config.sep_token
+    template = tokenizers.processors.TemplateProcessing(
+        single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+        special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])])
+    copy = tokenizers.Tokenizer.from_str(backend.to_str())
+    copy.post_processor = template if old is None else tokenizers.processors.Sequence([old, template])
+    return copy
+
+
 def _rebuild(data: str, config: TokenizerConfig) -> JsonTokenizer:
     return JsonTokenizer(tokenizers.Tokenizer.from_str(data), config)
 
@@ -238,4 +266,4 @@ def train_bpe(texts: Iterable[str], vocab_size: int, *, model_max_length: int = 
                                              special_tokens=specials,
                                              initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
     backend.train_from_iterator(texts, trainer)
-    return JsonTokenizer(backend, config)
+    return JsonTokenizer(with_layout(backend, config), config)

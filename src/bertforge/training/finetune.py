@@ -92,6 +92,7 @@ def prepare_data(config: FinetuneConfig, task: TaskDescription, directory: Model
         DataError: unreadable or malformed files, a dev label unseen in training.
         ConfigError: an unusable combination of options.
     """
+    check_model_fits(config, task, directory)
     report, train_report, dev_report = DataReport(), DataReport(), DataReport()
     train_examples = _limited(task.read(task.train, train_report), config.data.train_limit, train_report)
     dev_examples = _limited(task.read(task.dev, dev_report), config.data.dev_limit, dev_report)
@@ -125,6 +126,22 @@ def prepare_data(config: FinetuneConfig, task: TaskDescription, directory: Model
     return PreparedData(task, tokenizer, train_examples, train_features, dev_examples, dev_features, report)
 
 
+def check_model_fits(config: FinetuneConfig, task: TaskDescription, directory: ModelDirectory) -> None:
+    """Refuse, from the directory's config alone (before the data is read or the model loaded), a family its
+    model has no class for (a ModernBERT directory and a family without a ModernBERT head) and a given window
+    longer than its positions."""
+    registry.counterpart(task.family.training.trained_class, directory.config)
+    window = config.features.max_seq_length
+    if window is not None:
+        refuse_window(window, directory.config.max_position_embeddings)
+
+
+def refuse_window(window: int, positions: int) -> None:
+    if window > positions:
+        raise ConfigError(f"max_seq_length={window} exceeds the model's max_position_embeddings={positions}; lower "
+                          "it (long inputs are windowed anyway)")
+
+
 def load_task_model(config: FinetuneConfig, task: TaskDescription, directory: ModelDirectory | str):
     """The model directory loaded into the family's class, its head fresh where the checkpoint has none."""
     head = config.head
@@ -138,9 +155,7 @@ def load_task_model(config: FinetuneConfig, task: TaskDescription, directory: Mo
         overrides["use_crf"] = True
     model, _ = registry.load_model(directory, task.family.training.trained_class, config_overrides=overrides,
                                    fresh_head=head.fresh_head, fast_path=config.fast_path)
-    if task.inputs.max_seq_length > model.config.max_position_embeddings:
-        raise ConfigError(f"max_seq_length={task.inputs.max_seq_length} exceeds the model's max_position_embeddings="
-                          f"{model.config.max_position_embeddings}; lower it (long inputs are windowed anyway)")
+    refuse_window(task.inputs.max_seq_length, model.config.max_position_embeddings)
     return model
 
 

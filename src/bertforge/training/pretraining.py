@@ -174,6 +174,17 @@ def preset_config(config: PretrainConfig, tokenizer: Tokenizer) -> BertConfig | 
     return BertConfig.preset(config.model, **{**overrides, **config.model_overrides})
 
 
+def reaching(tokenizer: Tokenizer, positions: int) -> Tokenizer:
+    """The tokenizer saved with the model, its `model_max_length` the model's positions: a vocabulary made for
+    BERT says 512, and a ModernBERT pretrained with it reads 8,192 (the pipelines' window is the smaller of the
+    two)."""
+    if tokenizer.model_max_length == positions:
+        return tokenizer
+    reaches = copy.copy(tokenizer)
+    reaches.config = dataclasses.replace(tokenizer.config, model_max_length=positions)
+    return reaches
+
+
 def build_model(config: PretrainConfig, tokenizer: Tokenizer, max_seq_length: int) -> BertPretrainedModel:
     """A fresh model of the objective's and arch's class (`BertForPretraining`, `BertForMaskedLM` or
     `ModernBertForMaskedLM`) from a preset, or one loaded from a model directory (heads the directory lacks
@@ -254,6 +265,7 @@ def run_pretraining(config: PretrainConfig) -> TrainResult:
 
     set_seed(training.seed)  # the same initial weights on every rank
     model = build_model(config, tokenizer, max_seq_length)
+    tokenizer = reaching(tokenizer, model.config.max_position_embeddings)
     common = {"masking": masking, "seed": training.seed, "rank": context.rank,
               "world_size": context.world_size, "vocab_size": tokenizer.vocab_size,
               "special_ids": tokenizer.all_special_ids, "mask_id": tokenizer.mask_token_id,
