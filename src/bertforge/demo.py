@@ -85,26 +85,11 @@ MODEL_SETTINGS = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.
 ADAM_BETAS = [0.9, 0.98]
 PEAK_LR = 2e-3  # small BERTs need a higher peak than BERT-base's 1e-4 to leave the plateau within minutes
 WARMUP_RATIO = 0.06
-
-
-@dataclass(frozen=True)
-class ArchRecipe:
-    """What the demo pretrains for an architecture (`--arch`): the preset's overrides and the masking rate; the
-    rest of the recipe (objective, schedule, lr, betas, batch, rows) is the same for every architecture."""
-
-    model_overrides: dict
-    mask_rate: float
-
-
-# BERT: the recipe above. ModernBERT: the shape that benchmarks/pretrain_compare.py compares with the demo's BERT
-# (3 layers of hidden 128, GeGLU width 176: 420,768 non-embedding parameters against BERT tiny's 417,568) and
-# its own 30% masking, under the same lr, betas and schedule (docs/pretraining.md, "ModernBERT-shaped vs
-# BERT-shaped": held-out MLM accuracy 0.30 against 0.14 at 3 CPU minutes).
-ARCH_RECIPES = {
-    "bert": ArchRecipe(MODEL_SETTINGS, MASK_RATE),
-    "modernbert": ArchRecipe({"num_hidden_layers": 3, "intermediate_size": 176},
-                             ARCH_DEFAULTS["modernbert"]["masking"]["mlm_probability"]),
-}
+# Per `--arch`, the model overrides and masking rate (the rest of the recipe is shared). ModernBERT: the shape of
+# benchmarks/pretrain_compare.py (BERT tiny's non-embedding parameters) at its 30% masking (docs/pretraining.md).
+ARCH_RECIPES = {"bert": (MODEL_SETTINGS, MASK_RATE),
+                "modernbert": ({"num_hidden_layers": 3, "intermediate_size": 176},
+                               ARCH_DEFAULTS["modernbert"]["masking"]["mlm_probability"])}
 DEFAULT_ARCH = "bert"
 EVALUATIONS = 5  # held-out evaluations during pretraining (the curves)
 EVAL_BATCHES = 20
@@ -304,8 +289,7 @@ def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path
     if lang not in LANGUAGES:
         raise DataError(f"no demo for language {lang!r}; choose one of {sorted(LANGUAGES)}")
     if arch not in ARCH_RECIPES:
-        raise ConfigError(f"--arch {arch!r} is not an architecture the demo pretrains; use one of "
-                          f"{sorted(ARCH_RECIPES)}")
+        raise ConfigError(f"--arch {arch!r} is not an architecture the demo pretrains; use {sorted(ARCH_RECIPES)}")
     if minutes is not None and not 0 < minutes < math.inf:
         raise ConfigError(f"--minutes {minutes:g} is not a time budget: give the demo's minutes, e.g. "
                           f"--minutes {DEFAULT_MINUTES:g}")
@@ -457,16 +441,15 @@ def pretraining_settings(model: str, data_dir: Path, out_dir: Path, steps: int, 
     """The demo's pretraining run on the CPU, batches of BATCH_SIZE, EVALUATIONS held-out evaluations: `steps`
     steps, or with `minutes` a time budget that ends the run (`steps` is then what it is expected to hold, for
     the cadence of logs and evaluations); a preset of `arch` with its `ARCH_RECIPES` entry."""
-    recipe = ARCH_RECIPES[arch]
+    overrides, mask_rate = ARCH_RECIPES[arch]
     training = TrainingConfig(steps=0 if minutes else steps, minutes=minutes, batch_size=BATCH_SIZE, lr=PEAK_LR,
                               schedule=SCHEDULE, warmup_ratio=WARMUP_RATIO, betas=list(ADAM_BETAS),
                               log_every=max(1, steps // 20),
                               eval_every=max(1, steps // EVALUATIONS), save_every=0, keep_last=1, seed=seed,
                               out_dir=str(out_dir), precision="fp32", device="cpu", progress=progress)
-    return PretrainConfig(data_dir=str(data_dir), arch=arch, model=model,
-                          model_overrides=dict(recipe.model_overrides), eval_batches=EVAL_BATCHES,
-                          objective=OBJECTIVE, masking=MaskingConfig(mlm_probability=recipe.mask_rate),
-                          training=training)
+    return PretrainConfig(data_dir=str(data_dir), arch=arch, model=model, model_overrides=dict(overrides),
+                          eval_batches=EVAL_BATCHES, objective=OBJECTIVE,
+                          masking=MaskingConfig(mlm_probability=mask_rate), training=training)
 
 
 def measure_step_cost(model: str, data_dir: Path, out_dir: Path, seed: int, limit: float = 0.0,
@@ -475,8 +458,7 @@ def measure_step_cost(model: str, data_dir: Path, out_dir: Path, seed: int, limi
     steps on the prepared data (or fewer, when `limit` seconds end it first) and one held-out evaluation, at
     PyTorch's current thread count. The first logging window is left out (first-call costs) where the run
     logged two; the times come from the run's own metrics log."""
-    config = pretraining_settings(model, data_dir, out_dir, TIMING_STEPS, seed, progress=False, minutes=limit / 60,
-                                  arch=arch)
+    config = pretraining_settings(model, data_dir, out_dir, TIMING_STEPS, seed, False, limit / 60, arch)
     # One evaluation, at the end, after the last timed step.
     config = replace(config, training=replace(config.training, steps=TIMING_STEPS, log_every=TIMING_LOG_EVERY,
                                               eval_every=0))
@@ -525,9 +507,8 @@ def _pretrain(initial: BertPretrainedModel, out: Path, model: str, arch: str, se
     """Step 4: time a warm-up, plan the rest of the budget and say so, then pretrain for the time planned;
     the checkpoint directory, the plan, and the step cost the run saw (the warm-up's, raised by as much as the
     run fell short of the steps expected)."""
-    cost, said = choose_threads(
-        lambda limit: measure_step_cost(model, out / "data", out / "timing", seed, limit, arch=arch),
-        torch.get_num_threads())
+    data, timing, threads = out / "data", out / "timing", torch.get_num_threads()
+    cost, said = choose_threads(lambda limit: measure_step_cost(model, data, timing, seed, limit, arch), threads)
     plan = plan_demo(budget, time.perf_counter() - started, cost, books)
     named = model if arch == DEFAULT_ARCH else f"a {arch} {model}"
     print(announce_plan(plan, named, sum(p.numel() for p in initial.parameters()), time.time() - plan.spent))
