@@ -22,8 +22,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# make demo ARCH=modernbert: the same demo pretraining a ModernBERT-shaped encoder (into runs/demo-modernbert)
+ARCH ?= bert
+DEMO_OUT := runs/demo$(if $(filter-out bert,$(ARCH)),-$(ARCH))
+
 demo: $(STAMP)
-	$(BIN)/bertforge demo --out runs/demo
+	$(BIN)/bertforge demo --arch $(ARCH) --out $(DEMO_OUT)
 
 demo-zh: $(STAMP)
 	$(BIN)/bertforge demo --lang zh --out runs/demo-zh

@@ -105,15 +105,15 @@ def non_embedding_parameters(model: torch.nn.Module) -> int:
 
 
 def pretrain_config(arch: str, data_dir: Path, out_dir: Path, seed: int, cpu_minutes: float,
-                    overrides: dict) -> PretrainConfig:
-    training = PretrainTrainingConfig(minutes=cpu_minutes, budget_clock="cpu", batch_size=BATCH_SIZE, lr=PEAK_LR,
+                    overrides: dict, lr: float = PEAK_LR, mask_rate: float = TRAIN_MASK_RATE) -> PretrainConfig:
+    training = PretrainTrainingConfig(minutes=cpu_minutes, budget_clock="cpu", batch_size=BATCH_SIZE, lr=lr,
                                       schedule="wsd", warmup_ratio=WARMUP_RATIO, betas=list(ADAM_BETAS),
                                       log_every=50, eval_every=0, save_every=0, keep_last=1, seed=seed,
                                       out_dir=str(out_dir), precision="fp32", device="cpu", progress=False)
     model = BERT_PRESET if arch == "bert" else MODERNBERT_PRESET
     return PretrainConfig(data_dir=str(data_dir), arch=arch, model=model, model_overrides=overrides,
                           eval_batches=EVAL_BATCHES, objective="mlm",
-                          masking=MaskingConfig(mlm_probability=TRAIN_MASK_RATE), training=training)
+                          masking=MaskingConfig(mlm_probability=mask_rate), training=training)
 
 
 def shapes(data_dir: Path, modernbert_layers: int) -> dict:
@@ -193,13 +193,15 @@ def heldout_accuracy(model_dir: Path, data_dir: Path) -> dict:
     return {key: float(value) for key, value in values.items()}
 
 
-def run_one(out: Path, arch: str, seed: int, cpu_minutes: float, modernbert_layers: int) -> dict:
+def run_one(out: Path, arch: str, seed: int, cpu_minutes: float, modernbert_layers: int,
+            lr: float = PEAK_LR, mask_rate: float = TRAIN_MASK_RATE) -> dict:
     torch.set_num_threads(1)  # the CPU budget counts every thread: one, so no thread waits on another
     data = out / "data"
     chosen = shapes(data, modernbert_layers)
     run_dir = out / "runs" / f"{arch}-{seed}"
     started_cpu, started = process_cpu_seconds(), time.perf_counter()
-    result = run_pretraining(pretrain_config(arch, data, run_dir / "pretrain", seed, cpu_minutes, chosen[arch]))
+    result = run_pretraining(pretrain_config(arch, data, run_dir / "pretrain", seed, cpu_minutes, chosen[arch],
+                                             lr=lr, mask_rate=mask_rate))
     pretrain_cpu, pretrain_wall = process_cpu_seconds() - started_cpu, time.perf_counter() - started
     heldout = heldout_accuracy(result.checkpoint, data)
     began_cpu = process_cpu_seconds()
@@ -211,7 +213,8 @@ def run_one(out: Path, arch: str, seed: int, cpu_minutes: float, modernbert_laye
         training=FinetuneTrainingConfig(out_dir=str(run_dir / "finetune"), epochs=FINETUNE_TASK.epochs,
                                         batch_size=FINETUNE_BATCH, lr=FINETUNE_LR, seed=seed, device="cpu",
                                         precision="fp32", progress=False)))
-    figures = {"arch": arch, "seed": seed, "cpu_minutes_budget": cpu_minutes, "steps": result.step,
+    figures = {"arch": arch, "seed": seed, "cpu_minutes_budget": cpu_minutes, "lr": lr,
+               "train_mask_rate": mask_rate, "steps": result.step,
                "tokens_per_step": BATCH_SIZE * SEQUENCE_LENGTH, "pretrain_cpu_s": pretrain_cpu,
                "pretrain_wall_s": pretrain_wall, "overrides": chosen[arch], "parameters": chosen["parameters"],
                "heldout_at_15": heldout, "heldout_during_training": result.eval,
@@ -245,8 +248,8 @@ def report(out: Path, json_path: Path | None) -> dict:
     summary: dict = {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "loadavg_now": os.getloadavg()},
                      "date": time.strftime("%Y-%m-%d", time.gmtime()),
                      "settings": {"sequence_length": SEQUENCE_LENGTH, "batch_size": BATCH_SIZE,
-                                  "train_mask_rate": TRAIN_MASK_RATE, "eval_mask_rate": EVAL_MASK_RATE,
-                                  "eval_batches": EVAL_BATCHES, "lr": PEAK_LR, "schedule": "wsd",
+                                  "eval_mask_rate": EVAL_MASK_RATE, "eval_batches": EVAL_BATCHES,
+                                  "schedule": "wsd",
                                   "warmup_ratio": WARMUP_RATIO, "betas": list(ADAM_BETAS),
                                   "finetune": {"per_book_train": FINETUNE_TASK.per_book_train,
                                                "per_book_dev": FINETUNE_TASK.per_book_dev,
@@ -261,6 +264,8 @@ def report(out: Path, json_path: Path | None) -> dict:
         summary["arches"][arch] = {
             "seeds": [r["seed"] for r in mine],
             "cpu_minutes_budget": mine[0]["cpu_minutes_budget"],
+            # runs from before --lr/--train-mask-rate used the defaults
+            "lr": mine[0].get("lr", PEAK_LR), "train_mask_rate": mine[0].get("train_mask_rate", TRAIN_MASK_RATE),
             "steps": mean_sd([r["steps"] for r in mine]),
             "pretrain_cpu_s": mean_sd([r["pretrain_cpu_s"] for r in mine]),
             "pretrain_wall_s": mean_sd([r["pretrain_wall_s"] for r in mine]),
@@ -269,7 +274,8 @@ def report(out: Path, json_path: Path | None) -> dict:
             "book_dev_accuracy": mean_sd([r["book_dev_accuracy"] for r in mine]),
         }
         row = summary["arches"][arch]
-        print(f"{arch:10s} {len(mine)} seeds, {row['steps']['mean']:.0f} steps: held-out MLM acc at 15% "
+        print(f"{arch:10s} lr {row['lr']:g}, masking {row['train_mask_rate']:g}, {len(mine)} seeds, "
+              f"{row['steps']['mean']:.0f} steps: held-out MLM acc at 15% "
               f"{row['heldout_mlm_acc_at_15']['mean']:.4f} ± {row['heldout_mlm_acc_at_15']['sd']:.4f} "
               f"(majority {row['heldout_majority_acc_at_15']:.4f}); book task "
               f"{row['book_dev_accuracy']['mean']:.4f} ± {row['book_dev_accuracy']['sd']:.4f}")
@@ -291,6 +297,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, action="append", help="(run) default: 1 2 3")
     parser.add_argument("--cpu-minutes", type=float, default=3.0, help="(run) CPU minutes of pretraining")
     parser.add_argument("--modernbert-layers", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=PEAK_LR, help="(run) peak learning rate (the demo's: %(default)s)")
+    parser.add_argument("--train-mask-rate", type=float, default=TRAIN_MASK_RATE,
+                        help="(run) the masking rate pretraining uses (default %(default)s, ModernBERT's)")
     parser.add_argument("--json", type=Path, default=None, help="(report) write the summary here")
     args = parser.parse_args(argv)
     if args.stage == "prepare":
@@ -300,7 +309,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.stage == "run":
         for arch in args.arch or ARCHES:
             for seed in args.seed or [1, 2, 3]:
-                run_one(args.out, arch, seed, args.cpu_minutes, args.modernbert_layers)
+                run_one(args.out, arch, seed, args.cpu_minutes, args.modernbert_layers, args.lr,
+                        args.train_mask_rate)
     else:
         report(args.out, args.json)
 

@@ -34,8 +34,7 @@ from bertforge.data.preparation import prepare_corpus, split_documents
 from bertforge.data.text_files import resolve_inputs
 from bertforge.errors import ConfigError, DataError
 from bertforge.families.pretraining import FAMILY as PRETRAINING
-from bertforge.families.pretraining import BertForPretraining
-from bertforge.model.config import BertConfig
+from bertforge.model.bert import BertPretrainedModel
 from bertforge.tokenization import Tokenizer, TokenizerConfig
 from bertforge.tokenization.vocab_builder import build_vocab, unk_rate
 from bertforge.training.config import TrainingConfig
@@ -47,7 +46,7 @@ from bertforge.training.finetune_config import (
     FinetuneTrainingConfig,
 )
 from bertforge.training.logging import read_metrics
-from bertforge.training.pretraining import PretrainConfig, run_pretraining
+from bertforge.training.pretraining import ARCH_DEFAULTS, PretrainConfig, preset_config, run_pretraining
 
 log = logging.getLogger("bertforge.demo")
 SEQUENCE_LENGTH = 64
@@ -86,6 +85,12 @@ MODEL_SETTINGS = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.
 ADAM_BETAS = [0.9, 0.98]
 PEAK_LR = 2e-3  # small BERTs need a higher peak than BERT-base's 1e-4 to leave the plateau within minutes
 WARMUP_RATIO = 0.06
+# Per `--arch`, the model overrides and masking rate (the rest of the recipe is shared). ModernBERT: the shape of
+# benchmarks/pretrain_compare.py (BERT tiny's non-embedding parameters) at its 30% masking (docs/pretraining.md).
+ARCH_RECIPES = {"bert": (MODEL_SETTINGS, MASK_RATE),
+                "modernbert": ({"num_hidden_layers": 3, "intermediate_size": 176},
+                               ARCH_DEFAULTS["modernbert"]["masking"]["mlm_probability"])}
+DEFAULT_ARCH = "bert"
 EVALUATIONS = 5  # held-out evaluations during pretraining (the curves)
 EVAL_BATCHES = 20
 TIMING_STEPS = 12  # the warm-up that times a step on this machine before the budget is planned
@@ -272,16 +277,19 @@ def describe_variety(variety: dict[str, int]) -> str:
 
 
 def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path | None = None,
-             minutes: float | None = None, model: str = DEFAULT_MODEL, seed: int = 0) -> dict:
+             minutes: float | None = None, model: str = DEFAULT_MODEL, seed: int = 0,
+             arch: str = DEFAULT_ARCH) -> dict:
     """Run the whole demo within `minutes` (default DEFAULT_MINUTES) from its start to its report; returns the
     figures it printed (also in `out/report/summary.json`).
 
     After the vocabulary, the instances and the first fill-mask, a warm-up times a pretraining step on this
     machine as it is loaded now; the rest of the budget is split between pretraining (a time budget of its own)
     and fine-tuning, and the whole demo's time is announced. Fine-tuning is sized again from what is left when
-    pretraining ends."""
+    pretraining ends. `arch` picks the encoder pretrained (`ARCH_RECIPES`: bert, or modernbert)."""
     if lang not in LANGUAGES:
         raise DataError(f"no demo for language {lang!r}; choose one of {sorted(LANGUAGES)}")
+    if arch not in ARCH_RECIPES:
+        raise ConfigError(f"--arch {arch!r} is not an architecture the demo pretrains; use {sorted(ARCH_RECIPES)}")
     if minutes is not None and not 0 < minutes < math.inf:
         raise ConfigError(f"--minutes {minutes:g} is not a time budget: give the demo's minutes, e.g. "
                           f"--minutes {DEFAULT_MINUTES:g}")
@@ -294,7 +302,7 @@ def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path
     files = resolve_inputs(corpus)
     rng = random.Random(seed)
     budget = 60 * (DEFAULT_MINUTES if minutes is None else minutes)
-    summary: dict = {"lang": lang, "corpus": [str(f) for f in files], "model": model, "seed": seed,
+    summary: dict = {"lang": lang, "corpus": [str(f) for f in files], "model": model, "arch": arch, "seed": seed,
                      "budget_minutes": budget / 60}
     started = time.perf_counter()
 
@@ -316,9 +324,8 @@ def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path
     print("      " + report.summary().replace("\n", "\n      "))
     summary["instances"] = report.instances
 
-    config = BertConfig.preset(model, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_token_id,
-                               **MODEL_SETTINGS)
-    initial = PRETRAINING.training.model_class_for(OBJECTIVE)(config)
+    settings = pretraining_settings(model, out / "data", out / "pretrain", 1, seed, arch=arch)
+    initial = PRETRAINING.training.model_class_for(OBJECTIVE, arch)(preset_config(settings, tokenizer))
     initial.save_pretrained(out / "initial", tokenizer=tokenizer)
     heldout, train = split_documents(files, HELDOUT_DOCUMENTS)
     probes = choose_probes([d.sentences for d in heldout], [d.sentences for d in train], tokenizer)
@@ -328,7 +335,7 @@ def run_demo(lang: str = "en", out: str | Path = "runs/demo", corpus: str | Path
     summary["fill_mask_before"] = fill_masks(out / "initial", probes)
     summary["fill_mask_variety_before"] = answer_variety(summary["fill_mask_before"])
 
-    pretrained, plan, cost = _pretrain(initial, out, model, seed, budget, started, len(files), summary)
+    pretrained, plan, cost = _pretrain(initial, out, model, arch, seed, budget, started, len(files), summary)
 
     print(f"[5/6] fill-mask after pretraining, the model's top {TOP_K} as it ranks them:")
     summary["fill_mask_after"] = fill_masks(pretrained, probes)
@@ -430,26 +437,28 @@ def minutes_for(plan: DemoPlan, steps: int) -> int:
 
 
 def pretraining_settings(model: str, data_dir: Path, out_dir: Path, steps: int, seed: int,
-                         progress: bool = True, minutes: float = 0.0) -> PretrainConfig:
+                         progress: bool = True, minutes: float = 0.0, arch: str = DEFAULT_ARCH) -> PretrainConfig:
     """The demo's pretraining run on the CPU, batches of BATCH_SIZE, EVALUATIONS held-out evaluations: `steps`
     steps, or with `minutes` a time budget that ends the run (`steps` is then what it is expected to hold, for
-    the cadence of logs and evaluations)."""
+    the cadence of logs and evaluations); a preset of `arch` with its `ARCH_RECIPES` entry."""
+    overrides, mask_rate = ARCH_RECIPES[arch]
     training = TrainingConfig(steps=0 if minutes else steps, minutes=minutes, batch_size=BATCH_SIZE, lr=PEAK_LR,
                               schedule=SCHEDULE, warmup_ratio=WARMUP_RATIO, betas=list(ADAM_BETAS),
                               log_every=max(1, steps // 20),
                               eval_every=max(1, steps // EVALUATIONS), save_every=0, keep_last=1, seed=seed,
                               out_dir=str(out_dir), precision="fp32", device="cpu", progress=progress)
-    return PretrainConfig(data_dir=str(data_dir), model=model, model_overrides=dict(MODEL_SETTINGS),
+    return PretrainConfig(data_dir=str(data_dir), arch=arch, model=model, model_overrides=dict(overrides),
                           eval_batches=EVAL_BATCHES, objective=OBJECTIVE,
-                          masking=MaskingConfig(mlm_probability=MASK_RATE), training=training)
+                          masking=MaskingConfig(mlm_probability=mask_rate), training=training)
 
 
-def measure_step_cost(model: str, data_dir: Path, out_dir: Path, seed: int, limit: float = 0.0) -> StepCost:
+def measure_step_cost(model: str, data_dir: Path, out_dir: Path, seed: int, limit: float = 0.0,
+                      arch: str = DEFAULT_ARCH) -> StepCost:
     """Time the demo's own pretraining on this machine, as it is loaded now: a warm-up run of TIMING_STEPS
     steps on the prepared data (or fewer, when `limit` seconds end it first) and one held-out evaluation, at
     PyTorch's current thread count. The first logging window is left out (first-call costs) where the run
     logged two; the times come from the run's own metrics log."""
-    config = pretraining_settings(model, data_dir, out_dir, TIMING_STEPS, seed, progress=False, minutes=limit / 60)
+    config = pretraining_settings(model, data_dir, out_dir, TIMING_STEPS, seed, False, limit / 60, arch)
     # One evaluation, at the end, after the last timed step.
     config = replace(config, training=replace(config.training, steps=TIMING_STEPS, log_every=TIMING_LOG_EVERY,
                                               eval_every=0))
@@ -493,19 +502,20 @@ def choose_threads(measure: Callable[[float], StepCost], threads: int) -> tuple[
     return best, said
 
 
-def _pretrain(initial: BertForPretraining, out: Path, model: str, seed: int, budget: float, started: float,
-              books: int, summary: dict) -> tuple[Path | None, DemoPlan, StepCost]:
+def _pretrain(initial: BertPretrainedModel, out: Path, model: str, arch: str, seed: int, budget: float,
+              started: float, books: int, summary: dict) -> tuple[Path | None, DemoPlan, StepCost]:
     """Step 4: time a warm-up, plan the rest of the budget and say so, then pretrain for the time planned;
     the checkpoint directory, the plan, and the step cost the run saw (the warm-up's, raised by as much as the
     run fell short of the steps expected)."""
-    cost, said = choose_threads(lambda limit: measure_step_cost(model, out / "data", out / "timing", seed, limit),
-                                torch.get_num_threads())
+    data, timing, threads = out / "data", out / "timing", torch.get_num_threads()
+    cost, said = choose_threads(lambda limit: measure_step_cost(model, data, timing, seed, limit, arch), threads)
     plan = plan_demo(budget, time.perf_counter() - started, cost, books)
-    print(announce_plan(plan, model, sum(p.numel() for p in initial.parameters()), time.time() - plan.spent))
+    named = model if arch == DEFAULT_ARCH else f"a {arch} {model}"
+    print(announce_plan(plan, named, sum(p.numel() for p in initial.parameters()), time.time() - plan.spent))
     print(f"      warm-up step times: {said}")
     began = time.perf_counter()
     result = run_pretraining(pretraining_settings(model, out / "data", out / "pretrain", plan.steps, seed,
-                                                  minutes=plan.pretrain_seconds / 60))
+                                                  minutes=plan.pretrain_seconds / 60, arch=arch))
     minutes_taken = (time.perf_counter() - began) / 60
     heldout = result.eval
     baseline = heldout.get("mlm_majority_acc", float("nan"))

@@ -223,3 +223,65 @@ def test_demo_keeps_the_cheaper_thread_count_of_its_warm_up():
         assert (single.threads, measured) == (1, [(1, 0.0)])
     finally:
         torch.set_num_threads(before)
+
+
+def test_demo_pretrains_a_modernbert_with_its_recipe_when_asked(tmp_path):
+    bert = demo.pretraining_settings("tiny", tmp_path / "data", tmp_path / "out", 3500, seed=0, minutes=5.0)
+    modern = demo.pretraining_settings("tiny", tmp_path / "data", tmp_path / "out", 3500, seed=0, minutes=5.0,
+                                       arch="modernbert")
+    assert (bert.arch, modern.arch) == ("bert", "modernbert")
+    assert modern.model_overrides == {"num_hidden_layers": 3, "intermediate_size": 176}
+    assert modern.masking.mlm_probability == 0.3  # ModernBERT's rate; BERT keeps the demo's 0.25
+    assert bert.masking.mlm_probability == 0.25
+    assert modern.training == bert.training and modern.objective == bert.objective  # the same time, lr, schedule
+
+
+def test_demo_times_a_modernbert_warm_up_on_the_prepared_data(tmp_path, monkeypatch):
+    files = []
+    lines = (BOOKS / "jekyll_and_hyde.txt").read_text(encoding="utf-8").splitlines()[200:800]
+    for part in range(6):
+        files.append(tmp_path / f"part{part}.txt")
+        files[-1].write_text("\n".join(lines[part * 100:(part + 1) * 100]), encoding="utf-8")
+    tokenizer = Tokenizer(build_vocab(files, 300), TokenizerConfig())
+    tokenizer.save_pretrained(tmp_path / "data")
+    prepare_corpus(files, tokenizer, tmp_path / "data", max_seq_length=32, heldout_documents=1, seed=1)
+    monkeypatch.setattr(demo, "TIMING_STEPS", 4)
+    monkeypatch.setattr(demo, "TIMING_LOG_EVERY", 2)
+    monkeypatch.setattr(demo, "EVAL_BATCHES", 1)
+    ran = []
+    real = demo.run_pretraining
+    monkeypatch.setattr(demo, "run_pretraining", lambda config: ran.append(config) or real(config))
+
+    cost = demo.measure_step_cost("tiny", tmp_path / "data", tmp_path / "timing", seed=0, arch="modernbert")
+    assert cost.step_seconds > 0
+    assert [(c.arch, c.training.steps) for c in ran] == [("modernbert", 4)]
+
+
+def test_demo_command_passes_the_arch_through_and_refuses_an_unknown_one(tmp_path, monkeypatch):
+    from bertforge.cli import main
+
+    calls = []
+    real = demo.run_demo
+    monkeypatch.setattr(demo, "run_demo", lambda **kwargs: calls.append(kwargs))
+    assert main(["demo", "--arch", "modernbert", "--out", str(tmp_path / "d"), "--minutes", "3"]) == 0
+    assert main(["demo", "--out", str(tmp_path / "d")]) == 0
+    assert [c["arch"] for c in calls] == ["modernbert", "bert"]  # the default demo is BERT's, as before
+    with pytest.raises(demo.ConfigError, match="--arch 'roberta'"):
+        real(out=tmp_path / "never", arch="roberta")
+    assert not (tmp_path / "never").exists()  # refused before any work
+
+
+def test_make_demo_passes_arch_to_the_demo_command():
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+
+    def dry_run(*variables):
+        done = subprocess.run(["make", "-n", "demo", "STAMP=", *variables], cwd=ROOT, capture_output=True,
+                              text=True, check=True)
+        return done.stdout.strip().splitlines()[-1]
+
+    assert dry_run().endswith("demo --arch bert --out runs/demo")
+    assert dry_run("ARCH=modernbert").endswith("demo --arch modernbert --out runs/demo-modernbert")

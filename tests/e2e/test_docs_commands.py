@@ -55,7 +55,8 @@ FOREIGN_OPTIONS = {"--doc_stride": "Google's run_squad.py", "--only": "benchmark
                    "--book": "benchmarks/tokenizer_speed.py", "--repeats": "benchmarks/tokenizer_speed.py",
                    "--tiny": "benchmarks/serve_models.py", "--quick": "benchmarks/cpu_precision.py",
                    "--src": "benchmarks/server_defects.py", "--runs": "benchmarks/chunk_retrieval.py",
-                   "--part": "benchmarks/sparse_vs_st.py", "--cpu-minutes": "benchmarks/pretrain_compare.py"}
+                   "--part": "benchmarks/sparse_vs_st.py", "--cpu-minutes": "benchmarks/pretrain_compare.py",
+                   "--train-mask-rate": "benchmarks/pretrain_compare.py"}
 # For an option named on its own in a doc's prose, the commands it may belong to.
 DOC_COMMANDS = {
     "README.md": None, "faq.md": None, "design.md": None,  # None: any subcommand

@@ -23,3 +23,13 @@ def test_pretrain_compare_shapes_match_non_embedding_parameters(tmp_path, layers
 
     assert non_embedding_parameters(nn.Linear(3, 2)) == 8
     assert non_embedding_parameters(nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 4))) == 20
+
+
+def test_pretrain_compare_run_takes_the_lr_and_masking_rate_asked(tmp_path):
+    from benchmarks.pretrain_compare import PEAK_LR, TRAIN_MASK_RATE, pretrain_config
+
+    default = pretrain_config("bert", tmp_path, tmp_path / "out", 1, 3.0, {})
+    assert (default.training.lr, default.masking.mlm_probability) == (PEAK_LR, TRAIN_MASK_RATE)
+    swept = pretrain_config("bert", tmp_path, tmp_path / "out", 1, 3.0, {}, lr=5e-4, mask_rate=0.15)
+    assert (swept.training.lr, swept.masking.mlm_probability) == (5e-4, 0.15)
+    assert swept.training.minutes == 3.0 and swept.training.budget_clock == "cpu"

@@ -378,7 +378,7 @@ def cmd_demo(args: argparse.Namespace, extra: list[str]) -> None:
     from bertforge.demo import run_demo
 
     run_demo(lang=args.lang, out=args.out, corpus=args.corpus, minutes=args.minutes, model=args.model,
-             seed=args.seed)
+             seed=args.seed, arch=args.arch)
 
 
 # --- info ------------------------------------------------------------------------------------------------

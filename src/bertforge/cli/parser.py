@@ -346,6 +346,9 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
                    "step on this machine, the demo announces its time and pretrains for what the budget leaves "
                    "(fewer steps on a slow or busy machine, never a longer run)")
     p.add_argument("--model", default="tiny", help="preset to pretrain (default tiny: the most steps per minute)")
+    p.add_argument("--arch", choices=["bert", "modernbert"], default="bert",
+                   help="the encoder to pretrain (default bert; modernbert: 3 layers of the tiny width, 30%% "
+                   "masking, the same time and checks)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=commands.cmd_demo)
 
