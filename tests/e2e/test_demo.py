@@ -279,7 +279,7 @@ def test_make_demo_passes_arch_to_the_demo_command():
         pytest.skip("make is not installed")
 
     def dry_run(*variables):
-        done = subprocess.run(["make", "-n", "demo", "STAMP=", *variables], cwd=ROOT, capture_output=True,
+        done = subprocess.run(["make", "--no-print-directory", "-n", "demo", "STAMP=", *variables], cwd=ROOT, capture_output=True,
                               text=True, check=True)
         return done.stdout.strip().splitlines()[-1]
 

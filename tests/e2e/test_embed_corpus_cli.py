@@ -90,8 +90,8 @@ def test_embed_cli_sparse_then_search_and_hybrid_search(tiny_sparse_model, tmp_p
     hits = json.loads(capsys.readouterr().out)["hits"]
     assert hits[0] == {"id": "4", "score": pytest.approx(2 / 11), "dense_rank": 1, "sparse_rank": 1}
     assert cli.main(["search", "--index", str(tmp_path / "sparse"), "--hybrid", str(tmp_path / "dense"),
-                     "--query", "moon", "--device", "cpu"]) == 2
-    assert "give --index the dense folder" in capsys.readouterr().err
+                     "--query", texts[3], "--rrf-k", "10", "--top-k", "3", "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["hits"] == hits  # the kinds fuse in either order
 
 
 def test_embed_cli_user_error_exits_2_with_one_line(tiny_minilm_model, tmp_path):

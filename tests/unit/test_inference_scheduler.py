@@ -15,6 +15,7 @@ import math
 import platform
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -863,6 +864,35 @@ def test_scheduler_warm_up_with_non_finite_outputs_is_never_ready():
             await scheduler.warm_up({"t": (["nan"], {})})
             assert not scheduler.warmed and not scheduler.ready and "non-finite" in scheduler.unhealthy
         finally:
+            await scheduler.stop()
+
+    asyncio.run(main())
+
+
+def test_scheduler_warm_up_waits_past_the_request_timeout_which_still_bounds_clients():
+    gate = threading.Event()
+
+    class ColdStart(FakePipeline):
+        """The first call is slower than the clients' timeout (a cold start); a client's call waits for `gate`."""
+
+        def forward(self, features, options):
+            if not self.calls:
+                time.sleep(0.3)
+            else:
+                gate.wait()
+            return super().forward(features, options)
+
+    async def main() -> None:
+        scheduler = Scheduler({"t": ColdStart()}, SchedulerSettings(request_timeout_s=0.05))
+        await scheduler.start()
+        try:
+            await scheduler.warm_up({"t": (["warm"], {})})
+            assert scheduler.warmed and scheduler.ready
+            with pytest.raises(JobFailed) as failed:
+                await ask(scheduler, "t", ["client"])
+            assert failed.value.kind == "timeout"
+        finally:
+            gate.set()
             await scheduler.stop()
 
     asyncio.run(main())

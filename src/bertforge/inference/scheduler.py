@@ -182,7 +182,7 @@ class Scheduler:
         for task, (parsed, options) in requests.items():
             try:
                 with self.incoming():
-                    await self.result(self.submit(task, parsed, options, silent=True))
+                    await self.result(self.submit(task, parsed, options, silent=True), timed=False)
             except JobFailed as error:
                 log.error("warm-up request of %s failed: %s", task, error.message)
                 return
@@ -294,10 +294,12 @@ class Scheduler:
         job.timing.queue_s = self.now() - job.arrival
         return job
 
-    async def result(self, job: Job, gone: Awaitable[Any] | None = None) -> Any:
+    async def result(self, job: Job, gone: Awaitable[Any] | None = None, *, timed: bool = True) -> Any:
         """The job's answer (one result per input). If `gone` (something that completes when the client
-        leaves) or the timeout (`request_timeout_s`, if set) comes first, the job is given up, so the worker
-        runs none of its remaining windows.
+        leaves) or the timeout (`request_timeout_s`, if set and `timed`) comes first, the job is given up, so the
+        worker runs none of its remaining windows. The warm-up is not timed: the timeout is the clients'
+        patience, and a first call slower than it (a loaded machine, a cold start) would leave the server never
+        ready.
 
         Raises:
             JobFailed: the job failed in the worker, or was given up ("disconnect", "timeout").
@@ -305,7 +307,7 @@ class Scheduler:
         watch = asyncio.ensure_future(gone) if gone is not None else None
         try:
             done, _ = await asyncio.wait({job.future} | ({watch} if watch else set()),
-                                         timeout=self.settings.request_timeout_s or None,
+                                         timeout=(self.settings.request_timeout_s if timed else None) or None,
                                          return_when=asyncio.FIRST_COMPLETED)
         finally:
             if watch is not None:
