@@ -15,8 +15,13 @@ import logging
 import shlex
 import sys
 
-from bertforge.cli.commands import evaluate_overrides, finetune_config, pretrain_config
-from bertforge.cli.overrides import OVERRIDE_COMMANDS, join_unknown_values, split_overrides
+from bertforge.cli.commands import finetune_config, pretrain_config
+from bertforge.cli.overrides import (
+    OVERRIDE_COMMANDS,
+    evaluate_overrides,
+    join_unknown_values,
+    split_overrides,
+)
 from bertforge.cli.parser import FINETUNE_FLAGS, PRETRAIN_FLAGS, build_parser
 from bertforge.engine.threads import quiet_waiting
 from bertforge.errors import BertforgeError

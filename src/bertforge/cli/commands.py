@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bertforge.cli.flags import FINETUNE_FLAGS, PRETRAIN_FLAGS, config_values
-from bertforge.cli.overrides import split_overrides
+from bertforge.cli.overrides import evaluate_overrides, split_overrides
 from bertforge.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -172,18 +172,6 @@ def finetune_summary(result) -> str:
         lines.append(f"{result.task}: test " + ", ".join(f"{k}={v:.4f}" for k, v in result.test_metrics.items()))
     return "\n".join(lines)
 
-
-
-def evaluate_overrides(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
-    """What the command line changes in the saved task description: `{"reader": {...}, "inputs": {...},
-    "options": {...}}` from the column flags, then `--reader.KEY=value` / `--inputs.KEY=value` /
-    `--options.KEY=value`."""
-    from bertforge.configuration import parse_override, set_dotted
-
-    overrides = config_values(args)
-    for item in split_overrides(extra):
-        set_dotted(overrides, *parse_override(item))
-    return overrides
 
 
 def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import Any
 
 from bertforge.errors import ConfigError
 
@@ -65,3 +66,16 @@ def join_unknown_values(parser: argparse.ArgumentParser, argv: list[str]) -> lis
             item = items.pop(0)
         out.append(item)
     return out
+
+
+def evaluate_overrides(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    """What the command line changes in the saved task description: `{"reader": {...}, "inputs": {...},
+    "options": {...}}` from the column flags, then `--reader.KEY=value` / `--inputs.KEY=value` /
+    `--options.KEY=value`."""
+    from bertforge.cli.flags import config_values
+    from bertforge.configuration import parse_override, set_dotted
+
+    overrides = config_values(args)
+    for item in split_overrides(extra):
+        set_dotted(overrides, *parse_override(item))
+    return overrides

@@ -139,7 +139,7 @@ def evaluate_retrieval_folder(args: argparse.Namespace, extra: list[str]) -> Non
     from pathlib import Path
 
     from bertforge.checkpoint_format import SPARSE_ARCHITECTURE, read_config
-    from bertforge.cli.commands import evaluate_overrides
+    from bertforge.cli.overrides import evaluate_overrides
     from bertforge.data.retrieval import read_beir
     from bertforge.errors import ConfigError
     from bertforge.evaluation.embedding import evaluate_retrieval, evaluate_sparse_retrieval
