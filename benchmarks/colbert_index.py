@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the index builds' children
-    from bertforge.retrieval.multi_vector_search import MultiVectorIndex, embed_multi_vector_queries
+    from bertforge.retrieval.multi_vector_search import MultiVectorIndex
+    from bertforge.retrieval.query_embedding import embed_multi_vector_queries
     from bertforge.retrieval.token_index import open_token_index
 
     load = {"start": os.getloadavg()}
