@@ -21,12 +21,12 @@ ATOL = 1e-5
 def masked_reference(q, k, v, heads, window, real):
     """The masked T x T call: q, k, v [B, T, H] -> [B, T, H]."""
     batch, tokens, hidden = q.shape
-    mask = windowed(None if real is None else real[:, None, None, :], tokens, window, q.device)
+    mask, sighted = windowed(None if real is None else real[:, None, None, :], tokens, window, q.device)
 
     def split(x):
         return x.view(batch, tokens, heads, hidden // heads).transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=mask)
+    out = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=mask) * sighted
     return out.transpose(1, 2).reshape(batch, tokens, hidden)
 
 
