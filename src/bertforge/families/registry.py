@@ -172,7 +172,8 @@ def model_class(architecture: str | None) -> type[BertPretrainedModel]:
 def class_for_tasks(architecture: str | None, tasks: Any) -> type[BertPretrainedModel]:
     """The class to load a directory as for the routes `tasks` (None: the model's own): the class its
     architecture names, except that a masked-LM checkpoint (BERT's or ModernBERT's) asked only for sparse vectors
-    loads as the sparse family's model of its encoder (its MLM head is SPLADE's; text-embeddings-inference serves /embed_sparse from one too)."""
+    loads as the sparse family's model of its encoder (its MLM head is SPLADE's; text-embeddings-inference serves
+    /embed_sparse from one too)."""
     named = model_class(architecture)
     if tasks and set(tasks) == {SPARSE_EMBEDDING.task}:
         if issubclass(named, PRETRAINING.model_class):
