@@ -75,9 +75,10 @@ from bertforge.tokenization.vocab import Vocab, check_fits_embeddings
 
 log = logging.getLogger(__name__)
 
-# Our class of a directory whose sentence-transformers modules make SPLADE vectors from masked-LM logits.
-SPARSE_ARCHITECTURE = "BertForSparseEmbedding"
-COLBERT_ARCHITECTURE = "BertForColBERT"  # of a PyLate, sentence-transformers MultiVectorEncoder or Stanford ColBERT
+# Our class of a directory whose sentence-transformers modules make SPLADE vectors from masked-LM logits, and of a
+# PyLate, sentence-transformers MultiVectorEncoder or Stanford ColBERT one, by the config of its encoder.
+SPARSE_ARCHITECTURES = {BertConfig: "BertForSparseEmbedding", ModernBertConfig: "ModernBertForSparseEmbedding"}
+COLBERT_ARCHITECTURES = {BertConfig: "BertForColBERT", ModernBertConfig: "ModernBertForColBERT"}
 # The encoder's own top-level modules; any other parameter belongs to a head.
 ENCODER_MODULES = ("embeddings.", "encoder.", "pooler.")
 
@@ -260,7 +261,7 @@ def read_config(path: str | os.PathLike, *, step: int | None = None) -> tuple[En
     names, config_class = dialect_of_file(data, file)
     fields, architecture = names.config_from_hf(data, str(file))
     if st.is_sparse_directory(path) or colbert.is_colbert_directory(path):  # SPLADE pooling; ColBERT (3 layouts)
-        architecture = SPARSE_ARCHITECTURE if st.is_sparse_directory(path) else COLBERT_ARCHITECTURE
+        architecture = (SPARSE_ARCHITECTURES if st.is_sparse_directory(path) else COLBERT_ARCHITECTURES)[config_class]
     config = config_class.from_dict(fields, source=str(file))
     warn_without_labels(data, config, file)
     return config, architecture
@@ -276,7 +277,7 @@ def read_directory(path: str | os.PathLike, *, do_lower_case: bool | None = None
     tokenizer = read_tokenizer(folder, do_lower_case, config.vocab_size)
     record_file = folder / FINETUNING_NAME
     record = read_json_object(record_file, FINETUNING_NAME) if record_file.exists() else None
-    sentence = None if architecture == COLBERT_ARCHITECTURE else st.read_settings(folder)  # ColBERT's: no pooling
+    sentence = None if architecture in COLBERT_ARCHITECTURES.values() else st.read_settings(folder)  # ColBERT's: no pooling
     return ModelDirectory(folder, config, architecture, tokenizer, record, sentence)
 
 

@@ -21,12 +21,12 @@ ATOL = 1e-5
 def masked_reference(q, k, v, heads, window, real):
     """The masked T x T call: q, k, v [B, T, H] -> [B, T, H]."""
     batch, tokens, hidden = q.shape
-    mask = windowed(None if real is None else real[:, None, None, :], tokens, window, q.device)
+    mask, sighted = windowed(None if real is None else real[:, None, None, :], tokens, window, q.device)
 
     def split(x):
         return x.view(batch, tokens, heads, hidden // heads).transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=mask)
+    out = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=mask) * sighted
     return out.transpose(1, 2).reshape(batch, tokens, hidden)
 
 
@@ -86,3 +86,26 @@ def test_modernbert_local_layers_on_the_band_equal_the_masked_path(monkeypatch, 
     real = mask.bool()
     torch.testing.assert_close(banded[real], masked[real], atol=ATOL, rtol=0)
     assert not banded.isnan().any()
+
+
+@pytest.mark.parametrize("tokens", [16, 40])  # the one masked call (T <= 4 windows), the band (T > 4 windows)
+def test_local_attention_query_that_sees_no_key_gets_zero_as_torch_sdpa_gives(tokens):
+    """A masked query farther than the window from every real key (ColBERT's non-attended query expansion, which
+    `compute_masked` keeps) gets a zero context, as torch's SDPA (and so transformers' ModernBERT) gives a query
+    whose mask row is empty, not its own value; the others are SDPA's on the plain banded mask."""
+    window, heads = 4, 2
+    generator = torch.Generator().manual_seed(tokens)
+    q, k, v = (torch.randn(2, tokens, 8, generator=generator) for _ in range(3))
+    real = torch.ones(2, tokens, dtype=torch.bool)
+    real[1, 3:] = False  # row 1: 3 real tokens, queries from position 8 on see no real key
+    plain = layouts.band(tokens, window, q.device)[None, None] & real[:, None, None, :]  # [2, 1, T, T]
+
+    def split(x):
+        return x.view(2, tokens, heads, 4).transpose(1, 2)
+
+    reference = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=plain)
+    reference = reference.transpose(1, 2).reshape(2, tokens, 8)
+    got, _ = layouts.Padded(real[:, None, None, :]).attend(q, k, v, heads, 0.0, False, window)
+    assert computes_band_only(tokens, window) == (tokens > 16)
+    assert (got[1, 3 + window + 1:] == 0).all() and (reference[1, 3 + window + 1:] == 0).all()
+    torch.testing.assert_close(got, reference, atol=ATOL, rtol=0)

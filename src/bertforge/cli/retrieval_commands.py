@@ -138,7 +138,7 @@ def evaluate_retrieval_folder(args: argparse.Namespace, extra: list[str]) -> Non
     from dataclasses import replace
     from pathlib import Path
 
-    from bertforge.checkpoint_format import SPARSE_ARCHITECTURE, read_config
+    from bertforge.checkpoint_format import SPARSE_ARCHITECTURES, read_config
     from bertforge.cli.overrides import evaluate_overrides
     from bertforge.data.retrieval import read_beir
     from bertforge.errors import ConfigError
@@ -161,7 +161,7 @@ def evaluate_retrieval_folder(args: argparse.Namespace, extra: list[str]) -> Non
     if is_colbert_directory(args.model):
         scoring, pipeline = "maxsim", load_pipeline(args.model, MULTI_VECTOR, **options)
         figures = late_interaction_figures(pipeline, data)
-    elif read_config(args.model)[1] == SPARSE_ARCHITECTURE:
+    elif read_config(args.model)[1] in SPARSE_ARCHITECTURES.values():
         scoring, pipeline = "sparse", load_pipeline(args.model, "embed-sparse", **options)
         figures = evaluate_sparse_retrieval(lambda texts: encode_sparse(pipeline, texts), data)
     else:
@@ -244,10 +244,11 @@ def _check_retrieval_flags(args: argparse.Namespace) -> None:
 
 def _sparse_model(args: argparse.Namespace) -> bool:
     """Whether --model's sparse vectors are evaluated: --sparse, or a SparseEncoder directory."""
-    from bertforge.checkpoint_format import SPARSE_ARCHITECTURE, read_config
+    from bertforge.checkpoint_format import SPARSE_ARCHITECTURES, read_config
     from bertforge.errors import ConfigError
 
-    sparse = args.sparse or (args.retrieval is not None and read_config(args.model)[1] == SPARSE_ARCHITECTURE)
+    sparse = args.sparse or (args.retrieval is not None
+                             and read_config(args.model)[1] in SPARSE_ARCHITECTURES.values())
     if args.rerank_model and sparse:
         raise ConfigError(f"{args.model} is a sparse model; --rerank-model re-ranks dense retrieval: remove it")
     if args.max_terms is not None and not (sparse or args.hybrid_model):

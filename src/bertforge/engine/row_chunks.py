@@ -67,7 +67,7 @@ class ChunkedRows(Variant):
                 output_hidden_states: bool = False, output_attentions: bool = False,
                 sequence_ids: torch.Tensor | None = None, compute_masked: bool = False) -> BertOutput:
         step = self.rows_per_chunk(input_ids) if input_ids.dim() == 2 else 0
-        # (passed on only when asked: not every encoder takes it, ModernBERT's does not)
+        # (passed on only when asked: a wrapped encoder need not take it)
         forward = partial(super().forward, **({"compute_masked": True} if compute_masked else {}))
         if not step:
             return forward(input_ids, token_type_ids, attention_mask, position_ids, output_hidden_states,

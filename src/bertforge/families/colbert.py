@@ -1,9 +1,10 @@
 """Late interaction (ColBERT): a small unit vector per token, scored by MaxSim.
 
 Owns: MaxSim (`maxsim`, the one home of it: for each query token its best dot product over a document's
-tokens, summed over the query's tokens), the model (`BertForColBERT`: the encoder, a projection without bias
+tokens, summed over the query's tokens), the models (`LateInteraction`: the encoder, a projection without bias
 to `dimension` features and per-token L2 normalisation; saved in PyLate's layout, which sentence-transformers'
-`MultiVectorEncoder` loads, or Stanford ColBERT's), how texts become ColBERT rows (`colbert_rows`: the marker
+`MultiVectorEncoder` loads, or Stanford ColBERT's; `BertForColBERT` on BERT's encoder, `ModernBertForColBERT`
+on ModernBERT's, as GTE-ModernColBERT), how texts become ColBERT rows (`colbert_rows`: the marker
 after [CLS], queries filled with [MASK] to their fixed length, documents cut to theirs) and which of a row's
 vectors count (every query position; a document's real tokens but the skiplist's), and the family
 (`ColBERT`: the `embed-multi-vector` route, whose `role` option says whether the texts are queries or
@@ -13,7 +14,7 @@ its training (`ColBERTTraining`: `colbert-pairs` / `colbert-triplets`, in-batch 
 `ColbertObjective` picks by the batch).
 
 The rows are built in `forward`, from the plain [CLS] text [SEP] windows every family gets and the model's own
-settings (`BertForColBERT.colbert`), so that every path (predict, the server, evaluation, the embed job) runs
+settings (`LateInteraction.colbert`), so that every path (predict, the server, evaluation, the embed job) runs
 a model as its directory says. Token ids (markers, [MASK], the skiplist) come from the tokenizer the model was
 loaded with (`use_tokenizer`).
 """
@@ -42,6 +43,8 @@ from bertforge.interop.colbert import ColbertSettings
 from bertforge.metrics.embedding import rank_documents, retrieval_scores
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.config import BertConfig
+from bertforge.model.config.modernbert import ModernBertConfig
+from bertforge.model.modernbert import ModernBertModel, ModernBertPretrainedModel
 
 ROLES = ("query", "document")
 FORMAT_COLUMNS: dict[str, dict[str, Any]] = {
@@ -103,10 +106,13 @@ class ColbertTokens:
         vocab = tokenizer.vocab
 
         def required(token: str, what: str) -> int:
-            if token not in vocab:
-                raise CheckpointError(f"the ColBERT {what} {token!r} is not in the vocabulary; choose a token it "
-                                      "holds (BERT vocabularies have [unused0], [unused1] ...)")
-            return vocab[token]
+            # As written first (PyLate's "[Q] " is an added token of its tokenizer.json, space and all), then
+            # without its spaces (a WordPiece vocabulary's "[unused0]").
+            for spelling in (token, token.strip()):
+                if spelling in vocab:
+                    return vocab[spelling]
+            raise CheckpointError(f"the ColBERT {what} {token!r} is not in the vocabulary; choose a token it "
+                                  "holds (BERT vocabularies have [unused0], [unused1] ...)")
 
         skip = tuple(sorted({vocab[w] for w in settings.skiplist if w in vocab}))
         return cls(required(settings.query_marker, "query marker"), required(settings.document_marker,
@@ -139,32 +145,33 @@ def colbert_rows(windows: Sequence[Sequence[int]], role: str, settings: ColbertS
     return ids, real.long(), scored
 
 
-class BertForColBERT(BertPretrainedModel):
-    """BERT's encoder, a projection without bias to `dimension` features, unit vectors per token.
+class LateInteraction:
+    """A ColBERT model: an encoder (`bert`), a projection without bias to `dimension` features, unit vectors per
+    token. `BertForColBERT` and `ModernBertForColBERT` are this with their encoder.
 
     `token_vectors` gives every position's vector [N, T, dimension]; `colbert` holds the settings (markers,
     lengths, expansion, skiplist) and `tokens` their ids (`use_tokenizer`). It saves in PyLate's layout (the
     encoder's weights, the projection under `1_Dense`, the settings in config_sentence_transformers.json),
-    or with `layout = "stanford"` in Stanford ColBERT's (architecture HF_ColBERT, `artifact.metadata`).
+    or with `layout = "stanford"` (a BERT encoder's only) in Stanford ColBERT's (architecture HF_ColBERT,
+    `artifact.metadata`).
     """
 
     encoder_prefix = "bert."
     head_prefixes = ("projection.",)
+    stanford_layout = True  # Stanford ColBERT's `HF_ColBERT` holds a BERT encoder
 
-    def __init__(self, config: BertConfig, dimension: int = DEFAULT_DIMENSION):
-        super().__init__(config)
-        self.bert = BertModel(config, add_pooling_layer=False)
-        self.projection = nn.Linear(config.hidden_size, dimension, bias=False)
+    def start_colbert(self, dimension: int) -> None:
+        """The projection and the default settings (the subclass has built its encoder `bert`)."""
+        self.projection = nn.Linear(self.config.hidden_size, dimension, bias=False)
         self.colbert = ColbertSettings()
         self.tokens: ColbertTokens | None = None
         self.layout = "pylate"
-        self.init_weights()
 
     @property
     def dimension(self) -> int:
         return self.projection.out_features
 
-    def use_tokenizer(self, tokenizer: Any) -> BertForColBERT:
+    def use_tokenizer(self, tokenizer: Any) -> LateInteraction:
         """Resolve the settings' tokens with `tokenizer` (the one the model's texts are tokenized with)."""
         self.tokens = ColbertTokens.resolve(self.colbert, tokenizer)
         return self
@@ -187,6 +194,9 @@ class BertForColBERT(BertPretrainedModel):
 
     def directory_files(self) -> dict[str, str | bytes]:
         if self.layout == "stanford":
+            if not self.stanford_layout:
+                raise CheckpointError(f"Stanford ColBERT's layout holds a BERT encoder; save this "
+                                      f"{type(self).__name__} in PyLate's layout")
             return {colbert_files.STANFORD_METADATA: colbert_files.stanford_metadata(self.colbert, self.dimension)}
         return colbert_files.colbert_files(self.colbert, self.projection.weight)
 
@@ -224,6 +234,30 @@ class BertForColBERT(BertPretrainedModel):
         queries = self.encode_windows(windows[::count], "query")
         documents = self.encode_windows([w for i, w in enumerate(windows) if i % count], "document")
         return GroupVectors(*queries, *documents)
+
+
+class BertForColBERT(LateInteraction, BertPretrainedModel):
+    """BERT's encoder (no pooler) as a ColBERT model (`LateInteraction`)."""
+
+    def __init__(self, config: BertConfig, dimension: int = DEFAULT_DIMENSION):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.start_colbert(dimension)
+        self.init_weights()
+
+
+class ModernBertForColBERT(LateInteraction, ModernBertPretrainedModel):
+    """ModernBERT's encoder as a ColBERT model (`LateInteraction`): what GTE-ModernColBERT and PyLate's other
+    ModernBERT models are; saved in PyLate's layout around a Hugging Face `ModernBertModel` directory. The
+    projection starts as PyLate's Dense does (torch's default for a linear layer)."""
+
+    stanford_layout = False
+
+    def __init__(self, config: ModernBertConfig, dimension: int = DEFAULT_DIMENSION):
+        super().__init__(config)
+        self.bert = ModernBertModel(config)
+        self.start_colbert(dimension)
+        self.init_weights()
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from bertforge.errors import CheckpointError, ConfigError
 from bertforge.families.base import Family
 from bertforge.families.classification import FAMILY as CLASSIFICATION
 from bertforge.families.colbert import FAMILY as COLBERT
+from bertforge.families.colbert import ModernBertForColBERT
 from bertforge.families.embedding import FAMILY as EMBEDDING
 from bertforge.families.embedding import BertForSentenceEmbedding, ModernBertForSentenceEmbedding
 from bertforge.families.multiple_choice import FAMILY as MULTIPLE_CHOICE
@@ -24,6 +25,7 @@ from bertforge.families.pretraining import BertForMaskedLM
 from bertforge.families.question_answering import FAMILY as QUESTION_ANSWERING
 from bertforge.families.reranking import FAMILY as RERANKING
 from bertforge.families.sparse import FAMILY as SPARSE_EMBEDDING
+from bertforge.families.sparse import ModernBertForSparseEmbedding
 from bertforge.families.tagging import FAMILY as TAGGING
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.config.modernbert import ModernBertConfig
@@ -61,7 +63,8 @@ MODEL_CLASSES: dict[str, type[BertPretrainedModel]] = {
     "BertForMaskedLM": BertForMaskedLM,
     # ModernBERT directories (config.json's model_type "modernbert"): the encoder and its task models.
     **{cls.__name__: cls for cls in (ModernBertModel, ModernBertForMaskedLM, ModernBertForSequenceClassification,
-                                     ModernBertForTokenClassification)}}
+                                     ModernBertForTokenClassification, ModernBertForSparseEmbedding,
+                                     ModernBertForColBERT)}}
 # The pipeline routes, in a fixed order: one per family, `embed` (which any model's encoder serves) last.
 TASKS: tuple[str, ...] = tuple(f.task for f in FAMILIES if f.task)
 
@@ -108,7 +111,8 @@ def for_task(task: str) -> Family:
 # decoders and metrics the family's).
 MODERNBERT_FAMILIES: dict[type[BertPretrainedModel], Family] = {
     ModernBertForSequenceClassification: CLASSIFICATION, ModernBertForTokenClassification: TAGGING,
-    ModernBertForMaskedLM: PRETRAINING, ModernBertModel: EMBEDDING}
+    ModernBertForMaskedLM: PRETRAINING, ModernBertForSparseEmbedding: SPARSE_EMBEDDING,
+    ModernBertForColBERT: COLBERT, ModernBertModel: EMBEDDING}
 # The classes fine-tuning trains (a family's `training.trained_class`, BERT's) -> ModernBERT's, where they
 # differ from the class the family serves with.
 MODERNBERT_TRAINED: dict[type[BertPretrainedModel], type[BertPretrainedModel]] = {
@@ -167,11 +171,15 @@ def model_class(architecture: str | None) -> type[BertPretrainedModel]:
 
 def class_for_tasks(architecture: str | None, tasks: Any) -> type[BertPretrainedModel]:
     """The class to load a directory as for the routes `tasks` (None: the model's own): the class its
-    architecture names, except that a masked-LM checkpoint asked only for sparse vectors loads as the sparse
-    family's model (its MLM head is SPLADE's; text-embeddings-inference serves /embed_sparse from one too)."""
+    architecture names, except that a masked-LM checkpoint (BERT's or ModernBERT's) asked only for sparse vectors
+    loads as the sparse family's model of its encoder (its MLM head is SPLADE's; text-embeddings-inference serves
+    /embed_sparse from one too)."""
     named = model_class(architecture)
-    if tasks and set(tasks) == {SPARSE_EMBEDDING.task} and issubclass(named, PRETRAINING.model_class):
-        return SPARSE_EMBEDDING.model_class
+    if tasks and set(tasks) == {SPARSE_EMBEDDING.task}:
+        if issubclass(named, PRETRAINING.model_class):
+            return SPARSE_EMBEDDING.model_class
+        if issubclass(named, ModernBertForMaskedLM):  # its head and tied decoder, with SPLADE pooling
+            return ModernBertForSparseEmbedding
     return named
 
 

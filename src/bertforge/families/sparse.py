@@ -1,8 +1,9 @@
-"""Sparse (SPLADE) vectors: one weight per vocabulary term, from a BERT's masked-LM head.
+"""Sparse (SPLADE) vectors: one weight per vocabulary term, from a masked-LM head (BERT's or ModernBERT's).
 
 Owns: SPLADE pooling (`splade_pool`, the one home of it: log(1 + relu(MLM logit)) of every real token, then the
-maximum (or sum) over the tokens the attention mask marks real), the model (`BertForSparseEmbedding`: the
-encoder and BERT's `MlmHead`, saved as a Hugging Face `BertForMaskedLM` with sentence-transformers'
+maximum (or sum) over the tokens the attention mask marks real), the models (`SparseEncoderModel`:
+`BertForSparseEmbedding`, the encoder and BERT's `MlmHead`, and `ModernBertForSparseEmbedding`, ModernBERT's
+encoder and masked-LM head, each saved as Hugging Face's masked LM of its encoder with sentence-transformers'
 SparseEncoder modules beside it), the family (`SparseEmbedding`: the `embed-sparse` route, its options, its
 features and decoding into ``{"indices": [...], "values": [...]}``, dev retrieval scoring; its training hooks
 are `SparseEmbeddingTraining`) and top-k pruning of terms (`prune`).
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from bertforge.data.embedding import TextGroup
 from bertforge.data.finetuning import Feature, FinetuneBatch
@@ -44,7 +46,9 @@ from bertforge.interop.sentence_transformers import (
 from bertforge.metrics.sparse import SparseRows, sparse_retrieval_figures
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.config import BertConfig
+from bertforge.model.config.modernbert import ModernBertConfig
 from bertforge.model.heads import MlmHead
+from bertforge.model.modernbert import ModernBertModel, ModernBertPretrainedModel, PredictionHead
 
 # Floats of MLM logits made at once ([rows, T, V]); 2**25 is 128 MiB in float32.
 LOGIT_BUDGET = 1 << 25
@@ -153,29 +157,36 @@ def nonzero_row(weights: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _Head:
-    """The MLM head bound to its tied decoder weight, as `splade_pool` calls it."""
+    """A model's masked-LM head bound to its tied decoder weight (`SpladeRows.mlm_decoder`), as `splade_pool`
+    calls it."""
 
     def __init__(self, model: SpladeRows):
         self.model = model
         self.width = model.config.vocab_size
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.mlm(hidden, self.model.bert.embeddings.word.weight)
+        return F.linear(*self.decoder(hidden))  # [B, T, H] -> [B, T, V]
 
     def decoder(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(the head's features [B, T, H] before its decoder, the decoder weight [V, H], its bias [V])."""
-        mlm = self.model.mlm
-        return mlm.norm(mlm.act(mlm.transform(hidden))), self.model.bert.embeddings.word.weight, mlm.bias
+        return self.model.mlm_decoder(hidden)
 
 
 class SpladeRows:
-    """SPLADE vectors from a model's encoder (`bert`) and masked-LM head (`mlm`): what every BERT masked LM
-    gives. `BertForSparseEmbedding` is one; so are the pretraining family's models, so that a plain masked-LM
-    directory (SPLADE-tiny as shipped, `bert-base-uncased`) also serves `embed-sparse`, pooled by the maximum."""
+    """SPLADE vectors from a model's encoder (`bert`) and masked-LM head (`mlm_decoder`): what every masked LM
+    gives. `BertForSparseEmbedding` and `ModernBertForSparseEmbedding` are such models; so are the pretraining
+    family's BERT models, so that a plain masked-LM directory (SPLADE-tiny as shipped, `bert-base-uncased`) also
+    serves `embed-sparse`, pooled by the maximum."""
 
-    # The pooling and activation without a SparseEncoder directory's own (`BertForSparseEmbedding` sets those).
+    # The pooling and activation without a SparseEncoder directory's own (`SparseEncoderModel` sets those).
     sparse = SentenceSettings(similarity="dot", splade="max")
     fast_max = True  # `MaxLogits` for max pooling; False: the plain autograd path
+
+    def mlm_decoder(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(features [B, T, H] before the decoder, its weight [V, H], its bias [V]): BERT's `MlmHead` (`mlm`),
+        transform, activation and norm, tied to the word embeddings."""
+        mlm = self.mlm
+        return mlm.norm(mlm.act(mlm.transform(hidden))), self.bert.embeddings.word.weight, mlm.bias
 
     def sparse_rows(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
                     attention_mask: torch.Tensor, pooling: str | None = None,
@@ -186,24 +197,18 @@ class SpladeRows:
                            activation=activation or self.sparse.splade_activation, fast=self.fast_max)
 
 
-class BertForSparseEmbedding(SpladeRows, BertPretrainedModel):
-    """BERT's encoder and masked-LM head, pooled into SPLADE vectors over the vocabulary.
+class SparseEncoderModel(SpladeRows):
+    """A masked LM pooled into SPLADE vectors over the vocabulary: `BertForSparseEmbedding` and
+    `ModernBertForSparseEmbedding` are this with their encoder and head.
 
     Given rows (input_ids [B, T]) it returns `SentenceOutput.embeddings` [B, V]; given texts grouped per
     example ([B, C, T], training) [B, C, V]. `sparse` holds the directory's settings (SPLADE pooling,
-    activation, window, prompts); it saves as a `BertForMaskedLM` directory with the SparseEncoder modules.
+    activation, window, prompts); it saves as its encoder's masked-LM directory with the SparseEncoder modules.
     """
 
-    encoder_prefix = "bert."
-    head_prefixes = ("mlm.",)
-
-    def __init__(self, config: BertConfig):
-        super().__init__(config)
-        self.bert = BertModel(config, add_pooling_layer=False)
-        self.mlm = MlmHead(config)
+    def start_sparse(self) -> None:
         self.sparse = SentenceSettings(similarity="dot", splade="max")
         self.fast_max = True
-        self.init_weights()
 
     def directory_files(self) -> dict[str, str]:
         return sparse_settings_files(self.sparse, self.config.vocab_size)
@@ -215,6 +220,44 @@ class BertForSparseEmbedding(SpladeRows, BertPretrainedModel):
         mask = torch.ones_like(ids) if attention_mask is None else attention_mask.reshape(ids.shape)
         vectors = self.sparse_rows(ids, types, mask).view(*shape[:-1], -1)  # [..., V]
         return SentenceOutput(last_hidden_state=vectors, pooled_output=None, embeddings=vectors)
+
+
+class BertForSparseEmbedding(SparseEncoderModel, BertPretrainedModel):
+    """BERT's encoder and masked-LM head (`MlmHead`) as a SPLADE model (`SparseEncoderModel`); saved as a
+    Hugging Face `BertForMaskedLM` directory with the SparseEncoder modules."""
+
+    encoder_prefix = "bert."
+    head_prefixes = ("mlm.",)
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.mlm = MlmHead(config)
+        self.start_sparse()
+        self.init_weights()
+
+
+class ModernBertForSparseEmbedding(SparseEncoderModel, ModernBertPretrainedModel):
+    """ModernBERT's encoder and masked-LM head (its prediction head, then the decoder tied to the word
+    embeddings with its own bias: `ModernBertForMaskedLM`'s, the same parameter names) as a SPLADE model
+    (`SparseEncoderModel`); saved as a Hugging Face `ModernBertForMaskedLM` directory with the SparseEncoder
+    modules. What a ModernBERT masked-LM directory loads as when sparse vectors are asked of it."""
+
+    encoder_prefix = "bert."
+    head_prefixes = ("head.", "decoder_bias")
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__(config)
+        self.bert = ModernBertModel(config)
+        self.head = PredictionHead(config)
+        self.decoder_bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.decoder_bias else None
+        self.start_sparse()
+        self.init_weights()
+
+    def mlm_decoder(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        weight = self.bert.embeddings.word.weight  # [V, H]
+        bias = self.decoder_bias if self.decoder_bias is not None else weight.new_zeros(weight.shape[0])
+        return self.head(hidden), weight, bias
 
 
 @dataclass(frozen=True)

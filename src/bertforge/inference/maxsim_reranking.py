@@ -28,7 +28,7 @@ from bertforge.data.finetuning import Feature
 from bertforge.data.reranking import RerankQuery
 from bertforge.evaluation import run_features
 from bertforge.families.colbert import FAMILY as COLBERT
-from bertforge.families.colbert import BertForColBERT, maxsim_pairs
+from bertforge.families.colbert import LateInteraction, maxsim_pairs
 from bertforge.families.reranking import FAMILY as CROSS_ENCODER
 from bertforge.families.reranking import Reranking
 from bertforge.inference.family_pipelines import Pipeline
@@ -47,7 +47,7 @@ class MaxSimReranking(Reranking):
 
     name = "maxsim-reranking"
     aliases = ()
-    model_class = BertForColBERT
+    model_class = LateInteraction  # BERT's or ModernBERT's
     runs_as_graph = False  # ColBERT rows are rebuilt from the model's settings (`ColBERT.forward`)
     formats: dict[str, Any] = {}
 
@@ -151,7 +151,7 @@ class MaxSimRerankPipeline(Pipeline):
 
 def reranks_by_maxsim(model_class: type) -> bool:
     """Whether models of this class rerank by MaxSim (a ColBERT model) rather than as a cross-encoder."""
-    return issubclass(model_class, BertForColBERT)
+    return issubclass(model_class, LateInteraction)
 
 
 __all__ = ["FAMILY", "QUERY_WINDOW", "MaxSimRerankPipeline", "MaxSimReranking", "reranks_by_maxsim"]

@@ -132,13 +132,15 @@ def is_colbert_directory(folder: str | Path) -> bool:
 
 
 def _marker(value: Any, default: str, source: Path, key: str) -> str:
-    """A marker token from a prefix or prompt ("[Q] " and "[unused0]" alike: the token without spaces)."""
+    """A marker token from a prefix or prompt, as written: PyLate's "[Q] " is a token of its tokenizer, space
+    and all (ModernBERT's tokenizer.json holds it so); "[unused0]" a WordPiece vocabulary's (the model's
+    `ColbertTokens` looks a marker up as written, then without its spaces)."""
     if value is None:
         return default
     if not isinstance(value, str) or not value.strip() or len(value.split()) != 1:
         raise CheckpointError(f"{source}: {key} {value!r} is not one marker token; bertforge inserts one token "
                               "after [CLS] (e.g. \"[unused0]\")")
-    return value.strip()
+    return value
 
 
 def _skiplist(value: Any, source: Path) -> tuple[str, ...]:

@@ -37,6 +37,8 @@ KEY_TABLE: tuple[tuple[str, str], ...] = (
     ("head.dense", "head.dense"),
     ("head.norm", "head.norm"),
     ("classifier", "classifier"),
+    # ColBERT's projection, where PyLate's Dense module keeps it (`interop.colbert` adds it to the stored tensors).
+    ("projection", "linear"),
 )
 # Parameters whose full name is not `<module>.weight|bias`: the MLM decoder's bias (its weight is the tied
 # word-embedding matrix).
@@ -59,6 +61,9 @@ ROPE_KINDS = {"full_attention": "global_rope_theta", "sliding_attention": "local
 ARCHITECTURES = ("ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
                  "ModernBertForTokenClassification")
 ENCODER_ARCHITECTURE = "ModernBertModel"
+# Our classes saved as one of theirs (the rest of them is in files beside: sentence-transformers' SPLADE pooling,
+# PyLate's projection and settings; `checkpoint_format.read_config` reads such a directory back as ours).
+SAVED_AS = {"ModernBertForSparseEmbedding": "ModernBertForMaskedLM", "ModernBertForColBERT": ENCODER_ARCHITECTURE}
 
 _OURS_TO_HF = [(re.compile(compile_pattern(o)), t) for o, t in KEY_TABLE]
 _HF_TO_OURS = [(re.compile(compile_pattern(t)), o) for o, t in KEY_TABLE]
@@ -131,7 +136,8 @@ def config_to_hf(fields: dict[str, Any], architecture: str) -> dict[str, Any]:
     """Our config fields plus what a Hugging Face loader needs to recognise the directory."""
     data = {k: v for k, v in fields.items() if v is not None and k != "architectures"}
     data["model_type"] = MODEL_TYPE
-    data["architectures"] = [architecture if architecture in ARCHITECTURES else ENCODER_ARCHITECTURE]
+    data["architectures"] = [architecture if architecture in ARCHITECTURES else SAVED_AS.get(architecture,
+                                                                                              ENCODER_ARCHITECTURE)]
     data["tie_word_embeddings"] = True
     if "id2label" in data:
         data["num_labels"] = len(data["id2label"])

@@ -73,15 +73,20 @@ def band(tokens: int, window: int, device: torch.device) -> torch.Tensor:
     return (index[:, None] - index[None, :]).abs() <= window  # [T, T]
 
 
-def windowed(mask: torch.Tensor | None, tokens: int, window: int, device: torch.device) -> torch.Tensor:
-    """A padding (or packed) mask ([B, 1, 1, T], [B, 1, T, T] or None) narrowed to the window: bool
-    [B or 1, 1, T, T]. Every query keeps at least itself: a padding query far from any real token would
-    otherwise see nothing, and a query that sees nothing turns into NaN inside the softmax (in bf16 too),
-    which mean pooling would then spread over the whole row."""
+def windowed(mask: torch.Tensor | None, tokens: int, window: int, device: torch.device
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A padding (or packed) mask ([B, 1, 1, T], [B, 1, T, T] or None) narrowed to the window: (bool
+    [B or 1, 1, T, T], sighted bool [B or 1, 1, T, 1]: the queries that see a key). A query that sees no key
+    (a masked position farther than the window from any real token: padding, or ColBERT's non-attended query
+    expansion) gets itself in the mask, since a query that sees nothing turns into NaN inside some softmaxes
+    (ONNX Runtime's, bf16 kernels'), which mean pooling would then spread over the whole row; its context is
+    then zeroed (`Padded.attend`), what torch's SDPA and transformers give such a query."""
     banded = band(tokens, window, device)[None, None]  # [1, 1, T, T]
     if mask is not None:
         banded = banded & mask
-    return banded | band(tokens, 0, device)  # (the diagonal; not `torch.eye`: ONNX Runtime has no bool EyeLike)
+    sighted = banded.sum(-1, keepdim=True) > 0  # [B or 1, 1, T, 1]
+    # (the diagonal, not `torch.eye`: ONNX Runtime has no bool EyeLike)
+    return banded | (band(tokens, 0, device) & ~sighted), sighted
 
 
 def computes_band_only(tokens: int, window: int | None) -> bool:
@@ -96,7 +101,7 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: i
                      real: torch.Tensor | None = None, dropout: float = 0.0) -> torch.Tensor:
     """Sliding-window attention that computes only the band: q, k, v [B, T, H] -> context [B, T, H], each query
     attending to the keys at most `window` positions away (and, with `real` bool [B, T], only to real keys;
-    a query whose window holds none sees itself, as `windowed` rules).
+    a query whose window holds none gets a zero context, as `windowed` rules).
 
     The rows are cut into blocks of W = `window` queries (the last block padded). A query of block i sees keys in
     blocks i - 1, i and i + 1 only, so each block attends to those 3W keys, masked to the exact window: one SDPA
@@ -131,9 +136,12 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: i
     in_window = (column - width - row).abs() <= window  # [W, 3W]
     keys = torch.ones(batch, tokens, dtype=torch.bool, device=q.device) if real is None else real.to(torch.bool)
     keys = F.pad(keys, (width, tail + width)).unfold(1, 3 * width, width)  # [B, nb, 3W]: real keys of each block
-    mask = (in_window & keys[:, :, None, :]) | (column == width + row)  # [B, nb, W, 3W]
+    seen = in_window & keys[:, :, None, :]  # [B, nb, W, 3W]
+    sighted = seen.any(-1, keepdim=True)  # [B, nb, W, 1]: a query that sees no key gets itself, then 0 (`windowed`)
+    mask = seen | ((column == width + row) & ~sighted)
     context = F.scaled_dot_product_attention(qb, around(k), around(v), attn_mask=mask.flatten(0, 1)[:, None],
                                              dropout_p=dropout)  # [B * nb, N, W, D]
+    context = context * sighted.flatten(0, 1)[:, None].to(context.dtype)
     # [B * nb, N, W, D] -> [B * nb, W, N, D] -> [B, nb * W, H] -> [B, T, H]
     return context.transpose(1, 2).reshape(batch, blocks * width, hidden)[:, :tokens]
 
@@ -147,7 +155,8 @@ class Padded:
 
     def __init__(self, mask: torch.Tensor | None):
         self.mask = mask  # bool [B, 1, 1, T] (or [B, 1, T, T] for packed rows), True = attend, or None
-        self.windowed: dict[int, torch.Tensor] = {}  # window -> the mask narrowed to it, shared by layers
+        # window -> (the mask narrowed to it, the queries that see a key), shared by layers
+        self.windowed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def enter(self, x: torch.Tensor) -> torch.Tensor:
         return x
@@ -155,10 +164,12 @@ class Padded:
     def leave(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
-    def mask_for(self, tokens: int, window: int | None, device: torch.device) -> torch.Tensor | None:
-        """The mask of a global (`window` None) or local layer, made once per window and forward."""
+    def mask_for(self, tokens: int, window: int | None, device: torch.device
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(the mask, the queries that see a key or None: all) of a global (`window` None) or local layer, made
+        once per window and forward."""
         if window is None or (window >= tokens - 1 and not torch.jit.is_tracing()):
-            return self.mask  # (a traced graph keeps the band: it must hold at lengths beyond the window too)
+            return self.mask, None  # (a traced graph keeps the band: it must hold at lengths beyond the window too)
         if window not in self.windowed:
             self.windowed[window] = windowed(self.mask, tokens, window, device)
         return self.windowed[window]
@@ -172,7 +183,7 @@ class Padded:
         if not return_probs and computes_band_only(tokens, window) and (self.mask is None or self.mask.shape[2] == 1):
             real = None if self.mask is None else self.mask[:, 0, 0]  # [B, 1, 1, T] -> [B, T]
             return banded_attention(q, k, v, heads, window, real, dropout), None
-        mask = self.mask_for(tokens, window, q.device)
+        mask, sighted = self.mask_for(tokens, window, q.device)
 
         def split(x: torch.Tensor) -> torch.Tensor:
             return x.view(batch, tokens, heads, hidden // heads).transpose(1, 2)  # [B, T, H] -> [B, N, T, D]
@@ -188,6 +199,8 @@ class Padded:
             context = F.dropout(probs, dropout, dropout > 0) @ v  # [B, N, T, D]
         else:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # [B, N, T, D]
+        if sighted is not None:  # a query that sees no key: 0, not its own value (`windowed`)
+            context = context * sighted.to(context.dtype)  # [B, N, T, D] * [B or 1, 1, T, 1]
         return context.transpose(1, 2).reshape(batch, tokens, hidden), probs  # [B, N, T, D] -> [B, T, H]
 
 

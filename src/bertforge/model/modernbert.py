@@ -250,7 +250,7 @@ class ModernBertModel(ModernBertPretrainedModel):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False,
-                sequence_ids: torch.Tensor | None = None) -> BertOutput:
+                sequence_ids: torch.Tensor | None = None, compute_masked: bool = False) -> BertOutput:
         """Encode a batch (arguments in `BertModel.forward`'s order, so every caller of an encoder, the engine's
         row chunks among them, can call this). Packed rows (`sequence_ids`) are not supported yet.
 
@@ -259,6 +259,8 @@ class ModernBertModel(ModernBertPretrainedModel):
             token_type_ids: accepted from callers that build BERT's features, and unused: ModernBERT has no
                 segments.
             position_ids: long [B, T] or [T] (default 0..T-1).
+            compute_masked: also compute the positions `attention_mask` hides from attention (no token attends
+                to them, they attend to the real ones: ColBERT's query expansion); runs padded.
         """
         self.check_inputs(input_ids)
         if sequence_ids is not None:
@@ -267,7 +269,8 @@ class ModernBertModel(ModernBertPretrainedModel):
         batch, tokens = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(tokens, device=input_ids.device)
-        layout = choose_layout(attention_mask, None, unpad=self.unpad, output_attentions=output_attentions)
+        layout = choose_layout(attention_mask, None, unpad=self.unpad and not compute_masked,
+                               output_attentions=output_attentions)
         positions = position_ids.reshape(-1, tokens)  # [T], [1, T] or [B, T] -> [1 or B, T]: rows that share
         # positions share one table (made once, not per row), expanded to the batch without a copy when padded
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 
 import tokenizers
 
@@ -113,6 +114,12 @@ class JsonTokenizer(SequenceEncoder):
             {**settings, "tokenizer_class": HF_FAST_TOKENIZER_CLASS}, indent=2, ensure_ascii=False) + "\n")
 
     # ------------------------------------------------------------------------------------- properties
+    @property
+    def vocab(self) -> Mapping[str, int]:
+        """token -> id of every entry, added tokens included (as the file spells them: PyLate's "[Q] " keeps
+        its space), read-only; answers `in` and `[]` as `Tokenizer.vocab` does."""
+        return MappingProxyType(self._token_to_id)
+
     @property
     def vocab_size(self) -> int:
         """Ids span [0, vocab_size): the embedding table must have at least this many rows."""
