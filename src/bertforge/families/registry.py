@@ -19,9 +19,11 @@ from bertforge.families.colbert import FAMILY as COLBERT
 from bertforge.families.embedding import FAMILY as EMBEDDING
 from bertforge.families.embedding import BertForSentenceEmbedding, ModernBertForSentenceEmbedding
 from bertforge.families.multiple_choice import FAMILY as MULTIPLE_CHOICE
+from bertforge.families.multiple_choice import ModernBertForMultipleChoice
 from bertforge.families.pretraining import FAMILY as PRETRAINING
 from bertforge.families.pretraining import BertForMaskedLM
 from bertforge.families.question_answering import FAMILY as QUESTION_ANSWERING
+from bertforge.families.question_answering import ModernBertForQuestionAnswering
 from bertforge.families.reranking import FAMILY as RERANKING
 from bertforge.families.sparse import FAMILY as SPARSE_EMBEDDING
 from bertforge.families.tagging import FAMILY as TAGGING
@@ -61,7 +63,8 @@ MODEL_CLASSES: dict[str, type[BertPretrainedModel]] = {
     "BertForMaskedLM": BertForMaskedLM,
     # ModernBERT directories (config.json's model_type "modernbert"): the encoder and its task models.
     **{cls.__name__: cls for cls in (ModernBertModel, ModernBertForMaskedLM, ModernBertForSequenceClassification,
-                                     ModernBertForTokenClassification)}}
+                                     ModernBertForTokenClassification, ModernBertForQuestionAnswering,
+                                     ModernBertForMultipleChoice)}}
 # The pipeline routes, in a fixed order: one per family, `embed` (which any model's encoder serves) last.
 TASKS: tuple[str, ...] = tuple(f.task for f in FAMILIES if f.task)
 
@@ -108,6 +111,7 @@ def for_task(task: str) -> Family:
 # decoders and metrics the family's).
 MODERNBERT_FAMILIES: dict[type[BertPretrainedModel], Family] = {
     ModernBertForSequenceClassification: CLASSIFICATION, ModernBertForTokenClassification: TAGGING,
+    ModernBertForQuestionAnswering: QUESTION_ANSWERING, ModernBertForMultipleChoice: MULTIPLE_CHOICE,
     ModernBertForMaskedLM: PRETRAINING, ModernBertModel: EMBEDDING}
 # The classes fine-tuning trains (a family's `training.trained_class`, BERT's) -> ModernBERT's, where they
 # differ from the class the family serves with.

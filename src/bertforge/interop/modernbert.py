@@ -57,7 +57,10 @@ ROPE_KINDS = {"full_attention": "global_rope_theta", "sliding_attention": "local
 
 # Our class names; transformers spells them the same. Their heads we do not have load as the encoder.
 ARCHITECTURES = ("ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
-                 "ModernBertForTokenClassification")
+                 "ModernBertForTokenClassification", "ModernBertForQuestionAnswering", "ModernBertForMultipleChoice")
+# Their span head is sized by num_labels (start and end: 2), ours is fixed at 2 whatever labels the config
+# carries (one fine-tuned from a classifier keeps that classifier's).
+SPAN_ARCHITECTURE, SPAN_OUTPUTS = "ModernBertForQuestionAnswering", 2
 ENCODER_ARCHITECTURE = "ModernBertModel"
 
 _OURS_TO_HF = [(re.compile(compile_pattern(o)), t) for o, t in KEY_TABLE]
@@ -133,7 +136,11 @@ def config_to_hf(fields: dict[str, Any], architecture: str) -> dict[str, Any]:
     data["model_type"] = MODEL_TYPE
     data["architectures"] = [architecture if architecture in ARCHITECTURES else ENCODER_ARCHITECTURE]
     data["tie_word_embeddings"] = True
-    if "id2label" in data:
+    if data["architectures"] == [SPAN_ARCHITECTURE]:
+        for key in ("id2label", "label2id", "problem_type"):
+            data.pop(key, None)
+        data["num_labels"] = SPAN_OUTPUTS
+    elif "id2label" in data:
         data["num_labels"] = len(data["id2label"])
     elif data.get("problem_type") == "regression":
         data["num_labels"] = 1
