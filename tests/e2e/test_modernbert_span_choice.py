@@ -143,3 +143,21 @@ def test_modernbert_directory_finetunes_chooses_and_serves_multiple_choice(tmp_p
         reference = theirs(input_ids=ids, attention_mask=mask).logits.softmax(-1)[0].numpy()
     np.testing.assert_allclose(mine, reference, atol=1e-5)
     np.testing.assert_allclose(predicted[0]["scores"], mine, atol=1e-5)
+
+
+def test_modernbert_answers_a_long_context_in_one_window_of_its_own_length(tmp_path):
+    """A question-answering directory without a fine-tuning record (as transformers saves one): BERT's window
+    is 384 tokens, a ModernBERT's its own positions (here 2,048), so a context past 512 tokens is one window
+    (the windowing rule unchanged: a longer one is still cut into windows of that length)."""
+    from bertforge.inference.pipelines import load_pipeline
+
+    sentence = "john lives in paris and mary works in london near the river bank"
+    tokenizer = tiny_modernbert(tmp_path, [sentence], cls=ModernBertForQuestionAnswering,
+                                max_position_embeddings=2048)
+    pipeline = load_pipeline(tmp_path, "answer")
+    assert pipeline.max_length == 2048
+    question = {"question": "where does john live ?", "context": " ".join([sentence] * 50)}
+    assert 512 < len(tokenizer.encode(question["context"]).ids) < 2048 - 16
+    assert len(pipeline.features([pipeline.parse(question)])) == 1
+    answer = pipeline(question)
+    assert question["context"][answer["start"]:answer["end"]] == answer["answer"] != ""
