@@ -38,7 +38,7 @@ import numpy as np
 
 from benchmarks.ann_search import squad_questions
 
-INDEX_FLAGS = ("centroids", "residual", "nprobe", "candidates", "rescore")
+INDEX_FLAGS = ("centroids", "residual", "nprobe", "probe_tokens", "candidates", "rescore")
 
 
 def resident_mib() -> float:
@@ -51,7 +51,7 @@ def resident_mib() -> float:
 
 def index_command(folder: Path, args: argparse.Namespace) -> list[str]:
     flags = [part for name in INDEX_FLAGS if getattr(args, name) is not None
-             for part in (f"--{name}", str(getattr(args, name)))]
+             for part in (f"--{name.replace('_', '-')}", str(getattr(args, name)))]
     return [sys.executable, "-m", "bertforge", "index", "--index", str(folder), *flags]
 
 
@@ -113,9 +113,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--exact-timed", type=int, default=20, help="queries timed one at a time by exact search")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--kill-copy", type=Path, help="run the kill -9 check in this folder (a copy)")
-    parser.add_argument("--sweep", default="", help="extra search settings to measure: nprobe:candidates:rescore,...")
+    parser.add_argument("--sweep", default="", help="extra search settings to measure: nprobe:candidates:rescore[:probe_tokens],...")
     for name in INDEX_FLAGS:
-        parser.add_argument(f"--{name}", type=str if name == "residual" else int)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=str if name == "residual" else int)
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the index builds' children
-    from bertforge.retrieval.multi_vector_search import MultiVectorIndex, embed_multi_vector_queries
+    from bertforge.retrieval.multi_vector_search import MultiVectorIndex
+    from bertforge.retrieval.query_embedding import embed_multi_vector_queries
     from bertforge.retrieval.token_index import open_token_index
 
     load = {"start": os.getloadavg()}
@@ -165,8 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     default = measured()
     sweep = []
     for item in filter(None, args.sweep.split(",")):
-        nprobe, candidates, rescore = (int(x) for x in item.split(":"))
-        sweep.append(measured(nprobe=nprobe, candidates=candidates, rescore=rescore))
+        values = dict(zip(("nprobe", "candidates", "rescore", "probe_tokens"), (int(x) for x in item.split(":"))))
+        sweep.append(measured(**values))
     rss_searched = resident_mib()
     load["after_search"] = os.getloadavg()
     kill = killed_and_resumed(args.folder, args.kill_copy, args, record["shards"]) if args.kill_copy else None

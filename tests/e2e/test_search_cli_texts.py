@@ -14,6 +14,7 @@ import pytest
 from bertforge import cli
 from bertforge.errors import ConfigError
 from bertforge.retrieval import embed_corpus as E
+from bertforge.retrieval import query_embedding
 from bertforge.retrieval import vector_search as S
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex bad jumping frogs near "
@@ -106,8 +107,8 @@ def test_search_show_text_reads_a_symlinked_input_under_its_own_name(tiny_minilm
 def test_search_cli_precision_is_the_queries_precision(embedded, capsys, monkeypatch):
     folder, rows = embedded
     seen = []
-    real_load = S.load_pipeline
-    monkeypatch.setattr(S, "load_pipeline", lambda *a, **k: seen.append(k["precision"]) or real_load(*a, **k))
+    real_load = query_embedding.load_pipeline  # what loads the queries' pipeline
+    monkeypatch.setattr(query_embedding, "load_pipeline", lambda *a, **k: seen.append(k["precision"]) or real_load(*a, **k))
     base = ["search", "--index", str(folder / "out"), "--query", rows[3]["text"], "--top-k", "1", "--device", "cpu"]
     assert cli.main([*base, "--precision", "int8"]) == 0
     assert json.loads(capsys.readouterr().out)["hits"][0]["id"] == "doc3"

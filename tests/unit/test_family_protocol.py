@@ -22,6 +22,7 @@ from bertforge.errors import ConfigError
 from bertforge.families import registry
 from bertforge.families.base import Family, FamilyTraining, text_of
 from bertforge.families.classification import BertForSequenceClassification
+from bertforge.inference import family_pipelines
 from bertforge.inference import pipelines as P
 from bertforge.inference.predict_lines import predict_stream
 from bertforge.model.config import BertConfig
@@ -116,7 +117,7 @@ class BestLabel(Family):
 def best_label(monkeypatch) -> BestLabel:
     family = BestLabel()
     monkeypatch.setitem(registry._BY_TASK, family.task, family)
-    monkeypatch.setattr(P, "TASKS", (*P.TASKS, family.task))
+    monkeypatch.setattr(family_pipelines, "TASKS", (*family_pipelines.TASKS, family.task))  # what check_task reads
     return family
 
 

@@ -343,34 +343,84 @@ def test_layering_retired_names_are_gone():
     assert not found, "\n".join(found)
 
 
-def test_layering_no_import_cycles():
-    """No two modules import each other, directly or around a loop (function-level imports count)."""
-    graph: dict[str, set[str]] = {}
-    modules = {module_name(p, SOURCE_ROOT) for p in (SOURCE_ROOT / PACKAGE).rglob("*.py")}
-    for item in collect_imports(SOURCE_ROOT):
+def import_graph(root: Path) -> dict[str, dict[str, list[Import]]]:
+    """module -> {a module of the package it imports: the statements that do}, from `collect_imports`: every
+    statement, at module level or inside a function; `from pkg.mod import name` imports `pkg.mod`, and
+    `from pkg import name` imports `pkg` itself unless `name` is a module of it or a name of its `_LAZY` table."""
+    modules = {module_name(p, root) for p in (root / PACKAGE).rglob("*.py")}
+    graph: dict[str, dict[str, list[Import]]] = {module: {} for module in modules}
+    for item in collect_imports(root):
         target = item.target
-        while target and target not in modules:  # `from pkg.mod import name` names a module or its package
+        while target and target not in modules:  # a name of a module: that module (or its package)
             target = target.rpartition(".")[0]
-        if target and target != item.module and not target == PACKAGE:
-            graph.setdefault(item.module, set()).add(target)
-    cycles, state = [], {}
+        if target and target != item.module:
+            graph[item.module].setdefault(target, []).append(item)
+    return graph
 
-    def visit(node: str, trail: list[str]) -> None:
-        state[node] = "open"
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == "open":
-                cycles.append(" -> ".join(trail[trail.index(nxt):] + [nxt]))
-            elif nxt not in state:
-                visit(nxt, trail + [nxt])
-        state[node] = "done"
+
+def import_circles(graph: dict[str, dict[str, list[Import]]]) -> list[list[str]]:
+    """The groups of modules that import each other around a loop: each module of a group reaches every other
+    by imports (a strongly connected component of the graph, of two modules or more), sorted."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if target not in order:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], order[target])
+        if low[module] == order[module]:  # `module` opened this group: the stack above it is the group
+            group = stack[stack.index(module):]
+            del stack[stack.index(module):]
+            if len(group) > 1:
+                circles.append(sorted(group))
 
     for module in sorted(graph):
-        if module not in state:
-            visit(module, [module])
-    # A package's __init__ that hands names on from its own modules is not a loop of concerns.
-    cycles = [c for c in cycles if not all(part.startswith(c.split(" -> ")[0].rpartition(".")[0] or c)
-                                           for part in c.split(" -> "))]
-    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+        if module not in order:
+            visit(module)
+    return sorted(circles)
+
+
+def test_layering_no_import_circles():
+    """No modules of the package import each other around a loop, inside one room (`inference/`, `retrieval/`)
+    or across rooms. Every import counts, a deferred one inside a function too: an import put off until a call
+    still ties the two modules, so it hides a circle rather than breaking it (the code that both sides need
+    moves to a module below both instead). A package's `__init__` counts as a module: one that imports its
+    modules eagerly runs those imports; a `_LAZY` table (`bertforge.lazy`) imports nothing."""
+    graph = import_graph(SOURCE_ROOT)
+    circles = import_circles(graph)
+    found = [f"{' <-> '.join(circle)}, tied by:\n" + "\n".join(dict.fromkeys(  # one line per statement
+        f"  {item.where()} {'inside a function' if item.in_function else 'at module level'}"
+        for module in circle for target in sorted(graph[module]) if target in circle for item in graph[module][target]))
+        for circle in circles]
+    assert not found, "import circles:\n" + "\n".join(found)
+
+
+def test_layering_circle_finder_sees_deferred_and_module_level_loops(tmp_path):
+    write_tree(tmp_path, {
+        "__init__.py": "",
+        "room/__init__.py": "",
+        "room/a.py": "from bertforge.room.b import B\n",
+        "room/b.py": "def load():\n    from bertforge.room import a\n",  # deferred, and through the package
+        "room/c.py": "from bertforge.room.a import A\n",  # imports into the circle, not part of it
+        "p.py": "import bertforge.q\n",
+        "q.py": "from bertforge.r import R\n",
+        "r.py": "from bertforge import p\n",  # a loop of three modules across rooms
+        "face/__init__.py": "_LAZY = {'Thing': 'bertforge.face.thing'}\n",
+        "face/thing.py": "Thing = 1\n",
+        "face/user.py": "from bertforge.face import Thing\n",  # the lazy table's module, not the package
+    })
+    graph = import_graph(tmp_path)
+    assert import_circles(graph) == [["bertforge.p", "bertforge.q", "bertforge.r"],
+                                     ["bertforge.room.a", "bertforge.room.b"]]
+    assert [item.in_function for item in graph["bertforge.room.b"]["bertforge.room.a"]] == [True]
+    assert set(graph["bertforge.face.user"]) == {"bertforge.face.thing"}
 
 
 def test_layering_rooms_fit_in_one_sitting():

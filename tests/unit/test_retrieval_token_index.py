@@ -88,6 +88,7 @@ def test_token_index_finds_the_exact_maxsim_hits_with_their_exact_scores(folder)
     files, tokens = record["files"], record["tokens"]
     assert sum(files[f"token-index/cells-{i:05d}.npy"]["bytes"] - 128 for i in range(4)) == 2 * tokens
     assert sum(files[f"token-index/residuals-{i:05d}.npy"]["bytes"] - 128 for i in range(4)) == 8 * tokens
+    assert sum(files[f"token-index/lists-{i:05d}.npy"]["bytes"] - 128 for i in range(4)) == 4 * tokens
     assert 10 < record["bytes_per_token"] < 20 and record["bytes"] == sum(e["bytes"] for e in files.values())
     exact = MultiVectorIndex(directory)
     index = T.open_token_index(exact)
@@ -98,10 +99,41 @@ def test_token_index_finds_the_exact_maxsim_hits_with_their_exact_scores(folder)
     exact_of_found = exact.rescore(queries, rows)  # a hit's score is its exact MaxSim, best first
     np.testing.assert_allclose(scores, exact_of_found, rtol=1e-6, atol=1e-6)
     assert (np.diff(scores, axis=1) <= 0).all()
-    # probing every centroid and rescoring every document is exact search
-    scores, rows = index.search_tokens(queries, 10, nprobe=64, candidates=400, rescore=400)
+    # probing every centroid, keeping every token and rescoring every document is exact search
+    scores, rows = index.search_tokens(queries, 10, nprobe=64, probe_tokens=tokens, candidates=400, rescore=400)
     np.testing.assert_array_equal(rows, want_rows)
     np.testing.assert_allclose(scores, want_scores, rtol=1e-6, atol=1e-6)
+
+
+def test_token_index_candidates_are_token_retrieval_with_the_lowest_kept_score_imputed(folder):
+    """Step 1, against its definition computed by brute force: for each query token, its probed centroids' tokens
+    rebuilt from centroid + residual, the best `keep` kept; a document's estimate sums its best kept score per
+    query token, or that token's lowest kept score where it has none kept."""
+    directory, centers = folder
+    T.build_token_index(directory, T.TokenIndexSettings(centroids=32))
+    index = T.open_token_index(MultiVectorIndex(directory))
+    centroids, keep, nprobe = index.trained.centroids, 20, 3
+    cells = np.concatenate([np.asarray(part.cells, dtype=np.int64) for part in index.parts])
+    vectors = np.concatenate([index.trained.decode(np.asarray(part.cells, dtype=np.int64), part.residuals)
+                              for part in index.parts])
+    owner = np.concatenate([np.repeat(np.arange(len(part.offsets) - 1), np.diff(part.offsets)) + part.base
+                            for part in index.parts])
+    for query in queries_near(centers, 5):
+        rows, estimates = index.candidates(query, nprobe, keep, None)
+        kept = []  # per query token: {row: best kept score}, and the lowest kept score
+        for token in query:
+            probed = np.argsort(-(centroids @ token))[:nprobe]
+            mine = np.flatnonzero(np.isin(cells, probed))
+            scores = vectors[mine] @ token
+            best = mine[np.argsort(-scores, kind="stable")[:keep]]
+            per_row: dict[int, float] = {}
+            for t in best:
+                per_row[int(owner[t])] = max(per_row.get(int(owner[t]), -np.inf), float(vectors[t] @ token))
+            kept.append((per_row, float(min(vectors[best] @ token))))
+        want_rows = sorted({row for per_row, _ in kept for row in per_row})
+        np.testing.assert_array_equal(rows, want_rows)
+        want = [sum(per_row.get(row, floor) for per_row, floor in kept) for row in want_rows]
+        np.testing.assert_allclose(estimates, want, rtol=1e-5, atol=1e-5)
 
 
 def test_token_index_honours_deleted_and_filtered_rows(folder):

@@ -31,7 +31,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "most 4 x sqrt(token vectors))")
     p.add_argument("--residual", help="token index: how each token's residual is coded: SQ4 (4 bits a number, the "
                    "default), SQ8, or PQ<bytes> (a product quantizer, e.g. PQ32)")
-    p.add_argument("--nprobe", type=int, help="token index: centroids probed per query token (default 4)")
+    p.add_argument("--nprobe", type=int, help="token index: centroids probed per query token (default 16)")
+    p.add_argument("--probe-tokens", type=int, help="token index: tokens kept per query token from the centroids "
+                   "it probes; their documents are the candidates (default 1024)")
     p.add_argument("--candidates", type=int, help="token index: documents scored from their compressed tokens "
                    "per query (default 4096)")
     p.add_argument("--rescore", type=int, help="token index: documents rescored by exact MaxSim per query "
@@ -105,7 +107,7 @@ def add_growth_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 HNSW_FLAGS = {"m": 32, "ef_construction": 200, "ef_search": 128}
-TOKEN_FLAGS = ("centroids", "residual", "nprobe", "candidates", "rescore")
+TOKEN_FLAGS = ("centroids", "residual", "nprobe", "probe_tokens", "candidates", "rescore")
 
 
 def cmd_index(args: argparse.Namespace, extra: list[str]) -> None:

@@ -55,7 +55,7 @@ def encoder_of(model: torch.nn.Module) -> BertModel:
 @dataclass
 class AttentionWindow:
     """One text made ready for the encoder: its tokens and their ids (`input_ids`: what the scheduler's token
-    budgets count, `pipelines.feature_tokens`)."""
+    budgets count, `family_pipelines.feature_tokens`)."""
 
     tokens: list[str]
     input_ids: list[int]

@@ -27,7 +27,7 @@ CANCEL_REASONS: tuple[Failure, ...] = ("disconnect", "timeout")
 
 
 class ModelSteps(Protocol):
-    """What the scheduler needs of a pipeline: its three steps (see `inference.pipelines.Pipeline`)."""
+    """What the scheduler needs of a pipeline: its three steps (see `inference.family_pipelines.Pipeline`)."""
 
     def features(self, parsed: Sequence[Any]) -> list[Any]: ...
 

@@ -31,7 +31,7 @@ from bertforge.families.colbert import FAMILY as COLBERT
 from bertforge.families.colbert import BertForColBERT, maxsim_pairs
 from bertforge.families.reranking import FAMILY as CROSS_ENCODER
 from bertforge.families.reranking import Reranking
-from bertforge.inference.pipelines import Pipeline
+from bertforge.inference.family_pipelines import Pipeline
 from bertforge.inference.wire_inputs import TruncatedInput, fit_tokens, with_cuts
 from bertforge.model.config import BertConfig
 

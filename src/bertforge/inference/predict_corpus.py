@@ -39,6 +39,7 @@ from bertforge.data.files import not_utf8, open_text
 from bertforge.engine.build import DEFAULT_KIND
 from bertforge.errors import ConfigError, DataError
 from bertforge.inference import pipelines
+from bertforge.inference.family_pipelines import DEFAULT_BATCH_SIZE, Pipeline
 from bertforge.inference.predict_lines import predict_stream
 from bertforge.processes import Group, Ranks
 from bertforge.runtime import DEFAULT_PRECISION
@@ -91,7 +92,7 @@ def read_chunks(inputs: Path, chunk_lines: int) -> Iterator[tuple[int, list[str]
         handle.close()
 
 
-def run_chunks(pipeline: pipelines.Pipeline, inputs: Path, parts: Path, chunk_lines: int, options: dict[str, Any],
+def run_chunks(pipeline: Pipeline, inputs: Path, parts: Path, chunk_lines: int, options: dict[str, Any],
                ranks: Ranks) -> int:
     """Run this rank's unfinished chunks; return the number of chunks in the input."""
     chunks, done, started = 0, 0, time.perf_counter()
@@ -135,7 +136,7 @@ def merge_chunks(parts: Path, output: Path, chunks: int) -> int:
 def predict_corpus(model_dir: str | os.PathLike, task: str, inputs: str | os.PathLike, output: str | os.PathLike, *,
                    chunk_lines: int = DEFAULT_CHUNK_LINES, device: str = "auto",
                    precision: str = DEFAULT_PRECISION, engine: str = DEFAULT_KIND, threads: int | None = None,
-                   batch_size: int = pipelines.DEFAULT_BATCH_SIZE, max_length: int | None = None,
+                   batch_size: int = DEFAULT_BATCH_SIZE, max_length: int | None = None,
                    doc_stride: int | None = None, **options: Any) -> int:
     """Predict every line of the file `inputs` into the JSONL file `output` (see the module docstring).
     Under torchrun every rank calls it with the same arguments and runs its share of the chunks.

@@ -35,7 +35,7 @@ def read_line(line: str, source: str, number: int) -> Any:
 
 def predict_stream(pipeline: Any, lines: Iterable[str], out: IO[str], *, source: str = "<stdin>",
                    chunk_size: int = 256, first_line: int = 1, **options: Any) -> int:
-    """Run `pipeline` (a `pipelines.Pipeline`) over lines of text or JSONL and write one JSON result per input line.
+    """Run `pipeline` (a `family_pipelines.Pipeline`) over lines of text or JSONL and write one JSON result per input line.
 
     Each non-blank line is either raw text or a JSON object (`{"text": ...}`, `{"text": ..., "text_pair": ...}`,
     `{"question": ..., "context": ...}`); blank lines are skipped. An object's "id" field is copied into its

@@ -61,6 +61,7 @@ from typing import Any, TypeVar
 
 from bertforge.errors import BertforgeError
 from bertforge.inference.admission import Throughput, estimate_tokens, token_floor
+from bertforge.inference.family_pipelines import feature_tokens
 
 # The scheduler's vocabulary lives in `inference.jobs`; these names are imported from here as well.
 from bertforge.inference.jobs import (
@@ -79,7 +80,6 @@ from bertforge.inference.jobs import (
     retry_after,
 )
 from bertforge.inference.lane import ComputeLane, Seat, Turn
-from bertforge.inference.pipelines import feature_tokens
 from bertforge.inference.sharing import plan_call
 from bertforge.inference.wire_inputs import plain_inputs
 from bertforge.runtime import release_freed_memory

@@ -9,7 +9,8 @@
   binary), `multi_vector_search` (exact MaxSim over `token_rows`, a ColBERT model's vectors per token): the
   indexes; `searcher`: the one search path from query vectors to hits (dense, sparse, multi-vector, any of
   them fused, reranked);
-- `vector_search`, `hybrid_search`: `bertforge search`'s entry points (queries embedded by a pipeline of theirs);
+- `query_embedding`: queries embedded as a folder's corpus was, by a pipeline of their own (`QueryModel`);
+  `vector_search`, `hybrid_search`: `bertforge search`'s entry points;
 - `qdrant_collection`: a folder exported into a Qdrant collection and searched there (with `qdrant_filters`,
   the only modules that import qdrant_client), `qdrant_locations`: where a collection is; `index_locations`: `open_index`, folders or a collection by what `--index` names;
 - `text_chunks`, `vector_texts`, `embedding_map`, `negative_mining`, `mine_corpus`: chunks, texts behind hits,

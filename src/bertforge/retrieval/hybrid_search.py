@@ -1,6 +1,6 @@
 """`bertforge search`'s entry points over sparse, multi-vector and hybrid folders (any two or all three kinds,
 fused), over one folder of any kind, and reranking by a multi-vector folder: the queries embedded with pipelines of their own
-(`vector_search.embed_query_vectors`), then searched through `searcher.Searcher` (the one search path; hybrid
+(`query_embedding.embed_query_vectors`), then searched through `searcher.Searcher` (the one search path; hybrid
 fusion and reranking are described there).
 
 Owns: `search_sparse_hits`, `multi_vector_hits`, `fused_hits` (`hybrid_search_hits`: dense and sparse), `reranked_hits` and `folder_hits` (which
@@ -17,13 +17,13 @@ from typing import Any
 from bertforge.errors import ConfigError
 from bertforge.metrics.fusion import DEFAULT_RRF_K, check_rrf_k
 from bertforge.retrieval.qdrant_collection import QdrantSearcher
+from bertforge.retrieval.query_embedding import embed_query_vectors
 from bertforge.retrieval.searcher import DEFAULT_FUSION_DEPTH, Searcher, check_same_input
 from bertforge.retrieval.store import VectorFolder
 from bertforge.retrieval.vector_search import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_TOP_K,
     check_top_k,
-    embed_query_vectors,
     search_hits,
 )
 
@@ -32,7 +32,7 @@ def search_sparse_hits(directory: str | os.PathLike, queries: Sequence[str], *, 
                        show_text: bool = False, field: str | None = None, filter: Any = None, **embedding: Any,
                        ) -> list[list[dict[str, Any]]]:
     """The top-k hits {"id", "score"} of each query text in a sparse folder, best first (`show_text` / `field` /
-    `filter` as `vector_search.search_hits`); the queries are embedded by `vector_search.embed_sparse_queries`
+    `filter` as `vector_search.search_hits`); the queries are embedded by `query_embedding.embed_sparse_queries`
     (`embedding`: model, device, batch_size, prompt_name, prompt, precision)."""
     check_top_k(top_k)
     searcher = Searcher(sparse=directory)

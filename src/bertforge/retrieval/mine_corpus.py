@@ -60,9 +60,9 @@ from bertforge.retrieval.negative_mining import (
     corpus_of,
     output_rows,
 )
+from bertforge.retrieval.query_embedding import query_pipeline
 from bertforge.retrieval.store import EmbedSettings, finished, progress_path
 from bertforge.retrieval.vector_index import VectorIndex, top_k_merge
-from bertforge.retrieval.vector_search import query_pipeline
 from bertforge.retrieval.vector_texts import record_texts
 from bertforge.runtime import DEFAULT_PRECISION
 

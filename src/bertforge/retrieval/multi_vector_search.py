@@ -4,15 +4,14 @@ it), or only a candidate list's (reranking another search's hits).
 
 Owns: `MultiVectorIndex` (the folder opened for search: `search_tokens`, the top k of every live row, in blocks of
 at most `TOKEN_BLOCK` document vectors, so that memory is bounded whatever the folder's size; `rescore`, the
-MaxSim of given rows), the window a ColBERT model's documents are embedded with (`document_window`) and the
-queries embedded as the folder's corpus was, with the query role (`embed_multi_vector_queries`).
+MaxSim of given rows) and the window a ColBERT model's documents are embedded with (`document_window`). Its
+queries are embedded with the query role by `query_embedding.embed_multi_vector_queries`.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -125,17 +124,4 @@ class MultiVectorIndex(VectorFolder):
         return opened[index]
 
 
-def embed_multi_vector_queries(index: Any, queries: Sequence[str], *, prompt_name: str | None = None,
-                               prompt: str | None = None, **loading: Any) -> list[np.ndarray]:
-    """Each query's token vectors [q, D] float32 (the query role: its marker, [MASK] expansion), embedded by the
-    model that embedded the folder (`index`: it, or its `searcher.QueryModel`; `vector_search.query_pipeline`:
-    model, device, batch_size, precision, where)."""
-    from bertforge.retrieval.vector_search import query_pipeline
-
-    pipeline, options = query_pipeline(index, task=MULTI_VECTOR_TASK, **loading)
-    prefix = pipeline.prompt_text(prompt_name, prompt)
-    results = pipeline.run([prefix + query for query in queries], **{**options, "role": "query"})
-    return [np.asarray(result["embeddings"], dtype=np.float32) for result in results]
-
-
-__all__ = ["MULTI_VECTOR_TASK", "TOKEN_BLOCK", "MultiVectorIndex", "document_window", "embed_multi_vector_queries"]
+__all__ = ["MULTI_VECTOR_TASK", "TOKEN_BLOCK", "MultiVectorIndex", "document_window"]

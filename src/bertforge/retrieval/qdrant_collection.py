@@ -49,13 +49,8 @@ from bertforge.retrieval.qdrant_locations import (
     export_location,
     parse_location,
 )
-from bertforge.retrieval.searcher import (
-    DEFAULT_FUSION_DEPTH,
-    KINDS,
-    QueryModel,
-    check_aligned,
-    query_model,
-)
+from bertforge.retrieval.query_embedding import QueryModel, query_model
+from bertforge.retrieval.searcher import DEFAULT_FUSION_DEPTH, KINDS, check_aligned
 from bertforge.retrieval.store import VectorFolder
 from bertforge.retrieval.vector_index import DEFAULT_TOP_K, check_top_k
 from bertforge.retrieval.vector_quantization import dequantize_int8

@@ -2,13 +2,13 @@
 approximate index), a sparse one, a multi-vector one (a ColBERT model's token vectors, exact MaxSim or through its token index), or any two
 or all three kinds of folders of the same input fused by reciprocal rank fusion (hybrid); and any of those with a
 multi-vector folder reranking their best `depth` rows. The one search path of `bertforge search` (which embeds
-the queries with pipelines of its own, `vector_search`) and of the server's `POST /search` (which embeds them
+the queries with pipelines of its own, `query_embedding`) and of the server's `POST /search` (which embeds them
 through the served models' schedulers).
 
 Owns: `Searcher` (the folders opened, the ANN graph and the inverted index loaded; `search` from query vectors to
-hits), what embeds a side's queries (`QueryModel`: the manifest's model, options, window and precision), turning
-rows into hits (`hits_of`: ids, scores, spans of chunks, texts or fields read back from the input) and the rule
-that folders can be fused or rerank each other (`check_aligned`: the same records in the same rows).
+hits; `query_models`: how each side's queries are embedded, a `query_embedding.QueryModel` each), turning rows
+into hits (`hits_of`: ids, scores, spans of chunks, texts or fields read back from the input) and the rule that
+folders can be fused or rerank each other (`check_aligned`: the same records in the same rows).
 
 Hybrid: each query is searched exactly in every folder for its best `depth` rows (the filter applied in each);
 a row's fused score is the sum over the folders of 1 / (rrf_k + its rank there), a rank it does not have adding
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,9 +29,9 @@ from bertforge.metrics.fusion import DEFAULT_RRF_K, check_rrf_k, reciprocal_rank
 from bertforge.metrics.sparse import SparseRows
 from bertforge.retrieval.fields import FieldSpec
 from bertforge.retrieval.filters import Filter, parse_filter
-from bertforge.retrieval.multi_vector_search import MULTI_VECTOR_TASK, MultiVectorIndex
+from bertforge.retrieval.multi_vector_search import MultiVectorIndex
+from bertforge.retrieval.query_embedding import QueryModel, query_model
 from bertforge.retrieval.sparse_search import SparseIndex
-from bertforge.retrieval.sparse_vectors import SPARSE_TASK
 from bertforge.retrieval.store import VectorFolder
 from bertforge.retrieval.token_index import TokenIndex, open_token_index
 from bertforge.retrieval.vector_ann import AnnIndex, open_ann
@@ -44,30 +42,6 @@ from bertforge.retrieval.vector_texts import record_texts
 # Rows each folder contributes per query before fusion.
 DEFAULT_FUSION_DEPTH = 100
 KINDS = ("dense", "sparse", "multi-vector")
-TASKS = {"dense": "embed", "sparse": SPARSE_TASK, "multi-vector": MULTI_VECTOR_TASK}
-
-
-@dataclass(frozen=True)
-class QueryModel:
-    """How one folder's queries are embedded, as its corpus was: the model (its directory as the manifest names
-    it, and its fingerprint: a copy elsewhere must match it), the pipeline task, the family options, the window
-    and the precision the corpus was embedded with."""
-
-    directory: Path
-    fingerprint: str
-    task: str
-    options: dict[str, Any]
-    max_length: int
-    precision: str
-
-
-def query_model(folder: VectorFolder) -> QueryModel:
-    """The `QueryModel` of a folder, from its manifest (the prompt is the queries' own, not the corpus's)."""
-    embedding = dict(folder.manifest["embedding"])
-    embedding.pop("prompt")
-    return QueryModel(Path(folder.manifest["model"]["path"]), folder.manifest["model"]["fingerprint"],
-                      TASKS[folder.kind], embedding,
-                      embedding.pop("max_length"), embedding.pop("precision"))
 
 
 def check_same_input(dense: VectorFolder, sparse: VectorFolder) -> None:
@@ -360,4 +334,4 @@ class Searcher:
 
 
 __all__ = ["DEFAULT_FUSION_DEPTH", "DEFAULT_RRF_K", "QueryModel", "Searcher", "check_aligned", "check_same_input",
-           "hits_of", "query_model", "rank_key"]
+           "hits_of", "rank_key"]

@@ -7,7 +7,7 @@ scores with it), keeping it in `inverted/` beside the shards (`INVERTED_DIR`: th
 of the shards it was built from and of each array's sha256 and size; a folder whose shards changed, or an
 array that is not the one saved, gets a new one, with a log line saying why; a folder that only gained shards,
 `bertforge add`, gets the saved one with the new shards' postings merged in: `merge_inverted`). Queries are embedded by
-`vector_search.embed_sparse_queries` and searched through `searcher.Searcher`.
+`query_embedding.embed_sparse_queries` and searched through `searcher.Searcher`.
 
 Score: the dot product of the query's and the document's term weights, summed in float32 over the query's
 terms in ascending term order, one posting list at a time. Every document holding a query term is scored, so

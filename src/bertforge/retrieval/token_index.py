@@ -11,12 +11,15 @@ What it stores: `--centroids` unit centroids found by faiss' spherical k-means o
 token vectors; each token as the id of its nearest centroid (by inner product, uint16 up to 65,536 centroids)
 and its residual (the token less that centroid) coded by a faiss codec (`--residual`: "SQ4", faiss'
 ScalarQuantizer at 4 bits a number, 64 bytes for 128 numbers, the default; "SQ8"; "PQ<m>", a product
-quantizer of m bytes); per shard an inverted list: for each centroid, the documents with a token there.
+quantizer of m bytes); per shard an inverted list: for each centroid, the tokens assigned to it.
 
 How it searches a query (its token vectors, embedded with the query role):
-1. candidates: each query token's `nprobe` best centroids; every document in their lists is a candidate, scored
-   by MaxSim with its tokens replaced by their centroids (PLAID's centroid interaction: the query's scores
-   against the centroids, looked up by the document's centroid ids); the best `candidates` go on;
+1. candidates by token retrieval: each query token's `nprobe` best centroids; the tokens there, rebuilt from
+   centroid + decoded residual, are scored against that query token and its best `probe_tokens` kept; their
+   documents are the candidates, each estimated as the sum over query tokens of its best kept score, or, where
+   none of its tokens was kept for a query token, that token's lowest kept score (the imputation of Lee et al.,
+   2023, "XTR"); the best `candidates` go on. (PLAID's centroid interaction, every candidate's tokens replaced by
+   their centroids, ranked the exact top 10 far worse: measured in docs/notes/token_index.md.)
 2. approximate MaxSim (`families.colbert.maxsim`, the one home of it) against their tokens rebuilt from
    centroid + decoded residual; the best `rescore` go on;
 3. exact MaxSim against the folder's own token vectors (`MultiVectorIndex.rescore`): the hits and their scores
@@ -27,8 +30,8 @@ the allowed rows are searched exactly.
 Files: `token-index.json` beside the manifest (the commit point: the settings, the folder state it was built
 from, each file's size and sha256) and the folder `token-index/`: `centroids.npy`, `codec.faiss`, `trained.json`
 (what they were trained on), and per shard `cells-00000.npy` ([M] centroid ids), `residuals-00000.npy` ([M, code]
-uint8), `lists-00000.npy` (documents, by centroid), `starts-00000.npy` ([C + 1], where each centroid's list
-starts) with their record `part-00000.json`. Every file is written atomically and is a pure function of the
+uint8), `lists-00000.npy` (the shard's token numbers, by centroid), `starts-00000.npy` ([C + 1], where each
+centroid's list starts) with their record `part-00000.json`. Every file is written atomically and is a pure function of the
 folder and the settings (no time, no thread count): a build killed at any step, run again, reuses the trained
 files and finished parts it finds intact and ends with the same bytes as a build never killed.
 
@@ -66,25 +69,27 @@ log = logging.getLogger(__name__)
 RECORD_NAME = "token-index.json"
 FOLDER_NAME = "token-index"
 FORMAT_NAME = "bertforge-token-index"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: token lists per centroid (1 listed documents)
 CENTROIDS_NAME, CODEC_NAME, TRAINED_NAME = "centroids.npy", "codec.faiss", "trained.json"
 PART_FILES = {"cells": "cells-{:05d}.npy", "residuals": "residuals-{:05d}.npy", "lists": "lists-{:05d}.npy",
               "starts": "starts-{:05d}.npy"}
 PART_RECORD = "part-{:05d}.json"
 PART_FILE = re.compile(r"^(?:cells|residuals|lists|starts|part)-(\d{5})\.(?:npy|json)$")
 BLOCK_TOKENS = 1 << 16  # token vectors read, assigned and coded at once while building
-INTERACTION_BLOCK = 4096  # documents whose centroid scores are gathered at once while searching
 CODEC = re.compile(r"^(?:SQ4|SQ8|PQ\d+)$")
 TRAINING = ("centroids", "residual", "sample_per_centroid", "iterations", "seed")  # what the trained files depend on
 
 
 @dataclass(frozen=True)
 class TokenIndexSettings:
-    """How a token index is built (`TRAINING`) and searched by default (nprobe, candidates, rescore).
+    """How a token index is built (`TRAINING`) and searched by default (nprobe, probe_tokens, candidates,
+    rescore: the module docstring's three steps).
 
     centroids: k-means centroids (None: the power of two at most 4 x sqrt(tokens), 8,192 for 5 million tokens);
     residual: the faiss codec of residuals ("SQ4", "SQ8", "PQ<m>"); sample_per_centroid: token vectors sampled per
-    centroid for training; iterations: k-means iterations; seed: the sample's and k-means' seed.
+    centroid for training; iterations: k-means iterations; seed: the sample's and k-means' seed. nprobe: centroids
+    probed per query token; probe_tokens: tokens kept per query token; candidates: documents scored from centroid
+    + residual; rescore: documents scored exactly.
     """
 
     centroids: int | None = None
@@ -92,12 +97,14 @@ class TokenIndexSettings:
     sample_per_centroid: int = 32
     iterations: int = 20
     seed: int = 0
-    nprobe: int = 4
+    nprobe: int = 16
+    probe_tokens: int = 1024
     candidates: int = 4096
     rescore: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("centroids", "sample_per_centroid", "iterations", "nprobe", "candidates", "rescore"):
+        for name in ("centroids", "sample_per_centroid", "iterations", "nprobe", "probe_tokens", "candidates",
+                     "rescore"):
             value = getattr(self, name)
             if value is None and name == "centroids":
                 continue
@@ -255,10 +262,8 @@ def encode_part(folder: VectorFolder, home: Path, index: int, trained: Trained) 
     codes = np.empty((len(rows.tokens), trained.codec.sa_code_size()), dtype=np.uint8)
     for start, block in token_blocks(rows):
         cells[start:start + len(block)], codes[start:start + len(block)] = trained.assign(block)
-    owner = np.repeat(np.arange(len(rows), dtype=np.int64), np.diff(rows.offsets))
-    pairs = np.unique(cells.astype(np.int64) * max(len(rows), 1) + owner)  # by centroid, then document
-    lists = (pairs % max(len(rows), 1)).astype(np.int32)
-    starts = np.searchsorted(pairs // max(len(rows), 1), np.arange(len(trained.centroids) + 1)).astype(np.int64)
+    lists = np.argsort(cells, kind="stable").astype(np.int32)  # the tokens by centroid, in token order within one
+    starts = np.searchsorted(cells[lists], np.arange(len(trained.centroids) + 1)).astype(np.int64)
     arrays = {"cells": cells, "residuals": codes, "lists": lists, "starts": starts}
     files = write_files(home, {PART_FILES[kind].format(index): npy_bytes(array) for kind, array in arrays.items()})
     record = {**wanted, "tokens": len(cells), "entries": len(lists), "files": files}
@@ -359,34 +364,45 @@ class TokenIndex:
                       for kind, name in PART_FILES.items()}
             self.parts.append(Part(int(folder.offsets[index]), folder.shard_token_rows(index).offsets, **arrays))
 
-    def candidates(self, query: np.ndarray, nprobe: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """(global rows, centroid scores) of the documents with a token in a query token's `nprobe` best
-        centroids (module docstring, step 1); rows not `allowed` left out."""
-        scores = query @ self.trained.centroids.T  # [q, C]
-        nprobe = min(nprobe, scores.shape[1])
-        probed = np.unique(np.argpartition(-scores, nprobe - 1, axis=1)[:, :nprobe])
-        found = np.concatenate([part.lists[spans(part.starts[probed], part.starts[probed + 1])].astype(np.int64)
-                                + part.base for part in self.parts])
-        found = np.unique(found)
-        if allowed is not None:
-            found = found[allowed[found]]
-        return found, self.interaction(scores, found)
-
-    def interaction(self, scores: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """Each document's MaxSim with its tokens replaced by their centroids ([n], for sorted global `rows`):
-        for each query token its best centroid score among the document's tokens' centroids, summed."""
-        found = np.empty(len(rows), dtype=np.float32)
-        shard_of = np.searchsorted(self.folder.offsets, rows, side="right") - 1
-        for shard in np.unique(shard_of):
-            part, chosen = self.parts[shard], np.flatnonzero(shard_of == shard)
-            for block in range(0, len(chosen), INTERACTION_BLOCK):  # bounds the [q, tokens] scores gathered
-                picked = chosen[block:block + INTERACTION_BLOCK]
-                local = rows[picked] - part.base
-                first, last = part.offsets[local], part.offsets[local + 1]
-                cells = np.asarray(part.cells[spans(first, last)], dtype=np.int64)
-                starts = np.concatenate([[0], np.cumsum(last - first)[:-1]])
-                found[picked] = np.maximum.reduceat(scores[:, cells], starts, axis=1).sum(axis=0)
-        return found
+    def candidates(self, query: np.ndarray, nprobe: int, keep: int,
+                   allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted global rows, their estimated MaxSim) of the documents found by token retrieval (module docstring,
+        step 1) for one query [q, D]: each query token's `keep` best tokens among its `nprobe` centroids' lists;
+        rows not `allowed` left out."""
+        centroids = self.trained.centroids
+        count = len(query)
+        nprobe = min(nprobe, len(centroids))
+        probed = np.argpartition(-(query @ centroids.T), nprobe - 1, axis=1)[:, :nprobe]  # [q, nprobe]
+        own = np.zeros((count, len(centroids)), dtype=bool)  # which query tokens probed each centroid
+        own[np.arange(count)[:, None], probed] = True
+        union = np.flatnonzero(own.any(axis=0))
+        best = np.full((count, 0), -np.inf, dtype=np.float32)  # the kept scores [q, <= keep] and their rows
+        best_rows = np.zeros((count, 0), dtype=np.int64)
+        for part in self.parts:
+            listed = spans(part.starts[union], part.starts[union + 1])
+            for block in range(0, len(listed), BLOCK_TOKENS):  # bounds the decoded vectors and their scores
+                tokens = np.asarray(part.lists[listed[block:block + BLOCK_TOKENS]], dtype=np.int64)
+                cells = np.asarray(part.cells[tokens], dtype=np.int64)
+                scores = query @ self.trained.decode(cells, part.residuals[tokens]).T  # [q, t]
+                scores[~own[:, cells]] = -np.inf  # a token counts for the query tokens that probed its centroid
+                rows = np.searchsorted(part.offsets, tokens, side="right") - 1 + part.base  # [t]
+                if allowed is not None:
+                    scores[:, ~allowed[rows]] = -np.inf
+                best = np.concatenate([best, scores], axis=1)
+                best_rows = np.concatenate([best_rows, np.broadcast_to(rows, scores.shape)], axis=1)
+                if best.shape[1] > keep:
+                    kept = np.argpartition(-best, keep - 1, axis=1)[:, :keep]
+                    best, best_rows = np.take_along_axis(best, kept, 1), np.take_along_axis(best_rows, kept, 1)
+        found = best > -np.inf
+        found_rows = np.unique(best_rows[found])
+        if not len(found_rows):
+            return found_rows, np.zeros(0, dtype=np.float32)
+        # per query token, a document none of whose tokens was kept gets the lowest kept score (0: none kept)
+        floor = np.where(found.any(axis=1), np.where(found, best, np.inf).min(axis=1), 0.0).astype(np.float32)
+        estimate = np.full((count, len(found_rows)), -np.inf, dtype=np.float32)
+        token, slot = np.nonzero(found)
+        np.maximum.at(estimate, (token, np.searchsorted(found_rows, best_rows[token, slot])), best[token, slot])
+        return found_rows, np.where(estimate > -np.inf, estimate, floor[:, None]).sum(axis=0)
 
     def approximate(self, query: torch.Tensor, mask: torch.Tensor, rows: np.ndarray) -> np.ndarray:
         """MaxSim [n] of one padded query against documents `rows` rebuilt from centroid + residual (step 2)."""
@@ -408,21 +424,24 @@ class TokenIndex:
         return scores
 
     def search_tokens(self, queries: list[np.ndarray], top_k: int, rows: np.ndarray | None = None, *,
-                      nprobe: int | None = None, candidates: int | None = None,
+                      nprobe: int | None = None, probe_tokens: int | None = None, candidates: int | None = None,
                       rescore: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """([Q, k] exact MaxSim scores, [Q, k] global rows), best first (equal scores: lower row first), of the
         documents the index finds for queries [q_i, D] (embedded with the query role), among the live rows (and
-        `rows`, [count] bool, when given); nprobe, candidates, rescore: the index's settings unless given."""
+        `rows`, [count] bool, when given); nprobe, probe_tokens, candidates, rescore: the index's settings unless
+        given."""
         check_top_k(top_k)
         settings = TokenIndexSettings(**{**asdict(self.settings), **{name: value for name, value in (
-            ("nprobe", nprobe), ("candidates", candidates), ("rescore", rescore)) if value is not None}})
+            ("nprobe", nprobe), ("probe_tokens", probe_tokens), ("candidates", candidates), ("rescore", rescore))
+            if value is not None}})
         allowed = self.folder.allowed(rows)
         k = min(top_k, self.folder.live_count if allowed is None else int(allowed.sum()))
         all_scores = np.zeros((len(queries), k), np.float32)
         all_rows = np.zeros((len(queries), k), np.int64)
         for q, query in enumerate(queries):
             padded, mask = padded_queries([query], self.folder.dim)
-            found, approximate = self.candidates(np.asarray(query, dtype=np.float32), settings.nprobe, allowed)
+            found, approximate = self.candidates(np.asarray(query, dtype=np.float32), settings.nprobe,
+                                                 settings.probe_tokens, allowed)
             if len(found) < k:  # few rows allowed, or few candidates: the exact top k of the allowed rows
                 scores, best = self.folder.search_tokens([query], top_k, rows=rows)
             else:
