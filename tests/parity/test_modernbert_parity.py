@@ -19,6 +19,8 @@ import torch
 from bertforge import checkpoint_format
 from bertforge.checkpoint_format import hf_state_dict
 from bertforge.families import registry
+from bertforge.families.multiple_choice import ModernBertForMultipleChoice
+from bertforge.families.question_answering import ModernBertForQuestionAnswering
 from bertforge.interop import modernbert as hf_modernbert
 from bertforge.model.config.modernbert import ModernBertConfig
 from bertforge.model.fast_paths import set_fast_paths
@@ -35,7 +37,7 @@ transformers = pytest.importorskip("transformers")
 FP32_ATOL = 1e-5
 
 CLASSES = (ModernBertModel, ModernBertForMaskedLM, ModernBertForSequenceClassification,
-           ModernBertForTokenClassification)
+           ModernBertForTokenClassification, ModernBertForQuestionAnswering, ModernBertForMultipleChoice)
 
 
 def tiny(**overrides) -> ModernBertConfig:

@@ -92,6 +92,7 @@ def test_embedding_registry_lookups_find_the_family():
     assert sorted(registry.MODEL_CLASSES) == ["BertForColBERT", "BertForMaskedLM", "BertForMultipleChoice", "BertForPretraining", "BertForQuestionAnswering",
                                               "BertForSequenceClassification", "BertForSparseEmbedding",
                                               "BertForTokenClassification", "BertModel", "ModernBertForMaskedLM",
+                                              "ModernBertForMultipleChoice", "ModernBertForQuestionAnswering",
                                               "ModernBertForSequenceClassification",
                                               "ModernBertForTokenClassification", "ModernBertModel"]
     assert registry.for_model(BertModel) is EMBEDDING

@@ -51,7 +51,7 @@ def test_modernbert_config_json_reads_both_spellings_and_round_trips():
     fields, architecture = hf_modernbert.config_from_hf(released, "config.json")
     config = ModernBertConfig.from_dict(fields, source="config.json")
     assert architecture == "ModernBertForMaskedLM" and config.global_rope_theta == 160000.0
-    newer = {"model_type": "modernbert", "architectures": ["ModernBertForQuestionAnswering"], "num_labels": 3,
+    newer = {"model_type": "modernbert", "architectures": ["ModernBertForSomethingNew"], "num_labels": 3,
              "layer_types": ["full_attention", "sliding_attention"], "num_hidden_layers": 2,
              "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 8e4},
                                  "sliding_attention": {"rope_type": "default", "rope_theta": 5e3}}}
@@ -63,6 +63,11 @@ def test_modernbert_config_json_reads_both_spellings_and_round_trips():
     assert written["model_type"] == "modernbert" and written["num_labels"] == 3
     again = ModernBertConfig.from_dict(hf_modernbert.config_from_hf(written, "config.json")[0])
     assert again == config
+    # Every head transformers 5.24 has is ours too; a span head's directory says 2 outputs, whatever labels we carry.
+    for name in ("ModernBertForQuestionAnswering", "ModernBertForMultipleChoice"):
+        assert hf_modernbert.config_from_hf({**newer, "architectures": [name]}, "config.json")[1] == name
+    span = hf_modernbert.config_to_hf(config.to_dict(), "ModernBertForQuestionAnswering")
+    assert span["num_labels"] == 2 and "id2label" not in span and "label2id" not in span
 
 
 @pytest.mark.parametrize("data,fix", [

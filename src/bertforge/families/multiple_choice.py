@@ -1,8 +1,8 @@
 """Multiple choice (SWAG style): every choice is encoded with the context, one score per choice.
 
-Owns: the model (`BertForMultipleChoice`: inputs [B, C, T] scored by the pooled [CLS] of each choice,
-softmax over C), its objective (cross-entropy over the choices), features, decoding, accuracy and the
-pipeline's JSON. Questions and their file reader are in `data.multiple_choice`.
+Owns: the models (`BertForMultipleChoice` and `ModernBertForMultipleChoice`: inputs [B, C, T], each choice's
+row pooled and scored, softmax over C), their objective (cross-entropy over the choices), features, decoding,
+accuracy and the pipeline's JSON. Questions and their file reader are in `data.multiple_choice`.
 
 Features: one ``[CLS] context [SEP] start + ending [SEP]`` row per choice. A long context is windowed like
 every other family's long segment (`tokenization.windows`), the same windows for every choice, so a window
@@ -36,8 +36,16 @@ from bertforge.families.base import (
 )
 from bertforge.families.classification import mean_window_logits
 from bertforge.metrics.classification import compute_classification_metrics, prediction_collapse
+from bertforge.model.bert import BertOutput
 from bertforge.model.config import BertConfig
+from bertforge.model.config.modernbert import ModernBertConfig
 from bertforge.model.heads import TaskOutput, build_classifier, feature_size, sequence_features
+from bertforge.model.modernbert import (
+    ModernBertModel,
+    ModernBertPretrainedModel,
+    PredictionHead,
+    classifier_pool,
+)
 from bertforge.tokenization.pairs import pair_windows
 from bertforge.tokenization.tokenizer import Tokenizer
 
@@ -47,6 +55,19 @@ def objective(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, tuple[tor
     logits = logits.float()
     return {"cross_entropy": (F.cross_entropy(logits, labels.long(), reduction="sum"),
                               logits.new_tensor(float(logits.shape[0])))}
+
+
+def flat_choices(x: torch.Tensor | None) -> torch.Tensor | None:
+    """A choice batch's rows as one batch: [B, C, T] -> [B*C, T] (None stays None)."""
+    return None if x is None else x.flatten(0, 1)
+
+
+def choice_output(scores: torch.Tensor, choices: int, labels: torch.Tensor | None, out: BertOutput) -> TaskOutput:
+    """A choice head's answer from one score per row [B*C, 1] and its encoder's output `out`: logits [B, C],
+    the loss when labels are given. Every choice head ends here, BERT's and ModernBERT's."""
+    logits = scores.view(-1, choices)  # [B*C, 1] -> [B, C]
+    loss = None if labels is None else mean_loss(objective(logits, labels))
+    return TaskOutput(logits, loss, out.hidden_states, out.attentions)
 
 
 class BertForMultipleChoice(FineTuningModel):
@@ -62,17 +83,41 @@ class BertForMultipleChoice(FineTuningModel):
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 output_attentions: bool = False, output_hidden_states: bool = False) -> TaskOutput:
-        batch, choices, tokens = input_ids.shape
-
-        def flat(x):
-            return None if x is None else x.reshape(batch * choices, tokens)  # [B, C, T] -> [B*C, T]
-
-        out = self.encode(flat(input_ids), flat(token_type_ids), flat(attention_mask),
+        out = self.encode(flat_choices(input_ids), flat_choices(token_type_ids), flat_choices(attention_mask),
                           output_attentions, output_hidden_states)
         scores = self.classifier(self.dropout(sequence_features(self.config, out)))  # [B*C, 1]
-        logits = scores.view(batch, choices)  # [B*C, 1] -> [B, C]
-        loss = None if labels is None else mean_loss(objective(logits, labels))
-        return TaskOutput(logits, loss, out.hidden_states, out.attentions)
+        return choice_output(scores, input_ids.shape[1], labels, out)
+
+
+class ModernBertForMultipleChoice(ModernBertPretrainedModel):
+    """ModernBERT's choice head, as transformers' (so the directory loads there): inputs [B, C, T] flattened to
+    [B*C, T], each row pooled (`classifier_pooling`: [CLS] or the mean of its real tokens), prediction head,
+    dropout, one score per row -> logits [B, C]; softmax over C."""
+
+    encoder_prefix = "bert."
+    head_prefixes = ("head.", "classifier.")
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__(config)
+        self.bert = ModernBertModel(config)
+        self.head = PredictionHead(config)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.init_weights()
+        self.freeze()
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                output_attentions: bool = False, output_hidden_states: bool = False, *,
+                position_ids: torch.Tensor | None = None) -> TaskOutput:
+        """Arguments in `BertForMultipleChoice.forward`'s order; token_type_ids are unused (no segments);
+        position_ids, when given, are [B, C, T]."""
+        mask = flat_choices(attention_mask)  # [B*C, T]
+        out = self.bert(flat_choices(input_ids), None, mask, position_ids=flat_choices(position_ids),
+                        output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        pooled = self.head(classifier_pool(self.config, out.last_hidden_state, mask))  # [B*C, T, H] -> [B*C, H]
+        scores = self.classifier(self.dropout(pooled))  # [B*C, 1]
+        return choice_output(scores, input_ids.shape[1], labels, out)
 
 
 def build_features(examples: Sequence[ChoiceExample], tokenizer: Tokenizer, settings: InputSettings, *,

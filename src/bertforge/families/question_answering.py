@@ -1,9 +1,9 @@
 """Extractive question answering: the answer is a span of the context.
 
-Owns: the model (`BertForQuestionAnswering`: a start and an end score per token), its objective (the mean
-of the start and end cross-entropies per window), features (Google's `run_squad.py`), n-best decoding
-across windows, SQuAD / CMRC metrics and the pipeline's JSON. Questions and their file reader are in
-`data.question_answering`.
+Owns: the models (`BertForQuestionAnswering` and `ModernBertForQuestionAnswering`: a start and an end score
+per token, padding never an answer: `span_output`), their objective (the mean of the start and end
+cross-entropies per window), features (Google's `run_squad.py`), n-best decoding across windows, SQuAD / CMRC
+metrics and the pipeline's JSON. Questions and their file reader are in `data.question_answering`.
 
 Features: ``[CLS] question [SEP] context window [SEP]``, on character offsets rather than whitespace words.
 The question is cut to `max_query_length` tokens (and to half a window, so the context always has room);
@@ -57,9 +57,11 @@ from bertforge.families.base import (
     softmax,
 )
 from bertforge.metrics.question_answering import evaluate_squad
-from bertforge.model.bert import IndexableOutput
+from bertforge.model.bert import BertOutput, IndexableOutput
 from bertforge.model.config import BertConfig
+from bertforge.model.config.modernbert import ModernBertConfig
 from bertforge.model.heads import feature_size, token_features
+from bertforge.model.modernbert import ModernBertModel, ModernBertPretrainedModel, PredictionHead
 from bertforge.tokenization.normalizer import Normalizer
 from bertforge.tokenization.pairs import pair_windows
 from bertforge.tokenization.pretokenizer import PreTokenizer
@@ -97,6 +99,22 @@ def objective(start_logits: torch.Tensor, end_logits: torch.Tensor, start_positi
     return {"span_cross_entropy": (loss, (start < tokens).sum().float())}
 
 
+def span_output(logits: torch.Tensor, attention_mask: torch.Tensor | None, start_positions: torch.Tensor | None,
+                end_positions: torch.Tensor | None, out: BertOutput) -> QuestionAnsweringOutput:
+    """A span head's answer from its scores [B, T, 2] (start, end per token) and its encoder's output `out`:
+    padding masked, the loss when both positions are given. Every span head ends here, BERT's and ModernBERT's."""
+    if attention_mask is not None:
+        # Padding is never an answer position. Masking it keeps the loss independent of the layout: the
+        # padded path gives padding whatever its hidden states score, the padding-free path a zero vector
+        # (logit = bias), and with padding inside the softmax the two trained different models.
+        logits = logits.masked_fill((attention_mask == 0)[..., None], torch.finfo(logits.dtype).min)
+    start_logits, end_logits = logits[..., 0], logits[..., 1]  # [B, T] each
+    loss = None
+    if start_positions is not None and end_positions is not None:
+        loss = mean_loss(objective(start_logits, end_logits, start_positions, end_positions))
+    return QuestionAnsweringOutput(start_logits, end_logits, loss, out.hidden_states, out.attentions)
+
+
 class BertForQuestionAnswering(FineTuningModel):
     head_prefixes = ("qa_outputs.",)
 
@@ -110,16 +128,36 @@ class BertForQuestionAnswering(FineTuningModel):
                 output_hidden_states: bool = False) -> QuestionAnsweringOutput:
         out = self.encode(input_ids, token_type_ids, attention_mask, output_attentions, output_hidden_states)
         logits = self.qa_outputs(token_features(self.config, out))  # [B, T, 2]
-        if attention_mask is not None:
-            # Padding is never an answer position. Masking it keeps the loss independent of the layout: the
-            # padded path gives padding whatever its hidden states score, the padding-free path a zero vector
-            # (logit = bias), and with padding inside the softmax the two trained different models.
-            logits = logits.masked_fill((attention_mask == 0)[..., None], torch.finfo(logits.dtype).min)
-        start_logits, end_logits = logits[..., 0], logits[..., 1]  # [B, T] each
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            loss = mean_loss(objective(start_logits, end_logits, start_positions, end_positions))
-        return QuestionAnsweringOutput(start_logits, end_logits, loss, out.hidden_states, out.attentions)
+        return span_output(logits, attention_mask, start_positions, end_positions, out)
+
+
+class ModernBertForQuestionAnswering(ModernBertPretrainedModel):
+    """ModernBERT's span head, as transformers' (so the directory loads there): prediction head, dropout, and a
+    classifier of two scores per token (start, end) -> start and end logits [B, T] each, padding masked and the
+    loss as `BertForQuestionAnswering`'s (`span_output`)."""
+
+    encoder_prefix = "bert."
+    head_prefixes = ("head.", "classifier.")
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__(config)
+        self.bert = ModernBertModel(config)
+        self.head = PredictionHead(config)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(config.hidden_size, 2)
+        self.init_weights()
+        self.freeze()
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
+                end_positions: torch.Tensor | None = None, output_attentions: bool = False,
+                output_hidden_states: bool = False, *,
+                position_ids: torch.Tensor | None = None) -> QuestionAnsweringOutput:
+        """Arguments in `BertForQuestionAnswering.forward`'s order; token_type_ids are unused (no segments)."""
+        out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
+                        output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        logits = self.classifier(self.dropout(self.head(out.last_hidden_state)))  # [B, T, H] -> [B, T, 2]
+        return span_output(logits, attention_mask, start_positions, end_positions, out)
 
 
 # The default step between context windows when `doc_stride` is unset (Google's run_squad), at most half

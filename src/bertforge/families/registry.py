@@ -20,9 +20,11 @@ from bertforge.families.colbert import ModernBertForColBERT
 from bertforge.families.embedding import FAMILY as EMBEDDING
 from bertforge.families.embedding import BertForSentenceEmbedding, ModernBertForSentenceEmbedding
 from bertforge.families.multiple_choice import FAMILY as MULTIPLE_CHOICE
+from bertforge.families.multiple_choice import ModernBertForMultipleChoice
 from bertforge.families.pretraining import FAMILY as PRETRAINING
 from bertforge.families.pretraining import BertForMaskedLM
 from bertforge.families.question_answering import FAMILY as QUESTION_ANSWERING
+from bertforge.families.question_answering import ModernBertForQuestionAnswering
 from bertforge.families.reranking import FAMILY as RERANKING
 from bertforge.families.sparse import FAMILY as SPARSE_EMBEDDING
 from bertforge.families.sparse import ModernBertForSparseEmbedding
@@ -64,7 +66,8 @@ MODEL_CLASSES: dict[str, type[BertPretrainedModel]] = {
     # ModernBERT directories (config.json's model_type "modernbert"): the encoder and its task models.
     **{cls.__name__: cls for cls in (ModernBertModel, ModernBertForMaskedLM, ModernBertForSequenceClassification,
                                      ModernBertForTokenClassification, ModernBertForSparseEmbedding,
-                                     ModernBertForColBERT)}}
+                                     ModernBertForColBERT, ModernBertForQuestionAnswering,
+                                     ModernBertForMultipleChoice)}}
 # The pipeline routes, in a fixed order: one per family, `embed` (which any model's encoder serves) last.
 TASKS: tuple[str, ...] = tuple(f.task for f in FAMILIES if f.task)
 
@@ -111,6 +114,7 @@ def for_task(task: str) -> Family:
 # decoders and metrics the family's).
 MODERNBERT_FAMILIES: dict[type[BertPretrainedModel], Family] = {
     ModernBertForSequenceClassification: CLASSIFICATION, ModernBertForTokenClassification: TAGGING,
+    ModernBertForQuestionAnswering: QUESTION_ANSWERING, ModernBertForMultipleChoice: MULTIPLE_CHOICE,
     ModernBertForMaskedLM: PRETRAINING, ModernBertForSparseEmbedding: SPARSE_EMBEDDING,
     ModernBertForColBERT: COLBERT, ModernBertModel: EMBEDDING}
 # The classes fine-tuning trains (a family's `training.trained_class`, BERT's) -> ModernBERT's, where they

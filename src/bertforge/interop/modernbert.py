@@ -59,7 +59,10 @@ ROPE_KINDS = {"full_attention": "global_rope_theta", "sliding_attention": "local
 
 # Our class names; transformers spells them the same. Their heads we do not have load as the encoder.
 ARCHITECTURES = ("ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
-                 "ModernBertForTokenClassification")
+                 "ModernBertForTokenClassification", "ModernBertForQuestionAnswering", "ModernBertForMultipleChoice")
+# Their span head is sized by num_labels (start and end: 2), ours is fixed at 2 whatever labels the config
+# carries (one fine-tuned from a classifier keeps that classifier's).
+SPAN_ARCHITECTURE, SPAN_OUTPUTS = "ModernBertForQuestionAnswering", 2
 ENCODER_ARCHITECTURE = "ModernBertModel"
 # Our classes saved as one of theirs (the rest of them is in files beside: sentence-transformers' SPLADE pooling,
 # PyLate's projection and settings; `checkpoint_format.read_config` reads such a directory back as ours).
@@ -139,7 +142,11 @@ def config_to_hf(fields: dict[str, Any], architecture: str) -> dict[str, Any]:
     data["architectures"] = [architecture if architecture in ARCHITECTURES else SAVED_AS.get(architecture,
                                                                                               ENCODER_ARCHITECTURE)]
     data["tie_word_embeddings"] = True
-    if "id2label" in data:
+    if data["architectures"] == [SPAN_ARCHITECTURE]:
+        for key in ("id2label", "label2id", "problem_type"):
+            data.pop(key, None)
+        data["num_labels"] = SPAN_OUTPUTS
+    elif "id2label" in data:
         data["num_labels"] = len(data["id2label"])
     elif data.get("problem_type") == "regression":
         data["num_labels"] = 1

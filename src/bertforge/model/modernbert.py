@@ -1,5 +1,8 @@
 """The ModernBERT encoder (Warner et al., 2024, "Smarter, Better, Faster, Longer"), readable top to bottom,
-with its heads: masked LM, sequence classification, token classification.
+with its heads: masked LM, sequence classification, token classification. The span head (question answering)
+and the choice head (multiple choice) live with their families (`families.question_answering`,
+`families.multiple_choice`), beside BERT's, whose objective, output and padding rules they share; they are
+built from the parts here (`PredictionHead`, `classifier_pool`).
 
 What differs from `model/bert.py`: no position or token-type table (rotary position embeddings instead, θ
 `global_rope_theta` on global layers and `local_rope_theta` on local ones); pre-LayerNorm layers (norm ->
@@ -364,6 +367,18 @@ class ModernBertForMaskedLM(ModernBertPretrainedModel):
         return result
 
 
+def classifier_pool(config: ModernBertConfig, hidden: torch.Tensor, attention_mask: torch.Tensor | None
+                    ) -> torch.Tensor:
+    """What a sequence head scores, by `classifier_pooling`: [B, T, H] -> [B, H], the first token ([CLS]: our
+    rows are padded on the right, so it is also the first real one), or the mean over the real tokens."""
+    if config.classifier_pooling == "cls":
+        return hidden[:, 0]
+    if attention_mask is None:
+        return hidden.mean(dim=1)
+    weights = attention_mask.to(hidden.dtype)[:, :, None]  # [B, T] -> [B, T, 1]
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1)
+
+
 class ModernBertForSequenceClassification(ModernBertPretrainedModel):
     """Pool ([CLS], or the mean of the real tokens: `classifier_pooling`), prediction head, dropout,
     classifier: logits [B, C]."""
@@ -380,21 +395,12 @@ class ModernBertForSequenceClassification(ModernBertPretrainedModel):
         self.init_weights()
         self.freeze()
 
-    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """[B, T, H] -> [B, H]: the first token, or the mean over real tokens."""
-        if self.config.classifier_pooling == "cls":
-            return hidden[:, 0]
-        if attention_mask is None:
-            return hidden.mean(dim=1)
-        weights = attention_mask.to(hidden.dtype)[:, :, None]  # [B, T] -> [B, T, 1]
-        return (hidden * weights).sum(dim=1) / weights.sum(dim=1)
-
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
         out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
                         output_hidden_states=output_hidden_states, output_attentions=output_attentions)
-        pooled = self.head(self.pool(out.last_hidden_state, attention_mask))  # [B, H]
+        pooled = self.head(classifier_pool(self.config, out.last_hidden_state, attention_mask))  # [B, H]
         logits = self.classifier(self.dropout(pooled))  # [B, C]
         return TaskOutput(logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
 
