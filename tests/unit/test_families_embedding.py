@@ -89,12 +89,12 @@ def test_embedding_registry_lookups_find_the_family():
     assert registry.FAMILIES[-1] is EMBEDDING and registry.FINETUNING_FAMILIES[-1] is EMBEDDING
     assert registry.TASKS == ("classify", "tag", "answer", "choose", "fill-mask", "rerank", "embed-sparse",
                               "embed-multi-vector", "embed")
-    assert sorted(registry.MODEL_CLASSES) == ["BertForColBERT", "BertForMaskedLM", "BertForMultipleChoice", "BertForPretraining", "BertForQuestionAnswering",
-                                              "BertForSequenceClassification", "BertForSparseEmbedding",
-                                              "BertForTokenClassification", "BertModel", "ModernBertForMaskedLM",
-                                              "ModernBertForMultipleChoice", "ModernBertForQuestionAnswering",
-                                              "ModernBertForSequenceClassification",
-                                              "ModernBertForTokenClassification", "ModernBertModel"]
+    assert sorted(registry.MODEL_CLASSES) == [
+        "BertForColBERT", "BertForMaskedLM", "BertForMultipleChoice", "BertForPretraining", "BertForQuestionAnswering",
+        "BertForSequenceClassification", "BertForSparseEmbedding", "BertForTokenClassification", "BertModel",
+        "ModernBertForColBERT", "ModernBertForMaskedLM", "ModernBertForMultipleChoice",
+        "ModernBertForQuestionAnswering", "ModernBertForSequenceClassification", "ModernBertForSparseEmbedding",
+        "ModernBertForTokenClassification", "ModernBertModel"]
     assert registry.for_model(BertModel) is EMBEDDING
 
 
