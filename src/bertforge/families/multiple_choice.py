@@ -40,12 +40,7 @@ from bertforge.model.bert import BertOutput
 from bertforge.model.config import BertConfig
 from bertforge.model.config.modernbert import ModernBertConfig
 from bertforge.model.heads import TaskOutput, build_classifier, feature_size, sequence_features
-from bertforge.model.modernbert import (
-    ModernBertModel,
-    ModernBertPretrainedModel,
-    PredictionHead,
-    classifier_pool,
-)
+from bertforge.model.modernbert import ModernBertClassifier, classifier_pool
 from bertforge.tokenization.pairs import pair_windows
 from bertforge.tokenization.tokenizer import Tokenizer
 
@@ -89,22 +84,14 @@ class BertForMultipleChoice(FineTuningModel):
         return choice_output(scores, input_ids.shape[1], labels, out)
 
 
-class ModernBertForMultipleChoice(ModernBertPretrainedModel):
+class ModernBertForMultipleChoice(ModernBertClassifier):
     """ModernBERT's choice head, as transformers' (so the directory loads there): inputs [B, C, T] flattened to
     [B*C, T], each row pooled (`classifier_pooling`: [CLS] or the mean of its real tokens), prediction head,
     dropout, one score per row -> logits [B, C]; softmax over C."""
 
-    encoder_prefix = "bert."
-    head_prefixes = ("head.", "classifier.")
-
-    def __init__(self, config: ModernBertConfig):
-        super().__init__(config)
-        self.bert = ModernBertModel(config)
-        self.head = PredictionHead(config)
-        self.dropout = nn.Dropout(config.classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, 1)
-        self.init_weights()
-        self.freeze()
+    @staticmethod
+    def classifier_width(config: ModernBertConfig) -> int:
+        return 1  # one score a choice
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,

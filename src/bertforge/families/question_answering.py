@@ -61,7 +61,7 @@ from bertforge.model.bert import BertOutput, IndexableOutput
 from bertforge.model.config import BertConfig
 from bertforge.model.config.modernbert import ModernBertConfig
 from bertforge.model.heads import feature_size, token_features
-from bertforge.model.modernbert import ModernBertModel, ModernBertPretrainedModel, PredictionHead
+from bertforge.model.modernbert import ModernBertClassifier
 from bertforge.tokenization.normalizer import Normalizer
 from bertforge.tokenization.pairs import pair_windows
 from bertforge.tokenization.pretokenizer import PreTokenizer
@@ -131,22 +131,14 @@ class BertForQuestionAnswering(FineTuningModel):
         return span_output(logits, attention_mask, start_positions, end_positions, out)
 
 
-class ModernBertForQuestionAnswering(ModernBertPretrainedModel):
+class ModernBertForQuestionAnswering(ModernBertClassifier):
     """ModernBERT's span head, as transformers' (so the directory loads there): prediction head, dropout, and a
     classifier of two scores per token (start, end) -> start and end logits [B, T] each, padding masked and the
     loss as `BertForQuestionAnswering`'s (`span_output`)."""
 
-    encoder_prefix = "bert."
-    head_prefixes = ("head.", "classifier.")
-
-    def __init__(self, config: ModernBertConfig):
-        super().__init__(config)
-        self.bert = ModernBertModel(config)
-        self.head = PredictionHead(config)
-        self.dropout = nn.Dropout(config.classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, 2)
-        self.init_weights()
-        self.freeze()
+    @staticmethod
+    def classifier_width(config: ModernBertConfig) -> int:
+        return 2  # start, end
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,

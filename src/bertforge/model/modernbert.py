@@ -379,9 +379,10 @@ def classifier_pool(config: ModernBertConfig, hidden: torch.Tensor, attention_ma
     return (hidden * weights).sum(dim=1) / weights.sum(dim=1)
 
 
-class ModernBertForSequenceClassification(ModernBertPretrainedModel):
-    """Pool ([CLS], or the mean of the real tokens: `classifier_pooling`), prediction head, dropout,
-    classifier: logits [B, C]."""
+class ModernBertClassifier(ModernBertPretrainedModel):
+    """What every ModernBERT classifier holds, as transformers' heads do: the encoder, the prediction head,
+    dropout and a linear `classifier` of `classifier_width(config)` outputs (the subclasses say what they pool
+    and how the scores are read)."""
 
     encoder_prefix = "bert."
     head_prefixes = ("head.", "classifier.")
@@ -391,9 +392,18 @@ class ModernBertForSequenceClassification(ModernBertPretrainedModel):
         self.bert = ModernBertModel(config)
         self.head = PredictionHead(config)
         self.dropout = nn.Dropout(config.classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = nn.Linear(config.hidden_size, self.classifier_width(config))
         self.init_weights()
         self.freeze()
+
+    @staticmethod
+    def classifier_width(config: ModernBertConfig) -> int:
+        return config.num_labels
+
+
+class ModernBertForSequenceClassification(ModernBertClassifier):
+    """Pool ([CLS], or the mean of the real tokens: `classifier_pooling`), prediction head, dropout,
+    classifier: logits [B, C]."""
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,
@@ -405,20 +415,8 @@ class ModernBertForSequenceClassification(ModernBertPretrainedModel):
         return TaskOutput(logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
 
 
-class ModernBertForTokenClassification(ModernBertPretrainedModel):
+class ModernBertForTokenClassification(ModernBertClassifier):
     """Prediction head, dropout, classifier on every token: logits [B, T, C]."""
-
-    encoder_prefix = "bert."
-    head_prefixes = ("head.", "classifier.")
-
-    def __init__(self, config: ModernBertConfig):
-        super().__init__(config)
-        self.bert = ModernBertModel(config)
-        self.head = PredictionHead(config)
-        self.dropout = nn.Dropout(config.classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.init_weights()
-        self.freeze()
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,
