@@ -141,7 +141,8 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: i
     mask = seen | ((column == width + row) & ~sighted)
     context = F.scaled_dot_product_attention(qb, around(k), around(v), attn_mask=mask.flatten(0, 1)[:, None],
                                              dropout_p=dropout)  # [B * nb, N, W, D]
-    context = context * sighted.flatten(0, 1)[:, None].to(context.dtype)
+    if real is not None:  # (without padding every query sees itself: no pass over the context to zero none)
+        context = context * sighted.flatten(0, 1)[:, None].to(context.dtype)
     # [B * nb, N, W, D] -> [B * nb, W, N, D] -> [B, nb * W, H] -> [B, T, H]
     return context.transpose(1, 2).reshape(batch, blocks * width, hidden)[:, :tokens]
 
