@@ -36,7 +36,7 @@ from bertforge.errors import InputError
 from bertforge.model.bert import BertOutput, BertPretrainedModel, activation
 from bertforge.model.config.modernbert import GLOBAL_ATTENTION, LOCAL_ATTENTION, ModernBertConfig
 from bertforge.model.heads import TaskOutput, masked_lm_sums
-from bertforge.model.layouts import Padded, Unpadded, choose_layout
+from bertforge.model.layouts import Padded, Unpadded, choose_layout, packed_positions
 
 
 def rotary_tables(positions: torch.Tensor, head_size: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -255,24 +255,27 @@ class ModernBertModel(ModernBertPretrainedModel):
                 output_hidden_states: bool = False, output_attentions: bool = False,
                 sequence_ids: torch.Tensor | None = None, compute_masked: bool = False) -> BertOutput:
         """Encode a batch (arguments in `BertModel.forward`'s order, so every caller of an encoder, the engine's
-        row chunks among them, can call this). Packed rows (`sequence_ids`) are not supported yet.
+        row chunks among them, can call this).
 
         Args:
             input_ids: long [B, T]. attention_mask: [B, T], 1 for real tokens, 0 for padding (default all 1).
             token_type_ids: accepted from callers that build BERT's features, and unused: ModernBERT has no
                 segments.
-            position_ids: long [B, T] or [T] (default 0..T-1).
+            position_ids: long [B, T] or [T] (default 0..T-1, restarting with every packed sequence).
+            sequence_ids: long [B, T] for packed rows (`data.collate.pack_rows`), replacing attention_mask:
+                k > 0 for the k-th sequence of its row, 0 for padding. Each sequence attends only to itself
+                (a local layer's window stops at its ends) and its rotary positions start at 0: its outputs
+                are those of the sequence alone in a row of its own.
             compute_masked: also compute the positions `attention_mask` hides from attention (no token attends
                 to them, they attend to the real ones: ColBERT's query expansion); runs padded.
         """
         self.check_inputs(input_ids)
-        if sequence_ids is not None:
-            raise InputError("ModernBERT does not run packed rows (sequence_ids) yet; pass padded rows with an "
-                             "attention_mask")
         batch, tokens = input_ids.shape
-        if position_ids is None:
-            position_ids = torch.arange(tokens, device=input_ids.device)
-        layout = choose_layout(attention_mask, None, unpad=self.unpad and not compute_masked,
+        if position_ids is None:  # packed rows: each sequence's rotations start at 0, as if it ran alone
+            position_ids = torch.arange(tokens, device=input_ids.device) if sequence_ids is None \
+                else packed_positions(sequence_ids)  # [T] or [B, T]
+        # (packed rows: each sequence attends to itself, local layers within the window inside it)
+        layout = choose_layout(attention_mask, sequence_ids, unpad=self.unpad and not compute_masked,
                                output_attentions=output_attentions)
         positions = position_ids.reshape(-1, tokens)  # [T], [1, T] or [B, T] -> [1 or B, T]: rows that share
         # positions share one table (made once, not per row), expanded to the batch without a copy when padded
