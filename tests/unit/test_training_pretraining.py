@@ -85,10 +85,12 @@ def test_run_pretraining_trains_evaluates_and_checkpoints(tmp_path, data_dir):
     assert load_config(PretrainConfig, out / RUN_CONFIG_NAME) == config
 
 
-@pytest.mark.parametrize("arch", ["bert", "modernbert"])
-def test_run_pretraining_resume_matches_uninterrupted(tmp_path, data_dir, monkeypatch, arch):
+@pytest.mark.parametrize("arch,packed", [("bert", False), ("modernbert", False), ("modernbert", True)])
+def test_run_pretraining_resume_matches_uninterrupted(tmp_path, data_dir, short_dir, monkeypatch, arch, packed):
     # The tiny preset keeps dropout 0.1, and masks are drawn per batch: RNG and stream position both matter.
-    full = run_pretraining(run_file(tmp_path / "a", data_dir, arch=arch))
+    # Packed: the packed stream resumes at the same batch, packed as it was.
+    data_dir, packing = (short_dir, ("--pack_sequences=true",)) if packed else (data_dir, ())
+    full = run_pretraining(run_file(tmp_path / "a", data_dir, *packing, arch=arch))
     produce = PretrainingData.__next__
     served = []
 
@@ -101,9 +103,9 @@ def test_run_pretraining_resume_matches_uninterrupted(tmp_path, data_dir, monkey
 
     monkeypatch.setattr(PretrainingData, "__next__", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        run_pretraining(run_file(tmp_path / "b", data_dir, arch=arch))
+        run_pretraining(run_file(tmp_path / "b", data_dir, *packing, arch=arch))
     monkeypatch.undo()
-    resumed = run_pretraining(run_file(tmp_path / "b", data_dir, "--training.resume=auto", arch=arch))
+    resumed = run_pretraining(run_file(tmp_path / "b", data_dir, *packing, "--training.resume=auto", arch=arch))
 
     def logged(events):
         return [(e["step"], e["split"], {k: v for k, v in e["values"].items() if k != "tokens_per_s"})
@@ -130,23 +132,31 @@ def test_pretrain_config_rejects_unknown_preset(tmp_path, data_dir):
         PretrainConfig(data_dir=str(data_dir), model="huge")
 
 
-def test_run_pretraining_packed_matches_one_instance_per_row(tmp_path, data_dir):
-    """pack_sequences changes the batch layout only: with dropout off, every logged loss agrees."""
+@pytest.fixture(scope="module")
+def short_dir(data_dir, tmp_path_factory):
+    """Short documents of short sentences (one per line, blank line between documents) in 64-token rows: their
+    instances are well under the rows, so packing has something to pack."""
+    root = tmp_path_factory.mktemp("short")
     tokenizer = Tokenizer.from_pretrained(data_dir)
-    short = tmp_path / "short"
-    tokenizer.save_pretrained(short)
-    # Short documents of short sentences (one per line, blank line between documents): their instances are
-    # well under the 64-token rows, so packing has something to pack.
+    tokenizer.save_pretrained(root / "data")
     words = BOOK.read_text(encoding="utf-8").split()[:3000]
     lines = [" ".join(words[start:start + 4 + start % 5]) + "." for start in range(0, len(words), 9)]
     documents = ["\n".join(lines[start:start + 2 + start % 3]) for start in range(0, len(lines), 4)]
-    (tmp_path / "short.txt").write_text("\n\n".join(documents) + "\n", encoding="utf-8")
-    prepare_corpus(tmp_path / "short.txt", tokenizer, short, max_seq_length=64, heldout_fraction=0.1, seed=1,
+    (root / "short.txt").write_text("\n\n".join(documents) + "\n", encoding="utf-8")
+    prepare_corpus(root / "short.txt", tokenizer, root / "data", max_seq_length=64, heldout_fraction=0.1, seed=1,
                    format="sentences")
-    data_dir = short
-    no_dropout = ("--model_overrides.hidden_dropout_prob=0.0", "--model_overrides.attention_probs_dropout_prob=0.0")
-    plain = run_pretraining(run_file(tmp_path / "plain", data_dir, *no_dropout))
-    packed_config = run_file(tmp_path / "packed", data_dir, *no_dropout, "--pack_sequences=true")
+    return root / "data"
+
+
+@pytest.mark.parametrize("arch", ["bert", "modernbert"])
+def test_run_pretraining_packed_matches_one_instance_per_row(tmp_path, short_dir, arch):
+    """pack_sequences changes the batch layout only: with dropout off, every logged loss agrees (ModernBERT: its
+    local layers' window, 4 tokens each side, shorter than the packed sequences, stays inside each)."""
+    data_dir = short_dir
+    no_dropout = () if arch == "modernbert" else (  # (ModernBERT's presets have none)
+        "--model_overrides.hidden_dropout_prob=0.0", "--model_overrides.attention_probs_dropout_prob=0.0")
+    plain = run_pretraining(run_file(tmp_path / "plain", data_dir, *no_dropout, arch=arch))
+    packed_config = run_file(tmp_path / "packed", data_dir, *no_dropout, "--pack_sequences=true", arch=arch)
     assert packed_config.pack_sequences
     packed = run_pretraining(packed_config)
 
@@ -394,9 +404,7 @@ def test_pretrain_modernbert_defaults_and_refusals(tmp_path, data_dir):
     assert parse().objective == "mlm+nsp" and parse().masking.mlm_probability == 0.15  # BERT's unchanged
     with pytest.raises(ConfigError, match=r"ModernBERT is pretrained with masked LM only .*use objective mlm"):
         parse("--arch", "modernbert", "--objective", "mlm+nsp")
-    with pytest.raises(ConfigError, match=r"--pack-sequences \(pack_sequences\)=true is not available with "
-                                         r"--arch \(arch\)='modernbert'"):
-        parse("--arch", "modernbert", "--pack-sequences")
+    assert parse("--arch", "modernbert", "--pack-sequences").pack_sequences  # packed rows as BERT's
     with pytest.raises(ConfigError, match=r"model\)='medium' is neither a model directory nor a preset \(of "
                                          r"arch 'modernbert'\)"):
         parse("--arch", "modernbert", "--model", "medium")

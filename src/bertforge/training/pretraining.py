@@ -111,8 +111,9 @@ class PretrainConfig:
     fast_path: bool = setting(True, "skip padding tokens in every matmul and fuse the QKV projection (tested "
                                     "equal to the plain path)")
     # Off by default: with `fast_path` the padding is skipped anyway, so packing pays mainly on the plain path.
-    pack_sequences: bool = setting(False, "several short instances per row (block-diagonal attention): the same "
-                                          "instances and losses with fewer rows")
+    pack_sequences: bool = setting(False, "several short instances per row (block-diagonal attention, positions "
+                                          "restarting with each; ModernBERT's window stays inside each): the "
+                                          "same instances and losses with fewer rows")
     objective: str = setting("mlm+nsp", "mlm+nsp: masked LM and next-sentence prediction (Google's BERT); mlm: "
                                         "masked LM only, no NSP head or loss (RoBERTa, Cramming and later "
                                         "recipes), saved as a BertForMaskedLM", choices=OBJECTIVES)
@@ -132,9 +133,6 @@ class PretrainConfig:
         PRETRAINING.training.model_class_for(self.objective, self.arch)  # validates the objective for the arch
         if self.model_overrides and Path(self.model).is_dir():
             raise ConfigError("model_overrides apply to a preset; a model directory keeps its own config.json")
-        if self.arch == "modernbert" and self.pack_sequences:
-            raise ConfigError("pack_sequences=true is not available with arch='modernbert' yet (its encoder runs "
-                              "one instance per row); leave pack_sequences false")
         for name, low in (("eval_batches", 0), ("pad_to_multiple_of", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
