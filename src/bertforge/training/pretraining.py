@@ -21,9 +21,10 @@ them to the one training loop. A run file looks like:
 The `[training]` table is `PretrainTrainingConfig`: the loop's settings with pretraining's defaults (6% warmup,
 checkpoints in runs/pretrain), kept for every key a run file or flag does not set.
 
-`arch = "modernbert"` (`--arch modernbert`) pretrains a ModernBERT (`model/modernbert.py`) from the same shards
-with its recipe's defaults (`ARCH_DEFAULTS`: masked LM only, 30% masking, the WSD schedule), each overridable
-but NSP, which it has no head for. Token types and NSP labels of the shards are not read: it has no segments.
+`arch = "modernbert"` (`--arch modernbert`) pretrains a ModernBERT (`model/modernbert.py`) from the same shards,
+packed or not (`pack_sequences`), with its recipe's defaults (`ARCH_DEFAULTS`: masked LM only, 30% masking, the
+WSD schedule), each overridable but NSP, which it has no head for. Token types and NSP labels of the shards are
+not read: it has no segments.
 """
 
 from __future__ import annotations
