@@ -35,7 +35,7 @@ from torch import nn
 from bertforge.errors import InputError
 from bertforge.model.bert import BertOutput, BertPretrainedModel, activation
 from bertforge.model.config.modernbert import GLOBAL_ATTENTION, LOCAL_ATTENTION, ModernBertConfig
-from bertforge.model.heads import TaskOutput, masked_lm_sums
+from bertforge.model.heads import TaskOutput, masked_lm_sums, score_lists
 from bertforge.model.layouts import Padded, Unpadded, choose_layout
 
 
@@ -403,11 +403,16 @@ class ModernBertClassifier(ModernBertPretrainedModel):
 
 class ModernBertForSequenceClassification(ModernBertClassifier):
     """Pool ([CLS], or the mean of the real tokens: `classifier_pooling`), prediction head, dropout,
-    classifier: logits [B, C]."""
+    classifier: logits [B, C]. A one-output model (a cross-encoder) also scores lists of pairs [B, L, T] ->
+    logits [B, L], as BERT's does (`score_lists`: listwise reranking)."""
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
+        if input_ids.dim() == 3:  # [B, L, T] -> [B, L] (position_ids, when given, [B, L, T])
+            return score_lists(lambda ids, mask, positions: self.forward(
+                ids, None, mask, position_ids=positions, output_hidden_states=output_hidden_states,
+                output_attentions=output_attentions), self.config.num_labels, input_ids, attention_mask, position_ids)
         out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
                         output_hidden_states=output_hidden_states, output_attentions=output_attentions)
         pooled = self.head(classifier_pool(self.config, out.last_hidden_state, attention_mask))  # [B, H]
