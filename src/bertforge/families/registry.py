@@ -29,13 +29,13 @@ from bertforge.families.reranking import FAMILY as RERANKING
 from bertforge.families.sparse import FAMILY as SPARSE_EMBEDDING
 from bertforge.families.sparse import ModernBertForSparseEmbedding
 from bertforge.families.tagging import FAMILY as TAGGING
+from bertforge.families.tagging import ModernBertForTokenClassification
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.config.modernbert import ModernBertConfig
 from bertforge.model.fast_paths import set_fast_paths
 from bertforge.model.modernbert import (
     ModernBertForMaskedLM,
     ModernBertForSequenceClassification,
-    ModernBertForTokenClassification,
     ModernBertModel,
     ModernBertPretrainedModel,
 )

@@ -44,10 +44,12 @@ KEY_TABLE: tuple[tuple[str, str], ...] = (
     # Dense module names it so in its own file, `interop.colbert`).
     ("projection", "linear"),
 )
-# Parameters whose full name is not `<module>.weight|bias`. The tagger's CRF (`head.crf`) has no Hugging Face
-# counterpart: its names pass through, and their BertForTokenClassification loads the directory without it.
-EXACT_KEYS: tuple[tuple[str, str], ...] = (("mlm.bias", "cls.predictions.bias"), ("crf.transitions", "crf.transitions"),
-                                           ("crf.start", "crf.start"), ("crf.end", "crf.end"))
+# The tagger's CRF (`head.crf`) has no Hugging Face counterpart: its names pass through, and their
+# BertForTokenClassification (or ModernBertForTokenClassification) loads the directory without it.
+CRF_KEYS: tuple[tuple[str, str], ...] = (("crf.transitions", "crf.transitions"), ("crf.start", "crf.start"),
+                                         ("crf.end", "crf.end"))
+# Parameters whose full name is not `<module>.weight|bias`.
+EXACT_KEYS: tuple[tuple[str, str], ...] = (("mlm.bias", "cls.predictions.bias"), *CRF_KEYS)
 
 # Keys in their files that carry nothing of their own: the MLM decoder is tied to the word embeddings
 # (weight) and to `cls.predictions.bias` (bias); `position_ids` is a constant buffer older versions saved.

@@ -1,8 +1,9 @@
 """The ModernBERT encoder (Warner et al., 2024, "Smarter, Better, Faster, Longer"), readable top to bottom,
-with its heads: masked LM, sequence classification, token classification. The span head (question answering)
-and the choice head (multiple choice) live with their families (`families.question_answering`,
-`families.multiple_choice`), beside BERT's, whose objective, output and padding rules they share; they are
-built from the parts here (`PredictionHead`, `classifier_pool`).
+with its heads: masked LM and sequence classification. The tagger (token classification, with its optional
+CRF), the span head (question answering) and the choice head (multiple choice) live with their families
+(`families.tagging`, `families.question_answering`, `families.multiple_choice`), beside BERT's, whose objective,
+output and padding rules they share; they are built from the parts here (`ModernBertClassifier`,
+`PredictionHead`, `classifier_pool`).
 
 What differs from `model/bert.py`: no position or token-type table (rotary position embeddings instead, θ
 `global_rope_theta` on global layers and `local_rope_theta` on local ones); pre-LayerNorm layers (norm ->
@@ -417,16 +418,4 @@ class ModernBertForSequenceClassification(ModernBertClassifier):
                         output_hidden_states=output_hidden_states, output_attentions=output_attentions)
         pooled = self.head(classifier_pool(self.config, out.last_hidden_state, attention_mask))  # [B, H]
         logits = self.classifier(self.dropout(pooled))  # [B, C]
-        return TaskOutput(logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
-
-
-class ModernBertForTokenClassification(ModernBertClassifier):
-    """Prediction head, dropout, classifier on every token: logits [B, T, C]."""
-
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
-        out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
-                        output_hidden_states=output_hidden_states, output_attentions=output_attentions)
-        logits = self.classifier(self.dropout(self.head(out.last_hidden_state)))  # [B, T, H] -> [B, T, C]
         return TaskOutput(logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
