@@ -8,9 +8,12 @@ constructed, and through the engine every inference command runs (`engine.build_
 model plus row chunks, `engine.row_chunks`). Each shape times the sides in turn, the order rotated every repeat,
 after untimed warm-ups, and reports the median wall time and process CPU time of each, the ratios (theirs /
 ours) and the largest difference of the outputs. `--layers` keeps the preset's shapes with fewer layers (the
-same share of global layers when a multiple of 3), for a loaded machine.
+same share of global layers when a multiple of 3), for a loaded machine. `--neighbours N` runs N CPU-bound
+processes beside the timed calls (`python -c 'while 1: pass'`, as `benchmarks.shared_cpu`), for the figure on a
+busy machine.
 
     python -m benchmarks.modernbert_speed --shapes 32x512,32x2048 --threads 2
+    python -m benchmarks.modernbert_speed --shapes 32x512 --threads 2 --neighbours 1
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import time
 
 import torch
 
+from benchmarks.shared_cpu import start_neighbours, stop_neighbours
 from bertforge.checkpoint_format import hf_state_dict
 from bertforge.engine.build import build_engine
 from bertforge.engine.plan import EnginePlan
@@ -101,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed calls of each side per shape")
     parser.add_argument("--preset", default="base")
     parser.add_argument("--layers", type=int, default=None, help="the preset's layer count when not given")
+    parser.add_argument("--neighbours", type=int, default=0, help="CPU-bound processes running beside the calls")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -115,18 +120,27 @@ def main(argv: list[str] | None = None) -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load {load}; torch "
           f"{torch.__version__}, transformers {transformers.__version__}; threads {args.threads}; fp32; preset "
           f"{args.preset}, {config.num_hidden_layers} layers; warmup {args.warmup}, {args.repeats} timed repeats "
-          "each, order rotated")
+          f"each, order rotated; {args.neighbours} CPU-bound processes beside")
     print("| rows x tokens | ours s (CPU s) | ours, engine s (CPU s) | transformers s (CPU s) | theirs / ours wall "
           "(CPU) | theirs / engine wall (CPU) | max abs diff |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for rows, tokens in parse_shapes(args.shapes):
-        result = time_shape(ours, theirs, rows, tokens, args.warmup, args.repeats, engine)
-        (ours_s, ours_c), (engine_s, engine_c), (theirs_s, theirs_c) = (result[k] for k in ("ours", "engine", "theirs"))
-        print(f"| {rows} x {tokens} | {ours_s:.2f} ({ours_c:.2f}) | {engine_s:.2f} ({engine_c:.2f}) | {theirs_s:.2f} "
-              f"({theirs_c:.2f}) | {theirs_s / ours_s:.2f}x ({theirs_c / ours_c:.2f}x) | {theirs_s / engine_s:.2f}x "
-              f"({theirs_c / engine_c:.2f}x) | {result['diff']:.1e} |", flush=True)
+    neighbours = start_neighbours(args.neighbours)
+    try:
+        for rows, tokens in parse_shapes(args.shapes):
+            report_shape(ours, theirs, engine, rows, tokens, args)
+    finally:
+        stop_neighbours(neighbours)
     with open("/proc/loadavg") as handle:
         print(f"load after: {' '.join(handle.read().split()[:3])}")
+
+
+def report_shape(ours, theirs, engine, rows: int, tokens: int, args: argparse.Namespace) -> None:
+    """One table row: the three sides timed on one shape."""
+    result = time_shape(ours, theirs, rows, tokens, args.warmup, args.repeats, engine)
+    (ours_s, ours_c), (engine_s, engine_c), (theirs_s, theirs_c) = (result[k] for k in ("ours", "engine", "theirs"))
+    print(f"| {rows} x {tokens} | {ours_s:.2f} ({ours_c:.2f}) | {engine_s:.2f} ({engine_c:.2f}) | {theirs_s:.2f} "
+          f"({theirs_c:.2f}) | {theirs_s / ours_s:.2f}x ({theirs_c / ours_c:.2f}x) | {theirs_s / engine_s:.2f}x "
+          f"({theirs_c / engine_c:.2f}x) | {result['diff']:.1e} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -63,26 +63,33 @@ def model_pair(window: int):
 @pytest.mark.parametrize("unpad", [False, True])
 def test_modernbert_local_layers_on_the_band_equal_the_masked_path(monkeypatch, unpad):
     """Rows of 45 tokens (not a multiple of the window of 4 each side), padded and not: the model on its banded
-    path equals the model with every local layer on the masked T x T call, at every real position."""
+    path equals the model with every local layer on the masked T x T call, at every real position; the banded
+    blocks' mask is made once per forward and shared by the local layers."""
     model, config = model_pair(window=4)
     set_fast_paths(model, unpad=unpad)
     ids = torch.randint(1, config.vocab_size, (5, 45), generator=torch.Generator().manual_seed(3))
     mask = torch.ones_like(ids)
     for row, length in enumerate([45, 30, 19, 3, 45]):
         mask[row, length:] = 0
-    calls = []
-    real_banded = layouts.banded_attention
+    calls, masks_made = [], []
+    real_banded, real_mask = layouts.banded_attention, layouts.band_blocks_mask
 
     def counted(*args, **kwargs):
         calls.append(args[0].shape)
         return real_banded(*args, **kwargs)
 
+    def counted_mask(*args, **kwargs):
+        masks_made.append(args[:2])
+        return real_mask(*args, **kwargs)
+
     with torch.no_grad():
         monkeypatch.setattr(layouts, "banded_attention", counted)
+        monkeypatch.setattr(layouts, "band_blocks_mask", counted_mask)
         banded = model(ids, attention_mask=mask).last_hidden_state
         monkeypatch.setattr(layouts, "computes_band_only", lambda tokens, window: False)
         masked = model(ids, attention_mask=mask).last_hidden_state
     assert len(calls) == 2  # the two local layers of three (layer 0 is global), once each over the batch
+    assert masks_made == [(5, 45)]  # their mask made once, for both
     real = mask.bool()
     torch.testing.assert_close(banded[real], masked[real], atol=ATOL, rtol=0)
     assert not banded.isnan().any()

@@ -97,11 +97,35 @@ def computes_band_only(tokens: int, window: int | None) -> bool:
     return window is not None and window > 0 and tokens > 4 * window and not torch.jit.is_tracing()
 
 
+def band_blocks_mask(batch: int, tokens: int, window: int, real: torch.Tensor | None, device: torch.device
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The mask of `banded_attention` for rows of `tokens` tokens (`real` bool [B, T] or None: every token real):
+    (bool [B * nb, 1, W, 3W], the queries that see a key [B * nb, 1, W, 1] or None when every query sees itself).
+    Query r of block i (position iW + r) may see key c of its 3 blocks (position (i - 1)W + c) when it is in the
+    window, |c - W - r| <= W, and a real key of the row; a query that sees no key gets itself (`windowed`).
+    Made once per forward and window (`Padded`), shared by the layers."""
+    width = window
+    blocks = -(-tokens // width)
+    tail = blocks * width - tokens
+    row = torch.arange(width, device=device)[:, None]  # [W, 1]
+    column = torch.arange(3 * width, device=device)[None, :]  # [1, 3W]
+    in_window = (column - width - row).abs() <= window  # [W, 3W]
+    keys = torch.ones(batch, tokens, dtype=torch.bool, device=device) if real is None else real.to(torch.bool)
+    keys = F.pad(keys, (width, tail + width)).unfold(1, 3 * width, width)  # [B, nb, 3W]: real keys of each block
+    seen = in_window & keys[:, :, None, :]  # [B, nb, W, 3W]
+    sighted = seen.any(-1, keepdim=True)  # [B, nb, W, 1]
+    mask = (seen | ((column == width + row) & ~sighted)).flatten(0, 1)[:, None]  # [B * nb, 1, W, 3W]
+    # (without padding every query sees itself: no pass over the context to zero none)
+    return mask, None if real is None else sighted.flatten(0, 1)[:, None]
+
+
 def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, window: int,
-                     real: torch.Tensor | None = None, dropout: float = 0.0) -> torch.Tensor:
+                     real: torch.Tensor | None = None, dropout: float = 0.0,
+                     masks: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
     """Sliding-window attention that computes only the band: q, k, v [B, T, H] -> context [B, T, H], each query
     attending to the keys at most `window` positions away (and, with `real` bool [B, T], only to real keys;
-    a query whose window holds none gets a zero context, as `windowed` rules).
+    a query whose window holds none gets a zero context, as `windowed` rules). `masks`: `band_blocks_mask` of
+    these rows, when the caller keeps it for several layers (made here otherwise).
 
     The rows are cut into blocks of W = `window` queries (the last block padded). A query of block i sees keys in
     blocks i - 1, i and i + 1 only, so each block attends to those 3W keys, masked to the exact window: one SDPA
@@ -129,20 +153,11 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: i
         stream = F.pad(split(x).reshape(-1, hidden), (0, 0, width, width))
         return stream.unfold(0, 3 * width, width).transpose(1, 2).unflatten(-1, (heads, size)).transpose(1, 2)
 
-    # mask [B * nb, 1, W, 3W]: query r of block i (position iW + r) may see key c of its 3 blocks (position
-    # (i - 1)W + c) when it is in the window, |c - W - r| <= W, and a real key of the row; always itself.
-    row = torch.arange(width, device=q.device)[:, None]  # [W, 1]
-    column = torch.arange(3 * width, device=q.device)[None, :]  # [1, 3W]
-    in_window = (column - width - row).abs() <= window  # [W, 3W]
-    keys = torch.ones(batch, tokens, dtype=torch.bool, device=q.device) if real is None else real.to(torch.bool)
-    keys = F.pad(keys, (width, tail + width)).unfold(1, 3 * width, width)  # [B, nb, 3W]: real keys of each block
-    seen = in_window & keys[:, :, None, :]  # [B, nb, W, 3W]
-    sighted = seen.any(-1, keepdim=True)  # [B, nb, W, 1]: a query that sees no key gets itself, then 0 (`windowed`)
-    mask = seen | ((column == width + row) & ~sighted)
-    context = F.scaled_dot_product_attention(qb, around(k), around(v), attn_mask=mask.flatten(0, 1)[:, None],
+    mask, sighted = masks if masks is not None else band_blocks_mask(batch, tokens, window, real, q.device)
+    context = F.scaled_dot_product_attention(qb, around(k), around(v), attn_mask=mask,
                                              dropout_p=dropout)  # [B * nb, N, W, D]
-    if real is not None:  # (without padding every query sees itself: no pass over the context to zero none)
-        context = context * sighted.flatten(0, 1)[:, None].to(context.dtype)
+    if sighted is not None:
+        context = context * sighted.to(context.dtype)
     # [B * nb, N, W, D] -> [B * nb, W, N, D] -> [B, nb * W, H] -> [B, T, H]
     return context.transpose(1, 2).reshape(batch, blocks * width, hidden)[:, :tokens]
 
@@ -156,8 +171,9 @@ class Padded:
 
     def __init__(self, mask: torch.Tensor | None):
         self.mask = mask  # bool [B, 1, 1, T] (or [B, 1, T, T] for packed rows), True = attend, or None
-        # window -> (the mask narrowed to it, the queries that see a key), shared by layers
-        self.windowed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # window -> (the mask narrowed to it, the queries that see a key), and ("band", window) -> the banded
+        # blocks' (`band_blocks_mask`), shared by layers
+        self.windowed: dict = {}
 
     def enter(self, x: torch.Tensor) -> torch.Tensor:
         return x
@@ -182,8 +198,11 @@ class Padded:
         batch, tokens, hidden = q.shape
         # A local layer over a long row, with a padding mask (not packed rows' [B, 1, T, T]): the band only.
         if not return_probs and computes_band_only(tokens, window) and (self.mask is None or self.mask.shape[2] == 1):
-            real = None if self.mask is None else self.mask[:, 0, 0]  # [B, 1, 1, T] -> [B, T]
-            return banded_attention(q, k, v, heads, window, real, dropout), None
+            if ("band", window) not in self.windowed:  # made once per forward, shared by the local layers
+                real = None if self.mask is None else self.mask[:, 0, 0]  # [B, 1, 1, T] -> [B, T]
+                self.windowed["band", window] = band_blocks_mask(batch, tokens, window, real, q.device)
+            return banded_attention(q, k, v, heads, window, dropout=dropout,
+                                    masks=self.windowed["band", window]), None
         mask, sighted = self.mask_for(tokens, window, q.device)
 
         def split(x: torch.Tensor) -> torch.Tensor:

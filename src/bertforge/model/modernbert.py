@@ -54,12 +54,20 @@ def rotary_tables(positions: torch.Tensor, head_size: int, theta: float) -> tupl
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate queries and keys: x [..., K, N, D] (K of them, the query and key of each token), cos and signed sin
     [..., D] (`rotary_tables`) -> [..., K, N, D] in x's dtype (the turn itself in float32, so bf16 positions far
-    into a long sequence keep their angle): (a, b) -> (a cos - b sin, b cos + a sin) per feature pair."""
+    into a long sequence keep their angle): (a, b) -> (a cos - b sin, b cos + a sin) per feature pair.
+
+    x cos, then each half adds the other half times its sin in place: no swapped copy of x is made (a traced graph
+    keeps the out-of-place form, the one an exporter reads)."""
     half = x.shape[-1] // 2
     wide = x.to(torch.promote_types(x.dtype, torch.float32))
-    swapped = torch.cat((wide[..., half:], wide[..., :half]), dim=-1)  # (a, b) -> (b, a), [..., K, N, D]
     cos, sin = cos[..., None, None, :], sin[..., None, None, :]  # [..., D] -> [..., 1, 1, D]
-    return torch.addcmul(wide * cos, swapped, sin).to(x.dtype)
+    turned = wide * cos
+    if torch.jit.is_tracing():
+        swapped = torch.cat((wide[..., half:], wide[..., :half]), dim=-1)  # (a, b) -> (b, a), [..., K, N, D]
+        return torch.addcmul(turned, swapped, sin).to(x.dtype)
+    turned[..., :half].addcmul_(wide[..., half:], sin[..., :half])  # a cos - b sin
+    turned[..., half:].addcmul_(wide[..., :half], sin[..., half:])  # b cos + a sin
+    return turned.to(x.dtype)
 
 
 def norm(config: ModernBertConfig) -> nn.LayerNorm:
