@@ -2,7 +2,7 @@
 --format rerank-lists` (ListNet over each query's list), `--format regression` (one output, scores 0/1) and
 `--format pair` (two labels) from a tiny random ModernBERT masked LM, then `bertforge evaluate`, `bertforge
 predict --task rerank` and the server's rerank dialects (ours, text-embeddings-inference's `/rerank`, Cohere v2's
-`/v2/rerank`) on the result, which agree with each other and with sentence-transformers' `CrossEncoder` loading
+`/v2/rerank`, Infinity's `/rerank` with documents) on the result, which agree with each other and with sentence-transformers' `CrossEncoder` loading
 the saved directory (max |Δ| ≤ 1e-5 fp32).
 """
 
@@ -75,16 +75,19 @@ def test_modernbert_finetunes_a_listwise_reranker_that_every_rerank_route_and_cr
         tei = [client.post("/rerank", json={"query": q["query"], "texts": q["texts"]}) for q in QUERIES]
         cohere = [client.post("/v2/rerank", json={"model": "m", "query": q["query"], "documents": q["texts"]})
                   for q in QUERIES]
-    assert ours.status_code == 200 and all(r.status_code == 200 for r in tei + cohere)
+        infinity = [client.post("/rerank", json={"query": q["query"], "documents": q["texts"]}) for q in QUERIES]
+    assert ours.status_code == 200 and all(r.status_code == 200 for r in tei + cohere + infinity)
     theirs = cross_encoder_scores(best)
-    for q, p, o, t, c, reference in zip(QUERIES, predicted, ours.json()["outputs"], tei, cohere, theirs,
-                                        strict=True):
+    for q, p, o, t, c, i, reference in zip(QUERIES, predicted, ours.json()["outputs"], tei, cohere, infinity, theirs,
+                                           strict=True):
         assert len(p["results"]) == len(q["texts"])
         assert [r["index"] for r in p["results"]] == [r["index"] for r in o["results"]] == \
-            [r["index"] for r in t.json()] == [r["index"] for r in c.json()["results"]]
+            [r["index"] for r in t.json()] == [r["index"] for r in c.json()["results"]] == \
+            [r["index"] for r in i.json()["results"]]
         scores = np.asarray(by_index(p["results"]))
         assert np.abs(scores - reference).max() <= BOUND
-        for other in (by_index(o["results"]), by_index(t.json()), by_index(c.json()["results"], "relevance_score")):
+        for other in (by_index(o["results"]), by_index(t.json()), by_index(c.json()["results"], "relevance_score"),
+                      by_index(i.json()["results"], "relevance_score")):
             assert np.abs(np.asarray(other) - scores).max() <= BOUND
 
 

@@ -16,7 +16,13 @@ import re
 from typing import Any
 
 from bertforge.errors import ConfigError
-from bertforge.interop.huggingface import CRF_KEYS, HF_ONLY_CONFIG_KEYS, compile_pattern, translate
+from bertforge.interop.huggingface import (
+    CRF_KEYS,
+    DEEPER_CLASSIFIER_KEYS,
+    HF_ONLY_CONFIG_KEYS,
+    compile_pattern,
+    translate,
+)
 
 MODEL_TYPE = "modernbert"
 
@@ -37,6 +43,7 @@ KEY_TABLE: tuple[tuple[str, str], ...] = (
     ("head.dense", "head.dense"),
     ("head.norm", "head.norm"),
     ("classifier", "classifier"),
+    *DEEPER_CLASSIFIER_KEYS,
     # ColBERT's projection, where PyLate's Dense module keeps it (`interop.colbert` adds it to the stored tensors).
     ("projection", "linear"),
 )

@@ -36,7 +36,7 @@ from torch import nn
 from bertforge.errors import InputError
 from bertforge.model.bert import BertOutput, BertPretrainedModel, activation
 from bertforge.model.config.modernbert import GLOBAL_ATTENTION, LOCAL_ATTENTION, ModernBertConfig
-from bertforge.model.heads import TaskOutput, masked_lm_sums, score_lists
+from bertforge.model.heads import ClassifierHead, TaskOutput, build_classifier, masked_lm_sums, score_lists
 from bertforge.model.layouts import Padded, Unpadded, choose_layout
 
 
@@ -226,6 +226,10 @@ class ModernBertPretrainedModel(BertPretrainedModel):
         classifier = getattr(self, "classifier", None)
         if isinstance(classifier, nn.Linear):
             init(classifier, "final")
+        elif isinstance(classifier, ClassifierHead):  # the deeper classifier: its hidden layers read the head
+            for layer in classifier.hidden:
+                init(layer, "in")
+            init(classifier.out, "final")
         self.tie_weights()
 
 
@@ -391,7 +395,8 @@ def classifier_pool(config: ModernBertConfig, hidden: torch.Tensor, attention_ma
 class ModernBertClassifier(ModernBertPretrainedModel):
     """What every ModernBERT classifier holds, as transformers' heads do: the encoder, the prediction head,
     dropout and a linear `classifier` of `classifier_width(config)` outputs (the subclasses say what they pool
-    and how the scores are read)."""
+    and how the scores are read); with `config.classifier_hidden_sizes` the classifier is BERT's deeper one
+    (`heads.ClassifierHead`: hidden layers before the output, which transformers' classes do not have)."""
 
     encoder_prefix = "bert."
     head_prefixes = ("head.", "classifier.")
@@ -401,7 +406,7 @@ class ModernBertClassifier(ModernBertPretrainedModel):
         self.bert = ModernBertModel(config)
         self.head = PredictionHead(config)
         self.dropout = nn.Dropout(config.classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, self.classifier_width(config))
+        self.classifier = build_classifier(config, config.hidden_size, self.classifier_width(config))
         self.init_weights()
         self.freeze()
 

@@ -71,7 +71,7 @@ class ModernBertConfig(EncoderConfig):
     id2label: dict[int, str] | None = None
     label2id: dict[str, int] | None = None
     # bertforge's task settings, as `BertConfig`'s: a fixed encoder under a trained head; multi-label decision
-    # thresholds; a tagger's CRF. The deeper classifier and layer features are BERT's only for now (refused if set).
+    # thresholds; the deeper classifier; a tagger's CRF. Layer features are BERT's only for now (refused if set).
     freeze_encoder: bool = False
     label_thresholds: list[float] | None = None
     classifier_hidden_sizes: list[int] = field(default_factory=list)
@@ -117,8 +117,8 @@ class ModernBertConfig(EncoderConfig):
                  "global layer every global_attn_every_n_layers")
         need(isinstance(self.freeze_encoder, bool), "freeze_encoder", "use true or false")
         need(isinstance(self.use_crf, bool), "use_crf", "use true or false")
-        for name, unset in (("classifier_hidden_sizes", []), ("feature_layers", None)):
-            need(getattr(self, name) == unset, name, f"ModernBERT's heads do not offer it yet: leave it {unset!r}")
+        need(self.feature_layers is None, "feature_layers", "ModernBERT's heads do not offer it yet: leave it None")
+        self.check_classifier(need)
         self.check_labels(need)
 
     @property
