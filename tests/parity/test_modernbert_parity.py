@@ -21,13 +21,13 @@ from bertforge.checkpoint_format import hf_state_dict
 from bertforge.families import registry
 from bertforge.families.multiple_choice import ModernBertForMultipleChoice
 from bertforge.families.question_answering import ModernBertForQuestionAnswering
+from bertforge.families.tagging import ModernBertForTokenClassification
 from bertforge.interop import modernbert as hf_modernbert
 from bertforge.model.config.modernbert import ModernBertConfig
 from bertforge.model.fast_paths import set_fast_paths
 from bertforge.model.modernbert import (
     ModernBertForMaskedLM,
     ModernBertForSequenceClassification,
-    ModernBertForTokenClassification,
     ModernBertModel,
 )
 

@@ -23,9 +23,11 @@ from bertforge.families.crf import (
     LinearChainCRF,
     as_numpy,
     constraints,
+    labelled_sequences,
     log_likelihood,
     log_partition,
     marginals,
+    trim_cut_entities,
     viterbi,
 )
 from bertforge.families.tagging import (
@@ -34,8 +36,6 @@ from bertforge.families.tagging import (
 from bertforge.families.tagging import (
     BertForTokenClassification,
     TagEmissions,
-    labelled_sequences,
-    trim_cut_entities,
 )
 from bertforge.metrics.tagging import check_tags
 from bertforge.model.config import BertConfig

@@ -21,8 +21,9 @@ from bertforge.model.config.modernbert import PRESETS, ModernBertConfig
     ("global_rope_theta", 0.0, "positive"),
     ("mlp_dropout", 1.0, "probability"),
     ("norm_bias", "yes", "true or false"),
-    ("classifier_hidden_sizes", [64], "do not offer it yet"),
-    ("use_crf", True, "do not offer it yet"),
+    ("classifier_hidden_sizes", [64, 0], "at most 3 positive widths"),
+    ("feature_layers", [-1], "do not offer it yet"),
+    ("use_crf", "yes", "true or false"),
 ])
 def test_modernbert_config_refuses_bad_fields_naming_them(field, value, fix):
     fields = {"vocab_size": 10, "hidden_size": 48, "intermediate_size": 64, "num_hidden_layers": 3,

@@ -61,7 +61,7 @@ from bertforge.metrics.classification import (
     tune_thresholds,
 )
 from bertforge.model.config import BertConfig
-from bertforge.model.heads import TaskOutput, build_classifier, feature_size, sequence_features
+from bertforge.model.heads import TaskOutput, build_classifier, feature_size, score_lists, sequence_features
 from bertforge.tokenization.pairs import pair_windows
 from bertforge.tokenization.tokenizer import Tokenizer
 
@@ -111,17 +111,8 @@ class BertForSequenceClassification(FineTuningModel):
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 output_attentions: bool = False, output_hidden_states: bool = False) -> TaskOutput:
         if input_ids.dim() == 3:  # lists of pairs (listwise reranking): one output per pair, [B, L, T] -> [B, L]
-            if labels is not None or self.config.num_labels != 1:
-                raise ValueError("lists of inputs [B, L, T] are scored by a one-output model, without labels "
-                                 "(their loss is the reranking family's)")
-            lists, count, tokens = input_ids.shape
-
-            def flat(x):
-                return None if x is None else x.reshape(lists * count, tokens)  # [B, L, T] -> [B*L, T]
-
-            out = self.forward(flat(input_ids), flat(token_type_ids), flat(attention_mask), None,
-                               output_attentions, output_hidden_states)
-            return TaskOutput(out.logits.view(lists, count), None, out.hidden_states, out.attentions)
+            return score_lists(lambda *rows: self.forward(*rows, None, output_attentions, output_hidden_states),
+                               self.config.num_labels, input_ids, token_type_ids, attention_mask, labels=labels)
         out = self.encode(input_ids, token_type_ids, attention_mask, output_attentions, output_hidden_states)
         logits = self.classifier(self.dropout(sequence_features(self.config, out)))  # [B, C]
         loss = None

@@ -17,19 +17,21 @@ sequence never starts on I-/E- nor ends on B-/I-. The score is large and finite 
 log-sum-exps of disallowed paths stay finite and gradients never become NaN.
 
 A sequence is what the tagger predicts one label for: its words (a word's score is the logits of its first
-sub-token). `families.tagging` compacts each row's labelled positions into such a sequence for training
-and gathers each example's words for decoding.
+sub-token). A training row becomes such a sequence here (`labelled_sequences`: its labelled positions moved to
+its front), and a window's labels are trimmed where its edge cuts an entity (`trim_cut_entities`);
+`families.tagging` gathers each example's words for decoding.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
 
+from bertforge.constants import IGNORE_INDEX
 from bertforge.errors import ConfigError
 
 # The score of a disallowed transition, start or end: exp(-1e4) is 0 in float32 and float64 alike.
@@ -174,6 +176,50 @@ def log_likelihood(emissions: torch.Tensor, tags: torch.Tensor, mask: torch.Tens
     tags = tags.long().masked_fill(~mask, 0)
     values = path_score(emissions, tags, mask, scores) - log_partition(emissions, mask, scores)
     return values.masked_fill(~mask[:, 0], 0.0)
+
+
+# --- a tagger's rows as CRF sequences ---------------------------------------------------------------
+
+def labelled_sequences(logits: torch.Tensor, labels: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's labelled positions moved to its front, in order: the rows' CRF sequences.
+
+    logits [B, T, C], labels [B, T] -> (emissions [B, L, C], tags [B, L], mask [B, L]) with L the largest
+    number of labelled positions in a row; mask marks the real positions (a prefix of each row).
+    """
+    keep = labels != IGNORE_INDEX  # [B, T]
+    length = int(keep.sum(-1).max()) if keep.numel() else 0
+    # A stable sort of "unlabelled" puts the labelled positions first and keeps their order.
+    order = torch.argsort((~keep).to(torch.uint8), dim=-1, stable=True)[:, :length]  # [B, L]
+    emissions = logits.gather(1, order[..., None].expand(-1, -1, logits.shape[-1]))  # [B, L, C]
+    return emissions, labels.gather(1, order), keep.gather(1, order)
+
+
+def trim_cut_entities(labels: Sequence[int], prefixes: Mapping[int, str], *, cut_before: bool,
+                      cut_after: bool) -> list[int]:
+    """A window's labels for a CRF tagger: IGNORE_INDEX on the words of an entity that the window's edge cuts.
+
+    A CRF sequence may not start on I-/E- nor (IOBES) end on B-/I-, so a window that begins inside an
+    entity (`cut_before`) drops that entity's leading I-/E- words, and one that ends inside an entity
+    (`cut_after`) drops its trailing B-/I- words where the scheme has an end tag (E-). `prefixes`: label
+    id -> its first letter ("O", "B", "I", "E", "S").
+    """
+    labels = list(labels)
+    positions = [i for i, label in enumerate(labels) if label != IGNORE_INDEX]
+    if cut_before:
+        for i in positions:
+            prefix = prefixes[labels[i]]
+            if prefix not in ("I", "E"):
+                break
+            labels[i] = IGNORE_INDEX
+            if prefix == "E":
+                break
+    if cut_after and "E" in prefixes.values():
+        for i in reversed(positions):
+            if labels[i] == IGNORE_INDEX or prefixes[labels[i]] not in ("B", "I"):
+                break
+            labels[i] = IGNORE_INDEX
+    return labels
 
 
 # --- numpy: decoding ------------------------------------------------------------------------------------

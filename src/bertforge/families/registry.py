@@ -29,13 +29,13 @@ from bertforge.families.reranking import FAMILY as RERANKING
 from bertforge.families.sparse import FAMILY as SPARSE_EMBEDDING
 from bertforge.families.sparse import ModernBertForSparseEmbedding
 from bertforge.families.tagging import FAMILY as TAGGING
+from bertforge.families.tagging import ModernBertForTokenClassification
 from bertforge.model.bert import BertModel, BertPretrainedModel
 from bertforge.model.config.modernbert import ModernBertConfig
 from bertforge.model.fast_paths import set_fast_paths
 from bertforge.model.modernbert import (
     ModernBertForMaskedLM,
     ModernBertForSequenceClassification,
-    ModernBertForTokenClassification,
     ModernBertModel,
     ModernBertPretrainedModel,
 )
@@ -123,6 +123,16 @@ MODERNBERT_TRAINED: dict[type[BertPretrainedModel], type[BertPretrainedModel]] =
     BertForSentenceEmbedding: ModernBertForSentenceEmbedding}
 
 
+def runs(cls: type[BertPretrainedModel], family: Family) -> bool:
+    """Whether models of class `cls` run `family` with their own head: they are its model class (BERT's), or the
+    ModernBERT class of that class (a ModernBERT sequence classifier runs classification and, as BERT's does,
+    reranking)."""
+    if issubclass(cls, family.model_class):
+        return True
+    return any(issubclass(cls, modern) and found.model_class is family.model_class
+               for modern, found in MODERNBERT_FAMILIES.items())
+
+
 def counterpart(cls: type[BertPretrainedModel], config: Any) -> type[BertPretrainedModel]:
     """The class a family asks for (BERT's), for a directory of `config`: a ModernBERT directory gets the
     ModernBERT class its family runs (its heads), any other the class itself."""
@@ -152,13 +162,13 @@ def for_model(model: Any) -> Family:
 
 def for_directory(directory: ModelDirectory) -> Family:
     """The family of a saved model: its architecture's, unless its fine-tuning record names another family
-    with the same model class (a reranker fine-tuned on lists is a one-output `BertForSequenceClassification`
-    whose record says reranking: it is scored as a reranker)."""
+    with the same model class (a reranker fine-tuned on lists is a one-output `BertForSequenceClassification`, or
+    `ModernBertForSequenceClassification`, whose record says reranking: it is scored as a reranker)."""
     cls = model_class(directory.architecture)
     found = for_model(cls)
     named = (directory.finetuning or {}).get("family")
     other = _BY_NAME.get(_key(named)) if isinstance(named, str) else None
-    if other is not None and other is not found and issubclass(cls, other.model_class):
+    if other is not None and other is not found and runs(cls, other):
         return other
     return found
 

@@ -131,8 +131,10 @@ class Reranking(Family):
     training_hooks = RerankingTraining
     default_metrics = LIST_METRICS
     # A cross-encoder from elsewhere (no fine-tuning record of this family) reads pairs as long as its position
-    # table allows, as sentence-transformers' CrossEncoder and text-embeddings-inference read them.
+    # table allows, as sentence-transformers' CrossEncoder and text-embeddings-inference read them: 512 for BERT,
+    # a ModernBERT's own length (8,192) past that, since candidates are passages (`long_inputs`).
     served_max_seq_length = 512
+    long_inputs = True
 
     def __init__(self, relevant: int = -1):
         super().__init__()

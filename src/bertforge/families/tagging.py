@@ -1,7 +1,8 @@
 """Token tagging (NER and the like): one label per word, entities with character offsets.
 
-Owns: the model (`BertForTokenClassification`: each token's hidden state -> dropout -> classifier, and with
-`config.use_crf` a linear-chain CRF over the words, `families.crf`), its objective (cross-entropy over
+Owns: the models (`BertForTokenClassification`: each token's hidden state -> dropout -> classifier;
+`ModernBertForTokenClassification`: ModernBERT's prediction head before them; each with `config.use_crf` a
+linear-chain CRF over the words, `families.crf`, through `CrfTagger`), their objective (cross-entropy over
 labelled tokens, optionally class-weighted or focal; or the CRF's negative log-likelihood per row), features
 (word labels aligned to sub-tokens, long sentences windowed), decoding (word tags -> entities with character
 offsets and a score), entity-level metrics (conlleval rules, and the share of ill-formed predicted spans)
@@ -70,9 +71,11 @@ from bertforge.families.crf import (
     CrfScores,
     LinearChainCRF,
     as_numpy,
+    labelled_sequences,
     log_likelihood,
     marginals,
     split_label,
+    trim_cut_entities,
     viterbi,
 )
 from bertforge.metrics.tagging import (
@@ -83,27 +86,14 @@ from bertforge.metrics.tagging import (
     iobes_to_bio,
 )
 from bertforge.model.config import BertConfig
+from bertforge.model.config.modernbert import ModernBertConfig
 from bertforge.model.heads import TaskOutput, build_classifier, feature_size, token_features
+from bertforge.model.modernbert import ModernBertClassifier
 from bertforge.tokenization.tokenizer import Tokenizer
 from bertforge.tokenization.windows import max_context_windows, window_spans
 
 # Every DEV_EVERY-th sentence of a tagging train file forms the carved dev split (5%) of tasks without one.
 DEV_EVERY = 20
-
-
-def labelled_sequences(logits: torch.Tensor, labels: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each row's labelled positions moved to its front, in order: the rows' CRF sequences.
-
-    logits [B, T, C], labels [B, T] -> (emissions [B, L, C], tags [B, L], mask [B, L]) with L the largest
-    number of labelled positions in a row; mask marks the real positions (a prefix of each row).
-    """
-    keep = labels != IGNORE_INDEX  # [B, T]
-    length = int(keep.sum(-1).max()) if keep.numel() else 0
-    # A stable sort of "unlabelled" puts the labelled positions first and keeps their order.
-    order = torch.argsort((~keep).to(torch.uint8), dim=-1, stable=True)[:, :length]  # [B, L]
-    emissions = logits.gather(1, order[..., None].expand(-1, -1, logits.shape[-1]))  # [B, L, C]
-    return emissions, labels.gather(1, order), keep.gather(1, order)
 
 
 def objective(logits: torch.Tensor, labels: torch.Tensor, crf: CrfScores | None = None,
@@ -135,7 +125,29 @@ class TaggingOutput(TaskOutput):
     crf: CrfScores | None = None
 
 
-class BertForTokenClassification(FineTuningModel):
+class CrfTagger:
+    """What every tagger (BERT's, ModernBERT's) does after its classifier: with `config.use_crf` a linear-chain
+    CRF over the labelled positions (`crf.*`, made by `add_crf`), whose scores every output carries (constant:
+    an engine running an exported graph takes them from here), and the loss of `objective`."""
+
+    crf: LinearChainCRF | None
+
+    def add_crf(self, config) -> None:
+        """The CRF over `config.label_names` when `config.use_crf` (ConfigError naming head.crf for labels that
+        are not BIO/IOBES)."""
+        self.crf = LinearChainCRF(config.label_names) if config.use_crf else None
+
+    def constant_outputs(self) -> dict[str, Any]:
+        return {"crf": self.crf.scores()} if self.crf is not None else {}
+
+    def tagged(self, logits: torch.Tensor, labels: torch.Tensor | None, out) -> TaggingOutput:
+        """The output of logits [B, T, C] on the encoder's output `out`: the CRF's scores, the loss with labels."""
+        crf = self.crf.scores() if self.crf is not None else None
+        loss = None if labels is None else mean_loss(objective(logits, labels, crf))
+        return TaggingOutput(logits, loss, out.hidden_states, out.attentions, crf=crf)
+
+
+class BertForTokenClassification(CrfTagger, FineTuningModel):
     """Each token's hidden state -> dropout -> classifier, and with `config.use_crf` a linear-chain CRF over
     the labelled positions (`crf.*`). Labels [B, T] use IGNORE_INDEX on tokens that carry no label
     (continuation pieces, special tokens, padding).
@@ -150,19 +162,35 @@ class BertForTokenClassification(FineTuningModel):
         super().__init__(config, add_pooling_layer=False)
         self.dropout = nn.Dropout(config.head_dropout)
         self.classifier = build_classifier(config, feature_size(config), config.num_labels)
-        self.crf = LinearChainCRF(config.label_names) if config.use_crf else None
+        self.add_crf(config)
         self.init_weights()
-
-    def constant_outputs(self) -> dict[str, Any]:
-        return {"crf": self.crf.scores()} if self.crf is not None else {}
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 output_attentions: bool = False, output_hidden_states: bool = False) -> TaggingOutput:
         out = self.encode(input_ids, token_type_ids, attention_mask, output_attentions, output_hidden_states)
-        logits = self.classifier(self.dropout(token_features(self.config, out)))  # [B, T, C]
-        crf = self.crf.scores() if self.crf is not None else None
-        loss = None if labels is None else mean_loss(objective(logits, labels, crf))
-        return TaggingOutput(logits, loss, out.hidden_states, out.attentions, crf=crf)
+        return self.tagged(self.classifier(self.dropout(token_features(self.config, out))), labels, out)  # [B, T, C]
+
+
+class ModernBertForTokenClassification(CrfTagger, ModernBertClassifier):
+    """ModernBERT's tagger, as transformers' (so the directory loads there): prediction head, dropout, classifier
+    on every token: logits [B, T, C]; with `config.use_crf` the CRF over them, as BERT's (`crf.*`, which
+    transformers' class leaves aside)."""
+
+    head_prefixes = ("head.", "classifier.", "crf.")
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__(config)
+        self.add_crf(config)  # zero scores, which init_weights leaves alone
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None, *,
+                position_ids: torch.Tensor | None = None, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> TaggingOutput:
+        """Arguments in `BertForTokenClassification.forward`'s order; token_type_ids are unused (no segments)."""
+        out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
+                        output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        logits = self.classifier(self.dropout(self.head(out.last_hidden_state)))  # [B, T, H] -> [B, T, C]
+        return self.tagged(logits, labels, out)
 
 
 class TagEmissions(NamedTuple):
@@ -305,33 +333,6 @@ def build_features(examples: Sequence[TaggingExample], tokenizer: Tokenizer, set
                                     window=window))
     report.note("features", amount=len(features))
     return features
-
-
-def trim_cut_entities(labels: Sequence[int], prefixes: Mapping[int, str], *, cut_before: bool,
-                      cut_after: bool) -> list[int]:
-    """A window's labels for a CRF tagger: IGNORE_INDEX on the words of an entity that the window's edge cuts.
-
-    A CRF sequence may not start on I-/E- nor (IOBES) end on B-/I-, so a window that begins inside an
-    entity (`cut_before`) drops that entity's leading I-/E- words, and one that ends inside an entity
-    (`cut_after`) drops its trailing B-/I- words where the scheme has an end tag (E-). `prefixes`: label
-    id -> its first letter ("O", "B", "I", "E", "S").
-    """
-    labels = list(labels)
-    positions = [i for i, label in enumerate(labels) if label != IGNORE_INDEX]
-    if cut_before:
-        for i in positions:
-            prefix = prefixes[labels[i]]
-            if prefix not in ("I", "E"):
-                break
-            labels[i] = IGNORE_INDEX
-            if prefix == "E":
-                break
-    if cut_after and "E" in prefixes.values():
-        for i in reversed(positions):
-            if labels[i] == IGNORE_INDEX or prefixes[labels[i]] not in ("B", "I"):
-                break
-            labels[i] = IGNORE_INDEX
-    return labels
 
 
 def readable_tags(names: Sequence[str]) -> tuple[list[str], bool]:

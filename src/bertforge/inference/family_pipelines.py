@@ -98,12 +98,12 @@ def feature_tokens(feature: Feature) -> int:
 
 
 def serves(cls: type[BertPretrainedModel], family: Family) -> bool:
-    """Whether models of class `cls` can run `family`: they are its model class, or hold one as their encoder
+    """Whether models of class `cls` can run `family`: they are its model class (or its ModernBERT counterpart:
+    `registry.runs`), or hold one as their encoder
     (every task model holds a `BertModel` under its `encoder_prefix`, so any model serves embed), or are among
     the classes it also runs on (`Family.also_runs_on`: every masked LM gives sparse vectors)."""
     holds_encoder = bool(cls.encoder_prefix) and issubclass(BertModel, family.model_class)
-    modern = any(issubclass(cls, c) and f is family for c, f in registry.MODERNBERT_FAMILIES.items())
-    return issubclass(cls, (family.model_class, *family.also_runs_on)) or holds_encoder or modern
+    return registry.runs(cls, family) or issubclass(cls, family.also_runs_on) or holds_encoder
 
 
 def saved_task(model: BertPretrainedModel, family: Family, record: Mapping[str, Any] | None

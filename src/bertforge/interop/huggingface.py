@@ -15,6 +15,10 @@ from bertforge.errors import ConfigError
 
 MODEL_NAME = "BERT"  # in messages
 
+# The optional deeper classifier (`classifier_hidden_sizes`) has no Hugging Face counterpart (BERT's or
+# ModernBERT's): its names pass through unchanged so the directory still saves and loads here.
+DEEPER_CLASSIFIER_KEYS: tuple[tuple[str, str], ...] = (("classifier.hidden.{i}", "classifier.hidden.{i}"),
+                                                       ("classifier.out", "classifier.out"))
 # (ours, theirs) — `{i}` is a layer index; each applies to `.weight` and `.bias` suffixes alike.
 KEY_TABLE: tuple[tuple[str, str], ...] = (
     ("embeddings.word", "embeddings.word_embeddings"),
@@ -35,19 +39,18 @@ KEY_TABLE: tuple[tuple[str, str], ...] = (
     ("mlm.norm", "cls.predictions.transform.LayerNorm"),
     ("nsp", "cls.seq_relationship"),
     ("classifier", "classifier"),
-    # The optional deeper classifier (`classifier_hidden_sizes`) has no Hugging Face counterpart; its names
-    # pass through unchanged so the directory still saves and loads here.
-    ("classifier.hidden.{i}", "classifier.hidden.{i}"),
-    ("classifier.out", "classifier.out"),
+    *DEEPER_CLASSIFIER_KEYS,
     ("qa_outputs", "qa_outputs"),
     # ColBERT's projection: Stanford ColBERT's `HF_ColBERT` keeps it beside the encoder as `linear` (and PyLate's
     # Dense module names it so in its own file, `interop.colbert`).
     ("projection", "linear"),
 )
-# Parameters whose full name is not `<module>.weight|bias`. The tagger's CRF (`head.crf`) has no Hugging Face
-# counterpart: its names pass through, and their BertForTokenClassification loads the directory without it.
-EXACT_KEYS: tuple[tuple[str, str], ...] = (("mlm.bias", "cls.predictions.bias"), ("crf.transitions", "crf.transitions"),
-                                           ("crf.start", "crf.start"), ("crf.end", "crf.end"))
+# The tagger's CRF (`head.crf`) has no Hugging Face counterpart: its names pass through, and their
+# BertForTokenClassification (or ModernBertForTokenClassification) loads the directory without it.
+CRF_KEYS: tuple[tuple[str, str], ...] = (("crf.transitions", "crf.transitions"), ("crf.start", "crf.start"),
+                                         ("crf.end", "crf.end"))
+# Parameters whose full name is not `<module>.weight|bias`.
+EXACT_KEYS: tuple[tuple[str, str], ...] = (("mlm.bias", "cls.predictions.bias"), *CRF_KEYS)
 
 # Keys in their files that carry nothing of their own: the MLM decoder is tied to the word embeddings
 # (weight) and to `cls.predictions.bias` (bias); `position_ids` is a constant buffer older versions saved.

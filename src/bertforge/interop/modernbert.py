@@ -16,7 +16,13 @@ import re
 from typing import Any
 
 from bertforge.errors import ConfigError
-from bertforge.interop.huggingface import HF_ONLY_CONFIG_KEYS, compile_pattern, translate
+from bertforge.interop.huggingface import (
+    CRF_KEYS,
+    DEEPER_CLASSIFIER_KEYS,
+    HF_ONLY_CONFIG_KEYS,
+    compile_pattern,
+    translate,
+)
 
 MODEL_TYPE = "modernbert"
 
@@ -37,12 +43,13 @@ KEY_TABLE: tuple[tuple[str, str], ...] = (
     ("head.dense", "head.dense"),
     ("head.norm", "head.norm"),
     ("classifier", "classifier"),
+    *DEEPER_CLASSIFIER_KEYS,
     # ColBERT's projection, where PyLate's Dense module keeps it (`interop.colbert` adds it to the stored tensors).
     ("projection", "linear"),
 )
 # Parameters whose full name is not `<module>.weight|bias`: the MLM decoder's bias (its weight is the tied
-# word-embedding matrix).
-EXACT_KEYS: tuple[tuple[str, str], ...] = (("decoder_bias", "decoder.bias"),)
+# word-embedding matrix), and the tagger's CRF, whose names pass through as BERT's do.
+EXACT_KEYS: tuple[tuple[str, str], ...] = (("decoder_bias", "decoder.bias"), *CRF_KEYS)
 # Keys in their files that carry nothing of their own: the decoder weight, tied to the word embeddings.
 REDUNDANT_HF_KEYS = re.compile(r"^decoder\.weight$")
 ENCODER_PREFIX, THEIR_ENCODER_PREFIX = "bert.", "model."

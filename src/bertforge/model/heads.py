@@ -6,6 +6,7 @@ and export reuse them without importing training code.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -107,3 +108,20 @@ def sequence_features(config: BertConfig, output: BertOutput) -> torch.Tensor:
     if not config.feature_layers:
         return output.pooled_output
     return token_features(config, output)[:, 0]
+
+
+def score_lists(score_rows: Callable[..., TaskOutput], num_labels: int, input_ids: torch.Tensor,
+                *inputs: torch.Tensor | None, labels: torch.Tensor | None = None) -> TaskOutput:
+    """A one-output pair classifier's scores of lists of pairs (listwise reranking, BERT's and ModernBERT's):
+    input_ids and each of `inputs` (token types, mask, positions; None stays None) [B, L, T] run as the rows
+    [B*L, T] of one batch through `score_rows` (the classifier on rows), logits [B*L, 1] -> [B, L]."""
+    if labels is not None or num_labels != 1:
+        raise ValueError("lists of inputs [B, L, T] are scored by a one-output model, without labels (their loss "
+                         "is the reranking family's)")
+    lists, count, tokens = input_ids.shape
+
+    def flat(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else x.reshape(lists * count, tokens)  # [B, L, T] -> [B*L, T]
+
+    out = score_rows(flat(input_ids), *(flat(x) for x in inputs))
+    return TaskOutput(out.logits.view(lists, count), None, out.hidden_states, out.attentions)

@@ -1,8 +1,9 @@
 """The ModernBERT encoder (Warner et al., 2024, "Smarter, Better, Faster, Longer"), readable top to bottom,
-with its heads: masked LM, sequence classification, token classification. The span head (question answering)
-and the choice head (multiple choice) live with their families (`families.question_answering`,
-`families.multiple_choice`), beside BERT's, whose objective, output and padding rules they share; they are
-built from the parts here (`PredictionHead`, `classifier_pool`).
+with its heads: masked LM and sequence classification. The tagger (token classification, with its optional
+CRF), the span head (question answering) and the choice head (multiple choice) live with their families
+(`families.tagging`, `families.question_answering`, `families.multiple_choice`), beside BERT's, whose objective,
+output and padding rules they share; they are built from the parts here (`ModernBertClassifier`,
+`PredictionHead`, `classifier_pool`).
 
 What differs from `model/bert.py`: no position or token-type table (rotary position embeddings instead, θ
 `global_rope_theta` on global layers and `local_rope_theta` on local ones); pre-LayerNorm layers (norm ->
@@ -35,7 +36,7 @@ from torch import nn
 from bertforge.errors import InputError
 from bertforge.model.bert import BertOutput, BertPretrainedModel, activation
 from bertforge.model.config.modernbert import GLOBAL_ATTENTION, LOCAL_ATTENTION, ModernBertConfig
-from bertforge.model.heads import TaskOutput, masked_lm_sums
+from bertforge.model.heads import ClassifierHead, TaskOutput, build_classifier, masked_lm_sums, score_lists
 from bertforge.model.layouts import Padded, Unpadded, choose_layout, packed_positions
 
 
@@ -225,6 +226,10 @@ class ModernBertPretrainedModel(BertPretrainedModel):
         classifier = getattr(self, "classifier", None)
         if isinstance(classifier, nn.Linear):
             init(classifier, "final")
+        elif isinstance(classifier, ClassifierHead):  # the deeper classifier: its hidden layers read the head
+            for layer in classifier.hidden:
+                init(layer, "in")
+            init(classifier.out, "final")
         self.tie_weights()
 
 
@@ -393,7 +398,8 @@ def classifier_pool(config: ModernBertConfig, hidden: torch.Tensor, attention_ma
 class ModernBertClassifier(ModernBertPretrainedModel):
     """What every ModernBERT classifier holds, as transformers' heads do: the encoder, the prediction head,
     dropout and a linear `classifier` of `classifier_width(config)` outputs (the subclasses say what they pool
-    and how the scores are read)."""
+    and how the scores are read); with `config.classifier_hidden_sizes` the classifier is BERT's deeper one
+    (`heads.ClassifierHead`: hidden layers before the output, which transformers' classes do not have)."""
 
     encoder_prefix = "bert."
     head_prefixes = ("head.", "classifier.")
@@ -403,7 +409,7 @@ class ModernBertClassifier(ModernBertPretrainedModel):
         self.bert = ModernBertModel(config)
         self.head = PredictionHead(config)
         self.dropout = nn.Dropout(config.classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, self.classifier_width(config))
+        self.classifier = build_classifier(config, config.hidden_size, self.classifier_width(config))
         self.init_weights()
         self.freeze()
 
@@ -414,25 +420,18 @@ class ModernBertClassifier(ModernBertPretrainedModel):
 
 class ModernBertForSequenceClassification(ModernBertClassifier):
     """Pool ([CLS], or the mean of the real tokens: `classifier_pooling`), prediction head, dropout,
-    classifier: logits [B, C]."""
+    classifier: logits [B, C]. A one-output model (a cross-encoder) also scores lists of pairs [B, L, T] ->
+    logits [B, L], as BERT's does (`score_lists`: listwise reranking)."""
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
+        if input_ids.dim() == 3:  # [B, L, T] -> [B, L] (position_ids, when given, [B, L, T])
+            return score_lists(lambda ids, mask, positions: self.forward(
+                ids, None, mask, position_ids=positions, output_hidden_states=output_hidden_states,
+                output_attentions=output_attentions), self.config.num_labels, input_ids, attention_mask, position_ids)
         out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
                         output_hidden_states=output_hidden_states, output_attentions=output_attentions)
         pooled = self.head(classifier_pool(self.config, out.last_hidden_state, attention_mask))  # [B, H]
         logits = self.classifier(self.dropout(pooled))  # [B, C]
-        return TaskOutput(logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
-
-
-class ModernBertForTokenClassification(ModernBertClassifier):
-    """Prediction head, dropout, classifier on every token: logits [B, T, C]."""
-
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
-        out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
-                        output_hidden_states=output_hidden_states, output_attentions=output_attentions)
-        logits = self.classifier(self.dropout(self.head(out.last_hidden_state)))  # [B, T, H] -> [B, T, C]
         return TaskOutput(logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)

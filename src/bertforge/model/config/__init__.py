@@ -22,13 +22,19 @@ PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "r
 
 
 class EncoderConfig:
-    """What the configs of every encoder share: label names (`id2label`, `label2id`, `problem_type`), and the
-    JSON round trip whose keys are the dataclass's fields (an unknown key is a user error naming the class)."""
+    """What the configs of every encoder share: label names (`id2label`, `label2id`, `problem_type`), the deeper
+    classifier's widths, and the JSON round trip whose keys are the dataclass's fields (an unknown key is a user error naming the class)."""
 
     id2label: dict[int, str] | None
     label2id: dict[str, int] | None
     problem_type: str | None
     label_thresholds: list[float] | None
+    classifier_hidden_sizes: list[int]
+
+    def check_classifier(self, need) -> None:
+        """Validate the deeper classifier's widths (`model.heads.build_classifier`)."""
+        need(len(self.classifier_hidden_sizes) <= 3 and all(int(w) > 0 for w in self.classifier_hidden_sizes),
+             "classifier_hidden_sizes", "give at most 3 positive widths, e.g. [128]")
 
     def check_labels(self, need) -> None:
         """Validate and normalise the label maps and thresholds; `need(cond, field, fix)` raises the config's
@@ -181,8 +187,7 @@ class BertConfig(EncoderConfig):
         need(0 <= self.pad_token_id < self.vocab_size, "pad_token_id", "use an id inside the vocabulary")
         need(self.problem_type is None or self.problem_type in PROBLEM_TYPES, "problem_type",
              f"use one of {PROBLEM_TYPES} or leave it unset")
-        need(len(self.classifier_hidden_sizes) <= 3 and all(int(w) > 0 for w in self.classifier_hidden_sizes),
-             "classifier_hidden_sizes", "give at most 3 positive widths, e.g. [128]")
+        self.check_classifier(need)
         if self.feature_layers is not None:
             need(len(self.feature_layers) > 0 and all(-self.num_hidden_layers - 1 <= i <= self.num_hidden_layers
                                                       for i in self.feature_layers),

@@ -71,7 +71,7 @@ class ModernBertConfig(EncoderConfig):
     id2label: dict[int, str] | None = None
     label2id: dict[str, int] | None = None
     # bertforge's task settings, as `BertConfig`'s: a fixed encoder under a trained head; multi-label decision
-    # thresholds. The deeper classifier, layer features and the CRF are BERT's only for now (refused if set).
+    # thresholds; the deeper classifier; a tagger's CRF. Layer features are BERT's only for now (refused if set).
     freeze_encoder: bool = False
     label_thresholds: list[float] | None = None
     classifier_hidden_sizes: list[int] = field(default_factory=list)
@@ -116,8 +116,9 @@ class ModernBertConfig(EncoderConfig):
                  f"give one of {LAYER_TYPES} per layer ({self.num_hidden_layers}), or leave it unset to put a "
                  "global layer every global_attn_every_n_layers")
         need(isinstance(self.freeze_encoder, bool), "freeze_encoder", "use true or false")
-        for name, unset in (("classifier_hidden_sizes", []), ("feature_layers", None), ("use_crf", False)):
-            need(getattr(self, name) == unset, name, f"ModernBERT's heads do not offer it yet: leave it {unset!r}")
+        need(isinstance(self.use_crf, bool), "use_crf", "use true or false")
+        need(self.feature_layers is None, "feature_layers", "ModernBERT's heads do not offer it yet: leave it None")
+        self.check_classifier(need)
         self.check_labels(need)
 
     @property
