@@ -566,19 +566,8 @@ def load_model(path: str | os.PathLike | ModelDirectory, cls: type, *,
         ours = {k: v for k, v in ours.items() if not k.startswith(heads)}
     integrity.check_float_parameters([(names.to_hf_key(k), v, expected[k]) for k, v in ours.items()
                                       if k in expected], source)
-    mismatched = [f"{names.to_hf_key(k)}: stored {tuple(v.shape)}, model {tuple(expected[k].shape)}"
-                  for k, v in ours.items() if k in expected and v.shape != expected[k].shape]
-    if mismatched:
-        head_shapes = not any(is_encoder_key(m.split(":")[0]) for m in mismatched)
-        hint = (f"; the head has another number of outputs than config.json's {config.num_labels} labels (its "
-                "id2label): to use this model, make id2label list its labels; to fine-tune a new head for other "
-                "labels, pass fresh_head=True (CLI: --fresh-head)" if head_shapes
-                else "; config.json does not match the weights")
-        raise CheckpointError(f"{source}: mis-shaped tensors {mismatched[:4]}{hint}")
-    unexpected = sorted(set(ours) - set(expected))
-    if unexpected:
-        raise CheckpointError(f"{source}: tensors {unexpected[:8]} do not belong to {cls.__name__}; load it "
-                              "with the class its config.json names (bertforge.families.registry.load_model)")
+    integrity.check_shapes(ours, expected, names.to_hf_key, is_encoder_key, config.num_labels, source,
+                           cls.__name__)
     missing = sorted(set(expected) - set(ours))
     stored_heads = {k.split(".")[0] for k in ours if k.startswith(heads)}
     fresh = [k for k in missing if (k.startswith(heads) and k.split(".")[0] not in stored_heads)

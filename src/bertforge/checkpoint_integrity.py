@@ -2,7 +2,8 @@
 
 `checkpoint_format` calls these on every load: the weights hold no NaN or infinity (`check_finite`), no
 floating-point parameter is stored as integers (`check_float_parameters`), a classifier's config.json names its
-labels (`warn_without_labels`), a new head's label count is a positive integer (`label_count`). The checksums of the files themselves are
+labels (`warn_without_labels`), a new head's label count is a positive integer (`label_count`), the stored tensors fit the model's
+(`check_shapes`). The checksums of the files themselves are
 `storage`'s, verified before a file is read, and whether a vocabulary fits the embedding table is
 `tokenization.vocab.check_fits_embeddings`. Each problem is one `CheckpointError` line naming the file and the
 fix, or a warning that names the file. The module knows no model class or config type (it sits below them).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,26 @@ def check_float_parameters(pairs: list[tuple[str, torch.Tensor, torch.Tensor]], 
                               f"{', '.join(integer[:4])}{' ...' if len(integer) > 4 else ''}; their values were lost "
                               "when they were written (casting them back would load other numbers): save the model "
                               "again from its float weights, or re-download it")
+
+
+def check_shapes(ours: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], hf_key: Callable[[str], str],
+                 is_encoder_key: Callable[[str], bool], num_labels: int, source: str, class_name: str) -> None:
+    """CheckpointError naming the stored tensors (`ours`, our names) whose shape differs from the model's
+    (`expected`: its state dict), with the fix (a head of another label count, or a config.json that does not
+    match), or naming those the model does not have."""
+    mismatched = [f"{hf_key(k)}: stored {tuple(v.shape)}, model {tuple(expected[k].shape)}"
+                  for k, v in ours.items() if k in expected and v.shape != expected[k].shape]
+    if mismatched:
+        head_shapes = not any(is_encoder_key(m.split(":")[0]) for m in mismatched)
+        hint = (f"; the head has another number of outputs than config.json's {num_labels} labels (its "
+                "id2label): to use this model, make id2label list its labels; to fine-tune a new head for other "
+                "labels, pass fresh_head=True (CLI: --fresh-head)" if head_shapes
+                else "; config.json does not match the weights")
+        raise CheckpointError(f"{source}: mis-shaped tensors {mismatched[:4]}{hint}")
+    unexpected = sorted(set(ours) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"{source}: tensors {unexpected[:8]} do not belong to {class_name}; load it "
+                              "with the class its config.json names (bertforge.families.registry.load_model)")
 
 
 def label_count(num_labels: Any) -> int:
