@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -443,6 +444,17 @@ class ModernBertClassifier(ModernBertPretrainedModel):
                             output_hidden_states=output_hidden_states or needs_hidden_states(self.config),
                             output_attentions=output_attentions)
         return out, token_features(self.config, out)
+
+    def adopt_directory(self, folder: Path, stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Before its weights load (`checkpoint_format.load_model`): a masked LM's prediction head reads H, one
+        on layer features H*k; from a directory without a classifier (a pretrained encoder) such a head starts
+        fresh, as the classifier does. A stored classifier keeps its head: another width there is an error
+        that names the fix (a fresh head). The head's names are transformers' as ours."""
+        dense = stored.get("head.dense.weight")
+        if dense is None or dense.shape[-1] == self.head.dense.in_features \
+                or any(name.startswith("classifier.") for name in stored):
+            return stored
+        return {name: value for name, value in stored.items() if not name.startswith("head.")}
 
 
 class ModernBertForSequenceClassification(ModernBertClassifier):
