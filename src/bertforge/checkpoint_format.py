@@ -43,7 +43,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from bertforge.checkpoint_integrity import brief, check_finite, check_float_parameters, warn_without_labels
+from bertforge import checkpoint_integrity as integrity
 from bertforge.constants import (
     CONFIG_NAME,
     FINETUNING_NAME,
@@ -59,6 +59,7 @@ from bertforge.interop import modernbert as hf_modernbert
 from bertforge.interop import sentence_transformers as st
 from bertforge.model.config import BertConfig, EncoderConfig
 from bertforge.model.config.modernbert import ModernBertConfig
+from bertforge.model.initialisation import weights_to_come
 from bertforge.storage import (
     atomic_directory,
     read_json,
@@ -263,7 +264,7 @@ def read_config(path: str | os.PathLike, *, step: int | None = None) -> tuple[En
     if st.is_sparse_directory(path) or colbert.is_colbert_directory(path):  # SPLADE pooling; ColBERT (3 layouts)
         architecture = (SPARSE_ARCHITECTURES if st.is_sparse_directory(path) else COLBERT_ARCHITECTURES)[config_class]
     config = config_class.from_dict(fields, source=str(file))
-    warn_without_labels(data, config, file)
+    integrity.warn_without_labels(data, config, file)
     return config, architecture
 
 
@@ -444,7 +445,7 @@ def _read_stored(path: str | os.PathLike, step: int | None = None) -> tuple[dict
     floating tensor checked finite (`check_finite`)."""
     file = weights_file(path, step=step)
     tensors, skipped = _read_files(file)
-    check_finite(tensors, file)
+    integrity.check_finite(tensors, file)
     return tensors, skipped
 
 
@@ -467,7 +468,7 @@ def _read_files(file: Path) -> tuple[dict[str, torch.Tensor], list[str]]:
             tensors.update(load_file(str(reading)))
         return tensors, []
     except (SafetensorError, OSError, RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError) as exc:
-        raise CheckpointError(f"{reading}: weights are unreadable or corrupt ({brief(exc)}); "
+        raise CheckpointError(f"{reading}: weights are unreadable or corrupt ({integrity.brief(exc)}); "
                               "re-save or re-download the checkpoint") from None
 
 
@@ -511,13 +512,6 @@ def translate_weights(tensors: dict[str, torch.Tensor], model: torch.nn.Module, 
     return ours, skipped
 
 
-def _label_count(num_labels: Any) -> int:
-    if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1:
-        raise ConfigError(f"num_labels={num_labels!r} is invalid: give the number of labels of the new head, an "
-                          "integer of at least 1")
-    return num_labels
-
-
 def load_model(path: str | os.PathLike | ModelDirectory, cls: type, *,
                config_overrides: dict[str, Any] | None = None, device: str | torch.device | None = None,
                dtype: torch.dtype | None = None, fresh_head: bool = False,
@@ -539,7 +533,7 @@ def load_model(path: str | os.PathLike | ModelDirectory, cls: type, *,
         config, path = path.config, path.path
     else:
         config, _ = read_config(path, step=step)
-    if num_labels is not None and _label_count(num_labels) != config.num_labels:
+    if num_labels is not None and integrity.label_count(num_labels) != config.num_labels:
         fresh_head = True
         config_overrides = {**(config_overrides or {}), "problem_type": None,
                             "id2label": {i: f"LABEL_{i}" for i in range(num_labels)}}
@@ -558,7 +552,8 @@ def load_model(path: str | os.PathLike | ModelDirectory, cls: type, *,
         raise CheckpointError(f"{path}: holds a {type(config).__name__.removesuffix('Config')} model (config.json's "
                               f"model_type), which {cls.__name__} cannot hold; load it with the class its "
                               "config.json names (bertforge.families.registry.load_model)")
-    model = cls(config)
+    with weights_to_come():  # the checkpoint fills it: only what it lacks is initialised, below
+        model = cls(config)
     heads = cls.head_prefixes
     names = dialect(config)
     source = str(weights_file(path, step=step))
@@ -569,7 +564,8 @@ def load_model(path: str | os.PathLike | ModelDirectory, cls: type, *,
     skipped = not_weights + skipped
     if fresh_head:
         ours = {k: v for k, v in ours.items() if not k.startswith(heads)}
-    check_float_parameters([(names.to_hf_key(k), v, expected[k]) for k, v in ours.items() if k in expected], source)
+    integrity.check_float_parameters([(names.to_hf_key(k), v, expected[k]) for k, v in ours.items()
+                                      if k in expected], source)
     mismatched = [f"{names.to_hf_key(k)}: stored {tuple(v.shape)}, model {tuple(expected[k].shape)}"
                   for k, v in ours.items() if k in expected and v.shape != expected[k].shape]
     if mismatched:
@@ -594,6 +590,7 @@ def load_model(path: str | os.PathLike | ModelDirectory, cls: type, *,
     model.load_state_dict(ours, strict=False)
     model.tie_weights()
     if fresh:
+        model.init_weights(only=set(fresh))
         log.info("%s: initialised fresh (not in the checkpoint): %s", source, ", ".join(fresh))
     if dtype is not None or device is not None:
         model.to(device=device, dtype=dtype)

@@ -2,7 +2,7 @@
 
 `checkpoint_format` calls these on every load: the weights hold no NaN or infinity (`check_finite`), no
 floating-point parameter is stored as integers (`check_float_parameters`), a classifier's config.json names its
-labels (`warn_without_labels`). The checksums of the files themselves are
+labels (`warn_without_labels`), a new head's label count is a positive integer (`label_count`). The checksums of the files themselves are
 `storage`'s, verified before a file is read, and whether a vocabulary fits the embedding table is
 `tokenization.vocab.check_fits_embeddings`. Each problem is one `CheckpointError` line naming the file and the
 fix, or a warning that names the file. The module knows no model class or config type (it sits below them).
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from bertforge.errors import CheckpointError
+from bertforge.errors import CheckpointError, ConfigError
 
 log = logging.getLogger("bertforge.checkpoint_format")
 
@@ -29,7 +29,10 @@ def check_finite(tensors: dict[str, torch.Tensor], source: Path) -> None:
     """CheckpointError naming the first stored tensor that holds NaN or infinity: a file corrupted behind a
     valid header (or a diverged run's save) would otherwise load and answer every request with NaN."""
     for name, tensor in tensors.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        # (a sum is NaN or infinite when any element is, and costs one pass without a [numel] bool tensor; only a
+        # non-finite sum, or one that overflowed, is checked element by element)
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor.sum())) \
+                and not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())
             raise CheckpointError(f"{source}: tensor {name} holds {bad} NaN or infinite values of {tensor.numel()}; "
                                   "the file is corrupt or was saved from a diverged run: re-save or re-download it")
@@ -46,6 +49,14 @@ def check_float_parameters(pairs: list[tuple[str, torch.Tensor, torch.Tensor]], 
                               f"{', '.join(integer[:4])}{' ...' if len(integer) > 4 else ''}; their values were lost "
                               "when they were written (casting them back would load other numbers): save the model "
                               "again from its float weights, or re-download it")
+
+
+def label_count(num_labels: Any) -> int:
+    """`num_labels` as asked of a loader (transformers' habit), refused unless a positive integer."""
+    if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1:
+        raise ConfigError(f"num_labels={num_labels!r} is invalid: give the number of labels of the new head, an "
+                          "integer of at least 1")
+    return num_labels
 
 
 def warn_without_labels(data: dict[str, Any], config: Any, file: Path) -> None:

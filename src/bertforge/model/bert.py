@@ -15,6 +15,7 @@ R real tokens of a batch, S sequences of a batch. In the encoder `x` is [B, T, H
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, fields
 
 import torch
@@ -25,6 +26,7 @@ from bertforge import checkpoint_format
 from bertforge.errors import InputError
 from bertforge.model.config import BertConfig
 from bertforge.model.fast_paths import set_fast_paths
+from bertforge.model.initialisation import initialisation_deferred
 from bertforge.model.layouts import Padded, Unpadded, choose_layout, packed_positions
 
 
@@ -202,22 +204,33 @@ class BertPretrainedModel(nn.Module):
         super().__init__()
         self.config = config
 
-    def init_weights(self) -> None:
-        """Truncation-free normal(0, initializer_range) weights, zero biases, unit LayerNorm (as BERT does)."""
+    def init_weights(self, only: Collection[str] | None = None) -> None:
+        """Initialise the weights (`initialise`): all of them, or `only` these state-dict names (what a loader did
+        not find in a checkpoint). A constructor's call does nothing while the model is built to be loaded
+        (`model.initialisation.weights_to_come`)."""
+        if only is None and initialisation_deferred():
+            return
+        self.initialise(lambda name: only is None or name in only)
+        self.tie_weights()
+
+    def initialise(self, wanted: Callable[[str], bool]) -> None:
+        """Truncation-free normal(0, initializer_range) weights, zero biases, unit LayerNorm (as BERT does), for
+        the parameters whose state-dict name is `wanted`."""
         std = self.config.initializer_range
-        for module in self.modules():
-            if isinstance(module, nn.Linear | nn.Embedding):
+        for name, module in self.named_modules(prefix=""):
+            at = f"{name}." if name else ""
+            if isinstance(module, nn.Linear | nn.Embedding) and wanted(at + "weight"):
                 nn.init.normal_(module.weight, std=std)
-            if isinstance(module, nn.Linear) and module.bias is not None:
+            if isinstance(module, nn.Linear) and module.bias is not None and wanted(at + "bias"):
                 nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm):
+            elif isinstance(module, nn.LayerNorm) and wanted(at + "weight"):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
-        for module in self.modules():
-            if isinstance(module, Embeddings) and module.sinusoidal:
+        for name, module in self.named_modules(prefix=""):  # after the normal draws, which the table replaces
+            at = f"{name}." if name else ""
+            if isinstance(module, Embeddings) and module.sinusoidal and wanted(at + "position.weight"):
                 with torch.no_grad():
                     module.position.weight.copy_(sinusoidal_table(*module.position.weight.shape))
-        self.tie_weights()
 
     def tie_weights(self) -> None:
         """Point output embeddings at the input ones (task models with an MLM head override this)."""

@@ -27,6 +27,7 @@ rotary tables are [B, T, D] padded, [R, D] unpadded.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,24 +203,28 @@ class ModernBertPretrainedModel(BertPretrainedModel):
             self.bert.eval()
         return self
 
-    def init_weights(self) -> None:
+    def initialise(self, wanted: Callable[[str], bool]) -> None:
         """Truncated normal weights cut at `initializer_cutoff_factor` standard deviations, as the reference:
         σ = initializer_range for embeddings and input projections (QKV, GeGLU up), σ / sqrt(2L) for output
-        projections and prediction heads, H^-1/2 for classifiers; zero biases, unit norms."""
+        projections and prediction heads, H^-1/2 for classifiers; zero biases, unit norms; for the parameters
+        whose state-dict name is `wanted` (`init_weights`)."""
         config = self.config
         std = config.initializer_range
         stds = {"in": std, "out": std / math.sqrt(2.0 * config.num_hidden_layers),
                 "final": config.hidden_size ** -0.5}
+        names = {module: name for name, module in self.named_modules(prefix="")}
 
         def init(module: nn.Module, kind: str) -> None:
+            at = f"{names[module]}." if names[module] else ""
             sigma = stds[kind]
             cutoff = config.initializer_cutoff_factor * sigma
-            nn.init.trunc_normal_(module.weight, mean=0.0, std=sigma, a=-cutoff, b=cutoff)
-            if getattr(module, "bias", None) is not None:
+            if wanted(at + "weight"):
+                nn.init.trunc_normal_(module.weight, mean=0.0, std=sigma, a=-cutoff, b=cutoff)
+            if getattr(module, "bias", None) is not None and wanted(at + "bias"):
                 nn.init.zeros_(module.bias)
 
         for module in self.modules():
-            if isinstance(module, nn.LayerNorm):
+            if isinstance(module, nn.LayerNorm) and wanted(f"{names[module]}.weight"):
                 nn.init.ones_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
@@ -240,7 +245,6 @@ class ModernBertPretrainedModel(BertPretrainedModel):
             for layer in classifier.hidden:
                 init(layer, "in")
             init(classifier.out, "final")
-        self.tie_weights()
 
 
 class ModernBertModel(ModernBertPretrainedModel):
