@@ -99,3 +99,27 @@ def test_modernbert_feature_layers_with_a_frozen_encoder_train_only_the_head():
     model(ids, None, mask).logits.sum().backward()
     assert all(p.grad is None for p in model.bert.parameters())
     assert model.head.dense.weight.grad is not None and model.classifier.weight.grad is not None
+
+
+def test_modernbert_feature_head_starts_fresh_only_on_a_pretrained_encoder(tmp_path):
+    from bertforge.checkpoint_format import load_model
+    from bertforge.errors import CheckpointError
+    from bertforge.model.modernbert import ModernBertForMaskedLM
+
+    plain = feature_config().replace(feature_layers=None)
+    torch.manual_seed(0)
+    ModernBertForMaskedLM(plain).save_pretrained(tmp_path / "mlm")  # its prediction head reads H
+    model, report = load_model(tmp_path / "mlm", ModernBertForSequenceClassification,
+                               config_overrides={"feature_layers": LAYERS})
+    assert {"head.dense.weight", "head.norm.weight", "classifier.weight"} <= set(report.fresh)
+    assert model.head.dense.weight.shape == (HIDDEN, 3 * HIDDEN)
+    # initialised as a fresh head is (truncated normal, cut at 2σ), not left as the constructor's empty memory
+    assert 0 < float(model.head.dense.weight.abs().max()) <= 2 * plain.initializer_range
+    # A fine-tuned classifier keeps its head: reading other layers is a new head, which the user asks for.
+    ModernBertForSequenceClassification(plain).save_pretrained(tmp_path / "classifier")
+    with pytest.raises(CheckpointError, match=r"head\.dense\.weight: stored \(32, 32\), model \(32, 96\).*fresh_head"):
+        load_model(tmp_path / "classifier", ModernBertForSequenceClassification,
+                   config_overrides={"feature_layers": LAYERS})
+    _, report = load_model(tmp_path / "classifier", ModernBertForSequenceClassification,
+                           config_overrides={"feature_layers": LAYERS}, fresh_head=True)
+    assert "head.dense.weight" in report.fresh
