@@ -22,7 +22,9 @@ from bertforge.model.config.modernbert import PRESETS, ModernBertConfig
     ("mlp_dropout", 1.0, "probability"),
     ("norm_bias", "yes", "true or false"),
     ("classifier_hidden_sizes", [64, 0], "at most 3 positive widths"),
-    ("feature_layers", [-1], "do not offer it yet"),
+    ("feature_layers", [4], r"layer indices in \[-4, 3\]"),
+    ("feature_layers", [], "layer indices"),
+    ("feature_layers", [-1.5], "layer indices"),
     ("use_crf", "yes", "true or false"),
 ])
 def test_modernbert_config_refuses_bad_fields_naming_them(field, value, fix):

@@ -100,9 +100,9 @@ class ModernBertForMultipleChoice(ModernBertClassifier):
         """Arguments in `BertForMultipleChoice.forward`'s order; token_type_ids are unused (no segments);
         position_ids, when given, are [B, C, T]."""
         mask = flat_choices(attention_mask)  # [B*C, T]
-        out = self.bert(flat_choices(input_ids), None, mask, position_ids=flat_choices(position_ids),
-                        output_hidden_states=output_hidden_states, output_attentions=output_attentions)
-        pooled = self.head(classifier_pool(self.config, out.last_hidden_state, mask))  # [B*C, T, H] -> [B*C, H]
+        out, features = self.encode_features(flat_choices(input_ids), mask, flat_choices(position_ids),
+                                             output_hidden_states, output_attentions)
+        pooled = self.head(classifier_pool(self.config, features, mask))  # [B*C, T, H*k] -> [B*C, H]
         scores = self.classifier(self.dropout(pooled))  # [B*C, 1]
         return choice_output(scores, input_ids.shape[1], labels, out)
 

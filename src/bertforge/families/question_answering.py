@@ -146,9 +146,9 @@ class ModernBertForQuestionAnswering(ModernBertClassifier):
                 output_hidden_states: bool = False, *,
                 position_ids: torch.Tensor | None = None) -> QuestionAnsweringOutput:
         """Arguments in `BertForQuestionAnswering.forward`'s order; token_type_ids are unused (no segments)."""
-        out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
-                        output_hidden_states=output_hidden_states, output_attentions=output_attentions)
-        logits = self.classifier(self.dropout(self.head(out.last_hidden_state)))  # [B, T, H] -> [B, T, 2]
+        out, features = self.encode_features(input_ids, attention_mask, position_ids, output_hidden_states,
+                                             output_attentions)
+        logits = self.classifier(self.dropout(self.head(features)))  # [B, T, H*k] -> [B, T, H] -> [B, T, 2]
         return span_output(logits, attention_mask, start_positions, end_positions, out)
 
 

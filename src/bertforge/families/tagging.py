@@ -187,9 +187,9 @@ class ModernBertForTokenClassification(CrfTagger, ModernBertClassifier):
                 position_ids: torch.Tensor | None = None, output_hidden_states: bool = False,
                 output_attentions: bool = False) -> TaggingOutput:
         """Arguments in `BertForTokenClassification.forward`'s order; token_type_ids are unused (no segments)."""
-        out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
-                        output_hidden_states=output_hidden_states, output_attentions=output_attentions)
-        logits = self.classifier(self.dropout(self.head(out.last_hidden_state)))  # [B, T, H] -> [B, T, C]
+        out, features = self.encode_features(input_ids, attention_mask, position_ids, output_hidden_states,
+                                             output_attentions)
+        logits = self.classifier(self.dropout(self.head(features)))  # [B, T, H*k] -> [B, T, H] -> [B, T, C]
         return self.tagged(logits, labels, out)
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +38,16 @@ from torch import nn
 from bertforge.errors import InputError
 from bertforge.model.bert import BertOutput, BertPretrainedModel, activation
 from bertforge.model.config.modernbert import GLOBAL_ATTENTION, LOCAL_ATTENTION, ModernBertConfig
-from bertforge.model.heads import ClassifierHead, TaskOutput, build_classifier, masked_lm_sums, score_lists
+from bertforge.model.heads import (
+    ClassifierHead,
+    TaskOutput,
+    build_classifier,
+    feature_size,
+    masked_lm_sums,
+    needs_hidden_states,
+    score_lists,
+    token_features,
+)
 from bertforge.model.layouts import Padded, Unpadded, choose_layout, packed_positions
 
 
@@ -312,16 +322,17 @@ class ModernBertModel(ModernBertPretrainedModel):
 
 
 class PredictionHead(nn.Module):
-    """Dense, activation, norm: before the MLM decoder and before every classifier."""
+    """Dense, activation, norm: before the MLM decoder and before every classifier. Its input is H wide, or
+    `in_features` (a classifier's layer features: H times the number of chosen layers)."""
 
-    def __init__(self, config: ModernBertConfig):
+    def __init__(self, config: ModernBertConfig, in_features: int | None = None):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
+        self.dense = nn.Linear(in_features or config.hidden_size, config.hidden_size, bias=config.classifier_bias)
         self.act = activation(config.classifier_activation)
         self.norm = norm(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.act(self.dense(x)))  # [..., H] -> [..., H]
+        return self.norm(self.act(self.dense(x)))  # [..., H or H*k] -> [..., H]
 
 
 @dataclass
@@ -389,8 +400,9 @@ class ModernBertForMaskedLM(ModernBertPretrainedModel):
 
 def classifier_pool(config: ModernBertConfig, hidden: torch.Tensor, attention_mask: torch.Tensor | None
                     ) -> torch.Tensor:
-    """What a sequence head scores, by `classifier_pooling`: [B, T, H] -> [B, H], the first token ([CLS]: our
-    rows are padded on the right, so it is also the first real one), or the mean over the real tokens."""
+    """What a sequence head scores, by `classifier_pooling`: [B, T, F] -> [B, F] (F: H, or H*k layer
+    features), the first token ([CLS]: our rows are padded on the right, so it is also the first real one), or
+    the mean over the real tokens."""
     if config.classifier_pooling == "cls":
         return hidden[:, 0]
     if attention_mask is None:
@@ -403,7 +415,12 @@ class ModernBertClassifier(ModernBertPretrainedModel):
     """What every ModernBERT classifier holds, as transformers' heads do: the encoder, the prediction head,
     dropout and a linear `classifier` of `classifier_width(config)` outputs (the subclasses say what they pool
     and how the scores are read); with `config.classifier_hidden_sizes` the classifier is BERT's deeper one
-    (`heads.ClassifierHead`: hidden layers before the output, which transformers' classes do not have)."""
+    (`heads.ClassifierHead`: hidden layers before the output, which transformers' classes do not have).
+
+    With `config.feature_layers` (BERT's feature-based approach, usually with `freeze_encoder`) the token
+    features are the chosen hidden states concatenated, [B, T, H*k] (`heads.token_features`: index 0 the
+    embeddings, -1 the final-normed last layer, as `output_hidden_states` reports them), and the prediction
+    head's dense layer reads H*k inputs; pooling, where a head pools, pools these features."""
 
     encoder_prefix = "bert."
     head_prefixes = ("head.", "classifier.")
@@ -411,7 +428,7 @@ class ModernBertClassifier(ModernBertPretrainedModel):
     def __init__(self, config: ModernBertConfig):
         super().__init__(config)
         self.bert = ModernBertModel(config)
-        self.head = PredictionHead(config)
+        self.head = PredictionHead(config, feature_size(config))
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.classifier = build_classifier(config, config.hidden_size, self.classifier_width(config))
         self.init_weights()
@@ -420,6 +437,28 @@ class ModernBertClassifier(ModernBertPretrainedModel):
     @staticmethod
     def classifier_width(config: ModernBertConfig) -> int:
         return config.num_labels
+
+    def encode_features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                        position_ids: torch.Tensor | None, output_hidden_states: bool = False,
+                        output_attentions: bool = False) -> tuple[BertOutput, torch.Tensor]:
+        """Run the encoder (without autograd when it is frozen) -> (its output, the token features the head
+        reads: [B, T, H], or [B, T, H*k] with `config.feature_layers`)."""
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.config.freeze_encoder):
+            out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
+                            output_hidden_states=output_hidden_states or needs_hidden_states(self.config),
+                            output_attentions=output_attentions)
+        return out, token_features(self.config, out)
+
+    def adopt_directory(self, folder: Path, stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Before its weights load (`checkpoint_format.load_model`): a masked LM's prediction head reads H, one
+        on layer features H*k; from a directory without a classifier (a pretrained encoder) such a head starts
+        fresh, as the classifier does. A stored classifier keeps its head: another width there is an error
+        that names the fix (a fresh head). The head's names are transformers' as ours."""
+        dense = stored.get("head.dense.weight")
+        if dense is None or dense.shape[-1] == self.head.dense.in_features \
+                or any(name.startswith("classifier.") for name in stored):
+            return stored
+        return {name: value for name, value in stored.items() if not name.startswith("head.")}
 
 
 class ModernBertForSequenceClassification(ModernBertClassifier):
@@ -434,8 +473,8 @@ class ModernBertForSequenceClassification(ModernBertClassifier):
             return score_lists(lambda ids, mask, positions: self.forward(
                 ids, None, mask, position_ids=positions, output_hidden_states=output_hidden_states,
                 output_attentions=output_attentions), self.config.num_labels, input_ids, attention_mask, position_ids)
-        out = self.bert(input_ids, None, attention_mask, position_ids=position_ids,
-                        output_hidden_states=output_hidden_states, output_attentions=output_attentions)
-        pooled = self.head(classifier_pool(self.config, out.last_hidden_state, attention_mask))  # [B, H]
+        out, features = self.encode_features(input_ids, attention_mask, position_ids, output_hidden_states,
+                                             output_attentions)
+        pooled = self.head(classifier_pool(self.config, features, attention_mask))  # [B, T, H*k] -> [B, H]
         logits = self.classifier(self.dropout(pooled))  # [B, C]
         return TaskOutput(logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)

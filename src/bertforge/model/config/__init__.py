@@ -23,18 +23,30 @@ PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "r
 
 class EncoderConfig:
     """What the configs of every encoder share: label names (`id2label`, `label2id`, `problem_type`), the deeper
-    classifier's widths, and the JSON round trip whose keys are the dataclass's fields (an unknown key is a user error naming the class)."""
+    classifier's widths, the layers a task head reads (`feature_layers`), and the JSON round trip whose keys are the dataclass's fields (an unknown key is a user error naming the class)."""
 
     id2label: dict[int, str] | None
     label2id: dict[str, int] | None
     problem_type: str | None
     label_thresholds: list[float] | None
     classifier_hidden_sizes: list[int]
+    feature_layers: list[int] | None
+    num_hidden_layers: int
 
     def check_classifier(self, need) -> None:
-        """Validate the deeper classifier's widths (`model.heads.build_classifier`)."""
+        """Validate the deeper classifier's widths (`model.heads.build_classifier`) and the layers whose hidden
+        states a task head reads concatenated (`model.heads.token_features`): indices into the encoder's L + 1
+        hidden states, 0 the embeddings, -1 the last layer."""
         need(len(self.classifier_hidden_sizes) <= 3 and all(int(w) > 0 for w in self.classifier_hidden_sizes),
              "classifier_hidden_sizes", "give at most 3 positive widths, e.g. [128]")
+        if self.feature_layers is not None:
+            layers = self.num_hidden_layers
+            need(isinstance(self.feature_layers, (list, tuple)) and len(self.feature_layers) > 0
+                 and all(isinstance(i, int) and not isinstance(i, bool) and -layers - 1 <= i <= layers
+                         for i in self.feature_layers),
+                 "feature_layers", f"give layer indices in [-{layers + 1}, {layers}] (0 = embeddings, -1 = last "
+                 "layer), or leave it unset to read the last layer")
+            self.feature_layers = list(self.feature_layers)
 
     def check_labels(self, need) -> None:
         """Validate and normalise the label maps and thresholds; `need(cond, field, fix)` raises the config's
@@ -188,11 +200,6 @@ class BertConfig(EncoderConfig):
         need(self.problem_type is None or self.problem_type in PROBLEM_TYPES, "problem_type",
              f"use one of {PROBLEM_TYPES} or leave it unset")
         self.check_classifier(need)
-        if self.feature_layers is not None:
-            need(len(self.feature_layers) > 0 and all(-self.num_hidden_layers - 1 <= i <= self.num_hidden_layers
-                                                      for i in self.feature_layers),
-                 "feature_layers", f"give layer indices in [-{self.num_hidden_layers + 1}, "
-                 f"{self.num_hidden_layers}] (0 = embeddings, -1 = last layer)")
         self.check_labels(need)
 
     @property

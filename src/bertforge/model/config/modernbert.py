@@ -71,7 +71,8 @@ class ModernBertConfig(EncoderConfig):
     id2label: dict[int, str] | None = None
     label2id: dict[str, int] | None = None
     # bertforge's task settings, as `BertConfig`'s: a fixed encoder under a trained head; multi-label decision
-    # thresholds; the deeper classifier; a tagger's CRF. Layer features are BERT's only for now (refused if set).
+    # thresholds; the deeper classifier; the layers a head reads, concatenated (index 0 the embeddings, -1 the
+    # final-normed last layer); a tagger's CRF.
     freeze_encoder: bool = False
     label_thresholds: list[float] | None = None
     classifier_hidden_sizes: list[int] = field(default_factory=list)
@@ -117,7 +118,6 @@ class ModernBertConfig(EncoderConfig):
                  "global layer every global_attn_every_n_layers")
         need(isinstance(self.freeze_encoder, bool), "freeze_encoder", "use true or false")
         need(isinstance(self.use_crf, bool), "use_crf", "use true or false")
-        need(self.feature_layers is None, "feature_layers", "ModernBERT's heads do not offer it yet: leave it None")
         self.check_classifier(need)
         self.check_labels(need)
 
