@@ -25,7 +25,9 @@ from bertforge.model.heads import ClassifierHead
 from bertforge.model.modernbert import ModernBertForSequenceClassification
 
 
-def test_modernbert_finetunes_saves_and_predicts_with_the_deeper_classifier(tmp_path):
+def finetune_tiny_classifier(tmp_path, *flags: str):
+    """(tokenizer, the best directory) of 3 steps of `finetune --format classification` with `flags` from a tiny
+    ModernBERT directory, on 40 two-label sentences."""
     rows = ["text_a\tlabel"] + [f"{'good' if i % 2 else 'bad'} day number {i}\t{'pos' if i % 2 else 'neg'}"
                                 for i in range(40)]
     (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
@@ -33,8 +35,12 @@ def test_modernbert_finetunes_saves_and_predicts_with_the_deeper_classifier(tmp_
     assert main(["finetune", "--format", "classification", "--train", str(tmp_path / "train.tsv"), "--dev",
                  str(tmp_path / "train.tsv"), "--text-a", "text_a", "--label", "label", "--model",
                  str(tmp_path / "base"), "--out", str(tmp_path / "ft"), "--steps", "3", "--batch-size", "8",
-                 "--device", "cpu", "--max-seq-length", "16", "--classifier-hidden", "16", "--progress=false"]) == 0
-    best = tmp_path / "ft" / "best"
+                 "--device", "cpu", "--max-seq-length", "16", *flags, "--progress=false"]) == 0
+    return tokenizer, tmp_path / "ft" / "best"
+
+
+def test_modernbert_finetunes_saves_and_predicts_with_the_deeper_classifier(tmp_path):
+    tokenizer, best = finetune_tiny_classifier(tmp_path, "--classifier-hidden", "16")
     saved = json.loads((best / "config.json").read_text())
     assert saved["architectures"] == ["ModernBertForSequenceClassification"] and saved["classifier_hidden_sizes"] == [16]
     weights = load_file(best / "model.safetensors")

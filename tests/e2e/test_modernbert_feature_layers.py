@@ -15,23 +15,14 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests.e2e.test_modernbert_directory import tiny_modernbert
+from tests.e2e.test_modernbert_deeper_classifier import finetune_tiny_classifier
 
 from bertforge.cli import main
 from bertforge.families import registry
 
 
 def test_modernbert_finetunes_frozen_on_layer_features_saves_and_predicts(tmp_path):
-    rows = ["text_a\tlabel"] + [f"{'good' if i % 2 else 'bad'} day number {i}\t{'pos' if i % 2 else 'neg'}"
-                                for i in range(40)]
-    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    tokenizer = tiny_modernbert(tmp_path / "base", [row.split("\t")[0] for row in rows])
-    assert main(["finetune", "--format", "classification", "--train", str(tmp_path / "train.tsv"), "--dev",
-                 str(tmp_path / "train.tsv"), "--text-a", "text_a", "--label", "label", "--model",
-                 str(tmp_path / "base"), "--out", str(tmp_path / "ft"), "--steps", "3", "--batch-size", "8",
-                 "--device", "cpu", "--max-seq-length", "16", "--feature-layers=-1,-2", "--freeze-encoder",
-                 "--progress=false"]) == 0
-    best = tmp_path / "ft" / "best"
+    tokenizer, best = finetune_tiny_classifier(tmp_path, "--feature-layers=-1,-2", "--freeze-encoder")
     saved = json.loads((best / "config.json").read_text())
     assert saved["architectures"] == ["ModernBertForSequenceClassification"]
     assert saved["feature_layers"] == [-1, -2] and saved["freeze_encoder"] is True
