@@ -53,13 +53,13 @@ from bertforge.constants import (
     WEIGHTS_NAME,
 )
 from bertforge.errors import CheckpointError, ConfigError, DataError
+from bertforge.initialisation import weights_to_come
 from bertforge.interop import colbert, google_tf
 from bertforge.interop import huggingface as hf
 from bertforge.interop import modernbert as hf_modernbert
 from bertforge.interop import sentence_transformers as st
 from bertforge.model.config import BertConfig, EncoderConfig
 from bertforge.model.config.modernbert import ModernBertConfig
-from bertforge.model.initialisation import weights_to_come
 from bertforge.storage import (
     atomic_directory,
     read_json,

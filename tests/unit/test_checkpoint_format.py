@@ -18,9 +18,9 @@ from bertforge.families.classification import BertForSequenceClassification
 from bertforge.families.pretraining import BertForPretraining
 from bertforge.families.question_answering import BertForQuestionAnswering
 from bertforge.families.tagging import BertForTokenClassification
+from bertforge.initialisation import weights_to_come
 from bertforge.model.bert import BertModel
 from bertforge.model.fast_paths import fast_paths_enabled
-from bertforge.model.initialisation import weights_to_come
 
 QUERY_KEY = "encoder.layer.0.attention.self.query.weight"
 

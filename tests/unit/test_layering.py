@@ -31,7 +31,7 @@ ROWS = {
     "metrics": 0,
     "interop": 0,
     "model.config": 0,
-    "model.initialisation": 0,  # when constructors initialise: asked by the models, set by the loader below them
+    "initialisation": 0,  # when constructors initialise: asked by the models, set by the loader below them
     "checkpoint_format": 1,
     "checkpoint_integrity": 0,
     "processes": 1,

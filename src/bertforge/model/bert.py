@@ -24,9 +24,9 @@ from torch import nn
 
 from bertforge import checkpoint_format
 from bertforge.errors import InputError
+from bertforge.initialisation import initialisation_deferred
 from bertforge.model.config import BertConfig
 from bertforge.model.fast_paths import set_fast_paths
-from bertforge.model.initialisation import initialisation_deferred
 from bertforge.model.layouts import Padded, Unpadded, choose_layout, packed_positions
 
 
@@ -207,7 +207,7 @@ class BertPretrainedModel(nn.Module):
     def init_weights(self, only: Collection[str] | None = None) -> None:
         """Initialise the weights (`initialise`): all of them, or `only` these state-dict names (what a loader did
         not find in a checkpoint). A constructor's call does nothing while the model is built to be loaded
-        (`model.initialisation.weights_to_come`)."""
+        (`initialisation.weights_to_come`)."""
         if only is None and initialisation_deferred():
             return
         self.initialise(lambda name: only is None or name in only)
