@@ -39,6 +39,20 @@ def finetune_tiny_classifier(tmp_path, *flags: str):
     return tokenizer, tmp_path / "ft" / "best"
 
 
+def assert_predict_gives_the_model(tmp_path, best, model, tokenizer, *flags: str) -> None:
+    """`bertforge predict --task classify` on `best` (with `flags`) gives `model`'s probabilities within 1e-5."""
+    texts = ["good day number 3", "bad day"]
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    assert main(["predict", "--model", str(best), "--task", "classify", "--input", str(tmp_path / "in.txt"),
+                 "--output", str(tmp_path / "out.jsonl"), "--device", "cpu", "--precision", "fp32", *flags]) == 0
+    answers = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    for text, answer in zip(texts, answers, strict=True):
+        with torch.no_grad():
+            probabilities = model(torch.tensor([tokenizer.encode(text).ids])).logits.softmax(-1)[0]
+        np.testing.assert_allclose([answer["scores"][name] for name in model.config.label_names],
+                                   probabilities.numpy(), atol=1e-5)
+
+
 def test_modernbert_finetunes_saves_and_predicts_with_the_deeper_classifier(tmp_path):
     tokenizer, best = finetune_tiny_classifier(tmp_path, "--classifier-hidden", "16")
     saved = json.loads((best / "config.json").read_text())
@@ -49,16 +63,7 @@ def test_modernbert_finetunes_saves_and_predicts_with_the_deeper_classifier(tmp_
     assert isinstance(model.classifier, ClassifierHead) and report.fresh == [] and report.skipped == []
     torch.testing.assert_close(model.classifier.out.weight.detach(), weights["classifier.out.weight"])
 
-    texts = ["good day number 3", "bad day"]
-    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
-    assert main(["predict", "--model", str(best), "--task", "classify", "--input", str(tmp_path / "in.txt"),
-                 "--output", str(tmp_path / "out.jsonl"), "--device", "cpu", "--precision", "fp32"]) == 0
-    answers = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    for text, answer in zip(texts, answers, strict=True):
-        with torch.no_grad():
-            probabilities = model(torch.tensor([tokenizer.encode(text).ids])).logits.softmax(-1)[0]
-        np.testing.assert_allclose([answer["scores"][name] for name in model.config.label_names],
-                                   probabilities.numpy(), atol=1e-5)
+    assert_predict_gives_the_model(tmp_path, best, model, tokenizer)
 
 
 @pytest.mark.parametrize("cls,outputs", [(ModernBertForTokenClassification, 3), (ModernBertForQuestionAnswering, 2),

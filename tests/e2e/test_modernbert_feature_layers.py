@@ -11,13 +11,14 @@ from __future__ import annotations
 import importlib.util
 import json
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests.e2e.test_modernbert_deeper_classifier import finetune_tiny_classifier
+from tests.e2e.test_modernbert_deeper_classifier import (
+    assert_predict_gives_the_model,
+    finetune_tiny_classifier,
+)
 
-from bertforge.cli import main
 from bertforge.families import registry
 
 
@@ -37,19 +38,9 @@ def test_modernbert_finetunes_frozen_on_layer_features_saves_and_predicts(tmp_pa
     assert model.head.dense.in_features == 64
     torch.testing.assert_close(model.head.dense.weight.detach(), weights["head.dense.weight"], rtol=0, atol=0)
 
-    texts = ["good day number 3", "bad day"]
-    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     engines = [[]] + ([["--engine", "onnxruntime"]] if importlib.util.find_spec("onnxruntime") else [])
     for engine in engines:
-        assert main(["predict", "--model", str(best), "--task", "classify", "--input", str(tmp_path / "in.txt"),
-                     "--output", str(tmp_path / "out.jsonl"), "--device", "cpu", "--precision", "fp32",
-                     *engine]) == 0
-        answers = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-        for text, answer in zip(texts, answers, strict=True):
-            with torch.no_grad():
-                probabilities = model(torch.tensor([tokenizer.encode(text).ids])).logits.softmax(-1)[0]
-            np.testing.assert_allclose([answer["scores"][name] for name in model.config.label_names],
-                                       probabilities.numpy(), atol=1e-5)
+        assert_predict_gives_the_model(tmp_path, best, model, tokenizer, *engine)
 
     transformers = pytest.importorskip("transformers")
     with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
